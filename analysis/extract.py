@@ -1,0 +1,81 @@
+"""Extract attention maps to disk (resumable shards) and the per-layer overview of the demo."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from analysis.data import TaskData
+from analysis.errors import AttnpatError
+from analysis.mapstore import SavedMap, write_shard
+from analysis.rundir import RunDir, atomic_write_json, long_table
+from analysis.stats import HeadMeans, attention_to, mean_entropy
+from analysis.stream import DEFAULT_MAX_LENGTH, encode_examples, length_sorted_batches, stream_maps, token_roles
+
+
+def extract_maps(bundle, data: TaskData, out_dir: str | Path, *, max_length: int = DEFAULT_MAX_LENGTH,
+                 batch_size: int = 32, shard_size: int = 64, progress: bool = True) -> dict:
+    """Save every example's maps as shards ``shard-00000.npz`` ... in ``out_dir``.
+
+    Shards hold length-sorted groups of ``shard_size`` examples. A rerun skips shards already written
+    (each is written atomically), so a killed extraction resumes where it stopped. Returns a summary
+    dict (also written to ``out_dir/index.json``).
+    """
+    out_dir = Path(out_dir)
+    encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
+    settings = {"model": bundle.name, "revision": bundle.revision, "task": data.task, "split": data.split,
+                "source": data.source, "n_examples": len(encoded), "max_length": max_length, "shard_size": shard_size}
+    index_path = out_dir / "index.json"
+    if index_path.is_file():
+        previous = json.loads(index_path.read_text())
+        if {k: previous.get(k) for k in settings} != settings:
+            raise AttnpatError(f"{out_dir} holds maps made with other settings; choose another --out")
+    atomic_write_json(index_path, {**settings, "complete": False})
+    groups = length_sorted_batches(encoded, shard_size)
+    missing = [k for k in range(len(groups)) if not (out_dir / f"shard-{k:05d}.npz").is_file()]
+    todo = [item for k in missing for item in groups[k]]
+    shard_of = {item.index: k for k in missing for item in groups[k]}
+    pending: dict[int, list[SavedMap]] = {k: [] for k in missing}
+    for map_batch in stream_maps(bundle, data.examples, max_length=max_length, batch_size=batch_size,
+                                 progress="extract" if progress else False, encoded=todo):
+        for i, item in enumerate(map_batch.batch.items):
+            n = len(item)
+            types = item.token_type_ids if item.token_type_ids is not None else [0] * n
+            k = shard_of[item.index]
+            pending[k].append(SavedMap(item.example_id, map_batch.example_maps(i).numpy(), item.tokens, np.asarray(types)))
+            if len(pending[k]) == len(groups[k]):
+                write_shard(out_dir / f"shard-{k:05d}.npz", pending.pop(k))
+    summary = {**settings, "complete": True, "n_shards": len(groups), "n_truncated": sum(e.truncated for e in encoded),
+               "resumed_shards": len(groups) - len(missing)}
+    atomic_write_json(index_path, summary)
+    return summary
+
+
+def layer_overview(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
+                   progress: bool = True) -> tuple[dict[str, np.ndarray], int]:
+    """Per-head means of attention to [CLS], to [SEP] and row entropy over a task's maps.
+
+    Returns ({"to_cls"|"to_sep"|"entropy": (L, H)}, n_truncated).
+    """
+    encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
+    means = HeadMeans()
+    for map_batch in stream_maps(bundle, data.examples, max_length=max_length, batch_size=batch_size,
+                                 progress="overview" if progress else False, encoded=encoded):
+        roles = token_roles(bundle.tokenizer, map_batch.batch.input_ids, map_batch.batch.attention_mask)
+        means.add("to_cls", attention_to(map_batch.attentions, roles["cls"], roles["real"]))
+        means.add("to_sep", attention_to(map_batch.attentions, roles["sep"], roles["real"]))
+        means.add("entropy", mean_entropy(map_batch.attentions, roles["real"]))
+    return means.result(), sum(item.truncated for item in encoded)
+
+
+def write_overview(bundle, data: TaskData, run: RunDir, **kwargs):
+    """Compute :func:`layer_overview`, write overview.csv to the run directory; return the per-layer frame."""
+    with run.record("overview", bundle, data) as entry:
+        values, n_truncated = layer_overview(bundle, data, **kwargs)
+        run.write_table("overview", long_table(values))
+        entry.update(n_truncated=n_truncated, outputs=["overview.csv"])
+    import pandas as pd
+
+    return pd.DataFrame({"layer": np.arange(values["to_cls"].shape[0]),
+                         **{name: array.mean(1) for name, array in values.items()}})

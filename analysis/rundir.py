@@ -1,0 +1,200 @@
+"""The run directory: the contract between the batch side and the app (see shared ARCHITECTURE.md).
+
+runs/<model-slug>/<task>/manifest.json, <analysis>.csv (long tables: layer, head, [key], value),
+<analysis>.png/.svg. All writes are atomic: a temporary name in the same folder, then os.replace.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from analysis.errors import AttnpatError
+from analysis.paths import runs_root
+
+PACKAGES = ("torch", "transformers", "numpy", "scikit-learn", "gradio", "label-studio-sdk", "attnpat")
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp_path)`` then rename onto ``path``: readers never see a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def atomic_write_json(path: str | Path, data) -> Path:
+    return atomic_write_text(path, json.dumps(data, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(value):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def save_figure(fig, stem: str | Path, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+    """Save a matplotlib figure as stem.png and stem.svg, atomically."""
+    stem = Path(stem)
+    written = []
+    for fmt in formats:
+        written.append(atomic_write(stem.with_suffix(f".{fmt}"),
+                                    lambda tmp, fmt=fmt: fig.savefig(tmp, format=fmt, dpi=130, bbox_inches="tight")))
+    return written
+
+
+def save_table(frame, path: str | Path) -> Path:
+    """Write a pandas DataFrame as CSV, atomically."""
+    return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
+
+
+# ---------------------------------------------------------------- layer x head tables
+
+def long_table(values: dict[str, np.ndarray], key: str = "metric"):
+    """Layer x head arrays to the long CSV layout.
+
+    values: {name: (L, H) array}. Returns a DataFrame with columns layer, head, <key>, value
+    (0-indexed layers and heads; one row per head and name).
+    """
+    import pandas as pd
+
+    frames = []
+    for name, array in values.items():
+        array = np.asarray(array, dtype=float)
+        if array.ndim != 2:
+            raise AttnpatError(f"table '{name}' must be (layers, heads), got shape {array.shape}")
+        layers, heads = np.meshgrid(np.arange(array.shape[0]), np.arange(array.shape[1]), indexing="ij")
+        frames.append(pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel(), key: name, "value": array.ravel()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def table_to_array(frame, name: str, key: str = "metric") -> np.ndarray:
+    """Inverse of :func:`long_table` for one name: (L, H) array."""
+    rows = frame[frame[key] == name]
+    if rows.empty:
+        raise AttnpatError(f"no rows for {key}={name!r}")
+    array = np.full((int(rows.layer.max()) + 1, int(rows.head.max()) + 1), np.nan)
+    array[rows.layer.to_numpy(int), rows["head"].to_numpy(int)] = rows.value.to_numpy(float)
+    return array
+
+
+# ---------------------------------------------------------------- run directories
+
+def package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+class RunDir:
+    """runs/<model-slug>/<task>/ with an accumulating manifest.json.
+
+    ``manifest["analyses"][name]`` records each analysis's command, data, timing and outputs, so
+    several commands can write into one run directory without overwriting each other's records.
+    """
+
+    def __init__(self, model_slug: str, task: str, root: str | Path | None = None):
+        self.root = Path(root) if root is not None else runs_root()
+        self.path = self.root / model_slug / task
+        self.model_slug = model_slug
+        self.task = task
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def manifest(self) -> dict:
+        path = self.file("manifest.json")
+        if not path.is_file():
+            return {}
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise AttnpatError(f"{path} is not valid JSON: {exc}") from exc
+
+    def write_table(self, name: str, frame) -> Path:
+        return save_table(frame, self.file(f"{name}.csv"))
+
+    def write_figure(self, name: str, fig) -> list[Path]:
+        return save_figure(fig, self.file(name))
+
+    def write_json(self, name: str, data) -> Path:
+        return atomic_write_json(self.file(f"{name}.json"), data)
+
+    def read_table(self, name: str):
+        import pandas as pd
+
+        path = self.file(f"{name}.csv")
+        if not path.is_file():
+            raise AttnpatError(f"no {name} table in {self.path}; run the analysis first")
+        return pd.read_csv(path)
+
+    @contextmanager
+    def record(self, analysis: str, bundle=None, data=None, **extra) -> Iterator[dict]:
+        """Context manager: yields a dict the analysis fills (n_truncated, outputs, figures...), and writes
+        the manifest entry with timing when the block finishes without error."""
+        started = time.time()
+        entry: dict = {"command": " ".join(sys.argv), "started": _iso(started), **extra}
+        if data is not None:
+            entry["data"] = data.manifest()
+        yield entry
+        finished = time.time()
+        entry.update(finished=_iso(finished), elapsed_seconds=round(finished - started, 3))
+        manifest = self.manifest()
+        if bundle is not None:
+            manifest["model"] = {"name": bundle.name, "source": bundle.source.kind, "path": bundle.source.path,
+                                 "revision": bundle.revision, "layers": bundle.num_layers, "heads": bundle.num_heads}
+        manifest.setdefault("task", self.task)
+        manifest["packages"] = package_versions()
+        manifest.setdefault("analyses", {})[analysis] = entry
+        manifest["updated"] = _iso(finished)
+        atomic_write_json(self.file("manifest.json"), manifest)
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def list_runs(root: str | Path | None = None) -> list[dict]:
+    """Every run directory under ``root``: model slug, task, path and manifest."""
+    root = Path(root) if root is not None else runs_root()
+    runs = []
+    for manifest_path in sorted(root.glob("*/*/manifest.json")):
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except json.JSONDecodeError:
+            manifest = {"error": "unreadable manifest"}
+        runs.append({"model": manifest_path.parent.parent.name, "task": manifest_path.parent.name,
+                     "path": str(manifest_path.parent), "manifest": manifest})
+    return runs

@@ -1,0 +1,70 @@
+"""Per-head attention statistics, written as 0/1 selector masks over maps (Clark et al.'s style).
+
+All functions are pure over tensors: ``attn (B, L, H, T, T)`` rows summing to 1 on real query
+positions (padding rows zero, as the map stream yields them), masks ``(B, T)`` bool.
+Per-example results are ``(B, L, H)``; :class:`HeadMeans` averages them over a stream.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+
+def attention_to(attn: torch.Tensor, key_mask: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+    """Mean over real query rows of the attention mass on the selected keys.
+
+    attn: (B, L, H, T, T); key_mask, query_mask: (B, T) bool. Returns (B, L, H).
+    """
+    mass = (attn * key_mask[:, None, None, None, :].to(attn.dtype)).sum(-1)  # (B, L, H, T)
+    return masked_mean_over_queries(mass, query_mask)
+
+
+def masked_mean_over_queries(values: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+    """values: (B, L, H, T) per query row; query_mask: (B, T) bool. Returns (B, L, H) mean over selected rows
+    (0 where an example has no selected row)."""
+    weights = query_mask[:, None, None, :].to(values.dtype)
+    return (values * weights).sum(-1) / weights.sum(-1).clamp(min=1)
+
+
+def row_entropy(attn: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of each attention row. attn: (..., T, T) -> (..., T); zero rows give 0."""
+    return -(attn * torch.log(attn.clamp(min=1e-12))).sum(-1)
+
+
+def mean_entropy(attn: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L, H): mean row entropy over real query rows."""
+    return masked_mean_over_queries(row_entropy(attn), query_mask)
+
+
+def uniform_entropy(lengths: torch.Tensor) -> torch.Tensor:
+    """(B,): entropy of uniform attention over each example's n real tokens, log(n)."""
+    return torch.log(lengths.to(torch.float64).clamp(min=1))
+
+
+class HeadMeans:
+    """Running means of per-example (B, L, H) statistics over a map stream, weighted per example.
+
+    >>> means = HeadMeans(); means.add("to_cls", per_example)  # per_example: (B, L, H)
+    >>> means.result()["to_cls"]  # (L, H) numpy
+    """
+
+    def __init__(self):
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, per_example: torch.Tensor, include: torch.Tensor | None = None) -> None:
+        """per_example: (B, L, H); include: (B,) bool, examples to count (e.g. those that have the feature)."""
+        values = per_example.detach().to(torch.float64)
+        weights = torch.ones(values.shape[0], dtype=torch.float64) if include is None else include.to(torch.float64)
+        weighted = (values * weights[:, None, None]).sum(0)
+        self.sums[name] = self.sums.get(name, 0) + weighted
+        self.counts[name] = self.counts.get(name, 0) + weights.sum()
+
+    def result(self) -> dict[str, np.ndarray]:
+        out = {}
+        for name, total in self.sums.items():
+            count = float(self.counts[name])
+            out[name] = (total / count).numpy() if count else np.full(tuple(total.shape), math.nan)
+        return out

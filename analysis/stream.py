@@ -1,0 +1,281 @@
+"""The one map-streaming path: examples -> length-sorted, dynamically padded batches -> attention maps.
+
+Every analysis reads maps through :func:`stream_maps` (or the model inputs through :func:`iter_batches`
+when it runs its own forward pass, e.g. with gradients). Nothing here holds the maps of a whole data set.
+
+Shapes: ``B`` batch, ``L`` layers, ``H`` heads, ``T`` padded length, ``n`` an example's real length.
+"""
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from analysis.data import Example
+from analysis.errors import AttnpatError
+
+DEFAULT_MAX_LENGTH = 128
+PUNCTUATION = frozenset(string.punctuation)
+
+
+@dataclass
+class Encoded:
+    """One tokenised example (unpadded). ``word_ids[t]`` = word index of token t (None for special tokens)."""
+
+    index: int
+    example_id: str
+    input_ids: list[int]
+    token_type_ids: list[int] | None
+    tokens: list[str]
+    word_ids: list[int | None]
+    sequence_ids: list[int | None]
+    truncated: bool
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class TokenBatch:
+    """Padded model inputs for a length-sorted batch.
+
+    input_ids, attention_mask, token_type_ids: (B, T) long; lengths: (B,) long real lengths;
+    items: the Encoded examples in batch order; labels: (B,) tensor or None when any label is missing.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor | None
+    lengths: torch.Tensor
+    items: list[Encoded]
+    labels: torch.Tensor | None
+
+    def model_inputs(self, device: torch.device | None = None) -> dict:
+        inputs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if self.token_type_ids is not None:
+            inputs["token_type_ids"] = self.token_type_ids
+        return {key: value.to(device) for key, value in inputs.items()} if device is not None else inputs
+
+    @property
+    def indices(self) -> list[int]:
+        return [item.index for item in self.items]
+
+
+@dataclass
+class MapBatch:
+    """Attention maps of one batch. attentions: (B, L, H, T, T) float32 on the CPU, rows of padding zeroed."""
+
+    attentions: torch.Tensor
+    batch: TokenBatch
+
+    def __len__(self) -> int:
+        return self.attentions.shape[0]
+
+    def example_maps(self, i: int) -> torch.Tensor:
+        """(L, H, n, n): example i's maps cropped to its real tokens."""
+        n = int(self.batch.lengths[i])
+        return self.attentions[i, :, :, :n, :n]
+
+    def tokens(self, i: int) -> list[str]:
+        return self.batch.items[i].tokens
+
+
+# ---------------------------------------------------------------- tokenising
+
+def encode_examples(tokenizer, examples: Sequence[Example], max_length: int = DEFAULT_MAX_LENGTH) -> list[Encoded]:
+    """Tokenise examples with truncation (longest segment first); ``truncated`` marks the ones cut.
+
+    Empty text raises AttnpatError: an empty input has no map worth analysing.
+    """
+    if max_length < 4:
+        raise AttnpatError(f"maximum length must be at least 4 tokens, got {max_length}")
+    limit = getattr(tokenizer, "model_max_length", 512) or 512
+    if max_length > min(limit, 4096):
+        raise AttnpatError(f"maximum length {max_length} exceeds the model's limit of {limit} tokens")
+    encoded = []
+    for index, example in enumerate(examples):
+        if not isinstance(example.text, str) or not example.text.strip():
+            raise AttnpatError(f"example {example.id} has empty text")
+        if example.text_pair is not None and not str(example.text_pair).strip():
+            raise AttnpatError(f"example {example.id} has an empty text pair")
+        if example.words is not None:
+            args, kwargs = (list(example.words),), {"is_split_into_words": True}
+        else:
+            args = (example.text,) if example.text_pair is None else (example.text, example.text_pair)
+            kwargs = {}
+        full = tokenizer(*args, truncation=False, verbose=False, **kwargs)
+        enc = tokenizer(*args, truncation=True, max_length=max_length, **kwargs)
+        ids = enc["input_ids"]
+        encoded.append(Encoded(
+            index=index,
+            example_id=example.id,
+            input_ids=ids,
+            token_type_ids=enc.get("token_type_ids"),
+            tokens=tokenizer.convert_ids_to_tokens(ids),
+            word_ids=enc.word_ids(),
+            sequence_ids=enc.sequence_ids(),
+            truncated=len(full["input_ids"]) > len(ids),
+        ))
+    return encoded
+
+
+def length_sorted_batches(encoded: Sequence[Encoded], batch_size: int) -> list[list[Encoded]]:
+    """Group examples of similar length so padding stays small; original order is kept within ties."""
+    if batch_size < 1:
+        raise AttnpatError(f"batch size must be positive, got {batch_size}")
+    ordered = sorted(encoded, key=lambda item: (len(item), item.index))
+    return [ordered[start:start + batch_size] for start in range(0, len(ordered), batch_size)]
+
+
+def collate(items: Sequence[Encoded], pad_id: int, labels: Sequence | None = None) -> TokenBatch:
+    """Pad to the longest item in the batch (dynamic padding)."""
+    width = max(len(item) for item in items)
+    input_ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(items), width), dtype=torch.long)
+    has_types = items[0].token_type_ids is not None
+    token_type_ids = torch.zeros((len(items), width), dtype=torch.long) if has_types else None
+    for row, item in enumerate(items):
+        n = len(item)
+        input_ids[row, :n] = torch.tensor(item.input_ids)
+        attention_mask[row, :n] = 1
+        if has_types:
+            token_type_ids[row, :n] = torch.tensor(item.token_type_ids)
+    lengths = attention_mask.sum(1)
+    label_tensor = None
+    if labels is not None and all(labels[item.index] is not None for item in items):
+        values = [labels[item.index] for item in items]
+        dtype = torch.float if any(isinstance(v, float) and not float(v).is_integer() for v in values) else torch.long
+        label_tensor = torch.tensor(values, dtype=dtype)
+    return TokenBatch(input_ids, attention_mask, token_type_ids, lengths, list(items), label_tensor)
+
+
+def iter_batches(bundle, examples: Sequence[Example], *, max_length: int = DEFAULT_MAX_LENGTH,
+                 batch_size: int = 32, encoded: Sequence[Encoded] | None = None) -> Iterator[TokenBatch]:
+    """Length-sorted, dynamically padded model inputs (on the CPU)."""
+    encoded = encoded if encoded is not None else encode_examples(bundle.tokenizer, examples, max_length)
+    pad_id = bundle.tokenizer.pad_token_id if bundle.tokenizer.pad_token_id is not None else 0
+    labels = [example.label for example in examples]
+    for items in length_sorted_batches(encoded, batch_size):
+        yield collate(items, pad_id, labels)
+
+
+# ---------------------------------------------------------------- maps
+
+def forward_attentions(model: torch.nn.Module, batch: TokenBatch, device: torch.device) -> tuple[torch.Tensor, object]:
+    """Run the model and return (attentions (B, L, H, T, T) on ``device``, model outputs)."""
+    outputs = model(**batch.model_inputs(device), output_attentions=True)
+    attentions = getattr(outputs, "attentions", None)
+    if not attentions:
+        raise AttnpatError(
+            "the model returned no attention maps; it must be loaded with attn_implementation='eager' "
+            "(transformers' SDPA attention silently returns none)"
+        )
+    return torch.stack(attentions, dim=1), outputs
+
+
+def stream_maps(bundle, examples: Sequence[Example], *, max_length: int = DEFAULT_MAX_LENGTH,
+                batch_size: int = 32, progress: bool | str = False,
+                encoded: Sequence[Encoded] | None = None) -> Iterator[MapBatch]:
+    """Yield MapBatch objects for ``examples`` in length-sorted order (see ``MapBatch.batch.items``).
+
+    Padding rows (query positions past an example's length) are zeroed so that any sum over a batch
+    equals the sum over the real tokens; padding columns already get zero weight from the mask.
+    """
+    encoded = encoded if encoded is not None else encode_examples(bundle.tokenizer, examples, max_length)
+    bar = _progress(len(encoded), progress)
+    with torch.inference_mode():
+        for batch in iter_batches(bundle, examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
+            attentions, _ = forward_attentions(bundle.model, batch, bundle.device)
+            query_mask = batch.attention_mask.to(attentions.device)[:, None, None, :, None]
+            attentions = (attentions * query_mask).float().cpu()
+            yield MapBatch(attentions, batch)
+            if bar is not None:
+                bar.update(len(batch.items))
+    if bar is not None:
+        bar.close()
+
+
+def _progress(total: int, progress: bool | str):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=progress if isinstance(progress, str) else "maps", unit="ex", dynamic_ncols=True)
+
+
+# ---------------------------------------------------------------- token roles (0/1 selector masks)
+
+def token_roles(tokenizer, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Boolean selector masks over token positions, matched by id and position, not by string.
+
+    input_ids, attention_mask: (B, T). Returns {"cls", "sep", "punct", "period", "comma", "real"}: (B, T) bool.
+    """
+    real = attention_mask.bool()
+    cls = (input_ids == tokenizer.cls_token_id) & real if tokenizer.cls_token_id is not None else torch.zeros_like(real)
+    sep = (input_ids == tokenizer.sep_token_id) & real if tokenizer.sep_token_id is not None else torch.zeros_like(real)
+    vocab_text = _token_texts(tokenizer)
+    period_ids = [i for i, text in vocab_text.items() if text == "."]
+    comma_ids = [i for i, text in vocab_text.items() if text == ","]
+    punct_ids = [i for i, text in vocab_text.items() if text and all(ch in PUNCTUATION for ch in text)]
+    return {
+        "cls": cls,
+        "sep": sep,
+        "period": torch.isin(input_ids, torch.tensor(period_ids, dtype=input_ids.dtype)) & real,
+        "comma": torch.isin(input_ids, torch.tensor(comma_ids, dtype=input_ids.dtype)) & real,
+        "punct": torch.isin(input_ids, torch.tensor(punct_ids, dtype=input_ids.dtype)) & real & ~cls & ~sep,
+        "real": real,
+    }
+
+
+_TOKEN_TEXT_CACHE: dict[int, dict[int, str]] = {}
+
+
+def _token_texts(tokenizer) -> dict[int, str]:
+    """Vocabulary id -> surface text without word-boundary markers (##, Ġ, ▁); cached per tokenizer."""
+    key = id(tokenizer)
+    if key not in _TOKEN_TEXT_CACHE:
+        texts = {}
+        for token, index in tokenizer.get_vocab().items():
+            texts[index] = token.lstrip("Ġ▁").removeprefix("##")
+        _TOKEN_TEXT_CACHE[key] = texts
+    return _TOKEN_TEXT_CACHE[key]
+
+
+# ---------------------------------------------------------------- word-level maps
+
+def word_groups(item: Encoded) -> tuple[np.ndarray, list[str]]:
+    """Token -> word-group index (T,), and the group labels. Special tokens form their own groups;
+    words of the second segment are numbered after the first segment's."""
+    groups, labels, last_key = [], [], None
+    for position, (word, sequence) in enumerate(zip(item.word_ids, item.sequence_ids)):
+        key = ("special", position) if word is None else (sequence, word)
+        if key != last_key:
+            labels.append(item.tokens[position] if word is None else "")
+            last_key = key
+        groups.append(len(labels) - 1)
+        if word is not None:
+            piece = item.tokens[position]
+            labels[-1] += piece[2:] if piece.startswith("##") else piece.lstrip("Ġ▁")
+    return np.asarray(groups), labels
+
+
+def to_word_level(attn: torch.Tensor, groups: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """Token-level maps to word-level maps (Clark et al.).
+
+    attn: (..., n, n) rows summing to 1; groups: (n,) word index of each token (0..W-1, every word present).
+    Attention TO a word = sum over its pieces; FROM a word = mean over its pieces. Returns (..., W, W);
+    every row still sums to 1.
+    """
+    groups = torch.as_tensor(groups, dtype=torch.long, device=attn.device)
+    n = attn.shape[-1]
+    if groups.shape != (n,):
+        raise AttnpatError(f"word groups of shape {tuple(groups.shape)} do not match maps of length {n}")
+    num_words = int(groups.max()) + 1
+    membership = torch.zeros((num_words, n), dtype=attn.dtype, device=attn.device)
+    membership[groups, torch.arange(n, device=attn.device)] = 1.0
+    to_words = attn @ membership.T  # (..., n, W): sum over the pieces of each key word
+    mean_rows = membership / membership.sum(1, keepdim=True)
+    return mean_rows @ to_words  # (..., W, W): mean over the pieces of each query word

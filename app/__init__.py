@@ -1,0 +1,1 @@
+"""Thin front ends: the `attnpat` CLI and the Gradio web app."""

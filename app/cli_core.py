@@ -1,0 +1,74 @@
+"""Core verbs: info, extract, overview."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from app import options as opt
+
+
+def register(app: typer.Typer) -> None:
+    app.command("info")(info)
+    app.command("extract")(extract)
+    app.command("overview")(overview)
+
+
+def info() -> None:
+    """List the models and tasks available offline and online."""
+    from analysis.data import available_tasks
+    from analysis.models import EMBEDDED_ALIASES, hub_reachable, list_store
+
+    hub = hub_reachable()
+    typer.echo(f"hub (huggingface.co): {'reachable' if hub else 'unreachable; working offline'}")
+    typer.echo("models:")
+    for alias, description in EMBEDDED_ALIASES.items():
+        typer.echo(f"  {alias:<24} embedded: {description}")
+    for stored in list_store():
+        typer.echo(f"  {stored['name']:<24} model store: {stored.get('task', '?')} fine-tune of {stored.get('base_model', '?')}")
+    typer.echo(f"  {'<hub id or path>':<24} any BERT-family encoder {'(hub reachable)' if hub else '(local paths only now)'}")
+    typer.echo("tasks:")
+    for task, sources in available_tasks().items():
+        typer.echo(f"  {task:<8} {'; '.join(sources) if sources else 'unavailable (needs the hub)'}")
+
+
+def extract(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N,
+            out: opt.OptionalPath = typer.Option(None, "--out", help="folder for map shards (default: run dir/maps)"),
+            split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+            runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+    """Stream a task's attention maps and save them (compressed shards, resumable)."""
+    from analysis.data import load_data
+    from analysis.extract import extract_maps
+    from analysis.models import load_model
+    from analysis.rundir import RunDir
+
+    data = load_data(task, split, n)
+    bundle = load_model(model)
+    run = RunDir(bundle.slug, data.task, runs_dir)
+    out = out or run.file("maps")
+    with run.record("extract", bundle, data, max_length=max_length) as entry:
+        summary = extract_maps(bundle, data, out, max_length=max_length, batch_size=batch_size, progress=not quiet)
+        entry.update(n_truncated=summary["n_truncated"], outputs=[str(out)])
+    typer.echo(f"saved maps of {summary['n_examples']} examples ({summary['n_truncated']} truncated to "
+               f"{max_length} tokens) in {summary['n_shards']} shards under {out}")
+
+
+def overview(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N, split: str = opt.Split,
+             max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+    """Per-layer mean attention to [CLS] and [SEP] and entropy (per-head table in the run directory)."""
+    from analysis.data import load_data
+    from analysis.extract import write_overview
+    from analysis.models import load_model
+    from analysis.rundir import RunDir
+
+    data = load_data(task, split, n)
+    bundle = load_model(model)
+    run = RunDir(bundle.slug, data.task, runs_dir)
+    per_layer = write_overview(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet)
+    typer.echo(f"{bundle.name} on {data.task} ({data.split}, {len(data.examples)} examples, {data.source}); "
+               f"layers 1-indexed:")
+    typer.echo(f"{'layer':>5} {'to [CLS]':>9} {'to [SEP]':>9} {'entropy':>8}")
+    for row in per_layer.itertuples():
+        typer.echo(f"{row.layer + 1:>5} {row.to_cls:>9.3f} {row.to_sep:>9.3f} {row.entropy:>8.3f}")
+    typer.echo(f"per-head table: {run.file('overview.csv')}")
