@@ -1,0 +1,1 @@
+"""The bridge to Label Studio: sample and render maps, push tasks with pre-annotations, pull labels."""
