@@ -107,7 +107,7 @@ def resolve_model(name: str) -> ModelSource:
     if name in EMBEDDED_ALIASES:
         return ModelSource(name, "embedded", embedded_model_path(), offline=True)
     stored = model_store() / name
-    if (stored / "config.json").is_file():
+    if "/" not in name and (stored / "config.json").is_file():  # store names are plain names, never paths
         return ModelSource(name, "store", str(stored), offline=True)
     local = Path(name).expanduser()
     if local.is_dir():

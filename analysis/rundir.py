@@ -99,7 +99,7 @@ def table_to_array(frame, name: str, key: str = "metric") -> np.ndarray:
     rows = frame[frame[key] == name]
     if rows.empty:
         raise AttnpatError(f"no rows for {key}={name!r}")
-    array = np.full((int(rows.layer.max()) + 1, int(rows.head.max()) + 1), np.nan)
+    array = np.full((int(rows["layer"].max()) + 1, int(rows["head"].max()) + 1), np.nan)
     array[rows.layer.to_numpy(int), rows["head"].to_numpy(int)] = rows.value.to_numpy(float)
     return array
 

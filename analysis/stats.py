@@ -68,3 +68,56 @@ class HeadMeans:
             count = float(self.counts[name])
             out[name] = (total / count).numpy() if count else np.full(tuple(total.shape), math.nan)
         return out
+
+
+# ---------------------------------------------------------------- selector masks (Clark et al.)
+#
+# A selector is a (B, T, T) bool mask over (query, key) pairs; ``attention_on`` averages, over the selected
+# query rows, the attention mass a head puts on the selected keys of each row.
+
+def offset_selector(lengths: torch.Tensor, width: int, offset: int) -> torch.Tensor:
+    """(B, T, T) bool: query i -> key i + offset, both inside the example's real length.
+
+    lengths: (B,) real lengths; width: T. offset -1 = previous token, +1 = next token, 0 = the token itself.
+    """
+    positions = torch.arange(width)
+    real = positions[None, :] < lengths[:, None]  # (B, T)
+    pairs = (positions[None, :] - positions[:, None]) == offset  # (T, T): key - query == offset
+    return pairs[None] & real[:, :, None] & real[:, None, :]
+
+
+def previous_token_selector(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, T, T): each query's previous token."""
+    return offset_selector(lengths, width, -1)
+
+
+def next_token_selector(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, T, T): each query's next token."""
+    return offset_selector(lengths, width, 1)
+
+
+def same_token_selector(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, T, T): each query itself (the diagonal)."""
+    return offset_selector(lengths, width, 0)
+
+
+def key_selector(key_mask: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T, T): the selected keys for every selected query. key_mask, query_mask: (B, T) bool.
+
+    key_selector(sep, sep) is Clark's [SEP]->[SEP] selector.
+    """
+    return query_mask[:, :, None] & key_mask[:, None, :]
+
+
+def attention_on(attn: torch.Tensor, selector: torch.Tensor, query_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over query rows of the attention mass on the keys the selector picks in that row.
+
+    attn: (B, L, H, T, T); selector: (B, T, T) bool; query_mask: (B, T) bool rows to average over
+    (default: the rows where the selector picks at least one key). Returns (B, L, H); 0 for an example
+    with no such row.
+    """
+    mass = torch.einsum("blhqk,bqk->blhq", attn, selector.to(attn.dtype))
+    if query_mask is None:
+        query_mask = selector.any(-1)
+    return masked_mean_over_queries(mass, query_mask)
+

@@ -1,0 +1,179 @@
+"""Attention change after fine-tuning (Kovaleva et al. Figure 5): per-head cosine similarity between the maps
+of two models on the same inputs.
+
+Two modes:
+- ``cropped`` (default): only the n x n block of an example's real tokens.
+- ``padded``: the paper's set-up: every input padded to the fixed maximum length (128) and the whole
+  128 x 128 map flattened. Padding query rows still carry the model's attention over the real keys, so
+  this mode rates maps more similar than they are, most of all for short inputs.
+
+Both models see identical input ids (their tokenizers must match).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from analysis.data import Example
+from analysis.errors import AttnpatError
+from analysis.stats import HeadMeans
+from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, _progress, encode_examples, forward_attentions, iter_batches
+
+MODES = ("cropped", "padded")
+PROBE_TEXT = "Attention, [MASK] heads: don't they look at [SEP]? Ünïcode & numbers 1234."
+
+
+# ---------------------------------------------------------------- pure functions
+
+def flat_cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity of flattened maps. a, b: (B, L, H, T, T) -> (B, L, H); 0 where a map is all zero."""
+    a, b = a.flatten(-2).double(), b.flatten(-2).double()
+    norms = a.norm(dim=-1) * b.norm(dim=-1)
+    return torch.where(norms > 0, (a * b).sum(-1) / norms.clamp(min=1e-300), torch.zeros_like(norms))
+
+
+def crop_to_real(attn: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Zero every row and column outside each example's real tokens.
+
+    attn: (B, L, H, T, T); attention_mask: (B, T) 0/1. Returns (B, L, H, T, T); flattening it equals
+    flattening each example's n x n block (zeros add nothing to dot products or norms).
+    """
+    mask = attention_mask.to(attn.dtype)
+    return attn * mask[:, None, None, :, None] * mask[:, None, None, None, :]
+
+
+def cosine_by_mode(a: torch.Tensor, b: torch.Tensor, attention_mask: torch.Tensor,
+                   modes: Sequence[str] = MODES) -> dict[str, torch.Tensor]:
+    """Per-example, per-head cosine in each mode. a, b: (B, L, H, T, T) maps of two models on the same batch
+    (padded to the fixed length for the 'padded' mode); attention_mask: (B, T). Returns {mode: (B, L, H)}."""
+    out = {}
+    for mode in modes:
+        if mode == "cropped":
+            out[mode] = flat_cosine(crop_to_real(a, attention_mask), crop_to_real(b, attention_mask))
+        elif mode == "padded":
+            out[mode] = flat_cosine(a, b)
+        else:
+            raise AttnpatError(f"unknown cosine mode '{mode}'; use {' or '.join(MODES)}")
+    return out
+
+
+def pad_batch(batch: TokenBatch, length: int, pad_id: int) -> TokenBatch:
+    """The same batch padded to a fixed ``length`` (the paper's fixed-length inputs)."""
+    width = batch.input_ids.shape[1]
+    if width > length:
+        raise AttnpatError(f"a batch of width {width} cannot be padded to {length}")
+    extra = length - width
+
+    def grow(tensor: torch.Tensor | None, value: int) -> torch.Tensor | None:
+        return None if tensor is None else torch.nn.functional.pad(tensor, (0, extra), value=value)
+
+    return TokenBatch(grow(batch.input_ids, pad_id), grow(batch.attention_mask, 0), grow(batch.token_type_ids, 0),
+                      batch.lengths, batch.items, batch.labels)
+
+
+# ---------------------------------------------------------------- checks and streaming
+
+def check_same_tokenizer(tokenizer_a, tokenizer_b, names: tuple[str, str] = ("base", "fine-tuned")) -> None:
+    """Raise AttnpatError unless both tokenizers give the same ids (vocabulary, special tokens, casing)."""
+    same = (tokenizer_a.get_vocab() == tokenizer_b.get_vocab()
+            and tokenizer_a(PROBE_TEXT, "second segment")["input_ids"] == tokenizer_b(PROBE_TEXT, "second segment")["input_ids"]
+            and tokenizer_a.pad_token_id == tokenizer_b.pad_token_id)
+    if not same:
+        raise AttnpatError(f"the {names[0]} and {names[1]} models use different tokenizers, so their maps cannot "
+                           "be compared on the same inputs")
+
+
+def check_same_shape(bundle_a, bundle_b) -> None:
+    if (bundle_a.num_layers, bundle_a.num_heads) != (bundle_b.num_layers, bundle_b.num_heads):
+        raise AttnpatError(f"models differ in shape ({bundle_a.num_layers}x{bundle_a.num_heads} vs "
+                           f"{bundle_b.num_layers}x{bundle_b.num_heads} layers x heads)")
+
+
+def head_cosines(base, finetuned, examples: Sequence[Example], *, modes: Sequence[str] = MODES,
+                 max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 16,
+                 progress: bool | str = False) -> dict[str, np.ndarray]:
+    """Mean per-head cosine between two models' maps over ``examples``: {mode: (L, H)}.
+
+    One forward pass per model and batch serves every mode: with 'padded' requested the batch is padded to
+    ``max_length``; real-token outputs do not depend on the padding, so the cropped cosine is unchanged.
+    """
+    check_same_tokenizer(base.tokenizer, finetuned.tokenizer)
+    check_same_shape(base, finetuned)
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown or not modes:
+        raise AttnpatError(f"unknown cosine mode(s) {unknown or modes}; use {' or '.join(MODES)}")
+    encoded = encode_examples(base.tokenizer, examples, max_length)
+    pad_id = base.tokenizer.pad_token_id if base.tokenizer.pad_token_id is not None else 0
+    means = HeadMeans()
+    bar = _progress(len(encoded), progress)
+    with torch.inference_mode():
+        for batch in iter_batches(base, examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
+            if "padded" in modes:
+                batch = pad_batch(batch, max_length, pad_id)
+            maps_a, _ = forward_attentions(base.model, batch, base.device)
+            maps_b, _ = forward_attentions(finetuned.model, batch, finetuned.device)
+            mask = batch.attention_mask
+            for mode, values in cosine_by_mode(maps_a.float().cpu(), maps_b.float().cpu(), mask, modes).items():
+                means.add(f"cosine_{mode}", values)
+            if bar is not None:
+                bar.update(len(batch.items))
+    if bar is not None:
+        bar.close()
+    return means.result()
+
+
+def cosine_figure(values: dict[str, np.ndarray], title: str):
+    """Side-by-side layer x head heatmaps, one per mode (layers and heads 1-indexed)."""
+    low = min(float(np.nanmin(array)) for array in values.values())  # one scale, so the modes compare
+    return panel_heatmaps(values, title=title, label="cosine similarity", cmap="magma", vmin=low, vmax=1.0)
+
+
+def panel_heatmaps(panels: dict[str, np.ndarray], *, title: str, label: str, cmap: str = "viridis",
+                   vmin: float | None = None, vmax: float | None = None):
+    """One layer x head heatmap per entry of ``panels`` ({panel title: (L, H)}), in a row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    first = np.asarray(next(iter(panels.values())))
+    layers, heads = first.shape
+    fig, axes = plt.subplots(1, len(panels), figsize=(len(panels) * max(4.0, 0.42 * heads + 1.8),
+                                                       max(2.6, 0.4 * layers + 1.4)), squeeze=False)
+    for ax, (name, values) in zip(axes[0], panels.items()):
+        values = np.asarray(values, dtype=float)
+        image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+        ax.set_xticks(range(heads), [str(h + 1) for h in range(heads)], fontsize=7)
+        ax.set_yticks(range(layers), [str(layer + 1) for layer in range(layers)], fontsize=7)
+        ax.set_xlabel("head (1-indexed)")
+        ax.set_ylabel("layer (1-indexed)")
+        ax.set_title(name, fontsize=9)
+        fig.colorbar(image, ax=ax, label=label, shrink=0.85)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def write_cosine(base, finetuned, data, run, *, modes: Sequence[str] = MODES, max_length: int = DEFAULT_MAX_LENGTH,
+                 batch_size: int = 16, progress: bool | str = False) -> dict[str, np.ndarray]:
+    """Compute :func:`head_cosines` on ``data`` and write cosine.csv and cosine.png/svg into ``run``
+    (the fine-tuned model's run directory). Returns {"cosine_<mode>": (L, H)}."""
+    from analysis.figures import close
+    from analysis.rundir import long_table
+
+    with run.record("compare", finetuned, data, base_model=base.name, base_revision=base.revision,
+                    modes=list(modes), max_length=max_length) as entry:
+        values = head_cosines(base, finetuned, data.examples, modes=modes, max_length=max_length,
+                              batch_size=batch_size, progress=progress)
+        run.write_table("cosine", long_table(values))
+        titles = {f"cosine_{mode}": f"{mode} ({'real tokens' if mode == 'cropped' else f'padded to {max_length}'})"
+                  for mode in modes}
+        fig = cosine_figure({titles[name]: array for name, array in values.items()},
+                            title=f"{base.name} vs {finetuned.name} on {data.task}: per-head cosine similarity")
+        figures = run.write_figure("cosine", fig)
+        close(fig)
+        entry.update(outputs=[str(run.file("cosine.csv"))] + [str(f) for f in figures],
+                     mean={name: float(np.nanmean(array)) for name, array in values.items()})
+    return values

@@ -1,0 +1,354 @@
+"""Fine-tune an encoder on a GLUE task, evaluate it with the task's metric, keep it in the model store.
+
+The recipe is BERT's standard one (AdamW, learning rate 2e-5, batch 32, 3 epochs, maximum length 128,
+linear decay after 10% warm-up). Training batches come from ``analysis.stream.iter_batches``
+(length-sorted, dynamically padded); their order is shuffled per epoch with a seeded RNG, so a resumed
+run sees exactly the batches an uninterrupted run would.
+
+Store layout: ``models/<NAME>/`` holds the Hugging Face model + tokenizer and ``attnpat.json``;
+``models/<NAME>/.checkpoint/state.pt`` holds the training state while a run is unfinished.
+"""
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from analysis.data import GLUE_TASKS, Example, TaskData, load_task
+from analysis.errors import AttnpatError
+from analysis.metrics import METRICS, metric_name, task_metric
+from analysis.paths import model_store
+from analysis.rundir import atomic_write, atomic_write_json
+from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, encode_examples, iter_batches
+
+CHECKPOINT_DIR = ".checkpoint"
+STATE_FILE = "state.pt"
+META_FILE = "attnpat.json"
+
+
+@dataclass
+class Recipe:
+    """Training hyper-parameters (recorded in attnpat.json; a resumed run must use the same ones)."""
+
+    learning_rate: float = 2e-5
+    batch_size: int = 32
+    epochs: int = 3
+    max_length: int = DEFAULT_MAX_LENGTH
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.learning_rate <= 0:
+            raise AttnpatError(f"learning rate must be positive, got {self.learning_rate}")
+        if self.epochs < 1:
+            raise AttnpatError(f"epochs must be at least 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise AttnpatError(f"batch size must be positive, got {self.batch_size}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise AttnpatError(f"warm-up ratio must be in [0, 1), got {self.warmup_ratio}")
+
+
+@dataclass
+class TrainResult:
+    """losses: the training loss of every step run in this call (a resumed run starts mid-way)."""
+
+    steps: int
+    total_steps: int
+    losses: list[float] = field(default_factory=list)
+    resumed_from: int = 0
+    train_seconds: float = 0.0
+
+
+# ---------------------------------------------------------------- data
+
+def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 0.5, seed: int = 0,
+                    n_train: int | None = None, allow_hub: bool | None = None) -> tuple[TaskData, TaskData, dict]:
+    """(train data, evaluation data, split info) for a GLUE task.
+
+    Without ``split_dev``: the train split (hub, or the offline source) and the full dev set. With it: a
+    seeded ``train_share`` of the dev set to train on and the rest to evaluate on (for tasks whose only
+    offline split is the dev set).
+    """
+    task = task.strip().lower()
+    if task not in GLUE_TASKS:
+        raise AttnpatError(f"fine-tuning needs a GLUE task ({', '.join(GLUE_TASKS)}), got '{task}'")
+    if split_dev:
+        if not 0 < train_share < 1:
+            raise AttnpatError(f"--train-share must be between 0 and 1, got {train_share}")
+        dev = load_task(task, "validation", allow_hub=allow_hub)
+        order = list(range(len(dev.examples)))
+        random.Random(seed).shuffle(order)
+        cut = int(round(train_share * len(order)))
+        if cut < 1 or cut >= len(order):
+            raise AttnpatError(f"a train share of {train_share} leaves nothing to train or evaluate on "
+                               f"({len(order)} dev examples)")
+        train_ids, eval_ids = sorted(order[:cut]), sorted(order[cut:])
+        note = f"--split-dev: trained on {len(train_ids)} dev examples (share {train_share}, seed {seed}), " \
+               f"evaluated on the other {len(eval_ids)}"
+        train = TaskData(task, "validation[train-share]", dev.source, [dev.examples[i] for i in train_ids],
+                         dev.num_labels, dev.metric, [note])
+        evaluation = TaskData(task, "validation[held-out]", dev.source, [dev.examples[i] for i in eval_ids],
+                              dev.num_labels, dev.metric, [note])
+        info = {"mode": "split-dev", "train_share": train_share, "seed": seed, "note": note}
+    else:
+        try:
+            train = load_task(task, "train", allow_hub=allow_hub)
+        except AttnpatError as exc:
+            raise AttnpatError(f"{exc}; use --split-dev to fine-tune on a share of the dev set instead") from exc
+        evaluation = load_task(task, "validation", allow_hub=allow_hub)
+        info = {"mode": "train/validation"}
+    if n_train is not None:
+        if n_train < 1:
+            raise AttnpatError(f"--n must be positive, got {n_train}")
+        train.examples = train.examples[:n_train]
+    info.update(train_source=train.source, train_split=train.split, n_train=len(train.examples),
+                eval_source=evaluation.source, eval_split=evaluation.split, n_eval=len(evaluation.examples),
+                notes=train.notes)
+    if any(example.label is None for example in train.examples + evaluation.examples):
+        raise AttnpatError(f"task '{task}' has examples without labels; cannot fine-tune on it")
+    return train, evaluation, info
+
+
+def label_tensor(batch: TokenBatch, num_labels: int) -> torch.Tensor:
+    """(B,) labels as the loss needs them: float for regression (num_labels 1), long otherwise."""
+    if batch.labels is None:
+        raise AttnpatError("a training batch has examples without labels")
+    return batch.labels.float() if num_labels == 1 else batch.labels.long()
+
+
+def epoch_order(num_batches: int, seed: int, epoch: int) -> list[int]:
+    """The shuffled order of the length-sorted batches in one epoch (same for a resumed run)."""
+    order = list(range(num_batches))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    """Write the training state atomically (a killed job leaves the previous checkpoint intact)."""
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_checkpoint(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise AttnpatError(f"the checkpoint {path} is unreadable ({type(exc).__name__}); rerun with --force") from exc
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------- training
+
+def train_classifier(bundle, examples: Sequence[Example], recipe: Recipe, checkpoint: Path, *, num_labels: int,
+                     checkpoint_every: int = 50, progress: bool = True,
+                     on_step: Callable[[int, float], None] | None = None) -> TrainResult:
+    """Train ``bundle.model`` (a sequence classifier) in place, resuming from ``checkpoint`` when it exists.
+
+    The checkpoint (model, optimizer, scheduler, RNG, step) is written every ``checkpoint_every`` steps and
+    at each epoch end. ``on_step(step, loss)`` is called after every optimizer step.
+    """
+    from transformers import get_linear_schedule_with_warmup
+
+    recipe.check()
+    model, device = bundle.model, bundle.device
+    encoded = encode_examples(bundle.tokenizer, examples, recipe.max_length)
+    batches = list(iter_batches(bundle, examples, max_length=recipe.max_length, batch_size=recipe.batch_size,
+                                encoded=encoded))
+    steps_per_epoch = len(batches)
+    total_steps = steps_per_epoch * recipe.epochs
+    decay = [p for n, p in model.named_parameters() if not n.endswith("bias") and "LayerNorm" not in n]
+    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=recipe.learning_rate)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(recipe.warmup_ratio * total_steps), total_steps)
+
+    step, elapsed = 0, 0.0
+    state = load_checkpoint(checkpoint)
+    if state is not None:
+        if state["recipe"] != asdict(recipe) or state["n_examples"] != len(examples):
+            raise AttnpatError(f"the checkpoint in {checkpoint.parent} was made with other settings "
+                               f"({state['recipe']}, {state['n_examples']} examples); rerun with --force to restart")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        _set_rng_state(state["rng"])
+        step, elapsed = state["step"], state["train_seconds"]
+    else:
+        torch.manual_seed(recipe.seed)
+    result = TrainResult(step, total_steps, resumed_from=step)
+
+    def snapshot() -> None:
+        save_checkpoint(checkpoint, {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "rng": _rng_state(), "step": step, "train_seconds": elapsed + time.time() - started,
+            "recipe": asdict(recipe), "n_examples": len(examples),
+        })
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total_steps, initial=step, desc="fine-tuning", unit="step", dynamic_ncols=True)
+    started = time.time()
+    model.train()
+    try:
+        while step < total_steps:
+            epoch, position = divmod(step, steps_per_epoch)
+            batch = batches[epoch_order(steps_per_epoch, recipe.seed, epoch)[position]]
+            outputs = model(**batch.model_inputs(device), labels=label_tensor(batch, num_labels).to(device))
+            outputs.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            loss = float(outputs.loss.detach())
+            result.losses.append(loss)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}", epoch=f"{epoch + 1}/{recipe.epochs}")
+            if step % checkpoint_every == 0 or step % steps_per_epoch == 0:
+                snapshot()
+            if on_step is not None:
+                on_step(step, loss)
+    finally:
+        model.eval()
+        if bar is not None:
+            bar.close()
+    result.steps = step
+    result.train_seconds = elapsed + time.time() - started
+    return result
+
+
+# ---------------------------------------------------------------- evaluation
+
+def predict(bundle, examples: Sequence[Example], *, num_labels: int, max_length: int = DEFAULT_MAX_LENGTH,
+            batch_size: int = 64) -> np.ndarray:
+    """(N,) predictions in the order of ``examples``: class ids, or scores for regression."""
+    predictions = np.zeros(len(examples), dtype=float)
+    with torch.inference_mode():
+        for batch in iter_batches(bundle, examples, max_length=max_length, batch_size=batch_size):
+            logits = bundle.model(**batch.model_inputs(bundle.device)).logits.float().cpu()
+            values = logits[:, 0] if num_labels == 1 else logits.argmax(-1)
+            predictions[batch.indices] = values.numpy()
+    return predictions
+
+
+def evaluate(bundle, data: TaskData, *, num_labels: int, max_length: int = DEFAULT_MAX_LENGTH,
+             batch_size: int = 64) -> dict[str, float]:
+    """The task's GLUE metric (key ``metric``/``value``) plus accuracy or the correlation parts."""
+    labels = np.asarray([example.label for example in data.examples], dtype=float)
+    predictions = predict(bundle, data.examples, num_labels=num_labels, max_length=max_length, batch_size=batch_size)
+    name = metric_name(data.task)
+    scores = {name: task_metric(name, predictions, labels)}
+    extras = ("pearson", "spearman") if num_labels == 1 else ("accuracy", "f1") if num_labels == 2 else ("accuracy",)
+    for extra in extras:
+        scores.setdefault(extra, METRICS[extra](predictions, labels))
+    return {"metric": name, "value": scores[name], "scores": scores, "n_eval": len(labels)}
+
+
+# ---------------------------------------------------------------- the model store
+
+def store_path(name: str) -> Path:
+    if not name or "/" in name or name.startswith("."):
+        raise AttnpatError(f"model-store names are plain folder names, got '{name}'")
+    return model_store() / name
+
+
+def is_finished(path: Path) -> bool:
+    return (path / "config.json").is_file() and (path / META_FILE).is_file()
+
+
+def write_store(bundle, path: Path, meta: dict) -> None:
+    """Save model + tokenizer + attnpat.json into ``path``; config.json arrives last, so a half-written model
+    is never found by name (analysis.models.resolve_model looks for config.json)."""
+    staging = path / ".staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    bundle.model.save_pretrained(staging)
+    bundle.tokenizer.save_pretrained(staging)
+    atomic_write_json(staging / META_FILE, meta)
+    files = sorted(staging.iterdir(), key=lambda file: file.name == "config.json")
+    for file in files:
+        file.replace(path / file.name)
+    staging.rmdir()
+
+
+def eval_table(meta: dict):
+    """The finetune_eval table (metric, value) from a store model's attnpat.json."""
+    import pandas as pd
+
+    rows = [{"metric": metric, "value": value} for metric, value in meta.get("scores", {}).items()]
+    rows += [{"metric": key, "value": meta[key]} for key in ("n_eval", "steps", "elapsed_seconds") if key in meta]
+    return pd.DataFrame(rows, columns=["metric", "value"])
+
+
+def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | None = None,
+             split_dev: bool = False, train_share: float = 0.5, n_train: int | None = None, force: bool = False,
+             checkpoint_every: int = 50, progress: bool = True, device: str | None = None,
+             allow_hub: bool | None = None, on_step: Callable[[int, float], None] | None = None) -> dict:
+    """Fine-tune ``base`` on ``task`` into the model store (``name`` defaults to '<base slug>-<task>').
+
+    Returns the metadata written to attnpat.json plus ``path`` and ``skipped`` (True when the model was
+    already finished and ``force`` is off).
+    """
+    from analysis.models import load_model, model_slug
+
+    recipe = recipe or Recipe()
+    recipe.check()
+    task = task.strip().lower()
+    name = name or f"{model_slug(base)}-{task}"
+    path = store_path(name)
+    if is_finished(path) and not force:
+        from analysis.models import _store_meta, resolve_model
+
+        meta = _store_meta(resolve_model(name))
+        return {**meta, "path": str(path), "skipped": True}
+    if force:
+        shutil.rmtree(path, ignore_errors=True)
+    train, evaluation, split_info = finetune_splits(task, split_dev=split_dev, train_share=train_share,
+                                                    seed=recipe.seed, n_train=n_train, allow_hub=allow_hub)
+    num_labels = GLUE_TASKS[task].num_labels
+    torch.manual_seed(recipe.seed)  # the fresh classification head's initialisation
+    bundle = load_model(base, kind="classifier", num_labels=num_labels, device=device)
+    path.mkdir(parents=True, exist_ok=True)
+    checkpoint = path / CHECKPOINT_DIR / STATE_FILE
+    result = train_classifier(bundle, train.examples, recipe, checkpoint, num_labels=num_labels,
+                              checkpoint_every=checkpoint_every, progress=progress, on_step=on_step)
+    eval_started = time.time()
+    scores = evaluate(bundle, evaluation, num_labels=num_labels, max_length=recipe.max_length)
+    meta = {
+        "base_model": base, "base_revision": bundle.revision, "task": task, "num_labels": num_labels,
+        "metric": scores["metric"], "metric_value": scores["value"], "scores": scores["scores"],
+        "split": split_info, "epochs": recipe.epochs, "learning_rate": recipe.learning_rate,
+        "batch_size": recipe.batch_size, "max_length": recipe.max_length, "recipe": asdict(recipe),
+        "train_source": train.source, "n_eval": scores["n_eval"], "steps": result.steps, "resumed_from_step": result.resumed_from,
+        "final_loss": result.losses[-1] if result.losses else None,
+        "elapsed_seconds": round(result.train_seconds, 1), "eval_seconds": round(time.time() - eval_started, 1),
+        "device": str(bundle.device),
+        "threads": torch.get_num_threads(),
+    }
+    write_store(bundle, path, meta)
+    shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
+    return {**meta, "path": str(path), "skipped": False, "losses": result.losses}

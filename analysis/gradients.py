@@ -1,0 +1,203 @@
+"""Clark et al. (2019) Figure 5: how much the loss depends on attention to [SEP], '.'/',' and other tokens.
+
+For each layer, the mean magnitude |dLoss/d alpha| of the attention weights alpha whose key is a [SEP], a
+period or comma ("punct"), or any other real token (including [CLS]), over every head, real query row
+and example. The loss is the masked-language-model loss (BERT's pre-training objective) when the model
+has an MLM head; otherwise the task loss of a fine-tuned classifier. Each example's loss is its own (mean
+over its masked tokens), summed over the batch, so the gradients do not depend on the batch size.
+
+MLM masking: 15% of each example's real non-special tokens (at least one) are replaced by [MASK], with a
+seeded generator; BERT's 80/10/10 mask/random/keep split is not used (every chosen token is [MASK]).
+With eager attention the returned attention tensors are the ones used in the forward pass (dropout is
+the identity in eval mode), so their gradients are exact; tests check this against a perturbation.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from analysis.data import TaskData
+from analysis.errors import AttnpatError
+from analysis.models import load_config, load_model, resolve_model
+from analysis.rundir import RunDir
+from analysis.stream import (
+    DEFAULT_MAX_LENGTH,
+    TokenBatch,
+    encode_examples,
+    forward_attentions,
+    iter_batches,
+    token_roles,
+)
+
+GRAD_TARGETS = ("sep", "punct", "other")
+OBJECTIVES = {"mlm": "masked-language-model loss", "task": "task loss of the fine-tuned classifier"}
+
+
+# ---------------------------------------------------------------- model and objective
+
+def load_gradient_model(name: str, device=None):
+    """(bundle, objective): an MLM model when the checkpoint has an MLM head ("mlm"), else a fine-tuned
+    sequence classifier ("task"); anything else raises AttnpatError saying the analysis is unavailable."""
+    try:
+        return load_model(name, kind="mlm", device=device), "mlm"
+    except AttnpatError as mlm_error:
+        config = load_config(resolve_model(name))
+        architectures = getattr(config, "architectures", None) or []
+        if any(arch.endswith("ForSequenceClassification") for arch in architectures):
+            return load_model(name, kind="classifier", device=device), "task"
+        raise AttnpatError(
+            f"gradient importance is unavailable for '{name}': it has no masked-language-model head and is not a "
+            f"fine-tuned sequence classifier; use a model with an MLM head or a fine-tuned classifier from the model store"
+        ) from mlm_error
+
+
+def mask_tokens(input_ids: torch.Tensor, maskable: torch.Tensor, mask_id: int, probability: float,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Choose MLM targets: each maskable token with ``probability``, at least one per example.
+
+    input_ids: (B, T) long; maskable: (B, T) bool (real, non-special). Returns (masked input_ids (B, T),
+    labels (B, T) with -100 where not masked).
+    """
+    if not 0 < probability <= 1:
+        raise AttnpatError(f"mask probability must be in (0, 1], got {probability}")
+    chosen = (torch.rand(input_ids.shape, generator=generator) < probability) & maskable
+    for row in torch.nonzero(~chosen.any(1) & maskable.any(1)).flatten().tolist():
+        candidates = torch.nonzero(maskable[row]).flatten()
+        chosen[row, candidates[torch.randint(len(candidates), (1,), generator=generator)]] = True
+    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
+    return torch.where(chosen, torch.full_like(input_ids, mask_id), input_ids), labels
+
+
+def per_example_mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """logits: (B, T, V); labels: (B, T) with -100 = ignore. Returns (B,) mean cross-entropy over masked tokens."""
+    losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
+    counts = (labels != -100).sum(1).clamp(min=1)
+    return losses.sum(1) / counts
+
+
+def per_example_task_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """logits: (B, C); labels: (B,). Cross-entropy per example, or squared error for regression (C == 1)."""
+    if logits.shape[-1] == 1:
+        return (logits.squeeze(-1) - labels.to(logits.dtype)) ** 2
+    return torch.nn.functional.cross_entropy(logits, labels.long(), reduction="none")
+
+
+# ---------------------------------------------------------------- gradients
+
+def attention_gradients(model: torch.nn.Module, batch: TokenBatch, objective: str, device: torch.device,
+                        mlm_labels: torch.Tensor | None = None) -> torch.Tensor:
+    """d(sum of per-example losses)/d(attention weights): (B, L, H, T, T) on the CPU.
+
+    For "mlm", ``batch.input_ids`` must already be masked and ``mlm_labels`` (B, T) given; for "task",
+    ``batch.labels`` must be set.
+    """
+    with torch.enable_grad():
+        _, outputs = forward_attentions(model, batch, device)
+        if objective == "mlm":
+            losses = per_example_mlm_loss(outputs.logits, mlm_labels.to(device))
+        else:
+            if batch.labels is None:
+                raise AttnpatError("the task loss needs labelled examples; this data has examples without labels")
+            losses = per_example_task_loss(outputs.logits, batch.labels.to(device))
+        grads = torch.autograd.grad(losses.sum(), outputs.attentions)
+    return torch.stack(grads, dim=1).float().cpu()
+
+
+def gradient_by_key_type(grads: torch.Tensor, key_masks: dict[str, torch.Tensor],
+                         query_mask: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Sum of |gradient| per layer over the attention weights of each key type, and how many weights.
+
+    grads: (B, L, H, T, T); key_masks: {target: (B, T) bool}; query_mask: (B, T) bool real rows.
+    Returns {target: ((L,) sum, () count per layer)}; the count covers all heads of a layer.
+    """
+    magnitude = grads.abs()
+    heads = grads.shape[2]
+    out = {}
+    for target, key_mask in key_masks.items():
+        pairs = (query_mask[:, :, None] & key_mask[:, None, :]).to(magnitude.dtype)  # (B, T, T)
+        total = torch.einsum("blhqk,bqk->l", magnitude, pairs)
+        out[target] = (total, pairs.sum() * heads)
+    return out
+
+
+def key_types(roles: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Clark's three key types from token_roles masks: [SEP], '.' or ',', and every other real token."""
+    punct = roles["period"] | roles["comma"]
+    return {"sep": roles["sep"], "punct": punct, "other": roles["real"] & ~roles["sep"] & ~punct}
+
+
+def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_length: int = DEFAULT_MAX_LENGTH,
+                            batch_size: int = 8, progress: bool = True, mask_probability: float = 0.15,
+                            seed: int = 0) -> tuple[dict[str, np.ndarray], int]:
+    """({target: (L,) mean |dLoss/d alpha|}, number of truncated examples)."""
+    if objective not in OBJECTIVES:
+        raise AttnpatError(f"unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
+    tokenizer = bundle.tokenizer
+    if objective == "mlm" and tokenizer.mask_token_id is None:
+        raise AttnpatError(f"model '{bundle.name}' has no [MASK] token, so the MLM loss is unavailable")
+    encoded = encode_examples(tokenizer, data.examples, max_length)
+    generator = torch.Generator().manual_seed(seed)
+    sums = {target: torch.zeros(bundle.num_layers, dtype=torch.float64) for target in GRAD_TARGETS}
+    counts = {target: 0.0 for target in GRAD_TARGETS}
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(encoded), desc="gradients", unit="ex", dynamic_ncols=True, disable=not progress)
+    bundle.model.eval()
+    for batch in iter_batches(bundle, data.examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
+        roles = token_roles(tokenizer, batch.input_ids, batch.attention_mask)
+        mlm_labels = None
+        if objective == "mlm":
+            maskable = roles["real"] & ~roles["cls"] & ~roles["sep"]
+            masked_ids, mlm_labels = mask_tokens(batch.input_ids, maskable, tokenizer.mask_token_id,
+                                                 mask_probability, generator)
+            batch = replace(batch, input_ids=masked_ids)
+        grads = attention_gradients(bundle.model, batch, objective, bundle.device, mlm_labels)
+        for target, (total, count) in gradient_by_key_type(grads, key_types(roles), roles["real"]).items():
+            sums[target] += total.double()
+            counts[target] += float(count)
+        bar.update(len(batch.items))
+    bar.close()
+    values = {t: (sums[t] / counts[t]).numpy() if counts[t] else np.full(bundle.num_layers, np.nan) for t in GRAD_TARGETS}
+    return values, sum(item.truncated for item in encoded)
+
+
+def grad_importance(bundle, data: TaskData, run: RunDir, objective: str, *, max_length: int = DEFAULT_MAX_LENGTH,
+                    batch_size: int = 8, progress: bool = True, mask_probability: float = 0.15, seed: int = 0):
+    """Compute and write grad_importance.csv (layer, target, value) and grad_importance.png/svg."""
+    import pandas as pd
+
+    from analysis.figures import close
+
+    with run.record("grad_importance", bundle, data, objective=OBJECTIVES[objective], max_length=max_length,
+                    mask_probability=mask_probability if objective == "mlm" else None, seed=seed) as entry:
+        values, n_truncated = compute_grad_importance(
+            bundle, data, objective, max_length=max_length, batch_size=batch_size, progress=progress,
+            mask_probability=mask_probability, seed=seed)
+        table = pd.DataFrame([{"layer": layer, "target": target, "value": float(values[target][layer])}
+                              for target in GRAD_TARGETS for layer in range(bundle.num_layers)])
+        run.write_table("grad_importance", table)
+        fig = grad_figure(values, OBJECTIVES[objective])
+        run.write_figure("grad_importance", fig)
+        close(fig)
+        entry.update(n_truncated=n_truncated, outputs=["grad_importance.csv", "grad_importance.png", "grad_importance.svg"])
+    return table
+
+
+def grad_figure(values: dict[str, np.ndarray], objective_name: str):
+    """Clark's Figure 5: mean gradient magnitude per layer for each key type."""
+    import matplotlib.pyplot as plt
+
+    names = {"sep": "[SEP]", "punct": ". or ,", "other": "other"}
+    colours = {"sep": "#59d98e", "punct": "#159d82", "other": "#95a5a6"}
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for target in GRAD_TARGETS:
+        layers = np.arange(1, len(values[target]) + 1)
+        ax.plot(layers, values[target], "o-", color=colours[target], label=names[target])
+    ax.set_xlabel("layer (1-indexed)")
+    ax.set_ylabel("avg. |gradient| per attention weight")
+    ax.set_title(f"Gradient of the {objective_name} w.r.t. attention", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

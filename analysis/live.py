@@ -1,0 +1,419 @@
+"""Live maps for one small input (the app's Explore view): maps, display views, a fast grid image.
+
+The app computes live only for small inputs: one sentence or sentence pair of at most
+``MAX_LIVE_TOKENS`` tokens. Everything else comes from precomputed run directories.
+
+Shapes: ``L`` layers, ``H`` heads, ``n`` real tokens (or words) of the input.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from analysis.data import Example
+from analysis.errors import AttnpatError
+from analysis.stream import Encoded, encode_examples, stream_maps, to_word_level, word_groups
+
+MAX_LIVE_TOKENS = 128
+# Characters beyond which a text cannot fit MAX_LIVE_TOKENS anyway; rejected before tokenising.
+MAX_LIVE_CHARS = 2000
+
+# Class -> (short tag drawn on the grid, RGB colour). Order follows classifier.CLASSES.
+CLASS_STYLE: dict[str, tuple[str, tuple[int, int, int]]] = {
+    "vertical": ("V", (31, 119, 180)),
+    "diagonal": ("D", (44, 160, 44)),
+    "vertical+diagonal": ("V+D", (23, 190, 207)),
+    "block": ("B", (255, 127, 14)),
+    "heterogeneous": ("H", (148, 103, 189)),
+}
+
+
+# ---------------------------------------------------------------- loaded models
+
+class ModelCache:
+    """Loaded EncoderBundles by name (least recently used dropped beyond ``capacity``); thread-safe.
+
+    ``loader`` is analysis.models.load_model unless a test passes its own.
+    """
+
+    def __init__(self, capacity: int = 2, loader: Callable | None = None):
+        self.capacity = capacity
+        self.loader = loader
+        self._bundles: OrderedDict[str, object] = OrderedDict()
+        self._loading: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str):
+        name = (name or "").strip()
+        if not name:
+            raise AttnpatError("no model chosen; pick minilm (the embedded all-MiniLM-L6-v2)")
+        with self._lock:
+            if name in self._bundles:
+                self._bundles.move_to_end(name)
+                return self._bundles[name]
+            loading = self._loading.setdefault(name, threading.Lock())
+        with loading:  # one load per name: sessions asking for the same model wait for one load, others go on
+            with self._lock:
+                if name in self._bundles:
+                    return self._bundles[name]
+            if self.loader is None:
+                from analysis.models import load_model
+                self.loader = load_model
+            bundle = self.loader(name)
+            with self._lock:
+                self._bundles[name] = bundle
+                while len(self._bundles) > self.capacity:
+                    self._bundles.popitem(last=False)
+                self._loading.pop(name, None)
+            return bundle
+
+    def loaded(self) -> list:
+        with self._lock:
+            return list(self._bundles.values())
+
+
+# ---------------------------------------------------------------- maps of one input
+
+@dataclass
+class LiveMaps:
+    """Token-level maps of one input. maps: (L, H, n, n) float32, rows sum to 1; item: its tokenisation."""
+
+    maps: torch.Tensor
+    item: Encoded
+    predictions: tuple | None = None  # (classes [L][H], probs (L, H, C)) once classified
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.item.tokens
+
+
+def live_example(text: str, text_pair: str | None = None) -> Example:
+    """Check a user's text (and optional pair) and wrap it as an Example."""
+    text = (text or "").strip()
+    pair = (text_pair or "").strip() or None
+    if not text:
+        raise AttnpatError("enter a sentence first (the text box is empty)")
+    if len(text) + len(pair or "") > MAX_LIVE_CHARS:
+        raise AttnpatError(f"the input is too long for the live view ({len(text) + len(pair or '')} characters, "
+                           f"at most {MAX_LIVE_CHARS}); use a batch job from the Runs tab")
+    return Example("live", text, pair)
+
+
+def sentence_maps(bundle, text: str, text_pair: str | None = None, *, max_tokens: int = MAX_LIVE_TOKENS) -> LiveMaps:
+    """Maps of one sentence (pair) through the map stream. Inputs over ``max_tokens`` are rejected, not cut."""
+    example = live_example(text, text_pair)
+    max_tokens = min(max_tokens, getattr(bundle.tokenizer, "model_max_length", max_tokens) or max_tokens)
+    encoded = encode_examples(bundle.tokenizer, [example], max_tokens)
+    if encoded[0].truncated:
+        raise AttnpatError(f"the input is longer than {max_tokens} tokens, the live view's limit; shorten it or "
+                           "use a batch job from the Runs tab")
+    map_batch = next(iter(stream_maps(bundle, [example], max_length=max_tokens, batch_size=1, encoded=encoded)))
+    return LiveMaps(map_batch.example_maps(0).contiguous(), map_batch.batch.items[0])
+
+
+def drop_positions(maps: torch.Tensor, keep: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """Remove rows and columns not in ``keep`` and renormalise each row to sum to 1.
+
+    maps: (..., n, n); keep: (n,) bool. Returns (..., k, k). Renormalising shows how the remaining
+    weight is spread among the kept tokens (a row that was all on [SEP] becomes its leftover spread).
+    """
+    keep = torch.as_tensor(np.asarray(keep, dtype=bool))
+    if not bool(keep.any()):
+        raise AttnpatError("nothing left to show after hiding the special tokens")
+    index = torch.nonzero(keep).squeeze(1)
+    kept = maps.index_select(-1, index).index_select(-2, index)
+    return kept / kept.sum(-1, keepdim=True).clamp(min=1e-12)
+
+
+def view_maps(live: LiveMaps, *, word_level: bool = False, hide_special: bool = False) -> tuple[torch.Tensor, list[str]]:
+    """The maps as displayed: optionally word-level (Clark et al. pooling), optionally without special tokens.
+
+    Returns (maps (L, H, m, m), labels (m,)), m = tokens or words shown.
+    """
+    maps, labels = live.maps, list(live.tokens)
+    special = np.array([word is None for word in live.item.word_ids], dtype=bool)
+    if word_level:
+        groups, labels = word_groups(live.item)
+        maps = to_word_level(maps, groups)
+        # a group is special when its tokens are (special tokens form their own groups)
+        special = np.array([special[groups == g].all() for g in range(len(labels))], dtype=bool)
+    if hide_special:
+        maps = drop_positions(maps, ~special)
+        labels = [label for label, is_special in zip(labels, special) if not is_special]
+    return maps, labels
+
+
+def classify_heads(classifier, maps: torch.Tensor) -> tuple[list[list[str]], np.ndarray]:
+    """Predicted class of every head. maps: (L, H, n, n) token-level. Returns (classes [L][H], probs (L, H, C))."""
+    from classifier import CLASSES
+
+    layers, heads, n, _ = maps.shape
+    probs = np.asarray(classifier.predict_proba(maps.reshape(layers * heads, n, n)), dtype=float)
+    probs = probs.reshape(layers, heads, -1)
+    best = probs.argmax(-1)
+    return [[CLASSES[int(best[layer, head])] for head in range(heads)] for layer in range(layers)], probs
+
+
+# ---------------------------------------------------------------- the fast grid
+
+@dataclass(frozen=True)
+class GridLayout:
+    """Pixel geometry of the layer x head grid (so a click can be mapped back to a head)."""
+
+    layers: int
+    heads: int
+    cell: int = 56
+    gap: int = 6
+    margin_left: int = 28
+    margin_top: int = 20
+    band: int = 13  # class tag strip under each map
+
+    @property
+    def pitch_x(self) -> int:
+        return self.cell + self.gap
+
+    @property
+    def pitch_y(self) -> int:
+        return self.cell + self.band + self.gap
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) in pixels."""
+        return self.margin_left + self.heads * self.pitch_x, self.margin_top + self.layers * self.pitch_y
+
+    def head_at(self, x: float, y: float) -> tuple[int, int] | None:
+        """0-indexed (layer, head) under pixel (x, y), or None outside every map."""
+        column, dx = divmod(int(x) - self.margin_left, self.pitch_x)
+        row, dy = divmod(int(y) - self.margin_top, self.pitch_y)
+        if 0 <= column < self.heads and 0 <= row < self.layers and dx < self.cell and dy < self.cell + self.band:
+            return row, column
+        return None
+
+
+_GREYS = (255 - np.arange(256)).astype(np.uint8)  # darker = more weight, as in the annotation renders
+
+
+def grid_image(maps: torch.Tensor | np.ndarray, classes: list[list[str]] | None = None,
+               layout: GridLayout | None = None):
+    """All heads as one image: a mosaic of small maps (layers = rows, heads = columns, 1-indexed labels).
+
+    maps: (L, H, n, n). Each map is scaled to its own maximum and resized to ``layout.cell`` pixels
+    (nearest neighbour when enlarging, max-pooling when shrinking) in one tensor operation for all
+    heads, then pasted into a numpy canvas: no per-axis matplotlib drawing.
+    classes: optional [L][H] class names, drawn as a coloured tag under each map. Returns a PIL image.
+    """
+    from PIL import Image, ImageDraw
+
+    maps = torch.as_tensor(maps).float()
+    if maps.ndim != 4 or maps.shape[-1] != maps.shape[-2]:
+        raise AttnpatError(f"grid maps must be (layers, heads, n, n), got shape {tuple(maps.shape)}")
+    layers, heads, n, _ = maps.shape
+    layout = layout or GridLayout(layers, heads)
+    cell = layout.cell
+    if n > cell:  # max-pooling keeps one-token stripes and bands visible when shrinking
+        small = torch.nn.functional.adaptive_max_pool2d(maps, cell)
+    else:
+        index = torch.arange(cell) * n // cell
+        small = maps.index_select(-1, index).index_select(-2, index)  # (L, H, cell, cell)
+    peak = small.amax(dim=(-1, -2), keepdim=True).clamp(min=1e-12)
+    shades = _GREYS[(small / peak * 255).round().to(torch.uint8).numpy()]  # (L, H, cell, cell)
+
+    width, height = layout.size
+    canvas = np.full((height, width, 3), 255, dtype=np.uint8)
+    for layer in range(layers):
+        top = layout.margin_top + layer * layout.pitch_y
+        for head in range(heads):
+            left = layout.margin_left + head * layout.pitch_x
+            canvas[top:top + cell, left:left + cell] = shades[layer, head, :, :, None]
+            if classes is not None:
+                canvas[top + cell:top + cell + layout.band, left:left + cell] = CLASS_STYLE[classes[layer][head]][1]
+
+    image = Image.fromarray(canvas)
+    draw = ImageDraw.Draw(image)
+    for head in range(heads):
+        draw.text((layout.margin_left + head * layout.pitch_x + cell // 2 - 3, 4), str(head + 1), fill=(60, 60, 60))
+    for layer in range(layers):
+        draw.text((6, layout.margin_top + layer * layout.pitch_y + cell // 2 - 5), str(layer + 1), fill=(60, 60, 60))
+        if classes is not None:
+            for head in range(heads):
+                tag = CLASS_STYLE[classes[layer][head]][0]
+                draw.text((layout.margin_left + head * layout.pitch_x + 3, layout.margin_top + layer * layout.pitch_y
+                           + cell), tag, fill=(255, 255, 255))
+    return image
+
+
+def class_table(classes: list[list[str]], probs: np.ndarray):
+    """Long table of the live predictions: layer, head (0-indexed), class, probability of each class."""
+    import pandas as pd
+
+    from classifier import CLASSES
+
+    rows = []
+    for layer, row in enumerate(classes):
+        for head, name in enumerate(row):
+            rows.append({"layer": layer, "head": head, "class": name,
+                         **{f"p_{c}": round(float(probs[layer, head, k]), 4) for k, c in enumerate(CLASSES)}})
+    return pd.DataFrame(rows)
+
+
+class MapMemo:
+    """The last few inputs' LiveMaps, so toggles and head picks do not rerun the model; thread-safe."""
+
+    def __init__(self, capacity: int = 32):
+        self.capacity = capacity
+        self._items: OrderedDict[tuple, LiveMaps] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, bundle, text: str, text_pair: str | None) -> LiveMaps:
+        key = (bundle.name, bundle.revision, (text or "").strip(), (text_pair or "").strip())
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        live = sentence_maps(bundle, text, text_pair)
+        with self._lock:
+            self._items[key] = live
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+        return live
+
+
+# ---------------------------------------------------------------- the Explore view
+
+@dataclass
+class ExploreView:
+    """What the Explore tab shows for one input.
+
+    maps: (L, H, m, m) as displayed; labels: (m,) tokens or words; classes: [L][H] predicted classes of the
+    token-level maps (None without a classifier); probs: (L, H, C) or None; note: why labels are missing.
+    """
+
+    grid: object  # PIL image
+    layout: GridLayout
+    maps: torch.Tensor
+    labels: list[str]
+    classes: list[list[str]] | None
+    probs: np.ndarray | None
+    note: str = ""
+
+
+class LiveExplorer:
+    """Maps, head classes and the grid for one input, with models, maps and predictions cached in-process.
+
+    classifier_loader: returns an object with ``predict_proba(maps) -> (N, C)``; by default
+    classifier.predict.load_classifier. When it is missing or fails, the grid is drawn without classes.
+    """
+
+    retry_seconds = 60.0
+
+    def __init__(self, models: ModelCache | None = None, classifier_loader: Callable | None = None):
+        self.models = models or ModelCache()
+        self.memo = MapMemo()
+        self._classifier_loader = classifier_loader
+        self._classifier = None
+        self._classifier_note = ""
+        self._retry_at = 0.0
+        self._lock = threading.Lock()
+
+    def classifier(self):
+        """The pattern classifier, loaded once; None (with a note) while it is unavailable.
+
+        A failed load is retried after ``retry_seconds``, so a checkpoint trained while the app runs is picked up.
+        """
+        with self._lock:
+            if self._classifier is None and time.monotonic() >= self._retry_at:
+                try:
+                    loader = self._classifier_loader
+                    if loader is None:
+                        from classifier.predict import load_classifier as loader
+                    self._classifier = loader()
+                    self._classifier_note = ""
+                except (ImportError, AttnpatError, OSError) as exc:
+                    self._classifier_note = f"pattern classifier unavailable ({exc}); heads are shown without classes"
+                    self._retry_at = time.monotonic() + self.retry_seconds
+            return self._classifier
+
+    @property
+    def classifier_note(self) -> str:
+        return self._classifier_note
+
+    def predictions(self, live: LiveMaps) -> tuple[list[list[str]] | None, np.ndarray | None]:
+        """Classes of every head of ``live`` (token-level maps, as the classifier was trained), cached."""
+        classifier = self.classifier()
+        if classifier is None:
+            return None, None
+        if live.predictions is None:  # two sessions racing here compute the same answer twice; harmless
+            live.predictions = classify_heads(classifier, live.maps)
+        return live.predictions
+
+    def live_maps(self, model: str, text: str, text_pair: str | None = None) -> LiveMaps:
+        return self.memo.get(self.models.get(model), text, text_pair)
+
+    def explore(self, model: str, text: str, text_pair: str | None = None, *, word_level: bool = False,
+                hide_special: bool = False) -> ExploreView:
+        """Text to grid: maps of every head, each head's predicted class, the grid image."""
+        live = self.live_maps(model, text, text_pair)
+        classes, probs = self.predictions(live)
+        maps, labels = view_maps(live, word_level=word_level, hide_special=hide_special)
+        layout = GridLayout(maps.shape[0], maps.shape[1])
+        return ExploreView(grid_image(maps, classes, layout), layout, maps, labels, classes, probs,
+                           self.classifier_note)
+
+    def head_map(self, model: str, text: str, text_pair: str | None, layer: int, head: int, *,
+                 word_level: bool = False, hide_special: bool = False) -> tuple[np.ndarray, list[str]]:
+        """One head's displayed map (m, m) and its labels; layer and head are 0-indexed."""
+        live = self.live_maps(model, text, text_pair)
+        layers, heads = live.maps.shape[:2]
+        if not (0 <= layer < layers and 0 <= head < heads):
+            raise AttnpatError(f"layer {layer + 1}, head {head + 1} does not exist: the model has {layers} layers "
+                               f"x {heads} heads (1-indexed)")
+        maps, labels = view_maps(live, word_level=word_level, hide_special=hide_special)
+        return maps[layer, head].numpy(), labels
+
+
+# ---------------------------------------------------------------- figures for tables that came without one
+
+def layer_head_figure(frame, title: str = ""):
+    """Heatmaps of a long layer x head table (columns layer, head, <key>, value): one panel per key value.
+
+    Returns a matplotlib figure, or None when ``frame`` is not such a table. Panels label layers and heads
+    1-indexed, like analysis.figures.head_heatmap.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = list(frame.columns)
+    if columns[:2] != ["layer", "head"] or "value" not in columns or len(columns) != 4 or frame.empty:
+        return None
+    key = [c for c in columns if c not in {"layer", "head", "value"}][0]
+    names = list(dict.fromkeys(frame[key]))[:12]
+    layers, heads = int(frame.layer.max()) + 1, int(frame["head"].max()) + 1
+    ncols = min(3, len(names))
+    nrows = -(-len(names) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * (0.3 * heads + 1.6), nrows * (0.3 * layers + 1.2)),
+                             squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        rows = frame[frame[key] == name]
+        values = np.full((layers, heads), np.nan)
+        values[rows.layer.to_numpy(int), rows["head"].to_numpy(int)] = rows.value.to_numpy(float)
+        image = ax.imshow(values, cmap="viridis", aspect="auto")
+        ax.set_title(f"{key} = {name}", fontsize=8)
+        ax.set_xticks(range(heads), [str(h + 1) for h in range(heads)], fontsize=5)
+        ax.set_yticks(range(layers), [str(layer + 1) for layer in range(layers)], fontsize=5)
+        ax.set_xlabel("head (1-indexed)", fontsize=6)
+        ax.set_ylabel("layer (1-indexed)", fontsize=6)
+        fig.colorbar(image, ax=ax, fraction=0.046, format="%.3g")  # no offset text over the title
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

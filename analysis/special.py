@@ -1,0 +1,259 @@
+"""Attention to special tokens and to linguistic features (Kovaleva et al. Figures 6-7, section 4.4).
+
+- to [CLS] / to [SEP]: per head, the attention mass on those tokens, averaged over the real query rows
+  of an example and then over examples.
+- last layer's [CLS] row: averaged over the last layer's heads, which tokens [CLS] attends to most
+  (mean weight a token receives when it occurs, and how often it occurs).
+- linguistic features (section 4.4): for one occurrence of a feature (e.g. a negation word), the
+  attention it receives from every token, summed and divided by the input length; the maximum over the
+  occurrences in an input; averaged over the inputs that have the feature (inputs without it are
+  skipped). Occurrences are token *positions* (via word ids or character offsets), never string matches
+  over the whole input.
+
+POS / dependency features (noun, verb, pronoun, subject, object) need an optional tagger (spaCy with an
+English model); without one they are reported as unavailable and only negation is computed.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from analysis.data import Example
+from analysis.stats import HeadMeans, attention_to
+from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, MapBatch, encode_examples, stream_maps, token_roles, word_groups
+
+# Kovaleva et al. do not print their full list; this is the common negation-cue set we use (documented in
+# the README): single words plus the n't contraction, matched per word position.
+NEGATION_WORDS = frozenset({"no", "not", "never", "none", "nothing", "nobody", "nowhere", "neither", "nor",
+                            "cannot", "n't"})
+TAGGER_FEATURES = ("noun", "verb", "pronoun", "subject", "object")
+FEATURES = ("negation",) + TAGGER_FEATURES
+UNAVAILABLE = "unavailable (no tagger installed)"
+APOSTROPHES = ("'", "\u2019")
+
+# A tagger maps a text to (start_char, end_char, features) spans, one per word it tags.
+Tagger = Callable[[str], list[tuple[int, int, frozenset]]]
+
+
+# ---------------------------------------------------------------- pure functions over maps
+
+def special_token_attention(attn: torch.Tensor, roles: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """attn: (B, L, H, T, T); roles from stream.token_roles. Returns {"to_cls", "to_sep"}: (B, L, H), the mean
+    over real query rows of the mass on [CLS] / on every [SEP]."""
+    return {"to_cls": attention_to(attn, roles["cls"], roles["real"]),
+            "to_sep": attention_to(attn, roles["sep"], roles["real"])}
+
+
+def cls_rows(last_layer: torch.Tensor, cls_mask: torch.Tensor) -> torch.Tensor:
+    """The [CLS] query row averaged over heads. last_layer: (B, H, T, T); cls_mask: (B, T) bool with one
+    [CLS] per example (the first is used). Returns (B, T)."""
+    cls_position = cls_mask.to(torch.int64).argmax(-1)  # (B,)
+    rows = last_layer[torch.arange(last_layer.shape[0]), :, cls_position, :]  # (B, H, T)
+    return rows.mean(1)
+
+
+def received_attention(attn: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Attention each key receives from every token, divided by the input length.
+    attn: (B, L, H, T, T) with padding rows zero; lengths: (B,). Returns (B, L, H, T)."""
+    return attn.sum(-2) / lengths.to(attn.dtype)[:, None, None, None]
+
+
+def feature_attention(attn: torch.Tensor, lengths: torch.Tensor, occurrences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Section 4.4's per-input value: max over a feature's occurrences of the length-normalised attention
+    they receive.
+
+    attn: (B, L, H, T, T); lengths: (B,); occurrences: (B, K, T) bool, occurrence k's token positions (a
+    word split into pieces receives the sum over its pieces). Returns (values (B, L, H), present (B,) bool);
+    values are 0 where an input has no occurrence.
+    """
+    received = received_attention(attn, lengths)  # (B, L, H, T)
+    per_occurrence = torch.einsum("blht,bkt->blhk", received, occurrences.to(received.dtype))
+    valid = occurrences.any(-1)  # (B, K)
+    per_occurrence = per_occurrence.masked_fill(~valid[:, None, None, :], float("-inf"))
+    present = valid.any(-1)
+    if per_occurrence.shape[-1] == 0:
+        return torch.zeros(received.shape[:3], dtype=received.dtype), present
+    values = per_occurrence.max(-1).values
+    return torch.where(present[:, None, None], values, torch.zeros_like(values)), present
+
+
+# ---------------------------------------------------------------- finding occurrences (by position)
+
+def negation_occurrences(item: Encoded) -> list[list[int]]:
+    """Token positions of each negation word in one input: listed words, and n't however it was split
+    ("does n't" -> n ' t, "didn't" -> didn ' t)."""
+    groups, labels = word_groups(item)
+    labels = [label.lower() for label in labels]
+    positions = [np.flatnonzero(groups == g).tolist() for g in range(len(labels))]
+    found, used = [], set()
+    for g, label in enumerate(labels):
+        if g in used:
+            continue
+        span = None
+        if label == "t" and g >= 2 and labels[g - 1] in APOSTROPHES and labels[g - 2].endswith("n"):
+            span = [g - 2, g - 1, g]
+        elif label in {"'t", "\u2019t"} and g >= 1 and labels[g - 1].endswith("n"):
+            span = [g - 1, g]
+        elif label in NEGATION_WORDS or label.replace("\u2019", "'") in NEGATION_WORDS:
+            span = [g]
+        if span and not used.intersection(span):
+            used.update(span)
+            found.append(sorted(p for s in span for p in positions[s]))
+    return found
+
+
+def tagged_occurrences(tokenizer, example: Example, tagger: Tagger, max_length: int) -> dict[str, list[list[int]]]:
+    """{feature: token positions of each tagged word} for one input, aligned by character offsets."""
+    segments = [example.text] if example.text_pair is None else [example.text, example.text_pair]
+    enc = tokenizer(*segments, truncation=True, max_length=max_length, return_offsets_mapping=True)
+    sequence_ids, offsets = enc.sequence_ids(), enc["offset_mapping"]
+    found: dict[str, list[list[int]]] = defaultdict(list)
+    for segment, text in enumerate(segments):
+        for start, end, features in tagger(text):
+            positions = [t for t, (seq, (a, b)) in enumerate(zip(sequence_ids, offsets))
+                         if seq == segment and b > a and a < end and b > start]
+            if positions:
+                for feature in features:
+                    found[feature].append(positions)
+    return dict(found)
+
+
+def occurrence_tensor(per_item: Sequence[list[list[int]]], width: int) -> torch.Tensor:
+    """Stack per-input occurrence position lists into (B, K, T) bool (K = most occurrences in an input)."""
+    most = max((len(occ) for occ in per_item), default=0)
+    tensor = torch.zeros((len(per_item), most, width), dtype=torch.bool)
+    for b, occurrences in enumerate(per_item):
+        for k, positions in enumerate(occurrences):
+            tensor[b, k, positions] = True
+    return tensor
+
+
+def spacy_tagger() -> Tagger | None:
+    """A spaCy-based tagger when spaCy and an English model are installed, else None."""
+    try:
+        import spacy
+    except ImportError:
+        return None
+    models = [name for name in spacy.util.get_installed_models() if name.startswith("en_")]
+    if not models:
+        return None
+    nlp = spacy.load(sorted(models)[0], disable=["ner"])
+    pos_features = {"NOUN": "noun", "PROPN": "noun", "VERB": "verb", "PRON": "pronoun"}
+    dep_features = {"nsubj": "subject", "nsubjpass": "subject", "csubj": "subject", "dobj": "object",
+                    "obj": "object", "iobj": "object"}
+
+    def tag(text: str) -> list[tuple[int, int, frozenset]]:
+        spans = []
+        for token in nlp(text):
+            features = {pos_features.get(token.pos_), dep_features.get(token.dep_)} - {None}
+            if features:
+                spans.append((token.idx, token.idx + len(token.text), frozenset(features)))
+        return spans
+
+    return tag
+
+
+# ---------------------------------------------------------------- accumulation over a stream
+
+class TokenTally:
+    """Mean attention a token string receives from the last layer's [CLS] row, and how often it occurs."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def add(self, tokens: Sequence[str], weights: Sequence[float]) -> None:
+        for token, weight in zip(tokens, weights):
+            self.sums[token] += float(weight)
+            self.counts[token] += 1
+
+    def table(self, min_count: int = 1):
+        import pandas as pd
+
+        rows = [{"token": token, "mean_attention": self.sums[token] / count, "count": count}
+                for token, count in self.counts.items() if count >= min_count]
+        frame = pd.DataFrame(rows, columns=["token", "mean_attention", "count"])
+        return frame.sort_values(["mean_attention", "count"], ascending=[False, False], ignore_index=True)
+
+
+def special_statistics(bundle, examples: Sequence[Example], *, max_length: int = DEFAULT_MAX_LENGTH,
+                       batch_size: int = 32, tagger: Tagger | None = None,
+                       progress: bool | str = False) -> dict:
+    """One pass over the maps: {"heads": {name: (L, H)} for to_cls, to_sep and each available feature,
+    "counts": {feature: inputs with the feature}, "cls_tally": TokenTally, "unavailable": {feature: why},
+    "n_truncated": inputs cut to max_length}."""
+    encoded = encode_examples(bundle.tokenizer, examples, max_length)
+    means, tally = HeadMeans(), TokenTally()
+    counts = defaultdict(int)
+    for maps in stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size, progress=progress,
+                            encoded=encoded):
+        batch = maps.batch
+        roles = token_roles(bundle.tokenizer, batch.input_ids, batch.attention_mask)
+        for name, values in special_token_attention(maps.attentions, roles).items():
+            means.add(name, values)
+        _tally_cls_rows(maps, roles["cls"], tally)
+        per_feature = {"negation": [negation_occurrences(item) for item in batch.items]}
+        if tagger is not None:
+            tagged = [tagged_occurrences(bundle.tokenizer, examples[item.index], tagger, max_length)
+                      for item in batch.items]
+            for feature in TAGGER_FEATURES:
+                per_feature[feature] = [found.get(feature, []) for found in tagged]
+        for feature, per_item in per_feature.items():
+            occurrences = occurrence_tensor(per_item, maps.attentions.shape[-1])
+            values, present = feature_attention(maps.attentions, batch.lengths, occurrences)
+            means.add(feature, values, include=present)
+            counts[feature] += int(present.sum())
+    unavailable = {} if tagger is not None else {feature: UNAVAILABLE for feature in TAGGER_FEATURES}
+    return {"heads": means.result(), "counts": dict(counts), "cls_tally": tally, "unavailable": unavailable,
+            "n_truncated": sum(item.truncated for item in encoded)}
+
+
+def _tally_cls_rows(maps: MapBatch, cls_mask: torch.Tensor, tally: TokenTally) -> None:
+    has_cls = cls_mask.any(-1)
+    rows = cls_rows(maps.attentions[:, -1], cls_mask)  # (B, T)
+    for i in range(len(maps)):
+        if has_cls[i]:
+            n = int(maps.batch.lengths[i])
+            tally.add(maps.tokens(i)[:n], rows[i, :n].tolist())
+
+
+# ---------------------------------------------------------------- run directory
+
+def linguistic_table(heads: dict[str, np.ndarray]):
+    """Long table layer, head, feature, value for the features present in ``heads``."""
+    from analysis.rundir import long_table
+
+    return long_table({feature: heads[feature] for feature in FEATURES if feature in heads}, key="feature")
+
+
+def write_special(bundle, data, run, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
+                  tagger: Tagger | None = None, progress: bool | str = False, top: int = 30,
+                  min_count: int = 5) -> dict:
+    """Compute :func:`special_statistics` for ``data`` and write special_tokens.csv/png/svg,
+    cls_last_layer.csv and linguistic.csv into ``run``. Returns the statistics."""
+    from analysis.compare import panel_heatmaps
+    from analysis.figures import close
+    from analysis.rundir import long_table
+
+    with run.record("special", bundle, data, max_length=max_length) as entry:
+        stats = special_statistics(bundle, data.examples, max_length=max_length, batch_size=batch_size,
+                                   tagger=tagger, progress=progress)
+        heads = stats["heads"]
+        run.write_table("special_tokens", long_table({"to_cls": heads["to_cls"], "to_sep": heads["to_sep"]}))
+        fig = panel_heatmaps({"attention to [CLS]": heads["to_cls"], "attention to [SEP]": heads["to_sep"]},
+                             title=f"{bundle.name} on {data.task}: mean attention to special tokens",
+                             label="mean attention", cmap="Blues", vmin=0.0, vmax=1.0)
+        figures = run.write_figure("special_tokens", fig)
+        close(fig)
+        run.write_table("cls_last_layer", stats["cls_tally"].table())
+        run.write_table("linguistic", linguistic_table(heads))
+        entry.update(n_truncated=stats["n_truncated"], feature_counts=stats["counts"], unavailable=stats["unavailable"],
+                     negation_words=sorted(NEGATION_WORDS),
+                     outputs=[str(run.file(f"{name}.csv")) for name in ("special_tokens", "cls_last_layer",
+                                                                          "linguistic")] + [str(f) for f in figures])
+    # tokens seen once dominate a raw ranking; the printed summary keeps the ones that recur
+    stats["top_cls_tokens"] = stats["cls_tally"].table(min_count=min_count).head(top)
+    return stats

@@ -1,0 +1,215 @@
+"""Clark et al. (2019) surface statistics: what each head attends to, how broadly, and a label per head.
+
+Per head, averaged first over an example's query rows and then over examples (each example weighs the
+same, as in Clark's notebook):
+
+- ``prev`` / ``next`` / ``self``: attention to the previous / next / same token, over the rows that have
+  such a token (Clark divides by all n rows; the first row has no previous token, the last no next one).
+- ``cls`` / ``sep`` / ``period`` / ``comma``: attention mass on those tokens, over all real rows.
+- ``sep_sep``: attention from [SEP] rows to [SEP] keys (examples with a [SEP] only).
+- ``entropy``: mean row entropy in nats; ``cls_entropy``: entropy of the [CLS] row. The uniform-attention
+  entropy log(n), averaged over examples, is the reference both are compared with.
+
+Head labels follow Clark's thresholds and precedence (a later rule overrides an earlier one): next, prev
+(> 0.5), broad (entropy > 3.8 nats), [CLS], [SEP], '.'+',' (> 0.6); ``other`` when no rule fires.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from analysis.data import TaskData
+from analysis.rundir import RunDir, long_table
+from analysis.stats import (
+    HeadMeans,
+    attention_on,
+    attention_to,
+    key_selector,
+    masked_mean_over_queries,
+    next_token_selector,
+    previous_token_selector,
+    row_entropy,
+    same_token_selector,
+    uniform_entropy,
+)
+from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps, token_roles
+
+SURFACE_METRICS = ("prev", "next", "self", "cls", "sep", "period", "comma", "sep_sep", "entropy", "cls_entropy")
+# In Clark's precedence order: a later label overrides an earlier one.
+HEAD_LABELS = ("next", "prev", "broad", "cls", "sep", "punct")
+OTHER_LABEL = "other"
+LABEL_NAMES = {"next": "attend to next", "prev": "attend to prev.", "broad": "attend broadly",
+               "cls": "attend to [CLS]", "sep": "attend to [SEP]", "punct": "attend to . and ,", "other": "other"}
+LABEL_COLOURS = {"next": "#e74c3c", "prev": "#3498db", "broad": "#f39c12", "cls": "#9b59b6", "sep": "#59d98e",
+                 "punct": "#159d82", "other": "#95a5a6"}
+
+
+@dataclass(frozen=True)
+class LabelThresholds:
+    """Clark's thresholds: entropy (nats) for 'broad', attention share for positions and special tokens."""
+
+    broad: float = 3.8
+    position: float = 0.5
+    special: float = 0.6
+
+
+# ---------------------------------------------------------------- pure statistics
+
+def surface_batch(attn: torch.Tensor, roles: dict[str, torch.Tensor],
+                  lengths: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """Per-example surface statistics of one batch.
+
+    attn: (B, L, H, T, T) with zero padding rows; roles: token_roles() masks (B, T); lengths: (B,).
+    Returns {metric: ((B, L, H) values, (B,) bool examples that have the feature, or None for all)}.
+    """
+    width = attn.shape[-1]
+    real, cls, sep = roles["real"], roles["cls"], roles["sep"]
+    has_sep, has_cls = sep.any(1), cls.any(1)
+    entropies = row_entropy(attn)  # (B, L, H, T), computed once for both entropy statistics
+    return {
+        "prev": (attention_on(attn, previous_token_selector(lengths, width)), lengths > 1),
+        "next": (attention_on(attn, next_token_selector(lengths, width)), lengths > 1),
+        "self": (attention_on(attn, same_token_selector(lengths, width)), None),
+        "cls": (attention_to(attn, cls, real), has_cls),
+        "sep": (attention_to(attn, sep, real), has_sep),
+        "period": (attention_to(attn, roles["period"], real), None),
+        "comma": (attention_to(attn, roles["comma"], real), None),
+        "sep_sep": (attention_on(attn, key_selector(sep, sep)), has_sep),
+        "entropy": (masked_mean_over_queries(entropies, real), None),
+        "cls_entropy": (masked_mean_over_queries(entropies, cls), has_cls),
+    }
+
+
+def head_labels(values: dict[str, np.ndarray], thresholds: LabelThresholds = LabelThresholds()) -> np.ndarray:
+    """(L, H) array of label strings from surface tables ``values[metric]: (L, H)`` (Clark's precedence)."""
+    rules = {
+        "next": values["next"] > thresholds.position,
+        "prev": values["prev"] > thresholds.position,
+        "broad": values["entropy"] > thresholds.broad,
+        "cls": values["cls"] > thresholds.special,
+        "sep": values["sep"] > thresholds.special,
+        "punct": (values["period"] + values["comma"]) > thresholds.special,
+    }
+    labels = np.full(values["entropy"].shape, OTHER_LABEL, dtype=object)
+    for name in HEAD_LABELS:
+        labels[np.nan_to_num(rules[name], nan=False).astype(bool)] = name
+    return labels
+
+
+def labels_table(labels: np.ndarray):
+    """(L, H) labels -> DataFrame layer, head, label."""
+    import pandas as pd
+
+    layers, heads = np.meshgrid(np.arange(labels.shape[0]), np.arange(labels.shape[1]), indexing="ij")
+    return pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel(), "label": labels.ravel()})
+
+
+class SurfaceAccumulator:
+    """Streams map batches into per-head surface statistics (also used by the clustering pass)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.means = HeadMeans()
+        self.uniform_sum = 0.0
+        self.n_examples = 0
+
+    def add(self, map_batch: MapBatch) -> None:
+        batch = map_batch.batch
+        roles = token_roles(self.tokenizer, batch.input_ids, batch.attention_mask)
+        for name, (values, include) in surface_batch(map_batch.attentions, roles, batch.lengths).items():
+            self.means.add(name, values, include)
+        self.uniform_sum += float(uniform_entropy(batch.lengths).sum())
+        self.n_examples += len(batch.items)
+
+    def result(self) -> tuple[dict[str, np.ndarray], float]:
+        """({metric: (L, H)}, mean uniform-attention entropy in nats)."""
+        values = self.means.result()
+        return {name: values[name] for name in SURFACE_METRICS}, self.uniform_sum / max(self.n_examples, 1)
+
+
+# ---------------------------------------------------------------- the pass over a data set
+
+def compute_surface(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
+                    progress: bool = True) -> tuple[dict[str, np.ndarray], float, int]:
+    """Surface statistics over ``data``: ({metric: (L, H)}, uniform entropy, number of truncated examples)."""
+    encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
+    accumulator = SurfaceAccumulator(bundle.tokenizer)
+    for map_batch in stream_maps(bundle, data.examples, max_length=max_length, batch_size=batch_size,
+                                 progress="surface" if progress else False, encoded=encoded):
+        accumulator.add(map_batch)
+    values, uniform = accumulator.result()
+    return values, uniform, sum(item.truncated for item in encoded)
+
+
+def surface_statistics(bundle, data: TaskData, run: RunDir, max_length: int = DEFAULT_MAX_LENGTH,
+                       batch_size: int = 32, progress: bool = True,
+                       thresholds: LabelThresholds = LabelThresholds()):
+    """Compute the surface statistics and write surface.csv, head_labels.csv, surface.png/svg and
+    surface_entropy.png/svg into ``run``. Returns the long surface table (layer, head, metric, value)."""
+    from analysis.figures import close
+
+    with run.record("surface", bundle, data, max_length=max_length, thresholds=asdict(thresholds)) as entry:
+        values, uniform, n_truncated = compute_surface(bundle, data, max_length=max_length, batch_size=batch_size,
+                                                       progress=progress)
+        labels = head_labels(values, thresholds)
+        table = long_table(values)
+        run.write_table("surface", table)
+        run.write_table("head_labels", labels_table(labels))
+        for name, fig in (("surface", surface_figure(values)), ("surface_entropy", entropy_figure(values, uniform))):
+            run.write_figure(name, fig)
+            close(fig)
+        entry.update(n_truncated=n_truncated, uniform_entropy=uniform,
+                     label_counts={label: int((labels == label).sum()) for label in (*HEAD_LABELS, OTHER_LABEL)},
+                     outputs=["surface.csv", "head_labels.csv", "surface.png", "surface.svg",
+                              "surface_entropy.png", "surface_entropy.svg"])
+    return table
+
+
+# ---------------------------------------------------------------- figures
+
+def _layer_scatter(ax, array: np.ndarray, title: str, colour: str = "#3498db") -> None:
+    """One panel of Clark's Figure 2: every head as a dot at its (1-indexed) layer, the layer mean as a line."""
+    layers, heads = array.shape
+    jitter = np.linspace(-0.15, 0.15, heads)
+    for layer in range(layers):
+        ax.plot(layer + 1 + jitter, array[layer], "o", color=colour, markersize=3, alpha=0.6)
+    ax.plot(np.arange(1, layers + 1), np.nanmean(array, 1), color="k", lw=1.2)
+    ax.set_title(title, fontsize=9)
+    ax.set_xticks(range(1, layers + 1))
+    ax.set_xlabel("layer (1-indexed)", fontsize=8)
+
+
+def surface_figure(values: dict[str, np.ndarray]):
+    """Clark's Figure 2 layout: average attention per head to token types and positions, by layer."""
+    import matplotlib.pyplot as plt
+
+    panels = [("cls", "[CLS]"), ("sep", "[SEP]"), ("punct", ". or ,"), ("sep_sep", "[SEP] -> [SEP]"),
+              ("prev", "previous token"), ("next", "next token"), ("self", "same token")]
+    fig, axes = plt.subplots(2, 4, figsize=(13, 5.5), sharey=True)
+    for ax, (name, title) in zip(axes.ravel(), panels):
+        array = values["period"] + values["comma"] if name == "punct" else values[name]
+        _layer_scatter(ax, array, title)
+        ax.set_ylim(-0.02, 1.02)
+    axes.ravel()[-1].axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("avg. attention")
+    fig.suptitle("Average attention per head (dots) and per layer (line)")
+    fig.tight_layout()
+    return fig
+
+
+def entropy_figure(values: dict[str, np.ndarray], uniform: float):
+    """Clark's entropy plot: mean row entropy and [CLS]-row entropy per head, with uniform attention's."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, (name, title) in zip(axes, [("entropy", "entropy of attention rows"),
+                                        ("cls_entropy", "entropy of the [CLS] row")]):
+        _layer_scatter(ax, values[name], title, colour="#f39c12")
+        ax.axhline(uniform, color="tab:red", ls="--", lw=1, label=f"uniform attention ({uniform:.2f})")
+        ax.legend(fontsize=8, loc="lower right")
+    axes[0].set_ylabel("entropy (nats)")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,545 @@
+"""Head and layer disabling sweeps (Kovaleva et al. Figures 8-9): a fast engine, the naive reference, resume.
+
+A *variant* is one setting of the (L, H) keep mask (1 keeps a head, 0 disables it, see analysis.disable);
+its first changed layer is its ``start``. The fast engine gives the same logits as the naive reference (one
+full forward pass per variant, inputs padded to the maximum length, as the original research code did) but:
+
+- the input hidden states of each layer are computed once per batch by the unchanged (baseline) model and
+  reused: a variant starting at layer l runs only layers l..L-1 (a rolling cache holds one layer's inputs);
+- the variants with the same start are stacked along the batch dimension and share one forward pass;
+- batches are length-sorted and dynamically padded (analysis.stream.iter_batches).
+
+Each variant's metric is persisted atomically as soon as it is known (one JSON per variant under
+runs/<model>/<task>/.sweep-<mode>-<unit>/), so a killed sweep resumes where it stopped.
+
+Shapes: ``N`` examples, ``B`` rows of a batch, ``T`` padded length, ``D`` hidden size, ``C`` logits,
+``V`` stacked variants, ``L`` layers, ``H`` heads.
+"""
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from analysis.disable import (
+    check_mode,
+    encoder_layers,
+    first_changed_layer,
+    gated,
+    head_gates,
+    keep_mask,
+    layer_container,
+    layer_keep_mask,
+    mask_gates,
+    stacked_gates,
+)
+from analysis.errors import AttnpatError
+from analysis.rundir import atomic_write_json
+from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, TokenBatch, collate, iter_batches
+
+BASELINE = "baseline"
+UNITS = ("head", "layer")
+OnVariant = Callable[[str, torch.Tensor], None]
+
+
+# ---------------------------------------------------------------- variants
+
+@dataclass(frozen=True, eq=False)
+class Variant:
+    """A named keep mask (L, H); ``start`` is the first layer it changes (L when it changes nothing)."""
+
+    name: str
+    keep: np.ndarray
+
+    @property
+    def start(self) -> int:
+        return first_changed_layer(self.keep)
+
+
+def head_variants(num_layers: int, num_heads: int) -> list[Variant]:
+    """One variant per head: 'head-<layer>-<head>' (0-indexed) with only that head disabled."""
+    return [Variant(f"head-{layer}-{head}", keep_mask(num_layers, num_heads, [(layer, head)]))
+            for layer in range(num_layers) for head in range(num_heads)]
+
+
+def layer_variants(num_layers: int, num_heads: int) -> list[Variant]:
+    """One variant per layer: 'layer-<layer>' with all its heads disabled."""
+    return [Variant(f"layer-{layer}", layer_keep_mask(num_layers, num_heads, layer)) for layer in range(num_layers)]
+
+
+def unit_variants(unit: str, num_layers: int, num_heads: int) -> list[Variant]:
+    if unit == "head":
+        return head_variants(num_layers, num_heads)
+    if unit == "layer":
+        return layer_variants(num_layers, num_heads)
+    raise AttnpatError(f"unknown unit '{unit}'; use one of: {', '.join(UNITS)}")
+
+
+def recompute_share(variants: Sequence[Variant], num_layers: int) -> float:
+    """Layer evaluations of the fast engine over those of the naive loop (baseline included in both).
+
+    Naive: every variant and the baseline run all L layers. Fast: the baseline runs L layers once, each
+    variant runs L - start layers. For single-head sweeps this tends to (L + 1) / (2L).
+    """
+    fast = num_layers + sum(num_layers - variant.start for variant in variants)
+    naive = num_layers * (len(variants) + 1)
+    return fast / naive
+
+
+# ---------------------------------------------------------------- running part of the encoder
+
+class _Captured(Exception):
+    """Raised by a hook to stop a forward pass once the wanted hidden states are known."""
+
+    def __init__(self, hidden: torch.Tensor):
+        super().__init__("captured")
+        self.hidden = hidden
+
+
+def _with_hidden(args: tuple, kwargs: dict, hidden: torch.Tensor) -> tuple[tuple, dict]:
+    """A layer's call arguments with its input hidden states replaced (positional first, as every encoder does)."""
+    if args:
+        return (hidden,) + tuple(args[1:]), kwargs
+    for name in ("hidden_states", "x"):
+        if name in kwargs:
+            return args, {**kwargs, name: hidden}
+    raise AttnpatError("cannot find the hidden states among an encoder layer's arguments")
+
+
+def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
+    if args:
+        return args[0]
+    for name in ("hidden_states", "x"):
+        if name in kwargs:
+            return kwargs[name]
+    raise AttnpatError("cannot find the hidden states among an encoder layer's arguments")
+
+
+@contextmanager
+def _layers_from(model: nn.Module, start: int) -> Iterator[None]:
+    """Temporarily leave layers 0..start-1 out of the encoder, so a forward pass skips them."""
+    if start == 0:
+        yield
+        return
+    container = layer_container(model)
+    full = container.layer
+    container.layer = nn.ModuleList(list(full)[start:])
+    try:
+        yield
+    finally:
+        container.layer = full
+
+
+def forward_from(model: nn.Module, inputs: dict, *, start: int = 0, hidden: torch.Tensor | None = None,
+                 stop: int | None = None) -> torch.Tensor:
+    """Run the model from the input of layer ``start``.
+
+    inputs: model inputs (B, T) (the embeddings still run on them, cheaply, and the attention mask comes from
+    them); hidden: (B, T, D) input hidden states of layer ``start`` (None only for start 0).
+    Returns the logits (B, C), or with ``stop`` (start < stop <= L) the hidden states (B, T, D) that enter
+    layer ``stop`` (for stop = L, that leave the last layer).
+    """
+    layers = encoder_layers(model)
+    if not 0 <= start < len(layers):
+        raise AttnpatError(f"start layer {start} is outside a model of {len(layers)} layers")
+    if (hidden is None) != (start == 0):
+        raise AttnpatError("hidden states are needed exactly when starting above layer 0")
+    handles = []
+    if start > 0:
+        handles.append(layers[start].register_forward_pre_hook(
+            lambda module, args, kwargs: _with_hidden(args, kwargs, hidden), with_kwargs=True))
+    if stop is not None:
+        if not start < stop <= len(layers):
+            raise AttnpatError(f"stop layer {stop} must lie in ({start}, {len(layers)}]")
+        if stop < len(layers):
+            def capture_input(module, args, kwargs):
+                raise _Captured(_hidden_of(args, kwargs))
+            handles.append(layers[stop].register_forward_pre_hook(capture_input, with_kwargs=True))
+        else:
+            def capture_output(module, args, output):
+                raise _Captured(output[0] if isinstance(output, tuple) else output)
+            handles.append(layers[-1].register_forward_hook(capture_output))
+    try:
+        with _layers_from(model, start):
+            outputs = model(**inputs)
+    except _Captured as captured:
+        return captured.hidden
+    finally:
+        for handle in handles:
+            handle.remove()
+    if stop is not None:
+        raise AttnpatError("the forward pass ended before reaching the requested layer")
+    return outputs.logits
+
+
+def _repeat_rows(tensor: torch.Tensor, times: int) -> torch.Tensor:
+    """(B, ...) -> (times * B, ...): variant-major stacking (rows v*B .. v*B+B-1 belong to variant v)."""
+    return tensor.repeat(times, *([1] * (tensor.dim() - 1))) if times > 1 else tensor
+
+
+# ---------------------------------------------------------------- the fast engine
+
+def fast_sweep(bundle, batches: Sequence[TokenBatch], variants: Sequence[Variant], mode: str, *,
+               skip: set[str] = frozenset(), include_baseline: bool = True, variants_per_pass: int | None = None,
+               on_variant: OnVariant | None = None, progress: bool | str = False) -> dict[str, torch.Tensor]:
+    """Logits (N, C) of every variant (and of the unchanged model, key 'baseline'), in example order.
+
+    batches: the data as length-sorted, dynamically padded TokenBatch objects (analysis.stream.iter_batches);
+    ``skip``: names already done (not computed); ``variants_per_pass``: how many variants with the same start
+    share one forward pass (default: the number of heads); ``on_variant(name, logits)`` is called as soon as
+    a variant's logits for the whole data are known (e.g. to persist them).
+    """
+    check_mode(mode)
+    model, device = bundle.model, bundle.device
+    num_layers = len(encoder_layers(model))
+    batches = list(batches)
+    if not batches:
+        raise AttnpatError("no examples to sweep over")
+    order = torch.tensor([index for batch in batches for index in batch.indices])
+    inputs = [batch.model_inputs(device) for batch in batches]
+    pending = [variant for variant in variants if variant.name not in skip]
+    per_pass = max(1, variants_per_pass or int(model.config.num_attention_heads))
+    chunks = _chunks_by_start(pending, per_pass)
+    want_baseline = include_baseline and BASELINE not in skip
+    results: dict[str, torch.Tensor] = {}
+
+    def finish(name: str, pieces: list[torch.Tensor]) -> None:
+        logits = torch.empty((len(order), pieces[0].shape[-1]), dtype=pieces[0].dtype)
+        logits[order] = torch.cat(pieces).float().cpu()
+        results[name] = logits
+        if on_variant is not None:
+            on_variant(name, logits)
+
+    if not chunks and not want_baseline:
+        return results
+    bar = _progress(len(batches) * (len(chunks) + 1), progress)
+    cache_layer, cache = 0, [None] * len(batches)  # cache[b]: input hidden states of layer cache_layer
+    unchanged = []  # variants that disable nothing equal the baseline
+    with gated(model), torch.inference_mode():
+        for start, chunk in chunks:
+            if start >= num_layers:
+                unchanged.extend(chunk)
+                continue
+            if start > cache_layer:
+                cache = [forward_from(model, inputs[b], start=cache_layer, hidden=cache[b], stop=start)
+                         for b in range(len(batches))]
+                cache_layer = start
+            keeps = np.stack([variant.keep for variant in chunk])
+            pieces: list[list[torch.Tensor]] = [[] for _ in chunk]
+            for b, batch_inputs in enumerate(inputs):
+                rows = len(batches[b].items)
+                stacked = {key: _repeat_rows(value, len(chunk)) for key, value in batch_inputs.items()}
+                hidden = None if cache[b] is None else _repeat_rows(cache[b], len(chunk))
+                with head_gates(model, stacked_gates(keeps, rows), mode):
+                    logits = forward_from(model, stacked, start=start, hidden=hidden)
+                for v in range(len(chunk)):
+                    pieces[v].append(logits[v * rows:(v + 1) * rows])
+                if bar is not None:
+                    bar.update(1)
+            for variant, variant_pieces in zip(chunk, pieces):
+                finish(variant.name, variant_pieces)
+        if want_baseline or unchanged:
+            baseline = [forward_from(model, inputs[b], start=cache_layer, hidden=cache[b]) for b in range(len(batches))]
+            if bar is not None:
+                bar.update(len(batches))
+            for variant in unchanged:
+                finish(variant.name, baseline)
+            if want_baseline:
+                finish(BASELINE, baseline)
+    if bar is not None:
+        bar.close()
+    return results
+
+
+def _chunks_by_start(variants: Sequence[Variant], per_pass: int) -> list[tuple[int, list[Variant]]]:
+    """Group variants by first changed layer (ascending), at most ``per_pass`` to a group."""
+    by_start: dict[int, list[Variant]] = {}
+    for variant in variants:
+        by_start.setdefault(variant.start, []).append(variant)
+    return [(start, group[i:i + per_pass]) for start, group in sorted(by_start.items())
+            for i in range(0, len(group), per_pass)]
+
+
+# ---------------------------------------------------------------- the naive reference
+
+def padded_batches(bundle, encoded: Sequence[Encoded], *, width: int = DEFAULT_MAX_LENGTH,
+                   batch_size: int = 32) -> list[TokenBatch]:
+    """Batches in example order, every one padded to ``width`` tokens (what fixed-length research code does)."""
+    pad_id = bundle.tokenizer.pad_token_id if bundle.tokenizer.pad_token_id is not None else 0
+    batches = []
+    for begin in range(0, len(encoded), batch_size):
+        batch = collate(encoded[begin:begin + batch_size], pad_id)
+        extra = width - batch.input_ids.shape[1]
+        if extra > 0:
+            pad = lambda t, value: torch.nn.functional.pad(t, (0, extra), value=value)  # noqa: E731
+            batch.input_ids = pad(batch.input_ids, pad_id)
+            batch.attention_mask = pad(batch.attention_mask, 0)
+            if batch.token_type_ids is not None:
+                batch.token_type_ids = pad(batch.token_type_ids, 0)
+        batches.append(batch)
+    return batches
+
+
+def naive_sweep(bundle, encoded: Sequence[Encoded], variants: Sequence[Variant], mode: str, *,
+                width: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
+                include_baseline: bool = True) -> dict[str, torch.Tensor]:
+    """The reference: for each variant, one full forward pass over the data, batches of ``batch_size`` in
+    example order padded to ``width`` tokens, the variant's heads gated. Returns {name: logits (N, C)}."""
+    check_mode(mode)
+    model, device = bundle.model, bundle.device
+    batches = padded_batches(bundle, encoded, width=width, batch_size=batch_size)
+    everything = ([Variant(BASELINE, keep_mask(bundle.num_layers, bundle.num_heads))] if include_baseline else [])
+    results = {}
+    with gated(model), torch.inference_mode():
+        for variant in everything + list(variants):
+            with head_gates(model, mask_gates(variant.keep), mode):
+                logits = [model(**batch.model_inputs(device)).logits.float().cpu() for batch in batches]
+            results[variant.name] = torch.cat(logits)
+    return results
+
+
+# ---------------------------------------------------------------- metrics and resumable sweeps
+
+def predictions(logits: torch.Tensor) -> np.ndarray:
+    """Class ids (argmax) or, for a single regression output, the scores. logits: (N, C) -> (N,)."""
+    logits = logits.detach().float().cpu()
+    return logits[:, 0].numpy() if logits.shape[-1] == 1 else logits.argmax(-1).numpy()
+
+
+def task_labels(data) -> np.ndarray:
+    """(N,) gold labels of a TaskData; a clear error when the task has none (e.g. wiki)."""
+    labels = [example.label for example in data.examples]
+    if not labels or any(label is None for label in labels):
+        raise AttnpatError(f"task '{data.task}' has examples without labels; disabling and pruning need a labelled "
+                           "task (sst2, mrpc, rte...)")
+    return np.asarray(labels, dtype=float)
+
+
+class SweepStore:
+    """One small JSON per finished variant in ``folder``; results of another configuration are discarded.
+
+    ``fingerprint``: what the results depend on (model revision, data, mode, lengths...); it is kept in
+    folder/sweep.json and a mismatch clears the folder's variant files.
+    """
+
+    def __init__(self, folder: str | Path, fingerprint: dict):
+        self.folder = Path(folder)
+        self.fingerprint = json.loads(json.dumps(fingerprint, default=str))
+        self.folder.mkdir(parents=True, exist_ok=True)
+        config = self.folder / "sweep.json"
+        stored = json.loads(config.read_text()) if config.is_file() else None
+        self.discarded = 0
+        if stored != self.fingerprint:
+            for old in self.folder.glob("v-*.json"):
+                old.unlink()
+                self.discarded += 1
+            atomic_write_json(config, self.fingerprint)
+
+    def _path(self, name: str) -> Path:
+        return self.folder / f"v-{name}.json"
+
+    def results(self) -> dict[str, dict]:
+        found = {}
+        for path in sorted(self.folder.glob("v-*.json")):
+            try:
+                record = json.loads(path.read_text())
+            except json.JSONDecodeError:
+                continue  # cannot happen with atomic writes; recomputed if it does
+            found[record["variant"]] = record
+        return found
+
+    def save(self, name: str, record: dict) -> None:
+        atomic_write_json(self._path(name), {"variant": name, **record})
+
+
+def run_sweep(bundle, data, variants: Sequence[Variant], mode: str, store: SweepStore, *,
+              max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32, variants_per_pass: int | None = None,
+              progress: bool | str = False, on_variant: Callable[[str, float], None] | None = None) -> dict[str, float]:
+    """Task metric of the baseline and every variant, resuming from ``store``. Returns {name: metric}.
+
+    ``on_variant(name, metric)`` is called after each newly finished variant has been persisted.
+    """
+    from analysis.metrics import metric_name, task_metric
+
+    labels = task_labels(data)
+    metric = metric_name(data.metric or data.task)
+    done = store.results()
+
+    def persist(name: str, logits: torch.Tensor) -> None:
+        value = task_metric(metric, predictions(logits), labels)
+        store.save(name, {"metric": value, "metric_name": metric, "n": int(len(labels))})
+        done[name] = {"metric": value}
+        if on_variant is not None:
+            on_variant(name, value)
+
+    if any(variant.name not in done for variant in variants) or BASELINE not in done:
+        batches = list(iter_batches(bundle, data.examples, max_length=max_length, batch_size=batch_size))
+        fast_sweep(bundle, batches, variants, mode, skip=set(done), variants_per_pass=variants_per_pass,
+                   on_variant=persist, progress=progress)
+    return {name: float(done[name]["metric"]) for name in [BASELINE] + [variant.name for variant in variants]}
+
+
+def sweep_fingerprint(bundle, data, mode: str, unit: str, max_length: int) -> dict:
+    """What a sweep's stored results depend on."""
+    return {"model": bundle.name, "revision": bundle.revision, "task": data.task, "split": data.split,
+            "source": data.source, "n": len(data.examples), "mode": mode, "unit": unit, "max_length": max_length,
+            "first_ids": [example.id for example in data.examples[:3]]}
+
+
+# ---------------------------------------------------------------- tables
+
+def head_deltas(metrics: dict[str, float], num_layers: int, num_heads: int) -> np.ndarray:
+    """(L, H) metric change with each single head disabled (from 'head-<l>-<h>' results)."""
+    base = metrics[BASELINE]
+    return np.array([[metrics[f"head-{layer}-{head}"] - base for head in range(num_heads)]
+                     for layer in range(num_layers)])
+
+
+def layer_deltas(metrics: dict[str, float], num_layers: int) -> np.ndarray:
+    """(L,) metric change with each whole layer disabled."""
+    return np.array([metrics[f"layer-{layer}"] - metrics[BASELINE] for layer in range(num_layers)])
+
+
+def extreme_heads(deltas: np.ndarray, k: int = 5) -> dict[str, list[dict]]:
+    """The k heads whose disabling helps most ('best') and hurts most ('worst'). deltas: (L, H)."""
+    flat = [(float(deltas[layer, head]), layer, head) for layer in range(deltas.shape[0])
+            for head in range(deltas.shape[1])]
+    ranked = sorted(flat, key=lambda item: (-item[0], item[1], item[2]))
+    as_rows = lambda items: [{"layer": layer, "head": head, "delta": delta} for delta, layer, head in items]  # noqa: E731
+    return {"best": as_rows(ranked[:k]), "worst": as_rows(list(reversed(ranked[-k:])))}
+
+
+def merge_mode_rows(old, new, column: str, keep_values: Sequence[str]):
+    """Old long-table rows whose ``column`` is not in ``keep_values`` (other modes' results), plus ``new``."""
+    import pandas as pd
+
+    if old is None or old.empty or column not in old.columns:
+        return new
+    return pd.concat([old[~old[column].isin(list(keep_values))], new], ignore_index=True)
+
+
+# ---------------------------------------------------------------- figures
+
+def head_delta_figure(deltas: np.ndarray, *, mode: str, metric: str, baseline: float, task: str, model: str):
+    """Kovaleva Figure 8: the layer x head heatmap of metric changes (1-indexed axes)."""
+    from analysis.figures import head_heatmap
+
+    return head_heatmap(deltas * 100, title=f"{model} on {task}: {metric} change (points) with one head disabled "
+                        f"({mode}); baseline {baseline:.3f}", cmap="RdBu", center=0.0,
+                        label=f"{metric} change x 100")
+
+
+def layer_delta_figure(table, *, metric: str, baseline: dict[str, float], task: str, model: str):
+    """Kovaleva Figure 9: bars of the metric change per disabled layer, one bar group per mode.
+
+    table: rows of layer, mode, metric, delta."""
+    import matplotlib.pyplot as plt
+
+    modes = sorted(table["mode"].unique())
+    layers = sorted(table["layer"].unique())
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(layers) + 2), 3.2))
+    width = 0.8 / len(modes)
+    for i, mode in enumerate(modes):
+        rows = table[table["mode"] == mode].set_index("layer").reindex(layers)
+        ax.bar(np.arange(len(layers)) + (i - (len(modes) - 1) / 2) * width, rows["delta"] * 100, width,
+               label=f"{mode} (baseline {baseline.get(mode, float('nan')):.3f})")
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xticks(range(len(layers)), [str(layer + 1) for layer in layers])
+    ax.set_xlabel("disabled layer (1-indexed)")
+    ax.set_ylabel(f"{metric} change x 100")
+    ax.set_title(f"{model} on {task}: whole layer disabled", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- the `disable` analysis
+
+def classifier_head_note(bundle, task: str | None = None) -> str | None:
+    """A warning when the classification head may be untrained (metric values then mean nothing) or was
+    trained on another task than the one evaluated."""
+    if bundle.source.kind == "embedded":
+        return (f"model '{bundle.name}' has no fine-tuned classification head: the head is random (seeded), so "
+                "metric values only test the machinery; fine-tune it first (attnpat finetune)")
+    trained_on = bundle.meta.get("task")
+    if not trained_on:
+        return (f"model '{bundle.name}' has no attnpat fine-tuning record; unless its checkpoint holds a trained "
+                "classification head, metric values mean nothing")
+    if task is not None and trained_on != task:
+        return f"model '{bundle.name}' was fine-tuned on {trained_on}, not on {task}"
+    return None
+
+
+def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH,
+                     batch_size: int = 32, progress: bool = False,
+                     on_variant: Callable[[str, float], None] | None = None) -> dict:
+    """Sweep single heads and/or whole layers with ``mode`` disabling; write disable_heads / disable_layers
+    tables and figures into ``run``. Returns a summary (baseline, metric name, best/worst heads, layer deltas)."""
+    import pandas as pd
+
+    from analysis.figures import close
+    from analysis.metrics import metric_name
+    from analysis.rundir import long_table
+
+    check_mode(mode)
+    task_labels(data)  # fail before any work when the task has no labels
+    metric = metric_name(data.metric or data.task)
+    L, H = bundle.num_layers, bundle.num_heads
+    summary: dict = {"metric_name": metric, "mode": mode, "outputs": [],
+                     "model_note": classifier_head_note(bundle, data.task)}
+    for unit in units:
+        variants = unit_variants(unit, L, H)
+        store = SweepStore(run.file(f".sweep-{mode}-{unit}"), sweep_fingerprint(bundle, data, mode, unit, max_length))
+        started = time.time()
+        metrics = run_sweep(bundle, data, variants, mode, store, max_length=max_length, batch_size=batch_size,
+                            progress=f"disable {unit}s ({mode})" if progress else False, on_variant=on_variant)
+        summary[f"{unit}_seconds"] = round(time.time() - started, 2)
+        summary["baseline"] = metrics[BASELINE]
+        summary["recompute_share_" + unit] = round(recompute_share(variants, L), 4)
+        if unit == "head":
+            deltas = head_deltas(metrics, L, H)
+            absolute = deltas + metrics[BASELINE]
+            new = long_table({f"{mode}_delta": deltas, f"{mode}_metric": absolute})
+            old = _read_optional(run, "disable_heads")
+            run.write_table("disable_heads", merge_mode_rows(old, new, "metric", [f"{mode}_delta", f"{mode}_metric"]))
+            fig = head_delta_figure(deltas, mode=mode, metric=metric, baseline=metrics[BASELINE], task=data.task,
+                                    model=bundle.name)
+            summary["outputs"] += [str(p) for p in run.write_figure("disable_heads", fig)]
+            close(fig)
+            summary.update(extreme_heads(deltas))
+            summary["outputs"].append(str(run.file("disable_heads.csv")))
+        else:
+            deltas = layer_deltas(metrics, L)
+            new = pd.DataFrame({"layer": np.arange(L), "mode": mode, "metric": deltas + metrics[BASELINE],
+                                "delta": deltas})
+            table = merge_mode_rows(_read_optional(run, "disable_layers"), new, "mode", [mode])
+            run.write_table("disable_layers", table)
+            baselines = {m: float((rows["metric"] - rows["delta"]).iloc[0]) for m, rows in table.groupby("mode")}
+            fig = layer_delta_figure(table, metric=metric, baseline=baselines, task=data.task, model=bundle.name)
+            summary["outputs"] += [str(p) for p in run.write_figure("disable_layers", fig)]
+            close(fig)
+            summary["layer_deltas"] = [float(d) for d in deltas]
+            summary["outputs"].append(str(run.file("disable_layers.csv")))
+    return summary
+
+
+def _read_optional(run, name: str):
+    import pandas as pd
+
+    path = run.file(f"{name}.csv")
+    return pd.read_csv(path) if path.is_file() else None
+
+
+def _progress(total: int, progress: bool | str):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=progress if isinstance(progress, str) else "sweep", unit="pass", dynamic_ncols=True)

@@ -1,0 +1,98 @@
+"""The labeled set: raw single-head maps joined to their labels. What the CNN classifier learns from.
+
+A labeled set folder (e.g. annotation/labeled/v1/):
+  maps.npz     attn (sum n*n,) float32, lengths (N,), map_ids (N,)   (see annotation.sample.save_maps)
+  labels.csv   map_id, label, annotator, labeled_at, task, example_id, layer, head, n, prediction
+  CARD.md      how the labels were made, class counts, agreement
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from analysis.errors import AttnpatError
+from annotation.sample import load_maps, save_maps
+from classifier import CLASSES
+
+LABEL_COLUMNS = ("map_id", "label", "annotator", "labeled_at", "task", "example_id", "layer", "head", "n", "prediction")
+
+
+@dataclass
+class LabeledSet:
+    """maps: N maps (n_i, n_i) float32; labels: (N,) int indices into CLASSES; rows: the labels.csv rows."""
+
+    maps: list[np.ndarray]
+    labels: np.ndarray
+    map_ids: list[str]
+    rows: list[dict]
+    path: Path | None = None
+
+    @property
+    def data_hash(self) -> str:
+        """sha256 over map ids, labels and map bytes: identifies exactly what a model was trained on."""
+        digest = hashlib.sha256()
+        for map_id, label, attn in zip(self.map_ids, self.labels, self.maps):
+            digest.update(map_id.encode())
+            digest.update(int(label).to_bytes(1, "little"))
+            digest.update(np.ascontiguousarray(attn, np.float32).tobytes())
+        return digest.hexdigest()
+
+    def class_counts(self) -> dict[str, int]:
+        return {name: int((self.labels == i).sum()) for i, name in enumerate(CLASSES)}
+
+    def __len__(self) -> int:
+        return len(self.map_ids)
+
+
+def save_labeled_set(folder: str | Path, rows: list[dict], maps: dict[str, np.ndarray]) -> Path:
+    """Write maps.npz and labels.csv (atomically each). rows: dicts with LABEL_COLUMNS; maps: map_id -> (n, n)."""
+    import pandas as pd
+
+    from analysis.rundir import save_table
+
+    folder = Path(folder)
+    unknown = sorted({row["label"] for row in rows} - set(CLASSES))
+    if unknown:
+        raise AttnpatError(f"unknown labels {unknown}; the classes are {', '.join(CLASSES)}")
+    missing = [row["map_id"] for row in rows if row["map_id"] not in maps]
+    if missing:
+        raise AttnpatError(f"{len(missing)} labels have no raw map (first: {missing[0]})")
+    ids = [row["map_id"] for row in rows]
+    save_maps(folder / "maps.npz", ids, [maps[i] for i in ids])
+    frame = pd.DataFrame(rows)
+    for column in LABEL_COLUMNS:
+        if column not in frame:
+            frame[column] = None
+    save_table(frame[list(LABEL_COLUMNS) + [c for c in frame.columns if c not in LABEL_COLUMNS]], folder / "labels.csv")
+    return folder
+
+
+def load_labeled_set(folder: str | Path) -> LabeledSet:
+    """Read a labeled set; unknown labels, labels without maps and empty classes raise AttnpatError."""
+    import pandas as pd
+
+    folder = Path(folder)
+    if not (folder / "labels.csv").is_file() or not (folder / "maps.npz").is_file():
+        raise AttnpatError(f"{folder} is not a labeled set (needs labels.csv and maps.npz)")
+    try:
+        frame = pd.read_csv(folder / "labels.csv", dtype={"map_id": str, "label": str})
+    except Exception as exc:
+        raise AttnpatError(f"{folder / 'labels.csv'} is not a readable CSV: {exc}") from exc
+    if not {"map_id", "label"} <= set(frame.columns):
+        raise AttnpatError(f"{folder / 'labels.csv'} needs map_id and label columns")
+    unknown = sorted(set(frame.label) - set(CLASSES))
+    if unknown:
+        raise AttnpatError(f"{folder.name}: unknown labels {unknown}; the classes are {', '.join(CLASSES)}")
+    empty = [name for name in CLASSES if not (frame.label == name).any()]
+    if empty:
+        raise AttnpatError(f"{folder.name}: no maps labeled {', '.join(empty)}; every class needs examples")
+    maps = load_maps(folder / "maps.npz")
+    missing = [i for i in frame.map_id if i not in maps]
+    if missing:
+        raise AttnpatError(f"{folder.name}: {len(missing)} labels have no map in maps.npz (first: {missing[0]})")
+    ids = list(frame.map_id)
+    labels = np.asarray([CLASSES.index(label) for label in frame.label], dtype=np.int64)
+    return LabeledSet([maps[i] for i in ids], labels, ids, frame.to_dict("records"), folder)

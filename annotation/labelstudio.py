@@ -1,0 +1,358 @@
+"""Push map samples to Label Studio as tasks with pre-annotations; pull annotations back into a labeled set.
+
+Tasks carry the map's id and the sha256 of its raw float bytes; the raw maps stay in the local sample
+folder (``maps.npz``), so every pulled label joins back to the exact map, never to a re-rendered image.
+Pushing is idempotent (tasks already on the server, by map id, are skipped), so a push interrupted by a
+lost connection is finished by running it again.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from analysis.errors import AttnpatError
+from analysis.rundir import atomic_write_json, atomic_write_text
+from annotation.preannotate import preannotate
+from annotation.sample import load_maps, read_index
+from annotation.server import Credentials
+from classifier import CLASSES
+
+PREANNOTATOR_VERSION = "attnpat-rules-v1"
+CHUNK = 50
+
+LABEL_CONFIG = """<View>
+  <Header value="Which pattern dominates this attention map? (see the labeling guideline)"/>
+  <Text name="info" value="$caption"/>
+  <Image name="image" value="$image" zoom="true"/>
+  <Choices name="pattern" toName="image" choice="single" showInLine="true" required="true">
+""" + "\n".join(f'    <Choice value="{name}"/>' for name in CLASSES) + """
+  </Choices>
+</View>"""
+
+
+class ServerUnreachable(AttnpatError):
+    """The connection failed (server down, or lost midway): rerunning the same command finishes the job."""
+
+
+def map_sha256(attn: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(attn, np.float32).tobytes()).hexdigest()
+
+
+def connect(credentials: Credentials):
+    """An SDK client whose token has been checked (wrong token and server down give one-line errors)."""
+    from label_studio_sdk import LabelStudio
+
+    client = LabelStudio(base_url=credentials.url, api_key=credentials.token, timeout=60)
+    _call(credentials.url, lambda: client.users.whoami())
+    return client
+
+
+def _call(url: str, action, what: str = "request"):
+    """Run an SDK call, translating transport and HTTP failures into AttnpatError."""
+    import httpx
+    from label_studio_sdk.core.api_error import ApiError
+
+    try:
+        return action()
+    except ApiError as exc:
+        if exc.status_code in (401, 403):
+            raise AttnpatError(f"Label Studio at {url} rejected the token (HTTP {exc.status_code}); "
+                               "check --token or rerun `attnpat annotate serve`") from exc
+        if exc.status_code == 404:
+            raise AttnpatError(f"Label Studio at {url}: {what} not found (HTTP 404)") from exc
+        raise AttnpatError(f"Label Studio at {url} answered HTTP {exc.status_code} to a {what}") from exc
+    except (httpx.TransportError, ConnectionError) as exc:
+        raise ServerUnreachable(f"cannot reach Label Studio at {url} ({type(exc).__name__}); is it running? "
+                                "(`attnpat annotate serve`); rerun to finish the job") from exc
+    except Exception as exc:
+        # The SDK wraps a refused PAT refresh in other exception types; keep the message one line.
+        if "401" in str(exc) or "token" in str(exc).lower():
+            raise AttnpatError(f"Label Studio at {url} rejected the token ({type(exc).__name__})") from exc
+        raise
+
+
+def ensure_project(client, url: str, title: str, project_id: int | None = None) -> tuple[int, bool]:
+    """Reuse the project (by id, else by title) or create it. Returns (id, created)."""
+    if project_id is not None:
+        try:
+            _call(url, lambda: client.projects.get(id=project_id), "project")
+            return project_id, False
+        except AttnpatError as exc:
+            if "404" not in str(exc):
+                raise
+    for project in _call(url, lambda: list(client.projects.list()), "project list"):
+        if project.title == title:
+            return project.id, False
+    project = _call(url, lambda: client.projects.create(title=title, label_config=LABEL_CONFIG,
+                                                       description="attnpat attention-pattern labeling"), "project")
+    return project.id, True
+
+
+def existing_tasks(client, url: str, project_id: int) -> dict[str, dict]:
+    """map_id -> task dict (with annotations, drafts and predictions) for every task in the project."""
+    tasks = {}
+
+    def collect():
+        for task in client.tasks.list(project=project_id, fields="all"):
+            data = task.data if isinstance(task.data, dict) else {}
+            if "map_id" in data:
+                tasks[data["map_id"]] = task.model_dump() if hasattr(task, "model_dump") else dict(task)
+
+    _call(url, collect, "task list")
+    return tasks
+
+
+def build_task(row: dict, attn: np.ndarray, png: bytes) -> dict:
+    """One Label Studio task: the image as a data URI, the map's id and hash, and the pre-annotation."""
+    label, score = preannotate(attn, row["tokens"])
+    caption = f"{row['task']} · layer {row['layer'] + 1} · head {row['head'] + 1} (1-indexed) · {row['n']} tokens"
+    return {
+        "data": {"image": "data:image/png;base64," + base64.b64encode(png).decode(), "caption": caption,
+                 "map_id": row["map_id"], "map_sha256": map_sha256(attn), "task": row["task"],
+                 "layer": row["layer"], "head": row["head"], "example_id": row["example_id"]},
+        "predictions": [{"model_version": PREANNOTATOR_VERSION, "score": score,
+                         "result": [{"from_name": "pattern", "to_name": "image", "type": "choices",
+                                     "value": {"choices": [label]}}]}],
+    }
+
+
+@dataclass
+class PushReport:
+    project_id: int
+    created_project: bool
+    pushed: int
+    already_there: int
+    total: int
+
+
+def push(credentials: Credentials, sample: str | Path, title: str | None = None, state_file: Path | None = None,
+         chunk: int = CHUNK, log=print, progress: bool = True) -> PushReport:
+    """Import every map of a sample folder that the project does not hold yet, ``chunk`` tasks per request.
+
+    Each chunk is one import (Label Studio commits it whole), so a push cut off at any point leaves whole
+    chunks on the server, and running it again imports exactly the maps that are still missing."""
+    from tqdm.auto import tqdm
+
+    sample = Path(sample)
+    rows = read_index(sample)
+    maps = load_maps(sample / "maps.npz")
+    title = title or f"attnpat patterns: {sample.name}"
+    state = _read_state(state_file)
+    client = connect(credentials)
+    project_id, created = ensure_project(client, credentials.url, title, state.get("projects", {}).get(title))
+    state.setdefault("projects", {})[title] = project_id
+    if state_file:
+        atomic_write_json(state_file, state)
+    present = existing_tasks(client, credentials.url, project_id)
+    todo = [row for row in rows if row["map_id"] not in present]
+    with tqdm(total=len(todo), desc=f"push to project {project_id}", unit="task", disable=not progress or not todo,
+              dynamic_ncols=True) as bar:
+        for start in range(0, len(todo), chunk):
+            batch = [build_task(row, maps[row["map_id"]], (sample / row["image"]).read_bytes())
+                     for row in todo[start:start + chunk]]
+            _call(credentials.url, lambda: client.projects.import_tasks(id=project_id, request=batch,
+                                                                        return_task_ids=True), "task import")
+            bar.update(len(batch))
+    if todo:
+        log(f"pushed {len(todo)} new tasks to project {project_id}")
+    return PushReport(project_id, created, len(todo), len(rows) - len(todo), len(rows))
+
+
+def _read_state(path: Path | None) -> dict:
+    return json.loads(path.read_text()) if path and path.is_file() else {}
+
+
+# ---------------------------------------------------------------- pull
+
+@dataclass
+class PullReport:
+    """What a pull found. drafts / skipped / unknown / hash_mismatch list map ids (unknown: with the label);
+    ties: maps whose annotators split evenly (the earliest annotation's label was kept)."""
+
+    folder: Path
+    labeled: int
+    class_counts: dict
+    drafts: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+    unknown: list = field(default_factory=list)
+    unlabeled: int = 0
+    hash_mismatch: list = field(default_factory=list)
+    ties: list = field(default_factory=list)
+    prediction_agreement: float | None = None
+    kappa: float | None = None
+    kappa_maps: int = 0
+    n_annotators: int = 0
+
+
+def _choice(annotation: dict) -> str | None:
+    for item in annotation.get("result") or []:
+        choices = (item.get("value") or {}).get("choices")
+        if choices:
+            return choices[0]
+    return None
+
+
+def _user_names(client, url: str) -> dict[int, str]:
+    """user id -> email; {} when this token may not list users (annotators are then named by id)."""
+    try:
+        users = _call(url, lambda: list(client.users.list()), "user list")
+    except ServerUnreachable:
+        raise
+    except AttnpatError:
+        return {}
+    return {user.id: user.email or user.username or str(user.id) for user in users}
+
+
+def _annotator(annotation: dict, names: dict[int, str]) -> str:
+    who = annotation.get("completed_by")
+    user_id = who if isinstance(who, int) else (who or {}).get("id")
+    return names.get(user_id, str(user_id))
+
+
+def resolve_project(client, url: str, title: str, state: dict) -> int:
+    """The id of the pushed project (from the state file, else by title); AttnpatError when it is gone."""
+    project_id = state.get("projects", {}).get(title)
+    if project_id is None:
+        found = [p.id for p in _call(url, lambda: list(client.projects.list()), "project list") if p.title == title]
+        if not found:
+            raise AttnpatError(f"no project '{title}' on {url}; push the sample first")
+        project_id = found[0]
+    try:
+        _call(url, lambda: client.projects.get(id=project_id), "project")
+    except AttnpatError as exc:
+        if "404" not in str(exc):
+            raise
+        raise AttnpatError(f"project {project_id} ('{title}') is gone from {url}; push again to recreate it "
+                           "(annotations made there are lost with it)") from exc
+    return project_id
+
+
+def pull(credentials: Credentials, sample: str | Path, out: str | Path, title: str | None = None,
+         state_file: Path | None = None) -> PullReport:
+    """Export annotations, join them to the sample's raw maps and write a labeled set to ``out``.
+
+    One row per map in labels.csv (the majority label over its annotators; ties go to the earliest
+    annotation and are reported); every single annotation in annotations.csv. Drafts (of any user),
+    skipped (cancelled) annotations, unknown labels and maps whose hash no longer matches are reported,
+    never dropped silently. Everything is read before anything is written, and the folder appears whole
+    (written under a temporary name, then renamed), so a pull cut off midway leaves nothing behind.
+    """
+    sample, out = Path(sample), Path(out)
+    rows = {row["map_id"]: row for row in read_index(sample)}
+    maps = load_maps(sample / "maps.npz")
+    title = title or f"attnpat patterns: {sample.name}"
+    client = connect(credentials)
+    project_id = resolve_project(client, credentials.url, title, _read_state(state_file))
+    tasks = existing_tasks(client, credentials.url, project_id)
+    names = _user_names(client, credentials.url)
+    report = PullReport(out, 0, {})
+    all_annotations, final_rows, agree, compared, multi = [], [], 0, 0, []
+    for map_id, task in sorted(tasks.items()):
+        if map_id not in rows:
+            report.unknown.append(f"{map_id} (not in sample {sample.name})")
+            continue
+        if task["data"].get("map_sha256") != map_sha256(maps[map_id]):
+            report.hash_mismatch.append(map_id)
+            continue
+        # Label Studio shows a task's drafts only to their author; draft_exists covers everyone's.
+        if task.get("drafts") or task.get("draft_exists"):
+            report.drafts.append(map_id)
+        annotations = []
+        for annotation in sorted(task.get("annotations") or [], key=lambda a: (str(a.get("created_at")), a.get("id", 0))):
+            label = _choice(annotation)
+            if annotation.get("was_cancelled"):
+                report.skipped.append(map_id)
+            elif label not in CLASSES:
+                report.unknown.append(f"{map_id}: {label!r}")
+            else:
+                annotations.append({"map_id": map_id, "label": label, "annotator": _annotator(annotation, names),
+                                    "labeled_at": str(annotation.get("created_at"))})
+        if not annotations:
+            report.unlabeled += 1
+            continue
+        all_annotations.extend(annotations)
+        labels = [a["label"] for a in annotations]
+        ranked = Counter(labels).most_common()  # equal counts keep first-seen order: the earliest wins a tie
+        if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+            report.ties.append(map_id)
+        if len(labels) > 1:
+            multi.append(labels)
+        final = ranked[0][0]
+        prediction = _choice((task.get("predictions") or [{}])[0])
+        if prediction is not None:
+            compared += 1
+            agree += prediction == final
+        row = rows[map_id]
+        final_rows.append({"map_id": map_id, "label": final,
+                           "annotator": "+".join(sorted({a["annotator"] for a in annotations})),
+                           "labeled_at": max(a["labeled_at"] for a in annotations),
+                           "task": row["task"], "example_id": row["example_id"], "layer": row["layer"],
+                           "head": row["head"], "n": row["n"], "prediction": prediction,
+                           "n_annotations": len(labels)})
+    if not final_rows:
+        raise AttnpatError(f"project {project_id} has no submitted annotations yet")
+    report.labeled = len(final_rows)
+    report.class_counts = dict(Counter(r["label"] for r in final_rows))
+    report.prediction_agreement = agree / compared if compared else None
+    report.kappa, report.kappa_maps = (fleiss_kappa(multi), len(multi)) if multi else (None, 0)
+    report.n_annotators = len({a["annotator"] for a in all_annotations})
+    summary = {**{k: v for k, v in report.__dict__.items() if k != "folder"}, "project_id": project_id,
+               "url": credentials.url, "sample": sample.name,
+               "pulled_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    write_labeled_folder(out, final_rows, maps, all_annotations, summary)
+    return report
+
+
+def write_labeled_folder(out: Path, rows: list[dict], maps: dict[str, np.ndarray], annotations: list[dict],
+                         summary: dict) -> Path:
+    """Write the labeled set (maps.npz, labels.csv), annotations.csv and pull_report.json into a temporary
+    sibling folder, then rename it onto ``out`` (replacing an older folder of that name)."""
+    import shutil
+    import tempfile
+
+    import pandas as pd
+
+    from analysis.rundir import save_table
+    from annotation.dataset import save_labeled_set
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial"))
+    os.chmod(staging, 0o755)  # mkdtemp makes it private; the labeled set is an ordinary folder
+    try:
+        save_labeled_set(staging, rows, maps)
+        save_table(pd.DataFrame(annotations), staging / "annotations.csv")
+        atomic_write_text(staging / "pull_report.json", json.dumps(summary, indent=2))
+        if out.exists():
+            retired = out.with_name(f".{out.name}.old")
+            shutil.rmtree(retired, ignore_errors=True)
+            out.rename(retired)
+            staging.rename(out)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def fleiss_kappa(label_lists: list[list[str]], classes=CLASSES) -> float:
+    """Fleiss' kappa for items rated by several annotators (equal to Cohen's kappa's chance model for 2
+    raters of equal marginals). label_lists: one list of labels per item, each of length >= 2."""
+    counts = np.asarray([[labels.count(c) for c in classes] for labels in label_lists], dtype=float)
+    raters = counts.sum(1)
+    if (raters < 2).any():
+        raise AttnpatError("Fleiss' kappa needs at least two labels per item")
+    per_item = ((counts ** 2).sum(1) - raters) / (raters * (raters - 1))
+    p_bar = per_item.mean()
+    shares = counts.sum(0) / counts.sum()
+    p_e = float((shares ** 2).sum())
+    return float((p_bar - p_e) / (1 - p_e)) if p_e < 1 else 1.0

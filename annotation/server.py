@@ -1,0 +1,241 @@
+"""Run a local Label Studio server (its own venv) offline on 127.0.0.1, and keep its credentials.
+
+Label Studio pins its own label-studio-sdk and Pillow, so it lives in a separate venv (``.ls-venv``,
+made by ``make label-studio``); this project's venv only holds the SDK client.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from analysis.errors import AttnpatError
+from analysis.paths import annotation_root, repo_root
+from analysis.rundir import atomic_write
+
+DEFAULT_PORT = 8080
+ADMIN_EMAIL = "annotator@attnpat.local"
+# Offline start: no version check, no error reporting, no analytics.
+OFFLINE_ENV = {"LATEST_VERSION_CHECK": "false", "SENTRY_DSN": "", "FRONTEND_SENTRY_DSN": "",
+               "COLLECT_ANALYTICS": "false", "LABEL_STUDIO_DISABLE_SIGNUP_WITHOUT_LINK": "true"}
+
+
+@dataclass
+class Credentials:
+    url: str
+    token: str
+    email: str | None = None
+    password: str | None = None
+
+
+def server_dir(root: Path | None = None) -> Path:
+    return Path(root) if root is not None else annotation_root() / "label-studio"
+
+
+def credentials_file(root: Path | None = None) -> Path:
+    return server_dir(root) / "credentials.json"
+
+
+def label_studio_bin() -> Path:
+    configured = os.environ.get("ATTNPAT_LABEL_STUDIO_BIN")
+    path = Path(configured) if configured else repo_root() / ".ls-venv" / "bin" / "label-studio"
+    if not path.is_file():
+        raise AttnpatError(f"Label Studio is not installed at {path}; run `make label-studio` "
+                           "(or set ATTNPAT_LABEL_STUDIO_BIN)")
+    return path
+
+
+def save_credentials(credentials: Credentials, root: Path | None = None) -> Path:
+    """Write the credentials readable by the user only (0600)."""
+    path = credentials_file(root)
+
+    def write(tmp: Path) -> None:
+        os.chmod(tmp, 0o600)
+        tmp.write_text(json.dumps(credentials.__dict__, indent=2))
+
+    return atomic_write(path, write)
+
+
+def load_credentials(root: Path | None = None) -> Credentials | None:
+    path = credentials_file(root)
+    if not path.is_file():
+        return None
+    return Credentials(**json.loads(path.read_text()))
+
+
+def health(url: str, timeout: float = 3.0) -> bool:
+    import requests
+
+    try:
+        return requests.get(f"{url.rstrip('/')}/health", timeout=timeout).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _pid_file(root: Path | None) -> Path:
+    return server_dir(root) / "server.pid"
+
+
+def running_pid(root: Path | None = None) -> int | None:
+    path = _pid_file(root)
+    if not path.is_file():
+        return None
+    pid = int(path.read_text().split()[0])
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return None
+    return pid
+
+
+def serve(port: int = DEFAULT_PORT, host: str = "127.0.0.1", root: Path | None = None,
+          timeout: float = 420.0, log=print) -> Credentials:
+    """Start Label Studio in the background (or reuse the running one), create the admin user, obtain a
+    personal access token, store credentials (0600) and return them. The first start runs database
+    migrations and takes a minute or more."""
+    root = server_dir(root)
+    url = f"http://{host}:{port}"
+    stored = load_credentials(root)
+    if running_pid(root) and stored and health(stored.url):
+        return stored
+    if health(url):
+        raise AttnpatError(f"port {port} already serves another Label Studio; choose --port or stop it")
+    root.mkdir(parents=True, exist_ok=True)
+    email = stored.email if stored and stored.email else ADMIN_EMAIL
+    password = stored.password if stored and stored.password else secrets.token_urlsafe(16)
+    env = {**os.environ, **OFFLINE_ENV, "LABEL_STUDIO_BASE_DATA_DIR": str(root / "data")}
+    command = [str(label_studio_bin()), "start", "--no-browser", "--internal-host", host, "--port", str(port),
+               "--data-dir", str(root / "data"), "--username", email, "--password", password]
+    log_file = open(root / "server.log", "ab")
+    process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               start_new_session=True)  # outlives this command: `attnpat annotate stop` ends it
+    atomic_write(_pid_file(root), lambda tmp: tmp.write_text(f"{process.pid} {port}\n"))
+    log(f"starting Label Studio on {url} (first start runs migrations; log: {root / 'server.log'})")
+    deadline = time.time() + timeout
+    while not health(url):
+        if process.poll() is not None:
+            raise AttnpatError(f"Label Studio exited with status {process.returncode}; see {root / 'server.log'}")
+        if time.time() > deadline:
+            stop(root)
+            raise AttnpatError(f"Label Studio did not answer on {url} within {timeout:.0f} s; see {root / 'server.log'}")
+        time.sleep(2)
+    token = stored.token if stored and stored.url == url and token_works(url, stored.token) else None
+    credentials = Credentials(url, token or personal_access_token(url, email, password), email, password)
+    save_credentials(credentials, root)
+    return credentials
+
+
+def _login(url: str, email: str, password: str):
+    """A requests session logged in through the login form (as a browser would)."""
+    import requests
+
+    session = requests.Session()
+    session.get(f"{url}/user/login/", timeout=30)
+    response = session.post(f"{url}/user/login/", timeout=30, allow_redirects=False,
+                            data={"email": email, "password": password,
+                                  "csrfmiddlewaretoken": session.cookies.get("csrftoken", "")},
+                            headers={"Referer": f"{url}/user/login/"})
+    if response.status_code != 302:
+        raise AttnpatError(f"could not log in to Label Studio at {url} as {email} (HTTP {response.status_code})")
+    session.headers.update({"X-CSRFToken": session.cookies.get("csrftoken", ""), "Referer": url})
+    return session
+
+
+def token_works(url: str, token: str) -> bool:
+    """Does the server accept this personal access token (a JWT refresh token)?"""
+    import requests
+
+    try:
+        response = requests.post(f"{url}/api/token/refresh/", json={"refresh": token}, timeout=30)
+    except requests.RequestException:
+        return False
+    return response.status_code == 200
+
+
+def personal_access_token(url: str, email: str, password: str) -> str:
+    """Log in with a browser-style session and create a personal access token (POST /api/token/).
+
+    Label Studio keeps one personal access token per user and never shows it again, so tokens this user
+    already has (e.g. from a lost credentials file) are revoked first; the server lists them truncated,
+    which is what its blacklist endpoint accepts."""
+    import requests
+
+    try:
+        session = _login(url, email, password)
+        existing = session.get(f"{url}/api/token/", timeout=30)
+        for old in existing.json() if existing.ok else []:
+            session.post(f"{url}/api/token/blacklist/", json={"refresh": old["token"]}, timeout=30)
+        response = session.post(f"{url}/api/token/", timeout=30)
+        if response.status_code == 201:
+            return response.json()["token"]
+        raise AttnpatError(f"Label Studio refused to create a token for {email} (HTTP {response.status_code})")
+    except requests.RequestException as exc:
+        raise AttnpatError(f"cannot reach Label Studio at {url} ({type(exc).__name__})") from exc
+
+
+def invite_link(admin: Credentials) -> str:
+    """The organization's sign-up link for new annotators (needs the admin's email and password)."""
+    import requests
+
+    if not (admin.email and admin.password):
+        raise AttnpatError("an invite link needs the admin login of a server started by `attnpat annotate serve`")
+    try:
+        invite = _login(admin.url, admin.email, admin.password).get(f"{admin.url}/api/invite", timeout=30)
+    except requests.RequestException as exc:
+        raise AttnpatError(f"cannot reach Label Studio at {admin.url} ({type(exc).__name__})") from exc
+    if not invite.ok:
+        raise AttnpatError(f"Label Studio at {admin.url} gave no invite link (HTTP {invite.status_code})")
+    return admin.url + invite.json()["invite_url"]
+
+
+def add_annotator(admin: Credentials, email: str, password: str) -> Credentials:
+    """Sign a new annotator up through the organization's invite link and return their credentials (with a
+    personal access token). Label Studio's user API cannot set a password that logs in, the invite can."""
+    import requests
+
+    link = invite_link(admin)
+    try:
+        session = requests.Session()
+        session.get(link, timeout=30)
+        response = session.post(link, timeout=30, allow_redirects=False, headers={"Referer": link},
+                                data={"email": email, "password": password,
+                                      "csrfmiddlewaretoken": session.cookies.get("csrftoken", "")})
+    except requests.RequestException as exc:
+        raise AttnpatError(f"cannot reach Label Studio at {admin.url} ({type(exc).__name__})") from exc
+    if response.status_code != 302:
+        raise AttnpatError(f"Label Studio did not sign up {email} (HTTP {response.status_code}; "
+                           "the email may be taken or the password too weak)")
+    return Credentials(admin.url, personal_access_token(admin.url, email, password), email, password)
+
+
+def stop(root: Path | None = None, timeout: float = 20.0) -> bool:
+    """Stop the server started by :func:`serve`; returns False when none was running."""
+    pid = running_pid(root)
+    if pid is None:
+        _pid_file(root).unlink(missing_ok=True)
+        return False
+    os.killpg(os.getpgid(pid), signal.SIGTERM)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            break
+        time.sleep(0.3)
+    else:
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+    _pid_file(root).unlink(missing_ok=True)
+    return True
+
+
+def status(root: Path | None = None) -> dict:
+    stored = load_credentials(root)
+    pid = running_pid(root)
+    url = stored.url if stored else None
+    return {"running": bool(pid), "pid": pid, "url": url, "healthy": bool(url and health(url)),
+            "credentials": str(credentials_file(root)) if stored else None}

@@ -1,0 +1,141 @@
+"""`attnpat annotate serve|stop|status|push|pull`: the Label Studio workflow."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from app import options as opt
+
+annotate = typer.Typer(no_args_is_help=True, help="Label attention maps on a Label Studio server.")
+
+Url = typer.Option(None, "--url", help="Label Studio URL (default: the server started by `annotate serve`, or $LABEL_STUDIO_URL)")
+Token = typer.Option(None, "--token", help="API token (default: stored credentials, or $LABEL_STUDIO_API_KEY)")
+Sample = typer.Option(None, "--sample", help="sample name (default: <model>-n<count>-s<seed>)")
+Title = typer.Option(None, "--project", help="project title (default: 'attnpat patterns: <sample>')")
+Port = typer.Option(8080, "--port", help="port on 127.0.0.1")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(annotate, name="annotate")
+
+
+def _credentials(url: Optional[str], token: Optional[str]):
+    from analysis.errors import AttnpatError
+    from annotation.server import Credentials, load_credentials
+
+    url = url or os.environ.get("LABEL_STUDIO_URL")
+    token = token or os.environ.get("LABEL_STUDIO_API_KEY")
+    stored = load_credentials()
+    if url and token:
+        return Credentials(url.rstrip("/"), token)
+    if stored and (not url or url.rstrip("/") == stored.url):
+        return Credentials(stored.url, token or stored.token)
+    raise AttnpatError("no Label Studio credentials: run `attnpat annotate serve`, or give --url and --token")
+
+
+def _samples_dir() -> Path:
+    from analysis.paths import annotation_root
+
+    return annotation_root() / "samples"
+
+
+def _state_file() -> Path:
+    from analysis.paths import annotation_root
+
+    return annotation_root() / "projects.json"
+
+
+@annotate.command("serve")
+def serve(port: int = Port) -> None:
+    """Start a local Label Studio (127.0.0.1, offline), create the admin user and store an API token (0600)."""
+    from annotation.server import credentials_file, serve as start
+
+    credentials = start(port=port, log=typer.echo)
+    typer.echo(f"Label Studio is serving on {credentials.url}")
+    typer.echo(f"log in as {credentials.email}; password and token are in {credentials_file()} (readable by you only)")
+
+
+@annotate.command("stop")
+def stop() -> None:
+    """Stop the local Label Studio."""
+    from annotation.server import stop as halt
+
+    typer.echo("stopped" if halt() else "no local Label Studio is running")
+
+
+@annotate.command("status")
+def status() -> None:
+    """Is the local Label Studio running and healthy?"""
+    from annotation.server import status as state
+
+    info = state()
+    typer.echo(f"running: {info['running']} (pid {info['pid']}); url: {info['url']}; healthy: {info['healthy']}; "
+               f"credentials: {info['credentials']}")
+
+
+@annotate.command("invite")
+def invite() -> None:
+    """Print the sign-up link for more annotators of the local Label Studio (each then labels under their own
+    account, so pull can measure inter-annotator agreement)."""
+    from analysis.errors import AttnpatError
+    from annotation.server import invite_link, load_credentials
+
+    stored = load_credentials()
+    if stored is None:
+        raise AttnpatError("no local Label Studio credentials: run `attnpat annotate serve` first")
+    typer.echo(invite_link(stored))
+
+
+@annotate.command("push")
+def push(model: str = opt.Model, count: int = typer.Option(480, "--count", help="maps to sample"),
+         tasks: str = typer.Option("sst2,mrpc,rte,wiki", "--tasks", help="comma-separated tasks to sample from"),
+         seed: int = typer.Option(0, "--seed"), sample: Optional[str] = Sample, project: Optional[str] = Title,
+         url: Optional[str] = Url, token: Optional[str] = Token, max_length: int = opt.MaxLength) -> None:
+    """Sample maps (stratified over tasks, layers, heads, examples), render them, and import them as tasks with
+    pre-annotations. Rerunning never duplicates a task and finishes an interrupted push."""
+    from annotation.labelstudio import push as push_tasks
+    from annotation.sample import ensure_sample
+
+    credentials = _credentials(url, token)
+    folder = ensure_sample(_samples_dir(), model, count, [t.strip() for t in tasks.split(",") if t.strip()], seed,
+                           sample, max_length, log=typer.echo)
+    report = push_tasks(credentials, folder, project, _state_file(), log=typer.echo)
+    typer.echo(f"project {report.project_id} ({'created' if report.created_project else 'reused'}): "
+               f"{report.pushed} new tasks, {report.already_there} already there, {report.total} in the sample; "
+               f"open {credentials.url}/projects/{report.project_id}")
+
+
+@annotate.command("pull")
+def pull(sample: str = typer.Option(..., "--sample", help="the sample name used by push (see workspace/annotation/samples)"),
+         out: Optional[Path] = typer.Option(None, "--out", help="labeled-set folder (default: a new version under "
+                                            "workspace/annotation/labeled/<sample>/)"),
+         project: Optional[str] = Title, url: Optional[str] = Url, token: Optional[str] = Token) -> None:
+    """Export annotations, join them to the raw maps and write a versioned labeled set with agreement figures."""
+    from analysis.errors import AttnpatError
+    from analysis.paths import annotation_root
+    from annotation.labelstudio import pull as pull_labels
+
+    folder = _samples_dir() / sample
+    if not folder.is_dir():
+        raise AttnpatError(f"no sample '{sample}' in {_samples_dir()}")
+    if out is None:
+        base = annotation_root() / "labeled" / sample
+        version = 1 + max([int(p.name[1:]) for p in base.glob("v*") if p.name[1:].isdigit()], default=0)
+        out = base / f"v{version}"
+    report = pull_labels(_credentials(url, token), folder, out, project, _state_file())
+    typer.echo(f"labeled set {report.folder}: {report.labeled} maps; classes: {report.class_counts}")
+    if report.prediction_agreement is not None:
+        typer.echo(f"pre-annotation agreement with final labels: {report.prediction_agreement:.3f}")
+    if report.kappa is not None:
+        typer.echo(f"inter-annotator agreement: Fleiss' kappa {report.kappa:.3f} over {report.kappa_maps} maps "
+                   f"with several annotators ({report.n_annotators} annotators)")
+    for name, items in (("drafts (not submitted)", report.drafts), ("skipped", report.skipped),
+                        ("unknown labels or maps", report.unknown), ("maps changed since push", report.hash_mismatch),
+                        ("ties between annotators (earliest label kept)", report.ties)):
+        if items:
+            typer.echo(f"{name}: {len(items)} (first: {items[0]})")
+    if report.unlabeled:
+        typer.echo(f"not yet labeled: {report.unlabeled} tasks")

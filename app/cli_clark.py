@@ -1,0 +1,138 @@
+"""Clark et al. (2019) verbs: surface, grad-importance, cluster, probe-dep, probe-coref."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from app import options as opt
+
+WikiTask = typer.Option("wiki", "--task", "-t", help="wiki (Clark's input), a GLUE task, or a .jsonl/.csv/.tsv file")
+BroadThreshold = typer.Option(3.8, "--broad-threshold", help="entropy (nats) above which a head 'attends broadly'")
+PositionThreshold = typer.Option(0.5, "--position-threshold", help="attention above which a head attends to prev/next")
+SpecialThreshold = typer.Option(0.6, "--special-threshold", help="attention above which a head attends to [CLS]/[SEP]/punct.")
+Seed = typer.Option(0, "--seed", help="random seed (MLM masking, MDS)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("surface")(surface)
+    app.command("grad-importance")(grad_importance)
+    app.command("cluster")(cluster)
+    app.command("probe-dep")(probe_dep)
+    app.command("probe-coref")(probe_coref)
+
+
+def _thresholds(broad: float, position: float, special: float):
+    from analysis.surface import LabelThresholds
+
+    return LabelThresholds(broad=broad, position=position, special=special)
+
+
+def surface(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = typer.Option(1000, "--n", help="examples"),
+            split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+            broad_threshold: float = BroadThreshold, position_threshold: float = PositionThreshold,
+            special_threshold: float = SpecialThreshold, runs_dir: opt.OptionalPath = opt.RunsDir,
+            quiet: bool = opt.Quiet) -> None:
+    """Per-head attention to prev/next/same token, [CLS], [SEP], '.', ',' and entropy; head labels (Clark Fig. 2, 4)."""
+    from analysis.data import load_data
+    from analysis.models import load_model
+    from analysis.rundir import RunDir
+    from analysis.surface import SURFACE_METRICS, surface_statistics
+
+    data = load_data(task, split, n)
+    bundle = load_model(model)
+    run = RunDir(bundle.slug, data.task, runs_dir)
+    thresholds = _thresholds(broad_threshold, position_threshold, special_threshold)
+    table = surface_statistics(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet,
+                               thresholds=thresholds)
+    per_layer = table.pivot_table(index="layer", columns="metric", values="value", aggfunc="mean")
+    record = run.manifest()["analyses"]["surface"]
+    typer.echo(f"{bundle.name} on {data.task} ({len(data.examples)} examples); layer means, layers 1-indexed; "
+               f"uniform-attention entropy {record['uniform_entropy']:.2f} nats")
+    typer.echo("layer " + " ".join(f"{c:>11}" for c in SURFACE_METRICS))
+    for layer, row in per_layer.iterrows():
+        typer.echo(f"{layer + 1:>5} " + " ".join(f"{row[c]:>11.3f}" for c in SURFACE_METRICS))
+    typer.echo("head labels: " + ", ".join(f"{k} {v}" for k, v in record["label_counts"].items() if v))
+    typer.echo(f"tables and figures: {run.path}")
+
+
+def grad_importance(model: str = opt.Model, task: str = WikiTask,
+                    n: opt.OptionalInt = typer.Option(200, "--n", help="examples"), split: str = opt.Split,
+                    max_length: int = opt.MaxLength, batch_size: int = typer.Option(8, "--batch-size"),
+                    mask_probability: float = typer.Option(0.15, "--mask-probability", help="MLM: share of tokens masked"),
+                    seed: int = Seed, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+    """Gradient of the MLM loss (or a fine-tuned classifier's task loss) w.r.t. attention to [SEP], '.'/',' and other tokens, per layer (Clark Fig. 5)."""
+    from analysis.data import load_data
+    from analysis.gradients import OBJECTIVES, grad_importance as run_grad_importance, load_gradient_model
+    from analysis.rundir import RunDir
+
+    bundle, objective = load_gradient_model(model)
+    data = load_data(task, split, n)
+    run = RunDir(bundle.slug, data.task, runs_dir)
+    table = run_grad_importance(bundle, data, run, objective, max_length=max_length, batch_size=batch_size,
+                                progress=not quiet, mask_probability=mask_probability, seed=seed)
+    wide = table.pivot(index="layer", columns="target", values="value")
+    typer.echo(f"{bundle.name} on {data.task}: mean |d {OBJECTIVES[objective]} / d attention| (layers 1-indexed)")
+    typer.echo(f"{'layer':>5} {'[SEP]':>11} {'. or ,':>11} {'other':>11}")
+    for layer, row in wide.iterrows():
+        typer.echo(f"{layer + 1:>5} {row['sep']:>11.3e} {row['punct']:>11.3e} {row['other']:>11.3e}")
+    typer.echo(f"table and figure: {run.file('grad_importance.csv')}")
+
+
+def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = typer.Option(200, "--n", help="examples"),
+            split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+            broad_threshold: float = BroadThreshold, position_threshold: float = PositionThreshold,
+            special_threshold: float = SpecialThreshold, seed: int = Seed, runs_dir: opt.OptionalPath = opt.RunsDir,
+            quiet: bool = opt.Quiet) -> None:
+    """Jensen-Shannon divergences between heads and their 2-D MDS embedding, coloured by behaviour (Clark Fig. 6)."""
+    from analysis.clustering import head_clusters
+    from analysis.data import load_data
+    from analysis.models import load_model
+    from analysis.rundir import RunDir
+
+    data = load_data(task, split, n)
+    bundle = load_model(model)
+    run = RunDir(bundle.slug, data.task, runs_dir)
+    clusters = head_clusters(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet,
+                             thresholds=_thresholds(broad_threshold, position_threshold, special_threshold), seed=seed)
+    counts = clusters.behaviour.value_counts()
+    typer.echo(f"{len(clusters)} heads embedded; behaviours: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    typer.echo(f"table and figure: {run.file('clusters.csv')}")
+
+
+def probe_dep(conllu_file: Path = typer.Argument(..., help="a CoNLL-U file with gold dependency trees"),
+              model: str = opt.Model, n: opt.OptionalInt = typer.Option(None, "--n", help="first N sentences"),
+              max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+              min_count: int = typer.Option(1, "--min-count", help="list relations seen at least this often"),
+              runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+    """Which head finds each word's syntactic head? Best head per relation vs offset baselines (Clark Table 1)."""
+    from analysis.models import load_model
+    from analysis.probing import probe_dependency
+
+    bundle = load_model(model)
+    table, run = probe_dependency(bundle, conllu_file, runs_dir, n=n, max_length=max_length, batch_size=batch_size,
+                                  progress=not quiet, min_count=min_count)
+    typer.echo(f"{bundle.name} on {conllu_file.name}; heads layer-head, 0-indexed")
+    typer.echo(f"{'relation':<14} {'count':>6} {'attn':>6}  {'head':<14} {'offset':>6} {'base':>6}")
+    for row in table.itertuples():
+        typer.echo(f"{row.relation[:14]:<14} {row.count:>6} {100 * row.accuracy:>6.1f}  "
+                   f"{f'{row.best_layer}-{row.best_head} {row.direction}':<14} {row.baseline_offset:>+6d} "
+                   f"{100 * row.baseline_accuracy:>6.1f}")
+    typer.echo(f"tables and figure: {run.path}")
+
+
+def probe_coref(model: str = opt.Model, n: opt.OptionalInt = typer.Option(None, "--n", help="first N sentences"),
+                max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+                runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+    """Antecedent selection accuracy per head on the packaged WinoBias sentences vs baselines (Clark Table 2)."""
+    from analysis.models import load_model
+    from analysis.probing import probe_coref as run_probe_coref
+
+    bundle = load_model(model)
+    table, _, run = run_probe_coref(bundle, runs_dir, n=n, max_length=max_length, batch_size=batch_size,
+                                    progress=not quiet)
+    typer.echo(f"WinoBias antecedent selection ({run.manifest()['analyses']['probing_coref']['n_items']} sentences)")
+    typer.echo(f"{'model':<40} {'accuracy':>8}")
+    for row in table.itertuples():
+        typer.echo(f"{row.model:<40} {100 * row.accuracy:>8.1f}")
+    typer.echo(f"tables and figure: {run.path}")

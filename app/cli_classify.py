@@ -1,0 +1,73 @@
+"""Pattern classifier verbs: train (cross-validated CNN + baselines + checkpoint) and classify."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from app import options as opt
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)
+    app.command("classify")(classify)
+
+
+def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/v1) or synthetic[:N]"),
+          out: opt.OptionalPath = typer.Option(None, "--out", help="checkpoint .safetensors (default: run dir/classifier.safetensors)"),
+          folds: int = typer.Option(5, "--folds", help="stratified cross-validation folds"),
+          epochs: int = typer.Option(60, "--epochs", help="maximum epochs (early stopping ends sooner)"),
+          seed: int = typer.Option(0, "--seed", help="seed for folds, initialisation and batches"),
+          baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="also score the rule and feature baselines"),
+          runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+    """Train the 8-layer CNN on a labeled set: k-fold CV scores vs baselines, then a checkpoint."""
+    from analysis.rundir import RunDir
+    from classifier.train import TrainConfig
+    from classifier.training_run import load_training_data, train_classifier
+
+    training = load_training_data(data, seed)
+    run = RunDir("classifier", training.name, runs_dir)
+    out = out or run.file("classifier.safetensors")
+    summary = train_classifier(training, out, run, TrainConfig(max_epochs=epochs, folds=folds, seed=seed),
+                               baselines=baselines, progress=not quiet)
+    typer.echo(f"{len(training.labels)} maps from {training.source}; {folds}-fold cross-validation (out-of-fold scores):")
+    typer.echo(summary.to_string(float_format=lambda v: f"{v:.3f}"))
+    typer.echo(f"tables: {run.file('cv_scores.csv')}, {run.file('cv_confusion.csv')}")
+    typer.echo(f"checkpoint: {out} (+ {Path(out).with_suffix('.json').name})")
+
+
+def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N, split: str = opt.Split,
+             maps: opt.OptionalPath = typer.Option(None, "--maps", help="classify map files from `attnpat extract` instead"),
+             classifier: opt.OptionalPath = typer.Option(None, "--classifier", help="checkpoint (default: the shipped one)"),
+             out: opt.OptionalPath = typer.Option(None, "--out", help="with --maps: output CSV (default: <maps folder>/map_classes.csv)"),
+             max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+    """Classify every head's attention maps on a task (or --task all), or saved map files (--maps)."""
+    from classifier.predict import load_classifier
+
+    cnn = load_classifier(str(classifier) if classifier else None)
+    if maps is not None:
+        from classifier.classify import classify_saved_maps, write_map_classes
+
+        frame = classify_saved_maps(maps, cnn, progress=not quiet)
+        folder = maps if maps.is_dir() else maps.parent
+        path = write_map_classes(frame, out or folder / "map_classes.csv")
+        typer.echo(f"classified {len(frame)} maps; predicted classes: "
+                   + ", ".join(f"{cls} {count}" for cls, count in frame.predicted.value_counts().items()))
+        typer.echo(f"table: {path}")
+        return
+
+    from analysis.models import load_model
+    from classifier.classify import available_glue_tasks, classify_tasks
+
+    tasks = available_glue_tasks() if task == "all" else [task]
+    bundle = load_model(model)
+    ratios = classify_tasks(bundle, tasks, cnn, n=n, split=split, batch_size=batch_size, max_length=max_length,
+                            root=runs_dir, progress=not quiet)
+    typer.echo(f"pattern ratios of {bundle.name} (classifier trained on {cnn.trained_on}):")
+    for name, table in ratios.items():
+        typer.echo(f"  {name:<6} " + "  ".join(f"{row['class']} {row['fraction']:.1%}" for _, row in table.iterrows()))
+    from analysis.rundir import RunDir
+
+    last = RunDir(bundle.slug, list(ratios)[-1], runs_dir)
+    typer.echo(f"tables and figures: {last.path} (per-task comparison: {RunDir(bundle.slug, 'all', runs_dir).path})")

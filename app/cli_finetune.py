@@ -1,0 +1,131 @@
+"""Fine-tuning verbs: finetune, compare (attention change after fine-tuning), special (special tokens and
+linguistic features). Kovaleva et al. Figures 5-7 and section 4.4."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from app import options as opt
+
+
+def register(app: typer.Typer) -> None:
+    app.command("finetune")(finetune)
+    app.command("compare")(compare)
+    app.command("special")(special)
+
+
+def finetune(model: str = opt.Model, task: str = opt.Task,
+             name: Optional[str] = typer.Option(None, "--name", help="model-store name (default: <model>-<task>)"),
+             learning_rate: float = typer.Option(2e-5, "--lr", help="peak learning rate"),
+             batch_size: int = typer.Option(32, "--batch-size", help="training batch size"),
+             epochs: int = typer.Option(3, "--epochs", help="training epochs"),
+             max_length: int = opt.MaxLength,
+             seed: int = typer.Option(0, "--seed", help="seed for the head, dropout, batch order and --split-dev"),
+             split_dev: bool = typer.Option(False, "--split-dev",
+                                            help="train on a seeded share of the dev set, evaluate on the rest"),
+             train_share: float = typer.Option(0.5, "--train-share", help="with --split-dev: share used for training"),
+             n: opt.OptionalInt = typer.Option(None, "--n", help="train on the first N training examples only"),
+             checkpoint_every: int = typer.Option(50, "--checkpoint-every", help="checkpoint every K steps"),
+             force: bool = typer.Option(False, "--force", help="retrain even if the model is finished"),
+             device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: GPU when present)"),
+             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+    """Fine-tune a model on a GLUE task into the local model store (resumable; rerun to continue)."""
+    from analysis import finetune as ft
+    from analysis.rundir import RunDir
+
+    recipe = ft.Recipe(learning_rate=learning_rate, batch_size=batch_size, epochs=epochs, max_length=max_length,
+                       seed=seed)
+    meta = ft.finetune(model, task, name=name, recipe=recipe, split_dev=split_dev, train_share=train_share,
+                       n_train=n, force=force, checkpoint_every=checkpoint_every, progress=not quiet, device=device)
+    store_name = meta["path"].rstrip("/").rsplit("/", 1)[-1]
+    if meta["skipped"]:
+        typer.echo(f"{store_name} is already fine-tuned ({meta['metric']} {meta['metric_value']:.4f}); "
+                   f"use --force to retrain")
+        return
+    run = RunDir(store_name, meta["task"], runs_dir)
+    with run.record("finetune", store=meta["path"], split=meta["split"], recipe=meta["recipe"],
+                    metric=meta["metric"], metric_value=meta["metric_value"]) as entry:
+        run.write_table("finetune_eval", ft.eval_table(meta))
+        entry["outputs"] = [str(run.file("finetune_eval.csv"))]
+    typer.echo(f"fine-tuned {model} on {meta['task']} in {meta['elapsed_seconds']:.0f} s on {meta['device']} "
+               f"({meta['steps']} steps; {meta['split']['n_train']} train examples from {meta['train_source']})")
+    if meta["split"]["mode"] == "split-dev":
+        typer.echo(meta["split"]["note"])
+    typer.echo(f"{meta['metric']} on {meta['split']['n_eval']} {meta['split']['eval_split']} examples: "
+               f"{meta['metric_value']:.4f}")
+    typer.echo(f"saved as '{store_name}' ({meta['path']}); use --model {store_name} with any command")
+
+
+def compare(base: str = typer.Option("minilm", "--base", help="the model before fine-tuning"),
+            finetuned: str = typer.Option(..., "--finetuned", help="the fine-tuned model (model-store name or path)"),
+            task: str = opt.Task,
+            n: int = typer.Option(1000, "--n", help="compare on the first N dev examples (the paper: up to 1000)"),
+            mode: str = typer.Option("both", "--mode", help="cropped (real tokens), padded (the paper's fixed length) or both"),
+            split: str = opt.Split, max_length: int = opt.MaxLength,
+            batch_size: int = typer.Option(16, "--batch-size", help="examples per forward pass"),
+            runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+    """Per-head cosine similarity of base and fine-tuned attention maps on the same inputs (Kovaleva Fig. 5)."""
+    from analysis.compare import MODES, write_cosine
+    from analysis.data import load_data
+    from analysis.errors import AttnpatError
+    from analysis.models import load_model
+    from analysis.rundir import RunDir
+
+    modes = MODES if mode == "both" else (mode,)
+    if any(m not in MODES for m in modes):
+        raise AttnpatError(f"unknown --mode '{mode}'; use cropped, padded or both")
+    data = load_data(task, split, n)
+    base_bundle, tuned_bundle = load_model(base), load_model(finetuned)
+    run = RunDir(tuned_bundle.slug, data.task, runs_dir)
+    values = write_cosine(base_bundle, tuned_bundle, data, run, modes=modes, max_length=max_length,
+                          batch_size=batch_size, progress="comparing" if not quiet else False)
+    typer.echo(f"{base} vs {finetuned} on {data.task} ({len(data.examples)} {data.split} examples); "
+               "mean cosine per layer (layers 1-indexed):")
+    typer.echo(f"{'layer':>5} " + " ".join(f"{name:>15}" for name in values))
+    for layer in range(tuned_bundle.num_layers):
+        typer.echo(f"{layer + 1:>5} " + " ".join(f"{array[layer].mean():>15.3f}" for array in values.values()))
+    typer.echo(f"per-head table and heatmap: {run.file('cosine.csv')}, {run.file('cosine.png')}")
+
+
+def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N,
+            base: Optional[str] = typer.Option(None, "--base", help="also analyse this model (default: the "
+                                               "fine-tuned model's base from the model store)"),
+            no_base: bool = typer.Option(False, "--no-base", help="analyse --model only"),
+            top: int = typer.Option(10, "--top", help="show the N tokens the last layer's [CLS] attends to most"),
+            split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+            runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+    """Attention to [CLS]/[SEP], the last layer's [CLS] row and to linguistic features (Kovaleva Fig. 6-7, 4.4)."""
+    from analysis.data import load_data
+    from analysis.models import load_model
+    from analysis.rundir import RunDir
+    from analysis.special import spacy_tagger, write_special
+
+    data = load_data(task, split, n)
+    bundle = load_model(model)
+    names = [model]
+    base = None if no_base else base or bundle.meta.get("base_model")
+    if base and base != model:
+        names.append(base)
+    tagger = spacy_tagger()
+    for name in names:
+        current = bundle if name == model else load_model(name)
+        run = RunDir(current.slug, data.task, runs_dir)
+        stats = write_special(current, data, run, max_length=max_length, batch_size=batch_size, tagger=tagger,
+                              progress=f"{name}" if not quiet else False, top=top)
+        heads = stats["heads"]
+        typer.echo(f"{name} on {data.task} ({len(data.examples)} {data.split} examples): mean attention to [CLS] "
+                   f"{heads['to_cls'].mean():.3f}, to [SEP] {heads['to_sep'].mean():.3f}; per layer (1-indexed) "
+                   "to [CLS] / [SEP]: " + ", ".join(f"{c:.2f}/{s:.2f}" for c, s in
+                                                   zip(heads["to_cls"].mean(1), heads["to_sep"].mean(1))))
+        top_tokens = stats["top_cls_tokens"]
+        typer.echo(f"  last layer's [CLS] attends most to: " + ", ".join(
+            f"{row.token} ({row.mean_attention:.3f}, n={row.count})" for row in top_tokens.itertuples()))
+        for feature, count in stats["counts"].items():
+            value = heads[feature]
+            best = divmod(int(value.argmax()), value.shape[1]) if count else None
+            typer.echo(f"  {feature}: {count} inputs" + (f", strongest head L{best[0] + 1}-H{best[1] + 1} "
+                                                       f"({value.max():.3f})" if best else ""))
+        for feature, why in stats["unavailable"].items():
+            typer.echo(f"  {feature}: {why}")
+        typer.echo(f"  tables: {run.path}/special_tokens.csv, cls_last_layer.csv, linguistic.csv")

@@ -1,0 +1,131 @@
+"""Sweep verbs: disable (Kovaleva Figures 8-9), importance and prune (Michel et al.)."""
+from __future__ import annotations
+
+import typer
+
+from app import options as opt
+
+Mode = typer.Option("uniform", "--mode", help="uniform (Kovaleva: attention 1/n over real tokens) or zero "
+                    "(Michel: the head's output times 0)")
+NormalizeLayers = typer.Option(True, "--normalize-layers/--no-normalize-layers",
+                               help="divide each layer's importance by its L-p norm (bertology)")
+Exponent = typer.Option(2.0, "--exponent", help="p of the per-layer norm (bertology: 2)")
+NormalizeGlobal = typer.Option(True, "--normalize-global/--no-normalize-global",
+                               help="min-max scale all importance scores to [0, 1] (bertology)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("disable")(disable)
+    app.command("importance")(importance)
+    app.command("prune")(prune)
+
+
+def _load(model: str, task: str, split: str, n):
+    """Data plus the model as a classifier; a fresh head is seeded so that reruns (and resumes) agree."""
+    import torch
+
+    from analysis.data import load_data
+    from analysis.models import load_model
+    from analysis.sweeps import classifier_head_note
+
+    data = load_data(task, split, n)
+    torch.manual_seed(0)
+    bundle = load_model(model, kind="classifier", num_labels=data.num_labels)
+    note = classifier_head_note(bundle, data.task)
+    if note:
+        typer.echo(f"note: {note}", err=True)
+    return bundle, data, note
+
+
+def _head(entry: dict) -> str:
+    return f"layer {entry['layer'] + 1} head {entry['head'] + 1}"
+
+
+def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N, split: str = opt.Split,
+            mode: str = Mode,
+            unit: str = typer.Option("both", "--unit", help="head (each single head), layer (each whole layer) or both"),
+            max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+            runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+    """Task metric with each head / each layer disabled, against the baseline (resumable: rerun to continue)."""
+    from analysis.disable import check_mode
+    from analysis.errors import AttnpatError
+    from analysis.rundir import RunDir
+    from analysis.sweeps import UNITS, disable_analysis
+
+    check_mode(mode)
+    units = UNITS if unit == "both" else (unit,)
+    if any(u not in UNITS for u in units):
+        raise AttnpatError(f"unknown --unit '{unit}'; use head, layer or both")
+    bundle, data, note = _load(model, task, split, n)
+    run = RunDir(bundle.slug, data.task, runs_dir)
+    with run.record(f"disable_{mode}", bundle, data, mode=mode, units=list(units), max_length=max_length,
+                    model_note=note) as entry:
+        summary = disable_analysis(bundle, data, run, mode=mode, units=units, max_length=max_length,
+                                   batch_size=batch_size, progress=not quiet)
+        entry.update({key: summary[key] for key in ("baseline", "metric_name", "outputs") if key in summary})
+        entry.update({key: summary[key] for key in ("best", "worst", "layer_deltas") if key in summary})
+    metric = summary["metric_name"]
+    typer.echo(f"{bundle.name} on {data.task} ({len(data.examples)} {data.split} examples), {mode} disabling; "
+               f"baseline {metric} {summary['baseline']:.4f}; layers and heads 1-indexed")
+    if "best" in summary:
+        typer.echo("disabling helps most:  " + "; ".join(f"{_head(e)} {e['delta']:+.4f}" for e in summary["best"]))
+        typer.echo("disabling hurts most:  " + "; ".join(f"{_head(e)} {e['delta']:+.4f}" for e in summary["worst"]))
+    if "layer_deltas" in summary:
+        typer.echo("whole layer disabled:  " + "; ".join(f"layer {i + 1} {d:+.4f}"
+                                                         for i, d in enumerate(summary["layer_deltas"])))
+    typer.echo("wrote " + ", ".join(summary["outputs"]))
+
+
+def importance(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N, split: str = opt.Split,
+               normalize_layers: bool = NormalizeLayers, exponent: float = Exponent,
+               normalize_global: bool = NormalizeGlobal, max_length: int = opt.MaxLength,
+               batch_size: int = opt.BatchSize, runs_dir: opt.OptionalPath = opt.RunsDir,
+               quiet: bool = opt.Quiet) -> None:
+    """Head importance: mean |d loss / d head gate| over the data (Michel et al.)."""
+    from analysis.importance import importance_analysis
+    from analysis.rundir import RunDir
+
+    bundle, data, note = _load(model, task, split, n)
+    run = RunDir(bundle.slug, data.task, runs_dir)
+    with run.record("importance", bundle, data, normalize_layers=normalize_layers, exponent=exponent,
+                    normalize_global=normalize_global, max_length=max_length, model_note=note) as entry:
+        summary = importance_analysis(bundle, data, run, by_layer=normalize_layers, exponent=exponent,
+                                      global_minmax=normalize_global, max_length=max_length, batch_size=batch_size,
+                                      progress=not quiet)
+        entry["outputs"] = summary["outputs"]
+    typer.echo(f"head importance of {bundle.name} on {data.task} ({summary['normalisation']}); 1-indexed")
+    typer.echo("least important: " + "; ".join(_head({"layer": l, "head": h}) for l, h in summary["least"]))
+    typer.echo("most important:  " + "; ".join(_head({"layer": l, "head": h}) for l, h in summary["most"]))
+    typer.echo("wrote " + ", ".join(summary["outputs"]))
+
+
+def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N, split: str = opt.Split,
+          step: float = typer.Option(0.1, "--step", help="share of all heads pruned per step"),
+          max_fraction: float = typer.Option(1.0, "--max-fraction", help="stop after this share of heads"),
+          iterative: bool = typer.Option(False, "--iterative/--one-shot",
+                                         help="recompute importance with the current mask before each step"),
+          mode: str = typer.Option("zero", "--mode", help="zero (Michel, default) or uniform"),
+          normalize_layers: bool = NormalizeLayers, exponent: float = Exponent,
+          normalize_global: bool = NormalizeGlobal, max_length: int = opt.MaxLength,
+          batch_size: int = opt.BatchSize, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+    """Pruning curve: the task metric as heads are masked in increasing importance order."""
+    from analysis.disable import check_mode
+    from analysis.importance import check_pruning_shares, prune_analysis
+    from analysis.rundir import RunDir
+
+    check_mode(mode)
+    check_pruning_shares(step, max_fraction)
+    bundle, data, note = _load(model, task, split, n)
+    run = RunDir(bundle.slug, data.task, runs_dir)
+    with run.record("pruning", bundle, data, step=step, max_fraction=max_fraction, iterative=iterative, mode=mode,
+                    normalize_layers=normalize_layers, exponent=exponent, normalize_global=normalize_global,
+                    max_length=max_length, model_note=note) as entry:
+        result = prune_analysis(bundle, data, run, step=step, max_fraction=max_fraction, iterative=iterative,
+                                mode=mode, by_layer=normalize_layers, exponent=exponent, global_minmax=normalize_global,
+                                max_length=max_length, batch_size=batch_size, progress=not quiet)
+        entry.update(outputs=result["outputs"], baseline=result["baseline"])
+    typer.echo(f"{bundle.name} on {data.task}: {result['metric_name']} while pruning ({result['label']})")
+    typer.echo(f"{'pruned':>7} {'heads':>6} {result['metric_name']:>10}")
+    for row in result["curve"].itertuples():
+        typer.echo(f"{row.fraction_pruned * 100:6.1f}% {row.n_pruned:>6} {row.metric:>10.4f}")
+    typer.echo("wrote " + ", ".join(result["outputs"]))

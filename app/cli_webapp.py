@@ -1,0 +1,20 @@
+"""The `app` verb: serve the Gradio web app (offline, on 127.0.0.1 by default; no share links)."""
+from __future__ import annotations
+
+import typer
+
+from app import options as opt
+
+
+def register(app: typer.Typer) -> None:
+    app.command("app")(serve)
+
+
+def serve(host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on (0.0.0.0 exposes it to the network)"),
+          port: int = typer.Option(7860, "--port", help="port to listen on"),
+          runs_dir: opt.OptionalPath = opt.RunsDir) -> None:
+    """Start the web app: explore a sentence live and browse the runs in the run directory."""
+    from app.webapp import launch
+
+    typer.echo(f"attnpat app on http://{host}:{port} (Ctrl+C stops it)")
+    launch(host, port, runs_dir, block=True)

@@ -1,0 +1,125 @@
+"""Benchmark: classifying every head's map vs the bare forward pass with attentions, and peak memory.
+
+Targets (issue 4): on the CPU, classifying all heads on all 872 SST-2 dev examples with MiniLM takes at
+most 1.5x the bare forward pass with attentions over the same data; peak memory stays within 1.2x from
+100 to 872 examples.
+
+    .venv/bin/python bench/bench_classify.py                    # both measurements, all 872 examples
+    .venv/bin/python bench/bench_classify.py --threads 2 --repeats 3 --json out.json
+
+Timing: the bare pass is analysis.stream.stream_maps consumed without work (the same batches, padding,
+masking and copy to the CPU the classifier gets); the classified pass is classifier.classify.head_class_counts
+(stream + crop + resize + CNN + counting). Each is run --repeats times, alternating, and the best time is
+reported (a shared machine only ever adds time). Memory: peak resident set size (ru_maxrss) of a fresh
+process that loads the model and classifies n examples, for each n in --memory-n.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+
+def _setup(threads: int | None, checkpoint: str | None = None):
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    from analysis.models import load_model
+    from classifier.predict import load_classifier
+
+    return load_model("minilm", device="cpu"), load_classifier(checkpoint)
+
+
+def bare_pass(bundle, examples, batch_size: int) -> float:
+    from analysis.stream import stream_maps
+
+    started = time.perf_counter()
+    for _ in stream_maps(bundle, examples, batch_size=batch_size):
+        pass
+    return time.perf_counter() - started
+
+
+def classified_pass(bundle, examples, classifier, batch_size: int) -> tuple[float, int]:
+    from classifier.classify import head_class_counts
+
+    started = time.perf_counter()
+    counts = head_class_counts(bundle, examples, classifier, batch_size=batch_size, progress=False)
+    return time.perf_counter() - started, int(counts.sum())
+
+
+def peak_memory_child(n: int, threads: int | None, batch_size: int, checkpoint: str | None) -> None:
+    """Runs in a fresh process: classify n examples and print the peak RSS in MiB."""
+    from analysis.data import load_task
+
+    bundle, classifier = _setup(threads, checkpoint)
+    _, maps = classified_pass(bundle, load_task("sst2", n=n).examples, classifier, batch_size)
+    print(json.dumps({"n": n, "maps": maps, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=872, help="SST-2 dev examples to time (872 = all)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--memory-n", type=int, nargs="*", default=[100, 872], help="example counts for peak memory")
+    parser.add_argument("--classifier", default=None, help="checkpoint (default: the shipped one)")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        peak_memory_child(args.child, args.threads, args.batch_size, args.classifier)
+        return
+
+    import torch
+
+    from analysis.data import load_task
+
+    bundle, classifier = _setup(args.threads, args.classifier)
+    examples = load_task("sst2", n=args.n).examples
+    bare_pass(bundle, examples[:64], args.batch_size)  # warm-up: first-call allocations, thread pools
+    classified_pass(bundle, examples[:64], classifier, args.batch_size)
+    bare_times, classify_times, maps = [], [], 0
+    for _ in range(args.repeats):
+        bare_times.append(bare_pass(bundle, examples, args.batch_size))
+        seconds, maps = classified_pass(bundle, examples, classifier, args.batch_size)
+        classify_times.append(seconds)
+    bare, classified = min(bare_times), min(classify_times)
+    result = {"examples": len(examples), "maps": maps, "threads": torch.get_num_threads(),
+              "bare_forward_s": round(bare, 2), "classify_s": round(classified, 2), "ratio": round(classified / bare, 3),
+              "maps_per_s": round(maps / classified), "bare_runs_s": [round(t, 2) for t in bare_times],
+              "classify_runs_s": [round(t, 2) for t in classify_times], "target_ratio": 1.5}
+    memory = []
+    for n in args.memory_n:
+        command = [sys.executable, __file__, "--child", str(n), "--batch-size", str(args.batch_size)]
+        if args.threads:
+            command += ["--threads", str(args.threads)]
+        if args.classifier:
+            command += ["--classifier", args.classifier]
+        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        memory.append(json.loads(output.strip().splitlines()[-1]))
+    if len(memory) >= 2:
+        result["peak_rss_mib"] = {str(m["n"]): round(m["peak_rss_mib"]) for m in memory}
+        result["peak_memory_ratio"] = round(memory[-1]["peak_rss_mib"] / memory[0]["peak_rss_mib"], 3)
+        result["target_memory_ratio"] = 1.2
+
+    print(f"SST-2 dev, {result['examples']} examples, MiniLM (6 x 12 heads), CPU, {result['threads']} threads")
+    print(f"  bare forward pass with attentions : {bare:7.2f} s   (runs: {result['bare_runs_s']})")
+    print(f"  classify all {maps} maps       : {classified:7.2f} s   (runs: {result['classify_runs_s']}), "
+          f"{result['maps_per_s']} maps/s")
+    print(f"  ratio classify / forward          : {result['ratio']:.2f}   (target <= 1.5: "
+          f"{'met' if result['ratio'] <= 1.5 else 'NOT met'})")
+    if "peak_memory_ratio" in result:
+        print(f"  peak RSS by examples (MiB)        : {result['peak_rss_mib']}   ratio {result['peak_memory_ratio']:.2f} "
+              f"(target <= 1.2: {'met' if result['peak_memory_ratio'] <= 1.2 else 'NOT met'})")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Benchmark: the live Explore view for one sentence on the CPU with MiniLM (target: at most 1 s).
+
+Measured: model already loaded; from the text to the grid image with all 72 heads classified
+(forward pass through the map stream, classification of every head, the 6 x 12 grid drawn), and the
+app's whole handler (the same plus writing the PNG/SVG/CSV downloads). Inputs are fresh every time
+(no cached maps). Uses the shipped classifier checkpoint when present, otherwise an untrained classifier
+of the same architecture (same cost).
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_explore.py [--repeats 20] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+TARGET_SECONDS = 1.0
+SENTENCES = {
+    "short (8 tokens)": "A gripping, funny film.",
+    "typical SST-2 (~25 tokens)": "The film is strictly routine, but it has enough charm and good acting to keep you "
+                                  "watching until the end.",
+    "long (~128 tokens)": " ".join(["The director keeps the story moving with wit, warmth and a sharp eye for detail,"]
+                                   * 6) + " and the cast is superb.",
+}
+
+
+def classifier_and_name():
+    from analysis.errors import AttnpatError
+    from classifier.predict import PatternClassifier, load_classifier
+
+    try:
+        return load_classifier(), "shipped checkpoint"
+    except AttnpatError:
+        import torch
+
+        from classifier.model import PatternCNN
+
+        torch.manual_seed(0)
+        return PatternClassifier(PatternCNN().eval(), {"input_size": 32}), "untrained CNN (no checkpoint yet; same cost)"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    args = parser.parse_args()
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.set_grad_enabled(False)
+    from analysis.live import LiveExplorer, ModelCache, classify_heads, grid_image, sentence_maps, view_maps
+    from app.webapp import WebApp
+
+    classifier, source = classifier_and_name()
+    models = ModelCache()
+    bundle = models.get("minilm")
+    bundle.model.to("cpu")
+    bundle.device = torch.device("cpu")
+    print(f"bench_explore: minilm ({bundle.num_layers} layers x {bundle.num_heads} heads) on CPU, "
+          f"{torch.get_num_threads()} threads, classifier: {source}, {args.repeats} fresh inputs per length")
+
+    def fresh(text: str, k: int) -> str:
+        return f"{text} ({k})"  # a new input each time: nothing cached
+
+    for k in range(3):  # warm-up: first calls allocate and fill caches (resize matrices, tokenizer)
+        explorer = LiveExplorer(models, classifier_loader=lambda: classifier)
+        explorer.explore("minilm", fresh(SENTENCES["short (8 tokens)"], -k))
+
+    web = WebApp(explorer=LiveExplorer(models, classifier_loader=lambda: classifier))  # handlers; no page built
+    worst = 0.0
+    print(f"{'input':<28} {'tokens':>6} {'maps ms':>8} {'classify ms':>11} {'grid ms':>8} "
+          f"{'text->grid median ms':>20} {'max ms':>7} {'app handler median ms':>21}")
+    for name, text in SENTENCES.items():
+        stages = {"maps": [], "classify": [], "grid": [], "total": [], "handler": []}
+        tokens = 0
+        for k in range(args.repeats):
+            sentence = fresh(text, k)
+            start = time.perf_counter()
+            live = sentence_maps(bundle, sentence)
+            t_maps = time.perf_counter()
+            classes, _ = classify_heads(classifier, live.maps)
+            t_classify = time.perf_counter()
+            maps, _ = view_maps(live)
+            grid_image(maps, classes)
+            t_grid = time.perf_counter()
+            tokens = len(live.tokens)
+            stages["maps"].append(t_maps - start)
+            stages["classify"].append(t_classify - t_maps)
+            stages["grid"].append(t_grid - t_classify)
+            stages["total"].append(t_grid - start)
+
+            start = time.perf_counter()
+            web.explore(fresh(sentence, -1), "", "minilm", False, False)
+            stages["handler"].append(time.perf_counter() - start)
+        med = {key: statistics.median(values) * 1000 for key, values in stages.items()}
+        worst = max(worst, statistics.median(stages["handler"]), statistics.median(stages["total"]))
+        print(f"{name:<28} {tokens:>6} {med['maps']:>8.1f} {med['classify']:>11.1f} {med['grid']:>8.1f} "
+              f"{med['total']:>20.1f} {max(stages['total']) * 1000:>7.1f} {med['handler']:>21.1f}")
+    verdict = "PASS" if worst <= TARGET_SECONDS else "FAIL"
+    print(f"target: live Explore view <= {TARGET_SECONDS:.1f} s; slowest median {worst:.3f} s -> {verdict}")
+    return 0 if verdict == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

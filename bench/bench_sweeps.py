@@ -1,0 +1,118 @@
+"""Benchmark: the fast single-head disabling sweep against the naive loop, on MiniLM and the SST-2 dev set, CPU.
+
+What "naive" means here (what the original research code does, and what transformers' old head_mask loop did):
+for every variant (each of the L x H single heads disabled, plus the baseline) one full forward pass over the
+whole data set, batches of --batch-size examples in data order, every input padded to --max-length (128)
+tokens. Every naive pass costs the same, so the naive total is measured on --naive-variants passes spread
+over the layers and multiplied by the number of passes (``--naive-variants all`` measures every pass).
+
+"Fast" is analysis.sweeps.fast_sweep measured in full: the baseline computed once with a rolling cache of
+layer inputs, each head's variant run only from its own layer, the heads of a layer stacked in one pass,
+length-sorted dynamically padded batches. The logits of the measured naive variants are compared with the
+fast ones (they must agree to 1e-5).
+
+    .venv/bin/python bench/bench_sweeps.py                  # full SST-2 dev set (872 sentences)
+    .venv/bin/python bench/bench_sweeps.py --n 200 --threads 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def parse(argv: list[str] | None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="default: minilm-sst2 from the model store, else minilm "
+                        "with a random (seeded) classification head; timings are the same")
+    parser.add_argument("--n", type=int, default=None, help="first N SST-2 dev sentences (default: all 872)")
+    parser.add_argument("--mode", default="uniform", choices=["uniform", "zero"])
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--naive-variants", default="3", help="naive passes to time (the rest extrapolated), or 'all'")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse(argv)
+    import torch
+
+    from analysis.data import load_task
+    from analysis.models import list_store, load_model
+    from analysis.stream import encode_examples, iter_batches
+    from analysis.sweeps import BASELINE, fast_sweep, head_variants, naive_sweep, recompute_share
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    name = args.model or ("minilm-sst2" if any(m["name"] == "minilm-sst2" for m in list_store()) else "minilm")
+    data = load_task("sst2", split="validation", n=args.n)
+    torch.manual_seed(0)
+    bundle = load_model(name, kind="classifier", num_labels=2, device="cpu")
+    L, H = bundle.num_layers, bundle.num_heads
+    variants = head_variants(L, H)
+    encoded = encode_examples(bundle.tokenizer, data.examples, args.max_length)
+    batches = list(iter_batches(bundle, data.examples, batch_size=args.batch_size, max_length=args.max_length,
+                                encoded=encoded))
+    real_tokens = sum(len(item) for item in encoded)
+    padded_dynamic = sum(batch.input_ids.numel() for batch in batches)
+    padded_fixed = len(encoded) * args.max_length
+
+    start, cpu_start = time.perf_counter(), time.process_time()
+    fast = fast_sweep(bundle, batches, variants, args.mode)
+    fast_seconds, fast_cpu = time.perf_counter() - start, time.process_time() - cpu_start
+
+    if args.naive_variants == "all":
+        timed = variants
+    else:  # spread over the layers: the first head of evenly spaced layers
+        k = max(1, int(args.naive_variants))
+        layers = sorted({round(i * (L - 1) / max(1, k - 1)) for i in range(k)})
+        timed = [variants[layer * H] for layer in layers]
+    start, cpu_start = time.perf_counter(), time.process_time()
+    naive = naive_sweep(bundle, encoded, timed, args.mode, width=args.max_length, batch_size=args.batch_size,
+                        include_baseline=False)
+    per_pass = (time.perf_counter() - start) / len(timed)
+    per_pass_cpu = (time.process_time() - cpu_start) / len(timed)
+    passes = len(variants) + 1  # every head, plus the baseline
+    naive_seconds, naive_cpu = per_pass * passes, per_pass_cpu * passes
+    difference = max(float((fast[v.name] - naive[v.name]).abs().max()) for v in timed)
+    result = {
+        "model": bundle.name, "classifier_head": "fine-tuned" if bundle.meta.get("task") else "random (seeded)",
+        "examples": len(encoded), "mode": args.mode, "layers": L, "heads": H, "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(), "batch_size": args.batch_size, "max_length": args.max_length,
+        "naive_passes": passes, "naive_passes_timed": len(timed), "naive_seconds_per_pass": round(per_pass, 3),
+        "naive_seconds": round(naive_seconds, 2), "fast_seconds": round(fast_seconds, 2),
+        "speedup": round(naive_seconds / fast_seconds, 2),
+        "naive_cpu_seconds": round(naive_cpu, 2), "fast_cpu_seconds": round(fast_cpu, 2),
+        "speedup_cpu_time": round(naive_cpu / fast_cpu, 2),
+        "recompute_bound": round(recompute_share(variants, L), 4),
+        "real_tokens_share_dynamic": round(real_tokens / padded_dynamic, 4),
+        "real_tokens_share_fixed": round(real_tokens / padded_fixed, 4),
+        "max_logit_difference": difference, "baseline_logits_rows": int(fast[BASELINE].shape[0]),
+    }
+    print(f"sweep bench: {result['model']} ({result['classifier_head']} head), SST-2 dev, {result['examples']} "
+          f"sentences, {args.mode} disabling of each of {L}x{H} heads, CPU, {result['threads']} threads")
+    print(f"  naive (1 full pass per head + baseline, padded to {args.max_length}, batch {args.batch_size}): "
+          f"{passes} passes x {per_pass:.2f} s = {naive_seconds:.1f} s  ({len(timed)} passes timed)")
+    print(f"  fast engine (measured in full):                  {fast_seconds:.1f} s")
+    print(f"  speed-up:                                        {result['speedup']:.1f}x  (target >= 5x)")
+    print(f"  in process CPU time (naive / fast):              {naive_cpu:.1f} s / {fast_cpu:.1f} s = "
+          f"{result['speedup_cpu_time']:.1f}x  (steadier on a shared machine)")
+    print(f"  recompute bound (layer evaluations fast/naive):  {result['recompute_bound']:.3f}  "
+          f"((L+1)/(2L) = {(L + 1) / (2 * L):.3f})")
+    print(f"  real tokens / computed tokens:                   dynamic {result['real_tokens_share_dynamic']:.3f}, "
+          f"fixed-{args.max_length} {result['real_tokens_share_fixed']:.3f}")
+    print(f"  max |fast - naive| logit on timed variants:      {difference:.2e}  (must be < 1e-5)")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

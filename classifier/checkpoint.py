@@ -1,0 +1,78 @@
+"""Classifier checkpoints: weights in safetensors, metadata (classes, input size, architecture, data hash,
+cross-validation scores) both inside the safetensors header and in a readable JSON file beside it.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from analysis.errors import AttnpatError
+from analysis.rundir import atomic_write, atomic_write_json
+from classifier import CLASSES
+from classifier.model import PatternCNN
+
+FORMAT = "attnpat-pattern-cnn/1"
+CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
+DEFAULT_CHECKPOINT = CHECKPOINT_DIR / "default.safetensors"
+_METADATA_KEY = "attnpat"
+
+
+def save_checkpoint(model: PatternCNN, path: str | Path, metadata: dict) -> Path:
+    """Write ``path`` (.safetensors) and ``path`` with .json; both atomically. Returns the weights path."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise AttnpatError(f"checkpoint path must end in .safetensors, got {path.name}")
+    metadata = {"format": FORMAT, "classes": list(CLASSES), **metadata}
+    state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
+    header = {_METADATA_KEY: json.dumps(metadata, default=_plain)}
+    atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=header))
+    atomic_write_json(path.with_suffix(".json"), metadata)
+    return path
+
+
+def _plain(value):
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def load_checkpoint(path: str | Path | None = None) -> tuple[PatternCNN, dict]:
+    """Load and check a checkpoint (None = the shipped default). Returns (model in eval mode, metadata).
+
+    Every problem (missing, corrupt, other classes, other shapes) is a one-line AttnpatError.
+    """
+    from safetensors import safe_open
+
+    path = Path(path) if path is not None else DEFAULT_CHECKPOINT
+    if not path.is_file():
+        hint = " (retrain it with: attnpat train)" if path == DEFAULT_CHECKPOINT else ""
+        raise AttnpatError(f"classifier checkpoint {path} not found{hint}")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            header = handle.metadata() or {}
+            state = {name: handle.get_tensor(name) for name in handle.keys()}
+    except Exception as exc:  # safetensors raises several types for truncated or foreign files
+        raise AttnpatError(f"{path} is not a readable safetensors checkpoint ({type(exc).__name__})") from exc
+    try:
+        metadata = json.loads(header[_METADATA_KEY])
+    except (KeyError, json.JSONDecodeError) as exc:
+        raise AttnpatError(f"{path} has no attnpat classifier metadata; train one with: attnpat train") from exc
+    if metadata.get("format") != FORMAT:
+        raise AttnpatError(f"{path} has format {metadata.get('format')!r}, expected {FORMAT!r}")
+    if tuple(metadata.get("classes", ())) != CLASSES:
+        raise AttnpatError(f"{path} predicts classes {metadata.get('classes')}, expected {list(CLASSES)}")
+    try:
+        model = PatternCNN(channels=metadata["channels"], strides=metadata["strides"])
+        model.load_state_dict(state, strict=True)
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise AttnpatError(f"{path} does not fit the 8-layer pattern CNN ({_first_line(exc)})") from exc
+    if not isinstance(metadata.get("input_size"), int) or metadata["input_size"] < 8:
+        raise AttnpatError(f"{path} has an invalid input size {metadata.get('input_size')!r}")
+    return model.eval(), metadata
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]

@@ -1,0 +1,236 @@
+"""Classify every head's attention map on every example of a task (Kovaleva et al. Figure 2).
+
+Maps come from analysis.stream.stream_maps one batch at a time; each example's maps are cropped to
+its real length, resized (all examples of one length together) and classified, and only the
+(layers, heads, classes) counts are kept, so memory does not grow with the number of examples.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from analysis.data import TaskData
+from analysis.errors import AttnpatError
+from analysis.rundir import RunDir, save_table
+from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps
+from classifier import CLASSES
+from classifier.model import INPUT_CHANNELS, resize_maps
+from classifier.predict import PatternClassifier
+
+ALL_TASKS_DIR = "all"
+# One colour per class, in CLASSES order, shared by every figure.
+CLASS_COLOURS = ("#1f77b4", "#2ca02c", "#17becf", "#ff7f0e", "#9467bd")
+
+
+def classify_batch(map_batch: MapBatch, classifier: PatternClassifier) -> torch.Tensor:
+    """(B, L, H) predicted class indices for every example and head of a batch."""
+    attentions, lengths = map_batch.attentions, map_batch.batch.lengths
+    batch, layers, heads = attentions.shape[:3]
+    size = classifier.input_size
+    images = torch.empty((batch, layers * heads, INPUT_CHANNELS, size, size), dtype=torch.float32)
+    for n in torch.unique(lengths).tolist():  # examples of one length share one resize
+        rows = torch.nonzero(lengths == n).flatten()
+        maps = attentions[rows, :, :, :n, :n].reshape(-1, n, n)  # (b * L * H, n, n)
+        images[rows] = resize_maps(maps, size).reshape(len(rows), layers * heads, INPUT_CHANNELS, size, size)
+    predicted = classifier.proba_images(images.reshape(-1, INPUT_CHANNELS, size, size)).argmax(1)
+    return predicted.reshape(batch, layers, heads)
+
+
+def head_class_counts(bundle, examples, classifier: PatternClassifier, *, batch_size: int = 32,
+                      max_length: int = DEFAULT_MAX_LENGTH, progress: bool = True, encoded=None) -> np.ndarray:
+    """(L, H, 5) number of examples whose map at (layer, head) falls in each class."""
+    encoded = encoded if encoded is not None else encode_examples(bundle.tokenizer, examples, max_length)
+    counts = torch.zeros((bundle.num_layers, bundle.num_heads, len(CLASSES)), dtype=torch.long)
+    bar = _maps_bar(len(encoded) * bundle.num_layers * bundle.num_heads, progress)
+    for map_batch in stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
+        predicted = classify_batch(map_batch, classifier)
+        counts += torch.nn.functional.one_hot(predicted, len(CLASSES)).sum(0)
+        if bar is not None:
+            bar.update(predicted.numel())
+    if bar is not None:
+        bar.close()
+    return counts.numpy()
+
+
+def pattern_table(counts: np.ndarray):
+    """(L, H, 5) counts -> long frame layer, head, class, count, fraction (fraction of that head's maps)."""
+    import pandas as pd
+
+    layers, heads, classes = counts.shape
+    totals = counts.sum(axis=2, keepdims=True)
+    fractions = np.divide(counts, totals, out=np.zeros(counts.shape), where=totals > 0)
+    layer, head, cls = np.meshgrid(np.arange(layers), np.arange(heads), np.arange(classes), indexing="ij")
+    return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "class": np.asarray(CLASSES)[cls.ravel()],
+                         "count": counts.ravel().astype(np.int64), "fraction": fractions.ravel()})
+
+
+def ratio_table(counts: np.ndarray):
+    """(L, H, 5) counts -> class, count, fraction over all maps of the task (Kovaleva's per-task ratios)."""
+    import pandas as pd
+
+    per_class = counts.reshape(-1, counts.shape[-1]).sum(0)
+    total = max(int(per_class.sum()), 1)
+    return pd.DataFrame({"class": list(CLASSES), "count": per_class.astype(np.int64), "fraction": per_class / total})
+
+
+def classify_task(bundle, data: TaskData, classifier: PatternClassifier, run: RunDir, batch_size: int = 32,
+                  progress: bool = True, max_length: int = DEFAULT_MAX_LENGTH):
+    """Classify every head on every example of ``data``; write patterns.csv, pattern_ratios.csv and their
+    figures (PNG + SVG) to ``run``. Returns the per-head frame (layer, head, class, count, fraction)."""
+    if not data.examples:
+        raise AttnpatError(f"task {data.task} has no examples to classify")
+    encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
+    with run.record("classify", bundle, data, max_length=max_length, classifier=classifier.path or "default",
+                    classifier_trained_on=classifier.trained_on) as entry:
+        counts = head_class_counts(bundle, data.examples, classifier, batch_size=batch_size, max_length=max_length,
+                                   progress=progress, encoded=encoded)
+        patterns, ratios = pattern_table(counts), ratio_table(counts)
+        run.write_table("patterns", patterns)
+        run.write_table("pattern_ratios", ratios)
+        _save(run, "patterns", head_class_figure(counts, f"{bundle.name} on {data.task}: most frequent pattern per head"))
+        _save(run, "pattern_ratios", ratio_figure({data.task: ratios}, f"{bundle.name}: pattern ratios"))
+        entry.update(n_truncated=sum(item.truncated for item in encoded), n_maps=int(counts.sum()),
+                     outputs=["patterns.csv", "pattern_ratios.csv", "patterns.png", "pattern_ratios.png"])
+    return patterns
+
+
+def compare_tasks(model_slug: str, model_name: str, ratios: dict, root: str | Path | None = None):
+    """Write runs/<model>/all/pattern_ratios_by_task.csv (task, class, count, fraction) and its stacked bars."""
+    import pandas as pd
+
+    frame = pd.concat([table.assign(task=task) for task, table in ratios.items()], ignore_index=True)
+    frame = frame[["task", "class", "count", "fraction"]]
+    run = RunDir(model_slug, ALL_TASKS_DIR, root)
+    run.write_table("pattern_ratios_by_task", frame)
+    _save(run, "pattern_ratios_by_task", ratio_figure(ratios, f"{model_name}: pattern ratios per task"))
+    return frame
+
+
+def classify_saved_maps(path: str | Path, classifier: PatternClassifier, progress: bool = True):
+    """Classify every single-head map in map files written by `attnpat extract` (one .npz or a folder).
+
+    Returns a frame with one row per map: map_id ('<example>/L<layer>H<head>'), predicted, p_<class>...
+    """
+    import pandas as pd
+
+    from analysis.mapstore import iter_saved_maps, shard_files
+
+    files = shard_files(path)
+    frames = []
+    bar = _maps_bar(None, progress)
+    for saved in (item for file in files for item in iter_saved_maps(file)):
+        layers, heads, n, _ = saved.attn.shape
+        probabilities = classifier.proba_images(resize_maps(torch.from_numpy(saved.attn).reshape(-1, n, n),
+                                                            classifier.input_size)).numpy()
+        frame = pd.DataFrame(probabilities, columns=[f"p_{cls}" for cls in CLASSES])
+        frame.insert(0, "predicted", np.asarray(CLASSES)[probabilities.argmax(1)])
+        frame.insert(0, "map_id", saved.map_ids)
+        frames.append(frame)
+        if bar is not None:
+            bar.update(layers * heads)
+    if bar is not None:
+        bar.close()
+    if not frames:
+        raise AttnpatError(f"{path} holds no maps")
+    return pd.concat(frames, ignore_index=True)
+
+
+def write_map_classes(frame, path: str | Path) -> Path:
+    return save_table(frame, path)
+
+
+# ---------------------------------------------------------------- figures
+
+def head_class_figure(counts: np.ndarray, title: str):
+    """Layer x head grid coloured by each head's most frequent class, annotated with its fraction."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    layers, heads, _ = counts.shape
+    totals = np.maximum(counts.sum(2), 1)
+    dominant = counts.argmax(2)
+    share = counts.max(2) / totals
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.45 * heads + 2.5), max(2.8, 0.42 * layers + 1.4)))
+    ax.imshow(dominant, cmap=ListedColormap(CLASS_COLOURS), vmin=-0.5, vmax=len(CLASSES) - 0.5, aspect="auto")
+    for layer in range(layers):
+        for head in range(heads):
+            ax.text(head, layer, f"{share[layer, head]:.2f}", ha="center", va="center", fontsize=6, color="white")
+    ax.set_xticks(range(heads), [str(h + 1) for h in range(heads)], fontsize=7)
+    ax.set_yticks(range(layers), [str(layer + 1) for layer in range(layers)], fontsize=7)
+    ax.set_xlabel("head (1-indexed)")
+    ax.set_ylabel("layer (1-indexed)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(handles=[Patch(color=c, label=cls) for c, cls in zip(CLASS_COLOURS, CLASSES)], fontsize=7,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), title="class (share)", title_fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def ratio_figure(ratios: dict, title: str):
+    """Stacked bars: one bar per task, segments = fraction of all its maps in each class."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(ratios)
+    fig, ax = plt.subplots(figsize=(max(3.5, 1.0 * len(tasks) + 2.8), 4.0))
+    bottom = np.zeros(len(tasks))
+    for cls, colour in zip(CLASSES, CLASS_COLOURS):
+        values = np.asarray([float(ratios[t].set_index("class").loc[cls, "fraction"]) for t in tasks])
+        ax.bar(tasks, values, bottom=bottom, color=colour, label=cls, width=0.6)
+        for x, (low, value) in enumerate(zip(bottom, values)):
+            if value >= 0.04:
+                ax.text(x, low + value / 2, f"{value:.0%}", ha="center", va="center", fontsize=7, color="white")
+        bottom += values
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("fraction of maps")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def _save(run: RunDir, name: str, fig) -> None:
+    import matplotlib.pyplot as plt
+
+    run.write_figure(name, fig)
+    plt.close(fig)
+
+
+def _maps_bar(total: int | None, progress: bool):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="classify", unit="maps", unit_scale=True, dynamic_ncols=True)
+
+
+def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, *, n: int | None = None,
+                   split: str = "validation", batch_size: int = 32, max_length: int = DEFAULT_MAX_LENGTH,
+                   root: str | Path | None = None, progress: bool = True) -> dict:
+    """classify_task for each task, then the per-task comparison. Returns {task: ratio frame}."""
+    from analysis.data import load_data
+
+    ratios = {}
+    for task in tasks:
+        data = load_data(task, split, n)
+        run = RunDir(bundle.slug, data.task, root)
+        classify_task(bundle, data, classifier, run, batch_size=batch_size, progress=progress, max_length=max_length)
+        ratios[data.task] = run.read_table("pattern_ratios")
+    compare_tasks(bundle.slug, bundle.name, ratios, root)
+    return ratios
+
+
+def available_glue_tasks() -> list[str]:
+    """GLUE tasks that can be loaded now (offline files or the hub)."""
+    from analysis.data import GLUE_TASKS, available_tasks
+
+    return [task for task, sources in available_tasks().items() if sources and task in GLUE_TASKS]

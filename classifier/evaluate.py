@@ -1,0 +1,120 @@
+"""Cross-validated comparison of the CNN with the baselines, on the same stratified folds.
+
+Baselines (annotation.preannotate supplies the features and the rules; no second feature extractor here):
+  rules      the rule-based pre-annotator, no training (scored on every map)
+  logreg     logistic regression on the map features (standardised, class-balanced)
+  boosting   gradient boosting on the map features (class-balanced sample weights)
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from analysis.errors import AttnpatError
+from classifier import CLASSES
+
+
+def scores(predicted: np.ndarray, labels: np.ndarray) -> dict:
+    """predicted, labels: (N,) class indices -> macro_f1, accuracy, per-class F1 (5,), confusion (5, 5) true x predicted."""
+    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
+
+    classes = list(range(len(CLASSES)))
+    return {
+        "macro_f1": float(f1_score(labels, predicted, labels=classes, average="macro", zero_division=0)),
+        "accuracy": float(accuracy_score(labels, predicted)),
+        "per_class_f1": f1_score(labels, predicted, labels=classes, average=None, zero_division=0).astype(float),
+        "confusion": confusion_matrix(labels, predicted, labels=classes),
+    }
+
+
+def fold_macro_f1(predicted: np.ndarray, labels: np.ndarray, folds: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """(k,) macro-F1 of each test fold."""
+    return np.asarray([scores(predicted[test], labels[test])["macro_f1"] for _, test in folds])
+
+
+def score_table(results: dict[str, np.ndarray], labels: np.ndarray, folds: list[tuple[np.ndarray, np.ndarray]]):
+    """results: {model name: (N,) out-of-fold predictions}. Returns (scores frame, confusion frame).
+
+    scores: model, metric (macro_f1|macro_f1_fold_std|accuracy|f1), class ('' or a class), value.
+    confusion: model, true, predicted, count.
+    """
+    import pandas as pd
+
+    rows, confusion_rows = [], []
+    for name, predicted in results.items():
+        found = scores(predicted, labels)
+        rows += [{"model": name, "metric": "macro_f1", "class": "", "value": found["macro_f1"]},
+                 {"model": name, "metric": "macro_f1_fold_std", "class": "", "value": float(fold_macro_f1(predicted, labels, folds).std())},
+                 {"model": name, "metric": "accuracy", "class": "", "value": found["accuracy"]}]
+        rows += [{"model": name, "metric": "f1", "class": cls, "value": float(v)} for cls, v in zip(CLASSES, found["per_class_f1"])]
+        confusion_rows += [{"model": name, "true": CLASSES[t], "predicted": CLASSES[p], "count": int(found["confusion"][t, p])}
+                           for t in range(len(CLASSES)) for p in range(len(CLASSES))]
+    return pd.DataFrame(rows), pd.DataFrame(confusion_rows)
+
+
+def wide_summary(score_frame):
+    """One row per model: macro_f1, fold std, accuracy and per-class F1 columns (for printing)."""
+    overall = score_frame[score_frame["class"] == ""].pivot(index="model", columns="metric", values="value")
+    per_class = score_frame[score_frame.metric == "f1"].pivot(index="model", columns="class", values="value")
+    frame = overall[["macro_f1", "macro_f1_fold_std", "accuracy"]].join(per_class[list(CLASSES)])
+    return frame.sort_values("macro_f1", ascending=False)
+
+
+# ---------------------------------------------------------------- baselines
+
+def _preannotate_module():
+    try:
+        from annotation import preannotate
+    except ImportError as exc:
+        raise AttnpatError("the baselines need annotation/preannotate.py (map_features, preannotate)") from exc
+    return preannotate
+
+
+def feature_matrix(maps: Sequence[np.ndarray], tokens: Sequence[list[str] | None] | None = None) -> np.ndarray:
+    """(N, F) map features of annotation.preannotate (its FEATURE_NAMES order)."""
+    return np.asarray(_preannotate_module().feature_matrix(maps, tokens), dtype=np.float64)
+
+
+def rule_predictions(maps: Sequence[np.ndarray], tokens: Sequence[list[str] | None] | None = None) -> np.ndarray:
+    """(N,) class indices from the rule-based pre-annotator (it needs no training, so no folds)."""
+    module = _preannotate_module()
+    tokens = tokens if tokens is not None else [None] * len(maps)
+    labels = [module.preannotate(np.asarray(attn, dtype=np.float32), toks)[0] for attn, toks in zip(maps, tokens)]
+    unknown = sorted(set(labels) - set(CLASSES))
+    if unknown:
+        raise AttnpatError(f"the pre-annotator returned unknown labels {unknown}")
+    return np.asarray([CLASSES.index(label) for label in labels], dtype=np.int64)
+
+
+def feature_model_predictions(features: np.ndarray, labels: np.ndarray, folds: list[tuple[np.ndarray, np.ndarray]],
+                              kind: str, seed: int = 0) -> np.ndarray:
+    """Out-of-fold predictions (N,) of a feature model: kind 'logreg' or 'boosting'."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    predicted = np.full(len(labels), -1, dtype=np.int64)
+    for train, test in folds:
+        if kind == "logreg":
+            model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, class_weight="balanced"))
+        elif kind == "boosting":
+            model = HistGradientBoostingClassifier(max_iter=200, learning_rate=0.1, class_weight="balanced",
+                                                   random_state=seed)
+        else:
+            raise AttnpatError(f"unknown baseline {kind!r}; use logreg or boosting")
+        model.fit(features[train], labels[train])
+        predicted[test] = model.predict(features[test])
+    return predicted
+
+
+def baseline_predictions(maps: Sequence[np.ndarray], labels: np.ndarray, folds: list[tuple[np.ndarray, np.ndarray]],
+                         tokens: Sequence[list[str] | None] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """{'rules': ..., 'logreg': ..., 'boosting': ...}: (N,) predictions of every baseline."""
+    features = feature_matrix(maps, tokens)
+    return {
+        "rules": rule_predictions(maps, tokens),
+        "logreg": feature_model_predictions(features, labels, folds, "logreg", seed),
+        "boosting": feature_model_predictions(features, labels, folds, "boosting", seed),
+    }

@@ -1,0 +1,121 @@
+"""The 8-layer CNN over attention maps, and how a map of any length becomes its fixed-size input.
+
+Input transform (one map -> one image of INPUT_SIZE x INPUT_SIZE with two views as channels):
+  1. crop the map to the example's real tokens, (n, n) with rows summing to 1;
+  2. resize it as a 1-channel image with ``torchvision.transforms.v2.functional.resize`` to
+     (INPUT_SIZE, INPUT_SIZE), bilinear with antialias: longer maps are area-averaged down (a stripe or
+     band keeps its share of the weight), shorter maps are interpolated up;
+  3. channel 0 = the image divided by its maximum: the heat map a human labels (darkest cell = 1);
+     channel 1 = log(1 + n * weight) / log(1 + n): weight relative to uniform attention (1/n), on a log
+     scale in [0, 1]; it keeps what channel 0 loses, how concentrated the weight is (block vs stripe).
+Maps of the same length are resized together in one call, so a batch costs one resize per length.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from classifier import CLASSES
+
+INPUT_SIZE = 32
+# Output channels of the 8 convolutions; a stride of 2 halves the image (32 -> 16 -> 8 -> 4). Small on
+# purpose: classifying every head of every example must cost less than half the model's forward pass.
+CHANNELS = (8, 8, 16, 16, 32, 32, 32, 32)
+STRIDES = (2, 1, 2, 1, 2, 1, 1, 1)
+INPUT_CHANNELS = 2  # the two views of step 3 above
+
+
+@lru_cache(maxsize=1024)
+def resize_matrix(n: int, size: int = INPUT_SIZE) -> torch.Tensor:
+    """(size, n) matrix R with R @ m @ R.T == torchvision's bilinear antialiased resize of an (n, n) map m.
+
+    The resize is linear and separable, so resizing the identity along one axis gives its matrix; two
+    small matrix products then replace the (much slower) per-image interpolation call.
+    """
+    from torchvision.transforms.v2 import functional as TF
+
+    identity = torch.eye(n, dtype=torch.float32)[None, None]
+    rows = TF.resize(identity, [n, size], interpolation=TF.InterpolationMode.BILINEAR, antialias=True)
+    return rows[0, 0].T.contiguous()
+
+
+def resize_maps(maps: torch.Tensor, size: int = INPUT_SIZE) -> torch.Tensor:
+    """maps: (N, n, n) of one length n -> (N, 2, size, size) float32 images (the two views above)."""
+    maps = maps.to(torch.float32)
+    n = int(maps.shape[-1])
+    matrix = resize_matrix(n, size)
+    images = (matrix @ maps @ matrix.T).unsqueeze(1)
+    peak = images.amax(dim=(2, 3), keepdim=True).clamp_min(1e-12)
+    relative = torch.log1p(images.clamp_min(0) * n) / np.log1p(n)
+    return torch.cat([images / peak, relative], dim=1)
+
+
+def prepare_maps(maps: Sequence[np.ndarray | torch.Tensor] | torch.Tensor, size: int = INPUT_SIZE) -> torch.Tensor:
+    """Maps of any lengths -> (N, 2, size, size) images in the input order.
+
+    maps: a tensor/array (N, n, n) or a sequence of (n_i, n_i) arrays or tensors. Raises ValueError
+    on a map that is not square (callers turn it into their own error).
+    """
+    if isinstance(maps, (torch.Tensor, np.ndarray)) and np.ndim(maps) == 3:
+        tensor = torch.as_tensor(maps)
+        if tensor.shape[-1] != tensor.shape[-2]:
+            raise ValueError(f"attention maps must be square, got shape {tuple(tensor.shape)}")
+        return resize_maps(tensor, size)
+    tensors = [torch.as_tensor(np.asarray(m) if not isinstance(m, torch.Tensor) else m) for m in maps]
+    out = torch.empty((len(tensors), INPUT_CHANNELS, size, size), dtype=torch.float32)
+    by_length: dict[int, list[int]] = {}
+    for index, tensor in enumerate(tensors):
+        if tensor.ndim != 2 or tensor.shape[0] != tensor.shape[1] or tensor.shape[0] == 0:
+            raise ValueError(f"map {index} must be a non-empty square (n, n) array, got shape {tuple(tensor.shape)}")
+        by_length.setdefault(int(tensor.shape[0]), []).append(index)
+    for indices in by_length.values():
+        out[indices] = resize_maps(torch.stack([tensors[i] for i in indices]), size)
+    return out
+
+
+class PatternCNN(nn.Module):
+    """Eight 3x3 convolutions (BatchNorm + ReLU each), global average and max pooling, one linear layer.
+
+    forward: (N, INPUT_CHANNELS, S, S) images -> (N, num_classes) logits.
+    """
+
+    def __init__(self, num_classes: int = len(CLASSES), channels: Sequence[int] = CHANNELS,
+                 strides: Sequence[int] = STRIDES, dropout: float = 0.2):
+        super().__init__()
+        if len(channels) != 8 or len(strides) != 8:
+            raise ValueError("the pattern CNN has exactly 8 convolutional layers")
+        layers, previous = [], INPUT_CHANNELS
+        for width, stride in zip(channels, strides):
+            layers += [nn.Conv2d(previous, width, 3, stride=stride, padding=1, bias=False),
+                       nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+            previous = width
+        self.features = nn.Sequential(*layers)
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(2 * previous, num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        features = self.features(images)
+        pooled = torch.cat([features.mean(dim=(2, 3)), features.amax(dim=(2, 3))], dim=1)
+        return self.head(self.dropout(pooled))
+
+
+def inference_copy(model: PatternCNN) -> PatternCNN:
+    """An eval-mode copy for fast CPU inference: each BatchNorm folded into its convolution (same outputs,
+    one pass fewer per layer) and channels-last memory layout."""
+    import copy
+
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    fast = copy.deepcopy(model).eval()
+    modules, fused = list(fast.features), []
+    while modules:
+        module = modules.pop(0)
+        if isinstance(module, nn.Conv2d) and modules and isinstance(modules[0], nn.BatchNorm2d):
+            module = fuse_conv_bn_eval(module, modules.pop(0))
+        fused.append(module)
+    fast.features = nn.Sequential(*fused)
+    return fast.to(memory_format=torch.channels_last)

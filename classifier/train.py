@@ -1,0 +1,233 @@
+"""Training the pattern CNN: class-weighted loss, early stopping, stratified k-fold cross-validation.
+
+Every random choice (folds, initialisation, batches, augmentation) derives from one seed, and torch
+runs deterministic ops on the CPU, so the same data and seed give the same scores and weights.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from analysis.errors import AttnpatError
+from classifier import CLASSES
+from classifier.model import CHANNELS, INPUT_SIZE, STRIDES, PatternCNN, prepare_maps
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters. ``patience``: epochs without a better validation macro-F1 before stopping."""
+
+    max_epochs: int = 60
+    patience: int = 10
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+    weight_decay: float = 1e-4
+    validation_fraction: float = 0.15
+    folds: int = 5
+    seed: int = 0
+    input_size: int = INPUT_SIZE
+    augment: bool = True
+    synthetic_per_class: int = 0  # synthetic maps per class added to every training part (never to test)
+    select_on: str = "loss"  # early stopping on validation "loss" (class-weighted) or "f1" (macro-F1)
+
+
+@dataclass
+class FitResult:
+    model: PatternCNN
+    epochs: int
+    best_epoch: int
+    validation_f1: float
+
+
+def check_labels(labels: np.ndarray, folds: int = 2) -> np.ndarray:
+    """labels: (N,) int indices into CLASSES. Every class must appear at least ``folds`` times."""
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.size == 0:
+        raise AttnpatError("the training set is empty")
+    if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0 or labels.max() >= len(CLASSES):
+        raise AttnpatError(f"labels must be class indices 0..{len(CLASSES) - 1} ({', '.join(CLASSES)})")
+    counts = np.bincount(labels, minlength=len(CLASSES))
+    scarce = [f"{CLASSES[i]} ({counts[i]})" for i in range(len(CLASSES)) if counts[i] < folds]
+    if scarce:
+        raise AttnpatError(f"every class needs at least {folds} labeled maps; too few: {', '.join(scarce)}")
+    return labels.astype(np.int64)
+
+
+def class_weights(labels: np.ndarray) -> torch.Tensor:
+    """(5,) inverse-frequency weights, mean 1 over the samples: rare classes count as much as common ones."""
+    counts = np.bincount(labels, minlength=len(CLASSES)).astype(np.float64)
+    weights = np.where(counts > 0, len(labels) / (len(CLASSES) * np.maximum(counts, 1)), 0.0)
+    return torch.tensor(weights, dtype=torch.float32)
+
+
+def augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Label-preserving jitter of (N, C, S, S) images: a random contrast curve (gamma) and faint noise.
+
+    No flips or transposes: a transposed vertical stripe would be a horizontal one, another pattern.
+    """
+    gamma = torch.empty((images.shape[0], 1, 1, 1)).uniform_(0.7, 1.4, generator=generator)
+    noise = torch.rand(images.shape, generator=generator) * 0.03
+    return (images.clamp_min(0) ** gamma + noise).clamp(0, 1)
+
+
+def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train indices, validation indices) with every class represented in both when it can be."""
+    rng = np.random.default_rng(seed)
+    train, valid = [], []
+    for cls in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == cls))
+        take = int(round(fraction * len(members))) if len(members) >= 2 else 0
+        take = max(take, 1) if len(members) >= 2 else 0
+        valid.extend(members[:take])
+        train.extend(members[take:])
+    return np.sort(np.asarray(train, dtype=np.int64)), np.sort(np.asarray(valid, dtype=np.int64))
+
+
+def macro_f1(predicted: np.ndarray, labels: np.ndarray) -> float:
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(labels, predicted, labels=list(range(len(CLASSES))), average="macro", zero_division=0))
+
+
+def predict_images(model: nn.Module, images: torch.Tensor, batch_size: int = 2048) -> torch.Tensor:
+    """(N, C, S, S) -> (N, 5) probabilities with the model in eval mode."""
+    model.eval()
+    with torch.inference_mode():
+        return torch.cat([torch.softmax(model(images[s:s + batch_size]), 1) for s in range(0, len(images), batch_size)])
+
+
+def recalibrate_batchnorm(model: nn.Module, images: torch.Tensor, batch_size: int = 512) -> None:
+    """Set every BatchNorm's running statistics to the exact mean/variance over ``images`` (N, C, S, S).
+
+    With few optimiser steps per epoch (small labeled sets) the moving averages lag far behind the
+    weights, and evaluation mode then sees wrong statistics; one extra pass fixes that.
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    momenta = [m.momentum for m in norms]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # cumulative average over the pass
+    model.train()
+    with torch.no_grad():
+        for start in range(0, len(images), batch_size):
+            if len(images) - start >= 2:
+                model(images[start:start + batch_size])
+    for norm, momentum in zip(norms, momenta):
+        norm.momentum = momentum
+    model.eval()
+
+
+def fit(images: torch.Tensor, labels: np.ndarray, config: TrainConfig, seed: int,
+        on_epoch: Callable[[int, float], None] | None = None,
+        extra: tuple[torch.Tensor, np.ndarray] | None = None) -> FitResult:
+    """Train one CNN on (N, C, S, S) images; a stratified validation part drives early stopping.
+
+    ``extra``: (images, labels) added to the training part only. Returns the weights of the epoch with
+    the best validation score (config.select_on).
+    """
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    train_idx, valid_idx = stratified_split(labels, config.validation_fraction, seed)
+    model = PatternCNN()
+    optimiser = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=config.max_epochs)
+    train_images, train_labels = images[train_idx], torch.as_tensor(labels[train_idx])
+    if extra is not None:
+        train_images = torch.cat([train_images, extra[0]])
+        train_labels = torch.cat([train_labels, torch.as_tensor(extra[1])])
+    weights = class_weights(train_labels.numpy())
+    loss_fn = nn.CrossEntropyLoss(weight=weights)
+    valid_images, valid_labels = images[valid_idx], labels[valid_idx]
+    best_score = -float("inf")
+    best_state, best_epoch, best_f1, epoch = copy.deepcopy(model.state_dict()), 0, 0.0, 0
+    for epoch in range(1, config.max_epochs + 1):
+        model.train()
+        order = torch.randperm(len(train_labels), generator=generator)
+        for start in range(0, len(order), config.batch_size):
+            batch = order[start:start + config.batch_size]
+            if len(batch) < 2:  # BatchNorm needs two samples
+                continue
+            inputs = augment(train_images[batch], generator) if config.augment else train_images[batch]
+            loss = loss_fn(model(inputs), train_labels[batch])
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+        scheduler.step()
+        recalibrate_batchnorm(model, train_images)
+        probabilities = predict_images(model, valid_images)
+        score = macro_f1(probabilities.argmax(1).numpy(), valid_labels)
+        valid_loss = float(nn.functional.nll_loss(probabilities.clamp_min(1e-9).log(), torch.as_tensor(valid_labels),
+                                                  weight=weights))
+        if on_epoch is not None:
+            on_epoch(epoch, score)
+        selected = -valid_loss if config.select_on == "loss" else score - 1e-6 * valid_loss
+        if selected > best_score:
+            best_score, best_f1, best_state, best_epoch = selected, score, copy.deepcopy(model.state_dict()), epoch
+        elif epoch - best_epoch >= config.patience:
+            break
+    model.load_state_dict(best_state)
+    return FitResult(model.eval(), epoch, best_epoch, best_f1)
+
+
+def stratified_folds(labels: np.ndarray, folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Stratified k-fold (train, test) index pairs, shared by the CNN and every baseline."""
+    from sklearn.model_selection import StratifiedKFold
+
+    if folds < 2:
+        raise AttnpatError(f"cross-validation needs at least 2 folds, got {folds}")
+    check_labels(labels, folds)
+    splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+    return list(splitter.split(np.zeros(len(labels)), labels))
+
+
+def cross_validate_cnn(maps: Sequence[np.ndarray], labels: np.ndarray, config: TrainConfig,
+                       folds: list[tuple[np.ndarray, np.ndarray]], progress: bool = False) -> np.ndarray:
+    """Out-of-fold predictions (N,) of the CNN: each fold's test maps predicted by a CNN trained without them."""
+    images = prepare_maps(maps, config.input_size)
+    extra = synthetic_extra(config)
+    predicted = np.full(len(labels), -1, dtype=np.int64)
+    bar = _bar(len(folds), "cnn folds", progress)
+    for k, (train_idx, test_idx) in enumerate(folds):
+        result = fit(images[train_idx], labels[train_idx], config, seed=config.seed + k, extra=extra)
+        predicted[test_idx] = predict_images(result.model, images[test_idx]).argmax(1).numpy()
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return predicted
+
+
+def train_final(maps: Sequence[np.ndarray], labels: np.ndarray, config: TrainConfig) -> FitResult:
+    """The model to ship: trained on all maps (a held-out part still drives early stopping)."""
+    return fit(prepare_maps(maps, config.input_size), check_labels(labels), config, seed=config.seed,
+               extra=synthetic_extra(config))
+
+
+def synthetic_extra(config: TrainConfig) -> tuple[torch.Tensor, np.ndarray] | None:
+    """config.synthetic_per_class synthetic maps of every class as (images, labels), or None."""
+    if config.synthetic_per_class <= 0:
+        return None
+    from classifier.synthetic import synthetic_dataset
+
+    maps, labels = synthetic_dataset(config.synthetic_per_class, np.random.default_rng(config.seed + 10_000))
+    return prepare_maps(maps, config.input_size), labels
+
+
+def architecture_metadata(config: TrainConfig) -> dict:
+    return {"input_size": config.input_size, "channels": list(CHANNELS), "strides": list(STRIDES),
+            "input_transform": "crop to real tokens; torchvision bilinear antialiased resize to input_size x input_size "
+                               "(as R @ map @ R.T); divide by the map's maximum",
+            "train_config": asdict(config)}
+
+
+def _bar(total: int, desc: str, progress: bool):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, dynamic_ncols=True)

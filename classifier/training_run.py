@@ -1,0 +1,131 @@
+"""`attnpat train` end to end: data -> CNN cross-validation + baselines -> score tables -> final checkpoint.
+
+Outputs in the run directory runs/classifier/<data name>/:
+  cv_scores.csv    model, metric (macro_f1|macro_f1_fold_std|accuracy|f1), class, value
+  cv_confusion.csv model, true, predicted, count   (+ cv_confusion.png/svg for the CNN)
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from analysis.errors import AttnpatError
+from analysis.rundir import RunDir
+from classifier import CLASSES
+from classifier.checkpoint import save_checkpoint
+from classifier.evaluate import baseline_predictions, score_table, scores, wide_summary
+from classifier.train import (TrainConfig, architecture_metadata, check_labels, cross_validate_cnn, stratified_folds,
+                              train_final)
+
+SYNTHETIC_PREFIX = "synthetic"
+
+
+@dataclass
+class TrainingData:
+    """maps: N (n_i, n_i) float32; labels: (N,) int; name: run-directory name; source: what it was made from;
+    synthetic: True for generated maps (the checkpoint metadata then says so)."""
+
+    maps: list[np.ndarray]
+    labels: np.ndarray
+    data_hash: str
+    name: str
+    source: str
+    synthetic: bool = False
+
+
+def maps_hash(maps, labels) -> str:
+    """sha256 over the labels and map bytes (for synthetic data; labeled sets bring their own hash)."""
+    digest = hashlib.sha256()
+    for label, attn in zip(labels, maps):
+        digest.update(int(label).to_bytes(1, "little"))
+        digest.update(np.ascontiguousarray(attn, np.float32).tobytes())
+    return digest.hexdigest()
+
+
+def load_training_data(source: str, seed: int = 0) -> TrainingData:
+    """A labeled-set folder, or 'synthetic[:N]' (N synthetic maps per class, default 100)."""
+    if source == SYNTHETIC_PREFIX or source.startswith(SYNTHETIC_PREFIX + ":"):
+        from classifier.synthetic import synthetic_dataset
+
+        count = source.partition(":")[2] or "100"
+        if not count.isdigit() or int(count) < 2:
+            raise AttnpatError(f"'{source}': use synthetic:N with N >= 2 maps per class")
+        maps, labels = synthetic_dataset(int(count), np.random.default_rng(seed))
+        return TrainingData(maps, labels, maps_hash(maps, labels), f"synthetic-{count}",
+                            f"synthetic maps (classifier.synthetic, {count} per class, seed {seed})", synthetic=True)
+    from annotation.dataset import load_labeled_set
+
+    labeled = load_labeled_set(source)
+    folder = Path(source).resolve()
+    return TrainingData(labeled.maps, labeled.labels, labeled.data_hash, folder.name, f"labeled set {folder}")
+
+
+def train_classifier(data: TrainingData, out: str | Path, run: RunDir, config: TrainConfig | None = None, *,
+                     baselines: bool = True, progress: bool = True):
+    """Cross-validate the CNN (and baselines) on the same folds, write the tables, train and save the final model.
+
+    Returns the printable summary frame (one row per model).
+    """
+    config = config or TrainConfig()
+    labels = check_labels(data.labels, config.folds)
+    folds = stratified_folds(labels, config.folds, config.seed)
+    with run.record("train", folds=config.folds, seed=config.seed, data_source=data.source) as entry:
+        predictions = {"cnn": cross_validate_cnn(data.maps, labels, config, folds, progress=progress)}
+        if baselines:
+            predictions.update(baseline_predictions(data.maps, labels, folds, seed=config.seed))
+        score_frame, confusion_frame = score_table(predictions, labels, folds)
+        run.write_table("cv_scores", score_frame)
+        run.write_table("cv_confusion", confusion_frame)
+        _write_confusion_figure(run, scores(predictions["cnn"], labels)["confusion"])
+        final = train_final(data.maps, labels, config)
+        cnn = scores(predictions["cnn"], labels)
+        metadata = {
+            **architecture_metadata(config),
+            "trained_on": data.source,
+            "data_hash": data.data_hash,
+            "n_maps": int(len(labels)),
+            "class_counts": {cls: int((labels == i).sum()) for i, cls in enumerate(CLASSES)},
+            "cross_validation": {
+                "folds": config.folds, "macro_f1": cnn["macro_f1"], "accuracy": cnn["accuracy"],
+                "per_class_f1": dict(zip(CLASSES, map(float, cnn["per_class_f1"]))),
+                "confusion": cnn["confusion"].tolist(),
+                "baselines_macro_f1": {name: scores(pred, labels)["macro_f1"] for name, pred in predictions.items()
+                                       if name != "cnn"},
+            },
+            "final_fit": {"epochs": final.epochs, "best_epoch": final.best_epoch, "validation_macro_f1": final.validation_f1},
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        if data.synthetic:
+            metadata["note"] = ("trained on SYNTHETIC maps, not on human labels: cross-validation scores measure the "
+                                "synthetic task only; retrain on a labeled set with: attnpat train --data <labeled set>")
+        path = save_checkpoint(final.model, out, metadata)
+        entry.update(outputs=["cv_scores.csv", "cv_confusion.csv", "cv_confusion.png", str(path)],
+                     cnn_macro_f1=cnn["macro_f1"])
+    return wide_summary(score_frame)
+
+
+def _write_confusion_figure(run: RunDir, confusion: np.ndarray) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.2, 4.4))
+    image = ax.imshow(confusion, cmap="Blues")
+    ax.set_xticks(range(len(CLASSES)), CLASSES, rotation=35, ha="right", fontsize=8)
+    ax.set_yticks(range(len(CLASSES)), CLASSES, fontsize=8)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true (label)")
+    ax.set_title("CNN, cross-validated (out-of-fold)", fontsize=10)
+    for t in range(len(CLASSES)):
+        for p in range(len(CLASSES)):
+            ax.text(p, t, str(int(confusion[t, p])), ha="center", va="center", fontsize=8,
+                    color="white" if confusion[t, p] > confusion.max() / 2 else "black")
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    run.write_figure("cv_confusion", fig)
+    plt.close(fig)

@@ -1,0 +1,339 @@
+"""The annotation workflow against a real Label Studio server: push, annotate through the SDK, pull, faults.
+
+The server comes from tests/conftest.py (one per session, free loopback port, stopped at the end).
+"""
+from __future__ import annotations
+
+import os
+import stat
+from collections import Counter
+
+import httpx
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.errors import AttnpatError
+from annotation import labelstudio as ls
+from annotation.dataset import load_labeled_set
+from annotation.sample import load_maps, read_index
+from annotation.server import Credentials, add_annotator, personal_access_token, serve, status, token_works
+from classifier import CLASSES
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def cli(*args: str, home) -> tuple[int, str, str]:
+    """Run `attnpat ...` in-process with ATTNPAT_HOME=home; (exit status, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from app.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    previous = os.environ.get("ATTNPAT_HOME")
+    os.environ["ATTNPAT_HOME"] = str(home)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:
+                code = exc.code
+    finally:
+        if previous is None:
+            os.environ.pop("ATTNPAT_HOME")
+        else:
+            os.environ["ATTNPAT_HOME"] = previous
+    return code or 0, out.getvalue(), err.getvalue()
+
+
+def new_email(name: str) -> str:
+    """A fresh address per run (a server kept across sessions already knows earlier ones)."""
+    import uuid
+
+    return f"{name}-{uuid.uuid4().hex[:8]}@attnpat.local"
+
+
+def tasks_by_map(credentials, project_id) -> dict[str, dict]:
+    return ls.existing_tasks(ls.connect(credentials), credentials.url, project_id)
+
+
+def count_tasks(credentials, project_id) -> Counter:
+    """map_id -> number of tasks carrying it (to catch duplicates, which existing_tasks would merge)."""
+    client = ls.connect(credentials)
+    return Counter(task.data["map_id"] for task in client.tasks.list(project=project_id, fields="all"))
+
+
+# ---------------------------------------------------------------- server and credentials
+
+def test_server_credentials_and_status(label_studio):
+    path = label_studio.root / "credentials.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    info = status(label_studio.root)
+    assert info["running"] and info["healthy"] and info["url"] == label_studio.url
+    # serving again while it runs reuses the server and its stored token
+    again = serve(port=int(label_studio.url.rsplit(":", 1)[1]), root=label_studio.root)
+    assert again.token == label_studio.token
+    assert ls.connect(label_studio).users.whoami().email == label_studio.email
+
+
+def test_a_new_token_replaces_the_old_one(label_studio):
+    """Label Studio keeps one personal access token per user: asking again (a lost credentials file, a
+    restart) revokes the previous one instead of failing with HTTP 409."""
+    user = add_annotator(label_studio, new_email("rotation"), "rotation-pw-12345")
+    assert token_works(user.url, user.token)
+    replacement = personal_access_token(user.url, user.email, user.password)
+    assert replacement != user.token
+    assert token_works(user.url, replacement) and not token_works(user.url, user.token)
+    assert ls.connect(Credentials(user.url, replacement)).users.whoami().email == user.email
+
+
+# ---------------------------------------------------------------- the round trip on real maps
+
+def test_round_trip_on_real_minilm_maps(label_studio, annotate_task, tmp_path):
+    """CLI push of a real MiniLM sample, SDK annotations, CLI pull: every label joins back to its exact map."""
+    title = f"real MiniLM maps {new_email('project')}"
+    auth = ("--url", label_studio.url, "--token", label_studio.token, "--project", title)
+    code, out, err = cli("annotate", "push", "--model", "minilm", "--count", "6", "--tasks", "sst2,rte",
+                         "--sample", "real", *auth, home=tmp_path)
+    assert code == 0, err
+    assert "6 new tasks, 0 already there, 6 in the sample" in out
+    code, out, err = cli("annotate", "push", "--model", "minilm", "--count", "6", "--tasks", "sst2,rte",
+                         "--sample", "real", *auth, home=tmp_path)
+    assert code == 0 and "0 new tasks, 6 already there" in out and "reused" in out, out + err
+
+    sample = tmp_path / "workspace" / "annotation" / "samples" / "real"
+    index = read_index(sample)
+    assert Counter(row["task"] for row in index) == {"sst2": 3, "rte": 3}
+    state = ls._read_state(tmp_path / "workspace" / "annotation" / "projects.json")
+    project_id = state["projects"][title]
+    tasks = tasks_by_map(label_studio, project_id)
+    assert count_tasks(label_studio, project_id) == Counter({row["map_id"]: 1 for row in index})
+    client = ls.connect(label_studio)
+    given = {}
+    for k, row in enumerate(index):
+        task = tasks[row["map_id"]]
+        assert task["predictions"][0]["model_version"] == ls.PREANNOTATOR_VERSION
+        assert task["data"]["image"].startswith("data:image/png;base64,")
+        given[row["map_id"]] = CLASSES[k % len(CLASSES)]
+        annotate_task(client, task["id"], given[row["map_id"]])
+
+    code, out, err = cli("annotate", "pull", "--sample", "real", *auth, home=tmp_path)
+    assert code == 0, err
+    folder = tmp_path / "workspace" / "annotation" / "labeled" / "real" / "v1"
+    assert f"labeled set {folder}: 6 maps" in out
+    labeled = load_labeled_set(folder)
+    raw = load_maps(sample / "maps.npz")
+    assert sorted(labeled.map_ids) == sorted(given)
+    for map_id, label, attn in zip(labeled.map_ids, labeled.labels, labeled.maps):
+        assert CLASSES[label] == given[map_id]
+        assert np.array_equal(attn, raw[map_id])  # the exact float map, not a re-rendered image
+        assert ls.map_sha256(attn) == tasks[map_id]["data"]["map_sha256"]
+    predictions = {m: t["predictions"][0]["result"][0]["value"]["choices"][0] for m, t in tasks.items()}
+    agreement = np.mean([predictions[m] == given[m] for m in given])
+    assert f"pre-annotation agreement with final labels: {agreement:.3f}" in out
+    rows = pd.read_csv(folder / "labels.csv")
+    assert set(rows.annotator) == {label_studio.email}
+    # a second pull is a new version, never an overwrite
+    assert cli("annotate", "pull", "--sample", "real", *auth, home=tmp_path)[0] == 0
+    assert (folder.parent / "v2" / "labels.csv").is_file()
+
+
+# ---------------------------------------------------------------- several annotators, drafts, skips, unknown labels
+
+def fleiss_by_hand(table: list[list[str]]) -> float:
+    """Fleiss' kappa written out: P_i = sum_j n_ij (n_ij - 1) / (r (r - 1)); p_j = share of category j."""
+    r = len(table[0])
+    categories = sorted({label for labels in table for label in labels})
+    n = [[labels.count(c) for c in categories] for labels in table]
+    p_items = [sum(x * (x - 1) for x in counts) / (r * (r - 1)) for counts in n]
+    p_bar = sum(p_items) / len(table)
+    shares = [sum(counts[j] for counts in n) / (len(table) * r) for j in range(len(categories))]
+    p_e = sum(s * s for s in shares)
+    return (p_bar - p_e) / (1 - p_e)
+
+
+def test_several_annotators_drafts_skips_and_unknown_labels(label_studio, synthetic_sample, annotate_task, tmp_path):
+    sample = synthetic_sample("multi", 7)
+    state = tmp_path / "projects.json"
+    report = ls.push(label_studio, sample, state_file=state, progress=False, log=lambda m: None)
+    tasks = tasks_by_map(label_studio, report.project_id)
+    ids = sorted(tasks)
+    bob = add_annotator(label_studio, new_email("bob"), "bob-password-123")
+    eve = add_annotator(label_studio, new_email("eve"), "eve-password-123")
+    clients = [ls.connect(c) for c in (label_studio, bob, eve)]
+    # maps 0-3: three annotators each (map 2: a three-way tie); map 4: two annotators who disagree (a tie)
+    table = [["vertical", "vertical", "vertical"], ["diagonal", "diagonal", "block"],
+             ["block", "heterogeneous", "vertical"], ["vertical+diagonal", "vertical+diagonal", "vertical+diagonal"]]
+    for map_id, labels in zip(ids, table):
+        for client, label in zip(clients, labels):
+            annotate_task(client, tasks[map_id]["id"], label)
+    annotate_task(clients[1], tasks[ids[4]]["id"], "block")
+    annotate_task(clients[2], tasks[ids[4]]["id"], "diagonal")
+    annotate_task(clients[0], tasks[ids[5]]["id"], "diagonal", was_cancelled=True)  # skipped
+    annotate_task(clients[0], tasks[ids[6]]["id"], "spiral")  # a label outside the five classes
+    draft = [{"from_name": "pattern", "to_name": "image", "type": "choices", "value": {"choices": ["block"]}}]
+    response = clients[1]._client_wrapper.httpx_client.request(f"api/tasks/{tasks[ids[6]]['id']}/drafts",
+                                                               method="POST", json={"result": draft})
+    assert response.status_code == 201  # bob's unsubmitted draft, invisible to the admin's task list
+
+    out = tmp_path / "labeled"
+    pulled = ls.pull(label_studio, sample, out, state_file=state)
+    assert pulled.labeled == 5 and pulled.n_annotators == 3
+    assert pulled.kappa_maps == 5  # maps 0-3 and the tie
+    hand = fleiss_by_hand(table)  # Fleiss over the equally-rated maps, checked against the 2-rater tie below
+    assert ls.fleiss_kappa(table) == pytest.approx(hand)
+    assert pulled.kappa == pytest.approx(ls.fleiss_kappa(table + [["block", "diagonal"]]))
+    assert pulled.skipped == [ids[5]] and pulled.drafts == [ids[6]] and pulled.ties == [ids[2], ids[4]]
+    assert pulled.unknown == [f"{ids[6]}: 'spiral'"]
+    assert pulled.unlabeled == 2
+    labels = pd.read_csv(out / "labels.csv").set_index("map_id")
+    assert labels.loc[ids[1], "label"] == "diagonal"
+    assert labels.loc[ids[2], "label"] == "block" and labels.loc[ids[4], "label"] == "block"  # earliest of a tie
+    assert labels.loc[ids[0], "annotator"] == "+".join(sorted([label_studio.email, bob.email, eve.email]))
+    assert len(pd.read_csv(out / "annotations.csv")) == 14
+
+    # the CLI prints every one of them
+    sample_home = tmp_path / "home"
+    samples = sample_home / "workspace" / "annotation" / "samples"
+    samples.mkdir(parents=True)
+    (samples / sample.name).symlink_to(sample)
+    (sample_home / "workspace" / "annotation" / "projects.json").write_text(state.read_text())
+    code, text, err = cli("annotate", "pull", "--sample", sample.name, "--url", label_studio.url, "--token",
+                          label_studio.token, home=sample_home)
+    assert code == 0, err
+    assert f"Fleiss' kappa {pulled.kappa:.3f} over 5 maps" in text
+    for line in (f"drafts (not submitted): 1 (first: {ids[6]})", f"skipped: 1 (first: {ids[5]})",
+                 f"unknown labels or maps: 1 (first: {ids[6]}: 'spiral')", "not yet labeled: 2 tasks",
+                 f"ties between annotators (earliest label kept): 2 (first: {ids[2]})"):
+        assert line in text
+
+
+def test_fleiss_kappa_by_hand_on_a_textbook_table():
+    """Fleiss (1971)-style check with unequal agreement per item, computed independently above."""
+    table = [["vertical"] * 4, ["vertical", "vertical", "block", "block"], ["diagonal", "block", "block", "block"],
+             ["heterogeneous", "diagonal", "vertical", "block"], ["diagonal"] * 3 + ["vertical"]]
+    assert ls.fleiss_kappa(table) == pytest.approx(fleiss_by_hand(table))
+    assert ls.fleiss_kappa([["block", "block"], ["diagonal", "diagonal"]]) == pytest.approx(1.0)
+    with pytest.raises(AttnpatError, match="two labels"):
+        ls.fleiss_kappa([["block"]])
+
+
+# ---------------------------------------------------------------- faults
+
+def test_server_down_is_a_one_line_error(synthetic_sample, tmp_path):
+    nobody = Credentials(f"http://127.0.0.1:{free_port()}", "any-token")
+    with pytest.raises(AttnpatError, match="cannot reach Label Studio") as caught:
+        ls.push(nobody, synthetic_sample("down", 2), state_file=tmp_path / "state.json", progress=False)
+    assert "\n" not in str(caught.value)
+    code, out, err = cli("annotate", "pull", "--sample", "nothing", "--url", nobody.url, "--token", "t", home=tmp_path)
+    assert code == 2 and err.count("\n") == 1 and "no sample 'nothing'" in err
+
+
+def test_wrong_token_is_a_one_line_error(label_studio, synthetic_sample, tmp_path):
+    sample = synthetic_sample("token", 2)
+    home = tmp_path / "home"
+    (home / "workspace" / "annotation" / "samples").mkdir(parents=True)
+    (home / "workspace" / "annotation" / "samples" / sample.name).symlink_to(sample)
+    for token in ("not-a-token", label_studio.token[:-6] + "AAAAAA"):  # garbage, and a JWT with a bad signature
+        code, out, err = cli("annotate", "pull", "--sample", sample.name, "--url", label_studio.url, "--token", token,
+                             home=home)
+        assert code == 2 and err.count("\n") == 1 and "rejected the token (HTTP 401)" in err, err
+
+
+def test_project_deleted_between_push_and_pull(label_studio, synthetic_sample, annotate_task, tmp_path):
+    sample, state = synthetic_sample("deleted", 3), tmp_path / "projects.json"
+    first = ls.push(label_studio, sample, state_file=state, progress=False, log=lambda m: None)
+    client = ls.connect(label_studio)
+    client.projects.delete(id=first.project_id)
+    with pytest.raises(AttnpatError, match="is gone from .*push again") as caught:
+        ls.pull(label_studio, sample, tmp_path / "labeled", state_file=state)
+    assert "\n" not in str(caught.value) and not (tmp_path / "labeled").exists()
+    again = ls.push(label_studio, sample, state_file=state, progress=False, log=lambda m: None)
+    assert again.created_project and again.project_id != first.project_id and again.pushed == 3
+    tasks = tasks_by_map(label_studio, again.project_id)
+    for map_id, task in tasks.items():
+        annotate_task(client, task["id"], "block")
+    assert ls.pull(label_studio, sample, tmp_path / "labeled", state_file=state).labeled == 3
+
+
+def test_push_cut_off_after_the_first_chunk_is_finished_by_a_rerun(label_studio, synthetic_sample, tmp_path,
+                                                                   monkeypatch):
+    """The connection drops after chunk 1; in chunk 2 the server imports but the reply is lost. A rerun
+    imports exactly the rest: nothing lost, nothing duplicated."""
+    from label_studio_sdk.projects.client import ProjectsClient
+
+    sample, state = synthetic_sample("cutoff", 7), tmp_path / "projects.json"
+    real_import = ProjectsClient.import_tasks
+    calls = []
+
+    def flaky_import(self, *args, **kwargs):
+        calls.append(len(kwargs["request"]))
+        if len(calls) == 2:
+            real_import(self, *args, **kwargs)
+            raise httpx.ReadError("connection reset by peer")  # imported, but the answer never came
+        return real_import(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProjectsClient, "import_tasks", flaky_import)
+    with pytest.raises(AttnpatError, match="cannot reach Label Studio .*ReadError") as caught:
+        ls.push(label_studio, sample, state_file=state, chunk=3, progress=False)
+    assert "\n" not in str(caught.value) and calls == [3, 3]
+    project_id = ls._read_state(state)["projects"][f"attnpat patterns: {sample.name}"]
+    assert sum(count_tasks(label_studio, project_id).values()) == 6
+
+    monkeypatch.setattr(ProjectsClient, "import_tasks", real_import)
+    rerun = ls.push(label_studio, sample, state_file=state, chunk=3, progress=False, log=lambda m: None)
+    assert (rerun.project_id, rerun.pushed, rerun.already_there, rerun.created_project) == (project_id, 1, 6, False)
+    assert count_tasks(label_studio, project_id) == Counter({row["map_id"]: 1 for row in read_index(sample)})
+
+
+def test_pull_cut_off_midway_leaves_nothing_and_a_rerun_gets_everything(label_studio, synthetic_sample,
+                                                                         annotate_task, tmp_path, monkeypatch):
+    """The connection drops while the tasks stream in, then (second try) just before the user list:
+    no labeled set appears, and a rerun writes the full one."""
+    sample, state = synthetic_sample("pullcut", 5), tmp_path / "projects.json"
+    report = ls.push(label_studio, sample, state_file=state, progress=False, log=lambda m: None)
+    client = ls.connect(label_studio)
+    tasks = tasks_by_map(label_studio, report.project_id)
+    for k, map_id in enumerate(sorted(tasks)):
+        annotate_task(client, tasks[map_id]["id"], CLASSES[k])
+    tasks_client = type(client.tasks)
+    real_list = tasks_client.list
+
+    def dropping_list(self, *args, **kwargs):
+        for k, task in enumerate(real_list(self, *args, **kwargs)):
+            if k == 2:
+                raise httpx.RemoteProtocolError("server disconnected without sending a response")
+            yield task
+
+    out = tmp_path / "labeled"
+    monkeypatch.setattr(tasks_client, "list", dropping_list)
+    with pytest.raises(ls.ServerUnreachable, match="RemoteProtocolError"):
+        ls.pull(label_studio, sample, out, state_file=state)
+    monkeypatch.setattr(tasks_client, "list", real_list)
+
+    real_send = httpx.Client.send
+
+    def refuse_user_list(self, request, *args, **kwargs):
+        if request.url.path.rstrip("/") == "/api/users":
+            raise httpx.ConnectError("connection refused")
+        return real_send(self, request, *args, **kwargs)
+
+    monkeypatch.setattr(httpx.Client, "send", refuse_user_list)
+    with pytest.raises(ls.ServerUnreachable, match="ConnectError"):
+        ls.pull(label_studio, sample, out, state_file=state)
+    monkeypatch.setattr(httpx.Client, "send", real_send)
+    assert not out.exists() and not list(tmp_path.glob(".labeled*"))
+
+    pulled = ls.pull(label_studio, sample, out, state_file=state)
+    assert pulled.labeled == 5 and pulled.class_counts == {name: 1 for name in CLASSES}
+    assert sorted(load_labeled_set(out).map_ids) == sorted(tasks)
+    assert set(pd.read_csv(out / "labels.csv").annotator) == {label_studio.email}

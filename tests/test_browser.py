@@ -1,0 +1,126 @@
+"""The web app in a real browser: Playwright drives Debian chromium (headless, background networking off).
+
+Loads the page, enters a sentence, checks the grid and the large map, switches every tab and saves a
+screenshot of each under test-artifacts/browser/.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from test_webapp_support import SENTENCE, populate_runs, serve, tiny_model_dir
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser"
+TABS = ("Explore", "Pattern ratios", "Fine-tuning", "Disabling", "Surface and clusters", "Runs")
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    root = tmp_path_factory.mktemp("browser")
+    model_dir = tiny_model_dir(root)
+    populate_runs(root / "runs", model_dir)
+    demo, web, url, model = serve(root / "runs", model_dir)
+    yield url, Path(model).name
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    from playwright.sync_api import sync_playwright
+
+    assert CHROMIUM.is_file(), "Debian chromium is missing: run `make browser`"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                    args=["--headless", "--no-sandbox", "--disable-gpu",
+                                          "--disable-background-networking", "--disable-component-update",
+                                          "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        errors = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(app_url[0])
+        page.get_by_role("tab", name="Explore").wait_for()
+        yield page
+        browser.close()
+        assert not errors, f"JavaScript errors in the page: {errors}"
+
+
+def shot(page, name: str) -> Path:
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000
+    return path
+
+
+def status_text(page, elem_id: str, pattern: str) -> str:
+    locator = page.locator(f"#{elem_id}")
+    locator.filter(has_text=re.compile(pattern)).wait_for()
+    return locator.inner_text()
+
+
+def test_explore_shows_the_grid_and_a_large_map(page):
+    page.locator("#explore-text textarea").fill(SENTENCE)
+    page.locator("#explore-model input").fill("minilm")
+    page.locator("#explore-model input").press("Enter")
+    page.locator("#explore-run").click()
+    text = status_text(page, "explore-status", r"6 layers x 12 heads")
+    assert "13 tokens" in text
+    grid = page.locator("#explore-grid img")
+    grid.wait_for()
+    box = grid.bounding_box()
+    assert box["width"] > 300
+    # the classes table has a tag for each of the 12 heads of 6 layers
+    page.locator("#explore-classes").filter(has_text="head 12").wait_for()
+    shot(page, "explore-grid")
+
+    # click the map of layer 3, head 5 (1-indexed): the large map follows the click
+    from analysis.live import GridLayout
+
+    layout = GridLayout(6, 12)
+    x = layout.margin_left + 4 * layout.pitch_x + layout.cell // 2
+    y = layout.margin_top + 2 * layout.pitch_y + layout.cell // 2
+    grid.click(position={"x": x * box["width"] / layout.size[0], "y": y * box["height"] / layout.size[1]})
+    status_text(page, "explore-caption", r"layer 3, head 5")
+    page.locator("#explore-map img").wait_for()
+    shot(page, "explore-large-map")
+
+    page.locator("#explore-words input").check()
+    assert "words" in status_text(page, "explore-status", r"\d+ words")
+    page.locator("#explore-hide input").check()
+    status_text(page, "explore-status", r"11 words")  # 13 words minus [CLS] and [SEP]
+    shot(page, "explore-words-hidden-specials")
+
+
+def test_explore_bad_input_shows_a_message(page):
+    page.locator("#explore-text textarea").fill("")
+    page.locator("#explore-run").click()
+    assert "empty" in status_text(page, "explore-status", "^error:")
+    shot(page, "explore-empty-input")
+    page.locator("#explore-text textarea").fill("A sentence again.")
+    page.locator("#explore-run").click()
+    status_text(page, "explore-status", r"^\d+ tokens, 6 layers")
+
+
+@pytest.mark.parametrize("tab", TABS[1:5])
+def test_run_tabs_render_what_exists(page, app_url, tab):
+    page.get_by_role("tab", name=tab).click()
+    key = tab.lower().replace(" ", "-")
+    message = status_text(page, f"{key}-message", app_url[1])
+    if tab == "Fine-tuning":
+        assert "no finetune run" in message
+    else:
+        page.locator(f"#{key}-message ~ div img, [id^='{key}-'][id$='-image'] img").first.wait_for()
+    shot(page, f"tab-{key}")
+
+
+def test_runs_tab_lists_runs_and_manifests(page, app_url):
+    page.get_by_role("tab", name="Runs").click()
+    page.locator("#runs-table").filter(has_text=app_url[1]).wait_for()
+    page.locator("#runs-manifest").filter(has_text="analyses").wait_for()
+    shot(page, "tab-runs")

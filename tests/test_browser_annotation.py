@@ -1,0 +1,68 @@
+"""A person's path through the labeling UI: Playwright drives Debian chromium to log in to the real Label Studio
+(tests/conftest.py), pick a choice on a pushed map and submit; pull then returns that label for that exact map.
+Screenshots land in test-artifacts/.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from annotation import labelstudio as ls
+from annotation.sample import load_maps
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+def test_label_a_map_in_the_browser_and_pull_it(label_studio, synthetic_sample, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    assert Path(CHROMIUM).is_file(), "Debian chromium is missing: run `make browser`"
+    sample, state = synthetic_sample("browser", 2), tmp_path / "projects.json"
+    report = ls.push(label_studio, sample, state_file=state, progress=False, log=lambda m: None)
+    tasks = ls.existing_tasks(ls.connect(label_studio), label_studio.url, report.project_id)
+    map_id = sorted(tasks)[0]
+    task = tasks[map_id]
+    predicted = task["predictions"][0]["result"][0]["value"]["choices"][0]
+    choice = next(name for name in ("diagonal", "block") if name != predicted)  # differs from the pre-annotation
+    ARTIFACTS.mkdir(exist_ok=True)
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.set_default_timeout(90_000)  # a busy 2-core machine renders the labeling app slowly
+            page.goto(f"{label_studio.url}/user/login/")
+            page.fill("input[name=email]", label_studio.email)
+            page.fill("input[name=password]", label_studio.password)
+            page.click("button[type=submit], input[type=submit]")
+            page.wait_for_url(lambda url: "/user/login" not in url)
+            page.goto(f"{label_studio.url}/projects/{report.project_id}/data?task={task['id']}")
+            # each choice is a checkbox named after its value, labelled "<value>[hotkey]"
+            box = page.locator(f"input[type=checkbox][name='{choice}']")
+            page.wait_for_load_state("networkidle")  # the labeling app re-renders while it loads the task
+            page.locator("label", has=box).click()  # Playwright re-finds the element and scrolls to it
+            expect(box).to_be_checked()
+            page.screenshot(path=str(ARTIFACTS / "browser-annotation-choice.png"))
+            with page.expect_response(lambda r: "/annotations" in r.url and r.request.method == "POST") as posted:
+                page.get_by_role("button", name="Submit").click()
+            assert posted.value.status == 201
+            page.screenshot(path=str(ARTIFACTS / "browser-annotation-submitted.png"))
+        finally:
+            browser.close()
+
+    out = tmp_path / "labeled"
+    pulled = ls.pull(label_studio, sample, out, state_file=state)
+    assert pulled.labeled == 1 and pulled.class_counts == {choice: 1}
+    labeled = load_maps(out / "maps.npz")
+    assert list(labeled) == [map_id]
+    assert np.array_equal(labeled[map_id], load_maps(sample / "maps.npz")[map_id])
+    row = pd.read_csv(out / "labels.csv").iloc[0]
+    assert (row.map_id, row.label, row.annotator, row.prediction) == (map_id, choice, label_studio.email, predicted)

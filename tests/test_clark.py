@@ -1,0 +1,265 @@
+"""Clark et al. analyses: JS divergence and clustering, gradient importance, the surface pass and the CLI verbs."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import (
+    AttentionInterface,
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertModel,
+)
+
+from analysis.clustering import head_clusters, head_js_divergences, js_divergence, mds_embedding, smooth
+from analysis.data import Example, TaskData, load_task
+from analysis.errors import AttnpatError
+from analysis.gradients import (
+    attention_gradients,
+    compute_grad_importance,
+    gradient_by_key_type,
+    load_gradient_model,
+    mask_tokens,
+    per_example_mlm_loss,
+)
+from analysis.models import EncoderBundle, ModelSource, embedded_model_path
+from analysis.rundir import RunDir
+from analysis.stream import iter_batches
+from analysis.surface import SURFACE_METRICS, surface_statistics
+from app.cli import main
+
+SENTENCES = [
+    Example("a", "The cat sat on the mat, and the dog barked.", "It was late."),
+    Example("b", "Attention heads look at [SEP] a lot.", "Do they?"),
+    Example("c", "Short one.", "Another, longer, second segment follows here."),
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(embedded_model_path())
+
+
+def tiny_config(tokenizer, **kwargs):
+    return BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=37, attn_implementation="eager", **kwargs)
+
+
+def head_array(table, metric):
+    """(L, H) array of one metric from a long surface table."""
+    return table[table.metric == metric].pivot(index="layer", columns="head", values="value").to_numpy()
+
+
+def tiny_bundle(model, tokenizer, name="tiny"):
+    return EncoderBundle(name, ModelSource(name, "local", "/nonexistent", True), model.eval(), tokenizer,
+                         torch.device("cpu"), "test")
+
+
+# ---------------------------------------------------------------- JS divergence and clustering
+
+def test_js_divergence_identical_is_zero_and_disjoint_is_near_log2():
+    p = torch.softmax(torch.randn(5, 7), -1)
+    assert torch.allclose(js_divergence(p, p), torch.zeros(5), atol=1e-7)
+    a, b = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    # smoothing keeps it just below log 2, the maximum for disjoint distributions
+    assert math.log(2) - 0.01 < float(js_divergence(a, b)) < math.log(2)
+    assert float(js_divergence(a, b)) == pytest.approx(float(js_divergence(b, a)))
+
+
+def test_smoothing_matches_clark():
+    p = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    assert smooth(p).tolist() == pytest.approx([0.999 + 0.001 / 4, 0.001 / 4, 0.001 / 4, 0.001 / 4])
+
+
+def test_head_js_divergences_match_pairwise_definition():
+    torch.manual_seed(0)
+    maps = torch.softmax(torch.randn(5, 6, 6) * 3, -1)
+    maps[3] = maps[1]  # two identical heads
+    matrix = head_js_divergences(maps)
+    expected = torch.stack([torch.stack([js_divergence(maps[i], maps[j]).mean() for j in range(5)]) for i in range(5)])
+    assert torch.allclose(matrix, expected.double(), atol=1e-5)
+    assert matrix[1, 3] == pytest.approx(0.0, abs=1e-6)
+    assert torch.equal(matrix, matrix.T)
+    assert (matrix[~torch.eye(5, dtype=torch.bool)] >= 0).all()
+
+
+def test_mds_places_identical_heads_together():
+    distances = np.array([[0, 0, 1, 1], [0, 0, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]], dtype=float)
+    points = mds_embedding(distances)
+    assert points.shape == (4, 2)
+    assert np.linalg.norm(points[0] - points[1]) < 0.1 * np.linalg.norm(points[0] - points[2])
+    with pytest.raises(AttnpatError):
+        mds_embedding(np.ones((3, 4)))
+
+
+def test_head_clusters_on_a_tiny_model_write_the_tables(tokenizer, tmp_path):
+    torch.manual_seed(0)
+    bundle = tiny_bundle(BertModel(tiny_config(tokenizer), add_pooling_layer=False), tokenizer)
+    data = TaskData("toy", "validation", "test", SENTENCES)
+    run = RunDir(bundle.slug, "toy", tmp_path)
+    clusters = head_clusters(bundle, data, run, progress=False)
+    assert list(clusters.columns) == ["layer", "head", "x", "y", "behaviour"]
+    assert len(clusters) == 8 and np.isfinite(clusters[["x", "y"]].to_numpy()).all()
+    distances = pd.read_csv(run.file("head_distances.csv"))
+    assert len(distances) == 64
+    assert (distances.query("layer == other_layer and head == other_head").value == 0).all()
+    for suffix in ("png", "svg"):
+        assert run.file(f"clusters.{suffix}").stat().st_size > 0
+    assert "clusters" in run.manifest()["analyses"]
+
+
+# ---------------------------------------------------------------- gradient importance
+
+def test_mask_tokens_masks_only_maskable_and_at_least_one():
+    ids = torch.arange(10, 30).reshape(2, 10)
+    maskable = torch.zeros(2, 10, dtype=torch.bool)
+    maskable[0, 1:9] = True
+    maskable[1, 1:3] = True
+    masked, labels = mask_tokens(ids, maskable, 103, 0.01, torch.Generator().manual_seed(0))
+    chosen = labels != -100
+    assert (chosen <= maskable).all() and chosen.any(1).all()
+    assert torch.equal(masked[chosen], torch.full((int(chosen.sum()),), 103))
+    assert torch.equal(masked[~chosen], ids[~chosen]) and torch.equal(labels[chosen], ids[chosen])
+    with pytest.raises(AttnpatError):
+        mask_tokens(ids, maskable, 103, 0.0, torch.Generator())
+
+
+def _perturbed_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager attention plus an additive perturbation of the attention weights (set per layer by the test)."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * (scaling or query.size(-1) ** -0.5)
+    weights = torch.softmax(scores + (attention_mask if attention_mask is not None else 0), -1)
+    weights = weights + PERTURBATION.get(module.layer_idx, 0)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+PERTURBATION: dict = {}
+
+
+def test_attention_gradients_predict_the_loss_change(tokenizer):
+    """Perturbing attention weights changes the MLM loss by gradient . perturbation (finite differences)."""
+    torch.manual_seed(0)
+    model = BertForMaskedLM(tiny_config(tokenizer)).double().eval()
+    batch = next(iter_batches(tiny_bundle(model, tokenizer), SENTENCES[:2], batch_size=2))
+    masked, labels = mask_tokens(batch.input_ids, batch.attention_mask.bool(), tokenizer.mask_token_id, 0.3,
+                                 torch.Generator().manual_seed(1))
+    batch.input_ids = masked
+    grads = attention_gradients(model, batch, "mlm", torch.device("cpu"), labels)
+    assert grads.shape == (2, 2, 4, *batch.input_ids.shape[1:2] * 2)
+    assert torch.isfinite(grads).all() and grads.abs().sum() > 0
+
+    @torch.no_grad()
+    def loss():
+        out = model(**batch.model_inputs())
+        return float(per_example_mlm_loss(out.logits, labels).sum())
+
+    AttentionInterface.register("attnpat_test_perturbed", _perturbed_eager)
+    model.set_attn_implementation("attnpat_test_perturbed")
+    try:
+        direction = torch.randn(2, 4, *grads.shape[-2:], dtype=torch.float64) * batch.attention_mask[:, None, None, :]
+        eps = 1e-5
+        PERTURBATION[1] = eps * direction
+        plus = loss()
+        PERTURBATION[1] = -eps * direction
+        minus = loss()
+    finally:
+        PERTURBATION.clear()
+        model.set_attn_implementation("eager")
+    predicted = float((grads[:, 1].double() * direction).sum())
+    assert (plus - minus) / (2 * eps) == pytest.approx(predicted, rel=1e-3)
+
+
+def test_gradient_by_key_type_averages_over_the_right_weights():
+    grads = torch.zeros(1, 2, 1, 3, 3)
+    grads[0, 0, 0, :, 2] = -2.0  # layer 0: every row's gradient on key 2 ([SEP])
+    grads[0, 1, 0, :2, 0] = 1.0  # layer 1: rows 0-1 on key 0 (other)
+    keys = {"sep": torch.tensor([[False, False, True]]), "other": torch.tensor([[True, True, False]])}
+    real = torch.ones(1, 3, dtype=torch.bool)
+    out = gradient_by_key_type(grads, keys, real)
+    assert out["sep"][0].tolist() == [6.0, 0.0] and float(out["sep"][1]) == 3
+    assert out["other"][0].tolist() == [0.0, 2.0] and float(out["other"][1]) == 6
+
+
+def test_grad_importance_with_mlm_and_task_objectives(tokenizer):
+    torch.manual_seed(0)
+    data = TaskData("toy", "validation", "test", [Example(e.id, e.text, e.text_pair, label) for e, label in
+                                                   zip(SENTENCES, (0, 1, 1))])
+    mlm = tiny_bundle(BertForMaskedLM(tiny_config(tokenizer)), tokenizer)
+    values, _ = compute_grad_importance(mlm, data, "mlm", progress=False)
+    for target in ("sep", "punct", "other"):
+        assert values[target].shape == (2,) and np.isfinite(values[target]).all() and (values[target] > 0).all()
+    classifier = tiny_bundle(BertForSequenceClassification(tiny_config(tokenizer, num_labels=2)), tokenizer)
+    task_values, _ = compute_grad_importance(classifier, data, "task", progress=False)
+    assert all(np.isfinite(v).all() and (v > 0).all() for v in task_values.values())
+    unlabelled = TaskData("toy", "validation", "test", SENTENCES)
+    with pytest.raises(AttnpatError, match="labelled"):
+        compute_grad_importance(classifier, unlabelled, "task", progress=False)
+
+
+def test_grad_importance_is_batch_size_independent(tokenizer):
+    torch.manual_seed(0)
+    bundle = tiny_bundle(BertForSequenceClassification(tiny_config(tokenizer, num_labels=2)), tokenizer)
+    data = TaskData("toy", "validation", "test", [Example(e.id, e.text, e.text_pair, 1) for e in SENTENCES])
+    together, _ = compute_grad_importance(bundle, data, "task", progress=False, batch_size=3)
+    alone, _ = compute_grad_importance(bundle, data, "task", progress=False, batch_size=1)
+    for target in together:
+        assert np.allclose(together[target], alone[target], rtol=1e-4)
+
+
+def test_gradient_importance_unavailable_for_minilm_says_so():
+    with pytest.raises(AttnpatError, match="unavailable.*no masked-language-model head"):
+        load_gradient_model("minilm", device="cpu")
+
+
+# ---------------------------------------------------------------- surface pass
+
+def test_surface_statistics_on_a_tiny_model_writes_every_artifact(tokenizer, tmp_path):
+    torch.manual_seed(0)
+    bundle = tiny_bundle(BertModel(tiny_config(tokenizer), add_pooling_layer=False), tokenizer)
+    data = TaskData("toy", "validation", "test", SENTENCES)
+    run = RunDir(bundle.slug, "toy", tmp_path)
+    table = surface_statistics(bundle, data, run, progress=False)
+    assert set(table.metric) == set(SURFACE_METRICS) and len(table) == 8 * len(SURFACE_METRICS)
+    entropy = head_array(table, "entropy")
+    uniform = run.manifest()["analyses"]["surface"]["uniform_entropy"]
+    # a random tiny model attends nearly uniformly: entropy just under the uniform entropy
+    assert (entropy <= uniform + 1e-6).all() and (entropy > uniform - 0.5).all()
+    labels = pd.read_csv(run.file("head_labels.csv"))
+    assert len(labels) == 8 and (labels.label == "broad").sum() == 0  # tiny inputs are under 3.8 nats
+    for name in ("surface.csv", "head_labels.csv", "surface.png", "surface.svg", "surface_entropy.png",
+                 "surface_entropy.svg"):
+        assert run.file(name).is_file()
+
+
+# ---------------------------------------------------------------- CLI on the real embedded model
+
+@pytest.mark.slow
+def test_cli_surface_cluster_and_grad_on_minilm(tmp_path, capsys):
+    runs = str(tmp_path)
+    assert main(["surface", "--task", "wiki", "--n", "16", "--quiet", "--runs-dir", runs]) == 0
+    out = capsys.readouterr().out
+    assert "uniform-attention entropy" in out and "head labels" in out
+    surface = pd.read_csv(tmp_path / "minilm" / "wiki" / "surface.csv")
+    assert len(surface) == 6 * 12 * 10
+    cls = head_array(surface, "cls")
+    assert cls[1:5].mean() > cls[0].mean()  # MiniLM's middle layers look at [CLS] (seen on wiki segments)
+    assert main(["cluster", "--task", "wiki", "--n", "4", "--quiet", "--runs-dir", runs]) == 0
+    clusters = pd.read_csv(tmp_path / "minilm" / "wiki" / "clusters.csv")
+    assert len(clusters) == 72 and set(clusters.behaviour) <= {"next", "prev", "broad", "cls", "sep", "punct", "other"}
+    assert main(["grad-importance", "--n", "2", "--quiet", "--runs-dir", runs]) == 2
+    assert "unavailable" in capsys.readouterr().err
+
+
+def test_real_wiki_data_surface_values_are_probabilities(tmp_path):
+    """The packaged wiki segments through the tiny-model path: every share in [0, 1]."""
+    data = load_task("wiki", n=4)
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
+    torch.manual_seed(1)
+    bundle = tiny_bundle(BertModel(tiny_config(tokenizer), add_pooling_layer=False), tokenizer)
+    table = surface_statistics(bundle, data, RunDir("tiny", "wiki", tmp_path), progress=False)
+    shares = table[~table.metric.isin(["entropy", "cls_entropy"])].value
+    assert shares.between(0, 1).all()
+    # [SEP] -> [SEP] exists for every wiki segment pair (two [SEP]s)
+    assert head_array(table, "sep_sep").min() > 0

@@ -1,0 +1,204 @@
+"""The pattern CNN: synthetic maps, input transform, training, checkpoints and bad input."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from analysis.errors import AttnpatError
+from classifier import CLASSES
+from classifier.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint
+from classifier.model import CHANNELS, INPUT_CHANNELS, INPUT_SIZE, STRIDES, PatternCNN, inference_copy, prepare_maps, resize_maps
+from classifier.predict import load_classifier
+from classifier.synthetic import synthetic_dataset, synthetic_map
+from classifier.train import TrainConfig, check_labels, class_weights, fit, predict_images, stratified_folds
+
+METADATA = {"input_size": INPUT_SIZE, "channels": list(CHANNELS), "strides": list(STRIDES),
+            "trained_on": "random weights (test)"}
+
+
+@pytest.fixture()
+def random_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    return save_checkpoint(PatternCNN().eval(), tmp_path / "random.safetensors", METADATA)
+
+
+# ---------------------------------------------------------------- synthetic maps
+
+@pytest.mark.parametrize("kind", CLASSES)
+def test_synthetic_maps_are_attention_maps(kind):
+    rng = np.random.default_rng(1)
+    for n in (4, 9, 40):
+        attn = synthetic_map(kind, n, rng)
+        assert attn.shape == (n, n) and attn.dtype == np.float32
+        assert np.allclose(attn.sum(1), 1.0, atol=1e-5) and (attn >= 0).all()
+
+
+def test_synthetic_patterns_have_their_structure():
+    rng = np.random.default_rng(2)
+    n = 30
+    diagonal = np.mean([max(np.trace(synthetic_map("diagonal", n, rng), k) for k in (-1, 0, 1)) / n for _ in range(20)])
+    vertical = np.mean([np.sort(synthetic_map("vertical", n, rng).mean(0))[-2:].sum() for _ in range(20)])
+    block = np.mean([synthetic_map("block", n, rng).max(1).mean() for _ in range(20)])
+    assert diagonal > 0.5  # most weight on one band
+    assert vertical > 0.6  # most weight on at most two columns
+    assert block < 0.2  # weight spread broadly
+
+
+def test_synthetic_dataset_balanced_and_rejects_unknown_kind():
+    maps, labels = synthetic_dataset(3, np.random.default_rng(0), lengths=(5, 12))
+    assert len(maps) == 15 and np.bincount(labels).tolist() == [3] * 5
+    assert all(5 <= m.shape[0] <= 12 for m in maps)
+    with pytest.raises(ValueError):
+        synthetic_map("stripes", 10, np.random.default_rng(0))
+
+
+# ---------------------------------------------------------------- input transform and model
+
+@pytest.mark.parametrize("n", [3, 17, 32, 100])
+def test_resize_matches_torchvision_resize(n):
+    from torchvision.transforms.v2 import functional as TF
+
+    maps = torch.softmax(torch.randn(4, n, n) * 3, dim=-1)
+    resized = TF.resize(maps[:, None], [INPUT_SIZE, INPUT_SIZE], interpolation=TF.InterpolationMode.BILINEAR,
+                        antialias=True)
+    images = resize_maps(maps)
+    assert torch.allclose(images[:, :1], resized / resized.amax(dim=(2, 3), keepdim=True), atol=1e-5)
+    # the second view: weight relative to uniform attention (1/n), log scale, within [0, 1]
+    assert torch.allclose(images[:, 1:], torch.log1p(resized.clamp_min(0) * n) / np.log1p(n), atol=1e-5)
+    assert images[:, 1].min() >= 0 and images[:, 1].max() <= 1 + 1e-6
+
+
+def test_maps_of_any_length_become_fixed_size_images_in_order():
+    rng = np.random.default_rng(3)
+    maps = [synthetic_map("diagonal", n, rng) for n in (5, 70, 5, 128, 9)]
+    images = prepare_maps(maps)
+    assert images.shape == (5, INPUT_CHANNELS, INPUT_SIZE, INPUT_SIZE)
+    assert torch.allclose(images[:, 0].amax(dim=(1, 2)), torch.ones(5))
+    assert torch.allclose(images[3], resize_maps(torch.from_numpy(maps[3])[None])[0])
+    with pytest.raises(ValueError):
+        prepare_maps([np.ones((3, 4))])
+
+
+def test_cnn_has_eight_conv_layers_and_five_outputs():
+    model = PatternCNN().eval()
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 8
+    assert model(torch.rand(3, INPUT_CHANNELS, INPUT_SIZE, INPUT_SIZE)).shape == (3, len(CLASSES))
+
+
+# ---------------------------------------------------------------- training
+
+@pytest.mark.slow  # ~5 s alone, more on a busy machine
+def test_short_training_learns_synthetic_patterns():
+    rng = np.random.default_rng(0)
+    maps, labels = synthetic_dataset(40, rng, lengths=(8, 40))
+    test_maps, test_labels = synthetic_dataset(12, np.random.default_rng(99), lengths=(8, 40))
+    result = fit(prepare_maps(maps), labels, TrainConfig(max_epochs=25, patience=25), seed=0)
+    accuracy = (predict_images(result.model, prepare_maps(test_maps)).argmax(1).numpy() == test_labels).mean()
+    assert accuracy >= 0.85, accuracy
+
+
+def test_training_is_reproducible_with_a_seed():
+    maps, labels = synthetic_dataset(6, np.random.default_rng(0), lengths=(6, 12))
+    images = prepare_maps(maps)
+    config = TrainConfig(max_epochs=2, batch_size=8)
+    first, second = fit(images, labels, config, seed=5), fit(images, labels, config, seed=5)
+    for key, value in first.model.state_dict().items():
+        assert torch.equal(value, second.model.state_dict()[key]), key
+
+
+def test_class_weights_favour_rare_classes():
+    labels = np.array([0] * 8 + [1] * 2 + [2, 3, 4])
+    weights = class_weights(labels)
+    assert weights[1] == pytest.approx(4 * weights[0]) and weights[2] > weights[1]
+
+
+def test_labels_with_an_empty_or_unknown_class_are_rejected():
+    with pytest.raises(AttnpatError, match="heterogeneous"):
+        check_labels(np.array([0, 0, 1, 1, 2, 2, 3, 3]))
+    with pytest.raises(AttnpatError, match="class indices"):
+        check_labels(np.array([0, 1, 2, 3, 4, 7]))
+    with pytest.raises(AttnpatError, match="2 folds"):
+        stratified_folds(np.repeat(np.arange(5), 3), folds=1, seed=0)
+
+
+def test_folds_are_stratified():
+    labels = np.repeat(np.arange(5), 10)
+    for _, test in stratified_folds(labels, 5, seed=0):
+        assert np.bincount(labels[test]).tolist() == [2] * 5
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def test_checkpoint_round_trip(random_checkpoint):
+    maps = [synthetic_map(kind, n, np.random.default_rng(n)) for kind, n in zip(CLASSES, (6, 20, 33, 64, 90))]
+    torch.manual_seed(0)
+    original = PatternCNN().eval()
+    loaded = load_classifier(random_checkpoint)
+    with torch.inference_mode():
+        expected = torch.softmax(original(prepare_maps(maps)), 1).numpy()
+    assert np.allclose(loaded.predict_proba(maps), expected, atol=1e-6)
+    assert loaded.metadata["trained_on"] == "random weights (test)"
+    assert loaded.metadata["classes"] == list(CLASSES)
+    assert json.loads(random_checkpoint.with_suffix(".json").read_text())["input_size"] == INPUT_SIZE
+    assert loaded.predict(maps) == [CLASSES[i] for i in expected.argmax(1)]
+
+
+def test_predict_accepts_a_tensor_batch_and_lists(random_checkpoint):
+    classifier = load_classifier(random_checkpoint)
+    batch = torch.softmax(torch.randn(3, 12, 12), -1)
+    from_tensor = classifier.predict_proba(batch)
+    assert from_tensor.shape == (3, 5) and np.allclose(from_tensor.sum(1), 1, atol=1e-5)
+    assert np.allclose(classifier.predict_proba(list(batch.numpy())), from_tensor, atol=1e-6)
+    assert classifier.predict_proba([]).shape == (0, 5)
+    with pytest.raises(AttnpatError, match="square"):
+        classifier.predict_proba([np.ones((3, 5))])
+
+
+def test_bad_checkpoints_give_one_line_errors(tmp_path, random_checkpoint):
+    with pytest.raises(AttnpatError, match="not found"):
+        load_classifier(tmp_path / "missing.safetensors")
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(b"\x00\x01not a checkpoint" * 10)
+    with pytest.raises(AttnpatError, match="not a readable"):
+        load_classifier(corrupt)
+    wrong_shape = save_checkpoint(PatternCNN(channels=(4,) * 8), tmp_path / "shape.safetensors", METADATA)
+    with pytest.raises(AttnpatError, match="does not fit"):
+        load_classifier(wrong_shape)
+    from safetensors.torch import save_file
+
+    other_classes = tmp_path / "classes.safetensors"
+    header = json.dumps({**METADATA, "format": "attnpat-pattern-cnn/1", "classes": ["a", "b", "c", "d", "e"]})
+    save_file(PatternCNN().state_dict(), str(other_classes), metadata={"attnpat": header})
+    with pytest.raises(AttnpatError, match="predicts classes"):
+        load_classifier(other_classes)
+    for path in (corrupt, wrong_shape, other_classes):
+        with pytest.raises(AttnpatError) as info:
+            load_classifier(path)
+        assert "\n" not in str(info.value)
+
+
+def test_shipped_default_checkpoint_loads_and_says_what_it_was_trained_on():
+    classifier = load_classifier()
+    assert DEFAULT_CHECKPOINT.is_file() and DEFAULT_CHECKPOINT.stat().st_size < 5_000_000
+    assert classifier.metadata["cross_validation"]["macro_f1"] > 0.5
+    assert classifier.trained_on and classifier.metadata["data_hash"]
+    maps = [synthetic_map("diagonal", 25, np.random.default_rng(0)), synthetic_map("vertical", 25, np.random.default_rng(0))]
+    assert classifier.predict(maps) == ["diagonal", "vertical"]
+
+
+def test_inference_copy_gives_the_same_outputs():
+    torch.manual_seed(3)
+    model = PatternCNN()
+    for norm in (m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)):
+        norm.running_mean.uniform_(-0.5, 0.5)
+        norm.running_var.uniform_(0.5, 2.0)
+        norm.weight.data.uniform_(0.5, 1.5)
+    model.eval()
+    images = torch.rand(6, INPUT_CHANNELS, INPUT_SIZE, INPUT_SIZE)
+    with torch.inference_mode():
+        assert torch.allclose(inference_copy(model)(images.contiguous(memory_format=torch.channels_last)),
+                              model(images), atol=1e-5)

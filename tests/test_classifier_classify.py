@@ -1,0 +1,132 @@
+"""Batch classification of every head: tables, figures, saved map files, the CLI, the real MiniLM."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from analysis.data import load_task
+from analysis.errors import AttnpatError
+from analysis.extract import extract_maps
+from analysis.rundir import RunDir
+from app.cli import main
+from classifier import CLASSES
+from classifier.checkpoint import save_checkpoint
+from classifier.classify import classify_batch, classify_saved_maps, classify_task, classify_tasks
+from classifier.model import INPUT_SIZE, CHANNELS, STRIDES, PatternCNN, prepare_maps
+from classifier.predict import load_classifier
+from analysis.stream import stream_maps
+from tests.tiny import tiny_bundle
+
+LAYERS, HEADS = 2, 3
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return tiny_bundle(tmp_path_factory.mktemp("tiny"), layers=LAYERS, heads=HEADS, hidden=24)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.manual_seed(1)
+    metadata = {"input_size": INPUT_SIZE, "channels": list(CHANNELS), "strides": list(STRIDES), "trained_on": "test"}
+    return save_checkpoint(PatternCNN().eval(), tmp_path_factory.mktemp("ckpt") / "cnn.safetensors", metadata)
+
+
+def test_counts_add_up_to_examples_times_heads(bundle, checkpoint, tmp_path):
+    data = load_task("sst2", n=7)
+    run = RunDir(bundle.slug, "sst2", tmp_path)
+    patterns = classify_task(bundle, data, load_classifier(checkpoint), run, batch_size=3, progress=False)
+    assert len(patterns) == LAYERS * HEADS * len(CLASSES)
+    per_head = patterns.groupby(["layer", "head"])
+    assert (per_head["count"].sum() == 7).all()
+    assert np.allclose(per_head["fraction"].sum(), 1.0)
+    ratios = pd.read_csv(run.file("pattern_ratios.csv"))
+    assert list(ratios["class"]) == list(CLASSES)
+    assert ratios["count"].sum() == 7 * LAYERS * HEADS and ratios["fraction"].sum() == pytest.approx(1.0)
+    assert pd.read_csv(run.file("patterns.csv")).equals(patterns)
+    for stem in ("patterns", "pattern_ratios"):
+        assert run.file(f"{stem}.png").stat().st_size > 0 and run.file(f"{stem}.svg").stat().st_size > 0
+    entry = run.manifest()["analyses"]["classify"]
+    assert entry["n_maps"] == 7 * LAYERS * HEADS and entry["classifier_trained_on"] == "test"
+
+
+def test_batched_classification_equals_map_by_map(bundle, checkpoint):
+    """Grouping examples by length inside a padded batch must not change any prediction."""
+    classifier = load_classifier(checkpoint)
+    data = load_task("mrpc", n=5)
+    for map_batch in stream_maps(bundle, data.examples, batch_size=5):
+        predicted = classify_batch(map_batch, classifier)
+        for i in range(len(map_batch)):
+            maps = map_batch.example_maps(i).reshape(-1, *map_batch.example_maps(i).shape[-2:])
+            single = classifier.proba_images(prepare_maps(list(maps))).argmax(1)
+            assert torch.equal(predicted[i].reshape(-1), single)
+
+
+def test_all_tasks_comparison(bundle, checkpoint, tmp_path):
+    ratios = classify_tasks(bundle, ["sst2", "rte"], load_classifier(checkpoint), n=3, batch_size=4, root=tmp_path,
+                            progress=False)
+    assert set(ratios) == {"sst2", "rte"}
+    table = pd.read_csv(tmp_path / bundle.slug / "all" / "pattern_ratios_by_task.csv")
+    assert set(table.task) == {"sst2", "rte"}
+    assert (table.groupby("task")["count"].sum() == 3 * LAYERS * HEADS).all()
+    assert (tmp_path / bundle.slug / "all" / "pattern_ratios_by_task.svg").is_file()
+
+
+def test_saved_map_files_one_row_per_map(bundle, checkpoint, tmp_path):
+    data = load_task("rte", n=4)
+    extract_maps(bundle, data, tmp_path / "maps", shard_size=3, progress=False)
+    classifier = load_classifier(checkpoint)
+    frame = classify_saved_maps(tmp_path / "maps", classifier, progress=False)
+    assert len(frame) == 4 * LAYERS * HEADS and frame.map_id.is_unique
+    probabilities = frame[[f"p_{cls}" for cls in CLASSES]].to_numpy()
+    assert np.allclose(probabilities.sum(1), 1.0, atol=1e-5)
+    assert list(frame.predicted) == [CLASSES[i] for i in probabilities.argmax(1)]
+    one_file = classify_saved_maps(tmp_path / "maps" / "shard-00000.npz", classifier, progress=False)
+    assert len(one_file) == 3 * LAYERS * HEADS
+
+    code = main(["classify", "--maps", str(tmp_path / "maps"), "--classifier", str(checkpoint), "-q"])
+    assert code == 0
+    assert len(pd.read_csv(tmp_path / "maps" / "map_classes.csv")) == len(frame)
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys, checkpoint):
+    assert main(["classify", "--maps", str(tmp_path / "nothing"), "--classifier", str(checkpoint), "-q"]) == 2
+    assert main(["classify", "--classifier", str(tmp_path / "missing.safetensors"), "-q"]) == 2
+    bad = tmp_path / "labeled"
+    bad.mkdir()
+    (bad / "labels.csv").write_text("map_id,label\na,stripes\n")
+    np.savez(bad / "maps.npz", attn=np.ones(1, np.float32), lengths=np.array([1]), map_ids=np.array(["a"]))
+    assert main(["train", "--data", str(bad), "--runs-dir", str(tmp_path), "-q"]) == 2
+    assert main(["train", "--data", "synthetic:x", "--runs-dir", str(tmp_path), "-q"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 4
+    assert "unknown labels" in errors[2]
+
+
+def test_train_verb_writes_scores_and_checkpoint(tmp_path, capsys):
+    out = tmp_path / "cnn.safetensors"
+    code = main(["train", "--data", "synthetic:6", "--folds", "2", "--epochs", "2", "--out", str(out),
+                 "--runs-dir", str(tmp_path), "-q"])
+    assert code == 0
+    scores = pd.read_csv(tmp_path / "classifier" / "synthetic-6" / "cv_scores.csv")
+    assert set(scores.model) == {"cnn", "rules", "logreg", "boosting"}
+    confusion = pd.read_csv(tmp_path / "classifier" / "synthetic-6" / "cv_confusion.csv")
+    assert (confusion.groupby("model")["count"].sum() == 30).all()  # every map predicted once, out of fold
+    classifier = load_classifier(out)
+    assert classifier.metadata["n_maps"] == 30 and len(classifier.metadata["data_hash"]) == 64
+    assert classifier.metadata["cross_validation"]["folds"] == 2
+    assert set(classifier.metadata["cross_validation"]["baselines_macro_f1"]) == {"rules", "logreg", "boosting"}
+    assert "cnn" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_real_minilm_with_the_shipped_classifier(tmp_path):
+    from analysis.models import load_model
+
+    minilm = load_model("minilm", device="cpu")
+    patterns = classify_task(minilm, load_task("sst2", n=3), load_classifier(), RunDir(minilm.slug, "sst2", tmp_path),
+                             progress=False)
+    assert patterns["count"].sum() == 3 * 6 * 12
+    assert (patterns.groupby(["layer", "head"])["count"].sum() == 3).all()

@@ -1,0 +1,95 @@
+"""The `attnpat` CLI core verbs on the real embedded model and data; bad input; resumable extraction."""
+import json
+
+import numpy as np
+import pytest
+
+from analysis.mapstore import iter_saved_maps, read_shard
+from app.cli import COMMAND_MODULES, app, main
+
+
+def run(argv, capsys):
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_every_verb_group_is_present_and_registered():
+    import importlib.util
+
+    missing = [group for group in COMMAND_MODULES if importlib.util.find_spec(f"app.cli_{group}") is None]
+    assert not missing, f"CLI groups without a module: {missing}"
+    names = {command.name for command in app.registered_commands} | {group.name for group in app.registered_groups}
+    for verb in ("info", "extract", "overview", "annotate", "train", "classify", "finetune", "compare", "disable",
+                 "surface", "app", "demo"):
+        assert verb in names, verb
+
+
+@pytest.mark.slow
+def test_extract_streams_all_sst2_dev_maps_and_resumes(tmp_path, capsys):
+    out = tmp_path / "maps"
+    argv = ["extract", "--model", "minilm", "--task", "sst2", "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "-q"]
+    code, stdout, _ = run(argv, capsys)
+    assert code == 0, stdout
+    index = json.loads((out / "index.json").read_text())
+    assert index["complete"] and index["n_examples"] == 872 and index["n_truncated"] == 0
+    shards = sorted(out.glob("shard-*.npz"))
+    assert len(shards) == index["n_shards"] == 14
+    saved = list(iter_saved_maps(out))
+    assert len(saved) == 872 and len({m.example_id for m in saved}) == 872
+    first = saved[0]
+    assert first.attn.shape == (6, 12, len(first.tokens), len(first.tokens))
+    np.testing.assert_allclose(first.attn.sum(-1), 1.0, atol=5e-3)  # float16 storage
+    manifest = json.loads((tmp_path / "runs" / "minilm" / "sst2" / "manifest.json").read_text())
+    entry = manifest["analyses"]["extract"]
+    assert manifest["model"]["revision"] and manifest["packages"]["torch"] and entry["elapsed_seconds"] > 0
+    assert entry["data"]["n_examples"] == 872 and entry["n_truncated"] == 0
+
+    before = read_shard(shards[3])
+    shards[3].unlink()  # as if the job had been killed before writing this shard
+    code, stdout, _ = run(argv, capsys)
+    assert code == 0
+    assert json.loads((out / "index.json").read_text())["resumed_shards"] == 13
+    after = read_shard(shards[3])
+    assert [m.example_id for m in after] == [m.example_id for m in before]
+    np.testing.assert_array_equal(after[0].attn, before[0].attn)
+
+
+def test_overview_prints_one_row_per_layer_and_writes_the_table(tmp_path, capsys):
+    code, stdout, _ = run(["overview", "--task", "mrpc", "--n", "16", "--runs-dir", str(tmp_path), "-q"], capsys)
+    assert code == 0
+    assert len([line for line in stdout.splitlines() if line.strip()[:1].isdigit()]) == 6
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "minilm" / "mrpc" / "overview.csv")
+    assert len(table) == 3 * 6 * 12 and set(table.metric) == {"to_cls", "to_sep", "entropy"}
+    assert table.value.between(0, 10).all()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["overview", "--task", "nope"], "unknown task 'nope'"),
+    (["overview", "--model", "no-such-org/no-such-model", "--n", "2"], "--model minilm"),
+    (["overview", "--task", "{file}", "--n", "2"], "empty text"),
+    (["overview", "--task", "{nocol}"], "has no 'text' column"),
+    (["extract", "--task", "sst2", "--n", "0"], "--n must be positive"),
+    (["overview", "--task", "sst2", "--n", "2", "--max-length", "100000"], "exceeds the model's limit"),
+])
+def test_bad_input_gives_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "data.jsonl").write_text('{"text": "fine"}\n{"text": ""}\n')
+    (tmp_path / "nocol.csv").write_text("sentence\nhello\n")
+    argv = [a.format(file=tmp_path / "data.jsonl", nocol=tmp_path / "nocol.csv") for a in argv]
+    code, _, stderr = run(argv + ["--runs-dir", str(tmp_path / "runs"), "-q"], capsys)
+    assert code == 2
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_info_lists_offline_models_and_tasks(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, stdout, _ = run(["info"], capsys)
+    assert code == 0
+    assert "minilm" in stdout and "unreachable" in stdout
+    assert "sst2     offline: validation; offline: train" in stdout
+    assert "qqp      unavailable (needs the hub)" in stdout

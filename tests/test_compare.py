@@ -1,0 +1,95 @@
+"""Per-head cosine similarity of two models' attention maps (Kovaleva et al. Figure 5)."""
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel, BertTokenizerFast
+
+from analysis import compare as cmp
+from analysis.data import Example, load_task
+from analysis.errors import AttnpatError
+from analysis.models import EncoderBundle, ModelSource, embedded_model_path, load_model
+from analysis.rundir import RunDir, table_to_array
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(embedded_model_path())
+
+
+def tiny(tokenizer, seed, init=0.02):
+    """A tiny random BERT; a large ``init`` gives peaked attention maps that differ between seeds."""
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=37, initializer_range=init, attn_implementation="eager")
+    return EncoderBundle(f"tiny{seed}", ModelSource(f"tiny{seed}", "local", "x", True), BertModel(config).eval(),
+                         tokenizer, torch.device("cpu"), "t")
+
+
+EXAMPLES = [Example("a", "a film"), Example("b", "a much longer film about nothing in particular", "and a pair"),
+            Example("c", "short , sharp and shocking .")]
+
+
+def test_flat_cosine_and_cropping_match_numpy():
+    torch.manual_seed(0)
+    a, b = torch.rand(2, 3, 2, 5, 5), torch.rand(2, 3, 2, 5, 5)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    values = cmp.cosine_by_mode(a, b, mask)
+    for i, n in enumerate([5, 3]):
+        for layer in range(3):
+            for head in range(2):
+                x, y = a[i, layer, head, :n, :n].numpy().ravel(), b[i, layer, head, :n, :n].numpy().ravel()
+                expected = x @ y / np.linalg.norm(x) / np.linalg.norm(y)
+                assert float(values["cropped"][i, layer, head]) == pytest.approx(expected, rel=1e-6)
+                x, y = a[i, layer, head].numpy().ravel(), b[i, layer, head].numpy().ravel()
+                assert float(values["padded"][i, layer, head]) == pytest.approx(
+                    x @ y / np.linalg.norm(x) / np.linalg.norm(y), rel=1e-6)
+    with pytest.raises(AttnpatError, match="unknown cosine mode"):
+        cmp.cosine_by_mode(a, b, mask, modes=("diagonal",))
+
+
+def test_a_model_compared_with_itself_is_one_for_every_head(tokenizer):
+    model = tiny(tokenizer, 0, init=0.5)
+    values = cmp.head_cosines(model, model, EXAMPLES, max_length=16, batch_size=2)
+    assert set(values) == {"cosine_cropped", "cosine_padded"}
+    for array in values.values():
+        assert array.shape == (2, 4) and np.allclose(array, 1.0, atol=1e-6)
+
+
+def test_different_models_are_less_similar_and_padding_inflates_similarity(tokenizer):
+    values = cmp.head_cosines(tiny(tokenizer, 0, init=0.5), tiny(tokenizer, 1, init=0.5), EXAMPLES, max_length=64,
+                              batch_size=3)
+    cropped, padded = values["cosine_cropped"], values["cosine_padded"]
+    assert (cropped < 0.9999).all() and (cropped > 0).all()
+    # padding rows of near-uniform random models agree with each other, so the padded cosine is higher
+    assert padded.mean() > cropped.mean()
+
+
+def test_cropped_mode_does_not_depend_on_padding(tokenizer):
+    a, b = tiny(tokenizer, 0, init=0.5), tiny(tokenizer, 1, init=0.5)
+    only_cropped = cmp.head_cosines(a, b, EXAMPLES, modes=("cropped",), max_length=32)
+    with_padding = cmp.head_cosines(a, b, EXAMPLES, modes=("cropped", "padded"), max_length=32)
+    assert np.allclose(only_cropped["cosine_cropped"], with_padding["cosine_cropped"], atol=1e-5)
+
+
+def test_different_tokenizers_are_refused(tokenizer, tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "film"]) + "\n")
+    other = tiny(tokenizer, 0)
+    other.tokenizer = BertTokenizerFast(vocab_file=str(vocab))
+    with pytest.raises(AttnpatError, match="different tokenizers"):
+        cmp.head_cosines(tiny(tokenizer, 0), other, EXAMPLES)
+
+
+@pytest.mark.slow  # seconds alone; over 20 s on a busy 2-core machine
+def test_minilm_with_itself_writes_the_cosine_table(tmp_path):
+    bundle = load_model("minilm", device="cpu")
+    data = load_task("sst2", n=12, allow_hub=False)
+    run = RunDir("minilm-self", "sst2", tmp_path)
+    cmp.write_cosine(bundle, bundle, data, run, max_length=64, batch_size=6)
+    table = run.read_table("cosine")
+    assert set(table.metric) == {"cosine_cropped", "cosine_padded"} and len(table) == 2 * 6 * 12
+    assert np.allclose(table_to_array(table, "cosine_cropped"), 1.0, atol=1e-5)
+    assert np.allclose(table_to_array(table, "cosine_padded"), 1.0, atol=1e-5)
+    assert (run.path / "cosine.png").is_file() and (run.path / "cosine.svg").is_file()
+    entry = run.manifest()["analyses"]["compare"]
+    assert entry["base_model"] == "minilm" and entry["data"]["n_examples"] == 12

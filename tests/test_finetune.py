@@ -1,0 +1,136 @@
+"""Fine-tuning: the loss falls, an interrupted run resumes where it stopped, the model store is complete."""
+import json
+
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+from analysis import finetune as ft
+from analysis.data import Example
+from analysis.errors import AttnpatError
+from analysis.models import EncoderBundle, ModelSource, embedded_model_path, load_model
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(embedded_model_path())
+
+
+def tiny_classifier(tokenizer, seed=0, num_labels=2):
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=37, num_labels=num_labels, attn_implementation="eager")
+    model = BertForSequenceClassification(config).eval()
+    return EncoderBundle("tiny", ModelSource("tiny", "local", "tiny", True), model, tokenizer, torch.device("cpu"), "t")
+
+
+def toy_examples(count=48):
+    """Sentiment decided by one word, so a tiny model can learn it in a few steps."""
+    words = ["good", "bad"]
+    fillers = ["the film was", "this movie is", "an utterly", "a somewhat", "really quite", "the plot felt"]
+    return [Example(f"toy-{i}", f"{fillers[i % len(fillers)]} {words[i % 2]} .", None, 1 - i % 2)
+            for i in range(count)]
+
+
+def test_training_lowers_the_loss(tokenizer, tmp_path):
+    bundle = tiny_classifier(tokenizer)
+    recipe = ft.Recipe(learning_rate=1e-2, batch_size=8, epochs=8, max_length=16, warmup_ratio=0.0)
+    examples = toy_examples(48)
+    result = ft.train_classifier(bundle, examples, recipe, tmp_path / "state.pt", num_labels=2, progress=False)
+    assert result.steps == result.total_steps == 6 * 8
+    first, last = sum(result.losses[:6]) / 6, sum(result.losses[-6:]) / 6
+    assert last < 0.5 * first
+    assert ft.evaluate(bundle, _data(examples), num_labels=2, max_length=16)["value"] >= 0.9
+    assert not bundle.model.training  # left in eval mode
+
+
+def _data(examples):
+    from analysis.data import TaskData
+
+    return TaskData("sst2", "validation", "toy", examples, 2, "accuracy")
+
+
+def test_resume_continues_where_it_stopped(tokenizer, tmp_path):
+    recipe = ft.Recipe(learning_rate=1e-3, batch_size=8, epochs=2, max_length=16, seed=3)
+    examples = toy_examples(40)
+    reference = tiny_classifier(tokenizer)
+    full = ft.train_classifier(reference, examples, recipe, tmp_path / "a" / "state.pt", num_labels=2,
+                               checkpoint_every=3, progress=False)
+
+    def interrupt(step, loss):
+        if step == 7:
+            raise KeyboardInterrupt
+
+    checkpoint = tmp_path / "b" / "state.pt"
+    with pytest.raises(KeyboardInterrupt):
+        ft.train_classifier(tiny_classifier(tokenizer), examples, recipe, checkpoint, num_labels=2,
+                            checkpoint_every=3, progress=False, on_step=interrupt)
+    assert torch.load(checkpoint, weights_only=False)["step"] == 6
+    resumed_bundle = tiny_classifier(tokenizer, seed=99)  # different start: the checkpoint must override it
+    resumed = ft.train_classifier(resumed_bundle, examples, recipe, checkpoint, num_labels=2, checkpoint_every=3,
+                                  progress=False)
+    assert resumed.resumed_from == 6 and resumed.steps == full.steps == 10
+    assert resumed.losses == pytest.approx(full.losses[6:], abs=1e-5)
+    for (name, a), b in zip(reference.model.state_dict().items(), resumed_bundle.model.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-5), name
+
+
+def test_checkpoint_with_other_settings_is_refused(tokenizer, tmp_path):
+    examples = toy_examples(16)
+    checkpoint = tmp_path / "state.pt"
+    ft.train_classifier(tiny_classifier(tokenizer), examples, ft.Recipe(batch_size=8, epochs=1, max_length=16),
+                        checkpoint, num_labels=2, checkpoint_every=1, progress=False)
+    with pytest.raises(AttnpatError, match="other settings"):
+        ft.train_classifier(tiny_classifier(tokenizer), examples, ft.Recipe(batch_size=4, epochs=1, max_length=16),
+                            checkpoint, num_labels=2, progress=False)
+
+
+def test_regression_labels_are_float_and_classes_long(tokenizer, tmp_path):
+    from analysis.stream import iter_batches
+
+    bundle = tiny_classifier(tokenizer, num_labels=1)
+    examples = [Example("a", "one", None, 3.0), Example("b", "two", None, 4.6)]
+    batch = next(iter_batches(bundle, examples, batch_size=2))
+    assert ft.label_tensor(batch, 1).dtype == torch.float32
+    assert ft.label_tensor(batch, 2).dtype == torch.int64
+    result = ft.train_classifier(bundle, examples, ft.Recipe(batch_size=2, epochs=1, max_length=8),
+                                 tmp_path / "state.pt", num_labels=1, progress=False)
+    assert result.steps == 1 and result.losses[0] > 0  # MSE on float labels, no dtype error
+
+
+def test_split_dev_is_seeded_and_disjoint():
+    train, held_out, info = ft.finetune_splits("rte", split_dev=True, train_share=0.6, seed=1, allow_hub=False)
+    again, _, _ = ft.finetune_splits("rte", split_dev=True, train_share=0.6, seed=1, allow_hub=False)
+    other, _, _ = ft.finetune_splits("rte", split_dev=True, train_share=0.6, seed=2, allow_hub=False)
+    ids, held_ids = {e.id for e in train.examples}, {e.id for e in held_out.examples}
+    assert not ids & held_ids and len(ids) + len(held_ids) == 277
+    assert len(ids) == round(0.6 * 277) and [e.id for e in again.examples] == [e.id for e in train.examples]
+    assert ids != {e.id for e in other.examples}
+    assert info["mode"] == "split-dev" and info["seed"] == 1 and info["train_share"] == 0.6
+    with pytest.raises(AttnpatError, match="--split-dev"):
+        ft.finetune_splits("rte", allow_hub=False)  # RTE has no offline train split
+    with pytest.raises(AttnpatError, match="GLUE task"):
+        ft.finetune_splits("wiki", allow_hub=False)
+
+
+def test_finetune_writes_a_loadable_store_model_and_skips_when_done(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    base = tmp_path / "tiny-base"
+    tiny_classifier(tokenizer).model.bert.save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    recipe = ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=1, max_length=64)
+    meta = ft.finetune(str(base), "rte", name="tiny-rte", recipe=recipe, split_dev=True, n_train=48,
+                       progress=False, allow_hub=False)
+    store = tmp_path / "models" / "tiny-rte"
+    written = json.loads((store / "attnpat.json").read_text())
+    assert written["split"]["mode"] == "split-dev" and written["split"]["n_train"] == 48
+    assert written["split"]["n_eval"] == 277 - round(0.5 * 277) and written["metric"] == "accuracy"
+    assert 0 <= written["metric_value"] <= 1 and written["steps"] == 3 and not meta["skipped"]
+    assert not (store / ".checkpoint").exists()
+    loaded = load_model("tiny-rte", kind="classifier", device="cpu")
+    assert loaded.source.kind == "store" and loaded.meta["task"] == "rte"
+    again = ft.finetune(str(base), "rte", name="tiny-rte", recipe=recipe, split_dev=True, n_train=48,
+                        progress=False, allow_hub=False)
+    assert again["skipped"] and again["metric_value"] == written["metric_value"]
+    with pytest.raises(AttnpatError, match="plain folder names"):
+        ft.finetune(str(base), "rte", name="../escape", recipe=recipe, split_dev=True, allow_hub=False)

@@ -1,0 +1,61 @@
+"""The finetune / compare / special verbs end to end on a tiny model (offline RTE, --split-dev)."""
+import json
+
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from analysis.models import embedded_model_path
+from analysis.special import spacy_tagger
+from app.cli import main
+
+
+@pytest.fixture()
+def workspace(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=37, attn_implementation="eager")
+    BertModel(config).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    return tmp_path
+
+
+@pytest.mark.slow  # about 10 s alone; longer on a busy 2-core machine
+def test_finetune_compare_special_verbs(workspace, capsys):
+    base = str(workspace / "tiny")
+    args = ["finetune", "--model", base, "--task", "rte", "--split-dev", "--train-share", "0.2", "--n", "24",
+            "--epochs", "1", "--batch-size", "8", "--lr", "1e-3", "--name", "tiny-rte", "-q"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "--split-dev: trained on" in out and "saved as 'tiny-rte'" in out
+    meta = json.loads((workspace / "models" / "tiny-rte" / "attnpat.json").read_text())
+    assert meta["split"]["train_share"] == 0.2 and meta["steps"] == 3 and meta["base_model"] == base
+    evaluation = pd.read_csv(workspace / "runs" / "tiny-rte" / "rte" / "finetune_eval.csv")
+    assert evaluation.set_index("metric").loc["accuracy", "value"] == meta["metric_value"]
+    assert main(args) == 0 and "already fine-tuned" in capsys.readouterr().out
+
+    assert main(["compare", "--base", base, "--finetuned", "tiny-rte", "--task", "rte", "--n", "6",
+                 "--max-length", "48", "-q"]) == 0
+    cosine = pd.read_csv(workspace / "runs" / "tiny-rte" / "rte" / "cosine.csv")
+    assert len(cosine) == 2 * 2 * 4 and cosine.value.between(-1, 1.000001).all()
+
+    assert main(["special", "--model", "tiny-rte", "--task", "rte", "--n", "6", "-q"]) == 0
+    out = capsys.readouterr().out
+    if spacy_tagger() is None:
+        assert "noun: unavailable (no tagger installed)" in out
+    assert "negation:" in out and "last layer's [CLS] attends most to" in out
+    for slug in ("tiny-rte", "tiny"):  # the fine-tuned model and its base (from the store metadata)
+        assert (workspace / "runs" / slug / "rte" / "special_tokens.csv").is_file()
+        assert (workspace / "runs" / slug / "rte" / "linguistic.csv").is_file()
+
+
+def test_bad_input_is_a_one_line_error(workspace, capsys):
+    assert main(["compare", "--finetuned", "minilm", "--task", "sst2", "--mode", "diagonal"]) == 2
+    assert "unknown --mode 'diagonal'" in capsys.readouterr().err
+    assert main(["finetune", "--model", "minilm", "--task", "rte", "-q"]) == 2
+    assert "--split-dev" in capsys.readouterr().err
+    assert main(["finetune", "--model", "minilm", "--task", "sst2", "--epochs", "0", "-q"]) == 2
+    assert "epochs must be at least 1" in capsys.readouterr().err

@@ -1,0 +1,144 @@
+"""Head importance (Michel et al.) and pruning curves (analysis.importance)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from analysis.disable import gated, head_gates, keep_mask
+from analysis.errors import AttnpatError
+from analysis.importance import (
+    example_losses,
+    head_importance,
+    importance_analysis,
+    iterative_pruning_masks,
+    least_important,
+    normalize_by_layer,
+    normalize_global,
+    normalized_importance,
+    prune_analysis,
+    pruning_counts,
+    pruning_curve,
+    pruning_masks,
+)
+from analysis.rundir import RunDir
+from analysis.stream import encode_examples, iter_batches
+from analysis.sweeps import naive_sweep, Variant
+from tests.test_disable import make_bundle
+from tests.test_sweeps import tiny_data
+
+
+def loss_with_gate(bundle, batch, layer: int, head: int, value: float) -> float:
+    gate = torch.ones(4)
+    gate[head] = value
+    with torch.no_grad(), gated(bundle.model), head_gates(bundle.model, {layer: gate}, "zero"):
+        logits = bundle.model(**batch.model_inputs()).logits
+    return float(example_losses(logits, batch.labels).sum())
+
+
+def test_importance_is_the_mean_absolute_per_example_gradient():
+    bundle = make_bundle()
+    data = tiny_data(6)
+    batched = list(iter_batches(bundle, data.examples, batch_size=6))
+    singles = list(iter_batches(bundle, data.examples, batch_size=1))
+    together = head_importance(bundle, batched)
+    # Each example alone, finite differences of its loss in the gate of two heads.
+    for layer, head in [(0, 1), (2, 3)]:
+        step = 1e-3
+        per_example = [abs(loss_with_gate(bundle, single, layer, head, 1 + step)
+                           - loss_with_gate(bundle, single, layer, head, 1 - step)) / (2 * step) for single in singles]
+        assert together[layer, head] == pytest.approx(np.mean(per_example), rel=2e-2, abs=1e-4)
+    assert np.allclose(together, head_importance(bundle, singles), rtol=1e-4, atol=1e-7)
+    assert together.shape == (3, 4) and (together > 0).all()
+
+
+def test_importance_under_a_mask_differs_and_needs_labels():
+    bundle = make_bundle()
+    data = tiny_data(6)
+    batches = list(iter_batches(bundle, data.examples, batch_size=3))
+    keep = keep_mask(3, 4, [(0, 0), (1, 2)])
+    assert not np.allclose(head_importance(bundle, batches), head_importance(bundle, batches, keep=keep))
+    batches[0].labels = None
+    with pytest.raises(AttnpatError, match="labelled"):
+        head_importance(bundle, batches)
+
+
+def test_normalisations():
+    raw = np.array([[3.0, 4.0], [1.0, 0.0], [0.5, 0.5]])
+    by_layer = normalize_by_layer(raw)
+    assert np.allclose(np.linalg.norm(by_layer, axis=1), 1.0)
+    assert np.allclose(by_layer[0], [0.6, 0.8])
+    scaled = normalize_global(raw)
+    assert scaled.min() == 0.0 and scaled.max() == 1.0 and scaled[0, 1] == 1.0 and scaled[1, 1] == 0.0
+    assert np.allclose(normalized_importance(raw, by_layer=False, global_minmax=False), raw)
+    assert np.allclose(normalized_importance(raw), normalize_global(by_layer))
+    with pytest.raises(AttnpatError):
+        normalize_by_layer(raw, exponent=0)
+
+
+def test_pruning_counts_and_order():
+    assert pruning_counts(72, 0.1) == [0, 7, 14, 22, 29, 36, 43, 50, 58, 65, 72]
+    assert pruning_counts(12, 0.25, max_fraction=0.5) == [0, 3, 6]
+    with pytest.raises(AttnpatError):
+        pruning_counts(12, 0.0)
+    importance = np.array([[0.5, 0.1], [0.3, 0.9]])
+    assert least_important(importance, np.ones((2, 2)), 3) == [(0, 1), (1, 0), (0, 0)]
+    masks = pruning_masks(importance, [0, 1, 3])
+    assert [int((mask == 0).sum()) for mask in masks] == [0, 1, 3]
+    assert masks[2][1, 1] == 1 and masks[1][0, 1] == 0
+
+
+def test_iterative_pruning_rescores_with_the_current_mask():
+    seen = []
+
+    def score(keep):
+        seen.append(keep.copy())
+        # a head's score rises once its neighbour is pruned: the order differs from one-shot pruning
+        scores = np.array([[1.0, 2.0, 3.0, 4.0]])
+        return scores + 10 * np.roll(1 - keep, 1, axis=1)
+
+    masks = iterative_pruning_masks(score, [0, 1, 2, 3], (1, 4))
+    assert [int((mask == 0).sum()) for mask in masks] == [0, 1, 2, 3]
+    assert masks[1][0].tolist() == [0, 1, 1, 1]
+    assert masks[2][0].tolist() == [0, 1, 0, 1]  # head 1 became important after head 0 went
+    assert len(seen) == 3 and all((a >= b).all() for a, b in zip(masks, masks[1:]))
+
+
+def test_pruning_curve_matches_the_naive_loop():
+    from analysis.metrics import accuracy
+
+    bundle = make_bundle(seed=2)
+    data = tiny_data(12)
+    batches = list(iter_batches(bundle, data.examples, batch_size=5))
+    labels = np.array([example.label for example in data.examples], dtype=float)
+    importance = np.arange(12, dtype=float).reshape(3, 4)[:, ::-1]
+    masks = pruning_masks(importance, [0, 4, 12])
+    curve, baseline = pruning_curve(bundle, batches, masks, labels, "accuracy")
+    naive = naive_sweep(bundle, encode_examples(bundle.tokenizer, data.examples),
+                        [Variant(f"m{i}", mask) for i, mask in enumerate(masks)], "zero")
+    assert curve["n_pruned"].tolist() == [0, 4, 12]
+    assert curve["fraction_pruned"].tolist() == [0.0, 4 / 12, 1.0]
+    for i in range(3):
+        assert curve["metric"][i] == pytest.approx(accuracy(naive[f"m{i}"].argmax(-1).numpy(), labels))
+    assert curve["metric"][0] == pytest.approx(baseline)
+
+
+def test_importance_and_prune_analyses_write_the_run_directory(tmp_path):
+    import pandas as pd
+
+    bundle = make_bundle()
+    data = tiny_data()
+    run = RunDir("tiny", "sst2", tmp_path)
+    summary = importance_analysis(bundle, data, run, batch_size=4)
+    table = pd.read_csv(run.file("importance.csv"))
+    assert set(table["metric"]) == {"importance", "importance_raw"} and len(table) == 24
+    scores = table[table.metric == "importance"].value
+    assert scores.min() == 0.0 and scores.max() == 1.0
+    assert len(summary["least"]) == 5
+    result = prune_analysis(bundle, data, run, step=0.25, iterative=True, batch_size=4)
+    curve = pd.read_csv(run.file("pruning.csv"))
+    assert list(curve.columns) == ["fraction_pruned", "n_pruned", "metric"]
+    assert curve["n_pruned"].tolist() == [0, 3, 6, 9, 12]
+    assert curve["metric"][0] == pytest.approx(result["baseline"])
+    for stem in ("importance", "pruning"):
+        assert run.file(f"{stem}.png").stat().st_size > 0 and run.file(f"{stem}.svg").stat().st_size > 0

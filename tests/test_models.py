@@ -1,0 +1,70 @@
+"""Model loading: embedded alias, local paths, store names, hub ids offline, non-encoders; eager attention."""
+import json
+
+import pytest
+import torch
+
+from analysis.errors import AttnpatError
+from analysis.models import load_model, model_slug, resolve_model
+from analysis.stream import stream_maps
+from analysis.data import Example
+from tests.tiny import save_tiny_model
+
+
+def test_embedded_minilm_loads_offline_with_attentions(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bundle = load_model("minilm")
+    assert (bundle.num_layers, bundle.num_heads) == (6, 12)
+    assert bundle.source.kind == "embedded" and bundle.config.model_type == "bert"
+    assert bundle.model.config._attn_implementation == "eager"
+    batch = next(iter(stream_maps(bundle, [Example("x", "attention maps are never empty .")])))
+    assert batch.attentions.shape[1:3] == (6, 12) and batch.attentions.abs().sum() > 0
+    assert len(bundle.revision) == 16 and load_model("minilm").revision == bundle.revision
+
+
+def test_local_path_and_store_name(tmp_path, monkeypatch):
+    save_tiny_model(tmp_path / "models" / "tiny-store")
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    (tmp_path / "models" / "tiny-store" / "attnpat.json").write_text(json.dumps({"task": "sst2"}))
+    stored = load_model("tiny-store", device="cpu")
+    assert stored.source.kind == "store" and stored.meta == {"task": "sst2"} and stored.num_layers == 2
+    local = load_model(str(tmp_path / "models" / "tiny-store"), device="cpu")
+    assert local.source.kind == "local" and model_slug(local.name) == "tiny-store"
+
+
+def test_hub_id_offline_names_the_working_alias(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(AttnpatError, match="could not load model 'bert-base-uncased'.*--model minilm"):
+        load_model("bert-base-uncased")
+
+
+def test_non_encoders_and_bad_paths_are_refused(tmp_path):
+    from transformers import GPT2Config, GPT2Model
+
+    GPT2Model(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=50)).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(AttnpatError, match="is a gpt2 model, not a BERT-family encoder"):
+        load_model(str(tmp_path / "gpt2"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AttnpatError, match="without config.json"):
+        resolve_model(str(tmp_path / "empty"))
+    with pytest.raises(AttnpatError, match="does not exist"):
+        resolve_model("./no/such/model")
+    with pytest.raises(AttnpatError, match="empty model name"):
+        resolve_model("  ")
+
+
+def test_mlm_kind_without_an_mlm_head_is_a_clear_error():
+    with pytest.raises(AttnpatError, match="no masked-language-model head"):
+        load_model("minilm", kind="mlm")
+
+
+def test_classifier_kind_gets_a_fresh_head_of_the_requested_size(tmp_path):
+    save_tiny_model(tmp_path / "tiny")
+    bundle = load_model(str(tmp_path / "tiny"), kind="classifier", num_labels=3, device="cpu")
+    out = bundle.model(input_ids=torch.tensor([[101, 2000, 102]]))
+    assert out.logits.shape == (1, 3)
+
+
+def test_model_slugs_are_file_system_safe():
+    assert model_slug("google/electra-small-discriminator") == "google__electra-small-discriminator"
+    assert model_slug("/abs/path/my-model") == "my-model"

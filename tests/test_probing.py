@@ -1,0 +1,221 @@
+"""Dependency and coreference probing: CoNLL-U reading, synthetic perfect maps, hand-counted baselines, WinoBias."""
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from analysis.errors import AttnpatError
+from analysis.probing import (
+    ALL_RELATIONS,
+    DIRECTIONS,
+    OFFSETS,
+    CorefItem,
+    DependencyScores,
+    antecedent_choices,
+    coref_baselines,
+    dependency_data,
+    dependency_table,
+    load_winobias,
+    offset_predictions,
+    parse_winobias,
+    predict_heads,
+    read_conllu,
+    score_sentence,
+    word_level_maps,
+)
+from analysis.models import embedded_model_path
+from analysis.stream import MapBatch, collate, encode_examples
+from app.cli import main
+
+FIXTURE = Path(__file__).parent / "fixtures" / "tiny.conllu"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(embedded_model_path())
+
+
+# ---------------------------------------------------------------- CoNLL-U
+
+def test_read_conllu_skips_multiword_tokens_and_keeps_relations():
+    sentences = read_conllu(FIXTURE)
+    assert [s.id for s in sentences] == ["s1", "s2", "s3"]
+    assert sentences[2].words == ("She", "ca", "n't", "go", ".")  # the 2-3 "can't" line is not a word
+    assert sentences[0].heads == (2, 3, 0, 6, 6, 3, 3)
+    assert sentences[1].relations == ("nsubj", "root", "advmod", "punct")
+    assert len(read_conllu(FIXTURE, n=2)) == 2
+
+
+def test_read_conllu_rejects_bad_files(tmp_path):
+    with pytest.raises(AttnpatError, match="does not exist"):
+        read_conllu(tmp_path / "missing.conllu")
+    empty = tmp_path / "empty.conllu"
+    empty.write_text("")
+    with pytest.raises(AttnpatError, match="no sentences"):
+        read_conllu(empty)
+    bad_head = tmp_path / "bad.conllu"
+    bad_head.write_text("1\tDogs\tdog\tNOUN\t_\t_\t7\tnsubj\t_\t_\n2\tbark\tbark\tVERB\t_\t_\t0\troot\t_\t_\n\n")
+    with pytest.raises(AttnpatError, match="HEAD"):
+        read_conllu(bad_head)
+
+
+# ---------------------------------------------------------------- predictions
+
+def test_predict_heads_reads_rows_or_columns_and_ignores_self():
+    word_maps = torch.tensor([[0.9, 0.1, 0.0],
+                              [0.0, 0.2, 0.8],
+                              [0.3, 0.6, 0.1]])[None, None]
+    assert predict_heads(word_maps, "dep->head")[0, 0].tolist() == [1, 2, 1]  # row argmax, diagonal skipped
+    # column argmax: who attends most to word 0 (not itself)? word 2 (0.3); to word 1? word 2 (0.6); to 2? word 1
+    assert predict_heads(word_maps, "head<-dep")[0, 0].tolist() == [2, 2, 1]
+    with pytest.raises(AttnpatError):
+        predict_heads(word_maps, "sideways")
+
+
+def test_offset_predictions_leave_the_sentence_as_minus_one():
+    assert offset_predictions(4, 1).tolist() == [2, 3, 4, -1]
+    assert offset_predictions(4, -2).tolist() == [-1, -1, 1, 2]
+
+
+def synthetic_map_batch(tokenizer, sentences, examples):
+    """Token-level maps for 2 heads: head 0 sends every token of a word to the first piece of its gold head
+    word ([CLS] for the root); head 1 sends a word's tokens evenly to its dependents' first pieces."""
+    encoded = encode_examples(tokenizer, examples)
+    batch = collate(encoded, tokenizer.pad_token_id)
+    width = batch.input_ids.shape[1]
+    attentions = torch.zeros(len(encoded), 1, 2, width, width)
+    for b, item in enumerate(encoded):
+        sentence = sentences[item.index]
+        first_piece = {}
+        for t, word in enumerate(item.word_ids):
+            if word is not None:
+                first_piece.setdefault(word, t)
+        attentions[b, 0, :, :len(item), 0] = 1.0  # default: everything on [CLS]
+        for t, word in enumerate(item.word_ids):
+            if word is None:
+                continue
+            head = sentence.heads[word]
+            if head > 0:
+                attentions[b, 0, 0, t] = 0
+                attentions[b, 0, 0, t, first_piece[head - 1]] = 1.0
+            dependents = [first_piece[i] for i, h in enumerate(sentence.heads) if h == word + 1]
+            if dependents:
+                attentions[b, 0, 1, t] = 0
+                attentions[b, 0, 1, t, dependents] = 1.0 / len(dependents)
+    return MapBatch(attentions, batch)
+
+
+def score_fixture(tokenizer):
+    data, sentences = dependency_data(FIXTURE)
+    map_batch = synthetic_map_batch(tokenizer, sentences, data.examples)
+    scores = DependencyScores(layers=1, heads=2)
+    for i, item in enumerate(map_batch.batch.items):
+        word_maps, word_ids = word_level_maps(map_batch, i)
+        predicted, scored = score_sentence(word_maps, word_ids, sentences[item.index])
+        scores.add(predicted, sentences[item.index], scored)
+    return scores
+
+
+def test_synthetic_maps_pointing_at_gold_heads_score_100_percent(tokenizer):
+    scores = score_fixture(tokenizer)
+    accuracy = scores.accuracy(ALL_RELATIONS)  # (directions, layers, heads)
+    assert accuracy[DIRECTIONS.index("dep->head"), 0, 0] == 1.0
+    assert accuracy[DIRECTIONS.index("head<-dep"), 0, 1] == 1.0
+    assert accuracy[DIRECTIONS.index("dep->head"), 0, 1] < 1.0  # the dependents head is not a dep->head head
+    assert scores.counts[ALL_RELATIONS] == 13  # 16 words minus 3 roots
+    table = dependency_table(scores)
+    assert (table.accuracy == 1.0).all()
+    assert table.relation.iloc[0] == ALL_RELATIONS
+    assert list(table.columns) == ["relation", "direction", "best_layer", "best_head", "accuracy",
+                                   "baseline_offset", "baseline_accuracy", "count"]
+
+
+def test_offset_baselines_match_a_hand_count(tokenizer):
+    scores = score_fixture(tokenizer)
+    # Hand count over the 13 non-root words of tiny.conllu (offset -> correct):
+    # -3: mat->sat; -2: '.'->bark; -1: loudly->bark, '.'->go; +1: The->cat, cat->sat, the->mat, Dogs->bark,
+    # n't->go; +2: on->mat, ca->go; +3: She->go.
+    hand = {-3: 1, -2: 1, -1: 2, 1: 5, 2: 2, 3: 1}
+    assert scores.baseline_correct[ALL_RELATIONS].tolist() == [hand[o] for o in OFFSETS]
+    assert scores.baseline_accuracy("det")[OFFSETS.index(1)] == 1.0  # both determiners precede their noun
+    assert scores.counts["punct"] == 3
+    row = dependency_table(scores).set_index("relation").loc[ALL_RELATIONS]
+    assert row.baseline_offset == 1 and row.baseline_accuracy == pytest.approx(5 / 13)
+
+
+def test_truncated_words_are_not_scored(tokenizer):
+    data, sentences = dependency_data(FIXTURE, n=1)
+    encoded = encode_examples(tokenizer, data.examples, max_length=5)  # [CLS] + 3 words + [SEP]
+    map_batch = MapBatch(torch.full((1, 1, 1, 5, 5), 0.2), collate(encoded, 0))
+    word_maps, word_ids = word_level_maps(map_batch, 0)
+    assert word_ids.tolist() == [0, 1, 2]
+    _, scored = score_sentence(word_maps, word_ids, sentences[0])
+    # The->cat and cat->sat are scorable; sat is the root; words 4-7 were cut off
+    assert scored.tolist() == [True, True, False, False, False, False, False]
+
+
+# ---------------------------------------------------------------- coreference
+
+OCCUPATIONS = {("driver",), ("accountant",), ("guard",), ("secretary",), ("construction", "worker"), ("cleaner",)}
+
+
+def test_parse_winobias_finds_pronoun_antecedent_and_distractor():
+    item = parse_winobias("The driver picked up [the accountant] from the airport because [MASK] could not find a bus.",
+                          "she", OCCUPATIONS)
+    assert item.words[item.pronoun] == "she"
+    assert item.words[item.antecedent] == "accountant" and item.words[item.distractor] == "driver"
+    first = parse_winobias("[The guard] admired the secretary because [MASK] job was so dangerous.", "his", OCCUPATIONS)
+    assert (first.words[first.antecedent], first.words[first.distractor]) == ("guard", "secretary")
+    multiword = parse_winobias("The construction worker hired [the cleaner] so [MASK] can focus.", "she", OCCUPATIONS)
+    assert multiword.words[multiword.distractor] == "worker"  # head word of "the construction worker"
+    reflexive = parse_winobias("[The guard] met the secretary because [MASK] hurt [himself].", "he", OCCUPATIONS)
+    assert reflexive.words[reflexive.antecedent] == "guard"
+    assert parse_winobias("[The guard] slept because [MASK] was tired.", "he", OCCUPATIONS) is None
+
+
+def test_packaged_winobias_parses_completely():
+    items, skipped = load_winobias()
+    assert len(items) == 761 and skipped == 0
+    assert all(item.antecedent != item.distractor and item.pronoun > max(item.antecedent, item.distractor)
+               for item in items)
+
+
+def test_antecedent_choice_and_baselines():
+    rows = torch.tensor([[[0.1, 0.5, 0.2, 0.2], [0.1, 0.2, 0.5, 0.2]]])  # (L=1, H=2, W=4)
+    assert antecedent_choices(rows, antecedent=1, distractor=2).tolist() == [[True, False]]
+    items = [CorefItem("a", ("The", "x", "met", "the", "y", "she"), 5, antecedent=4, distractor=1),
+             CorefItem("b", ("The", "x", "met", "the", "y", "she"), 5, antecedent=1, distractor=4),
+             CorefItem("c", ("The", "x", "met", "the", "y", "she"), 5, antecedent=4, distractor=1)]
+    baselines = coref_baselines(items)
+    assert baselines["nearest mention"] == pytest.approx(2 / 3)
+    assert baselines["first mention"] == pytest.approx(1 / 3)
+    assert baselines["string match"] == baselines["nearest mention"]  # no candidate is spelled like "she"
+
+
+# ---------------------------------------------------------------- real embedded model
+
+@pytest.mark.slow
+def test_cli_probes_on_minilm(tmp_path, capsys):
+    runs = str(tmp_path)
+    assert main(["probe-dep", str(FIXTURE), "--quiet", "--runs-dir", runs]) == 0
+    out = capsys.readouterr().out
+    assert "relation" in out and "nsubj" in out
+    table = pd.read_csv(tmp_path / "minilm" / "tiny" / "probing_dependency.csv")
+    assert table.relation.iloc[0] == "all" and table.accuracy.between(0, 1).all()
+    heads = pd.read_csv(tmp_path / "minilm" / "tiny" / "probing_dependency_heads.csv")
+    assert len(heads) == table.shape[0] * 2 * 72
+    assert np.isclose(heads.groupby("relation").accuracy.max().loc["all"], table.accuracy.iloc[0])
+
+    assert main(["probe-coref", "--n", "40", "--quiet", "--runs-dir", runs]) == 0
+    assert "nearest mention" in capsys.readouterr().out
+    per_head = pd.read_csv(tmp_path / "minilm" / "winobias" / "probing_coref.csv")
+    baselines = pd.read_csv(tmp_path / "minilm" / "winobias" / "probing_coref_baselines.csv")
+    assert len(per_head) == 72 and per_head.value.between(0, 1).all()
+    assert set(baselines.baseline) == {"nearest mention", "first mention", "string match"}
+    assert (tmp_path / "minilm" / "winobias" / "probing_coref.svg").is_file()
+
+    assert main(["probe-dep", str(tmp_path / "none.conllu"), "--quiet", "--runs-dir", runs]) == 2
+    assert "does not exist" in capsys.readouterr().err

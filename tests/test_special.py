@@ -1,0 +1,129 @@
+"""Special-token attention, the last layer's [CLS] row and section 4.4's linguistic features."""
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from analysis import special as sp
+from analysis.data import Example, load_task
+from analysis.models import EncoderBundle, ModelSource, embedded_model_path, load_model
+from analysis.rundir import RunDir
+from analysis.stream import encode_examples, stream_maps, token_roles
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(embedded_model_path())
+
+
+@pytest.fixture(scope="module")
+def tiny(tokenizer):
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=37, attn_implementation="eager")
+    return EncoderBundle("tiny", ModelSource("tiny", "local", "tiny", True), BertModel(config).eval(), tokenizer,
+                         torch.device("cpu"), "t")
+
+
+def encode(tokenizer, *texts):
+    return encode_examples(tokenizer, [Example(str(i), text) for i, text in enumerate(texts)])
+
+
+def positions_of(item, occurrences):
+    return [[item.tokens[p] for p in occ] for occ in occurrences]
+
+
+def test_negation_found_by_word_position_not_by_substring(tokenizer):
+    does_not, did_not = encode(tokenizer, "it does n't work , not at all", "I didn't know nothingness, nobody knows")
+    assert positions_of(does_not, sp.negation_occurrences(does_not)) == [["n", "'", "t"], ["not"]]
+    occurrences = sp.negation_occurrences(did_not)
+    # "nothingness" contains "nothing" and "know" contains "no": neither is a negation word
+    assert positions_of(did_not, occurrences) == [["didn", "'", "t"], ["nobody"]]
+    assert occurrences[1] == [did_not.tokens.index("nobody")]
+    (plain,) = encode(tokenizer, "a know-how film")
+    assert sp.negation_occurrences(plain) == []
+
+
+def test_feature_attention_matches_the_definition():
+    torch.manual_seed(1)
+    attn = torch.rand(2, 3, 2, 6, 6)
+    attn[1, :, :, 4:, :] = 0  # example 1 has 4 real tokens: padding rows are zero as the stream yields them
+    attn[1, :, :, :, 4:] = 0
+    lengths = torch.tensor([6, 4])
+    occurrences = sp.occurrence_tensor([[[1], [3, 4]], []], width=6)  # example 1 has no occurrence
+    values, present = sp.feature_attention(attn, lengths, occurrences)
+    assert present.tolist() == [True, False]
+    for layer in range(3):
+        for head in range(2):
+            received = attn[0, layer, head].sum(0) / 6
+            expected = max(received[1], received[3] + received[4])
+            assert values[0, layer, head] == pytest.approx(float(expected))
+    assert torch.all(values[1] == 0)
+
+
+def test_special_token_attention_and_cls_rows(tiny, tokenizer):
+    examples = [Example("a", "a short one"), Example("b", "and a longer second input here", "with a pair")]
+    maps = next(stream_maps(tiny, examples, batch_size=2))
+    roles = token_roles(tokenizer, maps.batch.input_ids, maps.batch.attention_mask)
+    values = sp.special_token_attention(maps.attentions, roles)
+    for i in range(2):
+        single = maps.example_maps(i)  # (L, H, n, n)
+        tokens = maps.tokens(i)
+        cls_cols = [p for p, t in enumerate(tokens) if t == "[CLS]"]
+        sep_cols = [p for p, t in enumerate(tokens) if t == "[SEP]"]
+        assert torch.allclose(values["to_cls"][i], single[..., cls_cols].sum(-1).mean(-1), atol=1e-6)
+        assert torch.allclose(values["to_sep"][i], single[..., sep_cols].sum(-1).mean(-1), atol=1e-6)
+        row = sp.cls_rows(maps.attentions[:, -1], roles["cls"])[i, :len(tokens)]
+        assert torch.allclose(row, single[-1, :, 0, :].mean(0), atol=1e-6)
+        assert float(row.sum()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_token_tally_means_per_token():
+    tally = sp.TokenTally()
+    tally.add(["[CLS]", "good", "."], [0.5, 0.3, 0.2])
+    tally.add(["[CLS]", "bad", "."], [0.7, 0.1, 0.2])
+    table = tally.table()
+    assert table.token.tolist()[0] == "[CLS]" and table.set_index("token").loc["[CLS]", "mean_attention"] == 0.6
+    assert table.set_index("token").loc[".", "count"] == 2
+    assert tally.table(min_count=2).token.tolist() == ["[CLS]", "."]
+
+
+def fake_tagger(text):
+    """Tags every word 'noun' and words starting with 's' 'subject' (character spans, like spaCy)."""
+    spans, start = [], 0
+    for word in text.split():
+        start = text.index(word, start)
+        features = {"noun"} | ({"subject"} if word.startswith("s") else set())
+        spans.append((start, start + len(word), frozenset(features)))
+        start += len(word)
+    return spans
+
+
+def test_tagged_features_align_by_character_offsets(tokenizer, tiny):
+    example = Example("x", "submarines sink", "slowly today")
+    found = sp.tagged_occurrences(tokenizer, example, fake_tagger, max_length=32)
+    (item,) = encode_examples(tokenizer, [example])
+    words = ["".join(item.tokens[p].removeprefix("##") for p in occ) for occ in found["subject"]]
+    assert words == ["submarines", "sink", "slowly"] and len(found["noun"]) == 4
+    stats = sp.special_statistics(tiny, [example, Example("y", "no nouns ?")], tagger=fake_tagger)
+    assert stats["counts"]["subject"] == 1 and stats["counts"]["negation"] == 1 and stats["unavailable"] == {}
+    assert stats["heads"]["noun"].shape == (2, 4)
+
+
+@pytest.mark.slow  # seconds alone; over 20 s on a busy 2-core machine
+def test_minilm_writes_special_tables_on_sst2(tmp_path):
+    bundle = load_model("minilm", device="cpu")
+    data = load_task("sst2", n=24, allow_hub=False)
+    run = RunDir(bundle.slug, "sst2", tmp_path)
+    stats = sp.write_special(bundle, data, run, tagger=None, batch_size=8)
+    tokens = run.read_table("special_tokens")
+    assert len(tokens) == 2 * 6 * 12 and set(tokens.metric) == {"to_cls", "to_sep"}
+    assert tokens.value.between(0, 1).all()
+    linguistic = run.read_table("linguistic")
+    assert set(linguistic.feature) == {"negation"}  # POS features need a tagger
+    assert stats["unavailable"]["noun"] == sp.UNAVAILABLE
+    assert stats["counts"]["negation"] == sum(bool(sp.negation_occurrences(item))
+                                              for item in encode_examples(bundle.tokenizer, data.examples))
+    cls_table = run.read_table("cls_last_layer")
+    assert cls_table.loc[cls_table.token == "[CLS]", "count"].item() == 24
+    assert (run.path / "special_tokens.png").is_file() and (run.path / "special_tokens.svg").is_file()
+    assert run.manifest()["analyses"]["special"]["unavailable"]["verb"] == sp.UNAVAILABLE

@@ -1,0 +1,158 @@
+"""The map stream: batching/padding invariance, exactness against a manual recomputation, word-level maps."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from analysis.data import Example
+from analysis.errors import AttnpatError
+from analysis.stream import encode_examples, forward_attentions, stream_maps, to_word_level, token_roles, word_groups
+from tests.tiny import tiny_bundle
+
+TEXTS = ["a charming and often affecting journey .", "bad", "it is , in a word , a mess of a film that nobody needed .",
+         "the acting , costumes and music are all first rate", "no"]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return tiny_bundle(tmp_path_factory.mktemp("tiny"), layers=3, heads=4)
+
+
+def examples(texts=TEXTS):
+    return [Example(f"ex{i}", text) for i, text in enumerate(texts)]
+
+
+def maps_by_example(bundle, items, batch_size):
+    out = {}
+    for batch in stream_maps(bundle, items, batch_size=batch_size):
+        for i, item in enumerate(batch.batch.items):
+            out[item.example_id] = batch.example_maps(i).clone()
+    return out
+
+
+def test_attentions_are_present_with_the_expected_shape(bundle):
+    batch = next(iter(stream_maps(bundle, examples(), batch_size=5)))
+    assert batch.attentions.shape[:3] == (5, 3, 4)
+    real_rows = batch.attentions.sum(-1)[batch.batch.attention_mask.bool()[:, None, None, :].expand(-1, 3, 4, -1)]
+    torch.testing.assert_close(real_rows, torch.ones_like(real_rows), atol=1e-5, rtol=0)
+    padding = ~batch.batch.attention_mask.bool()
+    assert padding.any(), "the batch should contain padding for this test to mean something"
+    assert batch.attentions.permute(0, 3, 1, 2, 4)[padding].abs().sum() == 0  # padding rows zeroed
+    assert batch.attentions.permute(0, 4, 1, 2, 3)[padding].abs().sum() == 0  # no weight on padding keys
+
+
+def test_batched_padded_maps_equal_batch_size_one(bundle):
+    batched = maps_by_example(bundle, examples(), batch_size=5)
+    single = maps_by_example(bundle, examples(), batch_size=1)
+    assert set(batched) == set(single) == {f"ex{i}" for i in range(len(TEXTS))}
+    for key in single:
+        assert batched[key].shape == single[key].shape
+        torch.testing.assert_close(batched[key], single[key], atol=1e-5, rtol=0)
+
+
+def test_batches_are_length_sorted_and_cover_every_example(bundle):
+    lengths, seen = [], []
+    for batch in stream_maps(bundle, examples(), batch_size=2):
+        lengths.extend(int(n) for n in batch.batch.lengths)
+        seen.extend(batch.batch.indices)
+        assert batch.attentions.shape[-1] == int(batch.batch.lengths.max())  # dynamic padding
+    assert lengths == sorted(lengths)
+    assert sorted(seen) == list(range(len(TEXTS)))
+
+
+def test_one_head_equals_manual_softmax_of_qk(bundle):
+    """Recompute layer 1 head 2 from the hidden states entering that layer: softmax(QK^T / sqrt(d))."""
+    model, layer, head = bundle.model, 1, 2
+    captured = {}
+
+    def capture(module, args, kwargs):
+        captured["hidden"] = args[0] if args else kwargs["hidden_states"]
+
+    hook = model.encoder.layer[layer].register_forward_pre_hook(capture, with_kwargs=True)
+    try:
+        batch = next(iter(stream_maps(bundle, examples(TEXTS[:1]), batch_size=1)))
+    finally:
+        hook.remove()
+    attention = model.encoder.layer[layer].attention.self
+    d = model.config.hidden_size // model.config.num_attention_heads
+    with torch.no_grad():
+        hidden = captured["hidden"][0]
+        q = attention.query(hidden)[:, head * d:(head + 1) * d]
+        k = attention.key(hidden)[:, head * d:(head + 1) * d]
+        manual = torch.softmax(q @ k.T / math.sqrt(d), dim=-1)
+    torch.testing.assert_close(batch.example_maps(0)[layer, head], manual, atol=1e-5, rtol=0)
+
+
+def test_sdpa_models_are_refused_instead_of_returning_no_maps(bundle, tmp_path):
+    from transformers import BertModel
+
+    sdpa = BertModel.from_pretrained(bundle.source.path, attn_implementation="sdpa")
+    encoded = encode_examples(bundle.tokenizer, examples(TEXTS[:1]))
+    from analysis.stream import collate
+
+    with pytest.raises(AttnpatError, match="eager"), torch.inference_mode():
+        forward_attentions(sdpa, collate(encoded, 0), torch.device("cpu"))
+
+
+def test_word_level_rule_on_a_hand_made_map():
+    # tokens: [CLS] play ##ing well [SEP]  ->  words: [CLS] playing well [SEP]
+    attn = torch.tensor([
+        [0.1, 0.2, 0.3, 0.2, 0.2],
+        [0.0, 0.5, 0.5, 0.0, 0.0],
+        [0.2, 0.2, 0.2, 0.2, 0.2],
+        [0.4, 0.1, 0.1, 0.3, 0.1],
+        [1.0, 0.0, 0.0, 0.0, 0.0],
+    ])
+    groups = np.array([0, 1, 1, 2, 3])
+    words = to_word_level(attn, groups)
+    expected = torch.tensor([
+        [0.1, 0.5, 0.2, 0.2],
+        [(0.0 + 0.2) / 2, (1.0 + 0.4) / 2, (0.0 + 0.2) / 2, (0.0 + 0.2) / 2],  # FROM 'playing': mean of its pieces' rows
+        [0.4, 0.2, 0.3, 0.1],  # TO 'playing': sum over its pieces' columns
+        [1.0, 0.0, 0.0, 0.0],
+    ])
+    torch.testing.assert_close(words, expected)
+    torch.testing.assert_close(words.sum(-1), torch.ones(4))
+
+
+def test_word_level_maps_from_the_tokenizer_keep_rows_summing_to_one(bundle):
+    item_examples = [Example("w", "unbelievably charming", "tokenization works")]
+    batch = next(iter(stream_maps(bundle, item_examples, batch_size=1)))
+    item = batch.batch.items[0]
+    groups, labels = word_groups(item)
+    assert "unbelievably" in labels and "tokenization" in labels and labels.count("[SEP]") == 2
+    assert len(item.tokens) > len(labels)  # some words were split
+    words = to_word_level(batch.example_maps(0), groups)
+    assert words.shape[-1] == len(labels)
+    torch.testing.assert_close(words.sum(-1), torch.ones(words.shape[:-1]), atol=1e-5, rtol=0)
+
+
+def test_token_roles_match_positions_not_strings(bundle):
+    encoded = encode_examples(bundle.tokenizer, [Example("p", "well , fine .", "yes .")])
+    from analysis.stream import collate
+
+    batch = collate(encoded, 0)
+    roles = token_roles(bundle.tokenizer, batch.input_ids, batch.attention_mask)
+    tokens = encoded[0].tokens
+    assert [tokens[i] for i in roles["cls"][0].nonzero().ravel()] == ["[CLS]"]
+    assert [tokens[i] for i in roles["sep"][0].nonzero().ravel()] == ["[SEP]", "[SEP]"]
+    assert [tokens[i] for i in roles["period"][0].nonzero().ravel()] == [".", "."]
+    assert [tokens[i] for i in roles["punct"][0].nonzero().ravel()] == [",", ".", "."]
+
+
+def test_long_text_is_truncated_and_flagged(bundle):
+    encoded = encode_examples(bundle.tokenizer, [Example("long", "word " * 300), Example("short", "word")], max_length=32)
+    assert len(encoded[0]) == 32 and encoded[0].truncated and encoded[0].tokens[-1] == "[SEP]"
+    assert not encoded[1].truncated
+
+
+@pytest.mark.parametrize("text, pair", [("", None), ("   ", None), ("fine", "  ")])
+def test_empty_text_is_a_clear_error(bundle, text, pair):
+    with pytest.raises(AttnpatError, match="empty"):
+        encode_examples(bundle.tokenizer, [Example("e", text, pair)])
+
+
+def test_maximum_length_beyond_the_model_is_refused(bundle):
+    with pytest.raises(AttnpatError, match="exceeds"):
+        encode_examples(bundle.tokenizer, examples(), max_length=100_000)

@@ -1,0 +1,228 @@
+"""The sweep engine (analysis.sweeps): fast equals naive, exact baseline, resume after an interruption."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import DistilBertConfig, DistilBertForSequenceClassification, RobertaConfig, RobertaForSequenceClassification
+
+from analysis.data import Example, TaskData
+from analysis.disable import keep_mask
+from analysis.errors import AttnpatError
+from analysis.rundir import RunDir
+from analysis.stream import encode_examples, iter_batches
+from analysis.sweeps import (
+    BASELINE,
+    SweepStore,
+    Variant,
+    disable_analysis,
+    extreme_heads,
+    fast_sweep,
+    forward_from,
+    head_variants,
+    layer_variants,
+    naive_sweep,
+    recompute_share,
+    run_sweep,
+    sweep_fingerprint,
+)
+from tests.test_disable import make_bundle
+
+TEXTS = ["a fine movie , truly .", "bad", "what a long and winding road it was , and yet i loved it",
+         "no", "the acting is superb but the plot is thin .", "meh .", "an utter waste of two hours",
+         "funny", "i laughed , i cried , i went home", "not good , not bad"]
+
+
+def tiny_data(n: int = len(TEXTS)) -> TaskData:
+    examples = [Example(f"ex-{i}", TEXTS[i % len(TEXTS)] + " x" * (i // len(TEXTS)), None, i % 2) for i in range(n)]
+    return TaskData("sst2", "validation", "test", examples, num_labels=2, metric="accuracy")
+
+
+def max_difference(fast: dict, naive: dict) -> float:
+    assert set(fast) == set(naive)
+    return max(float((fast[name] - naive[name]).abs().max()) for name in naive)
+
+
+def largest_change(logits: dict) -> float:
+    return max(float((logits[name] - logits[BASELINE]).abs().max()) for name in logits)
+
+
+def smallest_change(logits: dict) -> float:
+    return min(float((logits[name] - logits[BASELINE]).abs().max()) for name in logits if name != BASELINE)
+
+
+# ---------------------------------------------------------------- fast equals naive
+
+@pytest.mark.parametrize("mode", ["uniform", "zero"])
+def test_fast_equals_naive_for_every_single_head_and_layer(mode):
+    bundle = make_bundle()
+    data = tiny_data()
+    variants = head_variants(3, 4) + layer_variants(3, 4)
+    batches = list(iter_batches(bundle, data.examples, batch_size=4))
+    assert len({batch.input_ids.shape[1] for batch in batches}) > 1  # really dynamic padding
+    fast = fast_sweep(bundle, batches, variants, mode)
+    naive = naive_sweep(bundle, encode_examples(bundle.tokenizer, data.examples), variants, mode, batch_size=4)
+    assert max_difference(fast, naive) < 1e-5
+    assert smallest_change(naive) > 1e-3  # every variant really changes the logits
+
+
+def test_fast_equals_naive_for_multi_layer_masks_and_small_passes():
+    bundle = make_bundle(layers=4)
+    data = tiny_data()
+    rng = np.random.default_rng(0)
+    variants = [Variant(f"random-{i}", (rng.random((4, 4)) > 0.4).astype(np.float32)) for i in range(6)]
+    variants.append(Variant("nothing", keep_mask(4, 4)))
+    batches = list(iter_batches(bundle, data.examples, batch_size=3))
+    fast = fast_sweep(bundle, batches, variants, "zero", variants_per_pass=2)
+    naive = naive_sweep(bundle, encode_examples(bundle.tokenizer, data.examples), variants, "zero", batch_size=5)
+    assert max_difference(fast, naive) < 1e-5
+    assert torch.equal(fast["nothing"], fast[BASELINE])
+
+
+@pytest.mark.parametrize("family", ["distilbert", "roberta"])
+def test_fast_equals_naive_for_other_encoder_families(family):
+    classes = {"distilbert": (DistilBertConfig, DistilBertForSequenceClassification),
+               "roberta": (RobertaConfig, RobertaForSequenceClassification)}[family]
+    bundle = make_bundle(*classes)
+    data = tiny_data()
+    variants = head_variants(3, 4)[::3] + layer_variants(3, 4)
+    batches = list(iter_batches(bundle, data.examples, batch_size=4))
+    for mode in ("uniform", "zero"):
+        fast = fast_sweep(bundle, batches, variants, mode)
+        naive = naive_sweep(bundle, encode_examples(bundle.tokenizer, data.examples), variants, mode)
+        assert max_difference(fast, naive) < 1e-5
+        assert smallest_change(naive) > 1e-4
+
+
+def test_disabling_nothing_reproduces_the_plain_model_exactly():
+    bundle = make_bundle()
+    data = tiny_data()
+    batches = list(iter_batches(bundle, data.examples, batch_size=4))
+    fast = fast_sweep(bundle, batches, [Variant("nothing", keep_mask(3, 4))], "uniform")
+    plain = torch.empty_like(fast[BASELINE])
+    with torch.no_grad():
+        for batch in batches:
+            plain[batch.indices] = bundle.model(**batch.model_inputs()).logits
+    assert torch.equal(fast[BASELINE], plain) and torch.equal(fast["nothing"], plain)
+    assert bundle.model.config._attn_implementation == "eager"
+    assert len(bundle.model.bert.encoder.layer) == 3  # the layer list is restored
+
+
+def test_forward_from_captures_the_hidden_states_between_layers():
+    bundle = make_bundle()
+    batch = next(iter(iter_batches(bundle, tiny_data().examples, batch_size=4)))
+    inputs = batch.model_inputs()
+    with torch.no_grad():
+        reference = bundle.model(**inputs, output_hidden_states=True)
+        after_one = forward_from(bundle.model, inputs, stop=1)
+        after_all = forward_from(bundle.model, inputs, start=1, hidden=after_one, stop=3)
+        logits = forward_from(bundle.model, inputs, start=2, hidden=reference.hidden_states[2])
+    assert torch.allclose(after_one, reference.hidden_states[1], atol=1e-6)
+    assert torch.allclose(after_all, reference.hidden_states[3], atol=1e-5)
+    assert torch.allclose(logits, reference.logits, atol=1e-5)
+    with pytest.raises(AttnpatError, match="hidden states are needed"):
+        forward_from(bundle.model, inputs, start=1)
+
+
+def test_recompute_share_counts_layer_evaluations():
+    layers, heads = 6, 12
+    share = recompute_share(head_variants(layers, heads), layers)
+    assert share == pytest.approx((heads * layers * (layers + 1) / 2 + layers) / (layers * (layers * heads + 1)))
+    assert share == pytest.approx((layers + 1) / (2 * layers), abs=0.01)
+    assert recompute_share([Variant("last", keep_mask(6, 12, [(5, 0)]))], 6) == pytest.approx(7 / 12)
+
+
+def test_extreme_heads_ranks_best_and_worst():
+    deltas = np.array([[0.01, -0.2], [0.05, 0.0]])
+    ranked = extreme_heads(deltas, k=2)
+    assert [(row["layer"], row["head"]) for row in ranked["best"]] == [(1, 0), (0, 0)]
+    assert [(row["layer"], row["head"]) for row in ranked["worst"]] == [(0, 1), (1, 1)]
+
+
+# ---------------------------------------------------------------- resume
+
+class Interrupt(Exception):
+    pass
+
+
+def test_interrupted_sweep_resumes_without_recomputing_and_gives_the_same_table(tmp_path):
+    bundle = make_bundle()
+    data = tiny_data()
+    variants = head_variants(3, 4)
+    fingerprint = sweep_fingerprint(bundle, data, "uniform", "head", 128)
+    whole = run_sweep(bundle, data, variants, "uniform", SweepStore(tmp_path / "whole", fingerprint), batch_size=4)
+
+    first = []
+
+    def stop_after_five(name, value):
+        first.append(name)
+        if len(first) == 5:
+            raise Interrupt()
+
+    store = SweepStore(tmp_path / "resumed", fingerprint)
+    with pytest.raises(Interrupt):
+        run_sweep(bundle, data, variants, "uniform", store, batch_size=4, variants_per_pass=3,
+                  on_variant=stop_after_five)
+    assert len(store.results()) == 5
+    second = []
+    resumed = run_sweep(bundle, data, variants, "uniform", SweepStore(tmp_path / "resumed", fingerprint),
+                        batch_size=4, variants_per_pass=3, on_variant=lambda name, value: second.append(name))
+    assert not set(first) & set(second)
+    assert len(first) + len(second) == len(variants) + 1
+    assert resumed == whole
+    third = []
+    run_sweep(bundle, data, variants, "uniform", SweepStore(tmp_path / "resumed", fingerprint), batch_size=4,
+              on_variant=lambda name, value: third.append(name))
+    assert third == []
+
+
+def test_changed_configuration_discards_stored_results(tmp_path):
+    bundle = make_bundle()
+    data = tiny_data()
+    store = SweepStore(tmp_path, sweep_fingerprint(bundle, data, "zero", "layer", 128))
+    run_sweep(bundle, data, layer_variants(3, 4), "zero", store, batch_size=4)
+    assert len(SweepStore(tmp_path, sweep_fingerprint(bundle, data, "zero", "layer", 128)).results()) == 4
+    other = SweepStore(tmp_path, sweep_fingerprint(bundle, tiny_data(6), "zero", "layer", 128))
+    assert other.discarded == 4 and other.results() == {}
+
+
+def test_sweep_metrics_match_predictions_of_the_naive_loop(tmp_path):
+    from analysis.metrics import accuracy
+
+    bundle = make_bundle(seed=3)
+    data = tiny_data(20)
+    variants = layer_variants(3, 4)
+    metrics = run_sweep(bundle, data, variants, "zero", SweepStore(tmp_path, {"t": 1}), batch_size=8)
+    naive = naive_sweep(bundle, encode_examples(bundle.tokenizer, data.examples), variants, "zero")
+    labels = [example.label for example in data.examples]
+    for name, logits in naive.items():
+        assert metrics[name] == pytest.approx(accuracy(logits.argmax(-1).numpy(), labels))
+
+
+def test_unlabelled_data_is_refused(tmp_path):
+    bundle = make_bundle()
+    data = TaskData("wiki", "validation", "test", [Example("w", "some text")])
+    with pytest.raises(AttnpatError, match="without labels"):
+        run_sweep(bundle, data, layer_variants(3, 4), "zero", SweepStore(tmp_path, {}))
+
+
+def test_disable_analysis_writes_tables_and_figures_for_both_modes(tmp_path):
+    import pandas as pd
+
+    bundle = make_bundle()
+    data = tiny_data()
+    run = RunDir("tiny", "sst2", tmp_path)
+    for mode in ("uniform", "zero"):
+        summary = disable_analysis(bundle, data, run, mode=mode, units=["head", "layer"], batch_size=4)
+        assert len(summary["best"]) == 5 and summary["best"][0]["delta"] >= summary["worst"][0]["delta"]
+    heads = pd.read_csv(run.file("disable_heads.csv"))
+    assert set(heads["metric"]) == {"uniform_delta", "uniform_metric", "zero_delta", "zero_metric"}
+    assert len(heads) == 4 * 12 and list(heads.columns) == ["layer", "head", "metric", "value"]
+    layers = pd.read_csv(run.file("disable_layers.csv"))
+    assert list(layers.columns) == ["layer", "mode", "metric", "delta"] and len(layers) == 6
+    for stem in ("disable_heads", "disable_layers"):
+        assert run.file(f"{stem}.png").stat().st_size > 0 and run.file(f"{stem}.svg").stat().st_size > 0
+    uniform = heads[heads.metric == "uniform_delta"].value.to_numpy()
+    uniform_abs = heads[heads.metric == "uniform_metric"].value.to_numpy()
+    baseline = summary["baseline"]
+    assert np.allclose(uniform_abs - uniform, baseline)

@@ -1,0 +1,115 @@
+"""The `disable`, `importance` and `prune` verbs end to end, and the engine on the real embedded MiniLM."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from app.cli import main
+from tests.test_disable import make_bundle
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random BERT classifier saved with the MiniLM tokenizer, loadable by path."""
+    folder = tmp_path_factory.mktemp("models") / "tiny-bert"
+    bundle = make_bundle(layers=2)
+    bundle.model.save_pretrained(folder)
+    bundle.tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_disable_verb_writes_tables_figures_and_manifest(tiny_model_dir, tmp_path, capsys):
+    argv = ["disable", "--model", str(tiny_model_dir), "--task", "sst2", "--n", "12", "--mode", "zero",
+            "--batch-size", "4", "--runs-dir", str(tmp_path), "-q"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "baseline accuracy" in out and "disabling helps most" in out and "whole layer disabled" in out
+    run = tmp_path / "tiny-bert" / "sst2"
+    heads = pd.read_csv(run / "disable_heads.csv")
+    assert set(heads.metric) == {"zero_delta", "zero_metric"} and len(heads) == 2 * 2 * 4
+    assert len(pd.read_csv(run / "disable_layers.csv")) == 2
+    for stem in ("disable_heads", "disable_layers"):
+        assert (run / f"{stem}.png").is_file() and (run / f"{stem}.svg").is_file()
+    manifest = json.loads((run / "manifest.json").read_text())
+    entry = manifest["analyses"]["disable_zero"]
+    assert entry["data"]["n_examples"] == 12 and len(entry["best"]) == 5
+    assert len(list((run / ".sweep-zero-head").glob("v-*.json"))) == 2 * 4 + 1
+    # a rerun reads every finished variant back and writes the same table
+    assert main(argv) == 0
+    assert pd.read_csv(run / "disable_heads.csv").equals(heads)
+
+
+def test_importance_and_prune_verbs(tiny_model_dir, tmp_path, capsys):
+    common = ["--model", str(tiny_model_dir), "--task", "sst2", "--n", "10", "--batch-size", "5",
+              "--runs-dir", str(tmp_path), "-q"]
+    assert main(["importance", *common, "--no-normalize-global"]) == 0
+    assert "least important" in capsys.readouterr().out
+    assert main(["prune", *common, "--step", "0.25", "--iterative"]) == 0
+    out = capsys.readouterr().out
+    assert "iterative" in out and "100.0%" in out
+    run = tmp_path / "tiny-bert" / "sst2"
+    importance = pd.read_csv(run / "importance.csv")
+    scores = importance[importance.metric == "importance"].value.to_numpy().reshape(2, 4)
+    assert np.allclose(np.linalg.norm(scores, axis=1), 1.0)  # per-layer norm only
+    assert pd.read_csv(run / "pruning.csv").n_pruned.tolist() == [0, 2, 4, 6, 8]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["disable", "--mode", "random"], "disabling mode"),
+    (["disable", "--unit", "neuron"], "--unit"),
+    (["prune", "--step", "0"], "pruning step"),
+    (["disable", "--task", "wiki", "--n", "2"], "without labels"),
+])
+def test_bad_options_give_one_line_errors(argv, message, tiny_model_dir, tmp_path, capsys):
+    assert main([*argv, "--model", str(tiny_model_dir), "--runs-dir", str(tmp_path), "-q"]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error:") and message in last
+
+
+# ---------------------------------------------------------------- the real embedded MiniLM
+
+@pytest.fixture(scope="module")
+def minilm():
+    from analysis.models import load_model
+
+    torch.manual_seed(0)
+    return load_model("minilm", kind="classifier", num_labels=2, device="cpu")
+
+
+@pytest.mark.slow
+def test_minilm_fast_equals_naive_on_sst2(minilm):
+    from analysis.data import load_task
+    from analysis.stream import encode_examples, iter_batches
+    from analysis.sweeps import BASELINE, fast_sweep, head_variants, layer_variants, naive_sweep
+
+    data = load_task("sst2", split="validation", n=8)
+    encoded = encode_examples(minilm.tokenizer, data.examples)
+    batches = list(iter_batches(minilm, data.examples, batch_size=4, encoded=encoded))
+    variants = head_variants(6, 12)[::35] + layer_variants(6, 12)[3:4]  # heads (0,0), (2,11), (5,10); layer 3
+    for mode in ("uniform", "zero"):
+        fast = fast_sweep(minilm, batches, variants, mode)
+        naive = naive_sweep(minilm, encoded, variants, mode, batch_size=4)
+        for variant in variants:
+            assert float((fast[variant.name] - naive[variant.name]).abs().max()) < 1e-5
+            assert float((naive[variant.name] - naive[BASELINE]).abs().max()) > 1e-4
+    with torch.no_grad():
+        plain = torch.cat([minilm.model(**batch.model_inputs()).logits for batch in batches])
+    order = [index for batch in batches for index in batch.indices]
+    assert torch.equal(fast[BASELINE][order], plain)
+
+
+def test_minilm_importance_on_sst2(minilm):
+    from analysis.data import load_task
+    from analysis.importance import head_importance
+    from analysis.stream import iter_batches
+
+    data = load_task("sst2", split="validation", n=8)
+    scores = head_importance(minilm, list(iter_batches(minilm, data.examples, batch_size=8)))
+    assert scores.shape == (6, 12) and np.isfinite(scores).all() and (scores > 0).all()
+    assert scores.std() > 0

@@ -1,0 +1,405 @@
+"""The web app: live maps and grid (analysis.live), run browsing and jobs (app.webapp), every endpoint through
+gradio_client, and 20 concurrent clients."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from test_webapp_support import SENTENCE, populate_runs, random_classifier, serve, tiny_model_dir
+
+from analysis.data import Example
+from analysis.errors import AttnpatError
+from analysis.live import (CLASS_STYLE, GridLayout, LiveExplorer, ModelCache, drop_positions, grid_image,
+                           layer_head_figure, sentence_maps, view_maps)
+from analysis.models import load_model
+from analysis.stream import stream_maps
+from app.webapp import CROSS_TASK, RUN_TABS, WRITTEN_BY
+from classifier import CLASSES
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return tiny_model_dir(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    return load_model(str(tiny_dir), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory, tiny_dir) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    populate_runs(root, tiny_dir)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(runs_dir, tiny_dir):
+    demo, web, url, model = serve(runs_dir, tiny_dir)
+    yield web, url, model
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from gradio_client import Client
+
+    return Client(server[1], verbose=False)
+
+
+def is_error(status: str) -> bool:
+    return status.startswith("**error:** ")
+
+
+def is_ok(status: str) -> bool:
+    """A success line carries no error:/note: prefix."""
+    return bool(status) and not status.startswith("**")
+
+
+def expected_classes(bundle, text: str, pair: str | None = None) -> list[list[str]]:
+    """Classes computed independently of the app: stream_maps on the example, then the same classifier."""
+    batch = next(iter(stream_maps(bundle, [Example("x", text, pair)], batch_size=1)))
+    maps = batch.example_maps(0)
+    layers, heads, n, _ = maps.shape
+    names = random_classifier().predict(maps.reshape(layers * heads, n, n))
+    return [names[layer * heads:(layer + 1) * heads] for layer in range(layers)]
+
+
+# ---------------------------------------------------------------- analysis.live
+
+def test_drop_positions_removes_rows_and_columns_and_renormalises():
+    maps = torch.softmax(torch.randn(2, 3, 5, 5), dim=-1)
+    keep = np.array([False, True, True, True, False])
+    kept = drop_positions(maps, keep)
+    assert kept.shape == (2, 3, 3, 3)
+    assert torch.allclose(kept.sum(-1), torch.ones(2, 3, 3))
+    ratio = kept / maps[..., 1:4, 1:4]  # proportional to the original weights within each row
+    assert torch.allclose(ratio, ratio[..., :1].expand_as(ratio), atol=1e-5)
+    with pytest.raises(AttnpatError):
+        drop_positions(maps, np.zeros(5, dtype=bool))
+
+
+def test_view_maps_word_level_and_hidden_specials(tiny):
+    live = sentence_maps(tiny, "Unbelievably good acting.", "A second one.")
+    assert live.tokens[0] == "[CLS]" and live.tokens.count("[SEP]") == 2
+    maps, labels = view_maps(live, hide_special=True)
+    assert "[CLS]" not in labels and "[SEP]" not in labels and len(labels) == len(live.tokens) - 3
+    assert torch.allclose(maps.sum(-1), torch.ones(maps.shape[:-1]), atol=1e-5)
+    words, word_labels = view_maps(live, word_level=True)
+    assert "unbelievably" in word_labels and not any(label.startswith("##") for label in word_labels)
+    assert words.shape[-1] == len(word_labels) < len(live.tokens)
+    assert torch.allclose(words.sum(-1), torch.ones(words.shape[:-1]), atol=1e-5)
+    both, both_labels = view_maps(live, word_level=True, hide_special=True)
+    assert both_labels == [label for label in word_labels if label not in {"[CLS]", "[SEP]"}]
+
+
+def test_sentence_maps_rejects_empty_and_long_input(tiny):
+    for text in ("", "   "):
+        with pytest.raises(AttnpatError, match="empty"):
+            sentence_maps(tiny, text)
+    with pytest.raises(AttnpatError, match="longer than 16 tokens"):
+        sentence_maps(tiny, "word " * 20, max_tokens=16)
+    with pytest.raises(AttnpatError, match="too long"):
+        sentence_maps(tiny, "x" * 5000)
+
+
+def test_grid_image_draws_every_head_with_its_class_colour():
+    maps = torch.zeros(2, 3, 4, 4)
+    maps[..., torch.arange(4), torch.arange(4)] = 1.0  # diagonal maps
+    maps[1, 2] = 0.0
+    maps[1, 2, :, 0] = 1.0  # one vertical map
+    classes = [["diagonal"] * 3, ["diagonal", "diagonal", "vertical"]]
+    layout = GridLayout(2, 3)
+    image = np.asarray(grid_image(maps, classes, layout))
+    assert image.shape == (layout.size[1], layout.size[0], 3)
+    for layer in range(2):
+        for head in range(3):
+            left = layout.margin_left + head * layout.pitch_x
+            top = layout.margin_top + layer * layout.pitch_y
+            cell = image[top:top + layout.cell, left:left + layout.cell, 0]
+            band = image[top + layout.cell + layout.band - 2, left + layout.cell - 2]
+            assert tuple(band) == CLASS_STYLE[classes[layer][head]][1]
+            dark = cell < 128
+            if (layer, head) == (1, 2):
+                assert dark[:, : layout.cell // 4].all() and not dark[:, layout.cell // 2:].any()
+            else:
+                assert dark[0, 0] and dark[-1, -1] and not dark[0, -1]
+            assert layout.head_at(left + 5, top + 5) == (layer, head)
+    assert layout.head_at(1, 1) is None
+
+
+def test_grid_shrinks_long_maps_keeping_stripes():
+    maps = torch.zeros(1, 1, 200, 200)
+    maps[..., 137] = 1.0
+    image = np.asarray(grid_image(maps))
+    layout = GridLayout(1, 1)
+    cell = image[layout.margin_top:layout.margin_top + layout.cell, layout.margin_left:layout.margin_left + layout.cell, 0]
+    dark_columns = np.flatnonzero((cell < 128).all(0))
+    assert len(dark_columns) >= 1 and abs(dark_columns[0] - 137 * layout.cell / 200) <= 1
+
+
+def test_model_cache_loads_each_model_once_and_reports_unknown_ones():
+    calls = []
+
+    def loader(name):
+        calls.append(name)
+        if name == "missing":
+            raise AttnpatError("no such model")
+        time.sleep(0.05)
+        return object()
+
+    cache = ModelCache(capacity=1, loader=loader)
+    threads = [threading.Thread(target=cache.get, args=("a",)) for _ in range(5)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert calls == ["a"]
+    cache.get("b")
+    cache.get("a")  # evicted by b (capacity 1): loaded again
+    assert calls == ["a", "b", "a"]
+    with pytest.raises(AttnpatError, match="no such model"):
+        cache.get("missing")
+    with pytest.raises(AttnpatError, match="no model chosen"):
+        cache.get(" ")
+
+
+def test_explorer_classifies_every_head_like_the_classifier(tiny, tiny_dir):
+    explorer = LiveExplorer(ModelCache(loader=lambda name: tiny), classifier_loader=random_classifier)
+    view = explorer.explore(str(tiny_dir), SENTENCE)
+    assert view.classes == expected_classes(tiny, SENTENCE)
+    assert view.probs.shape == (2, 4, len(CLASSES)) and np.allclose(view.probs.sum(-1), 1, atol=1e-5)
+    # the toggles change the display, not the predictions (made on the token-level maps)
+    hidden = explorer.explore(str(tiny_dir), SENTENCE, word_level=True, hide_special=True)
+    assert hidden.classes == view.classes and hidden.maps.shape[-1] < view.maps.shape[-1]
+
+
+def test_explorer_without_classifier_draws_the_grid_and_says_why(tiny, tiny_dir):
+    def missing():
+        raise AttnpatError("checkpoint not found")
+
+    explorer = LiveExplorer(ModelCache(loader=lambda name: tiny), classifier_loader=missing)
+    view = explorer.explore(str(tiny_dir), SENTENCE)
+    assert view.classes is None and "checkpoint not found" in view.note
+    assert view.grid.size == GridLayout(2, 4).size
+
+
+def test_layer_head_figure_draws_long_tables_only():
+    from analysis.rundir import long_table
+
+    fig = layer_head_figure(long_table({"a": np.ones((2, 3)), "b": np.zeros((2, 3))}))
+    assert fig is not None and len([ax for ax in fig.axes if ax.images]) == 2
+    assert layer_head_figure(pd.DataFrame({"class": ["x"], "count": [1]})) is None
+
+
+# ---------------------------------------------------------------- app.webapp without a server
+
+def test_run_tabs_name_real_artifacts_and_commands():
+    from analysis.artifacts import ARTIFACTS
+    from analysis.probing import WINOBIAS_TASK
+    from app.cli import app as cli_app
+
+    listed = {stem for stems in ARTIFACTS.values() for stem in stems}
+    shown = {stem for stems in RUN_TABS.values() for stem in stems}
+    assert listed <= shown  # every artifact of the contract has a place in a tab
+    assert CROSS_TASK["probing_coref"] == WINOBIAS_TASK
+    verbs = {command.name for command in cli_app.registered_commands}
+    assert {WRITTEN_BY[stem].split()[0] for stem in shown} <= verbs  # every hint names a real verb
+
+
+def test_job_arguments_are_validated(tmp_path):
+    from app.webapp import BatchJobs, cli_verbs
+
+    jobs = BatchJobs(tmp_path)
+    assert "overview" in cli_verbs()
+    argv = jobs.arguments("overview", "minilm", "sst2", 8)
+    assert argv[0] == "overview" and argv[argv.index("--n") + 1] == "8"
+    assert argv[argv.index("--runs-dir") + 1] == str(tmp_path)
+    for bad in [("rm", "minilm", "sst2", 8), ("overview", "--help", "sst2", 8), ("overview", "minilm", "nope", 8),
+                ("overview", "minilm", "sst2", 0), ("overview", "minilm", "sst2", 2.5), ("overview", "", "sst2", 8),
+                ("overview", "minilm", "sst2", "many")]:
+        with pytest.raises(AttnpatError):
+            jobs.arguments(*bad)
+
+
+# ---------------------------------------------------------------- every endpoint through gradio_client
+
+def test_client_sees_every_endpoint(client):
+    endpoints = set(client.view_api(print_info=False, return_format="dict")["named_endpoints"])
+    assert {"/explore", "/head_map", "/pattern_ratios", "/fine_tuning", "/disabling", "/surface_and_clusters",
+            "/list_runs", "/manifest", "/start_job", "/watch_job", "/stop_job"} <= endpoints
+
+
+def test_explore_endpoint(client, server, tiny):
+    _, _, model = server
+    status, grid, wide, png, svg, csv = client.predict(SENTENCE, "", model, False, False,
+                                                                    api_name="/explore")
+    assert is_ok(status) and "2 layers x 4 heads" in status
+    from PIL import Image
+
+    layout = GridLayout(2, 4)
+    assert Image.open(grid).size == layout.size
+    assert Path(png["value"]).read_bytes()[:4] == b"\x89PNG" and "<svg" in Path(svg["value"]).read_text()[:200]
+    table = pd.read_csv(csv["value"])
+    expected = expected_classes(tiny, SENTENCE)
+    assert [[row["class"] for _, row in group.iterrows()] for _, group in table.groupby("layer")] == expected
+    assert [row[1:] for row in wide["data"]] == [[CLASS_STYLE[c][0] for c in row] for row in expected]
+
+
+@pytest.mark.parametrize("text, model, message", [
+    ("", None, "empty"),
+    ("word " * 400, None, "longer than"),
+    ("hello", "no/such-model-anywhere", "could not load model"),
+])
+def test_explore_bad_input_shows_a_message_and_keeps_serving(client, server, text, model, message):
+    status, grid, *_ = client.predict(text, "", model or server[2], False, False, api_name="/explore")
+    assert is_error(status) and message in status and grid is None
+    assert is_ok(client.predict(SENTENCE, "", server[2], False, False, api_name="/explore")[0])
+
+
+def test_head_map_endpoint(client, server):
+    model = server[2]
+    caption, image, png, svg = client.predict(SENTENCE, "", model, True, True, 2, 3, api_name="/head_map")
+    assert "layer 2, head 3" in caption and "predicted" in caption
+    assert Path(png["value"]).suffix == ".png" and Path(svg["value"]).read_text().lstrip().startswith("<?xml")
+    caption, image, *_ = client.predict(SENTENCE, "", model, False, False, 3, 1, api_name="/head_map")
+    assert is_error(caption) and "2 layers x 4 heads" in caption and image is None
+
+
+def unwrap(value):
+    """A component update's value (the client returns {"__type__": "update", "value": ...} for updates)."""
+    return value.get("value") if isinstance(value, dict) and value.get("__type__") == "update" else value
+
+
+def run_tab(client, api_name: str, model: str, task: str):
+    """(message, [artifact outputs]) of a run tab; per artifact the API returns title, image, table and the
+    downloadable files (the group's visibility is layout, not an API output; the title is empty when missing)."""
+    out = [unwrap(value) for value in client.predict(model, task, api_name=api_name)]
+    artifacts = [dict(zip(("title", "image", "table", "files"), out[1 + 4 * k: 5 + 4 * k])) for k in range((len(out) - 1) // 4)]
+    for artifact in artifacts:
+        artifact["suffixes"] = sorted(Path(f).suffix for f in artifact["files"] or [])
+    return out[0], artifacts
+
+
+def test_run_tab_endpoints(client, server, runs_dir):
+    model = Path(server[2]).name
+    message, (by_task, ratios, patterns) = run_tab(client, "/pattern_ratios", model, "sst2")
+    assert is_ok(message)
+    assert f"{model}/all" in by_task["title"] and by_task["table"]["data"][0][0] == "sst2"
+    assert ratios["suffixes"] == [".csv"] and ratios["image"] is None  # a table only: CSV, no figure
+    csv = next(f for f in ratios["files"] if f.endswith(".csv"))
+    assert pd.read_csv(csv).fraction.sum() == pytest.approx(1.0)
+    assert Path(patterns["image"]).suffix == ".png" and patterns["suffixes"] == [".csv", ".png", ".svg"]
+    svg = next(f for f in patterns["files"] if f.endswith(".svg"))
+    assert Path(svg).read_text().lstrip().startswith("<?xml")
+
+    message, artifacts = run_tab(client, "/fine_tuning", model, "sst2")
+    assert is_error(message) and f"no fine-tuning run for {model}/sst2" in message
+    assert f"attnpat special --model {model} --task sst2" in message
+    assert not any(a["title"] or a["image"] or a["files"] for a in artifacts)
+
+    message, (disable_heads, disable_layers, importance, pruning) = run_tab(client, "/disabling", model, "sst2")
+    assert "not computed yet" in message and "importance" in message and "disable layers" in message
+    assert disable_heads["image"] and disable_heads["suffixes"] == [".csv", ".png", ".svg"]  # drawn from the CSV
+    assert pruning["title"] and pruning["image"] is None and pruning["suffixes"] == [".csv"]  # not layer x head
+    assert not importance["title"] and not disable_layers["title"]
+
+    message, artifacts = run_tab(client, "/surface_and_clusters", model, "sst2")
+    assert "surface.csv is not a readable CSV" in message
+    overview = artifacts[list(RUN_TABS["Surface and clusters"]).index("overview")]
+    assert overview["title"] and {"to_cls", "to_sep", "entropy"} <= {row[2] for row in overview["table"]["data"]}
+
+    message, _ = run_tab(client, "/pattern_ratios", model, "nosuchtask")
+    assert is_error(message) and f"no run {model}/nosuchtask" in message and "attnpat classify" in message
+    message, _ = run_tab(client, "/pattern_ratios", "../..", "sst2")
+    assert is_error(message) and "not a run name" in message
+
+
+def test_runs_and_manifest_endpoints(client, server):
+    model = Path(server[2]).name
+    table, picked = client.predict(api_name="/list_runs")
+    rows = {(row[0], row[1]): row for row in table["data"]}
+    assert (model, "sst2") in rows and "overview" in rows[(model, "sst2")][2]
+    manifest = json.loads(client.predict(f"{model}/sst2", api_name="/manifest"))
+    assert manifest["model"]["layers"] == 2 and "overview" in manifest["analyses"]
+    assert "no run" in json.loads(client.predict(f"{model}/mrpc", api_name="/manifest"))["message"]
+
+
+def test_job_endpoints_reject_bad_jobs(client):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="not in the list of choices"):  # the verb dropdown is a whitelist
+        client.predict("rm", "minilm", "sst2", 4, api_name="/start_job")
+    log, status = client.predict("overview", "-rf", "sst2", 4, api_name="/start_job")
+    assert is_error(status) and "not a model name" in status
+    assert "no job" in client.predict(api_name="/stop_job")
+
+
+@pytest.mark.slow
+def test_job_runs_to_the_end_and_its_run_appears(client, server, runs_dir):
+    model_dir = server[2]
+    log, status = client.predict("overview", model_dir, "mrpc", 4, api_name="/start_job")
+    assert is_ok(status) and "finished" in status, log
+    assert (runs_dir / Path(model_dir).name / "mrpc" / "overview.csv").is_file()
+    assert "per-head table" in log
+    log, status = client.predict(api_name="/watch_job")
+    assert "finished" in status
+    table, _ = client.predict(api_name="/list_runs")
+    assert (Path(model_dir).name, "mrpc") in {(row[0], row[1]) for row in table["data"]}
+
+
+@pytest.mark.slow
+def test_twenty_concurrent_clients(server, tiny):
+    from gradio_client import Client
+
+    model = server[2]
+    sentences = [f"Sentence number {k} is about {'cats dogs birds fish'.split()[k % 4]} and more." for k in range(20)]
+    results, errors = {}, []
+
+    def one(k):
+        try:
+            # a generous timeout: 20 page configs at once on 2 shared cores can take longer than httpx's 5 s
+            c = Client(server[1], verbose=False, httpx_kwargs={"timeout": 120})
+            status, grid, wide, png, svg, csv = c.predict(sentences[k], "", model, False, bool(k % 2),
+                                                              api_name="/explore")
+            results[k] = (status, pd.read_csv(csv["value"]))
+        except Exception as exc:  # collected, so every failure is reported
+            errors.append(f"{k}: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(20)]
+    [t.start() for t in threads]
+    [t.join(timeout=240) for t in threads]
+    assert not errors and len(results) == 20
+    for k, (status, table) in results.items():
+        assert is_ok(status)
+        expected = expected_classes(tiny, sentences[k])
+        assert table["class"].tolist() == [c for row in expected for c in row]
+
+
+@pytest.mark.slow
+def test_minilm_live_view_on_packaged_data():
+    from analysis.data import load_task
+
+    example = load_task("sst2", n=1).examples[0]
+    explorer = LiveExplorer(classifier_loader=random_classifier)
+    view = explorer.explore("minilm", example.text)
+    assert view.maps.shape[:2] == (6, 12) and len(view.classes) == 6 and len(view.classes[0]) == 12
+    assert view.grid.size == GridLayout(6, 12).size
+    attn, labels = explorer.head_map("minilm", example.text, None, 5, 11, word_level=True)
+    assert attn.shape == (len(labels), len(labels)) and np.allclose(attn.sum(-1), 1, atol=1e-4)
+
+
+def test_cli_app_verb_is_registered():
+    from typer.testing import CliRunner
+
+    from app.cli import app
+
+    result = CliRunner().invoke(app, ["app", "--help"])
+    assert result.exit_code == 0 and "--host" in result.output and "--port" in result.output
+    assert "--share" not in result.output
