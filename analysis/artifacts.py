@@ -29,11 +29,15 @@ ARTIFACTS: dict[str, dict[str, str]] = {
     },
     # Clark et al.
     "clark": {
-        "surface": "layer, head, metric (prev|next|self|cls|sep|period|comma|sep_sep|entropy|cls_entropy), value",
+        "surface": "layer, head, metric (prev|next|self|cls|sep|period|comma|sep_sep|entropy|cls_entropy), value"
+                   "  (+ surface.png/svg, surface_entropy.png/svg)",
+        "head_distances": "layer, head, other_layer, other_head, value (JS divergence, nats)",
         "head_labels": "layer, head, label",
-        "grad_importance": "layer, target (sep|punct|other), value",
+        "grad_importance": "layer, target (sep|punct|other), value  (+ grad_importance.png/svg)",
         "clusters": "layer, head, x, y, behaviour  (+ clusters.png/svg)",
-        "probing_dependency": "relation, direction, best_layer, best_head, accuracy, baseline_offset, baseline_accuracy",
+        "probing_dependency": "relation, direction, best_layer, best_head, accuracy, baseline_offset, baseline_accuracy,"
+                              " count  (+ probing_dependency.png/svg)",
+        "probing_dependency_heads": "layer, head, direction, relation, accuracy, count",
         "probing_coref": "layer, head, metric (accuracy), value  (+ baselines in probing_coref_baselines.csv)",
     },
 }

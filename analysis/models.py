@@ -192,6 +192,7 @@ def load_model(
     kwargs = dict(attn_implementation="eager", **_offline_kwargs(source))
     meta = _store_meta(source)
     hf_logging.set_verbosity_error()  # "some weights were not initialised" is expected for fresh heads
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per load is noise; our own bars show progress
     try:
         if kind == "base":
             model = AutoModel.from_pretrained(source.path, **kwargs)
@@ -217,6 +218,7 @@ def load_model(
         raise AttnpatError(f"could not load model '{name}' ({type(exc).__name__}: {str(exc)[:200]})") from exc
     finally:
         hf_logging.set_verbosity_warning()
+        hf_logging.enable_progress_bar()
     if not getattr(tokenizer, "is_fast", False):
         raise AttnpatError(f"model '{name}' has no fast tokenizer; word-level maps need one")
     device = torch.device(device) if device is not None else default_device()

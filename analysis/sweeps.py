@@ -211,7 +211,7 @@ def fast_sweep(bundle, batches: Sequence[TokenBatch], variants: Sequence[Variant
     results: dict[str, torch.Tensor] = {}
 
     def finish(name: str, pieces: list[torch.Tensor]) -> None:
-        logits = torch.empty((len(order), pieces[0].shape[-1]), dtype=pieces[0].dtype)
+        logits = torch.empty((len(order), pieces[0].shape[-1]), dtype=torch.float32)
         logits[order] = torch.cat(pieces).float().cpu()
         results[name] = logits
         if on_variant is not None:

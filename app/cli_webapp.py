@@ -16,5 +16,6 @@ def serve(host: str = typer.Option("127.0.0.1", "--host", help="interface to lis
     """Start the web app: explore a sentence live and browse the runs in the run directory."""
     from app.webapp import launch
 
-    typer.echo(f"attnpat app on http://{host}:{port} (Ctrl+C stops it)")
-    launch(host, port, runs_dir, block=True)
+    demo, web = launch(host, port, runs_dir, block=False, quiet=True)
+    typer.echo(f"attnpat app on http://{host}:{port} (runs from {web.runs.root}; Ctrl+C stops it)")
+    demo.block_thread()
