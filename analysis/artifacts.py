@@ -1,6 +1,7 @@
 """Names of the files each analysis writes into runs/<model-slug>/<task>/ (the app reads these).
 
 Tables are long CSVs (layer, head, [key], value) unless noted; figures are <stem>.png and <stem>.svg.
+(`attnpat classify --maps DIR` writes DIR/map_classes.csv beside the map files: map_id, predicted, p_<class>.)
 """
 
 ARTIFACTS: dict[str, dict[str, str]] = {
@@ -12,6 +13,11 @@ ARTIFACTS: dict[str, dict[str, str]] = {
         "pattern_ratios": "class, count, fraction  (+ pattern_ratios.png/svg: stacked bar)",
         "pattern_ratios_by_task": "task, class, count, fraction (in runs/<model>/all/)",
     },
+    # classifier training, in runs/classifier/<labeled set>/
+    "train": {
+        "cv_scores": "model, metric (macro_f1|macro_f1_fold_std|accuracy|f1), class, value",
+        "cv_confusion": "model, true, predicted, count  (+ cv_confusion.png/svg)",
+    },
     # fine-tuning (Kovaleva Figures 5-7, section 4.4); written under the FINE-TUNED model's run dir
     "finetune": {
         "finetune_eval": "metric, value",
@@ -22,9 +28,10 @@ ARTIFACTS: dict[str, dict[str, str]] = {
     },
     # disabling, importance, pruning (Kovaleva Figures 8-9, Michel et al.)
     "sweeps": {
-        "disable_heads": "layer, head, metric (<mode>_delta), value  (+ disable_heads.png/svg)",
+        "disable_heads": "layer, head, metric (<mode>_delta|<mode>_metric), value  (+ disable_heads.png/svg; "
+                         "resume state in .sweep-<mode>-<unit>/; best/worst heads in manifest analyses.disable_<mode>)",
         "disable_layers": "layer, mode, metric, delta  (+ disable_layers.png/svg)",
-        "importance": "layer, head, metric (importance), value  (+ importance.png/svg)",
+        "importance": "layer, head, metric (importance|importance_raw), value  (+ importance.png/svg)",
         "pruning": "fraction_pruned, n_pruned, metric  (+ pruning.png/svg)",
     },
     # Clark et al.

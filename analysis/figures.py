@@ -72,29 +72,62 @@ def map_figure(attn: np.ndarray, tokens: list[str] | None = None, *, size: float
     return fig
 
 
-def head_heatmap(values: np.ndarray, *, title: str, cmap: str = "viridis", label: str = "",
-                 vmin: float | None = None, vmax: float | None = None, center: float | None = None,
-                 annotate: bool = False):
-    """A layer x head heatmap. values: (L, H). ``center`` makes a diverging scale symmetric around it."""
+def label_head_axes(ax, layers: int, heads: int, fontsize: int = 7) -> None:
+    """Ticks and labels of a layer x head grid, 1-indexed as in the papers (and said so)."""
+    ax.set_xticks(range(heads), [str(h + 1) for h in range(heads)], fontsize=fontsize)
+    ax.set_yticks(range(layers), [str(layer + 1) for layer in range(layers)], fontsize=fontsize)
+    ax.set_xlabel("head (1-indexed)", fontsize=fontsize + 2)
+    ax.set_ylabel("layer (1-indexed)", fontsize=fontsize + 2)
+
+
+def draw_head_heatmap(ax, values: np.ndarray, *, title: str = "", cmap: str = "viridis", vmin: float | None = None,
+                      vmax: float | None = None, annotate: bool = False, fontsize: int = 7):
+    """Draw one layer x head heatmap on ``ax``; values: (L, H). Returns the image (for a colorbar)."""
     values = np.asarray(values, dtype=float)
     if values.ndim != 2:
         raise AttnpatError(f"a layer x head heatmap needs a (layers, heads) array, got shape {values.shape}")
+    image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    layers, heads = values.shape
+    label_head_axes(ax, layers, heads, fontsize)
+    if title:
+        ax.set_title(title, fontsize=fontsize + 3)
+    if annotate:
+        colours = image.cmap(image.norm(values))
+        for layer in range(layers):
+            for head in range(heads):
+                red, green, blue = colours[layer, head, :3]
+                dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5  # readable on light and dark cells
+                ax.text(head, layer, f"{values[layer, head]:.2f}", ha="center", va="center", fontsize=5,
+                        color="white" if dark else "black")
+    return image
+
+
+def head_heatmap(values: np.ndarray, *, title: str, cmap: str = "viridis", label: str = "",
+                 vmin: float | None = None, vmax: float | None = None, center: float | None = None,
+                 annotate: bool = False):
+    """A layer x head heatmap figure. values: (L, H). ``center`` makes a diverging scale symmetric around it."""
+    values = np.asarray(values, dtype=float)
     if center is not None:
         spread = np.nanmax(np.abs(values - center)) or 1.0
         vmin, vmax = center - spread, center + spread
-    layers, heads = values.shape
+    layers, heads = values.shape if values.ndim == 2 else (1, 1)
     fig, ax = plt.subplots(figsize=(max(4.0, 0.42 * heads + 1.5), max(2.5, 0.4 * layers + 1.2)))
-    image = ax.imshow(values, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
-    ax.set_xticks(range(heads), [str(h + 1) for h in range(heads)], fontsize=7)
-    ax.set_yticks(range(layers), [str(layer + 1) for layer in range(layers)], fontsize=7)
-    ax.set_xlabel("head (1-indexed)")
-    ax.set_ylabel("layer (1-indexed)")
-    ax.set_title(title, fontsize=10)
-    if annotate:
-        for layer in range(layers):
-            for head in range(heads):
-                ax.text(head, layer, f"{values[layer, head]:.2f}", ha="center", va="center", fontsize=5, color="w")
+    image = draw_head_heatmap(ax, values, title=title, cmap=cmap, vmin=vmin, vmax=vmax, annotate=annotate)
     fig.colorbar(image, ax=ax, label=label)
+    fig.tight_layout()
+    return fig
+
+
+def panel_heatmaps(panels: dict[str, np.ndarray], *, title: str, label: str, cmap: str = "viridis",
+                   vmin: float | None = None, vmax: float | None = None):
+    """One layer x head heatmap per entry of ``panels`` ({panel title: (L, H)}), in a row."""
+    layers, heads = np.asarray(next(iter(panels.values()))).shape
+    fig, axes = plt.subplots(1, len(panels), figsize=(len(panels) * max(4.0, 0.42 * heads + 1.8),
+                                                       max(2.6, 0.4 * layers + 1.4)), squeeze=False)
+    for ax, (name, values) in zip(axes[0], panels.items()):
+        image = draw_head_heatmap(ax, values, title=name, cmap=cmap, vmin=vmin, vmax=vmax)
+        fig.colorbar(image, ax=ax, label=label, shrink=0.85)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -107,7 +107,10 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
     if n_train is not None:
         if n_train < 1:
             raise AttnpatError(f"--n must be positive, got {n_train}")
-        train.examples = train.examples[:n_train]
+        # a seeded sample, not the first N: source files can be ordered by label (the SST snippets are)
+        keep = sorted(random.Random(seed).sample(range(len(train.examples)), min(n_train, len(train.examples))))
+        train.examples = [train.examples[i] for i in keep]
+        train.notes = train.notes + [f"--n: a seeded sample (seed {seed}) of {len(keep)} training examples"]
     info.update(train_source=train.source, train_split=train.split, n_train=len(train.examples),
                 eval_source=evaluation.source, eval_split=evaluation.split, n_eval=len(evaluation.examples),
                 notes=train.notes)

@@ -131,7 +131,8 @@ def drop_positions(maps: torch.Tensor, keep: np.ndarray | torch.Tensor) -> torch
     return kept / kept.sum(-1, keepdim=True).clamp(min=1e-12)
 
 
-def view_maps(live: LiveMaps, *, word_level: bool = False, hide_special: bool = False) -> tuple[torch.Tensor, list[str]]:
+def view_maps(live: LiveMaps, *, word_level: bool = False,
+              hide_special: bool = False) -> tuple[torch.Tensor, list[str]]:
     """The maps as displayed: optionally word-level (Clark et al. pooling), optionally without special tokens.
 
     Returns (maps (L, H, m, m), labels (m,)), m = tokens or words shown.
@@ -334,8 +335,10 @@ class LiveExplorer:
                         from classifier.predict import load_classifier as loader
                     self._classifier = loader()
                     self._classifier_note = ""
-                except (ImportError, AttnpatError, OSError) as exc:
-                    self._classifier_note = f"pattern classifier unavailable ({exc}); heads are shown without classes"
+                except Exception as exc:  # a missing or broken checkpoint must not take the grid down with it
+                    reason = str(exc) if isinstance(exc, AttnpatError) else f"{type(exc).__name__}: {exc}"
+                    self._classifier_note = (f"pattern classifier unavailable ({reason}); "
+                                             "heads are shown without classes")
                     self._retry_at = time.monotonic() + self.retry_seconds
             return self._classifier
 
@@ -390,6 +393,8 @@ def layer_head_figure(frame, title: str = ""):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from analysis.figures import draw_head_heatmap
+
     columns = list(frame.columns)
     if columns[:2] != ["layer", "head"] or "value" not in columns or len(columns) != 4 or frame.empty:
         return None
@@ -404,12 +409,7 @@ def layer_head_figure(frame, title: str = ""):
         rows = frame[frame[key] == name]
         values = np.full((layers, heads), np.nan)
         values[rows.layer.to_numpy(int), rows["head"].to_numpy(int)] = rows.value.to_numpy(float)
-        image = ax.imshow(values, cmap="viridis", aspect="auto")
-        ax.set_title(f"{key} = {name}", fontsize=8)
-        ax.set_xticks(range(heads), [str(h + 1) for h in range(heads)], fontsize=5)
-        ax.set_yticks(range(layers), [str(layer + 1) for layer in range(layers)], fontsize=5)
-        ax.set_xlabel("head (1-indexed)", fontsize=6)
-        ax.set_ylabel("layer (1-indexed)", fontsize=6)
+        image = draw_head_heatmap(ax, values, title=f"{key} = {name}", fontsize=5)
         fig.colorbar(image, ax=ax, fraction=0.046, format="%.3g")  # no offset text over the title
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")

@@ -30,6 +30,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
     os.close(fd)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are ordinary files (a writer may still narrow this)
     try:
         write(Path(tmp))
         os.replace(tmp, path)

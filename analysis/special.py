@@ -234,7 +234,7 @@ def write_special(bundle, data, run, *, max_length: int = DEFAULT_MAX_LENGTH, ba
                   min_count: int = 5) -> dict:
     """Compute :func:`special_statistics` for ``data`` and write special_tokens.csv/png/svg,
     cls_last_layer.csv and linguistic.csv into ``run``. Returns the statistics."""
-    from analysis.compare import panel_heatmaps
+    from analysis.figures import panel_heatmaps
     from analysis.figures import close
     from analysis.rundir import long_table
 

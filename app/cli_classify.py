@@ -16,8 +16,9 @@ def register(app: typer.Typer) -> None:
 def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/v1) or synthetic[:N]"),
           out: opt.OptionalPath = typer.Option(None, "--out", help="checkpoint .safetensors (default: run dir/classifier.safetensors)"),
           folds: int = typer.Option(5, "--folds", help="stratified cross-validation folds"),
-          epochs: int = typer.Option(60, "--epochs", help="maximum epochs (early stopping ends sooner)"),
+          epochs: int = typer.Option(100, "--epochs", help="maximum epochs (early stopping ends sooner)"),
           seed: int = typer.Option(0, "--seed", help="seed for folds, initialisation and batches"),
+          synthetic_mix: int = typer.Option(40, "--synthetic-mix", help="synthetic maps per class added to every training part (not with --data synthetic)"),
           baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="also score the rule and feature baselines"),
           runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Train the 8-layer CNN on a labeled set: k-fold CV scores vs baselines, then a checkpoint."""
@@ -28,8 +29,9 @@ def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g.
     training = load_training_data(data, seed)
     run = RunDir("classifier", training.name, runs_dir)
     out = out or run.file("classifier.safetensors")
-    summary = train_classifier(training, out, run, TrainConfig(max_epochs=epochs, folds=folds, seed=seed),
-                               baselines=baselines, progress=not quiet)
+    config = TrainConfig(max_epochs=epochs, folds=folds, seed=seed,
+                         synthetic_per_class=0 if training.synthetic else synthetic_mix)
+    summary = train_classifier(training, out, run, config, baselines=baselines, progress=not quiet)
     typer.echo(f"{len(training.labels)} maps from {training.source}; {folds}-fold cross-validation (out-of-fold scores):")
     typer.echo(summary.to_string(float_format=lambda v: f"{v:.3f}"))
     typer.echo(f"tables: {run.file('cv_scores.csv')}, {run.file('cv_confusion.csv')}")

@@ -14,12 +14,12 @@ from app import options as opt
 # (title, argv) — everything offline on the embedded MiniLM; sizes keep the whole pipeline to minutes on a CPU.
 PIPELINE = (
     ("per-layer overview of all 872 SST-2 dev maps", ["overview", "--task", "sst2"]),
-    ("pattern classes of every head on SST-2, MRPC, RTE and wiki (Kovaleva Fig. 2)",
+    ("pattern classes of every head on SST-2, MRPC and RTE (Kovaleva Fig. 2)",
      ["classify", "--task", "all", "--n", "200"]),
     ("attention to [CLS]/[SEP] and the last layer's [CLS] row on SST-2 (Kovaleva Fig. 6-7)",
      ["special", "--task", "sst2", "--n", "300"]),
     ("Clark's surface statistics and entropy on wiki segments", ["surface", "--task", "wiki", "--n", "200"]),
-    ("Jensen-Shannon head clustering with MDS", ["cluster", "--task", "wiki", "--n", "100"]),
+    ("Jensen-Shannon head clustering with MDS", ["cluster", "--task", "wiki", "--n", "50"]),
     ("coreference probing on WinoBias (Clark Table 2)", ["probe-coref"]),
 )
 

@@ -10,7 +10,8 @@ def register(app: typer.Typer) -> None:
     app.command("app")(serve)
 
 
-def serve(host: str = typer.Option("127.0.0.1", "--host", help="interface to listen on (0.0.0.0 exposes it to the network)"),
+def serve(host: str = typer.Option("127.0.0.1", "--host",
+                                   help="interface to listen on (0.0.0.0 exposes it to the network)"),
           port: int = typer.Option(7860, "--port", help="port to listen on"),
           runs_dir: opt.OptionalPath = opt.RunsDir) -> None:
     """Start the web app: explore a sentence live and browse the runs in the run directory."""

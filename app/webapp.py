@@ -6,7 +6,9 @@ subprocesses. User errors (AttnpatError) appear as a message in the page and the
 """
 from __future__ import annotations
 
+import atexit
 import base64
+import codecs
 import hashlib
 import inspect
 import json
@@ -29,7 +31,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import gradio as gr  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.artifacts import ARTIFACTS  # noqa: E402
 from analysis.data import ALL_TASKS  # noqa: E402
 from analysis.errors import AttnpatError  # noqa: E402
 from analysis.live import CLASS_STYLE, MAX_LIVE_TOKENS, LiveExplorer, class_table, layer_head_figure  # noqa: E402
@@ -38,6 +39,8 @@ from analysis.paths import runs_root  # noqa: E402
 from analysis.rundir import list_runs, save_figure, save_table  # noqa: E402
 
 log = logging.getLogger("attnpat.webapp")
+# pyplot keeps global state: requests served in parallel threads draw their figures one at a time.
+FIGURE_LOCK = threading.Lock()
 
 # The run tabs and the artifacts each one shows, in order (names from analysis.artifacts, plus the extra
 # figures and tables the analyses write next to them).
@@ -45,12 +48,15 @@ RUN_TABS: dict[str, tuple[str, ...]] = {
     "Pattern ratios": ("pattern_ratios_by_task", "pattern_ratios", "patterns"),
     "Fine-tuning": ("cosine", "special_tokens", "finetune_eval", "cls_last_layer", "linguistic"),
     "Disabling": ("disable_heads", "disable_layers", "importance", "pruning"),
-    "Surface and clusters": ("surface", "surface_entropy", "overview", "head_labels", "clusters", "grad_importance",
+    "Surface and clusters": ("surface", "surface_entropy", "overview", "head_labels", "clusters", "head_distances",
+                             "grad_importance",
                              "probing_dependency", "probing_dependency_heads", "probing_coref",
                              "probing_coref_baselines"),
+    # `attnpat train` writes to runs/classifier/<labeled set>/: model "classifier", task e.g. "v1".
+    "Classifier": ("cv_scores", "cv_confusion"),
 }
 # Task picked first in each run tab when it has a run (Clark's statistics run on wiki by default).
-PREFERRED_TASK = {"Surface and clusters": "wiki"}
+PREFERRED_TASK = {"Surface and clusters": "wiki", "Classifier": "v1"}
 # Artifacts that live in a fixed task folder whatever task is picked: the per-task comparison in
 # runs/<model>/all/ and the WinoBias probe in runs/<model>/winobias/ (analysis.probing.WINOBIAS_TASK).
 CROSS_TASK = {"pattern_ratios_by_task": "all", "probing_coref": "winobias", "probing_coref_baselines": "winobias"}
@@ -62,12 +68,16 @@ WRITTEN_BY = {
     "finetune_eval": "finetune --model <base model> --task {task}",
     "cosine": "compare --base <base model> --finetuned {model} --task {task}",
     "special_tokens": f"special {_STANDARD}", "cls_last_layer": f"special {_STANDARD}",
-    "linguistic": f"special {_STANDARD}", "disable_heads": f"disable {_STANDARD}", "disable_layers": f"disable {_STANDARD}",
+    "linguistic": f"special {_STANDARD}", "disable_heads": f"disable {_STANDARD}",
+    "disable_layers": f"disable {_STANDARD}",
     "importance": f"importance {_STANDARD}", "pruning": f"prune {_STANDARD}", "surface": f"surface {_STANDARD}",
-    "surface_entropy": f"surface {_STANDARD}", "head_labels": f"surface {_STANDARD}", "clusters": f"cluster {_STANDARD}",
+    "surface_entropy": f"surface {_STANDARD}", "head_labels": f"surface {_STANDARD}",
+    "clusters": f"cluster {_STANDARD}",
+    "head_distances": f"cluster {_STANDARD}",
     "grad_importance": f"grad-importance {_STANDARD}", "probing_dependency": "probe-dep FILE.conllu --model {model}",
     "probing_dependency_heads": "probe-dep FILE.conllu --model {model}", "probing_coref": "probe-coref --model {model}",
     "probing_coref_baselines": "probe-coref --model {model}",
+    "cv_scores": "train --data annotation/labeled/{task}", "cv_confusion": "train --data annotation/labeled/{task}",
 }
 
 
@@ -152,13 +162,14 @@ class RunBrowser:
     def __init__(self, runs_dir: str | Path | None, scratch: Scratch):
         self.root = Path(runs_dir) if runs_dir is not None else runs_root()
         self.scratch = scratch
-        self._lock = threading.Lock()
 
     def runs(self) -> list[dict]:
         return list_runs(self.root) if self.root.is_dir() else []
 
     def models(self) -> list[str]:
-        return sorted({path.parent.name for path in self.root.glob("*/*/") if path.is_dir()}) if self.root.is_dir() else []
+        if not self.root.is_dir():
+            return []
+        return sorted({path.parent.name for path in self.root.glob("*/*/") if path.is_dir()})
 
     def tasks(self, model: str | None) -> list[str]:
         if not model or not (self.root / model).is_dir():
@@ -194,7 +205,7 @@ class RunBrowser:
         key = hashlib.sha1(f"{view.csv.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:16]
         stem = self.scratch.figures_dir() / f"{view.stem}-{key}"
         png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
-        with self._lock:
+        with FIGURE_LOCK:
             if not png.is_file():
                 fig = layer_head_figure(view.table, f"{_slug_label(view.stem)} (drawn from {view.csv.name})")
                 if fig is None:
@@ -245,6 +256,8 @@ class Job:
             return f"running for {time.time() - self.started:.0f} s: `{command}`"
         if code == 0:
             return f"finished in {(self.finished or time.time()) - self.started:.0f} s: `{command}`"
+        if code < 0:
+            return f"stopped (signal {-code}): `{command}`"
         return f"failed (exit status {code}): `{command}`; see the log"
 
 
@@ -255,6 +268,7 @@ class BatchJobs:
         self.runs_dir = runs_dir
         self.job: Job | None = None
         self._lock = threading.Lock()
+        atexit.register(self.stop)  # no orphaned job when the app stops (rerunning the job resumes it)
 
     def arguments(self, verb: str, model: str, task: str, n, split: str = "validation") -> list[str]:
         verbs = cli_verbs()
@@ -293,8 +307,9 @@ class BatchJobs:
     @staticmethod
     def _read(job: Job) -> None:
         stream = job.process.stdout
-        while chunk := stream.read1(4096) if hasattr(stream, "read1") else stream.read(4096):
-            for piece in re.split(r"(\r|\n)", chunk.decode("utf-8", errors="replace")):
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two reads
+        while chunk := stream.read1(4096):
+            for piece in re.split(r"(\r|\n)", decoder.decode(chunk)):
                 if piece == "\n":
                     job.lines.append("")
                 elif piece == "\r":
@@ -314,7 +329,7 @@ class BatchJobs:
                 self.job.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.job.process.kill()
-            return "job stopped; rerun it to resume where it stopped"
+            return "job stopped (resumable verbs continue where they stopped when rerun)"
 
 
 # ---------------------------------------------------------------- the app
@@ -357,26 +372,29 @@ class WebApp:
         layers, heads = view.layout.layers, view.layout.heads
         if view.classes is not None:
             csv = save_table(class_table(view.classes, view.probs), folder / "head_classes.csv")
-            wide = pd.DataFrame([[f"{layer + 1}"] + [CLASS_STYLE[c][0] for c in row] for layer, row in enumerate(view.classes)],
-                                columns=["layer"] + [f"head {h + 1}" for h in range(heads)])
+            tags = [[f"{layer + 1}"] + [CLASS_STYLE[c][0] for c in row] for layer, row in enumerate(view.classes)]
+            wide = pd.DataFrame(tags, columns=["layer"] + [f"head {h + 1}" for h in range(heads)])
             note = "Tags: " + ", ".join(f"{tag} = {name}" for name, (tag, _) in CLASS_STYLE.items())
         else:
             csv, wide, note = None, None, view.note
         unit = "words" if word_level else "tokens"
         status = _message(f"{len(view.labels)} {unit}, {layers} layers x {heads} heads (1-indexed); "
                           f"click a map for a large view. {note}", "ok")
-        return (status, str(png), wide, gr.DownloadButton(value=str(png), visible=True),
+        return (status, str(png), gr.Dataframe(value=wide, visible=wide is not None),
+                gr.DownloadButton(value=str(png), visible=True),
                 gr.DownloadButton(value=str(svg), visible=True),
                 gr.DownloadButton(value=str(csv) if csv else None, visible=csv is not None))
 
     def _explore_failure(self, message: str):
         hidden = gr.DownloadButton(value=None, visible=False)
-        return _message(message, "error"), None, None, hidden, hidden, hidden
+        return _message(message, "error"), None, gr.Dataframe(value=None, visible=False), hidden, hidden, hidden
 
     def head_map(self, text, text_pair, model, word_level, hide_special, layer, head):
         """-> caption, large map image path, map PNG, map SVG. layer and head are 1-indexed."""
         hidden = gr.DownloadButton(value=None, visible=False)
         try:
+            if layer is None or head is None:
+                raise AttnpatError("enter a layer and a head (1-indexed)")
             layer, head = int(layer) - 1, int(head) - 1
             attn, labels = self.explorer.head_map(model, text, text_pair, layer, head,
                                                   word_level=bool(word_level), hide_special=bool(hide_special))
@@ -391,11 +409,13 @@ class WebApp:
 
         predicted = f": predicted {classes[layer][head]}" if classes is not None else ""
         title = f"layer {layer + 1}, head {head + 1} (1-indexed){predicted}"
-        fig = map_figure(attn, labels, size=6.0, all_ticks=len(labels) <= 64, title=title)
         folder = self.scratch.new_dir()
-        png, svg = save_figure(fig, folder / f"map_L{layer + 1}_H{head + 1}")
-        close(fig)
-        return (_message(title + ". Rows are queries, columns keys; darker = more attention.", "ok"), str(png),
+        with FIGURE_LOCK:
+            fig = map_figure(attn, labels, size=6.0, all_ticks=len(labels) <= 64, title=title)
+            png, svg = save_figure(fig, folder / f"map_L{layer + 1}_H{head + 1}")
+            close(fig)
+        shown = f"{len(labels)} {'words' if word_level else 'tokens'}{' without [CLS]/[SEP]' if hide_special else ''}"
+        return (_message(f"{title}; {shown}. Rows are queries, columns keys; darker = more attention.", "ok"), str(png),
                 gr.DownloadButton(value=str(png), visible=True), gr.DownloadButton(value=str(svg), visible=True))
 
     def pick_head(self, model, layer, head, evt: gr.SelectData):
@@ -416,7 +436,8 @@ class WebApp:
     def run_choices(self, model=None, task=None, preferred_task: str = "sst2"):
         """Model and task dropdown updates: keep the current pick when it still exists."""
         models = self.runs.models()
-        model = model if model in models else (DEFAULT_MODEL if DEFAULT_MODEL in models else (models[0] if models else None))
+        if model not in models:
+            model = DEFAULT_MODEL if DEFAULT_MODEL in models else (models[0] if models else None)
         tasks = self.runs.tasks(model)
         fallback = next((t for t in (preferred_task, "sst2") if t in tasks), tasks[0] if tasks else None)
         task = task if task in tasks else fallback
@@ -470,12 +491,18 @@ class WebApp:
         where = f"`{view.folder.parent.name}/{view.folder.name}`"
         title = f"#### {_slug_label(view.stem)}  \n<small>{where}</small>"
         files = [str(path) for path in (view.csv, view.png, view.svg) if path is not None]
-        return [gr.Group(visible=True), title, gr.Image(value=str(view.png) if view.png else None, visible=view.png is not None),
+        image = gr.Image(value=str(view.png) if view.png else None, visible=view.png is not None)
+        return [gr.Group(visible=True), title, image,
                 gr.Dataframe(value=view.table, visible=view.table is not None), files]
 
     # -------------------------------------------------------- Runs tab
 
-    def runs_table(self):
+    def runs_table(self, picked=None):
+        """-> the runs (model, task, analyses, examples, updated, path) and the run picker (keeps ``picked``)."""
+        return self.runs_and_pick(picked)[:2]
+
+    def runs_and_pick(self, picked=None):
+        """-> runs table, run picker update, the picked run's name."""
         rows = []
         for run in self.runs.runs():
             manifest = run["manifest"]
@@ -486,7 +513,8 @@ class WebApp:
                          "updated": manifest.get("updated", ""), "path": run["path"]})
         frame = pd.DataFrame(rows, columns=["model", "task", "analyses", "examples", "updated", "path"])
         names = [f"{row['model']}/{row['task']}" for row in rows]
-        return frame, gr.Dropdown(choices=names, value=names[0] if names else None)
+        chosen = picked if picked in names else (names[0] if names else None)
+        return frame, gr.Dropdown(choices=names, value=chosen), chosen
 
     def manifest(self, name) -> str:
         """The picked run's manifest.json as indented JSON text ("model/task" names the run)."""
@@ -498,28 +526,31 @@ class WebApp:
                 return json.dumps(run["manifest"], indent=2)
         return json.dumps({"message": f"no run {name} in {self.runs.root}"})
 
-    def start_job(self, verb, model, task, n):
-        """Generator: start the job, then yield (log, status) until it finishes."""
+    def start_job(self, verb, model, task, n, picked=None):
+        """Generator: start the job, then yield (log, status, runs table, run picker, manifest) until it finishes;
+        the runs table and manifest are refreshed in the last answer (skipped while the job runs)."""
         try:
             job = self.jobs.start(verb, model, task, n)
         except AttnpatError as exc:
-            yield "", _message(str(exc), "error")
+            yield "", _message(str(exc), "error"), gr.skip(), gr.skip(), gr.skip()
             return
-        yield from self._follow(job)
+        yield from self._follow(job, picked)
 
-    def watch_job(self):
+    def watch_job(self, picked=None):
         job = self.jobs.job
         if job is None:
-            yield "", _message("no job started yet")
+            yield "", _message("no job started yet"), gr.skip(), gr.skip(), gr.skip()
             return
-        yield from self._follow(job)
+        yield from self._follow(job, picked)
 
-    @staticmethod
-    def _follow(job: Job):
+    def _follow(self, job: Job, picked):
         while job.returncode is None or job.finished is None:
-            yield job.log_text(), _message(job.status())
+            yield job.log_text(), _message(job.status()), gr.skip(), gr.skip(), gr.skip()
             time.sleep(0.5)
-        yield job.log_text(), _message(job.status(), "ok" if job.returncode == 0 else "error")
+        code = job.returncode
+        table, picker, chosen = self.runs_and_pick(picked)
+        yield (job.log_text(), _message(job.status(), "ok" if code == 0 else ("info" if code < 0 else "error")),
+               table, picker, self.manifest(chosen))
 
     def stop_job(self):
         return _message(self.jobs.stop())
@@ -531,13 +562,13 @@ class WebApp:
             gr.Markdown("## attnpat: what do BERT attention heads do?\nLive maps for one input; everything else "
                         f"from the run directory `{self.runs.root}`.")
             with gr.Tabs():
-                self._explore_tab()
+                self._explore_tab(demo)
                 for tab in RUN_TABS:
                     self._run_tab(tab, demo)
                 self._runs_tab(demo)
         return demo
 
-    def _explore_tab(self) -> None:
+    def _explore_tab(self, demo: gr.Blocks) -> None:
         with gr.Tab("Explore", id="explore"):
             with gr.Row():
                 text = gr.Textbox(label="Sentence", value="The cat sat on the mat because it was warm.", scale=3,
@@ -571,6 +602,8 @@ class WebApp:
                     big = gr.Image(label="selected head", type="filepath", interactive=False, elem_id="explore-map")
             classes = gr.Dataframe(label="predicted class per head", interactive=False, elem_id="explore-classes")
 
+            # models fine-tuned while the app runs appear on the next page load
+            demo.load(lambda: gr.Dropdown(choices=model_choices()), None, model, api_name=False)
             inputs = [text, pair, model, word_level, hide_special]
             map_inputs = [*inputs, layer, head]
             map_outputs = [caption, big, map_png, map_svg]
@@ -632,7 +665,8 @@ class WebApp:
             with gr.Row():
                 picked = gr.Dropdown(label="run", choices=[], allow_custom_value=True, elem_id="runs-pick")
             # shown as text: gr.JSON would treat path strings in the manifest as files to serve
-            manifest = gr.Code(label="manifest.json", language="json", interactive=False, elem_id="runs-manifest")
+            manifest = gr.Code(label="manifest.json", language="json", interactive=False, max_lines=24,
+                               elem_id="runs-manifest")
             gr.Markdown("#### Start a batch job\nRuns `attnpat <verb> --model ... --task ... --n ...` into this "
                         "app's run directory, one job at a time.")
             verbs = list(cli_verbs())
@@ -650,12 +684,13 @@ class WebApp:
                                  elem_id="job-log")
 
             for trigger in (tab_block.select, refresh.click):
-                trigger(self.runs_table, None, [table, picked], api_name="list_runs" if trigger == refresh.click else False
-                        ).then(self.manifest, picked, manifest, api_name=False)
+                api_name = "list_runs" if trigger == refresh.click else False
+                trigger(self.runs_table, picked, [table, picked], api_name=api_name).then(self.manifest, picked, manifest, api_name=False)
             picked.input(self.manifest, picked, manifest, api_name="manifest")
-            start.click(self.start_job, [verb, model, task, count], [job_log, job_status], api_name="start_job",
-                        concurrency_limit=None).then(self.runs_table, None, [table, picked], api_name=False)
-            watch.click(self.watch_job, None, [job_log, job_status], api_name="watch_job", concurrency_limit=None)
+            job_outputs = [job_log, job_status, table, picked, manifest]
+            start.click(self.start_job, [verb, model, task, count, picked], job_outputs, api_name="start_job",
+                        concurrency_limit=None)
+            watch.click(self.watch_job, picked, job_outputs, api_name="watch_job", concurrency_limit=None)
             stop.click(self.stop_job, None, job_status, api_name="stop_job")
             del demo
 

@@ -6,7 +6,7 @@ app's whole handler (the same plus writing the PNG/SVG/CSV downloads). Inputs ar
 (no cached maps). Uses the shipped classifier checkpoint when present, otherwise an untrained classifier
 of the same architecture (same cost).
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/bench_explore.py [--repeats 20] [--threads 2]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_explore.py [--repeats 20] [--threads 1]
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TARGET_SECONDS = 1.0
 SENTENCES = {
-    "short (8 tokens)": "A gripping, funny film.",
-    "typical SST-2 (~25 tokens)": "The film is strictly routine, but it has enough charm and good acting to keep you "
+    "short": "A gripping, funny film.",
+    "typical SST-2 sentence": "The film is strictly routine, but it has enough charm and good acting to keep you "
                                   "watching until the end.",
-    "long (~128 tokens)": " ".join(["The director keeps the story moving with wit, warmth and a sharp eye for detail,"]
+    "long (near the 128 limit)": " ".join(["The director keeps the story moving with wit, warmth and a sharp eye for detail,"]
                                    * 6) + " and the cast is superb.",
 }
 
@@ -41,13 +41,15 @@ def classifier_and_name():
         from classifier.model import PatternCNN
 
         torch.manual_seed(0)
-        return PatternClassifier(PatternCNN().eval(), {"input_size": 32}), "untrained CNN (no checkpoint yet; same cost)"
+        untrained = PatternClassifier(PatternCNN().eval(), {"input_size": 32})
+        return untrained, "untrained CNN (no usable checkpoint; same cost)"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1, as `attnpat app` runs; 0 = torch's default)")
     args = parser.parse_args()
 
     import torch
@@ -71,7 +73,7 @@ def main() -> int:
 
     for k in range(3):  # warm-up: first calls allocate and fill caches (resize matrices, tokenizer)
         explorer = LiveExplorer(models, classifier_loader=lambda: classifier)
-        explorer.explore("minilm", fresh(SENTENCES["short (8 tokens)"], -k))
+        explorer.explore("minilm", fresh(SENTENCES["short"], -k))
 
     web = WebApp(explorer=LiveExplorer(models, classifier_loader=lambda: classifier))  # handlers; no page built
     worst = 0.0

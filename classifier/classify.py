@@ -151,6 +151,8 @@ def head_class_figure(counts: np.ndarray, title: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
+
+    from analysis.figures import label_head_axes
     from matplotlib.patches import Patch
 
     layers, heads, _ = counts.shape
@@ -162,10 +164,7 @@ def head_class_figure(counts: np.ndarray, title: str):
     for layer in range(layers):
         for head in range(heads):
             ax.text(head, layer, f"{share[layer, head]:.2f}", ha="center", va="center", fontsize=6, color="white")
-    ax.set_xticks(range(heads), [str(h + 1) for h in range(heads)], fontsize=7)
-    ax.set_yticks(range(layers), [str(layer + 1) for layer in range(layers)], fontsize=7)
-    ax.set_xlabel("head (1-indexed)")
-    ax.set_ylabel("layer (1-indexed)")
+    label_head_axes(ax, layers, heads)
     ax.set_title(title, fontsize=9)
     ax.legend(handles=[Patch(color=c, label=cls) for c, cls in zip(CLASS_COLOURS, CLASSES)], fontsize=7,
               loc="upper left", bbox_to_anchor=(1.01, 1.0), title="class (share)", title_fontsize=7)

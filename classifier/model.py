@@ -8,6 +8,11 @@ Input transform (one map -> one image of INPUT_SIZE x INPUT_SIZE with two views 
   3. channel 0 = the image divided by its maximum: the heat map a human labels (darkest cell = 1);
      channel 1 = log(1 + n * weight) / log(1 + n): weight relative to uniform attention (1/n), on a log
      scale in [0, 1]; it keeps what channel 0 loses, how concentrated the weight is (block vs stripe).
+  4. channel 2 carries, in its first row, PROFILE_FEATURES size-invariant scalars of the ORIGINAL (n, n)
+     map (see :func:`map_profile`): mass on the diagonals -2..+2, top column masses, first/last column
+     mass, broadness, peakedness, length. Resizing blurs exactly these (a one-token band or column in a
+     128-token map becomes a quarter-pixel line), and they separate block/heterogeneous from the rest.
+     The convolutions see channels 0-1 only; the profile joins the pooled features before the last layer.
 Maps of the same length are resized together in one call, so a batch costs one resize per length.
 """
 from __future__ import annotations
@@ -26,7 +31,10 @@ INPUT_SIZE = 32
 # purpose: classifying every head of every example must cost less than half the model's forward pass.
 CHANNELS = (8, 8, 16, 16, 32, 32, 32, 32)
 STRIDES = (2, 1, 2, 1, 2, 1, 1, 1)
-INPUT_CHANNELS = 2  # the two views of step 3 above
+IMAGE_CHANNELS = 2  # the two views of step 3 above
+INPUT_CHANNELS = 3  # + the profile channel of step 4
+PROFILE_OFFSETS = (-2, -1, 0, 1, 2)
+PROFILE_FEATURES = len(PROFILE_OFFSETS) + 7
 
 
 @lru_cache(maxsize=1024)
@@ -43,15 +51,35 @@ def resize_matrix(n: int, size: int = INPUT_SIZE) -> torch.Tensor:
     return rows[0, 0].T.contiguous()
 
 
+def map_profile(maps: torch.Tensor) -> torch.Tensor:
+    """maps: (N, n, n) of one length -> (N, PROFILE_FEATURES) scalars in [0, 1], independent of n's scale.
+
+    Per map: mean mass on each diagonal offset in PROFILE_OFFSETS; the mean mass of the top-1 and top-2
+    key columns; of the first column ([CLS]) and the last ([SEP]); broadness = mean row entropy / log n;
+    peakedness = mean row maximum; log n / log 512.
+    """
+    n = int(maps.shape[-1])
+    bands = [torch.diagonal(maps, offset, dim1=-2, dim2=-1).sum(-1) / n for offset in PROFILE_OFFSETS]
+    columns = maps.mean(-2)  # (N, n): mean attention each key receives
+    top = columns.topk(min(2, n), dim=-1).values
+    top2 = top.sum(-1)
+    entropy = -(maps * torch.log(maps.clamp_min(1e-12))).sum(-1).mean(-1)
+    broadness = entropy / np.log(n) if n > 1 else torch.zeros_like(entropy)
+    return torch.stack([*bands, top[:, 0], top2, columns[:, 0], columns[:, -1], broadness,
+                        maps.amax(-1).mean(-1), torch.full_like(entropy, np.log(n) / np.log(512))], dim=1)
+
+
 def resize_maps(maps: torch.Tensor, size: int = INPUT_SIZE) -> torch.Tensor:
-    """maps: (N, n, n) of one length n -> (N, 2, size, size) float32 images (the two views above)."""
+    """maps: (N, n, n) of one length n -> (N, INPUT_CHANNELS, size, size) float32 inputs (steps 2-4 above)."""
     maps = maps.to(torch.float32)
     n = int(maps.shape[-1])
     matrix = resize_matrix(n, size)
     images = (matrix @ maps @ matrix.T).unsqueeze(1)
     peak = images.amax(dim=(2, 3), keepdim=True).clamp_min(1e-12)
     relative = torch.log1p(images.clamp_min(0) * n) / np.log1p(n)
-    return torch.cat([images / peak, relative], dim=1)
+    profile = torch.zeros_like(images)
+    profile[:, 0, 0, :PROFILE_FEATURES] = map_profile(maps)
+    return torch.cat([images / peak, relative, profile], dim=1)
 
 
 def prepare_maps(maps: Sequence[np.ndarray | torch.Tensor] | torch.Tensor, size: int = INPUT_SIZE) -> torch.Tensor:
@@ -78,9 +106,10 @@ def prepare_maps(maps: Sequence[np.ndarray | torch.Tensor] | torch.Tensor, size:
 
 
 class PatternCNN(nn.Module):
-    """Eight 3x3 convolutions (BatchNorm + ReLU each), global average and max pooling, one linear layer.
+    """Eight 3x3 convolutions (BatchNorm + ReLU each) over the two image channels, global average and max
+    pooling, then one linear layer over the pooled features and the map's profile scalars (channel 2).
 
-    forward: (N, INPUT_CHANNELS, S, S) images -> (N, num_classes) logits.
+    forward: (N, INPUT_CHANNELS, S, S) inputs -> (N, num_classes) logits.
     """
 
     def __init__(self, num_classes: int = len(CLASSES), channels: Sequence[int] = CHANNELS,
@@ -88,19 +117,25 @@ class PatternCNN(nn.Module):
         super().__init__()
         if len(channels) != 8 or len(strides) != 8:
             raise ValueError("the pattern CNN has exactly 8 convolutional layers")
-        layers, previous = [], INPUT_CHANNELS
+        layers, previous = [], IMAGE_CHANNELS
         for width, stride in zip(channels, strides):
             layers += [nn.Conv2d(previous, width, 3, stride=stride, padding=1, bias=False),
                        nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
             previous = width
         self.features = nn.Sequential(*layers)
         self.dropout = nn.Dropout(dropout)
-        self.head = nn.Linear(2 * previous, num_classes)
+        # The profile scalars live in narrow ranges inside [0, 1] while pooled activations are unbounded:
+        # BatchNorm puts both on one scale before the classifier mixes them.
+        self.profile_norm = nn.BatchNorm1d(PROFILE_FEATURES)
+        self.pooled_norm = nn.BatchNorm1d(2 * previous)
+        self.head = nn.Sequential(nn.Linear(2 * previous + PROFILE_FEATURES, 64), nn.ReLU(inplace=True),
+                                  nn.Dropout(dropout), nn.Linear(64, num_classes))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        features = self.features(images)
-        pooled = torch.cat([features.mean(dim=(2, 3)), features.amax(dim=(2, 3))], dim=1)
-        return self.head(self.dropout(pooled))
+        features = self.features(images[:, :IMAGE_CHANNELS])
+        profile = self.profile_norm(images[:, IMAGE_CHANNELS, 0, :PROFILE_FEATURES])
+        pooled = self.pooled_norm(torch.cat([features.mean(dim=(2, 3)), features.amax(dim=(2, 3))], dim=1))
+        return self.head(torch.cat([self.dropout(pooled), profile], dim=1))
 
 
 def inference_copy(model: PatternCNN) -> PatternCNN:

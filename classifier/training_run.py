@@ -61,7 +61,7 @@ def load_training_data(source: str, seed: int = 0) -> TrainingData:
 
     labeled = load_labeled_set(source)
     folder = Path(source).resolve()
-    return TrainingData(labeled.maps, labeled.labels, labeled.data_hash, folder.name, f"labeled set {folder}")
+    return TrainingData(labeled.maps, labeled.labels, labeled.data_hash, folder.name, f"labeled set {source}")
 
 
 def train_classifier(data: TrainingData, out: str | Path, run: RunDir, config: TrainConfig | None = None, *,

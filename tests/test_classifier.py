@@ -10,7 +10,8 @@ import torch
 from analysis.errors import AttnpatError
 from classifier import CLASSES
 from classifier.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint
-from classifier.model import CHANNELS, INPUT_CHANNELS, INPUT_SIZE, STRIDES, PatternCNN, inference_copy, prepare_maps, resize_maps
+from classifier.model import (CHANNELS, INPUT_CHANNELS, INPUT_SIZE, PROFILE_FEATURES, STRIDES, PatternCNN, inference_copy,
+                              map_profile, prepare_maps, resize_maps)
 from classifier.predict import load_classifier
 from classifier.synthetic import synthetic_dataset, synthetic_map
 from classifier.train import TrainConfig, check_labels, class_weights, fit, predict_images, stratified_folds
@@ -67,7 +68,10 @@ def test_resize_matches_torchvision_resize(n):
     images = resize_maps(maps)
     assert torch.allclose(images[:, :1], resized / resized.amax(dim=(2, 3), keepdim=True), atol=1e-5)
     # the second view: weight relative to uniform attention (1/n), log scale, within [0, 1]
-    assert torch.allclose(images[:, 1:], torch.log1p(resized.clamp_min(0) * n) / np.log1p(n), atol=1e-5)
+    assert torch.allclose(images[:, 1:2], torch.log1p(resized.clamp_min(0) * n) / np.log1p(n), atol=1e-5)
+    # the profile channel: the original map's scalars in its first row, nothing elsewhere
+    torch.testing.assert_close(images[:, 2, 0, :PROFILE_FEATURES], map_profile(maps))
+    assert images[:, 2, 1:].abs().sum() == 0 and images[:, 2, 0, PROFILE_FEATURES:].abs().sum() == 0
     assert images[:, 1].min() >= 0 and images[:, 1].max() <= 1 + 1e-6
 
 
@@ -114,6 +118,8 @@ def test_class_weights_favour_rare_classes():
     labels = np.array([0] * 8 + [1] * 2 + [2, 3, 4])
     weights = class_weights(labels)
     assert weights[1] == pytest.approx(4 * weights[0]) and weights[2] > weights[1]
+    softer = class_weights(labels, power=0.5)
+    assert softer[1] == pytest.approx(2 * softer[0]) and softer[2] / softer[0] < weights[2] / weights[0]
 
 
 def test_labels_with_an_empty_or_unknown_class_are_rejected():
@@ -202,3 +208,18 @@ def test_inference_copy_gives_the_same_outputs():
     with torch.inference_mode():
         assert torch.allclose(inference_copy(model)(images.contiguous(memory_format=torch.channels_last)),
                               model(images), atol=1e-5)
+
+
+def test_profile_scalars_on_hand_made_maps():
+    n = 8
+    identity = torch.eye(n)[None]
+    next_token = torch.diag(torch.ones(n - 1), 1)
+    next_token[-1, -1] = 1.0  # the last token has no next one: it attends to itself
+    uniform = torch.full((1, n, n), 1.0 / n)
+    profiles = map_profile(torch.cat([identity, next_token[None], uniform]))
+    offsets = dict(zip((-2, -1, 0, 1, 2), range(5)))
+    assert profiles[0, offsets[0]] == 1 and profiles[0, offsets[1]] == 0
+    assert profiles[1, offsets[1]] == pytest.approx((n - 1) / n) and profiles[1, offsets[0]] == pytest.approx(1 / n)
+    broadness = 9  # index of broadness after 5 bands, top1, top2, first and last column
+    assert profiles[2, broadness] == pytest.approx(1.0) and profiles[0, broadness] == pytest.approx(0.0, abs=1e-6)
+    assert profiles[2, 5] == pytest.approx(1 / n) and profiles[2, 6] == pytest.approx(2 / n)

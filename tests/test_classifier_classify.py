@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from analysis.data import load_task
-from analysis.errors import AttnpatError
 from analysis.extract import extract_maps
 from analysis.rundir import RunDir
 from app.cli import main
@@ -118,10 +117,10 @@ def test_train_verb_writes_scores_and_checkpoint(tmp_path, capsys):
     assert classifier.metadata["n_maps"] == 30 and len(classifier.metadata["data_hash"]) == 64
     assert classifier.metadata["cross_validation"]["folds"] == 2
     assert set(classifier.metadata["cross_validation"]["baselines_macro_f1"]) == {"rules", "logreg", "boosting"}
+    assert "SYNTHETIC" in classifier.metadata["note"]
     assert "cnn" in capsys.readouterr().out
 
 
-@pytest.mark.slow
 def test_real_minilm_with_the_shipped_classifier(tmp_path):
     from analysis.models import load_model
 

@@ -93,3 +93,13 @@ def test_info_lists_offline_models_and_tasks(capsys, monkeypatch):
     assert "minilm" in stdout and "unreachable" in stdout
     assert "sst2     offline: validation; offline: train" in stdout
     assert "qqp      unavailable (needs the hub)" in stdout
+
+
+@pytest.mark.slow
+def test_demo_pipeline_steps_run_in_process(tmp_path, capsys):
+    code, stdout, stderr = run(["demo", "--no-app", "--only", "overview", "--runs-dir", str(tmp_path), "-q"], capsys)
+    assert code == 0, stderr
+    assert "[1/1] per-layer overview of all 872 SST-2 dev maps" in stdout
+    assert (tmp_path / "minilm" / "sst2" / "overview.csv").is_file()
+    manifest = json.loads((tmp_path / "minilm" / "sst2" / "manifest.json").read_text())
+    assert manifest["analyses"]["overview"]["data"]["n_examples"] == 872

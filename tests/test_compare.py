@@ -55,13 +55,14 @@ def test_a_model_compared_with_itself_is_one_for_every_head(tokenizer):
         assert array.shape == (2, 4) and np.allclose(array, 1.0, atol=1e-6)
 
 
-def test_different_models_are_less_similar_and_padding_inflates_similarity(tokenizer):
+def test_different_models_are_less_similar_and_padding_rows_count(tokenizer):
     values = cmp.head_cosines(tiny(tokenizer, 0, init=0.5), tiny(tokenizer, 1, init=0.5), EXAMPLES, max_length=64,
                               batch_size=3)
     cropped, padded = values["cosine_cropped"], values["cosine_padded"]
     assert (cropped < 0.9999).all() and (cropped > 0).all()
-    # padding rows of near-uniform random models agree with each other, so the padded cosine is higher
-    assert padded.mean() > cropped.mean()
+    assert (padded < 0.9999).all() and (padded > 0).all()
+    # the padded mode also scores the padding query rows, which the cropped mode leaves out
+    assert not np.allclose(padded, cropped, atol=1e-3)
 
 
 def test_cropped_mode_does_not_depend_on_padding(tokenizer):

@@ -98,6 +98,15 @@ def test_regression_labels_are_float_and_classes_long(tokenizer, tmp_path):
     assert result.steps == 1 and result.losses[0] > 0  # MSE on float labels, no dtype error
 
 
+def test_n_train_is_a_seeded_sample_not_the_label_sorted_head():
+    train, evaluation, info = ft.finetune_splits("sst2", n_train=200, seed=0, allow_hub=False)
+    again, _, _ = ft.finetune_splits("sst2", n_train=200, seed=0, allow_hub=False)
+    labels = [example.label for example in train.examples]
+    assert len(labels) == info["n_train"] == 200 and 0.3 < sum(labels) / 200 < 0.7  # the head is 97% positive
+    assert [e.id for e in again.examples] == [e.id for e in train.examples]
+    assert info["n_eval"] == 872 and info["mode"] == "train/validation"
+
+
 def test_split_dev_is_seeded_and_disjoint():
     train, held_out, info = ft.finetune_splits("rte", split_dev=True, train_share=0.6, seed=1, allow_hub=False)
     again, _, _ = ft.finetune_splits("rte", split_dev=True, train_share=0.6, seed=1, allow_hub=False)

@@ -226,3 +226,32 @@ def test_disable_analysis_writes_tables_and_figures_for_both_modes(tmp_path):
     uniform_abs = heads[heads.metric == "uniform_metric"].value.to_numpy()
     baseline = summary["baseline"]
     assert np.allclose(uniform_abs - uniform, baseline)
+
+
+def test_interrupted_disable_analysis_writes_the_same_tables_as_an_uninterrupted_one(tmp_path):
+    import pandas as pd
+
+    bundle = make_bundle()
+    data = tiny_data()
+    whole = RunDir("tiny", "sst2", tmp_path / "whole")
+    disable_analysis(bundle, data, whole, mode="zero", units=["head", "layer"], batch_size=4)
+
+    resumed = RunDir("tiny", "sst2", tmp_path / "resumed")
+    finished = []
+
+    def stop_in_the_layer_sweep(name, value):
+        finished.append(name)
+        if name.startswith("layer-"):
+            raise Interrupt()
+
+    with pytest.raises(Interrupt):
+        disable_analysis(bundle, data, resumed, mode="zero", units=["head", "layer"], batch_size=4,
+                         on_variant=stop_in_the_layer_sweep)
+    assert not resumed.file("disable_layers.csv").exists()  # nothing half written
+    disable_analysis(bundle, data, resumed, mode="zero", units=["head", "layer"], batch_size=4,
+                     on_variant=lambda name, value: finished.append(name))
+    # no variant computed twice (each unit's sweep has its own baseline)
+    assert sorted(finished) == sorted([BASELINE, BASELINE] + [f"head-{l}-{h}" for l in range(3) for h in range(4)]
+                                      + [f"layer-{l}" for l in range(3)])
+    for name in ("disable_heads", "disable_layers"):
+        assert pd.read_csv(resumed.file(f"{name}.csv")).equals(pd.read_csv(whole.file(f"{name}.csv")))

@@ -141,7 +141,8 @@ def test_grid_shrinks_long_maps_keeping_stripes():
     maps[..., 137] = 1.0
     image = np.asarray(grid_image(maps))
     layout = GridLayout(1, 1)
-    cell = image[layout.margin_top:layout.margin_top + layout.cell, layout.margin_left:layout.margin_left + layout.cell, 0]
+    top, left = layout.margin_top, layout.margin_left
+    cell = image[top:top + layout.cell, left:left + layout.cell, 0]
     dark_columns = np.flatnonzero((cell < 128).all(0))
     assert len(dark_columns) >= 1 and abs(dark_columns[0] - 137 * layout.cell / 200) <= 1
 
@@ -249,7 +250,7 @@ def test_explore_endpoint(client, server, tiny):
     table = pd.read_csv(csv["value"])
     expected = expected_classes(tiny, SENTENCE)
     assert [[row["class"] for _, row in group.iterrows()] for _, group in table.groupby("layer")] == expected
-    assert [row[1:] for row in wide["data"]] == [[CLASS_STYLE[c][0] for c in row] for row in expected]
+    assert [row[1:] for row in unwrap(wide)["data"]] == [[CLASS_STYLE[c][0] for c in row] for row in expected]
 
 
 @pytest.mark.parametrize("text, model, message", [
@@ -266,7 +267,7 @@ def test_explore_bad_input_shows_a_message_and_keeps_serving(client, server, tex
 def test_head_map_endpoint(client, server):
     model = server[2]
     caption, image, png, svg = client.predict(SENTENCE, "", model, True, True, 2, 3, api_name="/head_map")
-    assert "layer 2, head 3" in caption and "predicted" in caption
+    assert "layer 2, head 3" in caption and "predicted" in caption and "words without [CLS]/[SEP]" in caption
     assert Path(png["value"]).suffix == ".png" and Path(svg["value"]).read_text().lstrip().startswith("<?xml")
     caption, image, *_ = client.predict(SENTENCE, "", model, False, False, 3, 1, api_name="/head_map")
     assert is_error(caption) and "2 layers x 4 heads" in caption and image is None
@@ -281,7 +282,8 @@ def run_tab(client, api_name: str, model: str, task: str):
     """(message, [artifact outputs]) of a run tab; per artifact the API returns title, image, table and the
     downloadable files (the group's visibility is layout, not an API output; the title is empty when missing)."""
     out = [unwrap(value) for value in client.predict(model, task, api_name=api_name)]
-    artifacts = [dict(zip(("title", "image", "table", "files"), out[1 + 4 * k: 5 + 4 * k])) for k in range((len(out) - 1) // 4)]
+    fields = ("title", "image", "table", "files")
+    artifacts = [dict(zip(fields, out[1 + 4 * k: 5 + 4 * k])) for k in range((len(out) - 1) // 4)]
     for artifact in artifacts:
         artifact["suffixes"] = sorted(Path(f).suffix for f in artifact["files"] or [])
     return out[0], artifacts
@@ -298,6 +300,9 @@ def test_run_tab_endpoints(client, server, runs_dir):
     assert Path(patterns["image"]).suffix == ".png" and patterns["suffixes"] == [".csv", ".png", ".svg"]
     svg = next(f for f in patterns["files"] if f.endswith(".svg"))
     assert Path(svg).read_text().lstrip().startswith("<?xml")
+
+    message, artifacts = run_tab(client, "/classifier", "classifier", "v1")
+    assert is_error(message) and "attnpat train --data annotation/labeled/v1" in message
 
     message, artifacts = run_tab(client, "/fine_tuning", model, "sst2")
     assert is_error(message) and f"no fine-tuning run for {model}/sst2" in message
@@ -323,7 +328,8 @@ def test_run_tab_endpoints(client, server, runs_dir):
 
 def test_runs_and_manifest_endpoints(client, server):
     model = Path(server[2]).name
-    table, picked = client.predict(api_name="/list_runs")
+    table, picked = client.predict(f"{model}/sst2", api_name="/list_runs")
+    assert unwrap(picked) == f"{model}/sst2"  # the current pick is kept
     rows = {(row[0], row[1]): row for row in table["data"]}
     assert (model, "sst2") in rows and "overview" in rows[(model, "sst2")][2]
     manifest = json.loads(client.predict(f"{model}/sst2", api_name="/manifest"))
@@ -335,8 +341,8 @@ def test_job_endpoints_reject_bad_jobs(client):
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError, match="not in the list of choices"):  # the verb dropdown is a whitelist
-        client.predict("rm", "minilm", "sst2", 4, api_name="/start_job")
-    log, status = client.predict("overview", "-rf", "sst2", 4, api_name="/start_job")
+        client.predict("rm", "minilm", "sst2", 4, "", api_name="/start_job")
+    log, status, *_ = client.predict("overview", "-rf", "sst2", 4, "", api_name="/start_job")
     assert is_error(status) and "not a model name" in status
     assert "no job" in client.predict(api_name="/stop_job")
 
@@ -344,14 +350,28 @@ def test_job_endpoints_reject_bad_jobs(client):
 @pytest.mark.slow
 def test_job_runs_to_the_end_and_its_run_appears(client, server, runs_dir):
     model_dir = server[2]
-    log, status = client.predict("overview", model_dir, "mrpc", 4, api_name="/start_job")
+    log, status, table, picked, manifest = client.predict("overview", model_dir, "mrpc", 4, "",
+                                                          api_name="/start_job")
     assert is_ok(status) and "finished" in status, log
+    assert (Path(model_dir).name, "mrpc") in {(row[0], row[1]) for row in unwrap(table)["data"]}  # refreshed
+    assert json.loads(manifest)["task"] == unwrap(picked).split("/")[1]
     assert (runs_dir / Path(model_dir).name / "mrpc" / "overview.csv").is_file()
     assert "per-head table" in log
-    log, status = client.predict(api_name="/watch_job")
+    log, status, *_ = client.predict("", api_name="/watch_job")
     assert "finished" in status
-    table, _ = client.predict(api_name="/list_runs")
+    table, _ = client.predict("", api_name="/list_runs")
     assert (Path(model_dir).name, "mrpc") in {(row[0], row[1]) for row in table["data"]}
+
+
+@pytest.mark.slow
+def test_a_running_job_can_be_stopped(client, server):
+    job = client.submit("overview", server[2], "sst2", 64, "", api_name="/start_job")
+    deadline = time.time() + 60
+    while not any("running" in output[1] for output in job.outputs()) and time.time() < deadline:
+        time.sleep(0.2)
+    assert "job stopped" in client.predict(api_name="/stop_job")
+    log, status, *_ = job.result(timeout=60)
+    assert is_error(status) is False and status.startswith("**note:** stopped (signal")
 
 
 @pytest.mark.slow

@@ -68,8 +68,9 @@ def populate_runs(root: Path, model_dir: Path) -> dict:
         run.write_table("pattern_ratios", pd.DataFrame({"class": classes, "count": [3, 2, 1, 1, 1],
                                                         "fraction": [0.375, 0.25, 0.125, 0.125, 0.125]}))
         entry.update(outputs=["patterns.csv", "pattern_ratios.csv"])
-    RunDir(bundle.slug, "all", root).write_table("pattern_ratios_by_task", pd.DataFrame(
-        {"task": ["sst2"] * 5, "class": classes, "count": [3, 2, 1, 1, 1], "fraction": [0.375, 0.25, 0.125, 0.125, 0.125]}))
+    by_task = pd.DataFrame({"task": ["sst2"] * 5, "class": classes, "count": [3, 2, 1, 1, 1],
+                            "fraction": [0.375, 0.25, 0.125, 0.125, 0.125]})
+    RunDir(bundle.slug, "all", root).write_table("pattern_ratios_by_task", by_task)
     with run.record("sweeps", bundle, data) as entry:
         run.write_table("disable_heads", long_table({"uniform_delta": rng.normal(size=(2, 4))}))
         run.write_table("pruning", pd.DataFrame({"fraction_pruned": [0.0, 0.5], "n_pruned": [0, 4],
