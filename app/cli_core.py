@@ -1,7 +1,6 @@
 """Core verbs: info, extract, overview."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import typer
 

@@ -1,4 +1,4 @@
-"""Shared fixtures of the Label Studio tests (tests/test_annotation_server.py, tests/test_browser_annotation.py).
+"""Shared fixtures: the MiniLM tokenizer (at the end), and those of the Label Studio tests (tests/test_annotation_server.py, tests/test_browser_annotation.py).
 
 One real Label Studio server per test session, from the set-up's venv (.ls-venv, `make label-studio`), on a
 free loopback port with its data in a temporary folder; it is always stopped at the end of the session.
@@ -72,3 +72,11 @@ def annotate_task():
         return client.annotations.create(id=task_id, result=result, **fields)
 
     return annotate
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The embedded MiniLM's tokenizer, shared by the tiny random models of every test module."""
+    from tests.tiny import minilm_tokenizer
+
+    return minilm_tokenizer()

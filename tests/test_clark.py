@@ -7,8 +7,6 @@ import pytest
 import torch
 from transformers import (
     AttentionInterface,
-    AutoTokenizer,
-    BertConfig,
     BertForMaskedLM,
     BertForSequenceClassification,
     BertModel,
@@ -25,10 +23,10 @@ from analysis.gradients import (
     mask_tokens,
     per_example_mlm_loss,
 )
-from analysis.models import EncoderBundle, ModelSource, embedded_model_path
 from analysis.rundir import RunDir
 from analysis.stream import iter_batches
 from analysis.surface import SURFACE_METRICS, surface_statistics
+from tests.tiny import tiny_config, wrap_bundle
 from app.cli import main
 
 SENTENCES = [
@@ -38,24 +36,9 @@ SENTENCES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(embedded_model_path())
-
-
-def tiny_config(tokenizer, **kwargs):
-    return BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=37, attn_implementation="eager", **kwargs)
-
-
 def head_array(table, metric):
     """(L, H) array of one metric from a long surface table."""
     return table[table.metric == metric].pivot(index="layer", columns="head", values="value").to_numpy()
-
-
-def tiny_bundle(model, tokenizer, name="tiny"):
-    return EncoderBundle(name, ModelSource(name, "local", "/nonexistent", True), model.eval(), tokenizer,
-                         torch.device("cpu"), "test")
 
 
 # ---------------------------------------------------------------- JS divergence and clustering
@@ -97,7 +80,7 @@ def test_mds_places_identical_heads_together():
 
 def test_head_clusters_on_a_tiny_model_write_the_tables(tokenizer, tmp_path):
     torch.manual_seed(0)
-    bundle = tiny_bundle(BertModel(tiny_config(tokenizer), add_pooling_layer=False), tokenizer)
+    bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
     data = TaskData("toy", "validation", "test", SENTENCES)
     run = RunDir(bundle.slug, "toy", tmp_path)
     clusters = head_clusters(bundle, data, run, progress=False)
@@ -141,8 +124,8 @@ PERTURBATION: dict = {}
 def test_attention_gradients_predict_the_loss_change(tokenizer):
     """Perturbing attention weights changes the MLM loss by gradient . perturbation (finite differences)."""
     torch.manual_seed(0)
-    model = BertForMaskedLM(tiny_config(tokenizer)).double().eval()
-    batch = next(iter_batches(tiny_bundle(model, tokenizer), SENTENCES[:2], batch_size=2))
+    model = BertForMaskedLM(tiny_config()).double().eval()
+    batch = next(iter_batches(wrap_bundle(model), SENTENCES[:2], batch_size=2))
     masked, labels = mask_tokens(batch.input_ids, batch.attention_mask.bool(), tokenizer.mask_token_id, 0.3,
                                  torch.Generator().manual_seed(1))
     batch.input_ids = masked
@@ -186,11 +169,11 @@ def test_grad_importance_with_mlm_and_task_objectives(tokenizer):
     torch.manual_seed(0)
     data = TaskData("toy", "validation", "test", [Example(e.id, e.text, e.text_pair, label) for e, label in
                                                    zip(SENTENCES, (0, 1, 1))])
-    mlm = tiny_bundle(BertForMaskedLM(tiny_config(tokenizer)), tokenizer)
+    mlm = wrap_bundle(BertForMaskedLM(tiny_config()))
     values, _ = compute_grad_importance(mlm, data, "mlm", progress=False)
     for target in ("sep", "punct", "other"):
         assert values[target].shape == (2,) and np.isfinite(values[target]).all() and (values[target] > 0).all()
-    classifier = tiny_bundle(BertForSequenceClassification(tiny_config(tokenizer, num_labels=2)), tokenizer)
+    classifier = wrap_bundle(BertForSequenceClassification(tiny_config(num_labels=2)))
     task_values, _ = compute_grad_importance(classifier, data, "task", progress=False)
     assert all(np.isfinite(v).all() and (v > 0).all() for v in task_values.values())
     unlabelled = TaskData("toy", "validation", "test", SENTENCES)
@@ -200,7 +183,7 @@ def test_grad_importance_with_mlm_and_task_objectives(tokenizer):
 
 def test_grad_importance_is_batch_size_independent(tokenizer):
     torch.manual_seed(0)
-    bundle = tiny_bundle(BertForSequenceClassification(tiny_config(tokenizer, num_labels=2)), tokenizer)
+    bundle = wrap_bundle(BertForSequenceClassification(tiny_config(num_labels=2)))
     data = TaskData("toy", "validation", "test", [Example(e.id, e.text, e.text_pair, 1) for e in SENTENCES])
     together, _ = compute_grad_importance(bundle, data, "task", progress=False, batch_size=3)
     alone, _ = compute_grad_importance(bundle, data, "task", progress=False, batch_size=1)
@@ -217,7 +200,7 @@ def test_gradient_importance_unavailable_for_minilm_says_so():
 
 def test_surface_statistics_on_a_tiny_model_writes_every_artifact(tokenizer, tmp_path):
     torch.manual_seed(0)
-    bundle = tiny_bundle(BertModel(tiny_config(tokenizer), add_pooling_layer=False), tokenizer)
+    bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
     data = TaskData("toy", "validation", "test", SENTENCES)
     run = RunDir(bundle.slug, "toy", tmp_path)
     table = surface_statistics(bundle, data, run, progress=False)
@@ -255,9 +238,8 @@ def test_cli_surface_cluster_and_grad_on_minilm(tmp_path, capsys):
 def test_real_wiki_data_surface_values_are_probabilities(tmp_path):
     """The packaged wiki segments through the tiny-model path: every share in [0, 1]."""
     data = load_task("wiki", n=4)
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
     torch.manual_seed(1)
-    bundle = tiny_bundle(BertModel(tiny_config(tokenizer), add_pooling_layer=False), tokenizer)
+    bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
     table = surface_statistics(bundle, data, RunDir("tiny", "wiki", tmp_path), progress=False)
     shares = table[~table.metric.isin(["entropy", "cls_entropy"])].value
     assert shares.between(0, 1).all()

@@ -2,27 +2,20 @@
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, BertConfig, BertModel, BertTokenizerFast
+from transformers import BertModel, BertTokenizerFast
 
 from analysis import compare as cmp
 from analysis.data import Example, load_task
 from analysis.errors import AttnpatError
-from analysis.models import EncoderBundle, ModelSource, embedded_model_path, load_model
+from analysis.models import load_model
 from analysis.rundir import RunDir, table_to_array
+from tests.tiny import tiny_config, wrap_bundle
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(embedded_model_path())
-
-
-def tiny(tokenizer, seed, init=0.02):
+def tiny(seed, init=0.02):
     """A tiny random BERT; a large ``init`` gives peaked attention maps that differ between seeds."""
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, initializer_range=init, attn_implementation="eager")
-    return EncoderBundle(f"tiny{seed}", ModelSource(f"tiny{seed}", "local", "x", True), BertModel(config).eval(),
-                         tokenizer, torch.device("cpu"), "t")
+    return wrap_bundle(BertModel(tiny_config(initializer_range=init)), f"tiny{seed}")
 
 
 EXAMPLES = [Example("a", "a film"), Example("b", "a much longer film about nothing in particular", "and a pair"),
@@ -48,7 +41,7 @@ def test_flat_cosine_and_cropping_match_numpy():
 
 
 def test_a_model_compared_with_itself_is_one_for_every_head(tokenizer):
-    model = tiny(tokenizer, 0, init=0.5)
+    model = tiny(0, init=0.5)
     values = cmp.head_cosines(model, model, EXAMPLES, max_length=16, batch_size=2)
     assert set(values) == {"cosine_cropped", "cosine_padded"}
     for array in values.values():
@@ -56,7 +49,7 @@ def test_a_model_compared_with_itself_is_one_for_every_head(tokenizer):
 
 
 def test_different_models_are_less_similar_and_padding_rows_count(tokenizer):
-    values = cmp.head_cosines(tiny(tokenizer, 0, init=0.5), tiny(tokenizer, 1, init=0.5), EXAMPLES, max_length=64,
+    values = cmp.head_cosines(tiny(0, init=0.5), tiny(1, init=0.5), EXAMPLES, max_length=64,
                               batch_size=3)
     cropped, padded = values["cosine_cropped"], values["cosine_padded"]
     assert (cropped < 0.9999).all() and (cropped > 0).all()
@@ -66,7 +59,7 @@ def test_different_models_are_less_similar_and_padding_rows_count(tokenizer):
 
 
 def test_cropped_mode_does_not_depend_on_padding(tokenizer):
-    a, b = tiny(tokenizer, 0, init=0.5), tiny(tokenizer, 1, init=0.5)
+    a, b = tiny(0, init=0.5), tiny(1, init=0.5)
     only_cropped = cmp.head_cosines(a, b, EXAMPLES, modes=("cropped",), max_length=32)
     with_padding = cmp.head_cosines(a, b, EXAMPLES, modes=("cropped", "padded"), max_length=32)
     assert np.allclose(only_cropped["cosine_cropped"], with_padding["cosine_cropped"], atol=1e-5)
@@ -75,10 +68,10 @@ def test_cropped_mode_does_not_depend_on_padding(tokenizer):
 def test_different_tokenizers_are_refused(tokenizer, tmp_path):
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "film"]) + "\n")
-    other = tiny(tokenizer, 0)
+    other = tiny(0)
     other.tokenizer = BertTokenizerFast(vocab_file=str(vocab))
     with pytest.raises(AttnpatError, match="different tokenizers"):
-        cmp.head_cosines(tiny(tokenizer, 0), other, EXAMPLES)
+        cmp.head_cosines(tiny(0), other, EXAMPLES)
 
 
 @pytest.mark.slow  # seconds alone; over 20 s on a busy 2-core machine

@@ -3,25 +3,18 @@ import json
 
 import pytest
 import torch
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+from transformers import BertForSequenceClassification
 
 from analysis import finetune as ft
 from analysis.data import Example
 from analysis.errors import AttnpatError
-from analysis.models import EncoderBundle, ModelSource, embedded_model_path, load_model
+from analysis.models import load_model
+from tests.tiny import tiny_config, wrap_bundle
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(embedded_model_path())
-
-
-def tiny_classifier(tokenizer, seed=0, num_labels=2):
+def tiny_classifier(seed=0, num_labels=2):
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, num_labels=num_labels, attn_implementation="eager")
-    model = BertForSequenceClassification(config).eval()
-    return EncoderBundle("tiny", ModelSource("tiny", "local", "tiny", True), model, tokenizer, torch.device("cpu"), "t")
+    return wrap_bundle(BertForSequenceClassification(tiny_config(num_labels=num_labels)))
 
 
 def toy_examples(count=48):
@@ -33,7 +26,7 @@ def toy_examples(count=48):
 
 
 def test_training_lowers_the_loss(tokenizer, tmp_path):
-    bundle = tiny_classifier(tokenizer)
+    bundle = tiny_classifier()
     recipe = ft.Recipe(learning_rate=1e-2, batch_size=8, epochs=8, max_length=16, warmup_ratio=0.0)
     examples = toy_examples(48)
     result = ft.train_classifier(bundle, examples, recipe, tmp_path / "state.pt", num_labels=2, progress=False)
@@ -53,7 +46,7 @@ def _data(examples):
 def test_resume_continues_where_it_stopped(tokenizer, tmp_path):
     recipe = ft.Recipe(learning_rate=1e-3, batch_size=8, epochs=2, max_length=16, seed=3)
     examples = toy_examples(40)
-    reference = tiny_classifier(tokenizer)
+    reference = tiny_classifier()
     full = ft.train_classifier(reference, examples, recipe, tmp_path / "a" / "state.pt", num_labels=2,
                                checkpoint_every=3, progress=False)
 
@@ -63,10 +56,10 @@ def test_resume_continues_where_it_stopped(tokenizer, tmp_path):
 
     checkpoint = tmp_path / "b" / "state.pt"
     with pytest.raises(KeyboardInterrupt):
-        ft.train_classifier(tiny_classifier(tokenizer), examples, recipe, checkpoint, num_labels=2,
+        ft.train_classifier(tiny_classifier(), examples, recipe, checkpoint, num_labels=2,
                             checkpoint_every=3, progress=False, on_step=interrupt)
     assert torch.load(checkpoint, weights_only=False)["step"] == 6
-    resumed_bundle = tiny_classifier(tokenizer, seed=99)  # different start: the checkpoint must override it
+    resumed_bundle = tiny_classifier(seed=99)  # different start: the checkpoint must override it
     resumed = ft.train_classifier(resumed_bundle, examples, recipe, checkpoint, num_labels=2, checkpoint_every=3,
                                   progress=False)
     assert resumed.resumed_from == 6 and resumed.steps == full.steps == 10
@@ -78,17 +71,17 @@ def test_resume_continues_where_it_stopped(tokenizer, tmp_path):
 def test_checkpoint_with_other_settings_is_refused(tokenizer, tmp_path):
     examples = toy_examples(16)
     checkpoint = tmp_path / "state.pt"
-    ft.train_classifier(tiny_classifier(tokenizer), examples, ft.Recipe(batch_size=8, epochs=1, max_length=16),
+    ft.train_classifier(tiny_classifier(), examples, ft.Recipe(batch_size=8, epochs=1, max_length=16),
                         checkpoint, num_labels=2, checkpoint_every=1, progress=False)
     with pytest.raises(AttnpatError, match="other settings"):
-        ft.train_classifier(tiny_classifier(tokenizer), examples, ft.Recipe(batch_size=4, epochs=1, max_length=16),
+        ft.train_classifier(tiny_classifier(), examples, ft.Recipe(batch_size=4, epochs=1, max_length=16),
                             checkpoint, num_labels=2, progress=False)
 
 
 def test_regression_labels_are_float_and_classes_long(tokenizer, tmp_path):
     from analysis.stream import iter_batches
 
-    bundle = tiny_classifier(tokenizer, num_labels=1)
+    bundle = tiny_classifier(num_labels=1)
     examples = [Example("a", "one", None, 3.0), Example("b", "two", None, 4.6)]
     batch = next(iter_batches(bundle, examples, batch_size=2))
     assert ft.label_tensor(batch, 1).dtype == torch.float32
@@ -125,7 +118,7 @@ def test_split_dev_is_seeded_and_disjoint():
 def test_finetune_writes_a_loadable_store_model_and_skips_when_done(tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
     base = tmp_path / "tiny-base"
-    tiny_classifier(tokenizer).model.bert.save_pretrained(base)
+    tiny_classifier().model.bert.save_pretrained(base)
     tokenizer.save_pretrained(base)
     recipe = ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=1, max_length=64)
     meta = ft.finetune(str(base), "rte", name="tiny-rte", recipe=recipe, split_dev=True, n_train=48,

@@ -3,23 +3,16 @@ import json
 
 import pandas as pd
 import pytest
-import torch
-from transformers import AutoTokenizer, BertConfig, BertModel
 
-from analysis.models import embedded_model_path
 from analysis.special import spacy_tagger
 from app.cli import main
+from tests.tiny import save_tiny_model
 
 
 @pytest.fixture()
 def workspace(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, attn_implementation="eager")
-    BertModel(config).save_pretrained(tmp_path / "tiny")
-    tokenizer.save_pretrained(tmp_path / "tiny")
+    save_tiny_model(tmp_path / "tiny")
     return tmp_path
 
 

@@ -1,27 +1,20 @@
 """Special-token attention, the last layer's [CLS] row and section 4.4's linguistic features."""
 import pytest
 import torch
-from transformers import AutoTokenizer, BertConfig, BertModel
+from transformers import BertModel
 
 from analysis import special as sp
 from analysis.data import Example, load_task
-from analysis.models import EncoderBundle, ModelSource, embedded_model_path, load_model
+from analysis.models import load_model
 from analysis.rundir import RunDir
 from analysis.stream import encode_examples, stream_maps, token_roles
+from tests.tiny import tiny_config, wrap_bundle
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(embedded_model_path())
-
-
-@pytest.fixture(scope="module")
-def tiny(tokenizer):
+def tiny():
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, attn_implementation="eager")
-    return EncoderBundle("tiny", ModelSource("tiny", "local", "tiny", True), BertModel(config).eval(), tokenizer,
-                         torch.device("cpu"), "t")
+    return wrap_bundle(BertModel(tiny_config()))
 
 
 def encode(tokenizer, *texts):

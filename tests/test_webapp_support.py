@@ -18,18 +18,9 @@ SENTENCE = "The cat sat on the mat because it was warm."
 
 def tiny_model_dir(root: Path) -> Path:
     """A randomly initialised 2-layer, 4-head BERT with the MiniLM tokenizer, saved as a local model folder."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
+    from tests.tiny import save_tiny_model
 
-    from analysis.models import embedded_model_path
-
-    folder = root / "tiny-bert"
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path(), local_files_only=True)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, max_position_embeddings=512)
-    torch.manual_seed(0)
-    BertModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_tiny_model(root / "tiny-bert")
 
 
 def random_classifier():

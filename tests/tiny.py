@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
 
-from analysis.models import embedded_model_path, load_model
+from analysis.models import EncoderBundle, ModelSource, embedded_model_path, load_model
 
 MODEL_CLASSES = {"base": BertModel, "classifier": BertForSequenceClassification, "mlm": BertForMaskedLM}
 
@@ -17,11 +17,18 @@ def minilm_tokenizer():
     return AutoTokenizer.from_pretrained(embedded_model_path())
 
 
-def tiny_config(layers: int = 2, heads: int = 4, hidden: int = 32, num_labels: int = 2) -> BertConfig:
+def tiny_config(layers: int = 2, heads: int = 4, hidden: int = 32, num_labels: int = 2, **extra) -> BertConfig:
+    """A tiny BERT config over the MiniLM vocabulary (eager attention); ``extra`` goes to BertConfig."""
     tokenizer = minilm_tokenizer()
     return BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
                       num_attention_heads=heads, intermediate_size=37, max_position_embeddings=512,
-                      num_labels=num_labels, attn_implementation="eager")
+                      num_labels=num_labels, attn_implementation="eager", **extra)
+
+
+def wrap_bundle(model, name: str = "tiny") -> EncoderBundle:
+    """An EncoderBundle around an in-memory model (eval mode, CPU) with the MiniLM tokenizer."""
+    return EncoderBundle(name, ModelSource(name, "local", "/nonexistent", True), model.eval(), minilm_tokenizer(),
+                         torch.device("cpu"), "test")
 
 
 def save_tiny_model(folder: Path, kind: str = "base", seed: int = 0, **config_kwargs) -> Path:
