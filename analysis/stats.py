@@ -121,3 +121,28 @@ def attention_on(attn: torch.Tensor, selector: torch.Tensor, query_mask: torch.T
         query_mask = selector.any(-1)
     return masked_mean_over_queries(mass, query_mask)
 
+
+
+# ---------------------------------------------------------------- the profile of single maps
+
+PROFILE_OFFSETS = (-2, -1, 0, 1, 2)
+PROFILE_NAMES = (*(f"band{offset:+d}" for offset in PROFILE_OFFSETS), "top1_column_all", "top2_columns_all",
+                 "first_column", "last_column", "broadness", "peakedness", "log_length")
+
+
+def map_profile(maps: torch.Tensor) -> torch.Tensor:
+    """maps: (N, n, n) of one length, rows summing to 1 -> (N, len(PROFILE_NAMES)) scalars in [0, 1].
+
+    Per map, in PROFILE_NAMES order: mean mass on each diagonal offset -2..+2 (band-1 = previous token);
+    mean mass of the top-1 and top-2 key columns (diagonal included); of the first column ([CLS]) and the
+    last ([SEP]); broadness = mean row entropy / log n; peakedness = mean row maximum; log n / log 512.
+    Shared by the rule pre-annotator and the pattern CNN, so both see the same numbers.
+    """
+    n = int(maps.shape[-1])
+    bands = [torch.diagonal(maps, offset, dim1=-2, dim2=-1).sum(-1) / n for offset in PROFILE_OFFSETS]
+    columns = maps.mean(-2)  # (N, n): mean attention each key receives
+    top = columns.topk(min(2, n), dim=-1).values
+    entropy = row_entropy(maps).mean(-1)
+    broadness = entropy / math.log(n) if n > 1 else torch.zeros_like(entropy)
+    return torch.stack([*bands, top[:, 0], top.sum(-1), columns[:, 0], columns[:, -1], broadness,
+                        maps.amax(-1).mean(-1), torch.full_like(entropy, math.log(n) / math.log(512))], dim=1)

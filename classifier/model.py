@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from analysis.stats import PROFILE_NAMES, map_profile
 from classifier import CLASSES
 
 INPUT_SIZE = 32
@@ -33,8 +34,7 @@ CHANNELS = (8, 8, 16, 16, 32, 32, 32, 32)
 STRIDES = (2, 1, 2, 1, 2, 1, 1, 1)
 IMAGE_CHANNELS = 2  # the two views of step 3 above
 INPUT_CHANNELS = 3  # + the profile channel of step 4
-PROFILE_OFFSETS = (-2, -1, 0, 1, 2)
-PROFILE_FEATURES = len(PROFILE_OFFSETS) + 7
+PROFILE_FEATURES = len(PROFILE_NAMES)
 
 
 @lru_cache(maxsize=1024)
@@ -49,24 +49,6 @@ def resize_matrix(n: int, size: int = INPUT_SIZE) -> torch.Tensor:
     identity = torch.eye(n, dtype=torch.float32)[None, None]
     rows = TF.resize(identity, [n, size], interpolation=TF.InterpolationMode.BILINEAR, antialias=True)
     return rows[0, 0].T.contiguous()
-
-
-def map_profile(maps: torch.Tensor) -> torch.Tensor:
-    """maps: (N, n, n) of one length -> (N, PROFILE_FEATURES) scalars in [0, 1], independent of n's scale.
-
-    Per map: mean mass on each diagonal offset in PROFILE_OFFSETS; the mean mass of the top-1 and top-2
-    key columns; of the first column ([CLS]) and the last ([SEP]); broadness = mean row entropy / log n;
-    peakedness = mean row maximum; log n / log 512.
-    """
-    n = int(maps.shape[-1])
-    bands = [torch.diagonal(maps, offset, dim1=-2, dim2=-1).sum(-1) / n for offset in PROFILE_OFFSETS]
-    columns = maps.mean(-2)  # (N, n): mean attention each key receives
-    top = columns.topk(min(2, n), dim=-1).values
-    top2 = top.sum(-1)
-    entropy = -(maps * torch.log(maps.clamp_min(1e-12))).sum(-1).mean(-1)
-    broadness = entropy / np.log(n) if n > 1 else torch.zeros_like(entropy)
-    return torch.stack([*bands, top[:, 0], top2, columns[:, 0], columns[:, -1], broadness,
-                        maps.amax(-1).mean(-1), torch.full_like(entropy, np.log(n) / np.log(512))], dim=1)
 
 
 def resize_maps(maps: torch.Tensor, size: int = INPUT_SIZE) -> torch.Tensor:
