@@ -19,8 +19,15 @@ import torch
 
 from analysis.data import Example
 from analysis.errors import AttnpatError
+from analysis.progress import progress_bar
 from analysis.stats import HeadMeans
-from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, _progress, encode_examples, forward_attentions, iter_batches
+from analysis.stream import (
+    DEFAULT_MAX_LENGTH,
+    TokenBatch,
+    encode_examples,
+    forward_attentions,
+    iter_batches,
+)
 
 MODES = ("cropped", "padded")
 PROBE_TEXT = "Attention, [MASK] heads: don't they look at [SEP]? Ünïcode & numbers 1234."
@@ -108,7 +115,7 @@ def head_cosines(base, finetuned, examples: Sequence[Example], *, modes: Sequenc
     encoded = encode_examples(base.tokenizer, examples, max_length)
     pad_id = base.tokenizer.pad_token_id if base.tokenizer.pad_token_id is not None else 0
     means = HeadMeans()
-    bar = _progress(len(encoded), progress)
+    bar = progress_bar(len(encoded), progress, "maps")
     with torch.inference_mode():
         for batch in iter_batches(base, examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
             if "padded" in modes:

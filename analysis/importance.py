@@ -21,6 +21,7 @@ from analysis.disable import check_mode, gated, head_gates, keep_mask
 from analysis.errors import AttnpatError
 from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, iter_batches
 from analysis.sweeps import BASELINE, Variant, fast_sweep, predictions, task_labels
+from analysis.progress import progress_bar
 
 
 # ---------------------------------------------------------------- importance
@@ -55,7 +56,7 @@ def head_importance(bundle, batches: Sequence[TokenBatch], *, keep: np.ndarray |
     keep = keep_mask(bundle.num_layers, bundle.num_heads) if keep is None else np.asarray(keep, dtype=np.float32)
     total = torch.zeros(keep.shape, dtype=torch.float64)
     count = 0
-    bar = _progress(sum(len(batch.items) for batch in batches), progress)
+    bar = progress_bar(sum(len(batch.items) for batch in batches), progress, "importance")
     with gated(bundle.model):
         for batch in batches:
             total += gate_gradients(bundle.model, batch, bundle.device, keep).sum(0).double().cpu()
@@ -234,12 +235,3 @@ def prune_analysis(bundle, data, run, *, step: float = 0.1, max_fraction: float 
     close(fig)
     return {"curve": curve, "baseline": baseline, "metric_name": metric, "label": label,
             "outputs": [str(run.file("pruning.csv"))] + [str(p) for p in figures]}
-
-
-def _progress(total: int, progress: bool | str):
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=progress if isinstance(progress, str) else "importance", unit="ex",
-                dynamic_ncols=True)

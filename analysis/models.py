@@ -227,11 +227,14 @@ def load_model(
     return EncoderBundle(name, source, model, tokenizer, device, revision, meta)
 
 
+def _read_meta(folder: Path) -> dict:
+    """A model folder's attnpat.json (written by `attnpat finetune`), or {} when it has none."""
+    meta_file = folder / "attnpat.json"
+    return json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+
+
 def _store_meta(source: ModelSource) -> dict:
-    meta_file = Path(source.path) / "attnpat.json"
-    if source.kind in {"store", "local"} and meta_file.is_file():
-        return json.loads(meta_file.read_text())
-    return {}
+    return _read_meta(Path(source.path)) if source.kind in {"store", "local"} else {}
 
 
 def list_store() -> list[dict]:
@@ -242,8 +245,7 @@ def list_store() -> list[dict]:
     found = []
     for folder in sorted(root.iterdir()):
         if (folder / "config.json").is_file():
-            meta = json.loads((folder / "attnpat.json").read_text()) if (folder / "attnpat.json").is_file() else {}
-            found.append({"name": folder.name, "path": str(folder), **meta})
+            found.append({"name": folder.name, "path": str(folder), **_read_meta(folder)})
     return found
 
 

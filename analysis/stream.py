@@ -16,6 +16,7 @@ import torch
 
 from analysis.data import Example
 from analysis.errors import AttnpatError
+from analysis.progress import progress_bar
 
 DEFAULT_MAX_LENGTH = 128
 PUNCTUATION = frozenset(string.punctuation)
@@ -185,7 +186,7 @@ def stream_maps(bundle, examples: Sequence[Example], *, max_length: int = DEFAUL
     equals the sum over the real tokens; padding columns already get zero weight from the mask.
     """
     encoded = encoded if encoded is not None else encode_examples(bundle.tokenizer, examples, max_length)
-    bar = _progress(len(encoded), progress)
+    bar = progress_bar(len(encoded), progress, "maps")
     with torch.inference_mode():
         for batch in iter_batches(bundle, examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
             attentions, _ = forward_attentions(bundle.model, batch, bundle.device)
@@ -197,16 +198,6 @@ def stream_maps(bundle, examples: Sequence[Example], *, max_length: int = DEFAUL
     if bar is not None:
         bar.close()
 
-
-def _progress(total: int, progress: bool | str):
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=progress if isinstance(progress, str) else "maps", unit="ex", dynamic_ncols=True)
-
-
-# ---------------------------------------------------------------- token roles (0/1 selector masks)
 
 def token_roles(tokenizer, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """Boolean selector masks over token positions, matched by id and position, not by string.

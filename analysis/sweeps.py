@@ -43,6 +43,7 @@ from analysis.disable import (
 from analysis.errors import AttnpatError
 from analysis.rundir import atomic_write_json
 from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, TokenBatch, collate, iter_batches
+from analysis.progress import progress_bar
 
 BASELINE = "baseline"
 UNITS = ("head", "layer")
@@ -219,7 +220,7 @@ def fast_sweep(bundle, batches: Sequence[TokenBatch], variants: Sequence[Variant
 
     if not chunks and not want_baseline:
         return results
-    bar = _progress(len(batches) * (len(chunks) + 1), progress)
+    bar = progress_bar(len(batches) * (len(chunks) + 1), progress, "sweep", unit="pass")
     cache_layer, cache = 0, [None] * len(batches)  # cache[b]: input hidden states of layer cache_layer
     unchanged = []  # variants that disable nothing equal the baseline
     with gated(model), torch.inference_mode():
@@ -535,11 +536,3 @@ def _read_optional(run, name: str):
 
     path = run.file(f"{name}.csv")
     return pd.read_csv(path) if path.is_file() else None
-
-
-def _progress(total: int, progress: bool | str):
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=progress if isinstance(progress, str) else "sweep", unit="pass", dynamic_ncols=True)

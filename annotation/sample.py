@@ -74,6 +74,13 @@ def plan_cells(num_layers: int, num_heads: int, per_task: int, n_examples: int, 
     return triples
 
 
+def draw_examples(task: str, count: int, rng: random.Random, seed: int) -> list:
+    """``count`` random examples of ``task`` (wiki: drawn from its first max(2 * count, 200) seeded segments)."""
+    data = load_task(task, n=None if task != "wiki" else max(count * 2, 200), seed=seed)
+    chosen = rng.sample(range(len(data.examples)), min(count, len(data.examples)))
+    return [data.examples[i] for i in chosen]
+
+
 def sample_maps(bundle, *, n_maps: int = 480, tasks: Sequence[str] = DEFAULT_TASKS, seed: int = 0,
                 examples_per_task: int = 60, max_length: int = 128) -> Iterator[SampledMap]:
     """Yield ``n_maps`` maps split evenly over ``tasks`` (stratified over layers, heads and examples)."""
@@ -82,9 +89,7 @@ def sample_maps(bundle, *, n_maps: int = 480, tasks: Sequence[str] = DEFAULT_TAS
     rng = random.Random(seed)
     for position, task in enumerate(tasks):
         per_task = n_maps // len(tasks) + (1 if position < n_maps % len(tasks) else 0)
-        data = load_task(task, n=None if task != "wiki" else max(examples_per_task * 2, 200), seed=seed)
-        chosen = rng.sample(range(len(data.examples)), min(examples_per_task, len(data.examples)))
-        examples = [data.examples[i] for i in chosen]
+        examples = draw_examples(task, examples_per_task, rng, seed)
         cells = plan_cells(bundle.num_layers, bundle.num_heads, per_task, len(examples), rng)
         wanted: dict[int, list[tuple[int, int]]] = {}
         for example, layer, head in cells:
@@ -200,9 +205,7 @@ def sample_maps_by_prediction(bundle, *, n_maps: int, tasks: Sequence[str] = DEF
     rng = random.Random(seed)
     pools: dict[str, list[tuple[str, str, object, int, int]]] = {name: [] for name in CLASSES}
     for task in tasks:
-        data = load_task(task, n=None if task != "wiki" else max(examples_per_task * 2, 200), seed=seed + 1)
-        chosen = rng.sample(range(len(data.examples)), min(examples_per_task, len(data.examples)))
-        examples = [data.examples[i] for i in chosen]
+        examples = draw_examples(task, examples_per_task, rng, seed + 1)
         for batch in stream_maps(bundle, examples, max_length=max_length, batch_size=16):
             for i, item in enumerate(batch.batch.items):
                 maps = batch.example_maps(i).numpy()

@@ -19,6 +19,7 @@ from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, strea
 from classifier import CLASSES
 from classifier.model import INPUT_CHANNELS, resize_maps
 from classifier.predict import PatternClassifier
+from analysis.progress import progress_bar
 
 ALL_TASKS_DIR = "all"
 # One colour per class, in CLASSES order, shared by every figure.
@@ -44,7 +45,8 @@ def head_class_counts(bundle, examples, classifier: PatternClassifier, *, batch_
     """(L, H, 5) number of examples whose map at (layer, head) falls in each class."""
     encoded = encoded if encoded is not None else encode_examples(bundle.tokenizer, examples, max_length)
     counts = torch.zeros((bundle.num_layers, bundle.num_heads, len(CLASSES)), dtype=torch.long)
-    bar = _maps_bar(len(encoded) * bundle.num_layers * bundle.num_heads, progress)
+    bar = progress_bar(len(encoded) * bundle.num_layers * bundle.num_heads, bool(progress), "classify", unit="maps",
+                       unit_scale=True)
     for map_batch in stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
         predicted = classify_batch(map_batch, classifier)
         counts += torch.nn.functional.one_hot(predicted, len(CLASSES)).sum(0)
@@ -120,7 +122,7 @@ def classify_saved_maps(path: str | Path, classifier: PatternClassifier, progres
 
     files = shard_files(path)
     frames = []
-    bar = _maps_bar(None, progress)
+    bar = progress_bar(None, bool(progress), "classify", unit="maps", unit_scale=True)
     for saved in (item for file in files for item in iter_saved_maps(file)):
         layers, heads, n, _ = saved.attn.shape
         probabilities = classifier.proba_images(resize_maps(torch.from_numpy(saved.attn).reshape(-1, n, n),
@@ -202,14 +204,6 @@ def _save(run: RunDir, name: str, fig) -> None:
 
     run.write_figure(name, fig)
     plt.close(fig)
-
-
-def _maps_bar(total: int | None, progress: bool):
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="classify", unit="maps", unit_scale=True, dynamic_ncols=True)
 
 
 def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, *, n: int | None = None,

@@ -16,6 +16,7 @@ from torch import nn
 from analysis.errors import AttnpatError
 from classifier import CLASSES
 from classifier.model import CHANNELS, IMAGE_CHANNELS, INPUT_SIZE, STRIDES, PatternCNN, prepare_maps
+from analysis.progress import progress_bar
 
 
 @dataclass
@@ -195,7 +196,7 @@ def cross_validate_cnn(maps: Sequence[np.ndarray], labels: np.ndarray, config: T
     images = prepare_maps(maps, config.input_size)
     extra = synthetic_extra(config)
     predicted = np.full(len(labels), -1, dtype=np.int64)
-    bar = _bar(len(folds), "cnn folds", progress)
+    bar = progress_bar(len(folds), bool(progress), "cnn folds", unit="it")
     for k, (train_idx, test_idx) in enumerate(folds):
         result = fit(images[train_idx], labels[train_idx], config, seed=config.seed + k, extra=extra)
         predicted[test_idx] = predict_images(result.model, images[test_idx]).argmax(1).numpy()
@@ -227,11 +228,3 @@ def architecture_metadata(config: TrainConfig) -> dict:
             "input_transform": "crop to real tokens; torchvision bilinear antialiased resize to input_size x input_size "
                                "(as R @ map @ R.T); divide by the map's maximum",
             "train_config": asdict(config)}
-
-
-def _bar(total: int, desc: str, progress: bool):
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, dynamic_ncols=True)
