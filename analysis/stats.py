@@ -30,7 +30,7 @@ def masked_mean_over_queries(values: torch.Tensor, query_mask: torch.Tensor) -> 
 
 def row_entropy(attn: torch.Tensor) -> torch.Tensor:
     """Entropy in nats of each attention row. attn: (..., T, T) -> (..., T); zero rows give 0."""
-    return -(attn * torch.log(attn.clamp(min=1e-12))).sum(-1)
+    return torch.special.entr(attn).sum(-1)  # -a log a, with 0 log 0 = 0
 
 
 def mean_entropy(attn: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
@@ -127,7 +127,12 @@ def attention_on(attn: torch.Tensor, selector: torch.Tensor, query_mask: torch.T
 
 PROFILE_OFFSETS = (-2, -1, 0, 1, 2)
 PROFILE_NAMES = (*(f"band{offset:+d}" for offset in PROFILE_OFFSETS), "top1_column_all", "top2_columns_all",
-                 "first_column", "last_column", "broadness", "peakedness", "log_length")
+                 "first_column", "last_column", "broadness", "peakedness", "log_length",
+                 # texture: what separates a stripe (vertical) from speckle (heterogeneous) and an even grey (block)
+                 "rows_on_top_column", "top3_columns_all", "row_peak_keys", "excess_over_uniform", "speckle",
+                 "row_peak_spread",
+                 # columns apart from the band: a stripe next to a diagonal (vertical+diagonal vs diagonal)
+                 "top1_column_off_band", "top2_columns_off_band")
 
 
 def map_profile(maps: torch.Tensor) -> torch.Tensor:
@@ -136,13 +141,30 @@ def map_profile(maps: torch.Tensor) -> torch.Tensor:
     Per map, in PROFILE_NAMES order: mean mass on each diagonal offset -2..+2 (band-1 = previous token);
     mean mass of the top-1 and top-2 key columns (diagonal included); of the first column ([CLS]) and the
     last ([SEP]); broadness = mean row entropy / log n; peakedness = mean row maximum; log n / log 512.
+    Texture: the share of rows whose heaviest key is the heaviest column overall; mass of the top-3 columns;
+    distinct row-peak keys / n; the distance from uniform attention (mean over rows of sum (a - 1/n)+);
+    the share of cells above 4x uniform; the spread (std) of the row maxima. Last, the top-1 and top-2
+    column masses with the band (offsets -1..+1) left out.
     Shared by the rule pre-annotator and the pattern CNN, so both see the same numbers.
     """
     n = int(maps.shape[-1])
     bands = [torch.diagonal(maps, offset, dim1=-2, dim2=-1).sum(-1) / n for offset in PROFILE_OFFSETS]
     columns = maps.mean(-2)  # (N, n): mean attention each key receives
-    top = columns.topk(min(2, n), dim=-1).values
+    top = columns.topk(min(3, n), dim=-1).values
     entropy = row_entropy(maps).mean(-1)
     broadness = entropy / math.log(n) if n > 1 else torch.zeros_like(entropy)
-    return torch.stack([*bands, top[:, 0], top.sum(-1), columns[:, 0], columns[:, -1], broadness,
-                        maps.amax(-1).mean(-1), torch.full_like(entropy, math.log(n) / math.log(512))], dim=1)
+    row_peaks, row_peak_keys = maps.max(-1)  # (N, n) each
+    rows_on_top_column = (row_peak_keys == columns.argmax(-1, keepdim=True)).to(maps.dtype).mean(-1)
+    distinct_peaks = torch.zeros_like(columns).scatter_(1, row_peak_keys, 1.0).sum(-1) / n
+    excess = torch.sub(maps, 1.0 / n).clamp_min_(0).sum((-1, -2)) / n
+    speckle = (maps > 4.0 / n).sum((-1, -2)).to(maps.dtype) / (n * n)
+    spread = row_peaks.std(-1, unbiased=False)
+    # column means without the band cells: subtract each column's cells at offsets -1, 0, +1 (no copy of the maps)
+    off_band = columns - torch.diagonal(maps, 0, dim1=-2, dim2=-1) / n
+    off_band[:, 1:] -= torch.diagonal(maps, 1, dim1=-2, dim2=-1) / n   # a[j-1, j]
+    off_band[:, :-1] -= torch.diagonal(maps, -1, dim1=-2, dim2=-1) / n  # a[j+1, j]
+    top_off_band = off_band.clamp_min(0).topk(min(2, n), dim=-1).values
+    return torch.stack([*bands, top[:, 0], top[:, :2].sum(-1), columns[:, 0], columns[:, -1], broadness,
+                        row_peaks.mean(-1), torch.full_like(entropy, math.log(n) / math.log(512)),
+                        rows_on_top_column, top.sum(-1), distinct_peaks, excess, speckle, spread,
+                        top_off_band[:, 0], top_off_band.sum(-1)], dim=1)

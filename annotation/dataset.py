@@ -96,3 +96,37 @@ def load_labeled_set(folder: str | Path) -> LabeledSet:
     ids = list(frame.map_id)
     labels = np.asarray([CLASSES.index(label) for label in frame.label], dtype=np.int64)
     return LabeledSet([maps[i] for i in ids], labels, ids, frame.to_dict("records"), folder)
+
+
+def merge_labeled_sets(folders: list[str | Path], out: str | Path) -> LabeledSet:
+    """One labeled set from several (e.g. the shipped set plus a new round of labels), written to ``out``.
+
+    Rows keep their order (set by set) and gain a ``source`` column ("<parent>/<folder>" of the set they came from). annotations.csv files are
+    concatenated too. A map labeled in two sets is an error unless map and label agree (then it is kept once).
+    The folder is written whole or not at all.
+    """
+    import pandas as pd
+
+    from annotation.labelstudio import write_labeled_folder
+
+    if len(folders) < 2:
+        raise AttnpatError("merging needs at least two labeled sets")
+    rows, maps, annotations, seen = [], {}, [], {}
+    for folder in map(Path, folders):
+        labeled = load_labeled_set(folder)
+        for row, map_id, attn in zip(labeled.rows, labeled.map_ids, labeled.maps):
+            if map_id in seen:
+                same = seen[map_id] == row["label"] and np.array_equal(maps[map_id], attn)
+                if not same:
+                    raise AttnpatError(f"map {map_id} is in two sets with a different label or map; fix one first")
+                continue
+            seen[map_id] = row["label"]
+            maps[map_id] = attn
+            source = row.get("source") if isinstance(row.get("source"), str) else f"{folder.parent.name}/{folder.name}"
+            rows.append({**row, "source": source})
+        if (folder / "annotations.csv").is_file():
+            annotations.extend(pd.read_csv(folder / "annotations.csv").to_dict("records"))
+    summary = {"merged_from": [str(folder) for folder in folders], "labeled": len(rows),
+               "class_counts": {name: sum(r["label"] == name for r in rows) for name in CLASSES}}
+    write_labeled_folder(Path(out), rows, maps, annotations, summary)
+    return load_labeled_set(out)

@@ -14,7 +14,8 @@ baseline the CNN must beat. The rules follow ../shared/guideline.md:
   broadness >= BROAD                                 -> block
   otherwise                                          -> heterogeneous
 
-The thresholds below were set on the shipped labeled set (see annotation/labeled/v1/CARD.md).
+The thresholds below were grid-searched on labeled set v1 (630 maps; in the git history, superseded by
+annotation/labeled/v2, which holds the same maps with second opinions plus 360 more).
 """
 from __future__ import annotations
 

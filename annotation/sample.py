@@ -169,14 +169,24 @@ def read_index(folder: str | Path) -> list[dict]:
 
 
 def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str], seed: int = 0,
-                  name: str | None = None, max_length: int = 128, log=print) -> Path:
+                  name: str | None = None, max_length: int = 128, log=print, *, stratify_by: str | None = None,
+                  class_shares: str | None = None, exclude: Sequence[str | Path] = ()) -> Path:
     """The sample folder for these settings, made (or finished) if needed. A folder made with other
-    settings is never overwritten: that raises AttnpatError."""
+    settings is never overwritten: that raises AttnpatError.
+
+    stratify_by: None = stratified over tasks/layers/heads/examples (:func:`sample_maps`); "rules", "classifier"
+    (the shipped checkpoint) or a checkpoint path = stratified by that predictor's class with ``class_shares``
+    (:func:`sample_maps_by_prediction`). exclude: labeled-set or sample folders whose maps are never drawn again.
+    """
     from analysis.models import load_model, model_slug
 
     name = name or f"{model_slug(model)}-n{count}-s{seed}"
     folder = Path(samples_dir) / name
-    settings = {"model": model, "count": count, "tasks": list(tasks), "seed": seed, "max_length": max_length}
+    settings = {"model": model, "count": count, "tasks": list(tasks), "seed": seed, "max_length": max_length,
+                "stratified_by": str(stratify_by) if stratify_by else None}
+    if stratify_by:
+        settings.update(class_shares=parse_class_shares(class_shares),
+                        exclude=[str(path) for path in exclude])
     settings_file = folder / "sample.json"
     if settings_file.is_file():
         previous = json.loads(settings_file.read_text())
@@ -186,37 +196,113 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
             index = read_index(folder)
             if all((folder / row["image"]).is_file() for row in index):
                 return folder
+    predict = _predictor(stratify_by) if stratify_by else None
+    excluded = set().union(*(_map_ids_in(path) for path in exclude)) if exclude else set()
     bundle = load_model(model)
     atomic_write_text(settings_file, json.dumps({**settings, "revision": bundle.revision}, indent=2))
-    log(f"sampling {count} maps of {model} over {', '.join(tasks)} into {folder}")
-    write_sample(folder, list(sample_maps(bundle, n_maps=count, tasks=tasks, seed=seed, max_length=max_length)))
+    if predict is None:
+        log(f"sampling {count} maps of {model} over {', '.join(tasks)} into {folder}")
+        maps = list(sample_maps(bundle, n_maps=count, tasks=tasks, seed=seed, max_length=max_length))
+    else:
+        log(f"sampling {count} maps of {model} stratified by {stratify_by} predictions "
+            f"({', '.join(f'{k} {v:.2f}' for k, v in settings['class_shares'].items())}) into {folder}")
+        maps = sample_maps_by_prediction(bundle, n_maps=count, tasks=tasks, seed=seed, max_length=max_length,
+                                         exclude=excluded, predict=predict, shares=settings["class_shares"])
+    write_sample(folder, maps)
     return folder
+
+
+def _predictor(stratify_by: str):
+    """'rules' -> the pre-annotator; 'classifier' -> the shipped CNN; anything else -> a checkpoint path."""
+    if stratify_by == "rules":
+        return rule_predictions
+    from classifier.predict import load_classifier
+
+    classifier = load_classifier(None if stratify_by == "classifier" else Path(stratify_by))
+    return lambda maps, tokens: classifier.predict(maps)
+
+
+def _map_ids_in(folder: str | Path) -> set[str]:
+    """The map ids of a labeled set (labels.csv) or a sample (index.jsonl)."""
+    folder = Path(folder)
+    if (folder / "labels.csv").is_file():
+        import pandas as pd
+
+        return set(pd.read_csv(folder / "labels.csv", usecols=["map_id"], dtype=str).map_id)
+    return {row["map_id"] for row in read_index(folder)}
+
+
+def rule_predictions(maps: Sequence[np.ndarray], tokens: Sequence[str]) -> list[str]:
+    """The rule-based pre-annotator's class for each (n, n) map of one example."""
+    from annotation.preannotate import preannotate
+
+    return [preannotate(attn, tokens)[0] for attn in maps]
+
+
+def parse_class_shares(text: str | None) -> dict[str, float]:
+    """'block=3,heterogeneous=3,diagonal=2' -> {class: share}, shares summing to 1 (unnamed classes get 0);
+    None or '' -> equal shares."""
+    from classifier import CLASSES
+
+    if not text:
+        return {name: 1.0 / len(CLASSES) for name in CLASSES}
+    weights = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in CLASSES:
+            raise AttnpatError(f"unknown class '{name}' in class shares; the classes are {', '.join(CLASSES)}")
+        try:
+            weights[name] = float(value)
+        except ValueError:
+            raise AttnpatError(f"class share '{part.strip()}' must look like CLASS=NUMBER") from None
+        if weights[name] < 0:
+            raise AttnpatError(f"class share '{part.strip()}' is negative")
+    total = sum(weights.values())
+    if total <= 0:
+        raise AttnpatError("class shares must not all be zero")
+    return {name: weights.get(name, 0.0) / total for name in CLASSES}
+
+
+def class_quotas(shares: dict[str, float], n_maps: int) -> dict[str, int]:
+    """Whole numbers of maps per class that add up to ``n_maps`` (largest remainders get the rest)."""
+    exact = {name: share * n_maps for name, share in shares.items()}
+    quotas = {name: int(value) for name, value in exact.items()}
+    by_remainder = sorted(exact, key=lambda name: exact[name] - quotas[name], reverse=True)
+    for name in by_remainder[: n_maps - sum(quotas.values())]:
+        quotas[name] += 1
+    return quotas
 
 
 def sample_maps_by_prediction(bundle, *, n_maps: int, tasks: Sequence[str] = DEFAULT_TASKS, seed: int = 0,
                               examples_per_task: int = 40, exclude: set[str] = frozenset(),
-                              max_length: int = 128) -> list[SampledMap]:
-    """A supplemental sample stratified by the pre-annotator's class: equal numbers of maps per predicted
-    class (and per task within a class where possible), so rare patterns get enough labels. The labels
-    still come from annotators: the prediction only decides which maps are shown."""
-    from annotation.preannotate import preannotate
+                              max_length: int = 128, predict=rule_predictions,
+                              shares: dict[str, float] | None = None) -> list[SampledMap]:
+    """A supplemental sample stratified by a predicted class, so rare patterns get enough labels.
+
+    predict(maps, tokens) -> class names, for one example's (n, n) maps (default: the rule-based
+    pre-annotator; a trained classifier works the same way). shares: class -> fraction of ``n_maps``
+    (default equal); within a class, maps are spread over tasks round-robin. The labels still come from
+    annotators: the prediction only decides which maps are shown. Maps in ``exclude`` are never drawn.
+    A class predicted for fewer maps than its quota gives what it has (the sample is then smaller).
+    """
     from classifier import CLASSES
 
+    shares = shares or parse_class_shares(None)
     rng = random.Random(seed)
-    pools: dict[str, list[tuple[str, str, object, int, int]]] = {name: [] for name in CLASSES}
+    pools: dict[str, list[tuple[str, str, object, int, int, np.ndarray]]] = {name: [] for name in CLASSES}
     for task in tasks:
         examples = draw_examples(task, examples_per_task, rng, seed + 1)
         for batch in stream_maps(bundle, examples, max_length=max_length, batch_size=16):
             for i, item in enumerate(batch.batch.items):
                 maps = batch.example_maps(i).numpy()
-                for layer in range(maps.shape[0]):
-                    for head in range(maps.shape[1]):
-                        map_id = make_map_id(bundle.slug, task, item.example_id, layer, head)
-                        if map_id in exclude:
-                            continue
-                        label, _ = preannotate(maps[layer, head], item.tokens)
-                        pools[label].append((map_id, task, item, layer, head, maps[layer, head].copy()))
-    per_class = n_maps // len(CLASSES)
+                cells = [(layer, head) for layer in range(maps.shape[0]) for head in range(maps.shape[1])
+                         if make_map_id(bundle.slug, task, item.example_id, layer, head) not in exclude]
+                labels = predict([maps[layer, head] for layer, head in cells], item.tokens)
+                for (layer, head), label in zip(cells, labels):
+                    map_id = make_map_id(bundle.slug, task, item.example_id, layer, head)
+                    pools[label].append((map_id, task, item, layer, head, maps[layer, head].copy()))
+    quotas = class_quotas(shares, n_maps)
     picked = []
     for name in CLASSES:
         pool = pools[name]
@@ -225,8 +311,9 @@ def sample_maps_by_prediction(bundle, *, n_maps: int, tasks: Sequence[str] = DEF
         for entry in pool:
             by_task.setdefault(entry[1], []).append(entry)
         round_robin = [e for group in zip(*by_task.values()) for e in group] if by_task else []
-        leftovers = [e for e in pool if e not in round_robin]
-        picked.extend((round_robin + leftovers)[:per_class])
+        in_round_robin = {e[0] for e in round_robin}
+        leftovers = [e for e in pool if e[0] not in in_round_robin]
+        picked.extend((round_robin + leftovers)[:quotas[name]])
     rng.shuffle(picked)
     return [SampledMap(map_id, task, item.example_id, layer, head, list(item.tokens), attn.astype(np.float32))
             for map_id, task, item, layer, head, attn in picked]

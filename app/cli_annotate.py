@@ -93,15 +93,24 @@ def invite() -> None:
 def push(model: str = opt.Model, count: int = typer.Option(480, "--count", help="maps to sample"),
          tasks: str = typer.Option("sst2,mrpc,rte,wiki", "--tasks", help="comma-separated tasks to sample from"),
          seed: int = typer.Option(0, "--seed"), sample: Optional[str] = Sample, project: Optional[str] = Title,
-         url: Optional[str] = Url, token: Optional[str] = Token, max_length: int = opt.MaxLength) -> None:
-    """Sample maps (stratified over tasks, layers, heads, examples), render them, and import them as tasks with
-    pre-annotations. Rerunning never duplicates a task and finishes an interrupted push."""
+         url: Optional[str] = Url, token: Optional[str] = Token, max_length: int = opt.MaxLength,
+         stratify_by: Optional[str] = typer.Option(
+             None, "--stratify-by", help="draw maps by predicted class to collect rare patterns: rules, classifier "
+             "(the shipped CNN) or a checkpoint path (default: stratify over tasks, layers, heads, examples)"),
+         class_shares: Optional[str] = typer.Option(
+             None, "--class-shares", help="with --stratify-by: share of maps per predicted class, e.g. "
+             "block=3,heterogeneous=3,diagonal=2,vertical=1,vertical+diagonal=1 (default: equal)"),
+         exclude: list[Path] = typer.Option([], "--exclude", help="labeled set or sample whose maps are not drawn "
+                                            "again (repeatable)")) -> None:
+    """Sample maps (stratified over tasks, layers, heads, examples, or by predicted class), render them, and
+    import them as tasks with pre-annotations. Rerunning never duplicates a task and finishes an interrupted push."""
     from annotation.labelstudio import push as push_tasks
     from annotation.sample import ensure_sample
 
     credentials = _credentials(url, token)
     folder = ensure_sample(_samples_dir(), model, count, [t.strip() for t in tasks.split(",") if t.strip()], seed,
-                           sample, max_length, log=typer.echo)
+                           sample, max_length, log=typer.echo, stratify_by=stratify_by,
+                           class_shares=class_shares, exclude=exclude)
     report = push_tasks(credentials, folder, project, _state_file(), log=typer.echo)
     typer.echo(f"project {report.project_id} ({'created' if report.created_project else 'reused'}): "
                f"{report.pushed} new tasks, {report.already_there} already there, {report.total} in the sample; "
@@ -139,3 +148,13 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
             typer.echo(f"{name}: {len(items)} (first: {items[0]})")
     if report.unlabeled:
         typer.echo(f"not yet labeled: {report.unlabeled} tasks")
+
+
+@annotate.command("merge")
+def merge(sets: list[Path] = typer.Argument(..., help="labeled-set folders, in order"),
+          out: Path = typer.Option(..., "--out", help="the merged labeled-set folder (replaced whole)")) -> None:
+    """Join several labeled sets (e.g. the shipped set and a new round of labels) into one, for `attnpat train`."""
+    from annotation.dataset import merge_labeled_sets
+
+    merged = merge_labeled_sets(list(sets), out)
+    typer.echo(f"labeled set {out}: {len(merged)} maps; classes: {merged.class_counts()}")

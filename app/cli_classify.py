@@ -13,7 +13,7 @@ def register(app: typer.Typer) -> None:
     app.command("classify")(classify)
 
 
-def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/v1) or synthetic[:N]"),
+def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/v2) or synthetic[:N]"),
           out: opt.OptionalPath = typer.Option(None, "--out", help="checkpoint .safetensors (default: run dir/classifier.safetensors)"),
           folds: int = typer.Option(5, "--folds", help="stratified cross-validation folds"),
           epochs: int = typer.Option(100, "--epochs", help="maximum epochs (early stopping ends sooner)"),

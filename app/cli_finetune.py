@@ -119,7 +119,7 @@ def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
                    "to [CLS] / [SEP]: " + ", ".join(f"{c:.2f}/{s:.2f}" for c, s in
                                                    zip(heads["to_cls"].mean(1), heads["to_sep"].mean(1))))
         top_tokens = stats["top_cls_tokens"]
-        typer.echo(f"  last layer's [CLS] attends most to: " + ", ".join(
+        typer.echo("  last layer's [CLS] attends most to: " + ", ".join(
             f"{row.token} ({row.mean_attention:.3f}, n={row.count})" for row in top_tokens.itertuples()))
         for feature, count in stats["counts"].items():
             value = heads[feature]

@@ -24,7 +24,7 @@ import sys
 import time
 
 
-def _setup(threads: int | None, checkpoint: str | None = None):
+def _setup(threads: int | None, checkpoint: str | None = None, precision: str = "auto"):
     import torch
 
     if threads:
@@ -32,7 +32,8 @@ def _setup(threads: int | None, checkpoint: str | None = None):
     from analysis.models import load_model
     from classifier.predict import load_classifier
 
-    return load_model("minilm", device="cpu"), load_classifier(checkpoint)
+    bf16 = {"auto": None, "fp32": False, "bf16": True}[precision]
+    return load_model("minilm", device="cpu"), load_classifier(checkpoint, bf16=bf16)
 
 
 def bare_pass(bundle, examples, batch_size: int) -> tuple[float, float]:
@@ -71,6 +72,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--memory-n", type=int, nargs="*", default=[100, 872], help="example counts for peak memory")
     parser.add_argument("--classifier", default=None, help="checkpoint (default: the shipped one)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="the CNN's arithmetic (auto: bfloat16 where the CPU supports it natively)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -82,7 +85,7 @@ def main() -> None:
 
     from analysis.data import load_task
 
-    bundle, classifier = _setup(args.threads, args.classifier)
+    bundle, classifier = _setup(args.threads, args.classifier, args.precision)
     examples = load_task("sst2", n=args.n).examples
     bare_pass(bundle, examples[:64], args.batch_size)  # warm-up: first-call allocations, thread pools
     classified_pass(bundle, examples[:64], classifier, args.batch_size)
@@ -96,6 +99,7 @@ def main() -> None:
         classify_cpu.append(cpu)
     bare, classified = min(bare_times), min(classify_times)
     result = {"examples": len(examples), "maps": maps, "threads": torch.get_num_threads(),
+              "cnn_dtype": str(classifier.input_dtype).replace("torch.", ""),
               "bare_forward_s": round(bare, 2), "classify_s": round(classified, 2), "ratio": round(classified / bare, 3),
               "bare_forward_cpu_s": round(min(bare_cpu), 2), "classify_cpu_s": round(min(classify_cpu), 2),
               "cpu_ratio": round(min(classify_cpu) / min(bare_cpu), 3),
@@ -115,7 +119,8 @@ def main() -> None:
         result["peak_memory_ratio"] = round(memory[-1]["peak_rss_mib"] / memory[0]["peak_rss_mib"], 3)
         result["target_memory_ratio"] = 1.2
 
-    print(f"SST-2 dev, {result['examples']} examples, MiniLM (6 x 12 heads), CPU, {result['threads']} threads")
+    print(f"SST-2 dev, {result['examples']} examples, MiniLM (6 x 12 heads), CPU, {result['threads']} threads, "
+          f"CNN in {result['cnn_dtype']}")
     print(f"  bare forward pass with attentions : {bare:7.2f} s   (runs: {result['bare_runs_s']})")
     print(f"  classify all {maps} maps       : {classified:7.2f} s   (runs: {result['classify_runs_s']}), "
           f"{result['maps_per_s']} maps/s")

@@ -30,13 +30,20 @@ def classify_batch(map_batch: MapBatch, classifier: PatternClassifier) -> torch.
     """(B, L, H) predicted class indices for every example and head of a batch."""
     attentions, lengths = map_batch.attentions, map_batch.batch.lengths
     batch, layers, heads = attentions.shape[:3]
-    size = classifier.input_size
-    images = torch.empty((batch, layers * heads, INPUT_CHANNELS, size, size), dtype=torch.float32)
+    size, per_example = classifier.input_size, layers * heads
+    # One channels-last buffer for the whole batch: each length's maps are resized straight into their rows.
+    images = torch.empty((batch * per_example, size, size, INPUT_CHANNELS), dtype=classifier.input_dtype
+                         ).permute(0, 3, 1, 2)  # channels-last memory, the network's own layout
     for n in torch.unique(lengths).tolist():  # examples of one length share one resize
         rows = torch.nonzero(lengths == n).flatten()
         maps = attentions[rows, :, :, :n, :n].reshape(-1, n, n)  # (b * L * H, n, n)
-        images[rows] = resize_maps(maps, size).reshape(len(rows), layers * heads, INPUT_CHANNELS, size, size)
-    predicted = classifier.proba_images(images.reshape(-1, INPUT_CHANNELS, size, size)).argmax(1)
+        first, count = int(rows[0]), len(rows)
+        if bool((rows == torch.arange(first, first + count)).all()):  # a length-sorted batch: one slice, no copy
+            resize_maps(maps, size, out=images[first * per_example:(first + count) * per_example])
+        else:
+            index = (rows[:, None] * per_example + torch.arange(per_example)).flatten()
+            images[index] = resize_maps(maps, size).to(images.dtype)
+    predicted = classifier.proba_images(images).argmax(1)
     return predicted.reshape(batch, layers, heads)
 
 

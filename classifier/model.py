@@ -1,18 +1,22 @@
 """The 8-layer CNN over attention maps, and how a map of any length becomes its fixed-size input.
 
-Input transform (one map -> one image of INPUT_SIZE x INPUT_SIZE with two views as channels):
+Input transform (one map -> one image of INPUT_SIZE x INPUT_SIZE with three views as channels):
   1. crop the map to the example's real tokens, (n, n) with rows summing to 1;
   2. resize it as a 1-channel image with ``torchvision.transforms.v2.functional.resize`` to
      (INPUT_SIZE, INPUT_SIZE), bilinear with antialias: longer maps are area-averaged down (a stripe or
      band keeps its share of the weight), shorter maps are interpolated up;
   3. channel 0 = the image divided by its maximum: the heat map a human labels (darkest cell = 1);
      channel 1 = log(1 + n * weight) / log(1 + n): weight relative to uniform attention (1/n), on a log
-     scale in [0, 1]; it keeps what channel 0 loses, how concentrated the weight is (block vs stripe).
-  4. channel 2 carries, in its first row, PROFILE_FEATURES size-invariant scalars of the ORIGINAL (n, n)
-     map (see :func:`map_profile`): mass on the diagonals -2..+2, top column masses, first/last column
-     mass, broadness, peakedness, length. Resizing blurs exactly these (a one-token band or column in a
-     128-token map becomes a quarter-pixel line), and they separate block/heterogeneous from the rest.
-     The convolutions see channels 0-1 only; the profile joins the pooled features before the last layer.
+     scale in [0, 1]; it keeps what channel 0 loses, how concentrated the weight is (block vs stripe);
+     channel 2 = a crisp view divided by its maximum (:func:`crisp_view`): maps longer than INPUT_SIZE are
+     max-pooled, shorter ones upsampled by nearest neighbour, so a one-token band or column stays a
+     full-strength line instead of being averaged away.
+  4. channel 3 carries, in its first row, PROFILE_FEATURES size-invariant scalars of the ORIGINAL (n, n)
+     map (see :func:`analysis.stats.map_profile`): mass on the diagonals -2..+2, top column masses,
+     first/last column mass, broadness, peakedness, length, and texture (how many rows peak on the top
+     column, distance from uniform, speckle). Resizing blurs exactly these, and they separate
+     block/heterogeneous from the rest. The convolutions see channels 0-2 only; the profile joins the
+     pooled features before the last layers.
 Maps of the same length are resized together in one call, so a batch costs one resize per length.
 """
 from __future__ import annotations
@@ -27,13 +31,13 @@ from torch import nn
 from analysis.stats import PROFILE_NAMES, map_profile
 from classifier import CLASSES
 
-INPUT_SIZE = 32
-# Output channels of the 8 convolutions; a stride of 2 halves the image (32 -> 16 -> 8 -> 4). Small on
+INPUT_SIZE = 24
+# Output channels of the 8 convolutions; a stride of 2 halves the image (24 -> 12 -> 6 -> 3). Small on
 # purpose: classifying every head of every example must cost less than half the model's forward pass.
 CHANNELS = (8, 8, 16, 16, 32, 32, 32, 32)
 STRIDES = (2, 1, 2, 1, 2, 1, 1, 1)
-IMAGE_CHANNELS = 2  # the two views of step 3 above
-INPUT_CHANNELS = 3  # + the profile channel of step 4
+IMAGE_CHANNELS = 3  # the three views of step 3 above
+INPUT_CHANNELS = 4  # + the profile channel of step 4
 PROFILE_FEATURES = len(PROFILE_NAMES)
 
 
@@ -51,21 +55,52 @@ def resize_matrix(n: int, size: int = INPUT_SIZE) -> torch.Tensor:
     return rows[0, 0].T.contiguous()
 
 
-def resize_maps(maps: torch.Tensor, size: int = INPUT_SIZE) -> torch.Tensor:
-    """maps: (N, n, n) of one length n -> (N, INPUT_CHANNELS, size, size) float32 inputs (steps 2-4 above)."""
-    maps = maps.to(torch.float32)
+@lru_cache(maxsize=1024)
+def nearest_matrix(n: int, size: int = INPUT_SIZE) -> torch.Tensor:
+    """(size, n) 0/1 matrix N with N @ m @ N.T == m upsampled to (size, size) by nearest neighbour (n <= size)."""
+    matrix = torch.zeros((size, n), dtype=torch.float32)
+    matrix[torch.arange(size), (torch.arange(size) * n) // size] = 1.0
+    return matrix
+
+
+def crisp_view(maps: torch.Tensor, size: int = INPUT_SIZE) -> torch.Tensor:
+    """(N, n, n) -> (N, size, size) with every one-token line kept at full strength: max pooling
+    (``adaptive_max_pool2d``) for maps longer than ``size``, nearest-neighbour upsampling for the others
+    (two small matrix products: pooling would cost as much as the whole CNN on short maps)."""
     n = int(maps.shape[-1])
+    if n > size:
+        return nn.functional.adaptive_max_pool2d(maps, size)
+    matrix = nearest_matrix(n, size)
+    return matrix @ maps @ matrix.T
+
+
+def resize_maps(maps: torch.Tensor, size: int = INPUT_SIZE, out: torch.Tensor | None = None) -> torch.Tensor:
+    """maps: (N, n, n) of one length n -> (N, INPUT_CHANNELS, size, size) inputs (steps 2-4 above), float32
+    in channels-last memory.
+
+    out: an (N, INPUT_CHANNELS, size, size) tensor to fill instead (float32 or bfloat16, best channels-last, e.g. a
+    slice of the batch classifier's buffer), so a batch's input is written once, with no extra copies.
+    """
+    maps = maps.to(torch.float32)
+    count, n = int(maps.shape[0]), int(maps.shape[-1])
     matrix = resize_matrix(n, size)
-    images = (matrix @ maps @ matrix.T).unsqueeze(1)
-    peak = images.amax(dim=(2, 3), keepdim=True).clamp_min(1e-12)
-    relative = torch.log1p(images.clamp_min(0) * n) / np.log1p(n)
-    profile = torch.zeros_like(images)
-    profile[:, 0, 0, :PROFILE_FEATURES] = map_profile(maps)
-    return torch.cat([images / peak, relative, profile], dim=1)
+    images = matrix @ maps @ matrix.T
+    peak = images.amax(dim=(1, 2), keepdim=True).clamp_min(1e-12)
+    crisp = crisp_view(maps, size)
+    relative = images.clamp_min(0).mul_(n).log1p_().div_(np.log1p(n))
+    if out is None:
+        out = torch.empty((count, size, size, INPUT_CHANNELS), dtype=torch.float32).permute(0, 3, 1, 2)
+    # One strided write per view into the channels-last buffer (faster than stacking, which interleaves twice).
+    out[:, 0].copy_(images.div_(peak))
+    out[:, 1].copy_(relative)
+    out[:, 2].copy_(crisp.div_(crisp.amax(dim=(1, 2), keepdim=True).clamp_min(1e-12)))
+    out[:, 3].zero_()
+    out[:, 3, 0, :PROFILE_FEATURES] = map_profile(maps)
+    return out
 
 
 def prepare_maps(maps: Sequence[np.ndarray | torch.Tensor] | torch.Tensor, size: int = INPUT_SIZE) -> torch.Tensor:
-    """Maps of any lengths -> (N, 2, size, size) images in the input order.
+    """Maps of any lengths -> (N, INPUT_CHANNELS, size, size) images in the input order.
 
     maps: a tensor/array (N, n, n) or a sequence of (n_i, n_i) arrays or tensors. Raises ValueError
     on a map that is not square (callers turn it into their own error).
@@ -88,8 +123,8 @@ def prepare_maps(maps: Sequence[np.ndarray | torch.Tensor] | torch.Tensor, size:
 
 
 class PatternCNN(nn.Module):
-    """Eight 3x3 convolutions (BatchNorm + ReLU each) over the two image channels, global average and max
-    pooling, then one linear layer over the pooled features and the map's profile scalars (channel 2).
+    """Eight 3x3 convolutions (BatchNorm + ReLU each) over the three image channels, global average and max
+    pooling, then a small MLP over the pooled features and the map's profile scalars (channel 3).
 
     forward: (N, INPUT_CHANNELS, S, S) inputs -> (N, num_classes) logits.
     """

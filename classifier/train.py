@@ -225,6 +225,8 @@ def synthetic_extra(config: TrainConfig) -> tuple[torch.Tensor, np.ndarray] | No
 
 def architecture_metadata(config: TrainConfig) -> dict:
     return {"input_size": config.input_size, "channels": list(CHANNELS), "strides": list(STRIDES),
-            "input_transform": "crop to real tokens; torchvision bilinear antialiased resize to input_size x input_size "
-                               "(as R @ map @ R.T); divide by the map's maximum",
+            "input_transform": "crop to real tokens; channel 0: torchvision bilinear antialiased resize to input_size "
+                               "x input_size (as R @ map @ R.T) / its maximum; channel 1: log(1 + n * resized) / "
+                               "log(1 + n); channel 2: max-pooled (longer maps) or nearest-upsampled (shorter) / "
+                               "its maximum; channel 3, first row: analysis.stats.map_profile scalars",
             "train_config": asdict(config)}

@@ -10,6 +10,7 @@ import torch
 from analysis.errors import AttnpatError
 from classifier import CLASSES
 from classifier.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint
+from analysis.stats import PROFILE_NAMES
 from classifier.model import (CHANNELS, INPUT_CHANNELS, INPUT_SIZE, PROFILE_FEATURES, STRIDES, PatternCNN, inference_copy,
                               map_profile, prepare_maps, resize_maps)
 from classifier.predict import load_classifier
@@ -69,9 +70,15 @@ def test_resize_matches_torchvision_resize(n):
     assert torch.allclose(images[:, :1], resized / resized.amax(dim=(2, 3), keepdim=True), atol=1e-5)
     # the second view: weight relative to uniform attention (1/n), log scale, within [0, 1]
     assert torch.allclose(images[:, 1:2], torch.log1p(resized.clamp_min(0) * n) / np.log1p(n), atol=1e-5)
+    # the third view, scaled to its maximum: max-pooled when longer than the input, else nearest-neighbour upsampled
+    if n > INPUT_SIZE:
+        crisp = torch.nn.functional.adaptive_max_pool2d(maps[:, None], INPUT_SIZE)
+    else:
+        crisp = TF.resize(maps[:, None], [INPUT_SIZE, INPUT_SIZE], interpolation=TF.InterpolationMode.NEAREST)
+    assert torch.allclose(images[:, 2:3], crisp / crisp.amax(dim=(2, 3), keepdim=True), atol=1e-6)
     # the profile channel: the original map's scalars in its first row, nothing elsewhere
-    torch.testing.assert_close(images[:, 2, 0, :PROFILE_FEATURES], map_profile(maps))
-    assert images[:, 2, 1:].abs().sum() == 0 and images[:, 2, 0, PROFILE_FEATURES:].abs().sum() == 0
+    torch.testing.assert_close(images[:, 3, 0, :PROFILE_FEATURES], map_profile(maps))
+    assert images[:, 3, 1:].abs().sum() == 0 and images[:, 3, 0, PROFILE_FEATURES:].abs().sum() == 0
     assert images[:, 1].min() >= 0 and images[:, 1].max() <= 1 + 1e-6
 
 
@@ -143,7 +150,7 @@ def test_checkpoint_round_trip(random_checkpoint):
     maps = [synthetic_map(kind, n, np.random.default_rng(n)) for kind, n in zip(CLASSES, (6, 20, 33, 64, 90))]
     torch.manual_seed(0)
     original = PatternCNN().eval()
-    loaded = load_classifier(random_checkpoint)
+    loaded = load_classifier(random_checkpoint, bf16=False)  # exact float32 (bf16 is tested on its own below)
     with torch.inference_mode():
         expected = torch.softmax(original(prepare_maps(maps)), 1).numpy()
     assert np.allclose(loaded.predict_proba(maps), expected, atol=1e-6)
@@ -223,3 +230,37 @@ def test_profile_scalars_on_hand_made_maps():
     broadness = 9  # index of broadness after 5 bands, top1, top2, first and last column
     assert profiles[2, broadness] == pytest.approx(1.0) and profiles[0, broadness] == pytest.approx(0.0, abs=1e-6)
     assert profiles[2, 5] == pytest.approx(1 / n) and profiles[2, 6] == pytest.approx(2 / n)
+    texture = {name: PROFILE_NAMES.index(name) for name in
+               ("rows_on_top_column", "row_peak_keys", "excess_over_uniform", "speckle", "row_peak_spread")}
+    column = torch.zeros(1, n, n)
+    column[0, :, 0] = 1.0  # every row on the first key: a pure stripe
+    scattered = torch.zeros(1, n, n)
+    scattered[0, torch.arange(n), torch.tensor([3, 0, 5, 1, 7, 2, 6, 4])] = 1.0  # one peak per row, all different
+    scattered[0, 0, 3], scattered[0, 0, 0] = 0.6, 0.4  # row 0 peaks lower: its weight is split
+    stripe, speckle = map_profile(torch.cat([column, scattered]))
+    assert stripe[texture["rows_on_top_column"]] == 1 and stripe[texture["row_peak_keys"]] == pytest.approx(1 / n)
+    assert speckle[texture["rows_on_top_column"]] < 0.3 and speckle[texture["row_peak_keys"]] == pytest.approx(1.0)
+    assert stripe[texture["excess_over_uniform"]] == pytest.approx(1 - 1 / n)
+    assert profiles[2, texture["excess_over_uniform"]] == pytest.approx(0) and profiles[2, texture["speckle"]] == 0
+    assert stripe[texture["speckle"]] == pytest.approx(1 / n) and stripe[texture["row_peak_spread"]] == 0
+    assert speckle[texture["row_peak_spread"]] > 0
+
+
+def test_bfloat16_inference_agrees_with_float32(random_checkpoint, monkeypatch):
+    """bf16 runs only where the CPU has native support (auto), can be forced either way, and changes almost no
+    prediction: the probabilities stay within bf16 rounding of the float32 ones."""
+    import classifier.predict as predict
+
+    rng = np.random.default_rng(5)
+    maps = [synthetic_map(kind, n, rng) for kind in CLASSES for n in (7, 30, 90) for _ in range(4)]
+    exact = load_classifier(random_checkpoint, bf16=False)
+    fast = load_classifier(random_checkpoint, bf16=True)
+    assert exact.input_dtype == torch.float32 and fast.input_dtype == torch.bfloat16
+    p32, p16 = exact.predict_proba(maps), fast.predict_proba(maps)
+    assert p16.dtype == np.float32 and np.allclose(p16.sum(1), 1, atol=1e-5)
+    assert np.abs(p16 - p32).max() < 0.05
+    assert (p16.argmax(1) == p32.argmax(1)).mean() >= 0.95
+    monkeypatch.setattr(predict, "bf16_supported", lambda: False)
+    assert load_classifier(random_checkpoint).bf16 is False
+    monkeypatch.setattr(predict, "bf16_supported", lambda: True)
+    assert load_classifier(random_checkpoint).bf16 is True

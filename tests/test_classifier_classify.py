@@ -63,6 +63,20 @@ def test_batched_classification_equals_map_by_map(bundle, checkpoint):
             assert torch.equal(predicted[i].reshape(-1), single)
 
 
+def test_a_batch_in_any_length_order_gives_the_same_predictions(checkpoint):
+    """Equal lengths that are not neighbours in the batch take the indexed (copying) path, with equal results."""
+    from types import SimpleNamespace
+
+    classifier = load_classifier(checkpoint)
+    lengths = torch.tensor([9, 4, 9, 6])  # the two 9s are not adjacent
+    attentions = torch.softmax(torch.randn(4, LAYERS, HEADS, 9, 9) * 3, dim=-1)
+    fake = SimpleNamespace(attentions=attentions, batch=SimpleNamespace(lengths=lengths))
+    predicted = classify_batch(fake, classifier)
+    for i, n in enumerate(lengths.tolist()):
+        single = classifier.proba_images(prepare_maps(attentions[i, :, :, :n, :n].reshape(-1, n, n))).argmax(1)
+        assert torch.equal(predicted[i].reshape(-1), single)
+
+
 def test_all_tasks_comparison(bundle, checkpoint, tmp_path):
     ratios = classify_tasks(bundle, ["sst2", "rte"], load_classifier(checkpoint), n=3, batch_size=4, root=tmp_path,
                             progress=False)

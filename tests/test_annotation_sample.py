@@ -1,0 +1,119 @@
+"""Sampling maps for annotation: stratified by a predicted class, with class shares and exclusions."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from analysis.errors import AttnpatError
+from annotation.sample import ensure_sample, parse_class_shares, read_index, sample_maps_by_prediction
+from classifier import CLASSES
+from tests.tiny import save_tiny_model, tiny_bundle
+
+
+def test_class_shares_are_normalised_and_bad_ones_refused():
+    shares = parse_class_shares("block=3,heterogeneous=1")
+    assert shares == {"vertical": 0.0, "diagonal": 0.0, "vertical+diagonal": 0.0, "block": 0.75, "heterogeneous": 0.25}
+    assert parse_class_shares(None) == {name: 0.2 for name in CLASSES}
+    for bad, message in (("blob=1", "unknown class 'blob'"), ("block=x", "CLASS=NUMBER"), ("block=-1", "negative"),
+                         ("block=0", "must not all be zero")):
+        with pytest.raises(AttnpatError, match=message):
+            parse_class_shares(bad)
+
+
+def head_class(maps, tokens):
+    """A stand-in predictor: the class is fixed by the map's position in the example (layer-major)."""
+    return [CLASSES[k % len(CLASSES)] for k in range(len(maps))]
+
+
+def test_sampling_by_prediction_fills_the_class_quotas_and_skips_excluded_maps(tmp_path):
+    bundle = tiny_bundle(tmp_path / "tiny", layers=2, heads=4)  # 8 maps per example
+    shares = parse_class_shares("block=1,heterogeneous=1")
+    first = sample_maps_by_prediction(bundle, n_maps=10, tasks=("sst2", "rte"), seed=3, examples_per_task=6,
+                                      predict=head_class, shares=shares)
+    positions = Counter(CLASSES[(m.layer * 4 + m.head) % len(CLASSES)] for m in first)
+    assert positions == {"block": 5, "heterogeneous": 5}
+    assert Counter(m.task for m in first) == {"sst2": 5, "rte": 5}  # round-robin over tasks inside a class
+    for sampled in first:
+        assert sampled.attn.shape == (len(sampled.tokens),) * 2
+    again = sample_maps_by_prediction(bundle, n_maps=10, tasks=("sst2", "rte"), seed=3, examples_per_task=6,
+                                      predict=head_class, shares=shares)
+    assert [m.map_id for m in again] == [m.map_id for m in first]  # same seed, same sample
+    excluded = {m.map_id for m in first}
+    second = sample_maps_by_prediction(bundle, n_maps=10, tasks=("sst2", "rte"), seed=3, examples_per_task=6,
+                                       predict=head_class, shares=shares, exclude=excluded)
+    assert len(second) == 10 and not excluded & {m.map_id for m in second}
+
+
+def test_a_stratified_sample_records_its_settings_and_excludes_a_labeled_set(tmp_path):
+    model = save_tiny_model(tmp_path / "tiny", layers=1, heads=2)
+    first = ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="a", stratify_by="rules",
+                          log=lambda _: None)
+    settings = json.loads((first / "sample.json").read_text())
+    assert settings["stratified_by"] == "rules" and settings["class_shares"] == parse_class_shares(None)
+    first_ids = {row["map_id"] for row in read_index(first)}
+    assert all((first / row["image"]).is_file() for row in read_index(first))
+    second = ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="b", stratify_by="rules",
+                           exclude=[first], log=lambda _: None)
+    assert not first_ids & {row["map_id"] for row in read_index(second)}
+    with pytest.raises(AttnpatError, match="other settings"):
+        ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="a", log=lambda _: None)
+
+
+def write_set(folder, labels, seed=0):
+    """A labeled set of synthetic maps: labels maps map_id -> class."""
+    from annotation.dataset import save_labeled_set
+    from classifier.synthetic import synthetic_map
+
+    rng = np.random.default_rng(seed)
+    rows = [{"map_id": map_id, "label": label} for map_id, label in labels.items()]
+    maps = {map_id: synthetic_map(label, 12, rng) for map_id, label in labels.items()}
+    save_labeled_set(folder, rows, maps)
+    return maps
+
+
+def test_merging_labeled_sets_keeps_every_map_once_and_refuses_conflicts(tmp_path):
+    from annotation.dataset import load_labeled_set, merge_labeled_sets
+
+    first = {f"a{k}": CLASSES[k] for k in range(5)}
+    second = {f"b{k}": CLASSES[(k + 2) % 5] for k in range(5)}
+    maps_a = write_set(tmp_path / "one", first, seed=1)
+    maps_b = write_set(tmp_path / "two", second, seed=2)
+    merged = merge_labeled_sets([tmp_path / "one", tmp_path / "two"], tmp_path / "both")
+    assert merged.map_ids == list(first) + list(second)
+    assert [CLASSES[i] for i in merged.labels] == list(first.values()) + list(second.values())
+    for map_id, attn in zip(merged.map_ids, merged.maps):
+        assert np.array_equal(attn, {**maps_a, **maps_b}[map_id])
+    assert list(load_labeled_set(tmp_path / "both").rows[0].keys()).count("source") == 1
+    assert {row["source"] for row in merged.rows} == {f"{tmp_path.name}/one", f"{tmp_path.name}/two"}
+    # the same map with the same label in two sets is kept once
+    assert len(merge_labeled_sets([tmp_path / "one", tmp_path / "one"], tmp_path / "again")) == 5
+    # the same map id with another label is an error, and nothing is written
+    write_set(tmp_path / "clash", {"a0": CLASSES[1], **{f"c{k}": CLASSES[k] for k in range(5)}}, seed=1)
+    with pytest.raises(AttnpatError, match="a0 is in two sets"):
+        merge_labeled_sets([tmp_path / "one", tmp_path / "clash"], tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(AttnpatError, match="at least two"):
+        merge_labeled_sets([tmp_path / "one"], tmp_path / "bad")
+
+
+def test_merge_and_class_share_errors_on_the_command_line(tmp_path, capsys, monkeypatch):
+    from app.cli import main
+
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path / "home"))  # a push that went too far would write here
+    write_set(tmp_path / "one", {f"a{k}": CLASSES[k] for k in range(5)}, seed=1)
+    write_set(tmp_path / "two", {f"b{k}": CLASSES[k] for k in range(5)}, seed=2)
+    assert main(["annotate", "merge", str(tmp_path / "one"), str(tmp_path / "two"), "--out", str(tmp_path / "m")]) == 0
+    assert "10 maps" in capsys.readouterr().out
+    assert main(["annotate", "merge", str(tmp_path / "one"), str(tmp_path / "nowhere"), "--out",
+                 str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err and "is not a labeled set" in err
+    assert not (tmp_path / "bad").exists()
+    assert main(["annotate", "push", "--stratify-by", "rules", "--class-shares", "spiral=1", "--url",
+                 "http://127.0.0.1:9", "--token", "x", "--sample", "s"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown class 'spiral'" in err and "\n" not in err
+    assert not (tmp_path / "home" / "workspace" / "annotation" / "samples" / "s").exists()
