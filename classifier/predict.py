@@ -34,6 +34,7 @@ class PatternClassifier:
         self.model = model.eval()
         self.bf16 = bf16_supported() if bf16 is None else bool(bf16)
         self._fast = inference_copy(self.model).to(torch.bfloat16 if self.bf16 else torch.float32)
+        self._fast.profile_edges = self.model.profile_edges.float().clone()  # bin edges stay exact in bf16 too
         self.metadata = metadata
         self.path = path
         self.classes: tuple[str, ...] = CLASSES

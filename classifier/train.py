@@ -15,7 +15,8 @@ from torch import nn
 
 from analysis.errors import AttnpatError
 from classifier import CLASSES
-from classifier.model import CHANNELS, IMAGE_CHANNELS, INPUT_SIZE, STRIDES, PatternCNN, prepare_maps
+from analysis.stats import PROFILE_NAMES
+from classifier.model import CHANNELS, IMAGE_CHANNELS, INPUT_SIZE, PROFILE_BINS, STRIDES, PatternCNN, prepare_maps
 from analysis.progress import progress_bar
 
 
@@ -139,6 +140,7 @@ def fit(images: torch.Tensor, labels: np.ndarray, config: TrainConfig, seed: int
     generator = torch.Generator().manual_seed(seed)
     train_idx, valid_idx = stratified_split(labels, config.validation_fraction, seed)
     model = PatternCNN()
+    model.fit_profile_edges(images[train_idx])  # quantiles of this training part only
     optimiser = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=config.max_epochs)
     train_images, train_labels = images[train_idx], torch.as_tensor(labels[train_idx])
@@ -225,6 +227,7 @@ def synthetic_extra(config: TrainConfig) -> tuple[torch.Tensor, np.ndarray] | No
 
 def architecture_metadata(config: TrainConfig) -> dict:
     return {"input_size": config.input_size, "channels": list(CHANNELS), "strides": list(STRIDES),
+            "profile_features": list(PROFILE_NAMES), "profile_bins": PROFILE_BINS,
             "input_transform": "crop to real tokens; channel 0: torchvision bilinear antialiased resize to input_size "
                                "x input_size (as R @ map @ R.T) / its maximum; channel 1: log(1 + n * resized) / "
                                "log(1 + n); channel 2: max-pooled (longer maps) or nearest-upsampled (shorter) / "

@@ -264,3 +264,26 @@ def test_bfloat16_inference_agrees_with_float32(random_checkpoint, monkeypatch):
     assert load_classifier(random_checkpoint).bf16 is False
     monkeypatch.setattr(predict, "bf16_supported", lambda: True)
     assert load_classifier(random_checkpoint).bf16 is True
+
+
+def test_profile_scalars_are_encoded_piecewise_linearly_with_fitted_edges(tmp_path):
+    from classifier.model import PROFILE_BINS
+
+    model = PatternCNN().eval()
+    images = prepare_maps([synthetic_map(kind, n, np.random.default_rng(n)) for kind in CLASSES for n in (6, 20, 50)])
+    model.fit_profile_edges(images)
+    profile = images[:, 3, 0, :PROFILE_FEATURES]
+    assert torch.allclose(model.profile_edges[:, 0], profile.min(0).values)
+    assert torch.allclose(model.profile_edges[:, -1], profile.max(0).values)
+    # a value at the lower edge of bin t: bins below it are full, bin t and above are empty
+    edges = torch.linspace(0, 1, PROFILE_BINS + 1).repeat(PROFILE_FEATURES, 1)
+    model.profile_edges.copy_(edges)
+    x = torch.full((1, PROFILE_FEATURES), float(edges[0, 3]) + 0.5 / PROFILE_BINS)  # halfway through bin 3
+    encoded = model.encode_profile(x).reshape(PROFILE_FEATURES, PROFILE_BINS)
+    assert torch.allclose(encoded[:, :3], torch.ones(PROFILE_FEATURES, 3))
+    assert torch.allclose(encoded[:, 3], torch.full((PROFILE_FEATURES,), 0.5))
+    assert encoded[:, 4:].abs().sum() == 0
+    # fitted edges travel with the checkpoint
+    model.fit_profile_edges(images)
+    path = save_checkpoint(model, tmp_path / "fitted.safetensors", METADATA)
+    assert torch.equal(load_classifier(path, bf16=False).model.profile_edges, model.profile_edges)
