@@ -21,6 +21,7 @@ Maps of the same length are resized together in one call, so a batch costs one r
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import Sequence
 
@@ -64,15 +65,34 @@ def nearest_matrix(n: int, size: int = INPUT_SIZE) -> torch.Tensor:
     return matrix
 
 
+@lru_cache(maxsize=1024)
+def pooling_bins(n: int, size: int = INPUT_SIZE) -> tuple[torch.Tensor, ...]:
+    """Index vectors (size,) whose element-wise max over a length-n axis is adaptive max pooling to ``size``:
+    vector j holds the j-th index of every bin [floor(i n / size), ceil((i + 1) n / size)), repeating a bin's
+    last index where the bin is shorter."""
+    starts = [math.floor(i * n / size) for i in range(size)]
+    ends = [math.ceil((i + 1) * n / size) for i in range(size)]
+    width = max(end - start for start, end in zip(starts, ends))
+    return tuple(torch.tensor([min(start + j, end - 1) for start, end in zip(starts, ends)]) for j in range(width))
+
+
 def crisp_view(maps: torch.Tensor, size: int = INPUT_SIZE) -> torch.Tensor:
-    """(N, n, n) -> (N, size, size) with every one-token line kept at full strength: max pooling
-    (``adaptive_max_pool2d``) for maps longer than ``size``, nearest-neighbour upsampling for the others
-    (two small matrix products: pooling would cost as much as the whole CNN on short maps)."""
+    """(N, n, n) -> (N, size, size) with every one-token line kept at full strength: max pooling for maps
+    longer than ``size`` (equal to ``adaptive_max_pool2d``, computed as a few index_select + maximum passes,
+    about twice as fast at these sizes), nearest-neighbour upsampling for the others (two small matrix
+    products: pooling would cost as much as the whole CNN on short maps)."""
     n = int(maps.shape[-1])
-    if n > size:
-        return nn.functional.adaptive_max_pool2d(maps, size)
-    matrix = nearest_matrix(n, size)
-    return matrix @ maps @ matrix.T
+    if n <= size:
+        matrix = nearest_matrix(n, size)
+        return matrix @ maps @ matrix.T
+    bins = pooling_bins(n, size)
+    rows = maps.index_select(1, bins[0])
+    for index in bins[1:]:
+        rows = torch.maximum(rows, maps.index_select(1, index))
+    pooled = rows.index_select(2, bins[0])
+    for index in bins[1:]:
+        pooled = torch.maximum(pooled, rows.index_select(2, index))
+    return pooled
 
 
 def resize_maps(maps: torch.Tensor, size: int = INPUT_SIZE, out: torch.Tensor | None = None) -> torch.Tensor:
