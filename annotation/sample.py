@@ -296,11 +296,11 @@ def sample_maps_by_prediction(bundle, *, n_maps: int, tasks: Sequence[str] = DEF
         for batch in stream_maps(bundle, examples, max_length=max_length, batch_size=16):
             for i, item in enumerate(batch.batch.items):
                 maps = batch.example_maps(i).numpy()
-                cells = [(layer, head) for layer in range(maps.shape[0]) for head in range(maps.shape[1])
-                         if make_map_id(bundle.slug, task, item.example_id, layer, head) not in exclude]
-                labels = predict([maps[layer, head] for layer, head in cells], item.tokens)
-                for (layer, head), label in zip(cells, labels):
-                    map_id = make_map_id(bundle.slug, task, item.example_id, layer, head)
+                cells = [(make_map_id(bundle.slug, task, item.example_id, layer, head), layer, head)
+                         for layer in range(maps.shape[0]) for head in range(maps.shape[1])]
+                cells = [cell for cell in cells if cell[0] not in exclude]
+                labels = predict([maps[layer, head] for _, layer, head in cells], item.tokens)
+                for (map_id, layer, head), label in zip(cells, labels):
                     pools[label].append((map_id, task, item, layer, head, maps[layer, head].copy()))
     quotas = class_quotas(shares, n_maps)
     picked = []
