@@ -17,7 +17,7 @@ from analysis.errors import AttnpatError
 from analysis.rundir import RunDir, save_table
 from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps
 from classifier import CLASSES
-from classifier.model import INPUT_CHANNELS, resize_maps
+from classifier.model import IMAGE_CHANNELS, PROFILE_FEATURES, resize_maps, write_inputs
 from classifier.predict import PatternClassifier
 from analysis.progress import progress_bar
 
@@ -31,19 +31,25 @@ def classify_batch(map_batch: MapBatch, classifier: PatternClassifier) -> torch.
     attentions, lengths = map_batch.attentions, map_batch.batch.lengths
     batch, layers, heads = attentions.shape[:3]
     size, per_example = classifier.input_size, layers * heads
-    # One channels-last buffer for the whole batch: each length's maps are resized straight into their rows.
-    images = torch.empty((batch * per_example, size, size, INPUT_CHANNELS), dtype=classifier.input_dtype
-                         ).permute(0, 3, 1, 2)  # channels-last memory, the network's own layout
+    # The batch's whole input, written once: pictures in the network's dtype and channels-last layout (its
+    # own, so the first convolution copies nothing) and the profile scalars in float32.
+    pictures = torch.empty((batch * per_example, size, size, IMAGE_CHANNELS), dtype=classifier.input_dtype
+                           ).permute(0, 3, 1, 2)
+    profile = torch.empty((batch * per_example, PROFILE_FEATURES), dtype=torch.float32)
     for n in torch.unique(lengths).tolist():  # examples of one length share one resize
         rows = torch.nonzero(lengths == n).flatten()
         maps = attentions[rows, :, :, :n, :n].reshape(-1, n, n)  # (b * L * H, n, n)
         first, count = int(rows[0]), len(rows)
         if bool((rows == torch.arange(first, first + count)).all()):  # a length-sorted batch: one slice, no copy
-            resize_maps(maps, size, out=images[first * per_example:(first + count) * per_example])
+            span = slice(first * per_example, (first + count) * per_example)
+            write_inputs(maps, pictures[span], profile[span])
         else:
             index = (rows[:, None] * per_example + torch.arange(per_example)).flatten()
-            images[index] = resize_maps(maps, size).to(images.dtype)
-    predicted = classifier.proba_images(images).argmax(1)
+            part_pictures = torch.empty((len(index), IMAGE_CHANNELS, size, size), dtype=pictures.dtype)
+            part_profile = torch.empty((len(index), PROFILE_FEATURES), dtype=torch.float32)
+            write_inputs(maps, part_pictures, part_profile)
+            pictures[index], profile[index] = part_pictures, part_profile
+    predicted = classifier.proba_parts(pictures, profile).argmax(1)
     return predicted.reshape(batch, layers, heads)
 
 

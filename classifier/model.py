@@ -89,34 +89,39 @@ def crisp_view(maps: torch.Tensor, size: int = INPUT_SIZE) -> torch.Tensor:
     rows = maps.index_select(1, bins[0])
     for index in bins[1:]:
         rows = torch.maximum(rows, maps.index_select(1, index))
-    pooled = rows.index_select(2, bins[0])
+    rows = rows.transpose(1, 2).contiguous()  # (N, n keys, size): pool the keys as rows, where selecting is fast
+    pooled = rows.index_select(1, bins[0])
     for index in bins[1:]:
-        pooled = torch.maximum(pooled, rows.index_select(2, index))
-    return pooled
+        pooled = torch.maximum(pooled, rows.index_select(1, index))
+    return pooled.transpose(1, 2)
+
+
+def write_inputs(maps: torch.Tensor, pictures: torch.Tensor, profile: torch.Tensor) -> None:
+    """Write the network inputs of maps (N, n, n) of one length: the three views of step 3 into ``pictures``
+    (N, IMAGE_CHANNELS, S, S) and the step-4 scalars into ``profile`` (N, PROFILE_FEATURES).
+
+    Both are filled in place, whatever their dtype and strides (the batch classifier passes slices of its
+    bfloat16 channels-last buffer), so a batch's input is written once, with no extra copies.
+    """
+    maps = maps.to(torch.float32)
+    n, size = int(maps.shape[-1]), int(pictures.shape[-1])
+    matrix = resize_matrix(n, size)
+    images = matrix @ maps @ matrix.T
+    pictures[:, 0].copy_(images / images.amax(dim=(1, 2), keepdim=True).clamp_min(1e-12))
+    pictures[:, 1].copy_(images.clamp_min_(0).mul_(n).log1p_().div_(math.log1p(n)))
+    crisp = crisp_view(maps, size)
+    pictures[:, 2].copy_(crisp / crisp.amax(dim=(1, 2), keepdim=True).clamp_min(1e-12))
+    profile.copy_(map_profile(maps))
 
 
 def resize_maps(maps: torch.Tensor, size: int = INPUT_SIZE, out: torch.Tensor | None = None) -> torch.Tensor:
     """maps: (N, n, n) of one length n -> (N, INPUT_CHANNELS, size, size) inputs (steps 2-4 above), float32
-    in channels-last memory.
-
-    out: an (N, INPUT_CHANNELS, size, size) tensor to fill instead (float32 or bfloat16, best channels-last, e.g. a
-    slice of the batch classifier's buffer), so a batch's input is written once, with no extra copies.
-    """
-    maps = maps.to(torch.float32)
-    count, n = int(maps.shape[0]), int(maps.shape[-1])
-    matrix = resize_matrix(n, size)
-    images = matrix @ maps @ matrix.T
-    peak = images.amax(dim=(1, 2), keepdim=True).clamp_min(1e-12)
-    crisp = crisp_view(maps, size)
-    relative = images.clamp_min(0).mul_(n).log1p_().div_(np.log1p(n))
+    in channels-last memory; ``out``: an (N, INPUT_CHANNELS, size, size) tensor to fill instead."""
+    count = int(maps.shape[0])
     if out is None:
         out = torch.empty((count, size, size, INPUT_CHANNELS), dtype=torch.float32).permute(0, 3, 1, 2)
-    # One strided write per view into the channels-last buffer (faster than stacking, which interleaves twice).
-    out[:, 0].copy_(images.div_(peak))
-    out[:, 1].copy_(relative)
-    out[:, 2].copy_(crisp.div_(crisp.amax(dim=(1, 2), keepdim=True).clamp_min(1e-12)))
-    out[:, 3].zero_()
-    out[:, 3, 0, :PROFILE_FEATURES] = map_profile(maps)
+    out[:, IMAGE_CHANNELS:].zero_()
+    write_inputs(maps, out[:, :IMAGE_CHANNELS], out[:, IMAGE_CHANNELS, 0, :PROFILE_FEATURES])
     return out
 
 
@@ -191,10 +196,15 @@ class PatternCNN(nn.Module):
         return encoded.clamp_(0, 1).flatten(1).to(profile.dtype)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        features = self.features(images[:, :IMAGE_CHANNELS])
-        profile = self.encode_profile(images[:, IMAGE_CHANNELS, 0, :PROFILE_FEATURES])
+        return self.forward_parts(images[:, :IMAGE_CHANNELS], images[:, IMAGE_CHANNELS, 0, :PROFILE_FEATURES])
+
+    def forward_parts(self, pictures: torch.Tensor, profile: torch.Tensor) -> torch.Tensor:
+        """The same network over the two inputs kept apart: pictures (N, IMAGE_CHANNELS, S, S) and profile
+        (N, PROFILE_FEATURES). The batch classifier uses this: a channels-last picture buffer of exactly
+        IMAGE_CHANNELS needs no copy before the first convolution, and the scalars stay float32 in bf16."""
+        features = self.features(pictures)
         pooled = self.pooled_norm(torch.cat([features.mean(dim=(2, 3)), features.amax(dim=(2, 3))], dim=1))
-        return self.head(torch.cat([self.dropout(pooled), profile], dim=1))
+        return self.head(torch.cat([self.dropout(pooled), self.encode_profile(profile).to(pooled.dtype)], dim=1))
 
 
 def inference_copy(model: PatternCNN) -> PatternCNN:

@@ -10,7 +10,8 @@ import torch
 from analysis.errors import AttnpatError
 from classifier import CLASSES
 from classifier.checkpoint import load_checkpoint
-from classifier.model import INPUT_CHANNELS, PatternCNN, inference_copy, prepare_maps
+from classifier.model import (IMAGE_CHANNELS, INPUT_CHANNELS, PROFILE_FEATURES, PatternCNN, inference_copy,
+                              prepare_maps)
 
 MapsLike = Sequence[np.ndarray | torch.Tensor] | torch.Tensor | np.ndarray
 
@@ -52,12 +53,24 @@ class PatternClassifier:
         if images.ndim != 4 or tuple(images.shape[1:]) != (INPUT_CHANNELS, self.input_size, self.input_size):
             raise AttnpatError(f"classifier input must be (N, {INPUT_CHANNELS}, {self.input_size}, {self.input_size}), "
                                f"got {tuple(images.shape)}")
+        return self.proba_parts(images[:, :IMAGE_CHANNELS], images[:, IMAGE_CHANNELS, 0, :PROFILE_FEATURES], batch_size)
+
+    def proba_parts(self, pictures: torch.Tensor, profile: torch.Tensor, batch_size: int = 4096) -> torch.Tensor:
+        """pictures (N, IMAGE_CHANNELS, S, S) and profile (N, PROFILE_FEATURES), as written by
+        classifier.model.write_inputs -> (N, 5) class probabilities (float32 tensor)."""
+        if pictures.ndim != 4 or tuple(pictures.shape[1:]) != (IMAGE_CHANNELS, self.input_size, self.input_size):
+            raise AttnpatError(f"classifier pictures must be (N, {IMAGE_CHANNELS}, {self.input_size}, "
+                               f"{self.input_size}), got {tuple(pictures.shape)}")
+        if tuple(profile.shape) != (pictures.shape[0], PROFILE_FEATURES):
+            raise AttnpatError(f"classifier profile must be ({pictures.shape[0]}, {PROFILE_FEATURES}), "
+                               f"got {tuple(profile.shape)}")
         out = []
         with torch.inference_mode():
-            for start in range(0, images.shape[0], batch_size):
-                chunk = images[start:start + batch_size].to(self.input_dtype).contiguous(
+            for start in range(0, pictures.shape[0], batch_size):
+                chunk = pictures[start:start + batch_size].to(self.input_dtype).contiguous(
                     memory_format=torch.channels_last)  # both no-ops for the batch classifier's buffer
-                out.append(torch.softmax(self._fast(chunk).float(), dim=1))
+                logits = self._fast.forward_parts(chunk, profile[start:start + batch_size].float())
+                out.append(torch.softmax(logits.float(), dim=1))
         return torch.cat(out) if out else torch.empty((0, len(self.classes)))
 
     def predict_proba(self, maps: MapsLike) -> np.ndarray:

@@ -10,9 +10,9 @@ import torch
 from analysis.errors import AttnpatError
 from classifier import CLASSES
 from classifier.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint
-from analysis.stats import PROFILE_NAMES
+from analysis.stats import PROFILE_NAMES, map_profile_batch_last
 from classifier.model import (CHANNELS, INPUT_CHANNELS, INPUT_SIZE, PROFILE_FEATURES, STRIDES, PatternCNN, inference_copy,
-                              map_profile, prepare_maps, resize_maps)
+                              map_profile, prepare_maps, resize_maps, write_inputs)
 from classifier.predict import load_classifier
 from classifier.synthetic import synthetic_dataset, synthetic_map
 from classifier.train import TrainConfig, check_labels, class_weights, fit, predict_images, stratified_folds
@@ -244,6 +244,62 @@ def test_profile_scalars_on_hand_made_maps():
     assert profiles[2, texture["excess_over_uniform"]] == pytest.approx(0) and profiles[2, texture["speckle"]] == 0
     assert stripe[texture["speckle"]] == pytest.approx(1 / n) and stripe[texture["row_peak_spread"]] == 0
     assert speckle[texture["row_peak_spread"]] > 0
+
+
+def _reference_profile(attn: torch.Tensor) -> list[float]:
+    """PROFILE_NAMES of one (n, n) map computed the plain way, one definition at a time (float64)."""
+    a = attn.to(torch.float64)
+    n = a.shape[0]
+    columns = a.mean(0)
+    row_peaks, row_peak_keys = a.max(1)  # first maximum on ties, like argmax
+    top = columns.sort(descending=True).values
+    entropy = -(a * torch.where(a > 0, a.log(), torch.zeros_like(a))).sum(1).mean()
+    off_band = a.clone()
+    for offset in (-1, 0, 1):
+        off_band.diagonal(offset).zero_()
+    top_off = off_band.mean(0).sort(descending=True).values
+    return [*(float(a.diagonal(offset).sum() / n) for offset in (-2, -1, 0, 1, 2)),
+            float(top[0]), float(top[:2].sum()), float(columns[0]), float(columns[-1]),
+            float(entropy / np.log(n)) if n > 1 else 0.0, float(row_peaks.mean()), np.log(n) / np.log(512),
+            float((row_peak_keys == columns.argmax()).double().mean()), float(top[:3].sum()),
+            len(set(row_peak_keys.tolist())) / n, float((a - 1 / n).clamp_min(0).sum(1).mean()),
+            float((a > 4 / n).double().mean()), float(row_peaks.std(unbiased=False)),
+            float(top_off[0]), float(top_off[:2].sum())]
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 24, 61])
+def test_profile_equals_its_plain_definition(n):
+    """The batched, vectorised profile (map_profile, via map_profile_batch_last) against each scalar written out
+    plainly, on random maps, sparse maps with exact zeros and ties (uniform rows, equal peaks)."""
+    rng = np.random.default_rng(n)
+    dense = torch.as_tensor(rng.random((3, n, n)) ** 4)
+    sparse = torch.as_tensor(rng.random((3, n, n)) * (rng.random((3, n, n)) < 0.3))
+    sparse[:, :, 0] += 1e-3  # no empty row
+    maps = torch.cat([dense, sparse, torch.ones((1, n, n))])
+    maps[-1, : n // 2, : max(1, n // 3)] = 2.0  # tied peaks in the first rows
+    maps = maps / maps.sum(-1, keepdim=True)
+    expected = torch.tensor([_reference_profile(m) for m in maps])
+    torch.testing.assert_close(map_profile(maps).double(), expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(map_profile(maps.float()).double(), expected, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(map_profile_batch_last(maps.permute(1, 2, 0).contiguous()).T, map_profile(maps))
+
+
+def test_forward_parts_is_the_forward_pass(random_checkpoint):
+    """The batch classifier's split input (pictures + float32 profile) gives the 4-channel forward's output."""
+    classifier = load_classifier(random_checkpoint, bf16=False)
+    rng = np.random.default_rng(2)
+    maps = torch.as_tensor(np.stack([synthetic_map(kind, 30, rng) for kind in CLASSES]), dtype=torch.float32)
+    images = resize_maps(maps)
+    pictures = torch.empty((len(maps), 3, INPUT_SIZE, INPUT_SIZE))
+    profile = torch.empty((len(maps), PROFILE_FEATURES))
+    write_inputs(maps, pictures, profile)
+    torch.testing.assert_close(pictures, images[:, :3])
+    torch.testing.assert_close(profile, images[:, 3, 0, :PROFILE_FEATURES])
+    with torch.inference_mode():
+        torch.testing.assert_close(classifier.model.forward_parts(pictures, profile), classifier.model(images))
+    torch.testing.assert_close(classifier.proba_parts(pictures, profile), classifier.proba_images(images))
+    with pytest.raises(AttnpatError, match="profile must be"):
+        classifier.proba_parts(pictures, profile[:, :3])
 
 
 def test_bfloat16_inference_agrees_with_float32(random_checkpoint, monkeypatch):
