@@ -20,8 +20,13 @@ def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g.
           seed: int = typer.Option(0, "--seed", help="seed for folds, initialisation and batches"),
           synthetic_mix: int = typer.Option(40, "--synthetic-mix", help="synthetic maps per class added to every training part (not with --data synthetic)"),
           baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="also score the rule and feature baselines"),
+          pool: int = typer.Option(2000, "--pool", help="unlabeled maps a teacher labels for the CNN to learn from too (0 = none; not with --data synthetic)"),
+          pool_model: str | None = typer.Option(None, "--pool-model", help="model the unlabeled maps come from (default: the labeled maps' model)"),
+          pool_weight: float = typer.Option(1.0, "--pool-weight", help="loss weight of a pool map relative to a labeled map"),
+          pool_rounds: int = typer.Option(2, "--pool-rounds", help="1: the CNN learns the pool from the teacher; 2: a second CNN learns it from the teacher and the first CNN"),
           runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Train the 8-layer CNN on a labeled set: k-fold CV scores vs baselines, then a checkpoint."""
+    from analysis.errors import AttnpatError
     from analysis.rundir import RunDir
     from classifier.train import TrainConfig
     from classifier.training_run import load_training_data, train_classifier
@@ -29,9 +34,18 @@ def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g.
     training = load_training_data(data, seed)
     run = RunDir("classifier", training.name, runs_dir)
     out = out or run.file("classifier.safetensors")
-    config = TrainConfig(max_epochs=epochs, folds=folds, seed=seed,
+    config = TrainConfig(max_epochs=epochs, folds=folds, seed=seed, pool_weight=pool_weight, pool_rounds=pool_rounds,
                          synthetic_per_class=0 if training.synthetic else synthetic_mix)
-    summary = train_classifier(training, out, run, config, baselines=baselines, progress=not quiet)
+    unlabeled = None
+    if pool < 0 or pool_weight < 0 or pool_rounds < 1:
+        raise AttnpatError(f"--pool and --pool-weight must be 0 or more and --pool-rounds at least 1 "
+                           f"(got {pool}, {pool_weight}, {pool_rounds})")
+    if pool and not training.synthetic:
+        from classifier.distill import draw_pool, model_of
+
+        unlabeled = draw_pool(pool_model or model_of(training.map_ids), pool, exclude=training.map_ids,
+                              progress=not quiet)
+    summary = train_classifier(training, out, run, config, baselines=baselines, progress=not quiet, pool=unlabeled)
     typer.echo(f"{len(training.labels)} maps from {training.source}; {folds}-fold cross-validation (out-of-fold scores):")
     typer.echo(summary.to_string(float_format=lambda v: f"{v:.3f}"))
     typer.echo(f"tables: {run.file('cv_scores.csv')}, {run.file('cv_confusion.csv')}")

@@ -4,6 +4,8 @@ Baselines (annotation.preannotate supplies the features and the rules; no second
   rules      the rule-based pre-annotator, no training (scored on every map)
   logreg     logistic regression on the map features (standardised, class-balanced)
   boosting   gradient boosting on the map features (class-balanced sample weights)
+  boosting_profile  gradient boosting on the CNN's 20 profile scalars: the teacher of classifier.distill,
+             fitted per fold exactly as it is when it labels the unlabeled pool
 """
 from __future__ import annotations
 
@@ -109,12 +111,27 @@ def feature_model_predictions(features: np.ndarray, labels: np.ndarray, folds: l
     return predicted
 
 
+def teacher_predictions(maps: Sequence[np.ndarray], labels: np.ndarray, folds: list[tuple[np.ndarray, np.ndarray]],
+                        seed: int = 0) -> np.ndarray:
+    """Out-of-fold predictions (N,) of the distillation teacher (classifier.distill), seeded per fold as in
+    classifier.train.cross_validate_cnn: the model the CNN learns from on the pool, scored on its own."""
+    from classifier.distill import teacher_probabilities
+    from classifier.model import prepare_maps
+
+    images = prepare_maps(maps)
+    predicted = np.full(len(labels), -1, dtype=np.int64)
+    for k, (train, test) in enumerate(folds):
+        predicted[test] = teacher_probabilities(images[train], labels[train], images[test], seed + k).argmax(1)
+    return predicted
+
+
 def baseline_predictions(maps: Sequence[np.ndarray], labels: np.ndarray, folds: list[tuple[np.ndarray, np.ndarray]],
                          tokens: Sequence[list[str] | None] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
-    """{'rules': ..., 'logreg': ..., 'boosting': ...}: (N,) predictions of every baseline."""
+    """{'rules': ..., 'logreg': ..., 'boosting': ..., 'boosting_profile': ...}: (N,) predictions of every baseline."""
     features = feature_matrix(maps, tokens)
     return {
         "rules": rule_predictions(maps, tokens),
         "logreg": feature_model_predictions(features, labels, folds, "logreg", seed),
         "boosting": feature_model_predictions(features, labels, folds, "boosting", seed),
+        "boosting_profile": teacher_predictions(maps, labels, folds, seed),
     }

@@ -16,6 +16,7 @@ from torch import nn
 from analysis.errors import AttnpatError
 from classifier import CLASSES
 from analysis.stats import PROFILE_NAMES
+from classifier.distill import teacher_probabilities
 from classifier.model import CHANNELS, IMAGE_CHANNELS, INPUT_SIZE, PROFILE_BINS, STRIDES, PatternCNN, prepare_maps
 from analysis.progress import progress_bar
 
@@ -37,6 +38,8 @@ class TrainConfig:
     synthetic_per_class: int = 0  # synthetic maps per class added to every training part (never to test)
     class_weight_power: float = 1.0  # class imbalance: loss weights = inverse frequency ** power
     select_on: str = "loss"  # early stopping on validation "loss" (class-weighted) or "f1" (macro-F1)
+    pool_weight: float = 1.0  # weight of a teacher-labeled pool map's loss relative to a labeled map's (distill.py)
+    pool_rounds: int = 2  # 2: a second CNN learns the pool from the teacher and the first CNN together
 
 
 @dataclass
@@ -130,11 +133,14 @@ def recalibrate_batchnorm(model: nn.Module, images: torch.Tensor, batch_size: in
 
 def fit(images: torch.Tensor, labels: np.ndarray, config: TrainConfig, seed: int,
         on_epoch: Callable[[int, float], None] | None = None,
-        extra: tuple[torch.Tensor, np.ndarray] | None = None) -> FitResult:
+        extra: tuple[torch.Tensor, np.ndarray] | None = None,
+        pool: tuple[torch.Tensor, np.ndarray] | None = None) -> FitResult:
     """Train one CNN on (N, C, S, S) images; a stratified validation part drives early stopping.
 
-    ``extra``: (images, labels) added to the training part only. Returns the weights of the epoch with
-    the best validation score (config.select_on).
+    ``extra``: (images, labels) added to the training part only. ``pool``: (images (P, C, S, S), teacher
+    probabilities (P, 5)) learned as soft targets with weight config.pool_weight (classifier.distill).
+    The loss of a map is its class-weighted cross-entropy against its target distribution (one-hot for a
+    label). Returns the weights of the epoch with the best validation score (config.select_on).
     """
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
@@ -143,24 +149,30 @@ def fit(images: torch.Tensor, labels: np.ndarray, config: TrainConfig, seed: int
     model.fit_profile_edges(images[train_idx])  # quantiles of this training part only
     optimiser = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=config.max_epochs)
-    train_images, train_labels = images[train_idx], torch.as_tensor(labels[train_idx])
+    train_images, train_labels = images[train_idx], labels[train_idx]
     if extra is not None:
         train_images = torch.cat([train_images, extra[0]])
-        train_labels = torch.cat([train_labels, torch.as_tensor(extra[1])])
-    weights = class_weights(train_labels.numpy(), config.class_weight_power)
-    loss_fn = nn.CrossEntropyLoss(weight=weights)
+        train_labels = np.concatenate([train_labels, extra[1]])
+    weights = class_weights(train_labels, config.class_weight_power)
+    targets = nn.functional.one_hot(torch.as_tensor(train_labels, dtype=torch.int64), len(CLASSES)).float()
+    sample_weights = torch.ones(len(targets))
+    if pool is not None:
+        train_images = torch.cat([train_images, pool[0]])
+        targets = torch.cat([targets, torch.as_tensor(pool[1], dtype=torch.float32)])
+        sample_weights = torch.cat([sample_weights, torch.full((len(pool[0]),), float(config.pool_weight))])
     valid_images, valid_labels = images[valid_idx], labels[valid_idx]
     best_score = -float("inf")
     best_state, best_epoch, best_f1, epoch = copy.deepcopy(model.state_dict()), 0, 0.0, 0
     for epoch in range(1, config.max_epochs + 1):
         model.train()
-        order = torch.randperm(len(train_labels), generator=generator)
+        order = torch.randperm(len(targets), generator=generator)
         for start in range(0, len(order), config.batch_size):
             batch = order[start:start + config.batch_size]
             if len(batch) < 2:  # BatchNorm needs two samples
                 continue
             inputs = augment(train_images[batch], generator) if config.augment else train_images[batch]
-            loss = loss_fn(model(inputs), train_labels[batch])
+            per_map = -(targets[batch] * weights * torch.log_softmax(model(inputs), 1)).sum(1)
+            loss = (per_map * sample_weights[batch]).sum() / sample_weights[batch].sum()
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
@@ -193,14 +205,19 @@ def stratified_folds(labels: np.ndarray, folds: int, seed: int) -> list[tuple[np
 
 
 def cross_validate_cnn(maps: Sequence[np.ndarray], labels: np.ndarray, config: TrainConfig,
-                       folds: list[tuple[np.ndarray, np.ndarray]], progress: bool = False) -> np.ndarray:
-    """Out-of-fold predictions (N,) of the CNN: each fold's test maps predicted by a CNN trained without them."""
+                       folds: list[tuple[np.ndarray, np.ndarray]], progress: bool = False,
+                       pool_maps: Sequence[np.ndarray] | None = None) -> np.ndarray:
+    """Out-of-fold predictions (N,) of the CNN: each fold's test maps predicted by a CNN trained without them.
+
+    pool_maps: unlabeled maps; each fold's teacher labels them from that fold's training maps only.
+    """
     images = prepare_maps(maps, config.input_size)
     extra = synthetic_extra(config)
+    pool_images = prepare_maps(pool_maps, config.input_size) if pool_maps else None
     predicted = np.full(len(labels), -1, dtype=np.int64)
     bar = progress_bar(len(folds), bool(progress), "cnn folds", unit="it")
     for k, (train_idx, test_idx) in enumerate(folds):
-        result = fit(images[train_idx], labels[train_idx], config, seed=config.seed + k, extra=extra)
+        result = fit_with_pool(images[train_idx], labels[train_idx], config, config.seed + k, extra, pool_images)
         predicted[test_idx] = predict_images(result.model, images[test_idx]).argmax(1).numpy()
         if bar is not None:
             bar.update(1)
@@ -209,10 +226,31 @@ def cross_validate_cnn(maps: Sequence[np.ndarray], labels: np.ndarray, config: T
     return predicted
 
 
-def train_final(maps: Sequence[np.ndarray], labels: np.ndarray, config: TrainConfig) -> FitResult:
-    """The model to ship: trained on all maps (a held-out part still drives early stopping)."""
-    return fit(prepare_maps(maps, config.input_size), check_labels(labels), config, seed=config.seed,
-               extra=synthetic_extra(config))
+def train_final(maps: Sequence[np.ndarray], labels: np.ndarray, config: TrainConfig,
+                pool_maps: Sequence[np.ndarray] | None = None) -> FitResult:
+    """The model to ship: trained on all maps (a held-out part still drives early stopping), and on the pool
+    labeled by a teacher fitted on all maps."""
+    pool_images = prepare_maps(pool_maps, config.input_size) if pool_maps else None
+    return fit_with_pool(prepare_maps(maps, config.input_size), check_labels(labels), config, config.seed,
+                         synthetic_extra(config), pool_images)
+
+
+def fit_with_pool(images: torch.Tensor, labels: np.ndarray, config: TrainConfig, seed: int,
+                  extra: tuple[torch.Tensor, np.ndarray] | None, pool_images: torch.Tensor | None) -> FitResult:
+    """:func:`fit`, with the unlabeled pool when there is one (classifier.distill).
+
+    Round 1 learns the pool from the teacher fitted on these labeled ``images`` only; each further round
+    (config.pool_rounds) trains a fresh CNN on the mean of the teacher's and the last CNN's pool probabilities.
+    """
+    if pool_images is None:
+        return fit(images, labels, config, seed=seed, extra=extra)
+    teacher = teacher_probabilities(images, labels, pool_images, seed)
+    targets = teacher
+    for round_index in range(max(1, config.pool_rounds)):
+        if round_index:
+            targets = (teacher + predict_images(result.model, pool_images).numpy()) / 2
+        result = fit(images, labels, config, seed=seed + 100 * round_index, extra=extra, pool=(pool_images, targets))
+    return result
 
 
 def synthetic_extra(config: TrainConfig) -> tuple[torch.Tensor, np.ndarray] | None:

@@ -7,7 +7,7 @@ Outputs in the run directory runs/classifier/<data name>/:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from analysis.errors import AttnpatError
 from analysis.rundir import RunDir
 from classifier import CLASSES
 from classifier.checkpoint import save_checkpoint
+from classifier.distill import UnlabeledPool
 from classifier.evaluate import baseline_predictions, score_table, scores, wide_summary
 from classifier.train import (TrainConfig, architecture_metadata, check_labels, cross_validate_cnn, stratified_folds,
                               train_final)
@@ -35,6 +36,7 @@ class TrainingData:
     name: str
     source: str
     synthetic: bool = False
+    map_ids: list[str] = field(default_factory=list)
 
 
 def maps_hash(maps, labels) -> str:
@@ -61,27 +63,32 @@ def load_training_data(source: str, seed: int = 0) -> TrainingData:
 
     labeled = load_labeled_set(source)
     folder = Path(source).resolve()
-    return TrainingData(labeled.maps, labeled.labels, labeled.data_hash, folder.name, f"labeled set {source}")
+    return TrainingData(labeled.maps, labeled.labels, labeled.data_hash, folder.name, f"labeled set {source}",
+                        map_ids=list(labeled.map_ids))
 
 
 def train_classifier(data: TrainingData, out: str | Path, run: RunDir, config: TrainConfig | None = None, *,
-                     baselines: bool = True, progress: bool = True):
+                     baselines: bool = True, progress: bool = True, pool: UnlabeledPool | None = None):
     """Cross-validate the CNN (and baselines) on the same folds, write the tables, train and save the final model.
 
+    pool: unlabeled maps a teacher labels for the CNN (classifier.distill); the baselines never see it.
     Returns the printable summary frame (one row per model).
     """
     config = config or TrainConfig()
     labels = check_labels(data.labels, config.folds)
     folds = stratified_folds(labels, config.folds, config.seed)
-    with run.record("train", folds=config.folds, seed=config.seed, data_source=data.source) as entry:
-        predictions = {"cnn": cross_validate_cnn(data.maps, labels, config, folds, progress=progress)}
+    pool_maps = pool.maps if pool is not None else None
+    with run.record("train", folds=config.folds, seed=config.seed, data_source=data.source,
+                    pool=pool.spec if pool is not None else None) as entry:
+        predictions = {"cnn": cross_validate_cnn(data.maps, labels, config, folds, progress=progress,
+                                                 pool_maps=pool_maps)}
         if baselines:
             predictions.update(baseline_predictions(data.maps, labels, folds, seed=config.seed))
         score_frame, confusion_frame = score_table(predictions, labels, folds)
         run.write_table("cv_scores", score_frame)
         run.write_table("cv_confusion", confusion_frame)
         _write_confusion_figure(run, scores(predictions["cnn"], labels)["confusion"])
-        final = train_final(data.maps, labels, config)
+        final = train_final(data.maps, labels, config, pool_maps=pool_maps)
         cnn = scores(predictions["cnn"], labels)
         metadata = {
             **architecture_metadata(config),
@@ -99,6 +106,10 @@ def train_classifier(data: TrainingData, out: str | Path, run: RunDir, config: T
             "final_fit": {"epochs": final.epochs, "best_epoch": final.best_epoch, "validation_macro_f1": final.validation_f1},
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
+        if pool is not None:
+            metadata["unlabeled_pool"] = {**pool.spec, "pool_hash": pool.pool_hash, "weight": config.pool_weight,
+                                          "rounds": config.pool_rounds,
+                                          "teacher": "gradient boosting on the profile scalars (classifier.distill)"}
         if data.synthetic:
             metadata["note"] = ("trained on SYNTHETIC maps, not on human labels: cross-validation scores measure the "
                                 "synthetic task only; retrain on a labeled set with: attnpat train --data <labeled set>")

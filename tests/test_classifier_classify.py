@@ -124,13 +124,13 @@ def test_train_verb_writes_scores_and_checkpoint(tmp_path, capsys):
                  "--runs-dir", str(tmp_path), "-q"])
     assert code == 0
     scores = pd.read_csv(tmp_path / "classifier" / "synthetic-6" / "cv_scores.csv")
-    assert set(scores.model) == {"cnn", "rules", "logreg", "boosting"}
+    assert set(scores.model) == {"cnn", "rules", "logreg", "boosting", "boosting_profile"}
     confusion = pd.read_csv(tmp_path / "classifier" / "synthetic-6" / "cv_confusion.csv")
     assert (confusion.groupby("model")["count"].sum() == 30).all()  # every map predicted once, out of fold
     classifier = load_classifier(out)
     assert classifier.metadata["n_maps"] == 30 and len(classifier.metadata["data_hash"]) == 64
     assert classifier.metadata["cross_validation"]["folds"] == 2
-    assert set(classifier.metadata["cross_validation"]["baselines_macro_f1"]) == {"rules", "logreg", "boosting"}
+    assert set(classifier.metadata["cross_validation"]["baselines_macro_f1"]) == {"rules", "logreg", "boosting", "boosting_profile"}
     assert "SYNTHETIC" in classifier.metadata["note"]
     assert "cnn" in capsys.readouterr().out
 

@@ -1,0 +1,103 @@
+"""A teacher-labeled pool of unlabeled maps for training the CNN (knowledge distillation).
+
+Labeled maps are scarce (about a thousand) while unlabeled ones are free: any head on any sentence. A
+teacher, gradient boosting on the profile scalars (the same 20 numbers the CNN's head sees), is fitted on
+the labeled training part only and gives every pool map a class distribution; the CNN then learns from
+the labels and, with weight ``TrainConfig.pool_weight``, from those soft targets. In cross-validation the
+teacher of each fold sees that fold's training maps only, so no test label leaks into the pool.
+
+Shapes: images (N, INPUT_CHANNELS, S, S) as classifier.model.prepare_maps makes them; probabilities (P, 5).
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from analysis.errors import AttnpatError
+from classifier import CLASSES
+from classifier.model import IMAGE_CHANNELS, PROFILE_FEATURES
+
+DEFAULT_POOL_TASKS = ("sst2", "mrpc", "rte", "wiki")
+POOL_SEED = 777  # other than the sampling seeds of the labeled sets (0, 11)
+
+
+@dataclass
+class UnlabeledPool:
+    """maps: P (n_i, n_i) float32 maps no annotator labeled; map_ids: their ids; spec: how they were drawn."""
+
+    maps: list[np.ndarray]
+    map_ids: list[str]
+    spec: dict
+
+    @property
+    def pool_hash(self) -> str:
+        """sha256 over the map ids and bytes (recorded in the checkpoint metadata)."""
+        digest = hashlib.sha256()
+        for map_id, attn in zip(self.map_ids, self.maps):
+            digest.update(map_id.encode())
+            digest.update(np.ascontiguousarray(attn, np.float32).tobytes())
+        return digest.hexdigest()
+
+
+def profile_scalars(images: torch.Tensor) -> np.ndarray:
+    """(N, INPUT_CHANNELS, S, S) images -> (N, PROFILE_FEATURES) float64 profile scalars (channel 3, row 0)."""
+    return images[:, IMAGE_CHANNELS, 0, :PROFILE_FEATURES].double().numpy()
+
+
+def teacher_probabilities(train_images: torch.Tensor, train_labels: np.ndarray, pool_images: torch.Tensor,
+                          seed: int = 0) -> np.ndarray:
+    """Fit the teacher (class-balanced gradient boosting on the profile scalars) on the training maps and return
+    its (P, 5) class probabilities for the pool maps, in CLASSES order."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    teacher = HistGradientBoostingClassifier(max_iter=200, learning_rate=0.1, class_weight="balanced",
+                                             random_state=seed)
+    teacher.fit(profile_scalars(train_images), train_labels)
+    probabilities = np.zeros((len(pool_images), len(CLASSES)))
+    probabilities[:, teacher.classes_] = teacher.predict_proba(profile_scalars(pool_images))
+    return probabilities
+
+
+def model_of(map_ids: Sequence[str]) -> str:
+    """The model slug most map ids start with ('minilm:sst2:...' -> 'minilm')."""
+    slugs = Counter(map_id.split(":", 1)[0] for map_id in map_ids if ":" in map_id)
+    if not slugs:
+        raise AttnpatError("cannot tell which model the labeled maps come from; pass --pool-model")
+    return slugs.most_common(1)[0][0]
+
+
+def draw_pool(model: str, size: int, exclude: Sequence[str] = (), *, tasks: Sequence[str] = DEFAULT_POOL_TASKS,
+              seed: int = POOL_SEED, progress: bool = False) -> UnlabeledPool:
+    """``size`` maps of ``model`` (stratified over tasks, layers, heads and examples, as annotation samples are),
+    none of them in ``exclude`` (the labeled map ids). Deterministic for a model, size and seed."""
+    from analysis.models import load_model
+    from analysis.progress import progress_bar
+    from annotation.sample import sample_maps
+
+    if size < 1:
+        raise AttnpatError(f"the unlabeled pool needs at least one map, got {size}")
+    bundle = load_model(model, device="cpu")
+    excluded = set(exclude)
+    bar = progress_bar(size + len(excluded), progress, "unlabeled pool", unit="maps")
+    maps, map_ids = [], []
+    # Draw ``size`` more than the labeled maps: however many of them come up, ``size`` others remain. About
+    # 2.5 maps per example keeps the pool diverse (many heads of few sentences repeat the same inputs).
+    draws = size + len(excluded)
+    for sampled in sample_maps(bundle, n_maps=draws, tasks=tasks, seed=seed,
+                               examples_per_task=max(60, int(draws / (len(tasks) * 2.5)))):
+        if bar is not None:
+            bar.update(1)
+        if sampled.map_id not in excluded:
+            maps.append(sampled.attn)
+            map_ids.append(sampled.map_id)
+    if bar is not None:
+        bar.close()
+    # Maps come task by task: keep an evenly spread random ``size`` of them, not the first (that cuts the last task).
+    keep = np.sort(np.random.default_rng(seed).choice(len(maps), min(size, len(maps)), replace=False))
+    maps, map_ids = [maps[i] for i in keep], [map_ids[i] for i in keep]
+    return UnlabeledPool(maps, map_ids, {"model": model, "size": len(maps), "tasks": list(tasks), "seed": seed})

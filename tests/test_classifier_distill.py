@@ -1,0 +1,128 @@
+"""The teacher-labeled pool: what the teacher sees, that the CNN learns from the pool, and how the pool is drawn."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import classifier.train as train
+from app.cli import main
+from classifier import CLASSES
+from classifier.distill import UnlabeledPool, draw_pool, model_of, teacher_probabilities
+from classifier.model import prepare_maps
+from classifier.predict import load_classifier
+from classifier.synthetic import synthetic_dataset
+from classifier.train import TrainConfig, cross_validate_cnn, fit, predict_images, stratified_folds
+from classifier.training_run import TrainingData, maps_hash, train_classifier
+
+
+def test_teacher_predicts_every_class_as_probabilities():
+    maps, labels = synthetic_dataset(12, np.random.default_rng(0), lengths=(8, 30))
+    pool_maps, pool_labels = synthetic_dataset(6, np.random.default_rng(1), lengths=(8, 30))
+    probabilities = teacher_probabilities(prepare_maps(maps), labels, prepare_maps(pool_maps))
+    assert probabilities.shape == (len(pool_maps), len(CLASSES))
+    np.testing.assert_allclose(probabilities.sum(1), 1.0, atol=1e-9)
+    assert (probabilities.argmax(1) == pool_labels).mean() >= 0.8  # synthetic classes are easy from the profile
+
+
+def test_each_fold_teacher_sees_only_that_folds_training_maps(monkeypatch):
+    """No test label may leak into the pool: the teacher of fold k is fitted on fold k's training maps only."""
+    maps, labels = synthetic_dataset(4, np.random.default_rng(0), lengths=(6, 12))
+    pool_maps, _ = synthetic_dataset(2, np.random.default_rng(1), lengths=(6, 12))
+    images = prepare_maps(maps)
+    seen = []
+
+    def recording_teacher(train_images, train_labels, pool_images, seed=0):
+        seen.append((train_images.clone(), train_labels.copy(), len(pool_images)))
+        return np.full((len(pool_images), len(CLASSES)), 1.0 / len(CLASSES))
+
+    monkeypatch.setattr(train, "teacher_probabilities", recording_teacher)
+    folds = stratified_folds(labels, 2, seed=0)
+    cross_validate_cnn(maps, labels, TrainConfig(max_epochs=1, batch_size=8), folds, pool_maps=pool_maps)
+    assert len(seen) == len(folds)
+    for (train_idx, test_idx), (train_images, train_labels, pool_size) in zip(folds, seen):
+        assert torch.equal(train_images, images[train_idx]) and np.array_equal(train_labels, labels[train_idx])
+        assert pool_size == len(pool_maps)
+
+
+def test_second_round_learns_from_teacher_and_first_cnn_together(monkeypatch):
+    maps, labels = synthetic_dataset(3, np.random.default_rng(0), lengths=(6, 12))
+    pool_maps, _ = synthetic_dataset(2, np.random.default_rng(1), lengths=(6, 12))
+    images, pool_images = prepare_maps(maps), prepare_maps(pool_maps)
+    teacher = np.random.default_rng(3).dirichlet(np.ones(len(CLASSES)), len(pool_maps))
+    monkeypatch.setattr(train, "teacher_probabilities", lambda *args, **kwargs: teacher)
+    fits, real_fit = [], train.fit
+
+    def recording_fit(*args, pool=None, **kwargs):
+        result = real_fit(*args, pool=pool, **kwargs)
+        fits.append((pool[1].copy(), predict_images(result.model, pool_images).numpy()))
+        return result
+
+    monkeypatch.setattr(train, "fit", recording_fit)
+    train.fit_with_pool(images, labels, TrainConfig(max_epochs=1, pool_rounds=2), 0, None, pool_images)
+    assert len(fits) == 2
+    np.testing.assert_allclose(fits[0][0], teacher)
+    np.testing.assert_allclose(fits[1][0], (teacher + fits[0][1]) / 2, atol=1e-6)
+
+
+@pytest.mark.slow  # ~10 s
+def test_the_cnn_learns_from_the_pool_targets():
+    """Two labeled maps per class cannot teach the classes; a pool with right targets does, and a pool with
+    wrong targets (every class shifted by one) teaches the wrong classes."""
+    maps, labels = synthetic_dataset(2, np.random.default_rng(0), lengths=(8, 40))
+    pool_maps, pool_labels = synthetic_dataset(30, np.random.default_rng(1), lengths=(8, 40))
+    test_maps, test_labels = synthetic_dataset(12, np.random.default_rng(2), lengths=(8, 40))
+    images, pool_images, test_images = prepare_maps(maps), prepare_maps(pool_maps), prepare_maps(test_maps)
+    config = TrainConfig(max_epochs=25, patience=25, validation_fraction=0.5)
+
+    def accuracy(targets):
+        pool = (pool_images, np.eye(len(CLASSES))[targets])
+        model = fit(images, labels, config, seed=0, pool=pool).model
+        return (predict_images(model, test_images).argmax(1).numpy() == test_labels).mean()
+
+    right, wrong = accuracy(pool_labels), accuracy((pool_labels + 1) % len(CLASSES))
+    assert right >= 0.85, right
+    assert wrong <= 0.5, wrong
+
+
+def test_training_run_records_the_pool(tmp_path):
+    maps, labels = synthetic_dataset(4, np.random.default_rng(0), lengths=(6, 12))
+    pool_maps, _ = synthetic_dataset(2, np.random.default_rng(1), lengths=(6, 12))
+    pool = UnlabeledPool(pool_maps, [f"tiny:sst2:x{i}:L0H0" for i in range(len(pool_maps))], {"model": "tiny"})
+    data = TrainingData(maps, labels, maps_hash(maps, labels), "tiny", "synthetic test maps")
+    from analysis.rundir import RunDir
+
+    out = tmp_path / "cnn.safetensors"
+    train_classifier(data, out, RunDir("classifier", "tiny", tmp_path), TrainConfig(max_epochs=1, folds=2),
+                     baselines=False, progress=False, pool=pool)
+    recorded = load_classifier(out).metadata["unlabeled_pool"]
+    assert recorded["model"] == "tiny" and recorded["pool_hash"] == pool.pool_hash and len(pool.pool_hash) == 64
+    assert recorded["weight"] == 1.0 and recorded["rounds"] == 2
+
+
+def test_pool_model_comes_from_the_map_ids():
+    assert model_of(["minilm:sst2:a:L0H0", "minilm:rte:b:L1H1", "bert:sst2:c:L0H0"]) == "minilm"
+    with pytest.raises(Exception, match="--pool-model"):
+        model_of(["no-prefix"])
+
+
+def test_draw_pool_skips_labeled_maps_and_is_deterministic():
+    """The real embedded model on the packaged data: a small pool, drawn twice, never a labeled map."""
+    first = draw_pool("minilm", 12, tasks=("sst2", "rte"))
+    excluded = first.map_ids[:4]
+    second = draw_pool("minilm", 12, exclude=excluded, tasks=("sst2", "rte"))
+    again = draw_pool("minilm", 12, exclude=excluded, tasks=("sst2", "rte"))
+    assert len(first.maps) == len(second.maps) == 12
+    assert not set(excluded) & set(second.map_ids) and second.map_ids == again.map_ids
+    assert second.pool_hash == again.pool_hash
+    assert {map_id.split(":")[1] for map_id in second.map_ids} == {"sst2", "rte"}
+    for attn in second.maps:
+        assert attn.ndim == 2 and attn.shape[0] == attn.shape[1]
+        np.testing.assert_allclose(attn.sum(1), 1.0, atol=1e-4)
+
+
+def test_cli_rejects_a_negative_pool(tmp_path, capsys):
+    assert main(["train", "--data", "synthetic:4", "--pool", "-1", "--runs-dir", str(tmp_path), "-q"]) == 2
+    assert main(["train", "--data", "synthetic:4", "--pool-rounds", "0", "--runs-dir", str(tmp_path), "-q"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and all("--pool-rounds" in line for line in errors)
