@@ -53,10 +53,9 @@ def teacher_probabilities(train_images: torch.Tensor, train_labels: np.ndarray, 
                           seed: int = 0) -> np.ndarray:
     """Fit the teacher (class-balanced gradient boosting on the profile scalars) on the training maps and return
     its (P, 5) class probabilities for the pool maps, in CLASSES order."""
-    from sklearn.ensemble import HistGradientBoostingClassifier
+    from classifier.evaluate import boosting_classifier
 
-    teacher = HistGradientBoostingClassifier(max_iter=200, learning_rate=0.1, class_weight="balanced",
-                                             random_state=seed)
+    teacher = boosting_classifier(seed)
     teacher.fit(profile_scalars(train_images), train_labels)
     probabilities = np.zeros((len(pool_images), len(CLASSES)))
     probabilities[:, teacher.classes_] = teacher.predict_proba(profile_scalars(pool_images))

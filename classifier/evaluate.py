@@ -89,10 +89,16 @@ def rule_predictions(maps: Sequence[np.ndarray], tokens: Sequence[list[str] | No
     return np.asarray([CLASSES.index(label) for label in labels], dtype=np.int64)
 
 
+def boosting_classifier(seed: int = 0):
+    """The gradient-boosting model of the 'boosting' baselines and of the distillation teacher (class-balanced)."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    return HistGradientBoostingClassifier(max_iter=200, learning_rate=0.1, class_weight="balanced", random_state=seed)
+
+
 def feature_model_predictions(features: np.ndarray, labels: np.ndarray, folds: list[tuple[np.ndarray, np.ndarray]],
                               kind: str, seed: int = 0) -> np.ndarray:
     """Out-of-fold predictions (N,) of a feature model: kind 'logreg' or 'boosting'."""
-    from sklearn.ensemble import HistGradientBoostingClassifier
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -102,8 +108,7 @@ def feature_model_predictions(features: np.ndarray, labels: np.ndarray, folds: l
         if kind == "logreg":
             model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, class_weight="balanced"))
         elif kind == "boosting":
-            model = HistGradientBoostingClassifier(max_iter=200, learning_rate=0.1, class_weight="balanced",
-                                                   random_state=seed)
+            model = boosting_classifier(seed)
         else:
             raise AttnpatError(f"unknown baseline {kind!r}; use logreg or boosting")
         model.fit(features[train], labels[train])
