@@ -31,15 +31,15 @@ def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g.
     from classifier.train import TrainConfig
     from classifier.training_run import load_training_data, train_classifier
 
+    if pool < 0 or pool_weight < 0 or pool_rounds < 1:
+        raise AttnpatError(f"--pool and --pool-weight must be 0 or more and --pool-rounds at least 1 "
+                           f"(got {pool}, {pool_weight}, {pool_rounds})")
     training = load_training_data(data, seed)
     run = RunDir("classifier", training.name, runs_dir)
     out = out or run.file("classifier.safetensors")
     config = TrainConfig(max_epochs=epochs, folds=folds, seed=seed, pool_weight=pool_weight, pool_rounds=pool_rounds,
                          synthetic_per_class=0 if training.synthetic else synthetic_mix)
     unlabeled = None
-    if pool < 0 or pool_weight < 0 or pool_rounds < 1:
-        raise AttnpatError(f"--pool and --pool-weight must be 0 or more and --pool-rounds at least 1 "
-                           f"(got {pool}, {pool_weight}, {pool_rounds})")
     if pool and not training.synthetic:
         from classifier.distill import draw_pool, model_of
 
