@@ -15,8 +15,10 @@ ARTIFACTS: dict[str, dict[str, str]] = {
     },
     # classifier training, in runs/classifier/<labeled set>/
     "train": {
-        "cv_scores": "model, metric (macro_f1|macro_f1_fold_std|accuracy|f1), class, value",
+        "cv_scores": "model, metric (macro_f1|macro_f1_fold_std|accuracy|f1|macro_f1_agreed), class, value",
         "cv_confusion": "model, true, predicted, count  (+ cv_confusion.png/svg)",
+        "cv_predictions": "map_id, fold, label, [annotators_agreed], <model>... (out-of-fold predicted class), "
+                          "p_<class> (the CNN's)",
     },
     # fine-tuning (Kovaleva Figures 5-7, section 4.4); written under the FINE-TUNED model's run dir
     "finetune": {

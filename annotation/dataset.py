@@ -4,6 +4,7 @@ A labeled set folder (e.g. annotation/labeled/v1/):
   maps.npz     attn (sum n*n,) float32, lengths (N,), map_ids (N,)   (see annotation.sample.save_maps)
   labels.csv   map_id, label, annotator, labeled_at, task, example_id, layer, head, n, prediction
   CARD.md      how the labels were made, class counts, agreement
+  annotations.csv  (optional) map_id, label, annotator, ...: every single annotation (attnpat annotate pull)
 """
 from __future__ import annotations
 
@@ -96,6 +97,26 @@ def load_labeled_set(folder: str | Path) -> LabeledSet:
     ids = list(frame.map_id)
     labels = np.asarray([CLASSES.index(label) for label in frame.label], dtype=np.int64)
     return LabeledSet([maps[i] for i in ids], labels, ids, frame.to_dict("records"), folder)
+
+
+def annotator_agreement(labeled: LabeledSet) -> np.ndarray | None:
+    """(N,) float per map of ``labeled``: 1.0 where two or more annotators all gave the same label, 0.0 where
+    they differed, NaN where fewer than two labeled it. None when the set has no annotations.csv."""
+    import pandas as pd
+
+    path = labeled.path / "annotations.csv" if labeled.path is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        annotations = pd.read_csv(path, dtype={"map_id": str, "label": str})
+        grouped = annotations.groupby("map_id")["label"].agg(["size", "nunique"])
+    except Exception as exc:
+        raise AttnpatError(f"{path} is not a readable annotations table (map_id, label): {exc}") from exc
+    agreement = np.full(len(labeled), np.nan)
+    for i, map_id in enumerate(labeled.map_ids):
+        if map_id in grouped.index and grouped.at[map_id, "size"] >= 2:
+            agreement[i] = float(grouped.at[map_id, "nunique"] == 1)
+    return agreement
 
 
 def merge_labeled_sets(folders: list[str | Path], out: str | Path) -> LabeledSet:

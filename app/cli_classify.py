@@ -48,7 +48,7 @@ def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g.
     summary = train_classifier(training, out, run, config, baselines=baselines, progress=not quiet, pool=unlabeled)
     typer.echo(f"{len(training.labels)} maps from {training.source}; {folds}-fold cross-validation (out-of-fold scores):")
     typer.echo(summary.to_string(float_format=lambda v: f"{v:.3f}"))
-    typer.echo(f"tables: {run.file('cv_scores.csv')}, {run.file('cv_confusion.csv')}")
+    typer.echo(f"tables: {run.file('cv_scores.csv')}, {run.file('cv_confusion.csv')}, {run.file('cv_predictions.csv')}")
     typer.echo(f"checkpoint: {out} (+ {Path(out).with_suffix('.json').name})")
 
 

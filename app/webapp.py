@@ -53,10 +53,10 @@ RUN_TABS: dict[str, tuple[str, ...]] = {
                              "probing_dependency", "probing_dependency_heads", "probing_coref",
                              "probing_coref_baselines"),
     # `attnpat train` writes to runs/classifier/<labeled set>/: model "classifier", task e.g. "v1".
-    "Classifier": ("cv_scores", "cv_confusion"),
+    "Classifier": ("cv_scores", "cv_confusion", "cv_predictions"),
 }
 # Task picked first in each run tab when it has a run (Clark's statistics run on wiki by default).
-PREFERRED_TASK = {"Surface and clusters": "wiki", "Classifier": "v1"}
+PREFERRED_TASK = {"Surface and clusters": "wiki", "Classifier": "v2"}
 # Artifacts that live in a fixed task folder whatever task is picked: the per-task comparison in
 # runs/<model>/all/ and the WinoBias probe in runs/<model>/winobias/ (analysis.probing.WINOBIAS_TASK).
 CROSS_TASK = {"pattern_ratios_by_task": "all", "probing_coref": "winobias", "probing_coref_baselines": "winobias"}
@@ -78,6 +78,7 @@ WRITTEN_BY = {
     "probing_dependency_heads": "probe-dep FILE.conllu --model {model}", "probing_coref": "probe-coref --model {model}",
     "probing_coref_baselines": "probe-coref --model {model}",
     "cv_scores": "train --data annotation/labeled/{task}", "cv_confusion": "train --data annotation/labeled/{task}",
+    "cv_predictions": "train --data annotation/labeled/{task}",
 }
 
 

@@ -35,10 +35,13 @@ def fold_macro_f1(predicted: np.ndarray, labels: np.ndarray, folds: list[tuple[n
     return np.asarray([scores(predicted[test], labels[test])["macro_f1"] for _, test in folds])
 
 
-def score_table(results: dict[str, np.ndarray], labels: np.ndarray, folds: list[tuple[np.ndarray, np.ndarray]]):
+def score_table(results: dict[str, np.ndarray], labels: np.ndarray, folds: list[tuple[np.ndarray, np.ndarray]],
+                agreed: np.ndarray | None = None):
     """results: {model name: (N,) out-of-fold predictions}. Returns (scores frame, confusion frame).
 
-    scores: model, metric (macro_f1|macro_f1_fold_std|accuracy|f1), class ('' or a class), value.
+    scores: model, metric (macro_f1|macro_f1_fold_std|accuracy|f1[|macro_f1_agreed]), class ('' or a class),
+    value. agreed: (N,) bool, the maps all of whose annotators gave the same label; with it, macro_f1_agreed
+    scores each model on those maps only, apart from the maps people themselves disagreed on.
     confusion: model, true, predicted, count.
     """
     import pandas as pd
@@ -49,17 +52,45 @@ def score_table(results: dict[str, np.ndarray], labels: np.ndarray, folds: list[
         rows += [{"model": name, "metric": "macro_f1", "class": "", "value": found["macro_f1"]},
                  {"model": name, "metric": "macro_f1_fold_std", "class": "", "value": float(fold_macro_f1(predicted, labels, folds).std())},
                  {"model": name, "metric": "accuracy", "class": "", "value": found["accuracy"]}]
+        if agreed is not None and agreed.any():
+            rows.append({"model": name, "metric": "macro_f1_agreed", "class": "",
+                         "value": scores(predicted[agreed], labels[agreed])["macro_f1"]})
         rows += [{"model": name, "metric": "f1", "class": cls, "value": float(v)} for cls, v in zip(CLASSES, found["per_class_f1"])]
         confusion_rows += [{"model": name, "true": CLASSES[t], "predicted": CLASSES[p], "count": int(found["confusion"][t, p])}
                            for t in range(len(CLASSES)) for p in range(len(CLASSES))]
     return pd.DataFrame(rows), pd.DataFrame(confusion_rows)
 
 
+def prediction_table(map_ids: Sequence[str], labels: np.ndarray, folds: list[tuple[np.ndarray, np.ndarray]],
+                     results: dict[str, np.ndarray], probabilities: np.ndarray, agreement: np.ndarray | None = None):
+    """One row per map, for auditing where models and labels disagree.
+
+    map_ids: N; labels: (N,) class indices; results: {model name: (N,) out-of-fold predictions};
+    probabilities: (N, 5) the CNN's out-of-fold class probabilities; agreement: (N,) 1/0/NaN, whether the map's
+    annotators agreed. Columns: map_id, fold (the test fold that predicted it), label, [annotators_agreed],
+    one column per model (its predicted class), p_<class> (the CNN's probabilities).
+    """
+    import pandas as pd
+
+    fold_of = np.full(len(labels), -1, dtype=np.int64)
+    for k, (_, test) in enumerate(folds):
+        fold_of[test] = k
+    frame = pd.DataFrame({"map_id": list(map_ids), "fold": fold_of, "label": [CLASSES[i] for i in labels]})
+    if agreement is not None:
+        frame["annotators_agreed"] = pd.array([None if np.isnan(v) else bool(v) for v in agreement], dtype="boolean")
+    for name, predicted in results.items():
+        frame[name] = [CLASSES[i] for i in predicted]
+    for i, cls in enumerate(CLASSES):
+        frame[f"p_{cls}"] = probabilities[:, i]
+    return frame
+
+
 def wide_summary(score_frame):
     """One row per model: macro_f1, fold std, accuracy and per-class F1 columns (for printing)."""
     overall = score_frame[score_frame["class"] == ""].pivot(index="model", columns="metric", values="value")
     per_class = score_frame[score_frame.metric == "f1"].pivot(index="model", columns="class", values="value")
-    frame = overall[["macro_f1", "macro_f1_fold_std", "accuracy"]].join(per_class[list(CLASSES)])
+    columns = ["macro_f1", "macro_f1_fold_std", "accuracy"] + [c for c in ("macro_f1_agreed",) if c in overall]
+    frame = overall[columns].join(per_class[list(CLASSES)])
     return frame.sort_values("macro_f1", ascending=False)
 
 

@@ -207,23 +207,24 @@ def stratified_folds(labels: np.ndarray, folds: int, seed: int) -> list[tuple[np
 def cross_validate_cnn(maps: Sequence[np.ndarray], labels: np.ndarray, config: TrainConfig,
                        folds: list[tuple[np.ndarray, np.ndarray]], progress: bool = False,
                        pool_maps: Sequence[np.ndarray] | None = None) -> np.ndarray:
-    """Out-of-fold predictions (N,) of the CNN: each fold's test maps predicted by a CNN trained without them.
+    """Out-of-fold class probabilities (N, 5) of the CNN: each fold's test maps predicted by a CNN trained
+    without them (argmax(1) gives the predicted classes).
 
     pool_maps: unlabeled maps; each fold's teacher labels them from that fold's training maps only.
     """
     images = prepare_maps(maps, config.input_size)
     extra = synthetic_extra(config)
     pool_images = prepare_maps(pool_maps, config.input_size) if pool_maps else None
-    predicted = np.full(len(labels), -1, dtype=np.int64)
+    probabilities = np.full((len(labels), len(CLASSES)), np.nan)
     bar = progress_bar(len(folds), bool(progress), "cnn folds", unit="it")
     for k, (train_idx, test_idx) in enumerate(folds):
         result = fit_with_pool(images[train_idx], labels[train_idx], config, config.seed + k, extra, pool_images)
-        predicted[test_idx] = predict_images(result.model, images[test_idx]).argmax(1).numpy()
+        probabilities[test_idx] = predict_images(result.model, images[test_idx]).numpy()
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    return predicted
+    return probabilities
 
 
 def train_final(maps: Sequence[np.ndarray], labels: np.ndarray, config: TrainConfig,

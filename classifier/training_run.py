@@ -1,8 +1,10 @@
 """`attnpat train` end to end: data -> CNN cross-validation + baselines -> score tables -> final checkpoint.
 
 Outputs in the run directory runs/classifier/<data name>/:
-  cv_scores.csv    model, metric (macro_f1|macro_f1_fold_std|accuracy|f1), class, value
+  cv_scores.csv    model, metric (macro_f1|macro_f1_fold_std|accuracy|f1|macro_f1_agreed), class, value
   cv_confusion.csv model, true, predicted, count   (+ cv_confusion.png/svg for the CNN)
+  cv_predictions.csv  map_id, fold, label, [annotators_agreed], <model>... (out-of-fold class), p_<class> (CNN)
+macro_f1_agreed and annotators_agreed come with labeled sets that keep every annotation (annotations.csv).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from analysis.rundir import RunDir
 from classifier import CLASSES
 from classifier.checkpoint import save_checkpoint
 from classifier.distill import UnlabeledPool
-from classifier.evaluate import baseline_predictions, score_table, scores, wide_summary
+from classifier.evaluate import baseline_predictions, prediction_table, score_table, scores, wide_summary
 from classifier.train import (TrainConfig, architecture_metadata, check_labels, cross_validate_cnn, stratified_folds,
                               train_final)
 
@@ -28,7 +30,8 @@ SYNTHETIC_PREFIX = "synthetic"
 @dataclass
 class TrainingData:
     """maps: N (n_i, n_i) float32; labels: (N,) int; name: run-directory name; source: what it was made from;
-    synthetic: True for generated maps (the checkpoint metadata then says so)."""
+    synthetic: True for generated maps (the checkpoint metadata then says so); agreement: (N,) 1/0/NaN, whether
+    a map's annotators all agreed (annotation.dataset.annotator_agreement), None when unknown."""
 
     maps: list[np.ndarray]
     labels: np.ndarray
@@ -37,6 +40,7 @@ class TrainingData:
     source: str
     synthetic: bool = False
     map_ids: list[str] = field(default_factory=list)
+    agreement: np.ndarray | None = None
 
 
 def maps_hash(maps, labels) -> str:
@@ -59,12 +63,12 @@ def load_training_data(source: str, seed: int = 0) -> TrainingData:
         maps, labels = synthetic_dataset(int(count), np.random.default_rng(seed))
         return TrainingData(maps, labels, maps_hash(maps, labels), f"synthetic-{count}",
                             f"synthetic maps (classifier.synthetic, {count} per class, seed {seed})", synthetic=True)
-    from annotation.dataset import load_labeled_set
+    from annotation.dataset import annotator_agreement, load_labeled_set
 
     labeled = load_labeled_set(source)
     folder = Path(source).resolve()
     return TrainingData(labeled.maps, labeled.labels, labeled.data_hash, folder.name, f"labeled set {source}",
-                        map_ids=list(labeled.map_ids))
+                        map_ids=list(labeled.map_ids), agreement=annotator_agreement(labeled))
 
 
 def train_classifier(data: TrainingData, out: str | Path, run: RunDir, config: TrainConfig | None = None, *,
@@ -80,13 +84,18 @@ def train_classifier(data: TrainingData, out: str | Path, run: RunDir, config: T
     pool_maps = pool.maps if pool is not None else None
     with run.record("train", folds=config.folds, seed=config.seed, data_source=data.source,
                     pool=pool.spec if pool is not None else None) as entry:
-        predictions = {"cnn": cross_validate_cnn(data.maps, labels, config, folds, progress=progress,
-                                                 pool_maps=pool_maps)}
+        cnn_probabilities = cross_validate_cnn(data.maps, labels, config, folds, progress=progress,
+                                               pool_maps=pool_maps)
+        predictions = {"cnn": cnn_probabilities.argmax(1)}
         if baselines:
             predictions.update(baseline_predictions(data.maps, labels, folds, seed=config.seed))
-        score_frame, confusion_frame = score_table(predictions, labels, folds)
+        agreed = data.agreement == 1 if data.agreement is not None else None
+        score_frame, confusion_frame = score_table(predictions, labels, folds, agreed)
         run.write_table("cv_scores", score_frame)
         run.write_table("cv_confusion", confusion_frame)
+        map_ids = data.map_ids or [f"{data.name}:{i}" for i in range(len(labels))]
+        run.write_table("cv_predictions", prediction_table(map_ids, labels, folds, predictions, cnn_probabilities,
+                                                           data.agreement))
         _write_confusion_figure(run, scores(predictions["cnn"], labels)["confusion"])
         final = train_final(data.maps, labels, config, pool_maps=pool_maps)
         cnn = scores(predictions["cnn"], labels)
@@ -98,6 +107,8 @@ def train_classifier(data: TrainingData, out: str | Path, run: RunDir, config: T
             "class_counts": {cls: int((labels == i).sum()) for i, cls in enumerate(CLASSES)},
             "cross_validation": {
                 "folds": config.folds, "macro_f1": cnn["macro_f1"], "accuracy": cnn["accuracy"],
+                "macro_f1_agreed": scores(predictions["cnn"][agreed], labels[agreed])["macro_f1"]
+                if agreed is not None and agreed.any() else None,
                 "per_class_f1": dict(zip(CLASSES, map(float, cnn["per_class_f1"]))),
                 "confusion": cnn["confusion"].tolist(),
                 "baselines_macro_f1": {name: scores(pred, labels)["macro_f1"] for name, pred in predictions.items()
@@ -114,7 +125,7 @@ def train_classifier(data: TrainingData, out: str | Path, run: RunDir, config: T
             metadata["note"] = ("trained on SYNTHETIC maps, not on human labels: cross-validation scores measure the "
                                 "synthetic task only; retrain on a labeled set with: attnpat train --data <labeled set>")
         path = save_checkpoint(final.model, out, metadata)
-        entry.update(outputs=["cv_scores.csv", "cv_confusion.csv", "cv_confusion.png", str(path)],
+        entry.update(outputs=["cv_scores.csv", "cv_confusion.csv", "cv_confusion.png", "cv_predictions.csv", str(path)],
                      cnn_macro_f1=cnn["macro_f1"])
     return wide_summary(score_frame)
 

@@ -5,6 +5,7 @@ import json
 from collections import Counter
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analysis.errors import AttnpatError
@@ -117,3 +118,27 @@ def test_merge_and_class_share_errors_on_the_command_line(tmp_path, capsys, monk
     err = capsys.readouterr().err.strip()
     assert "unknown class 'spiral'" in err and "\n" not in err
     assert not (tmp_path / "home" / "workspace" / "annotation" / "samples" / "s").exists()
+
+
+def test_annotator_agreement_per_map(tmp_path):
+    from annotation.dataset import annotator_agreement, load_labeled_set
+
+    write_set(tmp_path / "set", {f"m{k}": CLASSES[k] for k in range(5)}, seed=3)
+    assert annotator_agreement(load_labeled_set(tmp_path / "set")) is None  # no annotations.csv
+    pd.DataFrame({"map_id": ["m0", "m0", "m1", "m1", "m1", "m2", "m4", "m4"],
+                  "label": ["vertical", "vertical", "diagonal", "diagonal", "block", "vertical+diagonal",
+                            "heterogeneous", "heterogeneous"],
+                  "annotator": list("abcdeafg")}).to_csv(tmp_path / "set" / "annotations.csv", index=False)
+    agreement = annotator_agreement(load_labeled_set(tmp_path / "set"))
+    assert agreement[[0, 1, 4]].tolist() == [1.0, 0.0, 1.0]
+    assert np.isnan(agreement[2]) and np.isnan(agreement[3])  # one annotation, none
+
+
+def test_shipped_labeled_set_agreement_matches_its_card():
+    from pathlib import Path
+
+    from annotation.dataset import annotator_agreement, load_labeled_set
+
+    agreement = annotator_agreement(load_labeled_set(Path(__file__).parents[1] / "annotation" / "labeled" / "v2"))
+    # CARD.md: every map has at least two labels; 29 + 48 + 5 pairs differed and were adjudicated
+    assert not np.isnan(agreement).any() and int((agreement == 0).sum()) == 29 + 48 + 5

@@ -121,6 +121,22 @@ def test_training_is_reproducible_with_a_seed():
         assert torch.equal(value, second.model.state_dict()[key]), key
 
 
+def test_scores_on_the_maps_annotators_agreed_on():
+    from classifier.evaluate import score_table, wide_summary
+
+    labels = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 4])
+    predicted = labels.copy()
+    predicted[[1, 3]] = 4  # both errors fall on maps the annotators disagreed about
+    agreed = np.ones(len(labels), bool)
+    agreed[[1, 3]] = False
+    folds = stratified_folds(labels, 2, seed=0)
+    frame, _ = score_table({"model": predicted}, labels, folds, agreed)
+    value = frame.set_index("metric").value
+    assert value["macro_f1_agreed"] == 1.0 and value["macro_f1"] < 0.9
+    assert wide_summary(frame).loc["model", "macro_f1_agreed"] == 1.0
+    assert "macro_f1_agreed" not in set(score_table({"model": predicted}, labels, folds)[0].metric)
+
+
 def test_class_weights_favour_rare_classes():
     labels = np.array([0] * 8 + [1] * 2 + [2, 3, 4])
     weights = class_weights(labels)

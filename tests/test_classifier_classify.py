@@ -127,6 +127,15 @@ def test_train_verb_writes_scores_and_checkpoint(tmp_path, capsys):
     assert set(scores.model) == {"cnn", "rules", "logreg", "boosting", "boosting_profile"}
     confusion = pd.read_csv(tmp_path / "classifier" / "synthetic-6" / "cv_confusion.csv")
     assert (confusion.groupby("model")["count"].sum() == 30).all()  # every map predicted once, out of fold
+    predictions = pd.read_csv(tmp_path / "classifier" / "synthetic-6" / "cv_predictions.csv")
+    assert len(predictions) == 30 and predictions.map_id.is_unique and set(predictions.fold) == {0, 1}
+    probabilities = predictions[[f"p_{cls}" for cls in CLASSES]].to_numpy()
+    assert np.allclose(probabilities.sum(1), 1, atol=1e-5)
+    assert list(predictions.cnn) == [CLASSES[i] for i in probabilities.argmax(1)]
+    for model in ("cnn", "rules", "logreg", "boosting", "boosting_profile"):  # the same predictions as the tallies
+        tallied = confusion[confusion.model == model].set_index(["true", "predicted"])["count"]
+        counted = predictions.groupby(["label", model]).size()
+        assert all(tallied[key] == count for key, count in counted.items()) and counted.sum() == 30
     classifier = load_classifier(out)
     assert classifier.metadata["n_maps"] == 30 and len(classifier.metadata["data_hash"]) == 64
     assert classifier.metadata["cross_validation"]["folds"] == 2

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+from sklearn.metrics import f1_score
 
 import classifier.train as train
 from app.cli import main
@@ -89,7 +91,11 @@ def test_training_run_records_the_pool(tmp_path):
     maps, labels = synthetic_dataset(4, np.random.default_rng(0), lengths=(6, 12))
     pool_maps, _ = synthetic_dataset(2, np.random.default_rng(1), lengths=(6, 12))
     pool = UnlabeledPool(pool_maps, [f"tiny:sst2:x{i}:L0H0" for i in range(len(pool_maps))], {"model": "tiny"})
-    data = TrainingData(maps, labels, maps_hash(maps, labels), "tiny", "synthetic test maps")
+    map_ids = [f"tiny:sst2:e{i}:L0H0" for i in range(len(maps))]
+    agreement = np.ones(len(maps))
+    agreement[:2] = [0.0, np.nan]  # annotators disagreed on the first map; the second had one annotator
+    data = TrainingData(maps, labels, maps_hash(maps, labels), "tiny", "synthetic test maps", map_ids=map_ids,
+                        agreement=agreement)
     from analysis.rundir import RunDir
 
     out = tmp_path / "cnn.safetensors"
@@ -98,6 +104,13 @@ def test_training_run_records_the_pool(tmp_path):
     recorded = load_classifier(out).metadata["unlabeled_pool"]
     assert recorded["model"] == "tiny" and recorded["pool_hash"] == pool.pool_hash and len(pool.pool_hash) == 64
     assert recorded["weight"] == 1.0 and recorded["rounds"] == 2
+    predictions = pd.read_csv(tmp_path / "classifier" / "tiny" / "cv_predictions.csv")
+    assert list(predictions.map_id) == map_ids and list(predictions.label) == [CLASSES[i] for i in labels]
+    assert predictions.annotators_agreed.isna().tolist() == [False, True] + [False] * (len(maps) - 2)
+    assert predictions.annotators_agreed[0] == False and predictions.annotators_agreed[2:].all()  # noqa: E712
+    agreed = predictions.annotators_agreed.fillna(False).to_numpy(bool)
+    recorded_f1 = load_classifier(out).metadata["cross_validation"]["macro_f1_agreed"]
+    assert recorded_f1 == pytest.approx(f1_score(predictions.label[agreed], predictions.cnn[agreed], average="macro"))
 
 
 def test_pool_model_comes_from_the_map_ids():
