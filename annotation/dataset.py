@@ -112,11 +112,8 @@ def annotator_agreement(labeled: LabeledSet) -> np.ndarray | None:
         grouped = annotations.groupby("map_id")["label"].agg(["size", "nunique"])
     except Exception as exc:
         raise AttnpatError(f"{path} is not a readable annotations table (map_id, label): {exc}") from exc
-    agreement = np.full(len(labeled), np.nan)
-    for i, map_id in enumerate(labeled.map_ids):
-        if map_id in grouped.index and grouped.at[map_id, "size"] >= 2:
-            agreement[i] = float(grouped.at[map_id, "nunique"] == 1)
-    return agreement
+    per_map = grouped.reindex(labeled.map_ids)  # maps nobody annotated: NaN counts
+    return np.where(per_map["size"].to_numpy() >= 2, (per_map["nunique"].to_numpy() == 1).astype(float), np.nan)
 
 
 def merge_labeled_sets(folders: list[str | Path], out: str | Path) -> LabeledSet:

@@ -96,9 +96,10 @@ def train_classifier(data: TrainingData, out: str | Path, run: RunDir, config: T
         map_ids = data.map_ids or [f"{data.name}:{i}" for i in range(len(labels))]
         run.write_table("cv_predictions", prediction_table(map_ids, labels, folds, predictions, cnn_probabilities,
                                                            data.agreement))
-        _write_confusion_figure(run, scores(predictions["cnn"], labels)["confusion"])
-        final = train_final(data.maps, labels, config, pool_maps=pool_maps)
         cnn = scores(predictions["cnn"], labels)
+        _write_confusion_figure(run, cnn["confusion"])
+        cnn_agreed = score_frame[(score_frame.model == "cnn") & (score_frame.metric == "macro_f1_agreed")].value
+        final = train_final(data.maps, labels, config, pool_maps=pool_maps)
         metadata = {
             **architecture_metadata(config),
             "trained_on": data.source,
@@ -107,8 +108,7 @@ def train_classifier(data: TrainingData, out: str | Path, run: RunDir, config: T
             "class_counts": {cls: int((labels == i).sum()) for i, cls in enumerate(CLASSES)},
             "cross_validation": {
                 "folds": config.folds, "macro_f1": cnn["macro_f1"], "accuracy": cnn["accuracy"],
-                "macro_f1_agreed": scores(predictions["cnn"][agreed], labels[agreed])["macro_f1"]
-                if agreed is not None and agreed.any() else None,
+                "macro_f1_agreed": float(cnn_agreed.iloc[0]) if len(cnn_agreed) else None,
                 "per_class_f1": dict(zip(CLASSES, map(float, cnn["per_class_f1"]))),
                 "confusion": cnn["confusion"].tolist(),
                 "baselines_macro_f1": {name: scores(pred, labels)["macro_f1"] for name, pred in predictions.items()
