@@ -1,0 +1,55 @@
+"""The guideline's rendering: absolute weights, crisp cells, marks outside the map, cues."""
+import numpy as np
+import pytest
+
+from analysis.errors import AttnpatError
+from analysis.rendering import STRIP, absolute_grey, cell_size, cue_text, map_cues, render_map
+
+
+def test_absolute_scale_is_the_same_for_every_map():
+    """A uniform map is the same light grey whatever its maximum; a per-map scale would make it black."""
+    uniform = np.full((100, 100), 0.01, dtype=np.float32)
+    grey = absolute_grey(uniform)
+    assert np.all(grey == grey[0, 0]) and 220 <= grey[0, 0] <= 235  # 1 - sqrt(0.01) = 0.9 of white
+    assert absolute_grey(np.eye(3, dtype=np.float32))[0, 0] == 0  # weight 1 is black
+
+
+def test_one_token_column_stays_visible_at_128_tokens():
+    attn = np.full((128, 128), 0.5 / 127, dtype=np.float32)
+    attn[:, 5] = 0.5
+    image = np.asarray(render_map(attn, inset=False).convert("L"))
+    cell = cell_size(128)
+    assert cell >= 3
+    column = image[STRIP:, STRIP + 5 * cell:STRIP + 6 * cell]
+    neighbour = image[STRIP:, STRIP + 7 * cell:STRIP + 8 * cell]
+    assert column.max() < 90 and neighbour.min() > 200  # crisp: no blur into the neighbouring column
+
+
+def test_marks_sit_outside_the_map():
+    tokens = ["[CLS]", "a", ",", "b", "[SEP]"]
+    attn = np.full((5, 5), 0.2, dtype=np.float32)
+    image = np.asarray(render_map(attn, tokens, inset=False))
+    cell = cell_size(5)
+    red = image[0, STRIP + cell // 2]
+    assert red[0] > 150 and red[1] < 100  # [CLS] mark above its column
+    inside = image[STRIP:, STRIP:]
+    assert np.all(inside[..., 0] == inside[..., 1])  # the map itself stays grey
+
+
+def test_cues_of_known_maps():
+    n = 20
+    column = np.zeros((n, n), dtype=np.float32)
+    column[:, 0] = 1.0
+    cues = map_cues(column)
+    assert cues["top_column"] == pytest.approx(1.0) and cues["rows_on_top_column"] == pytest.approx(1.0)
+    uniform = np.full((n, n), 1 / n, dtype=np.float32)
+    cues = map_cues(uniform)
+    assert cues["broadness"] == pytest.approx(1.0, abs=1e-5) and cues["excess_over_uniform"] == pytest.approx(0, abs=1e-5)
+    assert map_cues(np.eye(n, dtype=np.float32))["band"] == pytest.approx(1.0)
+    assert "([CLS])" in cue_text(column, ["[CLS]"] + ["x"] * (n - 1))
+
+
+@pytest.mark.parametrize("bad", [np.zeros((3, 4)), np.full((2, 2), np.nan), -np.ones((2, 2)), np.zeros((0, 0))])
+def test_bad_maps_get_one_line_errors(bad):
+    with pytest.raises(AttnpatError):
+        render_map(bad)
