@@ -1,52 +1,170 @@
-"""Names of the files each analysis writes into runs/<model-slug>/<task>/ (the app reads these).
+"""The one registry of what the analyses write: verb -> files -> app tab, and the command that writes them.
 
-Tables are long CSVs (layer, head, [key], value) unless noted; figures are <stem>.png and <stem>.svg.
+Every analysis writes into runs/<model-slug>/<task>/ (``folder`` names a fixed task folder instead, e.g.
+runs/<model>/all/). Tables are long CSVs (layer, head, [key], value) unless ``columns`` says otherwise;
+an artifact with ``figure`` also has <stem>.png and <stem>.svg. The web app builds its run tabs, their
+"not computed yet" hints and its download lists from this table alone; a test runs the analyses on a tiny
+model and checks that every file they write is listed here.
 (`attnpat classify --maps DIR` writes DIR/map_classes.csv beside the map files: map_id, predicted, p_<class>.)
 """
+from __future__ import annotations
 
-ARTIFACTS: dict[str, dict[str, str]] = {
-    # foundation
-    "overview": {"overview": "layer, head, metric (to_cls|to_sep|entropy), value"},
-    # classifier (Kovaleva Figure 2); runs/<model>/all/ holds the per-task comparison
-    "classify": {
-        "patterns": "layer, head, class, count, fraction  (+ patterns.png/svg: per-head class heatmap)",
-        "pattern_ratios": "class, count, fraction  (+ pattern_ratios.png/svg: stacked bar)",
-        "pattern_ratios_by_task": "task, class, count, fraction (in runs/<model>/all/)",
-    },
-    # classifier training, in runs/classifier/<labeled set>/
-    "train": {
-        "cv_scores": "model, metric (macro_f1|macro_f1_fold_std|accuracy|f1|macro_f1_agreed), class, value",
-        "cv_confusion": "model, true, predicted, count  (+ cv_confusion.png/svg)",
-        "cv_predictions": "map_id, fold, label, [annotators_agreed], <model>... (out-of-fold predicted class), "
-                          "p_<class> (the CNN's)",
-    },
-    # fine-tuning (Kovaleva Figures 5-7, section 4.4); written under the FINE-TUNED model's run dir
-    "finetune": {
-        "finetune_eval": "metric, value",
-        "cosine": "layer, head, metric (cosine_cropped|cosine_padded), value  (+ cosine.png/svg)",
-        "special_tokens": "layer, head, metric (to_cls|to_sep), value  (+ special_tokens.png/svg)",
-        "cls_last_layer": "token, mean_attention, count",
-        "linguistic": "layer, head, feature (negation|noun|verb|pronoun|subject|object), value",
-    },
-    # disabling, importance, pruning (Kovaleva Figures 8-9, Michel et al.)
-    "sweeps": {
-        "disable_heads": "layer, head, metric (<mode>_delta|<mode>_metric), value  (+ disable_heads.png/svg; "
-                         "resume state in .sweep-<mode>-<unit>/; best/worst heads in manifest analyses.disable_<mode>)",
-        "disable_layers": "layer, mode, metric, delta  (+ disable_layers.png/svg)",
-        "importance": "layer, head, metric (importance|importance_raw), value  (+ importance.png/svg)",
-        "pruning": "fraction_pruned, n_pruned, metric  (+ pruning.png/svg)",
-    },
+from dataclasses import dataclass
+from fnmatch import fnmatch
+
+# Placeholders of a hint: the run tab's model (run-directory name) and task.
+STANDARD = "--model {model} --task {task}"
+# The labeled set that ships with the repository (the hint for the Classifier tab names it).
+SHIPPED_LABELED_SET = "annotation/labeled/v2"
+
+
+@dataclass(frozen=True)
+class Tab:
+    """One run tab of the web app: its title, the sentence it opens with, the task it picks first."""
+
+    name: str
+    intro: str
+    preferred_task: str = "sst2"
+
+    @property
+    def key(self) -> str:
+        """The tab's id in the page and its endpoint name (lower case, dashes)."""
+        return self.name.lower().replace(" ", "-")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One result of an analysis: <stem>.csv (when ``table``), <stem>.png/.svg (when ``figure``).
+
+    verb: the `attnpat` verb that writes it; tab: the app tab that shows it (None: not shown, e.g. the map
+    shards); hint: the verb's arguments, with {model} and {task} filled in by the tab; folder: a fixed task
+    folder that holds it whatever task is picked; kind: "dir" for a folder (its stem may be a glob pattern),
+    "checkpoint" for <stem>.safetensors with its <stem>.json metadata.
+    """
+
+    stem: str
+    verb: str
+    columns: str
+    tab: str | None
+    figure: bool = False
+    table: bool = True
+    folder: str | None = None
+    hint: str = STANDARD
+    kind: str = "file"
+
+    def files(self) -> tuple[str, ...]:
+        """The file names this artifact puts in its run folder."""
+        if self.kind == "dir":
+            return (self.stem,)
+        if self.kind == "checkpoint":
+            return (f"{self.stem}.safetensors", f"{self.stem}.json")
+        return ((f"{self.stem}.csv",) if self.table else ()) + ((f"{self.stem}.png", f"{self.stem}.svg")
+                                                                   if self.figure else ())
+
+    def command(self, model: str, task: str) -> str:
+        """The full command that writes this artifact, e.g. ``attnpat special --model minilm --task sst2``."""
+        return f"attnpat {self.verb} {self.hint.format(model=model, task=task)}".rstrip()
+
+
+TABS: tuple[Tab, ...] = (
+    Tab("Pattern ratios", "How often each head's maps fall into the five attention patterns (vertical, diagonal, "
+        "vertical+diagonal, block, heterogeneous), as the pattern CNN classifies them; reproduces Kovaleva et al. "
+        "2019 Fig. 2."),
+    Tab("Fine-tuning", "How attention changes when the model is fine-tuned: per-head cosine similarity to the base "
+        "model, attention to [CLS] and [SEP], the last layer's [CLS] row and attention to linguistic features; "
+        "reproduces Kovaleva et al. 2019 Fig. 5-7 and section 4.4."),
+    Tab("Disabling", "The task metric with single heads or whole layers disabled, head importance and the pruning "
+        "curve; reproduces Kovaleva et al. 2019 Fig. 8-9 and Michel et al. 2019 (importance, pruning)."),
+    Tab("Surface and clusters", "What each head attends to (previous, next, [CLS], [SEP], punctuation), how broadly, "
+        "how heads cluster and which heads track syntax and coreference; reproduces Clark et al. 2019 Fig. 2, 4, 5, "
+        "6 and Tables 1-2.", preferred_task="wiki"),
+    Tab("Classifier", "How well the pattern CNN classifies labeled maps: cross-validated scores against the "
+        "baselines, per-class F1 and the confusion matrix; the classifier behind Kovaleva et al. 2019 Fig. 2.",
+        preferred_task="v2"),
+)
+
+_TRAIN = f"--data {SHIPPED_LABELED_SET}"
+_BASE = "minilm"  # the embedded base model the fine-tuning hints start from
+
+ARTIFACTS: tuple[Artifact, ...] = (
+    # Pattern ratios (Kovaleva Figure 2); runs/<model>/all/ holds the per-task comparison
+    Artifact("pattern_ratios_by_task", "classify", "task, class, count, fraction", "Pattern ratios", figure=True,
+             folder="all", hint="--model {model} --task all"),
+    Artifact("pattern_ratios", "classify", "class, count, fraction  (stacked bar)", "Pattern ratios", figure=True),
+    Artifact("patterns", "classify", "layer, head, class, count, fraction  (per-head class heatmap)",
+             "Pattern ratios", figure=True),
+    # Fine-tuning (Kovaleva Figures 5-7, section 4.4); written under the FINE-TUNED model's run dir
+    Artifact("cosine", "compare", "layer, head, metric (cosine_cropped|cosine_padded), value", "Fine-tuning",
+             figure=True, hint=f"--base {_BASE} --finetuned {{model}} --task {{task}}"),
+    Artifact("special_tokens", "special", "layer, head, metric (to_cls|to_sep), value", "Fine-tuning", figure=True),
+    Artifact("finetune_eval", "finetune", "metric, value", "Fine-tuning", hint=f"--model {_BASE} --task {{task}}"),
+    Artifact("cls_last_layer", "special", "token, mean_attention, count", "Fine-tuning"),
+    Artifact("linguistic", "special", "layer, head, feature (negation|noun|verb|pronoun|subject|object), value",
+             "Fine-tuning"),
+    # Disabling, importance, pruning (Kovaleva Figures 8-9, Michel et al.)
+    Artifact("disable_heads", "disable", "layer, head, metric (<mode>_delta|<mode>_metric), value  (best/worst "
+             "heads in manifest analyses.disable_<mode>)", "Disabling", figure=True),
+    Artifact("disable_layers", "disable", "layer, mode, metric, delta", "Disabling", figure=True),
+    Artifact("importance", "importance", "layer, head, metric (importance|importance_raw), value", "Disabling",
+             figure=True),
+    Artifact("pruning", "prune", "fraction_pruned, n_pruned, metric", "Disabling", figure=True),
     # Clark et al.
-    "clark": {
-        "surface": "layer, head, metric (prev|next|self|cls|sep|period|comma|sep_sep|entropy|cls_entropy), value"
-                   "  (+ surface.png/svg, surface_entropy.png/svg)",
-        "head_distances": "layer, head, other_layer, other_head, value (JS divergence, nats)",
-        "head_labels": "layer, head, label",
-        "grad_importance": "layer, target (sep|punct|other), value  (+ grad_importance.png/svg)",
-        "clusters": "layer, head, x, y, behaviour  (+ clusters.png/svg)",
-        "probing_dependency": "relation, direction, best_layer, best_head, accuracy, baseline_offset, baseline_accuracy,"
-                              " count  (+ probing_dependency.png/svg)",
-        "probing_dependency_heads": "layer, head, direction, relation, accuracy, count",
-        "probing_coref": "layer, head, metric (accuracy), value  (+ baselines in probing_coref_baselines.csv)",
-    },
-}
+    Artifact("surface", "surface", "layer, head, metric (prev|next|self|cls|sep|period|comma|sep_sep|entropy|"
+             "cls_entropy), value", "Surface and clusters", figure=True),
+    Artifact("surface_entropy", "surface", "(figure only: mean and [CLS]-row entropy per head)",
+             "Surface and clusters", figure=True, table=False),
+    Artifact("overview", "overview", "layer, head, metric (to_cls|to_sep|entropy), value", "Surface and clusters"),
+    Artifact("head_labels", "surface", "layer, head, label", "Surface and clusters"),
+    Artifact("clusters", "cluster", "layer, head, x, y, behaviour", "Surface and clusters", figure=True),
+    Artifact("head_distances", "cluster", "layer, head, other_layer, other_head, value (JS divergence, nats)",
+             "Surface and clusters"),
+    Artifact("grad_importance", "grad-importance", "layer, target (sep|punct|other), value", "Surface and clusters",
+             figure=True),
+    Artifact("probing_dependency", "probe-dep", "relation, direction, best_layer, best_head, accuracy, "
+             "baseline_offset, baseline_accuracy, count", "Surface and clusters", figure=True,
+             hint="<file.conllu> --model {model}"),
+    Artifact("probing_dependency_heads", "probe-dep", "layer, head, direction, relation, accuracy, count",
+             "Surface and clusters", hint="<file.conllu> --model {model}"),
+    Artifact("probing_coref", "probe-coref", "layer, head, metric (accuracy), value", "Surface and clusters",
+             figure=True, folder="winobias", hint="--model {model}"),
+    Artifact("probing_coref_baselines", "probe-coref", "model, accuracy", "Surface and clusters",
+             folder="winobias", hint="--model {model}"),
+    # Classifier training, in runs/classifier/<labeled set>/
+    Artifact("cv_scores", "train", "model, metric (macro_f1|macro_f1_fold_std|accuracy|f1|macro_f1_agreed), class, "
+             "value", "Classifier", hint=_TRAIN),
+    Artifact("cv_confusion", "train", "model, true, predicted, count", "Classifier", figure=True, hint=_TRAIN),
+    Artifact("cv_predictions", "train", "map_id, fold, label, [annotators_agreed], <model>... (out-of-fold "
+             "predicted class), p_<class> (the CNN's)", "Classifier", hint=_TRAIN),
+    # Files that no tab shows
+    Artifact("classifier", "train", "the trained CNN: classifier.safetensors and its metadata classifier.json",
+             None, hint=_TRAIN, kind="checkpoint"),
+    Artifact("maps", "extract", "map shards (float16 .npz per example batch; resumable)", None, kind="dir"),
+    Artifact(".sweep-*", "disable", "resume state of a disabling sweep: .sweep-<mode>-<unit>/", None, kind="dir"),
+)
+
+def tab(name: str) -> Tab:
+    return next(entry for entry in TABS if entry.name == name)
+
+
+def tab_artifacts(name: str) -> tuple[Artifact, ...]:
+    """The artifacts a run tab shows, in order."""
+    return tuple(artifact for artifact in ARTIFACTS if artifact.tab == name)
+
+
+def artifact(stem: str) -> Artifact:
+    return next(entry for entry in ARTIFACTS if entry.stem == stem)
+
+
+def verbs() -> set[str]:
+    """Every verb that writes an artifact."""
+    return {entry.verb for entry in ARTIFACTS}
+
+
+def hints(stems, model: str, task: str) -> list[str]:
+    """The distinct commands that would write ``stems``, in order."""
+    return list(dict.fromkeys(artifact(stem).command(model, task) for stem in stems))
+
+
+def listed(name: str) -> bool:
+    """Whether a file or folder name found in a run folder is one the registry names (manifest.json included)."""
+    return name == "manifest.json" or any(fnmatch(name, pattern) for entry in ARTIFACTS for pattern in entry.files())

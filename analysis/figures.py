@@ -1,15 +1,22 @@
-"""Shared plotting: one attention map with marked special tokens, and layer x head heatmaps.
+"""Shared plotting: one attention map with marked special tokens, layer x head heatmaps, and the fast
+layer x head grid of one input's maps (the app's Explore view).
 
 Every figure is a matplotlib Figure (Agg backend); save it with analysis.rundir.save_figure (PNG + SVG).
 Figures label layers and heads 1-indexed, as the papers do, and say so on the axes.
 """
 from __future__ import annotations
 
+import base64
+from dataclasses import dataclass
+from pathlib import Path
+
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image, ImageDraw  # noqa: E402
 
 from analysis.errors import AttnpatError  # noqa: E402
 
@@ -134,3 +141,140 @@ def panel_heatmaps(panels: dict[str, np.ndarray], *, title: str, label: str, cma
 
 def close(fig) -> None:
     plt.close(fig)
+
+
+# ---------------------------------------------------------------- the layer x head grid of one input
+
+# Class -> (short tag drawn on the grid, RGB colour), in the order of the pattern classes.
+CLASS_STYLE: dict[str, tuple[str, tuple[int, int, int]]] = {
+    "vertical": ("V", (31, 119, 180)),
+    "diagonal": ("D", (44, 160, 44)),
+    "vertical+diagonal": ("V+D", (23, 190, 207)),
+    "block": ("B", (255, 127, 14)),
+    "heterogeneous": ("H", (148, 103, 189)),
+}
+
+
+@dataclass(frozen=True)
+class GridLayout:
+    """Pixel geometry of the layer x head grid (so a click can be mapped back to a head)."""
+
+    layers: int
+    heads: int
+    cell: int = 56
+    gap: int = 6
+    margin_left: int = 28
+    margin_top: int = 20
+    band: int = 13  # class tag strip under each map
+
+    @property
+    def pitch_x(self) -> int:
+        return self.cell + self.gap
+
+    @property
+    def pitch_y(self) -> int:
+        return self.cell + self.band + self.gap
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) in pixels."""
+        return self.margin_left + self.heads * self.pitch_x, self.margin_top + self.layers * self.pitch_y
+
+    def head_at(self, x: float, y: float) -> tuple[int, int] | None:
+        """0-indexed (layer, head) under pixel (x, y), or None outside every map."""
+        column, dx = divmod(int(x) - self.margin_left, self.pitch_x)
+        row, dy = divmod(int(y) - self.margin_top, self.pitch_y)
+        if 0 <= column < self.heads and 0 <= row < self.layers and dx < self.cell and dy < self.cell + self.band:
+            return row, column
+        return None
+
+
+_GREYS = (255 - np.arange(256)).astype(np.uint8)  # darker = more weight, as in the annotation renders
+
+
+def grid_image(maps: torch.Tensor | np.ndarray, classes: list[list[str]] | None = None,
+               layout: GridLayout | None = None) -> Image.Image:
+    """All heads as one image: a mosaic of small maps (layers = rows, heads = columns, 1-indexed labels).
+
+    maps: (L, H, n, n). Each map is scaled to its own maximum and resized to ``layout.cell`` pixels
+    (nearest neighbour when enlarging, max-pooling when shrinking) in one tensor operation for all
+    heads, then pasted into a numpy canvas: no per-axis matplotlib drawing.
+    classes: optional [L][H] class names, drawn as a coloured tag under each map. Returns a PIL image.
+    """
+    maps = torch.as_tensor(maps).float()
+    if maps.ndim != 4 or maps.shape[-1] != maps.shape[-2]:
+        raise AttnpatError(f"grid maps must be (layers, heads, n, n), got shape {tuple(maps.shape)}")
+    layers, heads, n, _ = maps.shape
+    layout = layout or GridLayout(layers, heads)
+    cell = layout.cell
+    if n > cell:  # max-pooling keeps one-token stripes and bands visible when shrinking
+        small = torch.nn.functional.adaptive_max_pool2d(maps, cell)
+    else:
+        index = torch.arange(cell) * n // cell
+        small = maps.index_select(-1, index).index_select(-2, index)  # (L, H, cell, cell)
+    peak = small.amax(dim=(-1, -2), keepdim=True).clamp(min=1e-12)
+    shades = _GREYS[(small / peak * 255).round().to(torch.uint8).numpy()]  # (L, H, cell, cell)
+
+    width, height = layout.size
+    canvas = np.full((height, width, 3), 255, dtype=np.uint8)
+    for layer in range(layers):
+        top = layout.margin_top + layer * layout.pitch_y
+        for head in range(heads):
+            left = layout.margin_left + head * layout.pitch_x
+            canvas[top:top + cell, left:left + cell] = shades[layer, head, :, :, None]
+            if classes is not None:
+                canvas[top + cell:top + cell + layout.band, left:left + cell] = CLASS_STYLE[classes[layer][head]][1]
+
+    image = Image.fromarray(canvas)
+    draw = ImageDraw.Draw(image)
+    for head in range(heads):
+        draw.text((layout.margin_left + head * layout.pitch_x + cell // 2 - 3, 4), str(head + 1), fill=(60, 60, 60))
+    for layer in range(layers):
+        draw.text((6, layout.margin_top + layer * layout.pitch_y + cell // 2 - 5), str(layer + 1), fill=(60, 60, 60))
+        if classes is not None:
+            for head in range(heads):
+                tag = CLASS_STYLE[classes[layer][head]][0]
+                draw.text((layout.margin_left + head * layout.pitch_x + 3, layout.margin_top + layer * layout.pitch_y
+                           + cell), tag, fill=(255, 255, 255))
+    return image
+
+
+def png_as_svg(png_path: Path, svg_path: Path, width: int, height: int) -> Path:
+    """Wrap a raster image in an SVG file (the grid is a pixel mosaic; a vector redraw would be slow)."""
+    data = base64.b64encode(Path(png_path).read_bytes()).decode()
+    Path(svg_path).write_text(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+                              f'viewBox="0 0 {width} {height}"><image width="{width}" height="{height}" '
+                              f'href="data:image/png;base64,{data}"/></svg>\n')
+    return Path(svg_path)
+
+
+# ---------------------------------------------------------------- figures for tables that came without one
+
+def layer_head_figure(frame, title: str = ""):
+    """Heatmaps of a long layer x head table (columns layer, head, <key>, value): one panel per key value.
+
+    Returns a matplotlib figure, or None when ``frame`` is not such a table. Panels label layers and heads
+    1-indexed, like :func:`head_heatmap`.
+    """
+    columns = list(frame.columns)
+    if columns[:2] != ["layer", "head"] or "value" not in columns or len(columns) != 4 or frame.empty:
+        return None
+    key = [c for c in columns if c not in {"layer", "head", "value"}][0]
+    names = list(dict.fromkeys(frame[key]))[:12]
+    layers, heads = int(frame.layer.max()) + 1, int(frame["head"].max()) + 1
+    ncols = min(3, len(names))
+    nrows = -(-len(names) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * (0.3 * heads + 1.6), nrows * (0.3 * layers + 1.2)),
+                             squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        rows = frame[frame[key] == name]
+        values = np.full((layers, heads), np.nan)
+        values[rows.layer.to_numpy(int), rows["head"].to_numpy(int)] = rows.value.to_numpy(float)
+        image = draw_head_heatmap(ax, values, title=f"{key} = {name}", fontsize=5)
+        fig.colorbar(image, ax=ax, fraction=0.046, format="%.3g")  # no offset text over the title
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,4 +1,4 @@
-"""Live maps for one small input (the app's Explore view): maps, display views, a fast grid image.
+"""The Explore tab's view-model: live maps for one small input, their display views, head classes, the grid.
 
 The app computes live only for small inputs: one sentence or sentence pair of at most
 ``MAX_LIVE_TOKENS`` tokens. Everything else comes from precomputed run directories.
@@ -14,24 +14,20 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 import torch
 
 from analysis.data import Example
 from analysis.errors import AttnpatError
+from analysis.figures import GridLayout, grid_image
+from analysis.models import load_model
 from analysis.stream import Encoded, encode_examples, stream_maps, to_word_level, word_groups
+from classifier import CLASSES
+from classifier.predict import load_classifier
 
 MAX_LIVE_TOKENS = 128
 # Characters beyond which a text cannot fit MAX_LIVE_TOKENS anyway; rejected before tokenising.
 MAX_LIVE_CHARS = 2000
-
-# Class -> (short tag drawn on the grid, RGB colour). Order follows classifier.CLASSES.
-CLASS_STYLE: dict[str, tuple[str, tuple[int, int, int]]] = {
-    "vertical": ("V", (31, 119, 180)),
-    "diagonal": ("D", (44, 160, 44)),
-    "vertical+diagonal": ("V+D", (23, 190, 207)),
-    "block": ("B", (255, 127, 14)),
-    "heterogeneous": ("H", (148, 103, 189)),
-}
 
 
 # ---------------------------------------------------------------- loaded models
@@ -44,7 +40,7 @@ class ModelCache:
 
     def __init__(self, capacity: int = 2, loader: Callable | None = None):
         self.capacity = capacity
-        self.loader = loader
+        self.loader = loader or load_model
         self._bundles: OrderedDict[str, object] = OrderedDict()
         self._loading: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -62,9 +58,6 @@ class ModelCache:
             with self._lock:
                 if name in self._bundles:
                     return self._bundles[name]
-            if self.loader is None:
-                from analysis.models import load_model
-                self.loader = load_model
             bundle = self.loader(name)
             with self._lock:
                 self._bundles[name] = bundle
@@ -152,8 +145,6 @@ def view_maps(live: LiveMaps, *, word_level: bool = False,
 
 def classify_heads(classifier, maps: torch.Tensor) -> tuple[list[list[str]], np.ndarray]:
     """Predicted class of every head. maps: (L, H, n, n) token-level. Returns (classes [L][H], probs (L, H, C))."""
-    from classifier import CLASSES
-
     layers, heads, n, _ = maps.shape
     probs = np.asarray(classifier.predict_proba(maps.reshape(layers * heads, n, n)), dtype=float)
     probs = probs.reshape(layers, heads, -1)
@@ -161,100 +152,10 @@ def classify_heads(classifier, maps: torch.Tensor) -> tuple[list[list[str]], np.
     return [[CLASSES[int(best[layer, head])] for head in range(heads)] for layer in range(layers)], probs
 
 
-# ---------------------------------------------------------------- the fast grid
-
-@dataclass(frozen=True)
-class GridLayout:
-    """Pixel geometry of the layer x head grid (so a click can be mapped back to a head)."""
-
-    layers: int
-    heads: int
-    cell: int = 56
-    gap: int = 6
-    margin_left: int = 28
-    margin_top: int = 20
-    band: int = 13  # class tag strip under each map
-
-    @property
-    def pitch_x(self) -> int:
-        return self.cell + self.gap
-
-    @property
-    def pitch_y(self) -> int:
-        return self.cell + self.band + self.gap
-
-    @property
-    def size(self) -> tuple[int, int]:
-        """(width, height) in pixels."""
-        return self.margin_left + self.heads * self.pitch_x, self.margin_top + self.layers * self.pitch_y
-
-    def head_at(self, x: float, y: float) -> tuple[int, int] | None:
-        """0-indexed (layer, head) under pixel (x, y), or None outside every map."""
-        column, dx = divmod(int(x) - self.margin_left, self.pitch_x)
-        row, dy = divmod(int(y) - self.margin_top, self.pitch_y)
-        if 0 <= column < self.heads and 0 <= row < self.layers and dx < self.cell and dy < self.cell + self.band:
-            return row, column
-        return None
-
-
-_GREYS = (255 - np.arange(256)).astype(np.uint8)  # darker = more weight, as in the annotation renders
-
-
-def grid_image(maps: torch.Tensor | np.ndarray, classes: list[list[str]] | None = None,
-               layout: GridLayout | None = None):
-    """All heads as one image: a mosaic of small maps (layers = rows, heads = columns, 1-indexed labels).
-
-    maps: (L, H, n, n). Each map is scaled to its own maximum and resized to ``layout.cell`` pixels
-    (nearest neighbour when enlarging, max-pooling when shrinking) in one tensor operation for all
-    heads, then pasted into a numpy canvas: no per-axis matplotlib drawing.
-    classes: optional [L][H] class names, drawn as a coloured tag under each map. Returns a PIL image.
-    """
-    from PIL import Image, ImageDraw
-
-    maps = torch.as_tensor(maps).float()
-    if maps.ndim != 4 or maps.shape[-1] != maps.shape[-2]:
-        raise AttnpatError(f"grid maps must be (layers, heads, n, n), got shape {tuple(maps.shape)}")
-    layers, heads, n, _ = maps.shape
-    layout = layout or GridLayout(layers, heads)
-    cell = layout.cell
-    if n > cell:  # max-pooling keeps one-token stripes and bands visible when shrinking
-        small = torch.nn.functional.adaptive_max_pool2d(maps, cell)
-    else:
-        index = torch.arange(cell) * n // cell
-        small = maps.index_select(-1, index).index_select(-2, index)  # (L, H, cell, cell)
-    peak = small.amax(dim=(-1, -2), keepdim=True).clamp(min=1e-12)
-    shades = _GREYS[(small / peak * 255).round().to(torch.uint8).numpy()]  # (L, H, cell, cell)
-
-    width, height = layout.size
-    canvas = np.full((height, width, 3), 255, dtype=np.uint8)
-    for layer in range(layers):
-        top = layout.margin_top + layer * layout.pitch_y
-        for head in range(heads):
-            left = layout.margin_left + head * layout.pitch_x
-            canvas[top:top + cell, left:left + cell] = shades[layer, head, :, :, None]
-            if classes is not None:
-                canvas[top + cell:top + cell + layout.band, left:left + cell] = CLASS_STYLE[classes[layer][head]][1]
-
-    image = Image.fromarray(canvas)
-    draw = ImageDraw.Draw(image)
-    for head in range(heads):
-        draw.text((layout.margin_left + head * layout.pitch_x + cell // 2 - 3, 4), str(head + 1), fill=(60, 60, 60))
-    for layer in range(layers):
-        draw.text((6, layout.margin_top + layer * layout.pitch_y + cell // 2 - 5), str(layer + 1), fill=(60, 60, 60))
-        if classes is not None:
-            for head in range(heads):
-                tag = CLASS_STYLE[classes[layer][head]][0]
-                draw.text((layout.margin_left + head * layout.pitch_x + 3, layout.margin_top + layer * layout.pitch_y
-                           + cell), tag, fill=(255, 255, 255))
-    return image
-
+# ---------------------------------------------------------------- tables
 
 def class_table(classes: list[list[str]], probs: np.ndarray):
     """Long table of the live predictions: layer, head (0-indexed), class, probability of each class."""
-    import pandas as pd
-
-    from classifier import CLASSES
-
     rows = []
     for layer, row in enumerate(classes):
         for head, name in enumerate(row):
@@ -316,7 +217,7 @@ class LiveExplorer:
     def __init__(self, models: ModelCache | None = None, classifier_loader: Callable | None = None):
         self.models = models or ModelCache()
         self.memo = MapMemo()
-        self._classifier_loader = classifier_loader
+        self._classifier_loader = classifier_loader or load_classifier
         self._classifier = None
         self._classifier_note = ""
         self._retry_at = 0.0
@@ -330,10 +231,7 @@ class LiveExplorer:
         with self._lock:
             if self._classifier is None and time.monotonic() >= self._retry_at:
                 try:
-                    loader = self._classifier_loader
-                    if loader is None:
-                        from classifier.predict import load_classifier as loader
-                    self._classifier = loader()
+                    self._classifier = self._classifier_loader()
                     self._classifier_note = ""
                 except Exception as exc:  # a missing or broken checkpoint must not take the grid down with it
                     reason = str(exc) if isinstance(exc, AttnpatError) else f"{type(exc).__name__}: {exc}"
@@ -378,42 +276,3 @@ class LiveExplorer:
                                f"x {heads} heads (1-indexed)")
         maps, labels = view_maps(live, word_level=word_level, hide_special=hide_special)
         return maps[layer, head].numpy(), labels
-
-
-# ---------------------------------------------------------------- figures for tables that came without one
-
-def layer_head_figure(frame, title: str = ""):
-    """Heatmaps of a long layer x head table (columns layer, head, <key>, value): one panel per key value.
-
-    Returns a matplotlib figure, or None when ``frame`` is not such a table. Panels label layers and heads
-    1-indexed, like analysis.figures.head_heatmap.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from analysis.figures import draw_head_heatmap
-
-    columns = list(frame.columns)
-    if columns[:2] != ["layer", "head"] or "value" not in columns or len(columns) != 4 or frame.empty:
-        return None
-    key = [c for c in columns if c not in {"layer", "head", "value"}][0]
-    names = list(dict.fromkeys(frame[key]))[:12]
-    layers, heads = int(frame.layer.max()) + 1, int(frame["head"].max()) + 1
-    ncols = min(3, len(names))
-    nrows = -(-len(names) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * (0.3 * heads + 1.6), nrows * (0.3 * layers + 1.2)),
-                             squeeze=False)
-    for ax, name in zip(axes.flat, names):
-        rows = frame[frame[key] == name]
-        values = np.full((layers, heads), np.nan)
-        values[rows.layer.to_numpy(int), rows["head"].to_numpy(int)] = rows.value.to_numpy(float)
-        image = draw_head_heatmap(ax, values, title=f"{key} = {name}", fontsize=5)
-        fig.colorbar(image, ax=ax, fraction=0.046, format="%.3g")  # no offset text over the title
-    for ax in list(axes.flat)[len(names):]:
-        ax.axis("off")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig

@@ -1,28 +1,16 @@
 """The Gradio web app: explore one sentence live, browse the precomputed runs, start batch jobs.
 
-Thin by design: live maps, head classes and the grid come from analysis.live; every other tab reads the
-files that analysis.artifacts names from runs/<model-slug>/<task>/; batch jobs are `attnpat <verb>`
-subprocesses. User errors (AttnpatError) appear as a message in the page and the app keeps serving.
+This module holds the layout and its handlers only: the Explore view-model is app.explore, the run tabs'
+files come from app.run_browser (which files, from analysis.artifacts), batch jobs from app.jobs.
+User errors (AttnpatError) appear as a message in the page and the app keeps serving.
 """
 from __future__ import annotations
 
-import atexit
-import base64
-import codecs
-import hashlib
-import inspect
 import json
 import logging
 import os
-import re
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -30,307 +18,27 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import gradio as gr  # noqa: E402
 import pandas as pd  # noqa: E402
+import torch  # noqa: E402
 
+from analysis.artifacts import TABS, hints, tab_artifacts  # noqa: E402
 from analysis.data import ALL_TASKS  # noqa: E402
 from analysis.errors import AttnpatError  # noqa: E402
-from analysis.live import CLASS_STYLE, MAX_LIVE_TOKENS, LiveExplorer, class_table, layer_head_figure  # noqa: E402
+from analysis.figures import CLASS_STYLE, GridLayout, close, map_figure, png_as_svg  # noqa: E402
 from analysis.models import DEFAULT_MODEL, EMBEDDED_ALIASES, list_store  # noqa: E402
-from analysis.paths import runs_root  # noqa: E402
-from analysis.rundir import list_runs, save_figure, save_table  # noqa: E402
+from analysis.rundir import save_figure, save_table  # noqa: E402
+from app.explore import MAX_LIVE_TOKENS, LiveExplorer, class_table  # noqa: E402
+from app.jobs import BatchJobs, Job, cli_verbs  # noqa: E402
+from app.run_browser import FIGURE_LOCK, ArtifactView, RunBrowser, Scratch, slug_label  # noqa: E402
 
 log = logging.getLogger("attnpat.webapp")
-# pyplot keeps global state: requests served in parallel threads draw their figures one at a time.
-FIGURE_LOCK = threading.Lock()
 
-# The run tabs and the artifacts each one shows, in order (names from analysis.artifacts, plus the extra
-# figures and tables the analyses write next to them).
-RUN_TABS: dict[str, tuple[str, ...]] = {
-    "Pattern ratios": ("pattern_ratios_by_task", "pattern_ratios", "patterns"),
-    "Fine-tuning": ("cosine", "special_tokens", "finetune_eval", "cls_last_layer", "linguistic"),
-    "Disabling": ("disable_heads", "disable_layers", "importance", "pruning"),
-    "Surface and clusters": ("surface", "surface_entropy", "overview", "head_labels", "clusters", "head_distances",
-                             "grad_importance",
-                             "probing_dependency", "probing_dependency_heads", "probing_coref",
-                             "probing_coref_baselines"),
-    # `attnpat train` writes to runs/classifier/<labeled set>/: model "classifier", task e.g. "v1".
-    "Classifier": ("cv_scores", "cv_confusion", "cv_predictions"),
-}
-# Task picked first in each run tab when it has a run (Clark's statistics run on wiki by default).
-PREFERRED_TASK = {"Surface and clusters": "wiki", "Classifier": "v2"}
-# Artifacts that live in a fixed task folder whatever task is picked: the per-task comparison in
-# runs/<model>/all/ and the WinoBias probe in runs/<model>/winobias/ (analysis.probing.WINOBIAS_TASK).
-CROSS_TASK = {"pattern_ratios_by_task": "all", "probing_coref": "winobias", "probing_coref_baselines": "winobias"}
-# The command that writes each artifact, for "not computed yet" hints ({model} and {task} filled in).
-_STANDARD = "--model {model} --task {task}"
-WRITTEN_BY = {
-    "overview": f"overview {_STANDARD}", "patterns": f"classify {_STANDARD}", "pattern_ratios": f"classify {_STANDARD}",
-    "pattern_ratios_by_task": "classify --model {model} --task all",
-    "finetune_eval": "finetune --model <base model> --task {task}",
-    "cosine": "compare --base <base model> --finetuned {model} --task {task}",
-    "special_tokens": f"special {_STANDARD}", "cls_last_layer": f"special {_STANDARD}",
-    "linguistic": f"special {_STANDARD}", "disable_heads": f"disable {_STANDARD}",
-    "disable_layers": f"disable {_STANDARD}",
-    "importance": f"importance {_STANDARD}", "pruning": f"prune {_STANDARD}", "surface": f"surface {_STANDARD}",
-    "surface_entropy": f"surface {_STANDARD}", "head_labels": f"surface {_STANDARD}",
-    "clusters": f"cluster {_STANDARD}",
-    "head_distances": f"cluster {_STANDARD}",
-    "grad_importance": f"grad-importance {_STANDARD}", "probing_dependency": "probe-dep FILE.conllu --model {model}",
-    "probing_dependency_heads": "probe-dep FILE.conllu --model {model}", "probing_coref": "probe-coref --model {model}",
-    "probing_coref_baselines": "probe-coref --model {model}",
-    "cv_scores": "train --data annotation/labeled/{task}", "cv_confusion": "train --data annotation/labeled/{task}",
-    "cv_predictions": "train --data annotation/labeled/{task}",
-}
-
-
-def run_hints(stems, model: str, task: str) -> str:
-    """The distinct commands that would write ``stems``, as inline code."""
-    commands = dict.fromkeys("attnpat " + WRITTEN_BY[stem].format(model=model, task=task) for stem in stems)
-    return ", ".join(f"`{command}`" for command in commands)
-
-
-# Verbs the Runs tab may start (only those the installed CLI really has are offered); verbs that need
-# more than model, task and n (compare, probe-dep, train) are left to the command line.
-JOB_VERBS = ("overview", "extract", "classify", "special", "disable", "importance", "prune", "surface",
-             "grad-importance", "cluster", "probe-coref", "finetune")
-JOB_OPTIONS = ("model", "task", "n", "split", "runs_dir")
-MODEL_NAME = re.compile(r"^[\w./~][\w.\-/~]{0,299}$")  # argument lists, no shell: only a leading "-" is refused
 HIDE_SPECIAL_NOTE = ("Hiding [CLS]/[SEP] drops their rows and columns and renormalises each remaining row to sum to 1, "
                      "so it shows how the weight not spent on special tokens is spread.")
 
 
-def _slug_label(stem: str) -> str:
-    return stem.replace("_", " ")
-
-
-# ---------------------------------------------------------------- scratch files for downloads
-
-class Scratch:
-    """A private temporary folder for per-request downloads; folders older than ``max_age`` s are pruned."""
-
-    def __init__(self, max_age: float = 3600.0):
-        self.root = Path(tempfile.mkdtemp(prefix="attnpat-app-"))
-        self.max_age = max_age
-        self._last_prune = time.time()
-
-    def new_dir(self) -> Path:
-        now = time.time()
-        if now - self._last_prune > 60:
-            self._last_prune = now
-            for folder in self.root.glob("req-*"):
-                if now - folder.stat().st_mtime > self.max_age:
-                    shutil.rmtree(folder, ignore_errors=True)
-        folder = self.root / f"req-{uuid.uuid4().hex}"
-        folder.mkdir(parents=True)
-        return folder
-
-    def figures_dir(self) -> Path:
-        folder = self.root / "figures"
-        folder.mkdir(exist_ok=True)
-        return folder
-
-
-def png_as_svg(png_path: Path, svg_path: Path, width: int, height: int) -> Path:
-    """Wrap a raster image in an SVG file (the grid is a pixel mosaic; a vector redraw would be slow)."""
-    data = base64.b64encode(png_path.read_bytes()).decode()
-    svg_path.write_text(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-                        f'viewBox="0 0 {width} {height}"><image width="{width}" height="{height}" '
-                        f'href="data:image/png;base64,{data}"/></svg>\n')
-    return svg_path
-
-
-# ---------------------------------------------------------------- run directories
-
-@dataclass
-class ArtifactView:
-    """What exists of one artifact: its CSV table and PNG/SVG figure (paths None when missing)."""
-
-    stem: str
-    folder: Path
-    csv: Path | None = None
-    png: Path | None = None
-    svg: Path | None = None
-    table: pd.DataFrame | None = None
-    error: str = ""
-
-    @property
-    def found(self) -> bool:
-        return self.csv is not None or self.png is not None
-
-
-class RunBrowser:
-    """Reads runs/<model-slug>/<task>/ for the run tabs; draws a heatmap for a layer x head CSV without figure."""
-
-    def __init__(self, runs_dir: str | Path | None, scratch: Scratch):
-        self.root = Path(runs_dir) if runs_dir is not None else runs_root()
-        self.scratch = scratch
-
-    def runs(self) -> list[dict]:
-        return list_runs(self.root) if self.root.is_dir() else []
-
-    def models(self) -> list[str]:
-        if not self.root.is_dir():
-            return []
-        return sorted({path.parent.name for path in self.root.glob("*/*/") if path.is_dir()})
-
-    def tasks(self, model: str | None) -> list[str]:
-        if not model or not (self.root / model).is_dir():
-            return []
-        return sorted(path.name for path in (self.root / model).iterdir() if path.is_dir())
-
-    def folder(self, model: str, task: str) -> Path:
-        for part in (model, task):
-            if not part or part in {".", ".."} or "/" in part or "\\" in part:
-                raise AttnpatError(f"not a run name: {part!r}")
-        return self.root / model / task
-
-    def artifact(self, model: str, task: str, stem: str) -> ArtifactView:
-        folder = self.folder(model, CROSS_TASK.get(stem, task))
-        view = ArtifactView(stem, folder)
-        for suffix in ("csv", "png", "svg"):
-            path = folder / f"{stem}.{suffix}"
-            if path.is_file():
-                setattr(view, suffix, path)
-        if view.csv is not None:
-            try:
-                view.table = pd.read_csv(view.csv)
-            except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-                view.error = f"{view.csv.name} is not a readable CSV ({type(exc).__name__})"
-                view.table = None
-        if view.png is None and view.table is not None:
-            view.png, view.svg = self.derived_figure(view)
-        return view
-
-    def derived_figure(self, view: ArtifactView) -> tuple[Path | None, Path | None]:
-        """Heatmap PNG/SVG for a layer x head table that has no figure of its own, cached by file and mtime."""
-        stat = view.csv.stat()
-        key = hashlib.sha1(f"{view.csv.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:16]
-        stem = self.scratch.figures_dir() / f"{view.stem}-{key}"
-        png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
-        with FIGURE_LOCK:
-            if not png.is_file():
-                fig = layer_head_figure(view.table, f"{_slug_label(view.stem)} (drawn from {view.csv.name})")
-                if fig is None:
-                    return None, None
-                import matplotlib.pyplot as plt
-
-                save_figure(fig, stem)
-                plt.close(fig)
-        return png, svg
-
-
-# ---------------------------------------------------------------- batch jobs
-
-def cli_verbs() -> dict[str, set[str]]:
-    """Whitelisted verbs the installed CLI has, each with the job options its callback accepts."""
-    from app.cli import app as cli_app
-
-    found = {}
-    for command in cli_app.registered_commands:
-        name = command.name or (command.callback.__name__ if command.callback else None)
-        if name in JOB_VERBS and command.callback is not None:
-            accepted = set(inspect.signature(command.callback).parameters)
-            found[name] = accepted & set(JOB_OPTIONS)
-    return {verb: found[verb] for verb in JOB_VERBS if verb in found}
-
-
-@dataclass
-class Job:
-    """One `attnpat <verb>` subprocess and its log (tqdm's carriage-return updates overwrite the last line)."""
-
-    argv: list[str]
-    process: subprocess.Popen
-    started: float = field(default_factory=time.time)
-    lines: list[str] = field(default_factory=lambda: [""])
-    finished: float | None = None
-
-    def log_text(self, tail: int = 60) -> str:
-        return "\n".join(self.lines[-tail:]).strip("\n")
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.poll()
-
-    def status(self) -> str:
-        command = " ".join(["attnpat", *self.argv])
-        code = self.returncode
-        if code is None:
-            return f"running for {time.time() - self.started:.0f} s: `{command}`"
-        if code == 0:
-            return f"finished in {(self.finished or time.time()) - self.started:.0f} s: `{command}`"
-        if code < 0:
-            return f"stopped (signal {-code}): `{command}`"
-        return f"failed (exit status {code}): `{command}`; see the log"
-
-
-class BatchJobs:
-    """Starts whitelisted `attnpat` verbs as subprocesses (argument lists, never a shell); one at a time."""
-
-    def __init__(self, runs_dir: Path):
-        self.runs_dir = runs_dir
-        self.job: Job | None = None
-        self._lock = threading.Lock()
-        atexit.register(self.stop)  # no orphaned job when the app stops (rerunning the job resumes it)
-
-    def arguments(self, verb: str, model: str, task: str, n, split: str = "validation") -> list[str]:
-        verbs = cli_verbs()
-        if verb not in verbs:
-            raise AttnpatError(f"unknown job {verb!r}; choose one of: {', '.join(verbs) or 'none installed'}")
-        model = (model or "").strip()
-        if not MODEL_NAME.match(model):
-            raise AttnpatError(f"not a model name: {model!r} (use minilm, a model-store name or a hub id)")
-        if task not in ALL_TASKS:
-            raise AttnpatError(f"unknown task {task!r}; choose one of: {', '.join(ALL_TASKS)}")
-        try:
-            count = int(n)
-        except (TypeError, ValueError):
-            raise AttnpatError(f"the number of examples must be a whole number, got {n!r}") from None
-        if not 1 <= count <= 1_000_000 or count != float(n):
-            raise AttnpatError(f"the number of examples must be a whole number from 1 to 1000000, got {n}")
-        values = {"model": model, "task": task, "n": str(count), "split": split, "runs_dir": str(self.runs_dir)}
-        argv = [verb]
-        for option in JOB_OPTIONS:
-            if option in verbs[verb]:
-                argv += [f"--{option.replace('_', '-')}", values[option]]
-        return argv
-
-    def start(self, verb: str, model: str, task: str, n) -> Job:
-        argv = self.arguments(verb, model, task, n)
-        with self._lock:
-            if self.job is not None and self.job.returncode is None:
-                raise AttnpatError(f"a job is already running ({self.job.status()}); wait for it or stop it")
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
-            process = subprocess.Popen([sys.executable, "-m", "app.cli", *argv], stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-            self.job = Job(argv, process)
-            threading.Thread(target=self._read, args=(self.job,), daemon=True).start()
-            return self.job
-
-    @staticmethod
-    def _read(job: Job) -> None:
-        stream = job.process.stdout
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two reads
-        while chunk := stream.read1(4096):
-            for piece in re.split(r"(\r|\n)", decoder.decode(chunk)):
-                if piece == "\n":
-                    job.lines.append("")
-                elif piece == "\r":
-                    job.lines[-1] = ""
-                else:
-                    job.lines[-1] += piece
-            del job.lines[:-500]
-        job.process.wait()
-        job.finished = time.time()
-
-    def stop(self) -> str:
-        with self._lock:
-            if self.job is None or self.job.returncode is not None:
-                return "no job is running"
-            self.job.process.terminate()
-            try:
-                self.job.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.job.process.kill()
-            return "job stopped (resumable verbs continue where they stopped when rerun)"
+def run_hints(stems, model: str, task: str) -> str:
+    """The distinct commands that would write ``stems``, as inline code."""
+    return ", ".join(f"`{command}`" for command in hints(stems, model, task))
 
 
 # ---------------------------------------------------------------- the app
@@ -406,8 +114,6 @@ class WebApp:
         except Exception as exc:
             log.exception("head map failed")
             return _message(f"unexpected error: {type(exc).__name__}: {exc}", "error"), None, hidden, hidden
-        from analysis.figures import close, map_figure
-
         predicted = f": predicted {classes[layer][head]}" if classes is not None else ""
         title = f"layer {layer + 1}, head {head + 1} (1-indexed){predicted}"
         folder = self.scratch.new_dir()
@@ -421,8 +127,6 @@ class WebApp:
 
     def pick_head(self, model, layer, head, evt: gr.SelectData):
         """A click on the grid at pixel (x, y) -> the clicked head's (layer, head), 1-indexed."""
-        from analysis.live import GridLayout
-
         if evt is None or not evt.index:
             return layer, head
         try:
@@ -446,7 +150,7 @@ class WebApp:
 
     def show_artifacts(self, tab: str, model, task):
         """-> message, then per artifact of the tab: group, title, image, table, downloads (5 outputs)."""
-        stems = RUN_TABS[tab]
+        stems = [artifact.stem for artifact in tab_artifacts(tab)]
         outputs, missing, problems = [], [], []
         try:
             folder = self.runs.folder(model, task) if model and task else None
@@ -475,7 +179,7 @@ class WebApp:
             message = _message(f"no {tab.lower()} run for {model}/{task} yet: run {run_hints(stems, model, task)}",
                                "error")
         elif missing:
-            message = _message(f"{model}/{task}: not computed yet: {', '.join(_slug_label(s) for s in missing)} "
+            message = _message(f"{model}/{task}: not computed yet: {', '.join(slug_label(s) for s in missing)} "
                                f"(run {run_hints(missing, model, task)})", "info")
         else:
             message = _message(f"{model}/{task}: every {tab.lower()} artifact is here", "ok")
@@ -490,7 +194,7 @@ class WebApp:
             return [gr.Group(visible=False), "", gr.Image(value=None, visible=False),
                     gr.Dataframe(value=None, visible=False), None]
         where = f"`{view.folder.parent.name}/{view.folder.name}`"
-        title = f"#### {_slug_label(view.stem)}  \n<small>{where}</small>"
+        title = f"#### {slug_label(view.stem)}  \n<small>{where}</small>"
         files = [str(path) for path in (view.csv, view.png, view.svg) if path is not None]
         image = gr.Image(value=str(view.png) if view.png else None, visible=view.png is not None)
         return [gr.Group(visible=True), title, image,
@@ -564,8 +268,8 @@ class WebApp:
                         f"from the run directory `{self.runs.root}`.")
             with gr.Tabs():
                 self._explore_tab(demo)
-                for tab in RUN_TABS:
-                    self._run_tab(tab, demo)
+                for tab in TABS:
+                    self._run_tab(tab.name, demo)
                 self._runs_tab(demo)
         return demo
 
@@ -622,7 +326,8 @@ class WebApp:
                 self.head_map, map_inputs, map_outputs, api_name=False, concurrency_id="live")
 
     def _run_tab(self, tab: str, demo: gr.Blocks) -> None:
-        key = tab.lower().replace(" ", "-")
+        spec = next(entry for entry in TABS if entry.name == tab)
+        key = spec.key
         with gr.Tab(tab, id=key) as tab_block:
             with gr.Row():
                 model = gr.Dropdown(label="model (run directory)", choices=[], allow_custom_value=True,
@@ -631,7 +336,7 @@ class WebApp:
                 refresh = gr.Button("Refresh", size="sm")
             message = gr.Markdown(elem_id=f"{key}-message")
             outputs = [message]
-            for stem in RUN_TABS[tab]:
+            for stem in (artifact.stem for artifact in tab_artifacts(tab)):
                 with gr.Group(visible=False) as group:
                     title = gr.Markdown()
                     image = gr.Image(show_label=False, type="filepath", interactive=False,
@@ -647,7 +352,7 @@ class WebApp:
             def show(model_name, task_name, tab=tab):
                 return self.show_artifacts(tab, model_name, task_name)
 
-            def choose(model_name, task_name, preferred=PREFERRED_TASK.get(tab, "sst2")):
+            def choose(model_name, task_name, preferred=spec.preferred_task):
                 return self.run_choices(model_name, task_name, preferred)
 
             demo.load(choose, [model, task], [model, task], api_name=False)
@@ -718,8 +423,6 @@ def launch(host: str = "127.0.0.1", port: int = 7860, runs_dir: str | Path | Non
     """Serve the app on host:port (offline: no analytics, no share link). Returns (demo, web) when not blocking."""
     if not 0 < int(port) < 65536:
         raise AttnpatError(f"port must be between 1 and 65535, got {port}")
-    import torch
-
     # Live inputs are small: one thread per request, several requests in parallel, beats every request
     # fighting over all cores (bench/bench_explore.py: 0.1-0.3 s with 1 thread vs 2+ s with 2 on a busy machine).
     torch.set_num_threads(1)

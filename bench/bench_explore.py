@@ -57,7 +57,8 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
-    from analysis.live import LiveExplorer, ModelCache, classify_heads, grid_image, sentence_maps, view_maps
+    from analysis.figures import grid_image
+    from app.explore import LiveExplorer, ModelCache, classify_heads, sentence_maps, view_maps
     from app.webapp import WebApp
 
     classifier, source = classifier_and_name()

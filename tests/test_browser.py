@@ -80,7 +80,7 @@ def test_explore_shows_the_grid_and_a_large_map(page):
     shot(page, "explore-grid")
 
     # click the map of layer 3, head 5 (1-indexed): the large map follows the click
-    from analysis.live import GridLayout
+    from analysis.figures import GridLayout
 
     layout = GridLayout(6, 12)
     x = layout.margin_left + 4 * layout.pitch_x + layout.cell // 2

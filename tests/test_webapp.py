@@ -1,5 +1,5 @@
-"""The web app: live maps and grid (analysis.live), run browsing and jobs (app.webapp), every endpoint through
-gradio_client, and 20 concurrent clients."""
+"""The web app: live maps (app.explore) and the grid (analysis.figures), the artifact registry, run browsing
+and jobs, every endpoint through gradio_client, and 20 concurrent clients."""
 from __future__ import annotations
 
 import json
@@ -16,11 +16,11 @@ from test_webapp_support import SENTENCE, populate_runs, random_classifier, serv
 
 from analysis.data import Example
 from analysis.errors import AttnpatError
-from analysis.live import (CLASS_STYLE, GridLayout, LiveExplorer, ModelCache, drop_positions, grid_image,
-                           layer_head_figure, sentence_maps, view_maps)
+from analysis.artifacts import TABS, tab_artifacts
+from analysis.figures import CLASS_STYLE, GridLayout, grid_image, layer_head_figure
 from analysis.models import load_model
 from analysis.stream import stream_maps
-from app.webapp import CROSS_TASK, RUN_TABS, WRITTEN_BY
+from app.explore import LiveExplorer, ModelCache, drop_positions, sentence_maps, view_maps
 from classifier import CLASSES
 
 
@@ -73,7 +73,7 @@ def expected_classes(bundle, text: str, pair: str | None = None) -> list[list[st
     return [names[layer * heads:(layer + 1) * heads] for layer in range(layers)]
 
 
-# ---------------------------------------------------------------- analysis.live
+# ---------------------------------------------------------------- app.explore and the grid
 
 def test_drop_positions_removes_rows_and_columns_and_renormalises():
     maps = torch.softmax(torch.randn(2, 3, 5, 5), dim=-1)
@@ -201,21 +201,8 @@ def test_layer_head_figure_draws_long_tables_only():
 
 # ---------------------------------------------------------------- app.webapp without a server
 
-def test_run_tabs_name_real_artifacts_and_commands():
-    from analysis.artifacts import ARTIFACTS
-    from analysis.probing import WINOBIAS_TASK
-    from app.cli import app as cli_app
-
-    listed = {stem for stems in ARTIFACTS.values() for stem in stems}
-    shown = {stem for stems in RUN_TABS.values() for stem in stems}
-    assert listed <= shown  # every artifact of the contract has a place in a tab
-    assert CROSS_TASK["probing_coref"] == WINOBIAS_TASK
-    verbs = {command.name for command in cli_app.registered_commands}
-    assert {WRITTEN_BY[stem].split()[0] for stem in shown} <= verbs  # every hint names a real verb
-
-
 def test_job_arguments_are_validated(tmp_path):
-    from app.webapp import BatchJobs, cli_verbs
+    from app.jobs import BatchJobs, cli_verbs
 
     jobs = BatchJobs(tmp_path)
     assert "overview" in cli_verbs()
@@ -302,7 +289,7 @@ def test_run_tab_endpoints(client, server, runs_dir):
     assert Path(svg).read_text().lstrip().startswith("<?xml")
 
     message, artifacts = run_tab(client, "/classifier", "classifier", "v1")
-    assert is_error(message) and "attnpat train --data annotation/labeled/v1" in message
+    assert is_error(message) and "attnpat train --data annotation/labeled/v2" in message
 
     message, artifacts = run_tab(client, "/fine_tuning", model, "sst2")
     assert is_error(message) and f"no fine-tuning run for {model}/sst2" in message
@@ -317,7 +304,8 @@ def test_run_tab_endpoints(client, server, runs_dir):
 
     message, artifacts = run_tab(client, "/surface_and_clusters", model, "sst2")
     assert "surface.csv is not a readable CSV" in message
-    overview = artifacts[list(RUN_TABS["Surface and clusters"]).index("overview")]
+    stems = [artifact.stem for artifact in tab_artifacts("Surface and clusters")]
+    overview = artifacts[stems.index("overview")]
     assert overview["title"] and {"to_cls", "to_sep", "entropy"} <= {row[2] for row in overview["table"]["data"]}
 
     message, _ = run_tab(client, "/pattern_ratios", model, "nosuchtask")

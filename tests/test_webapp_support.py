@@ -82,7 +82,7 @@ def serve(runs_dir: Path, model_dir: Path):
 
     Returns (demo, web, url, model name); call demo.close() when done.
     """
-    from analysis.live import LiveExplorer, ModelCache
+    from app.explore import LiveExplorer, ModelCache
     from app.webapp import launch
 
     explorer = LiveExplorer(ModelCache(capacity=3), classifier_loader=random_classifier)

@@ -1,0 +1,138 @@
+"""Batch jobs for the Runs tab: whitelisted `attnpat <verb>` subprocesses (argument lists, never a shell),
+one at a time, with their log as it grows."""
+from __future__ import annotations
+
+import atexit
+import codecs
+import inspect
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from analysis.data import ALL_TASKS
+from analysis.errors import AttnpatError
+
+# Verbs the Runs tab may start (only those the installed CLI really has are offered); verbs that need
+# more than model, task and n (compare, probe-dep, train) are left to the command line.
+JOB_VERBS = ("overview", "extract", "classify", "special", "disable", "importance", "prune", "surface",
+             "grad-importance", "cluster", "probe-coref", "finetune")
+JOB_OPTIONS = ("model", "task", "n", "split", "runs_dir")
+MODEL_NAME = re.compile(r"^[\w./~][\w.\-/~]{0,299}$")  # argument lists, no shell: only a leading "-" is refused
+
+
+def cli_verbs() -> dict[str, set[str]]:
+    """Whitelisted verbs the installed CLI has, each with the job options its callback accepts."""
+    from app.cli import app as cli_app  # here, not at the top: app.cli registers the `app` verb, which imports us
+
+    found = {}
+    for command in cli_app.registered_commands:
+        name = command.name or (command.callback.__name__ if command.callback else None)
+        if name in JOB_VERBS and command.callback is not None:
+            accepted = set(inspect.signature(command.callback).parameters)
+            found[name] = accepted & set(JOB_OPTIONS)
+    return {verb: found[verb] for verb in JOB_VERBS if verb in found}
+
+
+@dataclass
+class Job:
+    """One `attnpat <verb>` subprocess and its log (tqdm's carriage-return updates overwrite the last line)."""
+
+    argv: list[str]
+    process: subprocess.Popen
+    started: float = field(default_factory=time.time)
+    lines: list[str] = field(default_factory=lambda: [""])
+    finished: float | None = None
+
+    def log_text(self, tail: int = 60) -> str:
+        return "\n".join(self.lines[-tail:]).strip("\n")
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.poll()
+
+    def status(self) -> str:
+        command = " ".join(["attnpat", *self.argv])
+        code = self.returncode
+        if code is None:
+            return f"running for {time.time() - self.started:.0f} s: `{command}`"
+        if code == 0:
+            return f"finished in {(self.finished or time.time()) - self.started:.0f} s: `{command}`"
+        if code < 0:
+            return f"stopped (signal {-code}): `{command}`"
+        return f"failed (exit status {code}): `{command}`; see the log"
+
+
+class BatchJobs:
+    """Starts whitelisted `attnpat` verbs as subprocesses (argument lists, never a shell); one at a time."""
+
+    def __init__(self, runs_dir: Path):
+        self.runs_dir = runs_dir
+        self.job: Job | None = None
+        self._lock = threading.Lock()
+        atexit.register(self.stop)  # no orphaned job when the app stops (rerunning the job resumes it)
+
+    def arguments(self, verb: str, model: str, task: str, n, split: str = "validation") -> list[str]:
+        verbs = cli_verbs()
+        if verb not in verbs:
+            raise AttnpatError(f"unknown job {verb!r}; choose one of: {', '.join(verbs) or 'none installed'}")
+        model = (model or "").strip()
+        if not MODEL_NAME.match(model):
+            raise AttnpatError(f"not a model name: {model!r} (use minilm, a model-store name or a hub id)")
+        if task not in ALL_TASKS:
+            raise AttnpatError(f"unknown task {task!r}; choose one of: {', '.join(ALL_TASKS)}")
+        try:
+            count = int(n)
+        except (TypeError, ValueError):
+            raise AttnpatError(f"the number of examples must be a whole number, got {n!r}") from None
+        if not 1 <= count <= 1_000_000 or count != float(n):
+            raise AttnpatError(f"the number of examples must be a whole number from 1 to 1000000, got {n}")
+        values = {"model": model, "task": task, "n": str(count), "split": split, "runs_dir": str(self.runs_dir)}
+        argv = [verb]
+        for option in JOB_OPTIONS:
+            if option in verbs[verb]:
+                argv += [f"--{option.replace('_', '-')}", values[option]]
+        return argv
+
+    def start(self, verb: str, model: str, task: str, n) -> Job:
+        argv = self.arguments(verb, model, task, n)
+        with self._lock:
+            if self.job is not None and self.job.returncode is None:
+                raise AttnpatError(f"a job is already running ({self.job.status()}); wait for it or stop it")
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+            process = subprocess.Popen([sys.executable, "-m", "app.cli", *argv], stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            self.job = Job(argv, process)
+            threading.Thread(target=self._read, args=(self.job,), daemon=True).start()
+            return self.job
+
+    @staticmethod
+    def _read(job: Job) -> None:
+        stream = job.process.stdout
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two reads
+        while chunk := stream.read1(4096):
+            for piece in re.split(r"(\r|\n)", decoder.decode(chunk)):
+                if piece == "\n":
+                    job.lines.append("")
+                elif piece == "\r":
+                    job.lines[-1] = ""
+                else:
+                    job.lines[-1] += piece
+            del job.lines[:-500]
+        job.process.wait()
+        job.finished = time.time()
+
+    def stop(self) -> str:
+        with self._lock:
+            if self.job is None or self.job.returncode is not None:
+                return "no job is running"
+            self.job.process.terminate()
+            try:
+                self.job.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.job.process.kill()
+            return "job stopped (resumable verbs continue where they stopped when rerun)"

@@ -1,0 +1,132 @@
+"""The run tabs' data: what exists of each artifact in runs/<model-slug>/<task>/, and private scratch folders
+for per-request downloads.
+
+Which files a tab shows, and which folder holds each, comes from analysis.artifacts.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.artifacts import artifact as registered
+from analysis.errors import AttnpatError
+from analysis.figures import close, layer_head_figure
+from analysis.paths import runs_root
+from analysis.rundir import list_runs, save_figure
+
+# pyplot keeps global state: requests served in parallel threads draw their figures one at a time.
+FIGURE_LOCK = threading.Lock()
+
+
+def slug_label(stem: str) -> str:
+    """An artifact's name as a person reads it: "disable_heads" -> "disable heads"."""
+    return stem.replace("_", " ")
+
+
+class Scratch:
+    """A private temporary folder for per-request downloads; folders older than ``max_age`` s are pruned."""
+
+    def __init__(self, max_age: float = 3600.0):
+        self.root = Path(tempfile.mkdtemp(prefix="attnpat-app-"))
+        self.max_age = max_age
+        self._last_prune = time.time()
+
+    def new_dir(self) -> Path:
+        now = time.time()
+        if now - self._last_prune > 60:
+            self._last_prune = now
+            for folder in self.root.glob("req-*"):
+                if now - folder.stat().st_mtime > self.max_age:
+                    shutil.rmtree(folder, ignore_errors=True)
+        folder = self.root / f"req-{uuid.uuid4().hex}"
+        folder.mkdir(parents=True)
+        return folder
+
+    def figures_dir(self) -> Path:
+        folder = self.root / "figures"
+        folder.mkdir(exist_ok=True)
+        return folder
+
+
+@dataclass
+class ArtifactView:
+    """What exists of one artifact: its CSV table and PNG/SVG figure (paths None when missing)."""
+
+    stem: str
+    folder: Path
+    csv: Path | None = None
+    png: Path | None = None
+    svg: Path | None = None
+    table: pd.DataFrame | None = None
+    error: str = ""
+
+    @property
+    def found(self) -> bool:
+        return self.csv is not None or self.png is not None
+
+
+class RunBrowser:
+    """Reads runs/<model-slug>/<task>/ for the run tabs; draws a heatmap for a layer x head CSV without figure."""
+
+    def __init__(self, runs_dir: str | Path | None, scratch: Scratch):
+        self.root = Path(runs_dir) if runs_dir is not None else runs_root()
+        self.scratch = scratch
+
+    def runs(self) -> list[dict]:
+        return list_runs(self.root) if self.root.is_dir() else []
+
+    def models(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted({path.parent.name for path in self.root.glob("*/*/") if path.is_dir()})
+
+    def tasks(self, model: str | None) -> list[str]:
+        if not model or not (self.root / model).is_dir():
+            return []
+        return sorted(path.name for path in (self.root / model).iterdir() if path.is_dir())
+
+    def folder(self, model: str, task: str) -> Path:
+        for part in (model, task):
+            if not part or part in {".", ".."} or "/" in part or "\\" in part:
+                raise AttnpatError(f"not a run name: {part!r}")
+        return self.root / model / task
+
+    def artifact(self, model: str, task: str, stem: str) -> ArtifactView:
+        folder = self.folder(model, registered(stem).folder or task)
+        view = ArtifactView(stem, folder)
+        for suffix in ("csv", "png", "svg"):
+            path = folder / f"{stem}.{suffix}"
+            if path.is_file():
+                setattr(view, suffix, path)
+        if view.csv is not None:
+            try:
+                view.table = pd.read_csv(view.csv)
+            except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+                view.error = f"{view.csv.name} is not a readable CSV ({type(exc).__name__})"
+                view.table = None
+        if view.png is None and view.table is not None:
+            view.png, view.svg = self.derived_figure(view)
+        return view
+
+    def derived_figure(self, view: ArtifactView) -> tuple[Path | None, Path | None]:
+        """Heatmap PNG/SVG for a layer x head table that has no figure of its own, cached by file and mtime."""
+        stat = view.csv.stat()
+        key = hashlib.sha1(f"{view.csv.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:16]
+        stem = self.scratch.figures_dir() / f"{view.stem}-{key}"
+        png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
+        with FIGURE_LOCK:
+            if not png.is_file():
+                fig = layer_head_figure(view.table, f"{slug_label(view.stem)} (drawn from {view.csv.name})")
+                if fig is None:
+                    return None, None
+                save_figure(fig, stem)
+                close(fig)
+        return png, svg

@@ -1,0 +1,97 @@
+"""The artifact registry (analysis.artifacts): every file the analyses write is listed, every tab's hint is a
+command the CLI accepts, and the app builds its run tabs from it."""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+import typer
+
+from analysis.artifacts import ARTIFACTS, TABS, Artifact, artifact, hints, listed, tab_artifacts
+from analysis.probing import WINOBIAS_TASK
+from app.cli import app as cli_app, main
+from tests.tiny import save_tiny_model
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def cli_command(verb: str) -> click.Command:
+    group = typer.main.get_command(cli_app)
+    return group.commands[verb]
+
+
+def test_every_hint_is_a_command_the_cli_accepts():
+    for entry in ARTIFACTS:
+        command = entry.command("minilm", "sst2")
+        argv = shlex.split(command)
+        assert argv[0] == "attnpat" and argv[1] == entry.verb
+        # placeholders such as <file.conllu> stand for a file the user gives: the options must still parse
+        arguments = [a for a in argv[2:] if not (a.startswith("<") and a.endswith(">"))]
+        if any(a.startswith("<") for a in argv[2:]):
+            arguments.insert(0, str(FIXTURES / "tiny.conllu"))
+        cli_command(entry.verb).make_context(entry.verb, arguments)  # raises on an unknown option or a bad value
+
+
+def test_hints_name_the_shipped_labeled_set_and_fill_model_and_task():
+    assert hints(["cv_scores", "cv_confusion"], "classifier", "v1") == ["attnpat train --data annotation/labeled/v2"]
+    assert Path(__file__).resolve().parent.parent.joinpath("annotation/labeled/v2/labels.csv").is_file()
+    assert hints(["special_tokens", "linguistic", "cosine"], "m", "rte") == [
+        "attnpat special --model m --task rte", "attnpat compare --base minilm --finetuned m --task rte"]
+
+
+def test_tabs_show_each_registered_artifact_once():
+    names = [tab.name for tab in TABS]
+    shown = [entry.stem for name in names for entry in tab_artifacts(name)]
+    assert len(shown) == len(set(shown))
+    assert {entry.stem for entry in ARTIFACTS if entry.tab is not None} == set(shown)
+    assert all(entry.tab in names for entry in ARTIFACTS if entry.tab is not None)
+    assert artifact("probing_coref").folder == WINOBIAS_TASK
+    for tab in TABS:  # one sentence naming the paper it reproduces
+        assert tab.intro.endswith(".") and any(f"{paper} et al. 2019" in tab.intro
+                                               for paper in ("Kovaleva", "Clark", "Michel"))
+
+
+def test_listed_matches_files_and_patterns():
+    assert listed("cosine.png") and listed("surface_entropy.svg") and listed("manifest.json")
+    assert listed(".sweep-zero-layer") and listed("classifier.json") and listed("maps")
+    assert not listed("surface_entropy.csv") and not listed("notes.txt")
+    assert Artifact("x", "overview", "", None, figure=True, table=False).files() == ("x.png", "x.svg")
+
+
+@pytest.mark.slow
+def test_every_file_the_analyses_write_on_a_tiny_model_is_registered(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    model = str(save_tiny_model(tmp_path / "tiny", kind="mlm"))
+    common = ["--runs-dir", str(tmp_path / "runs"), "-q"]
+    small = ["--model", model, "--task", "sst2", "--n", "6", "--batch-size", "3", *common]
+    runs = [
+        ["overview", *small],
+        ["extract", *small],
+        ["classify", *small],
+        ["classify", "--model", model, "--task", "all", "--n", "3", *common],
+        ["special", *small],
+        ["surface", *small],
+        ["cluster", *small],
+        ["grad-importance", "--model", model, "--task", "sst2", "--n", "2", *common],
+        ["disable", *small],
+        ["importance", *small],
+        ["prune", *small, "--step", "0.5"],
+        ["probe-dep", str(FIXTURES / "tiny.conllu"), "--model", model, *common],
+        ["probe-coref", "--model", model, "--n", "4", *common],
+        ["finetune", "--model", model, "--task", "rte", "--split-dev", "--n", "8", "--epochs", "1",
+         "--batch-size", "4", "--name", "tiny-rte", "-q", "--runs-dir", str(tmp_path / "runs")],
+        ["compare", "--base", model, "--finetuned", "tiny-rte", "--task", "rte", "--n", "4", *common],
+        ["train", "--data", "synthetic:4", "--folds", "2", "--epochs", "1", "--no-baselines", "--pool", "0",
+         *common],
+    ]
+    for argv in runs:
+        assert main(argv) == 0, f"attnpat {' '.join(argv)}: {capsys.readouterr().err}"
+    written = {path.name for path in (tmp_path / "runs").glob("*/*/*")}
+    assert {"cosine.csv", "probing_coref.png", "cv_confusion.svg", "maps", "disable_heads.csv"} <= written
+    assert sorted(name for name in written if not listed(name)) == []
+    # and every registered table of a tab was written by one of the runs (the registry names no ghost)
+    for entry in ARTIFACTS:
+        if entry.tab is not None:
+            assert set(entry.files()) <= written, entry.stem
