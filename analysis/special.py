@@ -10,8 +10,9 @@
   skipped). Occurrences are token *positions* (via word ids or character offsets), never string matches
   over the whole input.
 
-POS / dependency features (noun, verb, pronoun, subject, object) need an optional tagger (spaCy with an
-English model); without one they are reported as unavailable and only negation is computed.
+POS / dependency features (noun, verb, pronoun, subject, object) come from the offline English pipeline
+(analysis.parsing: spaCy en_core_web_sm 3.8.0, installed by the set-up), aligned from its words to word
+pieces by character offsets; without it they are reported as unavailable and only negation is computed.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from analysis.data import Example
+from analysis.parsing import NOT_INSTALLED, PIPELINE_NAME, spacy_tagger  # noqa: F401 (spacy_tagger: the CLI's tagger)
 from analysis.stats import HeadMeans, attention_to
 from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, MapBatch, encode_examples, stream_maps, token_roles, word_groups
 
@@ -31,7 +33,7 @@ NEGATION_WORDS = frozenset({"no", "not", "never", "none", "nothing", "nobody", "
                             "cannot", "n't"})
 TAGGER_FEATURES = ("noun", "verb", "pronoun", "subject", "object")
 FEATURES = ("negation",) + TAGGER_FEATURES
-UNAVAILABLE = "unavailable (no tagger installed)"
+UNAVAILABLE = NOT_INSTALLED
 APOSTROPHES = ("'", "\u2019")
 
 # A tagger maps a text to (start_char, end_char, features) spans, one per word it tags.
@@ -131,31 +133,6 @@ def occurrence_tensor(per_item: Sequence[list[list[int]]], width: int) -> torch.
     return tensor
 
 
-def spacy_tagger() -> Tagger | None:
-    """A spaCy-based tagger when spaCy and an English model are installed, else None."""
-    try:
-        import spacy
-    except ImportError:
-        return None
-    models = [name for name in spacy.util.get_installed_models() if name.startswith("en_")]
-    if not models:
-        return None
-    nlp = spacy.load(sorted(models)[0], disable=["ner"])
-    pos_features = {"NOUN": "noun", "PROPN": "noun", "VERB": "verb", "PRON": "pronoun"}
-    dep_features = {"nsubj": "subject", "nsubjpass": "subject", "csubj": "subject", "dobj": "object",
-                    "obj": "object", "iobj": "object"}
-
-    def tag(text: str) -> list[tuple[int, int, frozenset]]:
-        spans = []
-        for token in nlp(text):
-            features = {pos_features.get(token.pos_), dep_features.get(token.dep_)} - {None}
-            if features:
-                spans.append((token.idx, token.idx + len(token.text), frozenset(features)))
-        return spans
-
-    return tag
-
-
 # ---------------------------------------------------------------- accumulation over a stream
 
 class TokenTally:
@@ -251,7 +228,7 @@ def write_special(bundle, data, run, *, max_length: int = DEFAULT_MAX_LENGTH, ba
         run.write_table("cls_last_layer", stats["cls_tally"].table())
         run.write_table("linguistic", linguistic_table(heads))
         entry.update(n_truncated=stats["n_truncated"], feature_counts=stats["counts"], unavailable=stats["unavailable"],
-                     negation_words=sorted(NEGATION_WORDS),
+                     tagger=PIPELINE_NAME if tagger is not None else None, negation_words=sorted(NEGATION_WORDS),
                      outputs=[str(run.file(f"{name}.csv")) for name in ("special_tokens", "cls_last_layer",
                                                                           "linguistic")] + [str(f) for f in figures])
     # tokens seen once dominate a raw ranking; the printed summary keeps the ones that recur

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -100,19 +101,29 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = t
     typer.echo(f"table and figure: {run.file('clusters.csv')}")
 
 
-def probe_dep(conllu_file: Path = typer.Argument(..., help="a CoNLL-U file with gold dependency trees"),
+def probe_dep(conllu_file: Optional[Path] = typer.Argument(None, help="a CoNLL-U file with gold dependency trees"),
+              parse: Optional[str] = typer.Option(None, "--parse", help="instead of a CoNLL-U file: parse the "
+                                                  "sentences of a task (wiki, sst2, ...) or a .jsonl/.csv/.tsv file "
+                                                  "with spaCy en_core_web_sm 3.8.0 (silver parses)"),
               model: str = opt.Model, n: opt.OptionalInt = typer.Option(None, "--n", help="first N sentences"),
-              max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+              split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
               min_count: int = typer.Option(1, "--min-count", help="list relations seen at least this often"),
               runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Which head finds each word's syntactic head? Best head per relation vs offset baselines (Clark Table 1)."""
+    from analysis.errors import AttnpatError
     from analysis.models import load_model
     from analysis.probing import probe_dependency
 
+    if (conllu_file is None) == (parse is None):
+        raise AttnpatError("give a CoNLL-U file (gold parses) or --parse TASK (silver parses), not both or neither")
+    source = parse if parse is not None else conllu_file
     bundle = load_model(model)
-    table, run = probe_dependency(bundle, conllu_file, runs_dir, n=n, max_length=max_length, batch_size=batch_size,
-                                  progress=not quiet, min_count=min_count)
-    typer.echo(f"{bundle.name} on {conllu_file.name}; heads layer-head, 0-indexed")
+    table, run = probe_dependency(bundle, source, runs_dir, parse=parse is not None, split=split, n=n,
+                                  max_length=max_length, batch_size=batch_size, progress=not quiet,
+                                  min_count=min_count)
+    entry = run.manifest()["analyses"]["probing_dependency"]
+    typer.echo(f"{bundle.name} on {run.task} ({entry['n_sentences']} sentences, {entry['parses']}); "
+               "heads layer-head, 0-indexed")
     typer.echo(f"{'relation':<14} {'count':>6} {'attn':>6}  {'head':<14} {'offset':>6} {'base':>6}")
     for row in table.itertuples():
         typer.echo(f"{row.relation[:14]:<14} {row.count:>6} {100 * row.accuracy:>6.1f}  "

@@ -27,6 +27,7 @@ from analysis.probing import (
     word_level_maps,
 )
 from analysis.models import embedded_model_path
+from analysis.parsing import GOLD_PARSES
 from analysis.stream import MapBatch, collate, encode_examples
 from app.cli import main
 
@@ -130,7 +131,8 @@ def test_synthetic_maps_pointing_at_gold_heads_score_100_percent(tokenizer):
     assert (table.accuracy == 1.0).all()
     assert table.relation.iloc[0] == ALL_RELATIONS
     assert list(table.columns) == ["relation", "direction", "best_layer", "best_head", "accuracy",
-                                   "baseline_offset", "baseline_accuracy", "count"]
+                                   "baseline_offset", "baseline_accuracy", "count", "parses"]
+    assert set(table.parses) == {GOLD_PARSES}  # a CoNLL-U file's trees are gold
 
 
 def test_offset_baselines_match_a_hand_count(tokenizer):
@@ -205,6 +207,7 @@ def test_cli_probes_on_minilm(tmp_path, capsys):
     assert "relation" in out and "nsubj" in out
     table = pd.read_csv(tmp_path / "minilm" / "tiny" / "probing_dependency.csv")
     assert table.relation.iloc[0] == "all" and table.accuracy.between(0, 1).all()
+    assert set(table.parses) == {GOLD_PARSES} and GOLD_PARSES in out
     heads = pd.read_csv(tmp_path / "minilm" / "tiny" / "probing_dependency_heads.csv")
     assert len(heads) == table.shape[0] * 2 * 72
     assert np.isclose(heads.groupby("relation").accuracy.max().loc["all"], table.accuracy.iloc[0])
