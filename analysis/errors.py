@@ -7,3 +7,10 @@ class AttnpatError(Exception):
     def __init__(self, message: str):
         # One line always: multi-line messages are folded so logs and terminals stay readable.
         super().__init__(" ".join(str(message).split()))
+
+
+def os_error_message(exc: OSError, doing: str = "") -> str:
+    """One line for an OS error: what failed, on which path, and why (e.g. 'cannot write runs/x: permission denied')."""
+    reason = (exc.strerror or type(exc).__name__).lower()
+    target = " ".join(str(name) for name in (exc.filename, exc.filename2) if name is not None)
+    return " ".join(part for part in (doing, target) if part) + f": {reason}" if (doing or target) else reason

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -18,7 +19,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from analysis.errors import AttnpatError
+from analysis.errors import AttnpatError, os_error_message
 from analysis.paths import runs_root
 
 PACKAGES = ("torch", "transformers", "numpy", "scikit-learn", "gradio", "label-studio-sdk", "attnpat")
@@ -27,15 +28,23 @@ PACKAGES = ("torch", "transformers", "numpy", "scikit-learn", "gradio", "label-s
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_path)`` then rename onto ``path``: readers never see a half-written file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
-    os.close(fd)
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are ordinary files (a writer may still narrow this)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
+    except FileExistsError as exc:  # mkdir met a file where a folder should be
+        raise AttnpatError(f"cannot write {path}: {exc.filename} is a file, not a folder") from exc
+    except OSError as exc:  # a read-only or full disk...: one line, not a traceback
+        raise AttnpatError(os_error_message(exc, "cannot write")) from exc
+    os.close(fd)
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are ordinary files (a writer may still narrow this)
         write(Path(tmp))
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise AttnpatError(os_error_message(exc, f"cannot write {path}" if exc.filename is None
+                                                else "cannot write")) from exc
         raise
     return path
 
@@ -140,9 +149,14 @@ class RunDir:
         if not path.is_file():
             return {}
         try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise AttnpatError(f"{path} is not valid JSON: {exc}") from exc
+        except OSError as exc:
+            raise AttnpatError(os_error_message(exc, "cannot read")) from exc
+        if not isinstance(manifest, dict):
+            raise AttnpatError(f"{path} is not a run manifest (a JSON object)")
+        return manifest
 
     def write_table(self, name: str, frame) -> Path:
         return save_table(frame, self.file(f"{name}.csv"))
@@ -166,7 +180,7 @@ class RunDir:
         """Context manager: yields a dict the analysis fills (n_truncated, outputs, figures...), and writes
         the manifest entry with timing when the block finishes without error."""
         started = time.time()
-        entry: dict = {"command": " ".join(sys.argv), "started": _iso(started), **extra}
+        entry: dict = {"command": shlex.join(sys.argv), "started": _iso(started), **extra}
         if data is not None:
             entry["data"] = data.manifest()
         yield entry

@@ -37,12 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, print AttnpatError as one line on stderr and exit 2."""
     import click
 
-    from analysis.errors import AttnpatError
+    from analysis.errors import AttnpatError, os_error_message
 
     try:
         app(args=argv, standalone_mode=False)
     except AttnpatError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return _exit(2, argv)
+    except OSError as exc:  # a read-only or full run directory, a vanished file: one line, not a traceback
+        print(f"error: {os_error_message(exc, 'cannot access' if exc.filename else '')}", file=sys.stderr)
         return _exit(2, argv)
     except click.exceptions.Abort:
         print("aborted", file=sys.stderr)

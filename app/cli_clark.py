@@ -29,7 +29,7 @@ def _thresholds(broad: float, position: float, special: float):
     return LabelThresholds(broad=broad, position=position, special=special)
 
 
-def surface(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = typer.Option(1000, "--n", help="examples"),
+def surface(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = opt.n_option(1000, "examples"),
             split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
             broad_threshold: float = BroadThreshold, position_threshold: float = PositionThreshold,
             special_threshold: float = SpecialThreshold, runs_dir: opt.OptionalPath = opt.RunsDir,
@@ -58,7 +58,7 @@ def surface(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = t
 
 
 def grad_importance(model: str = opt.Model, task: str = WikiTask,
-                    n: opt.OptionalInt = typer.Option(200, "--n", help="examples"), split: str = opt.Split,
+                    n: opt.OptionalInt = opt.n_option(200, "examples"), split: str = opt.Split,
                     max_length: int = opt.MaxLength, batch_size: int = typer.Option(8, "--batch-size"),
                     mask_probability: float = typer.Option(0.15, "--mask-probability", help="MLM: share of tokens masked"),
                     seed: int = Seed, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
@@ -80,7 +80,7 @@ def grad_importance(model: str = opt.Model, task: str = WikiTask,
     typer.echo(f"table and figure: {run.file('grad_importance.csv')}")
 
 
-def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = typer.Option(200, "--n", help="examples"),
+def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = opt.n_option(200, "examples"),
             split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
             broad_threshold: float = BroadThreshold, position_threshold: float = PositionThreshold,
             special_threshold: float = SpecialThreshold, seed: int = Seed, runs_dir: opt.OptionalPath = opt.RunsDir,
@@ -105,7 +105,7 @@ def probe_dep(conllu_file: Optional[Path] = typer.Argument(None, help="a CoNLL-U
               parse: Optional[str] = typer.Option(None, "--parse", help="instead of a CoNLL-U file: parse the "
                                                   "sentences of a task (wiki, sst2, ...) or a .jsonl/.csv/.tsv file "
                                                   "with spaCy en_core_web_sm 3.8.0 (silver parses)"),
-              model: str = opt.Model, n: opt.OptionalInt = typer.Option(None, "--n", help="first N sentences"),
+              model: str = opt.Model, n: opt.OptionalInt = opt.n_option(None, "first N sentences"),
               split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
               min_count: int = typer.Option(1, "--min-count", help="list relations seen at least this often"),
               runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
@@ -132,7 +132,7 @@ def probe_dep(conllu_file: Optional[Path] = typer.Argument(None, help="a CoNLL-U
     typer.echo(f"tables and figure: {run.path}")
 
 
-def probe_coref(model: str = opt.Model, n: opt.OptionalInt = typer.Option(None, "--n", help="first N sentences"),
+def probe_coref(model: str = opt.Model, n: opt.OptionalInt = opt.n_option(None, "first N sentences"),
                 max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
                 runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Antecedent selection accuracy per head on the packaged WinoBias sentences vs baselines (Clark Table 2)."""

@@ -34,6 +34,7 @@ def info() -> None:
 def extract(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N,
             out: opt.OptionalPath = typer.Option(None, "--out", help="folder for map shards (default: run dir/maps)"),
             split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+            text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Stream a task's attention maps and save them (compressed shards, resumable)."""
     from analysis.data import load_data
@@ -41,7 +42,7 @@ def extract(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
     from analysis.models import load_model
     from analysis.rundir import RunDir
 
-    data = load_data(task, split, n)
+    data = load_data(task, split, n, text_column=text_column, label_column=label_column)
     bundle = load_model(model)
     run = RunDir(bundle.slug, data.task, runs_dir)
     out = out or run.file("maps")
@@ -54,6 +55,7 @@ def extract(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
 
 def overview(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N, split: str = opt.Split,
              max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
              runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Per-layer mean attention to [CLS] and [SEP] and entropy (per-head table in the run directory)."""
     from analysis.data import load_data
@@ -61,7 +63,7 @@ def overview(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
     from analysis.models import load_model
     from analysis.rundir import RunDir
 
-    data = load_data(task, split, n)
+    data = load_data(task, split, n, text_column=text_column, label_column=label_column)
     bundle = load_model(model)
     run = RunDir(bundle.slug, data.task, runs_dir)
     per_layer = write_overview(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet)

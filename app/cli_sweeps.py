@@ -20,15 +20,16 @@ def register(app: typer.Typer) -> None:
     app.command("prune")(prune)
 
 
-def _load(model: str, task: str, split: str, n):
-    """Data plus the model as a classifier; a fresh head is seeded so that reruns (and resumes) agree."""
+def _load(model: str, task: str, split: str, n, columns: dict | None = None):
+    """Data plus the model as a classifier; a fresh head is seeded so that reruns (and resumes) agree.
+    ``columns``: a data file's text_column and label_column."""
     import torch
 
     from analysis.data import load_data
     from analysis.models import load_model
     from analysis.sweeps import classifier_head_note
 
-    data = load_data(task, split, n)
+    data = load_data(task, split, n, **(columns or {}))
     torch.manual_seed(0)
     bundle = load_model(model, kind="classifier", num_labels=data.num_labels)
     note = classifier_head_note(bundle, data.task)
@@ -45,6 +46,7 @@ def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
             mode: str = Mode,
             unit: str = typer.Option("both", "--unit", help="head (each single head), layer (each whole layer) or both"),
             max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+            text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Task metric with each head / each layer disabled, against the baseline (resumable: rerun to continue)."""
     from analysis.disable import check_mode
@@ -56,7 +58,7 @@ def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
     units = UNITS if unit == "both" else (unit,)
     if any(u not in UNITS for u in units):
         raise AttnpatError(f"unknown --unit '{unit}'; use head, layer or both")
-    bundle, data, note = _load(model, task, split, n)
+    bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))
     run = RunDir(bundle.slug, data.task, runs_dir)
     with run.record(f"disable_{mode}", bundle, data, mode=mode, units=list(units), max_length=max_length,
                     model_note=note) as entry:
@@ -79,13 +81,14 @@ def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
 def importance(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N, split: str = opt.Split,
                normalize_layers: bool = NormalizeLayers, exponent: float = Exponent,
                normalize_global: bool = NormalizeGlobal, max_length: int = opt.MaxLength,
-               batch_size: int = opt.BatchSize, runs_dir: opt.OptionalPath = opt.RunsDir,
+               batch_size: int = opt.BatchSize, text_column: opt.OptionalStr = opt.TextColumn,
+               label_column: opt.OptionalStr = opt.LabelColumn, runs_dir: opt.OptionalPath = opt.RunsDir,
                quiet: bool = opt.Quiet) -> None:
     """Head importance: mean |d loss / d head gate| over the data (Michel et al.)."""
     from analysis.importance import importance_analysis
     from analysis.rundir import RunDir
 
-    bundle, data, note = _load(model, task, split, n)
+    bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))
     run = RunDir(bundle.slug, data.task, runs_dir)
     with run.record("importance", bundle, data, normalize_layers=normalize_layers, exponent=exponent,
                     normalize_global=normalize_global, max_length=max_length, model_note=note) as entry:
@@ -107,7 +110,9 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
           mode: str = typer.Option("zero", "--mode", help="zero (Michel, default) or uniform"),
           normalize_layers: bool = NormalizeLayers, exponent: float = Exponent,
           normalize_global: bool = NormalizeGlobal, max_length: int = opt.MaxLength,
-          batch_size: int = opt.BatchSize, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+          batch_size: int = opt.BatchSize, text_column: opt.OptionalStr = opt.TextColumn,
+          label_column: opt.OptionalStr = opt.LabelColumn, runs_dir: opt.OptionalPath = opt.RunsDir,
+          quiet: bool = opt.Quiet) -> None:
     """Pruning curve: the task metric as heads are masked in increasing importance order."""
     from analysis.disable import check_mode
     from analysis.importance import check_pruning_shares, prune_analysis
@@ -115,7 +120,7 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
 
     check_mode(mode)
     check_pruning_shares(step, max_fraction)
-    bundle, data, note = _load(model, task, split, n)
+    bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))
     run = RunDir(bundle.slug, data.task, runs_dir)
     with run.record("pruning", bundle, data, step=step, max_fraction=max_fraction, iterative=iterative, mode=mode,
                     normalize_layers=normalize_layers, exponent=exponent, normalize_global=normalize_global,

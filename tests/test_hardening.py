@@ -1,0 +1,214 @@
+"""Bad inputs and faults a new user meets: each gets one `error:` line (or works), and nothing is left half.
+
+One test (at least) per numbered item of the hardening issue; the fuzz tests of every input door are in
+tests/test_fuzz_inputs.py and the kill-and-resume tests in tests/test_fault_resume.py.
+"""
+import json
+import shlex
+import sys
+import tempfile
+
+import pytest
+
+from analysis.data import ALL_TASKS, load_data, load_file
+from analysis.errors import AttnpatError
+from analysis.rundir import RunDir, atomic_write_text
+from app.cli import main
+from tests.tiny import save_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A tiny random BERT with a (random) two-class head, saved as a local model folder."""
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", kind="classifier")
+
+
+def run_cli(argv, capsys):
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    return code, captured.out, captured.err, errors
+
+
+def files_under(folder):
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
+
+
+# ------------------------------------------------------------------ 1. string labels
+
+def test_string_labels_map_to_ids_in_sorted_order(tmp_path):
+    path = tmp_path / "reviews.csv"
+    path.write_text("text,label\ngreat film,positive\ndull,negative\nfine,positive\nno label here,\n")
+    data = load_file(path)
+    assert [e.label for e in data.examples] == [1, 0, 1, None]
+    assert data.label_names == ("negative", "positive") and data.num_labels == 2 and data.metric == "accuracy"
+    assert data.manifest()["labels"] == {"negative": 0, "positive": 1}
+
+
+@pytest.mark.parametrize("verb", [["extract"], ["overview"], ["disable", "--unit", "layer"]])
+def test_every_verb_runs_on_string_labels_and_records_the_mapping(tmp_path, capsys, tiny_model, verb):
+    path = tmp_path / "reviews.csv"
+    path.write_text("text,label\ngreat film,positive\ndull,negative\nfine,positive\nbad,negative\n")
+    runs = tmp_path / "runs"
+    code, _, err, errors = run_cli([*verb, "--model", tiny_model, "--task", path, "--runs-dir", runs, "-q"], capsys)
+    assert code == 0 and not errors, err
+    (manifest_path,) = runs.glob("*/*/manifest.json")
+    (entry,) = json.loads(manifest_path.read_text())["analyses"].values()
+    assert entry["data"]["labels"] == {"negative": 0, "positive": 1}
+    index = manifest_path.parent / "maps" / "index.json"
+    assert not index.exists() or json.loads(index.read_text())["complete"]
+
+
+def test_label_and_text_columns_are_options(tmp_path, capsys, tiny_model):
+    path = tmp_path / "reviews.tsv"
+    path.write_text("Review\tStars\tlabel\ngreat film\tgood\tx\ndull\tbad\ty\n")
+    runs = tmp_path / "runs"
+    code, _, err, _ = run_cli(["extract", "--model", tiny_model, "--task", path, "--text-column", "review",
+                               "--label-column", "stars", "--runs-dir", runs, "-q"], capsys)
+    assert code == 0, err
+    (manifest_path,) = runs.glob("*/*/manifest.json")
+    data = json.loads(manifest_path.read_text())["analyses"]["extract"]["data"]
+    assert data["labels"] == {"bad": 0, "good": 1} and data["columns"] == {"text": "Review", "label": "Stars"}
+    code, _, _, errors = run_cli(["extract", "--model", tiny_model, "--task", path, "--text-column", "review",
+                                  "--label-column", "grade", "--runs-dir", runs, "-q"], capsys)
+    assert code == 2 and len(errors) == 1 and "no 'grade' column" in errors[0]
+    code, _, _, errors = run_cli(["extract", "--task", "sst2", "--text-column", "x", "--runs-dir", runs], capsys)
+    assert code == 2 and "only apply to a data file" in errors[0]
+
+
+# ------------------------------------------------------------------ 2. a user file named like a built-in task
+
+def test_a_user_file_never_shares_a_built_in_tasks_run_directory(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "sst2.tsv").write_text("text\tlabel\nhello\t1\n")
+    (tmp_path / "b" / "sst2.tsv").write_text("text\tlabel\nother\t0\n")
+    first, second = load_file(tmp_path / "a" / "sst2.tsv"), load_file(tmp_path / "b" / "sst2.tsv")
+    assert first.task.startswith("sst2-") and first.task not in ALL_TASKS
+    assert first.task != second.task  # same name, other content: other run directories
+    assert load_file(tmp_path / "a" / "sst2.tsv").task == first.task  # the same file: the same directory
+
+
+def test_cli_on_a_file_named_sst2_leaves_the_sst2_run_alone(tmp_path, capsys, tiny_model):
+    runs = tmp_path / "runs"
+    (tmp_path / "my").mkdir()
+    (tmp_path / "my" / "sst2.tsv").write_text("text\tlabel\nhello there\t1\nbye\t0\n")
+    code, _, err, _ = run_cli(["overview", "--model", tiny_model, "--task", tmp_path / "my" / "sst2.tsv",
+                               "--runs-dir", runs, "-q"], capsys)
+    assert code == 0, err
+    (folder,) = (runs / "model").iterdir()
+    assert folder.name != "sst2" and folder.name.startswith("sst2-")
+
+
+# ------------------------------------------------------------------ 3. OS errors on the run directory
+
+def test_a_read_only_run_directory_is_one_error_line(tmp_path, capsys, tiny_model, monkeypatch):
+    (tmp_path / "d.csv").write_text("text\nhello there\n")
+
+    def refuse(*args, dir=None, **kwargs):
+        raise PermissionError(13, "Permission denied", str(dir))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)  # as a read-only folder does (tests may run as root)
+    runs = tmp_path / "runs"
+    code, _, err, errors = run_cli(["overview", "--model", tiny_model, "--task", tmp_path / "d.csv",
+                                    "--runs-dir", runs, "-q"], capsys)
+    assert code == 2 and len(errors) == 1 and "permission denied" in errors[0], err
+    assert "Traceback" not in err and files_under(runs) == []
+
+
+def test_a_run_directory_blocked_by_a_file_is_one_error_line(tmp_path, capsys, tiny_model):
+    (tmp_path / "d.csv").write_text("text\nhello there\n")
+    (tmp_path / "runs").write_text("not a folder")
+    code, _, err, errors = run_cli(["extract", "--model", tiny_model, "--task", tmp_path / "d.csv",
+                                    "--runs-dir", tmp_path / "runs", "-q"], capsys)
+    assert code == 2 and len(errors) == 1 and "not a directory" in errors[0], err
+
+
+def test_atomic_write_turns_os_errors_into_attnpat_errors(tmp_path):
+    (tmp_path / "blocker").write_text("")
+    with pytest.raises(AttnpatError, match="cannot write .*blocker is a file, not a folder"):
+        atomic_write_text(tmp_path / "blocker" / "x.txt", "x")
+    with pytest.raises(AttnpatError, match="cannot write .*blocker.*not a directory"):
+        atomic_write_text(tmp_path / "blocker" / "sub" / "x.txt", "x")
+
+
+# ------------------------------------------------------------------ 4. --n checked the same way everywhere
+
+@pytest.mark.parametrize("n", ["0", "-1"])
+@pytest.mark.parametrize("verb", [["extract"], ["overview"], ["disable"], ["importance"], ["classify"],
+                                  ["special"], ["surface"], ["cluster"]])
+def test_n_must_be_positive_on_every_verb_and_every_source(tmp_path, capsys, tiny_model, verb, n):
+    (tmp_path / "d.csv").write_text("text,label\nhello,1\nthere,0\n")
+    for task in (tmp_path / "d.csv", "sst2"):
+        code, _, err, errors = run_cli([*verb, "--model", tiny_model, "--task", task, "--n", n,
+                                        "--runs-dir", tmp_path / "runs", "-q"], capsys)
+        assert code == 2 and len(errors) == 1 and f"--n must be positive, got {n}" in errors[0], err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_load_data_checks_n_for_files_too(tmp_path):
+    (tmp_path / "d.csv").write_text("text\na\nb\n")
+    for n in (0, -1):
+        with pytest.raises(AttnpatError, match="--n must be positive"):
+            load_data(str(tmp_path / "d.csv"), n=n)
+    assert len(load_data(str(tmp_path / "d.csv"), n=1).examples) == 1
+
+
+# ------------------------------------------------------------------ 7. byte-order mark, header case
+
+def test_a_bom_and_any_header_case_are_accepted(tmp_path):
+    (tmp_path / "bom.csv").write_bytes("\ufefftext,label\nhello,1\n".encode("utf-8"))
+    (tmp_path / "upper.tsv").write_text(" Text \tLABEL\nhello\t0\n")
+    (tmp_path / "upper.jsonl").write_text('{"TEXT": "hello", "Label": 1}\n')
+    assert [(e.text, e.label) for e in load_file(tmp_path / "bom.csv").examples] == [("hello", 1)]
+    assert [(e.text, e.label) for e in load_file(tmp_path / "upper.tsv").examples] == [("hello", 0)]
+    assert [(e.text, e.label) for e in load_file(tmp_path / "upper.jsonl").examples] == [("hello", 1)]
+
+
+def test_a_missing_column_names_columns_visibly(tmp_path):
+    (tmp_path / "bom.csv").write_bytes("\ufeffsentence\nhello\n".encode("utf-8"))
+    with pytest.raises(AttnpatError, match=r"has no 'text' column \(columns: sentence\)$"):
+        load_file(tmp_path / "bom.csv")
+
+
+# ------------------------------------------------------------------ 9. exact line numbers
+
+@pytest.mark.parametrize("content, line", [
+    ('{"text": "a"}\n\n{"text": "b"}\n{broken\n', 4),
+    ('{"text": "a"}\n{"text": "b \u2028 c"}\n[1, 2]\n', 3),  # U+2028 inside a string is no line break
+    ('\ufeff{"text": "a"}\n{"text": ""}\n', 2),
+])
+def test_jsonl_errors_name_the_exact_line(tmp_path, content, line):
+    (tmp_path / "d.jsonl").write_text(content, encoding="utf-8")
+    with pytest.raises(AttnpatError, match=f"line {line}[^0-9]"):
+        load_file(tmp_path / "d.jsonl")
+
+
+def test_csv_errors_name_the_exact_line(tmp_path):
+    (tmp_path / "d.csv").write_text('text,label\n"two\nlines",1\n\n   ,0\n')
+    with pytest.raises(AttnpatError, match="line 5: empty text"):
+        load_file(tmp_path / "d.csv")
+    (tmp_path / "e.csv").write_text("text,label\na,1\nb,0,extra\n")
+    with pytest.raises(AttnpatError, match="line 3 has 3 fields, the header has 2"):
+        load_file(tmp_path / "e.csv")
+    (tmp_path / "f.csv").write_bytes(b"text\nok\n\xff\xfe\n")
+    with pytest.raises(AttnpatError, match="not UTF-8 text \\(line 3\\)"):
+        load_file(tmp_path / "f.csv")
+
+
+# ------------------------------------------------------------------ 10. smaller ones
+
+def test_empty_and_whitespace_text_pairs_both_mean_one_sentence(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"text": "a", "text_pair": ""}\n{"text": "b", "text_pair": "  "}\n'
+                                      '{"text": "c", "text_pair": null}\n{"text": "d", "text_pair": "e"}\n')
+    assert [e.text_pair for e in load_file(tmp_path / "d.jsonl").examples] == [None, None, None, "e"]
+
+
+def test_the_manifest_command_is_shell_quoted(tmp_path, monkeypatch):
+    argv = ["attnpat", "extract", "--task", "my data/it's.csv", "--n", "2"]
+    monkeypatch.setattr(sys, "argv", argv)
+    run = RunDir("m", "t", tmp_path)
+    with run.record("extract"):
+        pass
+    command = run.manifest()["analyses"]["extract"]["command"]
+    assert shlex.split(command) == argv
