@@ -59,6 +59,7 @@ def load_checkpoint(path: str | Path | None = None) -> tuple[PatternCNN, dict]:
         metadata = json.loads(header[_METADATA_KEY])
     except (KeyError, json.JSONDecodeError) as exc:
         raise AttnpatError(f"{path} has no attnpat classifier metadata; train one with: attnpat train") from exc
+    _check_beside(path, metadata)
     if metadata.get("format") != FORMAT:
         raise AttnpatError(f"{path} has format {metadata.get('format')!r}, expected {FORMAT!r}")
     if tuple(metadata.get("classes", ())) != CLASSES:
@@ -71,6 +72,25 @@ def load_checkpoint(path: str | Path | None = None) -> tuple[PatternCNN, dict]:
     if not isinstance(metadata.get("input_size"), int) or metadata["input_size"] < 8:
         raise AttnpatError(f"{path} has an invalid input size {metadata.get('input_size')!r}")
     return model.eval(), metadata
+
+
+def _check_beside(path: Path, metadata: dict) -> None:
+    """The readable .json beside the weights must say what the weights' header says. An edited, stale or
+    broken copy would mislead whoever reads it, so it is an error rather than ignored; a missing one is fine."""
+    beside_path = path.with_suffix(".json")
+    if not beside_path.exists():
+        return
+    try:
+        beside = json.loads(beside_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AttnpatError(f"{beside_path} (the checkpoint's readable metadata) cannot be read "
+                           f"({type(exc).__name__}); restore it or delete it") from exc
+    if beside == metadata:
+        return
+    differing = (sorted(key for key in set(beside) | set(metadata) if beside.get(key) != metadata.get(key))
+                 if isinstance(beside, dict) else ["everything: it is not a JSON object"])
+    raise AttnpatError(f"{beside_path} disagrees with the metadata inside {path.name} on {', '.join(differing[:5])}; "
+                       "the weights' header is the record: restore the .json or delete it")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -212,3 +212,23 @@ def test_the_manifest_command_is_shell_quoted(tmp_path, monkeypatch):
         pass
     command = run.manifest()["analyses"]["extract"]["command"]
     assert shlex.split(command) == argv
+
+
+def test_a_checkpoints_json_metadata_is_checked_not_ignored(tmp_path):
+    import shutil
+
+    from classifier.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+
+    weights = tmp_path / "cnn.safetensors"
+    shutil.copy(DEFAULT_CHECKPOINT, weights)
+    shutil.copy(DEFAULT_CHECKPOINT.with_suffix(".json"), weights.with_suffix(".json"))
+    _, metadata = load_checkpoint(weights)
+    edited = dict(metadata, input_size=metadata["input_size"] + 8)
+    weights.with_suffix(".json").write_text(json.dumps(edited))
+    with pytest.raises(AttnpatError, match="cnn.json disagrees with the metadata inside cnn.safetensors on input_size"):
+        load_checkpoint(weights)
+    weights.with_suffix(".json").write_text('{"format": ')
+    with pytest.raises(AttnpatError, match="cnn.json .* cannot be read \\(JSONDecodeError\\)"):
+        load_checkpoint(weights)
+    weights.with_suffix(".json").unlink()  # the weights carry their own metadata: no .json is fine
+    assert load_checkpoint(weights)[1] == metadata
