@@ -1,0 +1,116 @@
+"""Uncertainty of reported effects: bootstrap intervals and classifier-adjusted class ratios.
+
+Pure numpy functions over small arrays; shapes are in each docstring.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from analysis.errors import AttnpatError
+
+DEFAULT_BOOTSTRAP = 1000
+
+
+def bootstrap_ratio_interval(counts: np.ndarray, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
+                             seed: int = 0) -> np.ndarray:
+    """Percentile bootstrap interval of class ratios, resampling examples.
+
+    counts: (E, K) how many maps of example e fall in class k (each example contributes all its heads).
+    Returns (K, 2) lower and upper bounds of each class's share of all maps.
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    if counts.ndim != 2 or counts.shape[0] == 0:
+        raise AttnpatError(f"bootstrap needs (examples, classes) counts, got shape {counts.shape}")
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, counts.shape[0], size=(n_boot, counts.shape[0]))
+    totals = counts[draws].sum(1)  # (n_boot, K)
+    shares = totals / np.maximum(totals.sum(1, keepdims=True), 1)
+    tail = (1 - level) / 2 * 100
+    return np.percentile(shares, [tail, 100 - tail], axis=0).T
+
+
+def project_to_simplex(values: np.ndarray) -> np.ndarray:
+    """Euclidean projection of a (K,) vector onto the probability simplex (non-negative, sums to 1)."""
+    values = np.asarray(values, dtype=np.float64)
+    ordered = np.sort(values)[::-1]
+    cumulative = np.cumsum(ordered) - 1
+    index = np.arange(1, len(values) + 1)
+    last = index[ordered - cumulative / index > 0][-1]
+    return np.maximum(values - cumulative[last - 1] / last, 0)
+
+
+def adjusted_ratios(observed: np.ndarray, confusion: np.ndarray) -> np.ndarray:
+    """Adjusted classify-and-count: the true class ratios that explain the classifier's observed ratios.
+
+    observed: (K,) predicted class shares (sum 1); confusion: (K, K) counts, rows = true class, columns =
+    predicted (e.g. the classifier's cross-validated confusion matrix). With M[i, j] = P(predicted j | true i),
+    observed = M.T @ true; the least-squares solution is projected onto the simplex (clipped, renormalised).
+    Returns (K,) estimated true shares.
+    """
+    observed = np.asarray(observed, dtype=np.float64)
+    confusion = np.asarray(confusion, dtype=np.float64)
+    k = len(observed)
+    if confusion.shape != (k, k):
+        raise AttnpatError(f"confusion matrix must be ({k}, {k}), got {confusion.shape}")
+    rows = confusion.sum(1, keepdims=True)
+    if (rows <= 0).any():
+        raise AttnpatError("every true class needs at least one map in the confusion matrix")
+    rates = confusion / rows  # (K true, K predicted)
+    solution, *_ = np.linalg.lstsq(rates.T, observed, rcond=None)
+    return project_to_simplex(solution)
+
+
+def bootstrap_mean_interval(values: np.ndarray, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
+                            seed: int = 0, chunk: int = 200) -> np.ndarray:
+    """Percentile bootstrap interval of a mean over examples, for every cell at once.
+
+    values: (E, ...) one value per example (e.g. (E, L, H) per-head cosine, or (E, V) per-variant accuracy
+    change 0/±1). Every cell is resampled with the same example draws (paired). Returns (..., 2).
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim == 0 or values.shape[0] == 0:
+        raise AttnpatError(f"a bootstrap needs at least one example, got shape {values.shape}")
+    rng = np.random.default_rng(seed)
+    flat = values.reshape(values.shape[0], -1)
+    means = np.empty((n_boot, flat.shape[1]))
+    for start in range(0, n_boot, chunk):  # chunks bound the memory of (draws, E, cells)
+        stop = min(start + chunk, n_boot)
+        draws = rng.integers(0, flat.shape[0], size=(stop - start, flat.shape[0]))
+        means[start:stop] = flat[draws].mean(1)
+    tail = (1 - level) / 2 * 100
+    return np.percentile(means, [tail, 100 - tail], axis=0).T.reshape(*values.shape[1:], 2)
+
+
+def mcnemar_exact(baseline_correct: np.ndarray, variant_correct: np.ndarray) -> np.ndarray:
+    """Exact two-sided McNemar test of paired correctness, per variant.
+
+    baseline_correct: (E,) bool; variant_correct: (E, V) or (E,) bool. Returns (V,) or scalar p-values:
+    with b examples only the baseline gets right and c only the variant gets right, p = min(1, 2 P(X <= min(b, c)))
+    for X ~ Binomial(b + c, 1/2); p = 1 when b + c = 0.
+    """
+    from scipy.stats import binom  # scipy is a dependency; imported here to keep module import light
+
+    baseline = np.asarray(baseline_correct, dtype=bool)
+    variant = np.asarray(variant_correct, dtype=bool)
+    if variant.shape[0] != baseline.shape[0]:
+        raise AttnpatError(f"{baseline.shape[0]} baseline examples but {variant.shape[0]} variant rows")
+    column = variant.ndim == 1
+    variant = variant[:, None] if column else variant
+    only_baseline = (baseline[:, None] & ~variant).sum(0)
+    only_variant = (~baseline[:, None] & variant).sum(0)
+    discordant = only_baseline + only_variant
+    p = np.minimum(1.0, 2 * binom.cdf(np.minimum(only_baseline, only_variant), discordant, 0.5))
+    p = np.where(discordant == 0, 1.0, p)
+    return p[0] if column else p
+
+
+def holm_adjust(p_values: np.ndarray) -> np.ndarray:
+    """Holm's step-down adjusted p-values (family-wise error control), same shape as the input."""
+    p = np.asarray(p_values, dtype=np.float64)
+    flat = p.ravel()
+    order = np.argsort(flat, kind="stable")
+    m = len(flat)
+    adjusted_sorted = np.maximum.accumulate((m - np.arange(m)) * flat[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.minimum(adjusted_sorted, 1.0)
+    return adjusted.reshape(p.shape)

@@ -1,0 +1,88 @@
+"""Bootstrap intervals and adjusted classify-and-count, checked on hand-made cases."""
+import numpy as np
+import pytest
+
+from analysis.errors import AttnpatError
+from analysis.uncertainty import adjusted_ratios, bootstrap_ratio_interval, project_to_simplex
+
+
+def test_adjusted_ratios_recover_the_true_ratios_from_a_hand_made_confusion():
+    # A classifier that confuses class 0 with class 1 a fifth of the time, and 2 with 0 a tenth.
+    confusion = np.array([[80, 20, 0], [0, 100, 0], [10, 0, 90]])
+    true = np.array([0.5, 0.2, 0.3])
+    rates = confusion / confusion.sum(1, keepdims=True)
+    observed = rates.T @ true  # what it would report: [0.43, 0.30, 0.27]
+    assert not np.allclose(observed, true)
+    assert adjusted_ratios(observed, confusion) == pytest.approx(true, abs=1e-9)
+
+
+def test_adjusted_ratios_are_clipped_to_the_simplex():
+    confusion = np.array([[90, 10], [10, 90]])
+    estimate = adjusted_ratios(np.array([0.05, 0.95]), confusion)  # below what the error rate allows
+    assert estimate.min() >= 0 and estimate.sum() == pytest.approx(1)
+    assert estimate == pytest.approx([0.0, 1.0])
+
+
+def test_projection_onto_the_simplex():
+    assert project_to_simplex(np.array([0.2, 0.3, 0.5])) == pytest.approx([0.2, 0.3, 0.5])
+    assert project_to_simplex(np.array([2.0, 0.0])) == pytest.approx([1.0, 0.0])
+    assert project_to_simplex(np.array([0.5, 0.5, -1.0])) == pytest.approx([0.5, 0.5, 0.0])
+
+
+def test_bootstrap_interval_covers_the_ratio_and_shrinks_with_more_examples():
+    rng = np.random.default_rng(1)
+    small = rng.multinomial(72, [0.6, 0.3, 0.1], size=20)
+    large = rng.multinomial(72, [0.6, 0.3, 0.1], size=2000)
+    low_s, high_s = bootstrap_ratio_interval(small).T
+    low_l, high_l = bootstrap_ratio_interval(large).T
+    share = large.sum(0) / large.sum()
+    assert np.all(low_l <= share) and np.all(share <= high_l)
+    assert np.all(high_l - low_l < high_s - low_s)
+
+
+def test_identical_examples_give_a_zero_width_interval():
+    counts = np.tile([[50, 22]], (30, 1))
+    interval = bootstrap_ratio_interval(counts)
+    assert interval[:, 0] == pytest.approx(interval[:, 1])
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(AttnpatError):
+        bootstrap_ratio_interval(np.zeros((0, 5)))
+    with pytest.raises(AttnpatError):
+        adjusted_ratios(np.ones(3) / 3, np.eye(2))
+
+
+def test_mcnemar_matches_scipy_binomtest_and_a_hand_case():
+    from scipy.stats import binomtest
+
+    baseline = np.array([1, 1, 1, 1, 1, 1, 0, 0, 1, 0], dtype=bool)
+    variant = np.array([0, 0, 0, 0, 0, 1, 0, 1, 1, 0], dtype=bool)  # b = 5 lost, c = 1 gained
+    from analysis.uncertainty import mcnemar_exact
+
+    p = mcnemar_exact(baseline, variant)
+    assert p == pytest.approx(binomtest(1, 6, 0.5).pvalue)
+    assert p == pytest.approx(2 * (1 + 6) / 2 ** 6)  # by hand: 2 * P(X <= 1), X ~ Bin(6, 1/2)
+    both = mcnemar_exact(baseline, np.stack([variant, baseline], 1))
+    assert both[0] == pytest.approx(p) and both[1] == 1.0  # no discordant pair
+
+
+def test_holm_by_hand():
+    from analysis.uncertainty import holm_adjust
+
+    adjusted = holm_adjust(np.array([0.01, 0.04, 0.03, 0.2]))
+    # sorted 0.01, 0.03, 0.04, 0.2 -> 4*0.01, 3*0.03, 2*0.04, 1*0.2, made monotone: 0.04, 0.09, 0.09, 0.2
+    assert adjusted == pytest.approx([0.04, 0.09, 0.09, 0.2])
+
+
+def test_paired_bootstrap_interval_of_an_accuracy_change():
+    from analysis.uncertainty import bootstrap_mean_interval
+
+    rng = np.random.default_rng(0)
+    change = rng.choice([-1.0, 0.0, 1.0], p=[0.05, 0.9, 0.05], size=(400, 3))
+    change[:, 2] = 0.0
+    interval = bootstrap_mean_interval(change)
+    assert interval.shape == (3, 2)
+    assert np.all(interval[:, 0] <= change.mean(0)) and np.all(change.mean(0) <= interval[:, 1])
+    assert interval[2] == pytest.approx([0.0, 0.0])
+    assert bootstrap_mean_interval(np.ones((5, 2, 3))).shape == (2, 3, 2)
