@@ -5,6 +5,7 @@ Pure numpy functions over small arrays; shapes are in each docstring.
 from __future__ import annotations
 
 import numpy as np
+from scipy.stats import binom
 
 from analysis.errors import AttnpatError
 
@@ -88,8 +89,6 @@ def mcnemar_exact(baseline_correct: np.ndarray, variant_correct: np.ndarray) -> 
     with b examples only the baseline gets right and c only the variant gets right, p = min(1, 2 P(X <= min(b, c)))
     for X ~ Binomial(b + c, 1/2); p = 1 when b + c = 0.
     """
-    from scipy.stats import binom  # scipy is a dependency; imported here to keep module import light
-
     baseline = np.asarray(baseline_correct, dtype=bool)
     variant = np.asarray(variant_correct, dtype=bool)
     if variant.shape[0] != baseline.shape[0]:
