@@ -8,22 +8,28 @@ lost connection is finished by running it again.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import numpy as np
+from label_studio_sdk import LabelStudio
+from label_studio_sdk.core.api_error import ApiError
 
 from analysis.errors import AttnpatError
-from analysis.rundir import atomic_write_json, atomic_write_text
+from analysis.mapstore import maps_digest, read_single_maps
+from analysis.patterns import CLASSES
+from analysis.progress import progress_bar
+from analysis.rendering import cue_text
+from analysis.rundir import atomic_write_json
+from annotation.dataset import fleiss_kappa, write_labeled_folder
+from annotation.instructions import instructions_html
 from annotation.preannotate import preannotate
-from annotation.sample import load_maps, read_index
+from annotation.sample import read_index
 from annotation.server import Credentials
-from classifier import CLASSES
 
 PREANNOTATOR_VERSION = "attnpat-rules-v1"
 CHUNK = 50
@@ -43,13 +49,12 @@ class ServerUnreachable(AttnpatError):
 
 
 def map_sha256(attn: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(attn, np.float32).tobytes()).hexdigest()
+    """The sha256 of one map's float32 bytes: a task records it, so a pull notices a map changed since the push."""
+    return maps_digest([attn])
 
 
 def connect(credentials: Credentials):
     """An SDK client whose token has been checked (wrong token and server down give one-line errors)."""
-    from label_studio_sdk import LabelStudio
-
     client = LabelStudio(base_url=credentials.url, api_key=credentials.token, timeout=60)
     _call(credentials.url, lambda: client.users.whoami())
     return client
@@ -57,9 +62,6 @@ def connect(credentials: Credentials):
 
 def _call(url: str, action, what: str = "request"):
     """Run an SDK call, translating transport and HTTP failures into AttnpatError."""
-    import httpx
-    from label_studio_sdk.core.api_error import ApiError
-
     try:
         return action()
     except ApiError as exc:
@@ -81,18 +83,27 @@ def _call(url: str, action, what: str = "request"):
 
 def ensure_project(client, url: str, title: str, project_id: int | None = None) -> tuple[int, bool]:
     """Reuse the project (by id, else by title) or create it. Returns (id, created)."""
+    instructions = instructions_html()
+    found = None
     if project_id is not None:
         try:
             _call(url, lambda: client.projects.get(id=project_id), "project")
-            return project_id, False
+            found = project_id
         except AttnpatError as exc:
             if "404" not in str(exc):
                 raise
-    for project in _call(url, lambda: list(client.projects.list()), "project list"):
-        if project.title == title:
-            return project.id, False
+    if found is None:
+        found = next((project.id for project in _call(url, lambda: list(client.projects.list()), "project list")
+                      if project.title == title), None)
+    if found is not None:
+        # Pushing again brings the project's instructions up to the current guideline and gallery.
+        _call(url, lambda: client.projects.update(id=found, expert_instruction=instructions, show_instruction=True),
+              "project update")
+        return found, False
     project = _call(url, lambda: client.projects.create(title=title, label_config=LABEL_CONFIG,
-                                                       description="attnpat attention-pattern labeling"), "project")
+                                                       description="attnpat attention-pattern labeling",
+                                                       expert_instruction=instructions, show_instruction=True),
+                    "project")
     return project.id, True
 
 
@@ -113,7 +124,8 @@ def existing_tasks(client, url: str, project_id: int) -> dict[str, dict]:
 def build_task(row: dict, attn: np.ndarray, png: bytes) -> dict:
     """One Label Studio task: the image as a data URI, the map's id and hash, and the pre-annotation."""
     label, score = preannotate(attn, row["tokens"])
-    caption = f"{row['task']} · layer {row['layer'] + 1} · head {row['head'] + 1} (1-indexed) · {row['n']} tokens"
+    caption = (f"{row['task']} · layer {row['layer'] + 1} · head {row['head'] + 1} (1-indexed) · {row['n']} tokens"
+               f"\ncues: {cue_text(attn, row['tokens'])}")
     return {
         "data": {"image": "data:image/png;base64," + base64.b64encode(png).decode(), "caption": caption,
                  "map_id": row["map_id"], "map_sha256": map_sha256(attn), "task": row["task"],
@@ -139,11 +151,9 @@ def push(credentials: Credentials, sample: str | Path, title: str | None = None,
 
     Each chunk is one import (Label Studio commits it whole), so a push cut off at any point leaves whole
     chunks on the server, and running it again imports exactly the maps that are still missing."""
-    from tqdm.auto import tqdm
-
     sample = Path(sample)
     rows = read_index(sample)
-    maps = load_maps(sample / "maps.npz")
+    maps = read_single_maps(sample / "maps.npz")
     title = title or f"attnpat patterns: {sample.name}"
     state = _read_state(state_file)
     client = connect(credentials)
@@ -153,14 +163,18 @@ def push(credentials: Credentials, sample: str | Path, title: str | None = None,
         atomic_write_json(state_file, state)
     present = existing_tasks(client, credentials.url, project_id)
     todo = [row for row in rows if row["map_id"] not in present]
-    with tqdm(total=len(todo), desc=f"push to project {project_id}", unit="task", disable=not progress or not todo,
-              dynamic_ncols=True) as bar:
+    bar = progress_bar(len(todo), progress and bool(todo), f"push to project {project_id}", unit="task")
+    try:
         for start in range(0, len(todo), chunk):
             batch = [build_task(row, maps[row["map_id"]], (sample / row["image"]).read_bytes())
                      for row in todo[start:start + chunk]]
-            _call(credentials.url, lambda: client.projects.import_tasks(id=project_id, request=batch,
-                                                                        return_task_ids=True), "task import")
-            bar.update(len(batch))
+            _call(credentials.url, lambda batch=batch: client.projects.import_tasks(
+                id=project_id, request=batch, return_task_ids=True), "task import")
+            if bar is not None:
+                bar.update(len(batch))
+    finally:
+        if bar is not None:
+            bar.close()
     if todo:
         log(f"pushed {len(todo)} new tasks to project {project_id}")
     return PushReport(project_id, created, len(todo), len(rows) - len(todo), len(rows))
@@ -247,7 +261,7 @@ def pull(credentials: Credentials, sample: str | Path, out: str | Path, title: s
     """
     sample, out = Path(sample), Path(out)
     rows = {row["map_id"]: row for row in read_index(sample)}
-    maps = load_maps(sample / "maps.npz")
+    maps = read_single_maps(sample / "maps.npz")
     title = title or f"attnpat patterns: {sample.name}"
     client = connect(credentials)
     project_id = resolve_project(client, credentials.url, title, _read_state(state_file))
@@ -306,53 +320,9 @@ def pull(credentials: Credentials, sample: str | Path, out: str | Path, title: s
     report.n_annotators = len({a["annotator"] for a in all_annotations})
     summary = {**{k: v for k, v in report.__dict__.items() if k != "folder"}, "project_id": project_id,
                "url": credentials.url, "sample": sample.name,
-               "pulled_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    write_labeled_folder(out, final_rows, maps, all_annotations, summary)
+               "pulled_at": datetime.now(UTC).isoformat(timespec="seconds")}
+    tokens = {map_id: rows[map_id]["tokens"] for map_id in (row["map_id"] for row in final_rows)
+              if rows[map_id].get("tokens") is not None}
+    write_labeled_folder(out, final_rows, maps, all_annotations, summary, tokens)
     return report
 
-
-def write_labeled_folder(out: Path, rows: list[dict], maps: dict[str, np.ndarray], annotations: list[dict],
-                         summary: dict) -> Path:
-    """Write the labeled set (maps.npz, labels.csv), annotations.csv and pull_report.json into a temporary
-    sibling folder, then rename it onto ``out`` (replacing an older folder of that name)."""
-    import shutil
-    import tempfile
-
-    import pandas as pd
-
-    from analysis.rundir import save_table
-    from annotation.dataset import save_labeled_set
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial"))
-    os.chmod(staging, 0o755)  # mkdtemp makes it private; the labeled set is an ordinary folder
-    try:
-        save_labeled_set(staging, rows, maps)
-        save_table(pd.DataFrame(annotations), staging / "annotations.csv")
-        atomic_write_text(staging / "pull_report.json", json.dumps(summary, indent=2))
-        if out.exists():
-            retired = out.with_name(f".{out.name}.old")
-            shutil.rmtree(retired, ignore_errors=True)
-            out.rename(retired)
-            staging.rename(out)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            staging.rename(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return out
-
-
-def fleiss_kappa(label_lists: list[list[str]], classes=CLASSES) -> float:
-    """Fleiss' kappa for items rated by several annotators (equal to Cohen's kappa's chance model for 2
-    raters of equal marginals). label_lists: one list of labels per item, each of length >= 2."""
-    counts = np.asarray([[labels.count(c) for c in classes] for labels in label_lists], dtype=float)
-    raters = counts.sum(1)
-    if (raters < 2).any():
-        raise AttnpatError("Fleiss' kappa needs at least two labels per item")
-    per_item = ((counts ** 2).sum(1) - raters) / (raters * (raters - 1))
-    p_bar = per_item.mean()
-    shares = counts.sum(0) / counts.sum()
-    p_e = float((shares ** 2).sum())
-    return float((p_bar - p_e) / (1 - p_e)) if p_e < 1 else 1.0

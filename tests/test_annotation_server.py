@@ -16,9 +16,10 @@ import pytest
 from analysis.errors import AttnpatError
 from annotation import labelstudio as ls
 from annotation.dataset import load_labeled_set
-from annotation.sample import load_maps, read_index
+from analysis.mapstore import read_single_maps
+from annotation.sample import read_index
 from annotation.server import Credentials, add_annotator, personal_access_token, serve, status, token_works
-from classifier import CLASSES
+from analysis.patterns import CLASSES
 
 pytestmark = pytest.mark.slow
 
@@ -106,9 +107,17 @@ def test_round_trip_on_real_minilm_maps(label_studio, annotate_task, tmp_path):
                          "--sample", "real", *auth, home=tmp_path)
     assert code == 0, err
     assert "6 new tasks, 0 already there, 6 in the sample" in out
+    state = ls._read_state(tmp_path / "workspace" / "annotation" / "projects.json")
+    project_id = state["projects"][title]
+    client = ls.connect(label_studio)
+    project = client.projects.get(id=project_id)
+    assert "Boundary rules" in project.expert_instruction and project.show_instruction
+    assert "data:image/png;base64," in project.expert_instruction  # the gallery, inlined
+    client.projects.update(id=project_id, expert_instruction="an old guideline")
     code, out, err = cli("annotate", "push", "--model", "minilm", "--count", "6", "--tasks", "sst2,rte",
                          "--sample", "real", *auth, home=tmp_path)
     assert code == 0 and "0 new tasks, 6 already there" in out and "reused" in out, out + err
+    assert "Boundary rules" in client.projects.get(id=project_id).expert_instruction  # a push updates it
 
     sample = tmp_path / "workspace" / "annotation" / "samples" / "real"
     index = read_index(sample)
@@ -123,6 +132,7 @@ def test_round_trip_on_real_minilm_maps(label_studio, annotate_task, tmp_path):
         task = tasks[row["map_id"]]
         assert task["predictions"][0]["model_version"] == ls.PREANNOTATOR_VERSION
         assert task["data"]["image"].startswith("data:image/png;base64,")
+        assert "cues: n " in task["data"]["caption"] and "top column" in task["data"]["caption"]
         given[row["map_id"]] = CLASSES[k % len(CLASSES)]
         annotate_task(client, task["id"], given[row["map_id"]])
 
@@ -131,7 +141,7 @@ def test_round_trip_on_real_minilm_maps(label_studio, annotate_task, tmp_path):
     folder = tmp_path / "workspace" / "annotation" / "labeled" / "real" / "v1"
     assert f"labeled set {folder}: 6 maps" in out
     labeled = load_labeled_set(folder)
-    raw = load_maps(sample / "maps.npz")
+    raw = read_single_maps(sample / "maps.npz")
     assert sorted(labeled.map_ids) == sorted(given)
     for map_id, label, attn in zip(labeled.map_ids, labeled.labels, labeled.maps):
         assert CLASSES[label] == given[map_id]

@@ -1,0 +1,46 @@
+"""The guideline and gallery as Label Studio instructions; nothing in the repo points outside it."""
+import re
+from pathlib import Path
+
+import pytest
+
+from analysis.errors import AttnpatError
+from annotation.instructions import GALLERY, GUIDELINE, instructions_html
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = "shared" + "/"  # spelled apart so this file does not match itself
+
+
+def test_instructions_carry_the_guideline_and_every_gallery_image():
+    html = instructions_html()
+    assert "Boundary rules" in html and "Reference gallery" in html
+    linked = re.findall(r"\]\(([^)\s]+\.png)\)", GALLERY.read_text())
+    assert len(linked) >= 15 and all((GALLERY.parent / name).is_file() for name in linked)
+    assert html.count("data:image/png;base64,") == len(linked)
+
+
+def test_gallery_covers_every_class_three_times_and_every_boundary_twice():
+    text = GALLERY.read_text()
+    classes_part, boundaries_part = text.split("## Boundary", 1)
+    for label in ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous"):
+        assert classes_part.count(f"| **{label}** |") >= 3, label
+    sections = boundaries_part.split("## Boundary")
+    assert len(sections) >= 5
+    assert all(section.count("| ![") >= 2 for section in sections)
+
+
+def test_a_missing_gallery_image_is_a_one_line_error(tmp_path):
+    gallery = tmp_path / "README.md"
+    gallery.write_text("| ![x](missing.png) |\n")
+    with pytest.raises(AttnpatError, match="missing.png"):
+        instructions_html(GUIDELINE, gallery)
+
+
+def test_nothing_in_the_repo_points_at_the_shared_folder():
+    offenders = []
+    for path in ROOT.rglob("*"):
+        if path.suffix not in {".py", ".md"} or any(part.startswith(".") for part in path.relative_to(ROOT).parts):
+            continue
+        if SHARED in path.read_text(encoding="utf-8", errors="replace"):
+            offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []
