@@ -52,6 +52,19 @@ def extract_maps(bundle, data: TaskData, out_dir: str | Path, *, max_length: int
     return summary
 
 
+def write_maps(bundle, data: TaskData, run: RunDir, out: str | Path | None = None, *,
+               max_length: int = DEFAULT_MAX_LENGTH, **kwargs) -> dict:
+    """:func:`extract_maps` into ``out`` (default: the run's maps/ folder), recorded in the run's manifest.
+
+    Returns extract_maps' summary plus ``out``, the folder written.
+    """
+    out = Path(out) if out is not None else run.file("maps")
+    with run.record("extract", bundle, data, max_length=max_length) as entry:
+        summary = extract_maps(bundle, data, out, max_length=max_length, **kwargs)
+        entry.update(n_truncated=summary["n_truncated"], outputs=[str(out)])
+    return {**summary, "out": out}
+
+
 def layer_overview(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
                    progress: bool = True) -> tuple[dict[str, np.ndarray], int]:
     """Per-head means of attention to [CLS], to [SEP] and row entropy over a task's maps.

@@ -24,7 +24,7 @@ from analysis.data import GLUE_TASKS, Example, TaskData, load_task
 from analysis.errors import AttnpatError
 from analysis.metrics import METRICS, metric_name, task_metric
 from analysis.paths import model_store
-from analysis.rundir import atomic_write, atomic_write_json
+from analysis.rundir import RunDir, atomic_write, atomic_write_json
 from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, encode_examples, iter_batches
 
 CHECKPOINT_DIR = ".checkpoint"
@@ -310,13 +310,15 @@ def eval_table(meta: dict):
 def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | None = None,
              split_dev: bool = False, train_share: float = 0.5, n_train: int | None = None, force: bool = False,
              checkpoint_every: int = 50, progress: bool = True, device: str | None = None,
-             allow_hub: bool | None = None, on_step: Callable[[int, float], None] | None = None) -> dict:
-    """Fine-tune ``base`` on ``task`` into the model store (``name`` defaults to '<base slug>-<task>').
+             allow_hub: bool | None = None, on_step: Callable[[int, float], None] | None = None,
+             runs_dir: str | Path | None = None) -> dict:
+    """Fine-tune ``base`` on ``task`` into the model store (``name`` defaults to '<base slug>-<task>'); write
+    finetune_eval.csv into runs/<name>/<task>/ under ``runs_dir`` and record the run there.
 
     Returns the metadata written to attnpat.json plus ``path`` and ``skipped`` (True when the model was
     already finished and ``force`` is off).
     """
-    from analysis.models import load_model, model_slug
+    from analysis.models import model_slug
 
     recipe = recipe or Recipe()
     recipe.check()
@@ -330,6 +332,23 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
         return {**meta, "path": str(path), "skipped": True}
     if force:
         shutil.rmtree(path, ignore_errors=True)
+    run = RunDir(name, task, runs_dir)
+    with run.record("finetune", store=str(path)) as entry:
+        meta = _train_into_store(base, task, path, recipe, split_dev=split_dev, train_share=train_share,
+                                 n_train=n_train, checkpoint_every=checkpoint_every, progress=progress,
+                                 device=device, allow_hub=allow_hub, on_step=on_step)
+        run.write_table("finetune_eval", eval_table(meta))
+        entry.update(split=meta["split"], recipe=meta["recipe"], metric=meta["metric"],
+                     metric_value=meta["metric_value"], outputs=[str(run.file("finetune_eval.csv"))])
+    return meta
+
+
+def _train_into_store(base: str, task: str, path: Path, recipe: Recipe, *, split_dev: bool, train_share: float,
+                      n_train: int | None, checkpoint_every: int, progress: bool, device: str | None,
+                      allow_hub: bool | None, on_step: Callable[[int, float], None] | None) -> dict:
+    """Train a fresh classifier on ``task``, evaluate it, and write it with its attnpat.json to ``path``."""
+    from analysis.models import load_model
+
     train, evaluation, split_info = finetune_splits(task, split_dev=split_dev, train_share=train_share,
                                                     seed=recipe.seed, n_train=n_train, allow_hub=allow_hub)
     num_labels = GLUE_TASKS[task].num_labels

@@ -20,7 +20,7 @@ import torch
 from analysis.disable import check_mode, gated, head_gates, keep_mask
 from analysis.errors import AttnpatError
 from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, iter_batches
-from analysis.sweeps import BASELINE, Variant, fast_sweep, predictions, task_labels
+from analysis.sweeps import BASELINE, Variant, classifier_head_note, fast_sweep, predictions, task_labels
 from analysis.progress import progress_bar
 
 
@@ -192,7 +192,19 @@ def _normalisation_label(by_layer: bool, exponent: float, global_minmax: bool) -
 def importance_analysis(bundle, data, run, *, by_layer: bool = True, exponent: float = 2.0,
                         global_minmax: bool = True, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
                         progress: bool = False) -> dict:
-    """Compute and write importance.csv (metric importance = normalised, importance_raw) and the heatmap."""
+    """Compute and write importance.csv (metric importance = normalised, importance_raw) and the heatmap, and
+    record the run (manifest entry importance)."""
+    with run.record("importance", bundle, data, normalize_layers=by_layer, exponent=exponent,
+                    normalize_global=global_minmax, max_length=max_length,
+                    model_note=classifier_head_note(bundle, data.task)) as entry:
+        summary = _importance(bundle, data, run, by_layer=by_layer, exponent=exponent, global_minmax=global_minmax,
+                              max_length=max_length, batch_size=batch_size, progress=progress)
+        entry["outputs"] = summary["outputs"]
+    return summary
+
+
+def _importance(bundle, data, run, *, by_layer: bool, exponent: float, global_minmax: bool, max_length: int,
+                batch_size: int, progress: bool) -> dict:
     from analysis.figures import close
     from analysis.rundir import long_table
 
@@ -212,7 +224,22 @@ def importance_analysis(bundle, data, run, *, by_layer: bool = True, exponent: f
 def prune_analysis(bundle, data, run, *, step: float = 0.1, max_fraction: float = 1.0, iterative: bool = False,
                    mode: str = "zero", by_layer: bool = True, exponent: float = 2.0, global_minmax: bool = True,
                    max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32, progress: bool = False) -> dict:
-    """Prune heads in importance order; write pruning.csv and the curve. Returns the curve and its baseline."""
+    """Prune heads in importance order; write pruning.csv and the curve and record the run (manifest entry
+    pruning). Returns the curve and its baseline."""
+    check_mode(mode)
+    check_pruning_shares(step, max_fraction)
+    with run.record("pruning", bundle, data, step=step, max_fraction=max_fraction, iterative=iterative, mode=mode,
+                    normalize_layers=by_layer, exponent=exponent, normalize_global=global_minmax,
+                    max_length=max_length, model_note=classifier_head_note(bundle, data.task)) as entry:
+        result = _prune(bundle, data, run, step=step, max_fraction=max_fraction, iterative=iterative, mode=mode,
+                        by_layer=by_layer, exponent=exponent, global_minmax=global_minmax, max_length=max_length,
+                        batch_size=batch_size, progress=progress)
+        entry.update(outputs=result["outputs"], baseline=result["baseline"])
+    return result
+
+
+def _prune(bundle, data, run, *, step: float, max_fraction: float, iterative: bool, mode: str, by_layer: bool,
+           exponent: float, global_minmax: bool, max_length: int, batch_size: int, progress: bool) -> dict:
     from analysis.figures import close
     from analysis.metrics import metric_name
 

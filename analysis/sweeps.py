@@ -41,6 +41,7 @@ from analysis.disable import (
     stacked_gates,
 )
 from analysis.errors import AttnpatError
+from analysis.models import load_model
 from analysis.rundir import atomic_write_json
 from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, TokenBatch, collate, iter_batches
 from analysis.progress import progress_bar
@@ -463,6 +464,13 @@ def layer_delta_figure(table, *, metric: str, baseline: dict[str, float], task: 
 
 # ---------------------------------------------------------------- the `disable` analysis
 
+def seeded_classifier(name: str, num_labels: int, device=None):
+    """The model as a sequence classifier with ``num_labels`` outputs. A head that the checkpoint lacks is
+    initialised after torch.manual_seed(0), so reruns, resumed sweeps and benchmarks see the same head."""
+    torch.manual_seed(0)
+    return load_model(name, kind="classifier", num_labels=num_labels, device=device)
+
+
 def classifier_head_note(bundle, task: str | None = None) -> str | None:
     """A warning when the classification head may be untrained (metric values then mean nothing) or was
     trained on another task than the one evaluated."""
@@ -482,7 +490,21 @@ def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_
                      batch_size: int = 32, progress: bool = False,
                      on_variant: Callable[[str, float], None] | None = None) -> dict:
     """Sweep single heads and/or whole layers with ``mode`` disabling; write disable_heads / disable_layers
-    tables and figures into ``run``. Returns a summary (baseline, metric name, best/worst heads, layer deltas)."""
+    tables and figures into ``run`` and record the run (manifest entry disable_<mode>). Returns a summary
+    (baseline, metric name, best/worst heads, layer deltas, the model note)."""
+    check_mode(mode)
+    units = list(units)
+    with run.record(f"disable_{mode}", bundle, data, mode=mode, units=units, max_length=max_length,
+                    model_note=classifier_head_note(bundle, data.task)) as entry:
+        summary = _disable_sweeps(bundle, data, run, mode=mode, units=units, max_length=max_length,
+                                  batch_size=batch_size, progress=progress, on_variant=on_variant)
+        entry.update({key: summary[key] for key in ("baseline", "metric_name", "outputs", "best", "worst",
+                                                    "layer_deltas") if key in summary})
+    return summary
+
+
+def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_length: int, batch_size: int,
+                    progress: bool, on_variant: Callable[[str, float], None] | None) -> dict:
     import pandas as pd
 
     from analysis.figures import close

@@ -38,17 +38,15 @@ def extract(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Stream a task's attention maps and save them (compressed shards, resumable)."""
     from analysis.data import load_data
-    from analysis.extract import extract_maps
+    from analysis.extract import write_maps
     from analysis.models import load_model
     from analysis.rundir import RunDir
 
     data = load_data(task, split, n, text_column=text_column, label_column=label_column)
     bundle = load_model(model)
-    run = RunDir(bundle.slug, data.task, runs_dir)
-    out = out or run.file("maps")
-    with run.record("extract", bundle, data, max_length=max_length) as entry:
-        summary = extract_maps(bundle, data, out, max_length=max_length, batch_size=batch_size, progress=not quiet)
-        entry.update(n_truncated=summary["n_truncated"], outputs=[str(out)])
+    summary = write_maps(bundle, data, RunDir(bundle.slug, data.task, runs_dir), out, max_length=max_length,
+                         batch_size=batch_size, progress=not quiet)
+    out = summary["out"]
     typer.echo(f"saved maps of {summary['n_examples']} examples ({summary['n_truncated']} truncated to "
                f"{max_length} tokens) in {summary['n_shards']} shards under {out}")
 

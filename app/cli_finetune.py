@@ -32,22 +32,17 @@ def finetune(model: str = opt.Model, task: str = opt.Task,
              runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Fine-tune a model on a GLUE task into the local model store (resumable; rerun to continue)."""
     from analysis import finetune as ft
-    from analysis.rundir import RunDir
 
     recipe = ft.Recipe(learning_rate=learning_rate, batch_size=batch_size, epochs=epochs, max_length=max_length,
                        seed=seed)
     meta = ft.finetune(model, task, name=name, recipe=recipe, split_dev=split_dev, train_share=train_share,
-                       n_train=n, force=force, checkpoint_every=checkpoint_every, progress=not quiet, device=device)
+                       n_train=n, force=force, checkpoint_every=checkpoint_every, progress=not quiet, device=device,
+                       runs_dir=runs_dir)
     store_name = meta["path"].rstrip("/").rsplit("/", 1)[-1]
     if meta["skipped"]:
         typer.echo(f"{store_name} is already fine-tuned ({meta['metric']} {meta['metric_value']:.4f}); "
                    f"use --force to retrain")
         return
-    run = RunDir(store_name, meta["task"], runs_dir)
-    with run.record("finetune", store=meta["path"], split=meta["split"], recipe=meta["recipe"],
-                    metric=meta["metric"], metric_value=meta["metric_value"]) as entry:
-        run.write_table("finetune_eval", ft.eval_table(meta))
-        entry["outputs"] = [str(run.file("finetune_eval.csv"))]
     typer.echo(f"fine-tuned {model} on {meta['task']} in {meta['elapsed_seconds']:.0f} s on {meta['device']} "
                f"({meta['steps']} steps; {meta['split']['n_train']} train examples from {meta['train_source']})")
     if meta["split"]["mode"] == "split-dev":

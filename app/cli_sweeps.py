@@ -23,15 +23,11 @@ def register(app: typer.Typer) -> None:
 def _load(model: str, task: str, split: str, n, columns: dict | None = None):
     """Data plus the model as a classifier; a fresh head is seeded so that reruns (and resumes) agree.
     ``columns``: a data file's text_column and label_column."""
-    import torch
-
     from analysis.data import load_data
-    from analysis.models import load_model
-    from analysis.sweeps import classifier_head_note
+    from analysis.sweeps import classifier_head_note, seeded_classifier
 
     data = load_data(task, split, n, **(columns or {}))
-    torch.manual_seed(0)
-    bundle = load_model(model, kind="classifier", num_labels=data.num_labels)
+    bundle = seeded_classifier(model, data.num_labels)
     note = classifier_head_note(bundle, data.task)
     if note:
         typer.echo(f"note: {note}", err=True)
@@ -59,13 +55,8 @@ def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
     if any(u not in UNITS for u in units):
         raise AttnpatError(f"unknown --unit '{unit}'; use head, layer or both")
     bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))
-    run = RunDir(bundle.slug, data.task, runs_dir)
-    with run.record(f"disable_{mode}", bundle, data, mode=mode, units=list(units), max_length=max_length,
-                    model_note=note) as entry:
-        summary = disable_analysis(bundle, data, run, mode=mode, units=units, max_length=max_length,
-                                   batch_size=batch_size, progress=not quiet)
-        entry.update({key: summary[key] for key in ("baseline", "metric_name", "outputs") if key in summary})
-        entry.update({key: summary[key] for key in ("best", "worst", "layer_deltas") if key in summary})
+    summary = disable_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir), mode=mode, units=units,
+                               max_length=max_length, batch_size=batch_size, progress=not quiet)
     metric = summary["metric_name"]
     typer.echo(f"{bundle.name} on {data.task} ({len(data.examples)} {data.split} examples), {mode} disabling; "
                f"baseline {metric} {summary['baseline']:.4f}; layers and heads 1-indexed")
@@ -89,13 +80,9 @@ def importance(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt 
     from analysis.rundir import RunDir
 
     bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))
-    run = RunDir(bundle.slug, data.task, runs_dir)
-    with run.record("importance", bundle, data, normalize_layers=normalize_layers, exponent=exponent,
-                    normalize_global=normalize_global, max_length=max_length, model_note=note) as entry:
-        summary = importance_analysis(bundle, data, run, by_layer=normalize_layers, exponent=exponent,
-                                      global_minmax=normalize_global, max_length=max_length, batch_size=batch_size,
-                                      progress=not quiet)
-        entry["outputs"] = summary["outputs"]
+    summary = importance_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir), by_layer=normalize_layers,
+                                  exponent=exponent, global_minmax=normalize_global, max_length=max_length,
+                                  batch_size=batch_size, progress=not quiet)
     typer.echo(f"head importance of {bundle.name} on {data.task} ({summary['normalisation']}); 1-indexed")
     typer.echo("least important: " + "; ".join(_head({"layer": l, "head": h}) for l, h in summary["least"]))
     typer.echo("most important:  " + "; ".join(_head({"layer": l, "head": h}) for l, h in summary["most"]))
@@ -121,14 +108,10 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
     check_mode(mode)
     check_pruning_shares(step, max_fraction)
     bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))
-    run = RunDir(bundle.slug, data.task, runs_dir)
-    with run.record("pruning", bundle, data, step=step, max_fraction=max_fraction, iterative=iterative, mode=mode,
-                    normalize_layers=normalize_layers, exponent=exponent, normalize_global=normalize_global,
-                    max_length=max_length, model_note=note) as entry:
-        result = prune_analysis(bundle, data, run, step=step, max_fraction=max_fraction, iterative=iterative,
-                                mode=mode, by_layer=normalize_layers, exponent=exponent, global_minmax=normalize_global,
-                                max_length=max_length, batch_size=batch_size, progress=not quiet)
-        entry.update(outputs=result["outputs"], baseline=result["baseline"])
+    result = prune_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir), step=step,
+                            max_fraction=max_fraction, iterative=iterative, mode=mode, by_layer=normalize_layers,
+                            exponent=exponent, global_minmax=normalize_global, max_length=max_length,
+                            batch_size=batch_size, progress=not quiet)
     typer.echo(f"{bundle.name} on {data.task}: {result['metric_name']} while pruning ({result['label']})")
     typer.echo(f"{'pruned':>7} {'heads':>6} {result['metric_name']:>10}")
     for row in result["curve"].itertuples():
