@@ -116,6 +116,13 @@ def annotator_agreement(labeled: LabeledSet) -> np.ndarray | None:
     return np.where(per_map["size"].to_numpy() >= 2, (per_map["nunique"].to_numpy() == 1).astype(float), np.nan)
 
 
+def next_version(base: str | Path) -> Path:
+    """The folder for a new version of a labeled set: ``base``/v<N+1>, N the highest version there (v1 first)."""
+    base = Path(base)
+    versions = [int(path.name[1:]) for path in base.glob("v*") if path.name[1:].isdigit()]
+    return base / f"v{1 + max(versions, default=0)}"
+
+
 def merge_labeled_sets(folders: list[str | Path], out: str | Path) -> LabeledSet:
     """One labeled set from several (e.g. the shipped set plus a new round of labels), written to ``out``.
 

@@ -125,15 +125,13 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
     """Export annotations, join them to the raw maps and write a versioned labeled set with agreement figures."""
     from analysis.errors import AttnpatError
     from analysis.paths import annotation_root
+    from annotation.dataset import next_version
     from annotation.labelstudio import pull as pull_labels
 
     folder = _samples_dir() / sample
     if not folder.is_dir():
         raise AttnpatError(f"no sample '{sample}' in {_samples_dir()}")
-    if out is None:
-        base = annotation_root() / "labeled" / sample
-        version = 1 + max([int(p.name[1:]) for p in base.glob("v*") if p.name[1:].isdigit()], default=0)
-        out = base / f"v{version}"
+    out = out or next_version(annotation_root() / "labeled" / sample)
     report = pull_labels(_credentials(url, token), folder, out, project, _state_file())
     typer.echo(f"labeled set {report.folder}: {report.labeled} maps; classes: {report.class_counts}")
     if report.prediction_agreement is not None:
