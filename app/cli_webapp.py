@@ -13,10 +13,13 @@ def register(app: typer.Typer) -> None:
 def serve(host: str = typer.Option("127.0.0.1", "--host",
                                    help="interface to listen on (0.0.0.0 exposes it to the network)"),
           port: int = typer.Option(7860, "--port", help="port to listen on"),
-          runs_dir: opt.OptionalPath = opt.RunsDir) -> None:
+          runs_dir: opt.OptionalPath = opt.RunsDir,
+          allow_any_model: bool = typer.Option(False, "--allow-any-model",
+                                               help="let Explore load any model path or hub id a client sends "
+                                               "(default: only the listed models)")) -> None:
     """Start the web app: explore a sentence live and browse the runs in the run directory."""
     from app.webapp import launch
 
-    demo, web = launch(host, port, runs_dir, block=False, quiet=True)
+    demo, web = launch(host, port, runs_dir, block=False, quiet=True, allow_any_model=allow_any_model)
     typer.echo(f"attnpat app on http://{host}:{port} (runs from {web.runs.root}; Ctrl+C stops it)")
     demo.block_thread()

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -35,12 +35,15 @@ MAX_LIVE_CHARS = 2000
 class ModelCache:
     """Loaded EncoderBundles by name (least recently used dropped beyond ``capacity``); thread-safe.
 
-    ``loader`` is analysis.models.load_model unless a test passes its own.
+    ``loader`` is analysis.models.load_model unless a test passes its own. ``allowed`` (when given) returns
+    the names a client may ask for; any other name is refused before anything is loaded.
     """
 
-    def __init__(self, capacity: int = 2, loader: Callable | None = None):
+    def __init__(self, capacity: int = 2, loader: Callable | None = None,
+                 allowed: Callable[[], Iterable[str]] | None = None):
         self.capacity = capacity
         self.loader = loader or load_model
+        self.allowed = allowed
         self._bundles: OrderedDict[str, object] = OrderedDict()
         self._loading: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -49,6 +52,11 @@ class ModelCache:
         name = (name or "").strip()
         if not name:
             raise AttnpatError("no model chosen; pick minilm (the embedded all-MiniLM-L6-v2)")
+        if self.allowed is not None:
+            offered = list(self.allowed())
+            if name not in offered:  # a client may send any string; only listed models are loaded
+                raise AttnpatError(f"model {ascii(name[:100])} is not one this app offers ({', '.join(offered)}); "
+                                   "start it with `attnpat app --allow-any-model` to load any model")
         with self._lock:
             if name in self._bundles:
                 self._bundles.move_to_end(name)

@@ -26,7 +26,7 @@ from analysis.errors import AttnpatError  # noqa: E402
 from analysis.figures import CLASS_STYLE, GridLayout, close, map_figure, png_as_svg  # noqa: E402
 from analysis.models import DEFAULT_MODEL, EMBEDDED_ALIASES, list_store  # noqa: E402
 from analysis.rundir import save_figure, save_table  # noqa: E402
-from app.explore import MAX_LIVE_TOKENS, LiveExplorer, class_table  # noqa: E402
+from app.explore import MAX_LIVE_TOKENS, LiveExplorer, ModelCache, class_table  # noqa: E402
 from app.jobs import BatchJobs, Job, cli_verbs  # noqa: E402
 from app.run_browser import FIGURE_LOCK, ArtifactView, RunBrowser, Scratch, slug_label  # noqa: E402
 
@@ -56,10 +56,13 @@ def model_choices() -> list[str]:
 class WebApp:
     """Builds the Blocks; the handlers are methods so tests can call them without a browser too."""
 
-    def __init__(self, runs_dir: str | Path | None = None, explorer: LiveExplorer | None = None):
+    def __init__(self, runs_dir: str | Path | None = None, explorer: LiveExplorer | None = None, *,
+                 allow_any_model: bool = False):
         self.scratch = Scratch()
         self.runs = RunBrowser(runs_dir, self.scratch)
-        self.explorer = explorer or LiveExplorer()
+        # Explore loads only the models the dropdown lists, unless the app was started with --allow-any-model:
+        # a client could otherwise make the server load any path or hub id it names.
+        self.explorer = explorer or LiveExplorer(ModelCache(allowed=None if allow_any_model else model_choices))
         self.jobs = BatchJobs(self.runs.root)
 
     # -------------------------------------------------------- Explore
@@ -401,8 +404,9 @@ class WebApp:
             del demo
 
 
-def build_app(runs_dir: str | Path | None = None, explorer: LiveExplorer | None = None) -> tuple[gr.Blocks, WebApp]:
-    web = WebApp(runs_dir, explorer)
+def build_app(runs_dir: str | Path | None = None, explorer: LiveExplorer | None = None, *,
+              allow_any_model: bool = False) -> tuple[gr.Blocks, WebApp]:
+    web = WebApp(runs_dir, explorer, allow_any_model=allow_any_model)
     return web.build(), web
 
 
@@ -419,14 +423,14 @@ def warm_up(web: WebApp, model: str = DEFAULT_MODEL) -> None:
 
 
 def launch(host: str = "127.0.0.1", port: int = 7860, runs_dir: str | Path | None = None, *, block: bool = True,
-           explorer: LiveExplorer | None = None, quiet: bool = False, warm: bool = True):
+           explorer: LiveExplorer | None = None, quiet: bool = False, warm: bool = True, allow_any_model: bool = False):
     """Serve the app on host:port (offline: no analytics, no share link). Returns (demo, web) when not blocking."""
     if not 0 < int(port) < 65536:
         raise AttnpatError(f"port must be between 1 and 65535, got {port}")
     # Live inputs are small: one thread per request, several requests in parallel, beats every request
     # fighting over all cores (bench/bench_explore.py: 0.1-0.3 s with 1 thread vs 2+ s with 2 on a busy machine).
     torch.set_num_threads(1)
-    demo, web = build_app(runs_dir, explorer)
+    demo, web = build_app(runs_dir, explorer, allow_any_model=allow_any_model)
     if warm:
         warm_up(web)
     demo.queue(default_concurrency_limit=8, max_size=256)
