@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -62,10 +64,34 @@ def save_credentials(credentials: Credentials, root: Path | None = None) -> Path
 
 
 def load_credentials(root: Path | None = None) -> Credentials | None:
+    """The stored credentials, None when there are none; a damaged file is an AttnpatError."""
     path = credentials_file(root)
     if not path.is_file():
         return None
-    return Credentials(**json.loads(path.read_text()))
+    try:
+        return Credentials(**json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as exc:
+        raise AttnpatError(f"the stored Label Studio credentials {path} are unreadable ({type(exc).__name__}); "
+                           "delete the file and run `attnpat annotate serve` again") from exc
+
+
+def resolve_credentials(url: str | None = None, token: str | None = None, root: Path | None = None) -> Credentials:
+    """Credentials for a command: --url and --token (or $LABEL_STUDIO_URL, $LABEL_STUDIO_API_KEY), else the
+    stored ones of `attnpat annotate serve`. A URL without a token uses the stored token only when the
+    stored credentials are for that URL; otherwise the error says what is missing."""
+    url = (url or os.environ.get("LABEL_STUDIO_URL") or "").rstrip("/") or None
+    token = token or os.environ.get("LABEL_STUDIO_API_KEY")
+    stored = load_credentials(root)
+    if url and token:
+        return Credentials(url, token)
+    if stored and (not url or url == stored.url):
+        return Credentials(stored.url, token or stored.token)
+    if url and stored:
+        raise AttnpatError(f"--url {url} needs --token (or $LABEL_STUDIO_API_KEY): the stored credentials are "
+                           f"for {stored.url}")
+    if url:
+        raise AttnpatError(f"--url {url} needs --token (or $LABEL_STUDIO_API_KEY); no credentials are stored")
+    raise AttnpatError("no Label Studio credentials: run `attnpat annotate serve`, or give --url and --token")
 
 
 def health(url: str, timeout: float = 3.0) -> bool:
@@ -105,29 +131,67 @@ def serve(port: int = DEFAULT_PORT, host: str = "127.0.0.1", root: Path | None =
         return stored
     if health(url):
         raise AttnpatError(f"port {port} already serves another Label Studio; choose --port or stop it")
+    if port_in_use(host, port):  # Label Studio would silently move to the next free port
+        raise AttnpatError(f"port {port} is in use by another program; choose another with --port")
     root.mkdir(parents=True, exist_ok=True)
     email = stored.email if stored and stored.email else ADMIN_EMAIL
     password = stored.password if stored and stored.password else secrets.token_urlsafe(16)
-    env = {**os.environ, **OFFLINE_ENV, "LABEL_STUDIO_BASE_DATA_DIR": str(root / "data")}
+    # The admin login goes through the environment (readable by this user only), never argv (any user's `ps`).
+    env = {**os.environ, **OFFLINE_ENV, "LABEL_STUDIO_BASE_DATA_DIR": str(root / "data"),
+           "LABEL_STUDIO_USERNAME": email, "LABEL_STUDIO_PASSWORD": password}
     command = [str(label_studio_bin()), "start", "--no-browser", "--internal-host", host, "--port", str(port),
-               "--data-dir", str(root / "data"), "--username", email, "--password", password]
-    log_file = open(root / "server.log", "ab")
-    process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               start_new_session=True)  # outlives this command: `attnpat annotate stop` ends it
+               "--data-dir", str(root / "data")]
+    log_path = root / "server.log"
+    log_start = log_path.stat().st_size if log_path.is_file() else 0
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL,
+                                   start_new_session=True)  # outlives this command: `attnpat annotate stop` ends it
     atomic_write(_pid_file(root), lambda tmp: tmp.write_text(f"{process.pid} {port}\n"))
-    log(f"starting Label Studio on {url} (first start runs migrations; log: {root / 'server.log'})")
+    log(f"starting Label Studio on {url} (first start runs migrations; log: {log_path})")
     deadline = time.time() + timeout
     while not health(url):
         if process.poll() is not None:
-            raise AttnpatError(f"Label Studio exited with status {process.returncode}; see {root / 'server.log'}")
+            _pid_file(root).unlink(missing_ok=True)
+            raise AttnpatError(f"Label Studio exited with status {process.returncode}; see {log_path}")
+        moved = _moved_port(log_path, log_start)
+        if moved is not None:  # the port was taken between the check and the start
+            stop(root)
+            raise AttnpatError(f"port {port} became busy while Label Studio started (it moved to {moved}); "
+                               "stopped it; choose another --port")
         if time.time() > deadline:
             stop(root)
-            raise AttnpatError(f"Label Studio did not answer on {url} within {timeout:.0f} s; see {root / 'server.log'}")
+            raise AttnpatError(f"Label Studio did not answer on {url} within {timeout:.0f} s; see {log_path}")
         time.sleep(2)
     token = stored.token if stored and stored.url == url and token_works(url, stored.token) else None
     credentials = Credentials(url, token or personal_access_token(url, email, password), email, password)
     save_credentials(credentials, root)
     return credentials
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Does anything accept connections on ``host:port`` (or on localhost:port, which Label Studio checks)?"""
+    for address in dict.fromkeys((host, "localhost")):
+        with socket.socket() as probe:
+            probe.settimeout(1.0)
+            try:
+                if probe.connect_ex((address, port)) == 0:
+                    return True
+            except OSError:  # an unresolvable or unreachable address holds no server
+                continue
+    return False
+
+
+def _moved_port(log_path: Path, start: int) -> int | None:
+    """The port Label Studio moved to, when its log (after byte ``start``) says the asked one was in use."""
+    try:
+        with open(log_path, "rb") as handle:
+            handle.seek(start)
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = re.search(r"Port \d+ is in use\.\s*\*?\s*Trying to start at (\d+)", text)
+    return int(found.group(1)) if found else None
 
 
 def _login(url: str, email: str, password: str):

@@ -1,7 +1,6 @@
 """`attnpat annotate serve|stop|status|push|pull`: the Label Studio workflow."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -23,17 +22,9 @@ def register(app: typer.Typer) -> None:
 
 
 def _credentials(url: Optional[str], token: Optional[str]):
-    from analysis.errors import AttnpatError
-    from annotation.server import Credentials, load_credentials
+    from annotation.server import resolve_credentials
 
-    url = url or os.environ.get("LABEL_STUDIO_URL")
-    token = token or os.environ.get("LABEL_STUDIO_API_KEY")
-    stored = load_credentials()
-    if url and token:
-        return Credentials(url.rstrip("/"), token)
-    if stored and (not url or url.rstrip("/") == stored.url):
-        return Credentials(stored.url, token or stored.token)
-    raise AttnpatError("no Label Studio credentials: run `attnpat annotate serve`, or give --url and --token")
+    return resolve_credentials(url, token)
 
 
 def _samples_dir() -> Path:

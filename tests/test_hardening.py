@@ -232,3 +232,103 @@ def test_a_checkpoints_json_metadata_is_checked_not_ignored(tmp_path):
         load_checkpoint(weights)
     weights.with_suffix(".json").unlink()  # the weights carry their own metadata: no .json is fine
     assert load_checkpoint(weights)[1] == metadata
+
+
+# ------------------------------------------------------------------ 5, 8 and 10: Label Studio
+
+def test_serve_fails_fast_on_a_busy_port_and_starts_nothing(tmp_path):
+    import socket
+    import time
+
+    from annotation import server
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(AttnpatError, match=f"port {port} is in use by another program; choose another with --port"):
+            server.serve(port=port, root=tmp_path, timeout=30, log=lambda message: None)
+        assert time.monotonic() - started < 10
+    assert server.running_pid(tmp_path) is None and not (tmp_path / "server.pid").exists()
+
+
+def test_a_port_label_studio_moved_to_is_noticed_in_its_log(tmp_path):
+    from annotation.server import _moved_port
+
+    log = tmp_path / "server.log"
+    log.write_text("old run\n* Port 8080 is in use.\n* Trying to start at 8081\n")
+    start = log.stat().st_size
+    assert _moved_port(log, start) is None  # only what this start wrote counts
+    with open(log, "a") as handle:
+        handle.write("\n*** WARNING! ***\n* Port 8090 is in use.\n* Trying to start at 8091\n****************\n")
+    assert _moved_port(log, start) == 8091
+
+
+def test_the_admin_password_is_not_on_the_servers_command_line(label_studio):
+    from pathlib import Path
+
+    from annotation import server
+
+    pid = server.running_pid(label_studio.root)
+    assert pid and label_studio.password
+    family, todo = [], [pid]
+    while todo:  # the server and every process it started
+        current = todo.pop()
+        family.append(current)
+        children = Path(f"/proc/{current}/task/{current}/children")
+        todo += [int(child) for child in children.read_text().split()] if children.exists() else []
+    for member in family:
+        command_line = Path(f"/proc/{member}/cmdline").read_bytes().decode(errors="replace")
+        assert label_studio.password not in command_line, member
+    assert int(server._pid_file(label_studio.root).read_text().split()[1]) == int(label_studio.url.rsplit(":", 1)[1])
+
+
+def test_url_without_token_names_what_is_missing(tmp_path, capsys, monkeypatch):
+    from annotation.server import Credentials, save_credentials, server_dir
+
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    monkeypatch.delenv("LABEL_STUDIO_URL", raising=False)
+    monkeypatch.delenv("LABEL_STUDIO_API_KEY", raising=False)
+    (tmp_path / "workspace" / "annotation" / "samples" / "s").mkdir(parents=True)
+    pull = ["annotate", "pull", "--sample", "s", "--url"]
+    code, _, _, errors = run_cli(pull + ["http://127.0.0.1:9"], capsys)
+    assert code == 2 and errors == ["error: --url http://127.0.0.1:9 needs --token (or $LABEL_STUDIO_API_KEY); "
+                                    "no credentials are stored"]
+    save_credentials(Credentials("http://127.0.0.1:8080", "stored-token", "a@b.c", "pw"),
+                     server_dir(tmp_path / "workspace" / "annotation" / "label-studio"))
+    code, _, _, errors = run_cli(pull + ["http://127.0.0.1:9"], capsys)
+    assert code == 2 and errors == ["error: --url http://127.0.0.1:9 needs --token (or $LABEL_STUDIO_API_KEY): "
+                                    "the stored credentials are for http://127.0.0.1:8080"]
+    code, _, _, errors = run_cli(pull + ["http://127.0.0.1:8080/"], capsys)  # the stored server: its token is used
+    assert code == 2 and "needs --token" not in errors[0] and "credentials" not in errors[0]
+
+
+# ------------------------------------------------------------------ 10. the app loads only the models it lists
+
+def test_the_explore_endpoint_refuses_models_the_app_does_not_list(tmp_path, tiny_model):
+    from gradio_client import Client
+
+    from app.webapp import launch
+    from tests.conftest import free_port
+
+    asked = []
+    port = free_port()
+    demo, web = launch("127.0.0.1", port, tmp_path, block=False, quiet=True, warm=False)
+    try:
+        web.explorer.models.loader = lambda name: asked.append(name)  # records any load the endpoint attempts
+        status, grid, *_ = Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
+            "hello", "", str(tiny_model), False, False, api_name="/explore")
+    finally:
+        demo.close()
+    assert status.startswith("**error:** ") and "is not one this app offers" in status and "--allow-any-model" in status
+    assert grid is None and asked == []
+
+
+def test_allow_any_model_lets_explore_load_a_path(tmp_path, tiny_model):
+    from app.webapp import WebApp
+
+    web = WebApp(tmp_path, allow_any_model=True)
+    status = web.explore("hello there", "", str(tiny_model), False, False)[0]
+    assert not status.startswith("**"), status
+    assert "minilm" in WebApp(tmp_path).explorer.models.allowed()
