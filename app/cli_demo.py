@@ -1,7 +1,4 @@
-"""`attnpat demo`: the default pipeline on the embedded model and packaged data, then the web app.
-
-Each step is an ordinary `attnpat` verb run in-process, so the demo shows exactly what a user would type.
-"""
+"""`attnpat demo`: the demo pipeline (app/demo.py) on the embedded model and packaged data, then the web app."""
 from __future__ import annotations
 
 import time
@@ -11,42 +8,35 @@ import typer
 
 from app import options as opt
 
-# (title, argv) — everything offline on the embedded MiniLM; sizes keep the whole pipeline to minutes on a CPU.
-PIPELINE = (
-    ("per-layer overview of all 872 SST-2 dev maps", ["overview", "--task", "sst2"]),
-    ("pattern classes of every head on SST-2, MRPC and RTE (Kovaleva Fig. 2)",
-     ["classify", "--task", "all", "--n", "200"]),
-    ("attention to [CLS]/[SEP] and the last layer's [CLS] row on SST-2 (Kovaleva Fig. 6-7)",
-     ["special", "--task", "sst2", "--n", "300"]),
-    ("Clark's surface statistics and entropy on wiki segments", ["surface", "--task", "wiki", "--n", "200"]),
-    ("Jensen-Shannon head clustering with MDS", ["cluster", "--task", "wiki", "--n", "50"]),
-    ("coreference probing on WinoBias (Clark Table 2)", ["probe-coref"]),
-)
-
 
 def register(app: typer.Typer) -> None:
     app.command("demo")(demo)
 
 
 def demo(no_app: bool = typer.Option(False, "--no-app", help="run the pipeline only"),
+         quick: bool = typer.Option(False, "--quick", help="the same steps on a few examples (a first look; "
+                                    "the fine-tune learns nothing)"),
+         force: bool = typer.Option(False, "--force", help="rerun every step, even those whose outputs are current"),
          host: str = typer.Option("127.0.0.1", "--host", help="web app interface"),
          port: int = typer.Option(7860, "--port", help="web app port"),
          runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet,
          only: Optional[str] = typer.Option(None, "--only", help="comma-separated verbs of the pipeline to run")) -> None:
-    """Run the default pipeline on the embedded MiniLM and packaged data into runs/, then start the web app."""
-    from analysis.errors import AttnpatError
+    """Fill every app tab from the embedded MiniLM and packaged data (fine-tune, compare, special, disable,
+    importance, prune, Clark's analyses, probing), then start the web app. Steps whose outputs are current are skipped."""
+    from app import demo as pipeline
     from app.cli import main
 
-    wanted = {verb.strip() for verb in only.split(",")} if only else None
-    extra = (["--runs-dir", str(runs_dir)] if runs_dir else []) + (["-q"] if quiet else [])
-    steps = [(title, argv) for title, argv in PIPELINE if wanted is None or argv[0] in wanted]
-    for number, (title, argv) in enumerate(steps, 1):
-        typer.echo(f"\n[{number}/{len(steps)}] {title}\n$ attnpat {' '.join(argv)}")
-        started = time.time()
-        code = main(argv + extra)
-        if code != 0:
-            raise AttnpatError(f"demo step `attnpat {' '.join(argv)}` failed (exit {code}); see the message above")
-        typer.echo(f"({time.time() - started:.0f} s)")
+    sizes = pipeline.QUICK if quick else pipeline.FULL
+    wanted = [verb.strip() for verb in only.split(",") if verb.strip()] if only else None
+    started = time.time()
+    records = pipeline.with_environment(pipeline.offline_environment(), lambda: pipeline.run_pipeline(
+        main, sizes=sizes, runs_dir=runs_dir, only=wanted, force=force, quiet=quiet, echo=typer.echo))
+    ran = sum(record["status"] == "run" for record in records)
+    typer.echo(f"\ndemo pipeline: {ran} steps run, {len(records) - ran} skipped, "
+               f"{pipeline.duration(time.time() - started)} in all")
+    typer.echo("\nwhat each tab of the web app shows now:")
+    for line in pipeline.tab_summary(runs_dir, sizes):
+        typer.echo(f"  {line}")
     if no_app:
         return
     typer.echo(f"\nstarting the web app on http://{host}:{port} (Ctrl+C stops it)")

