@@ -164,7 +164,7 @@ def _set_rng_state(state: dict) -> None:
 
 # ---------------------------------------------------------------- training
 
-def train_classifier(bundle, examples: Sequence[Example], recipe: Recipe, checkpoint: Path, *, num_labels: int,
+def finetune_encoder(bundle, examples: Sequence[Example], recipe: Recipe, checkpoint: Path, *, num_labels: int,
                      checkpoint_every: int = 50, progress: bool = True,
                      on_step: Callable[[int, float], None] | None = None) -> TrainResult:
     """Train ``bundle.model`` (a sequence classifier) in place, resuming from ``checkpoint`` when it exists.
@@ -356,7 +356,7 @@ def _train_into_store(base: str, task: str, path: Path, recipe: Recipe, *, split
     bundle = load_model(base, kind="classifier", num_labels=num_labels, device=device)
     path.mkdir(parents=True, exist_ok=True)
     checkpoint = path / CHECKPOINT_DIR / STATE_FILE
-    result = train_classifier(bundle, train.examples, recipe, checkpoint, num_labels=num_labels,
+    result = finetune_encoder(bundle, train.examples, recipe, checkpoint, num_labels=num_labels,
                               checkpoint_every=checkpoint_every, progress=progress, on_step=on_step)
     eval_started = time.time()
     scores = evaluate(bundle, evaluation, num_labels=num_labels, max_length=recipe.max_length)

@@ -1,57 +1,165 @@
-"""A compact, resumable on-disk format for attention-map samples.
+"""One on-disk format for attention maps, one map-id grammar and one digest over maps.
 
-A map file is a compressed .npz shard holding several examples, each cropped to its real length:
-  attn        float16, all examples' (L, H, n, n) maps flattened and concatenated
-  lengths     (N,) int32 real lengths n
-  shape       (2,) int32 = (L, H)
-  tokens      (sum n,) str, all examples' tokens concatenated
-  token_type_ids (sum n,) int8
-  example_ids (N,) str
-No pickled objects: shards load with ``allow_pickle=False``.
+A map file is a compressed .npz of map groups. A group holds some heads of one input, all sharing its
+n real tokens: every head of an example (`attnpat extract` shards, float16) or a single head (annotation
+samples and labeled sets, float32). Arrays (no pickled objects: files load with ``allow_pickle=False``):
+  format          () str, FORMAT
+  models, tasks, example_ids   (G,) str: whose maps, on which input
+  lengths         (G,) int32 real lengths n
+  head_counts     (G,) int32 k, the heads each group holds
+  heads           (sum k, 2) int32 (layer, head), 0-indexed, group by group
+  attn            (sum k*n*n,) float16 or float32: each group's (k, n, n) maps flattened, group by group
+  has_tokens      (G,) bool: whether the group's tokens are stored (labeled sets may have none)
+  tokens          (sum n over groups with tokens,) str
+  token_type_ids  (same,) int8
+
+Map id: '<model-slug>:<task>:<example>:L<layer>H<head>' (0-indexed), made by :func:`make_map_id` and read
+by :func:`parse_map_id`; unique and stable, so labels, predictions and tasks join on it.
 """
 from __future__ import annotations
 
+import hashlib
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
 from analysis.errors import AttnpatError
 from analysis.rundir import atomic_write
 
+FORMAT = "attnpat-maps/1"
+_CELL = re.compile(r"L(\d+)H(\d+)")
+
+
+class MapId(NamedTuple):
+    model: str
+    task: str
+    example_id: str
+    layer: int
+    head: int
+
+
+def make_map_id(model: str, task: str, example_id: str, layer: int, head: int) -> str:
+    """'<model>:<task>:<example>:L<layer>H<head>'; a ':' inside model or task becomes '_' (the example id may
+    hold any character: it is read as everything between the second and the last ':')."""
+    return f"{_field(model)}:{_field(task)}:{example_id}:L{int(layer)}H{int(head)}"
+
+
+def _field(text: str) -> str:
+    return str(text).replace(":", "_")
+
+
+def parse_map_id(map_id: str) -> MapId:
+    """The parts of a map id made by :func:`make_map_id`; anything else raises AttnpatError."""
+    prefix, _, cell = str(map_id).rpartition(":")
+    parts = prefix.split(":", 2)
+    match = _CELL.fullmatch(cell)
+    if len(parts) != 3 or not all(parts) or match is None:
+        raise AttnpatError(f"map id {map_id!r} is not <model>:<task>:<example>:L<layer>H<head>")
+    return MapId(parts[0], parts[1], parts[2], int(match[1]), int(match[2]))
+
+
+def maps_digest(maps: Sequence[np.ndarray], map_ids: Sequence[str] | None = None,
+                labels: Sequence[int] | None = None) -> str:
+    """sha256 over maps (each as float32 bytes), preceded per map by its id and its label (one byte) when given.
+
+    One map alone gives the sha256 of its bytes (what an annotation task records); ids and labels identify
+    exactly what a model was trained on."""
+    digest = hashlib.sha256()
+    for k, attn in enumerate(maps):
+        if map_ids is not None:
+            digest.update(str(map_ids[k]).encode())
+        if labels is not None:
+            digest.update(int(labels[k]).to_bytes(1, "little"))
+        digest.update(np.ascontiguousarray(attn, np.float32).tobytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class MapGroup:
+    """Some heads of one input: attn (k, n, n) float32; heads (k, 2) (layer, head); tokens: n strings or None;
+    token_type_ids: (n,) ints or None."""
+
+    model: str
+    task: str
+    example_id: str
+    heads: np.ndarray
+    attn: np.ndarray
+    tokens: list[str] | None = None
+    token_type_ids: np.ndarray | None = None
+
+    @property
+    def map_ids(self) -> list[str]:
+        return [make_map_id(self.model, self.task, self.example_id, layer, head) for layer, head in self.heads]
+
+    def grid(self) -> np.ndarray:
+        """(L, H, n, n): the maps of a group that holds every head of its example, layer by layer."""
+        k, n = self.attn.shape[:2]
+        layers, heads = (int(v) + 1 for v in self.heads.max(0))
+        full = np.stack(np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij"), -1).reshape(-1, 2)
+        if k != layers * heads or not np.array_equal(self.heads, full):
+            raise AttnpatError(f"maps of {self.example_id} are single heads, not every head of the example")
+        return self.attn.reshape(layers, heads, n, n)
+
+
+def single_map(map_id: str, attn: np.ndarray, tokens: Sequence[str] | None = None) -> MapGroup:
+    """A group of one head: attn (n, n); its id (see :func:`make_map_id`) says whose map it is."""
+    part = parse_map_id(map_id)
+    return MapGroup(part.model, part.task, part.example_id, np.asarray([[part.layer, part.head]]),
+                    np.asarray(attn, np.float32)[None], list(tokens) if tokens is not None else None)
+
 
 @dataclass
 class SavedMap:
-    """One example's maps: attn (L, H, n, n) float32, its n tokens and segment ids."""
+    """Every head of one example (an `attnpat extract` shard entry): attn (L, H, n, n) float32, its n tokens,
+    segment ids, and the model and task it comes from."""
 
     example_id: str
     attn: np.ndarray
     tokens: list[str]
     token_type_ids: np.ndarray
+    model: str
+    task: str
+
+    def group(self) -> MapGroup:
+        layers, heads, n = self.attn.shape[:3]
+        cells = np.stack(np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij"), -1).reshape(-1, 2)
+        return MapGroup(self.model, self.task, self.example_id, cells, self.attn.reshape(-1, n, n), list(self.tokens),
+                        np.asarray(self.token_type_ids))
 
     @property
     def map_ids(self) -> list[str]:
-        """Ids of the single-head maps inside: '<example>/L<layer>H<head>' (0-indexed)."""
-        layers, heads = self.attn.shape[:2]
-        return [f"{self.example_id}/L{layer}H{head}" for layer in range(layers) for head in range(heads)]
+        return self.group().map_ids
 
 
-def write_shard(path: str | Path, maps: list[SavedMap]) -> Path:
-    if not maps:
+def write_maps(path: str | Path, groups: Sequence[MapGroup], dtype=np.float32) -> Path:
+    """Write ``groups`` to one map file (atomically); maps are stored as ``dtype`` (float16 halves the size)."""
+    if not groups:
         raise AttnpatError("no maps to write")
-    shape = maps[0].attn.shape[:2]
-    for item in maps:
-        n = len(item.tokens)
-        if item.attn.shape != (*shape, n, n):
-            raise AttnpatError(f"map {item.example_id} has shape {item.attn.shape}, expected {(*shape, n, n)}")
+    for group in groups:
+        k, n = len(group.heads), group.attn.shape[-1]
+        if group.attn.shape != (k, n, n):
+            raise AttnpatError(f"maps of {group.example_id} have shape {group.attn.shape}, expected {(k, n, n)}")
+        if group.tokens is not None and len(group.tokens) != n:
+            raise AttnpatError(f"maps of {group.example_id} are {n} tokens long but come with {len(group.tokens)} tokens")
+    with_tokens = [group for group in groups if group.tokens is not None]
     arrays = {
-        "attn": np.concatenate([item.attn.astype(np.float16).ravel() for item in maps]),
-        "lengths": np.asarray([len(item.tokens) for item in maps], dtype=np.int32),
-        "shape": np.asarray(shape, dtype=np.int32),
-        "tokens": np.asarray([token for item in maps for token in item.tokens], dtype=str),
-        "token_type_ids": np.concatenate([np.asarray(item.token_type_ids, dtype=np.int8) for item in maps]),
-        "example_ids": np.asarray([item.example_id for item in maps], dtype=str),
+        "format": np.asarray(FORMAT),
+        "models": np.asarray([_field(group.model) for group in groups], dtype=str),
+        "tasks": np.asarray([_field(group.task) for group in groups], dtype=str),
+        "example_ids": np.asarray([group.example_id for group in groups], dtype=str),
+        "lengths": np.asarray([group.attn.shape[-1] for group in groups], dtype=np.int32),
+        "head_counts": np.asarray([len(group.heads) for group in groups], dtype=np.int32),
+        "heads": np.concatenate([np.asarray(group.heads, np.int32).reshape(-1, 2) for group in groups]),
+        "attn": np.concatenate([np.asarray(group.attn).astype(dtype).ravel() for group in groups]),
+        "has_tokens": np.asarray([group.tokens is not None for group in groups]),
+        "tokens": np.asarray([token for group in with_tokens for token in group.tokens], dtype=str),
+        "token_type_ids": np.concatenate([np.zeros(0, np.int8)] + [
+            np.asarray(group.token_type_ids if group.token_type_ids is not None else np.zeros(len(group.tokens)),
+                       np.int8) for group in with_tokens]),
     }
 
     def write(tmp: Path) -> None:
@@ -61,27 +169,78 @@ def write_shard(path: str | Path, maps: list[SavedMap]) -> Path:
     return atomic_write(path, write)
 
 
-def read_shard(path: str | Path) -> list[SavedMap]:
+def read_maps(path: str | Path) -> list[MapGroup]:
+    """Every group of one map file, maps as float32. Files of the earlier single-head layout (map_ids,
+    lengths, attn) are read too; anything else raises AttnpatError."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as data:
-            attn, lengths, shape = data["attn"], data["lengths"], tuple(int(v) for v in data["shape"])
-            tokens, types, ids = data["tokens"], data["token_type_ids"], data["example_ids"]
-    except (OSError, ValueError, KeyError, EOFError) as exc:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError, EOFError) as exc:
         raise AttnpatError(f"{path} is not an attnpat map file ({type(exc).__name__})") from exc
-    maps, offset, token_offset = [], 0, 0
-    for example_id, n in zip(ids, lengths):
-        size = shape[0] * shape[1] * n * n
-        maps.append(SavedMap(str(example_id), attn[offset:offset + size].astype(np.float32).reshape(*shape, n, n),
-                             [str(t) for t in tokens[token_offset:token_offset + n]],
-                             types[token_offset:token_offset + n].astype(np.int64)))
-        offset += size
-        token_offset += n
-    return maps
+    if "format" not in arrays:
+        return _read_single_head_layout(path, arrays)
+    if str(arrays["format"]) != FORMAT:
+        raise AttnpatError(f"{path} has map format {str(arrays['format'])!r}, expected {FORMAT!r}")
+    try:
+        groups, offset, head_offset, token_offset = [], 0, 0, 0
+        tokens, types = arrays["tokens"], arrays["token_type_ids"]
+        for g, (n, k) in enumerate(zip(arrays["lengths"].tolist(), arrays["head_counts"].tolist(), strict=True)):
+            size = k * n * n
+            group = MapGroup(str(arrays["models"][g]), str(arrays["tasks"][g]), str(arrays["example_ids"][g]),
+                             arrays["heads"][head_offset:head_offset + k].astype(np.int64),
+                             arrays["attn"][offset:offset + size].astype(np.float32).reshape(k, n, n))
+            if arrays["has_tokens"][g]:
+                group.tokens = [str(t) for t in tokens[token_offset:token_offset + n]]
+                group.token_type_ids = types[token_offset:token_offset + n].astype(np.int64)
+                token_offset += n
+            groups.append(group)
+            offset, head_offset = offset + size, head_offset + k
+    except (KeyError, ValueError, IndexError) as exc:
+        raise AttnpatError(f"{path} is not a complete attnpat map file ({type(exc).__name__})") from exc
+    return groups
+
+
+def _read_single_head_layout(path: Path, arrays: dict) -> list[MapGroup]:
+    if not {"map_ids", "lengths", "attn"} <= set(arrays):
+        raise AttnpatError(f"{path} is not an attnpat map file (maps extracted by an earlier version: extract again)")
+    groups, offset = [], 0
+    for map_id, n in zip(arrays["map_ids"], arrays["lengths"].tolist(), strict=True):
+        groups.append(single_map(str(map_id), arrays["attn"][offset:offset + n * n].reshape(n, n)))
+        offset += n * n
+    return groups
+
+
+def write_single_maps(path: str | Path, maps: dict[str, np.ndarray],
+                      tokens: dict[str, Sequence[str]] | None = None) -> Path:
+    """Single-head maps (map_id -> (n, n)) as float32 groups of one head, with their tokens where known."""
+    tokens = tokens or {}
+    return write_maps(path, [single_map(map_id, attn, tokens.get(map_id)) for map_id, attn in maps.items()])
+
+
+def read_single_maps(path: str | Path) -> dict[str, np.ndarray]:
+    """map_id -> (n, n) float32 map, for every head of every group in a map file."""
+    return {map_id: attn for group in read_maps(path) for map_id, attn in zip(group.map_ids, group.attn, strict=True)}
+
+
+def write_shard(path: str | Path, maps: list[SavedMap]) -> Path:
+    """Whole examples (every head) as float16 groups."""
+    for item in maps:
+        n = len(item.tokens)
+        if item.attn.ndim != 4 or item.attn.shape[2:] != (n, n) or item.attn.shape[:2] != maps[0].attn.shape[:2]:
+            raise AttnpatError(f"map {item.example_id} has shape {item.attn.shape}, expected "
+                               f"{(*maps[0].attn.shape[:2], n, n)}")
+    return write_maps(path, [item.group() for item in maps], np.float16)
+
+
+def read_shard(path: str | Path) -> list[SavedMap]:
+    """The whole examples of one map file (every group must hold every head of its example)."""
+    return [SavedMap(group.example_id, group.grid(), group.tokens or [], group.token_type_ids, group.model,
+                     group.task) for group in read_maps(path)]
 
 
 def shard_files(path: str | Path) -> list[Path]:
-    """A single .npz file, or every shard-*.npz in a folder (sorted)."""
+    """A single .npz file, or every .npz in a folder (sorted)."""
     path = Path(path)
     if path.is_file():
         return [path]
@@ -91,6 +250,12 @@ def shard_files(path: str | Path) -> list[Path]:
             return files
         raise AttnpatError(f"{path} holds no .npz map files")
     raise AttnpatError(f"map path {path} does not exist")
+
+
+def iter_map_groups(path: str | Path) -> Iterator[MapGroup]:
+    """Every group of a map file or of every map file in a folder."""
+    for file in shard_files(path):
+        yield from read_maps(file)
 
 
 def iter_saved_maps(path: str | Path) -> Iterator[SavedMap]:

@@ -1,45 +1,50 @@
 """The labeled set: raw single-head maps joined to their labels. What the CNN classifier learns from.
 
 A labeled set folder (e.g. annotation/labeled/v1/):
-  maps.npz     attn (sum n*n,) float32, lengths (N,), map_ids (N,)   (see annotation.sample.save_maps)
+  maps.npz     the float32 single-head maps, with their tokens where known (the one map format of
+               analysis.mapstore)
   labels.csv   map_id, label, annotator, labeled_at, task, example_id, layer, head, n, prediction
   CARD.md      how the labels were made, class counts, agreement
   annotations.csv  (optional) map_id, label, annotator, ...: every single annotation (attnpat annotate pull)
+  pull_report.json (optional) what the pull or merge that wrote the folder found
 """
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from analysis.errors import AttnpatError
-from annotation.sample import load_maps, save_maps
-from classifier import CLASSES
+from analysis.mapstore import maps_digest, read_maps, write_single_maps
+from analysis.patterns import CLASSES
+from analysis.rundir import atomic_write_text, save_table
 
 LABEL_COLUMNS = ("map_id", "label", "annotator", "labeled_at", "task", "example_id", "layer", "head", "n", "prediction")
 
 
 @dataclass
 class LabeledSet:
-    """maps: N maps (n_i, n_i) float32; labels: (N,) int indices into CLASSES; rows: the labels.csv rows."""
+    """maps: N maps (n_i, n_i) float32; labels: (N,) int indices into CLASSES; rows: the labels.csv rows;
+    tokens: map_id -> its n_i tokens, for the maps stored with tokens."""
 
     maps: list[np.ndarray]
     labels: np.ndarray
     map_ids: list[str]
     rows: list[dict]
     path: Path | None = None
+    tokens: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def data_hash(self) -> str:
-        """sha256 over map ids, labels and map bytes: identifies exactly what a model was trained on."""
-        digest = hashlib.sha256()
-        for map_id, label, attn in zip(self.map_ids, self.labels, self.maps):
-            digest.update(map_id.encode())
-            digest.update(int(label).to_bytes(1, "little"))
-            digest.update(np.ascontiguousarray(attn, np.float32).tobytes())
-        return digest.hexdigest()
+        """sha256 over map ids, labels and map bytes (analysis.mapstore.maps_digest): identifies exactly what a
+        model was trained on."""
+        return maps_digest(self.maps, self.map_ids, self.labels)
 
     def class_counts(self) -> dict[str, int]:
         return {name: int((self.labels == i).sum()) for i, name in enumerate(CLASSES)}
@@ -48,12 +53,10 @@ class LabeledSet:
         return len(self.map_ids)
 
 
-def save_labeled_set(folder: str | Path, rows: list[dict], maps: dict[str, np.ndarray]) -> Path:
-    """Write maps.npz and labels.csv (atomically each). rows: dicts with LABEL_COLUMNS; maps: map_id -> (n, n)."""
-    import pandas as pd
-
-    from analysis.rundir import save_table
-
+def save_labeled_set(folder: str | Path, rows: list[dict], maps: dict[str, np.ndarray],
+                     tokens: dict[str, list[str]] | None = None) -> Path:
+    """Write maps.npz and labels.csv (atomically each). rows: dicts with LABEL_COLUMNS; maps: map_id -> (n, n);
+    tokens: map_id -> its n tokens, where known."""
     folder = Path(folder)
     unknown = sorted({row["label"] for row in rows} - set(CLASSES))
     if unknown:
@@ -62,7 +65,8 @@ def save_labeled_set(folder: str | Path, rows: list[dict], maps: dict[str, np.nd
     if missing:
         raise AttnpatError(f"{len(missing)} labels have no raw map (first: {missing[0]})")
     ids = [row["map_id"] for row in rows]
-    save_maps(folder / "maps.npz", ids, [maps[i] for i in ids])
+    tokens = tokens or {}
+    write_single_maps(folder / "maps.npz", {i: maps[i] for i in ids}, {i: tokens[i] for i in ids if i in tokens})
     frame = pd.DataFrame(rows)
     for column in LABEL_COLUMNS:
         if column not in frame:
@@ -73,8 +77,6 @@ def save_labeled_set(folder: str | Path, rows: list[dict], maps: dict[str, np.nd
 
 def load_labeled_set(folder: str | Path) -> LabeledSet:
     """Read a labeled set; unknown labels, labels without maps and empty classes raise AttnpatError."""
-    import pandas as pd
-
     folder = Path(folder)
     if not (folder / "labels.csv").is_file() or not (folder / "maps.npz").is_file():
         raise AttnpatError(f"{folder} is not a labeled set (needs labels.csv and maps.npz)")
@@ -90,20 +92,24 @@ def load_labeled_set(folder: str | Path) -> LabeledSet:
     empty = [name for name in CLASSES if not (frame.label == name).any()]
     if empty:
         raise AttnpatError(f"{folder.name}: no maps labeled {', '.join(empty)}; every class needs examples")
-    maps = load_maps(folder / "maps.npz")
+    maps, tokens = {}, {}
+    for group in read_maps(folder / "maps.npz"):
+        for map_id, attn in zip(group.map_ids, group.attn, strict=True):
+            maps[map_id] = attn
+            if group.tokens is not None:
+                tokens[map_id] = group.tokens
     missing = [i for i in frame.map_id if i not in maps]
     if missing:
         raise AttnpatError(f"{folder.name}: {len(missing)} labels have no map in maps.npz (first: {missing[0]})")
     ids = list(frame.map_id)
     labels = np.asarray([CLASSES.index(label) for label in frame.label], dtype=np.int64)
-    return LabeledSet([maps[i] for i in ids], labels, ids, frame.to_dict("records"), folder)
+    return LabeledSet([maps[i] for i in ids], labels, ids, frame.to_dict("records"), folder,
+                      {i: tokens[i] for i in ids if i in tokens})
 
 
 def annotator_agreement(labeled: LabeledSet) -> np.ndarray | None:
     """(N,) float per map of ``labeled``: 1.0 where two or more annotators all gave the same label, 0.0 where
     they differed, NaN where fewer than two labeled it. None when the set has no annotations.csv."""
-    import pandas as pd
-
     path = labeled.path / "annotations.csv" if labeled.path is not None else None
     if path is None or not path.is_file():
         return None
@@ -130,15 +136,12 @@ def merge_labeled_sets(folders: list[str | Path], out: str | Path) -> LabeledSet
     concatenated too. A map labeled in two sets is an error unless map and label agree (then it is kept once).
     The folder is written whole or not at all.
     """
-    import pandas as pd
-
-    from annotation.labelstudio import write_labeled_folder
-
     if len(folders) < 2:
         raise AttnpatError("merging needs at least two labeled sets")
-    rows, maps, annotations, seen = [], {}, [], {}
+    rows, maps, tokens, annotations, seen = [], {}, {}, [], {}
     for folder in map(Path, folders):
         labeled = load_labeled_set(folder)
+        tokens.update(labeled.tokens)
         for row, map_id, attn in zip(labeled.rows, labeled.map_ids, labeled.maps):
             if map_id in seen:
                 same = seen[map_id] == row["label"] and np.array_equal(maps[map_id], attn)
@@ -153,5 +156,44 @@ def merge_labeled_sets(folders: list[str | Path], out: str | Path) -> LabeledSet
             annotations.extend(pd.read_csv(folder / "annotations.csv").to_dict("records"))
     summary = {"merged_from": [str(folder) for folder in folders], "labeled": len(rows),
                "class_counts": {name: sum(r["label"] == name for r in rows) for name in CLASSES}}
-    write_labeled_folder(Path(out), rows, maps, annotations, summary)
+    write_labeled_folder(Path(out), rows, maps, annotations, summary, tokens)
     return load_labeled_set(out)
+
+
+def write_labeled_folder(out: Path, rows: list[dict], maps: dict[str, np.ndarray], annotations: list[dict],
+                         summary: dict, tokens: dict[str, list[str]] | None = None) -> Path:
+    """Write the labeled set (maps.npz, labels.csv), annotations.csv and pull_report.json into a temporary
+    sibling folder, then rename it onto ``out`` (replacing an older folder of that name)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial"))
+    os.chmod(staging, 0o755)  # mkdtemp makes it private; the labeled set is an ordinary folder
+    try:
+        save_labeled_set(staging, rows, maps, tokens)
+        save_table(pd.DataFrame(annotations), staging / "annotations.csv")
+        atomic_write_text(staging / "pull_report.json", json.dumps(summary, indent=2))
+        if out.exists():
+            retired = out.with_name(f".{out.name}.old")
+            shutil.rmtree(retired, ignore_errors=True)
+            out.rename(retired)
+            staging.rename(out)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def fleiss_kappa(label_lists: list[list[str]], classes=CLASSES) -> float:
+    """Fleiss' kappa for items rated by several annotators (equal to Cohen's kappa's chance model for 2
+    raters of equal marginals). label_lists: one list of labels per item, each of length >= 2."""
+    counts = np.asarray([[labels.count(c) for c in classes] for labels in label_lists], dtype=float)
+    raters = counts.sum(1)
+    if (raters < 2).any():
+        raise AttnpatError("Fleiss' kappa needs at least two labels per item")
+    per_item = ((counts ** 2).sum(1) - raters) / (raters * (raters - 1))
+    p_bar = per_item.mean()
+    shares = counts.sum(0) / counts.sum()
+    p_e = float((shares ** 2).sum())
+    return float((p_bar - p_e) / (1 - p_e)) if p_e < 1 else 1.0

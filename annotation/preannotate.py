@@ -1,7 +1,7 @@
 """Rule-based pre-annotator: numeric features of one attention map and documented per-class thresholds.
 
 It gives annotators a starting point in Label Studio (a prediction, never the answer) and is the
-baseline the CNN must beat. The rules follow ../shared/guideline.md:
+baseline the CNN must beat. The rules follow annotation/guideline.md:
 
   band      = max over offsets -2..+2 of the mean mass on that diagonal        ("diagonal": a band at a
               fixed small offset, as the guideline says; prev/self/next masses are the -1/0/+1 ones)
@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from analysis.figures import check_map
+from analysis.patterns import CLASSES
 from analysis.stats import PROFILE_NAMES, PROFILE_OFFSETS, map_profile
 from analysis.stream import PUNCTUATION
 
@@ -125,6 +126,12 @@ def preannotate(attn: np.ndarray, tokens: list[str] | None = None) -> tuple[str,
     return classify_features(map_features(attn, tokens))
 
 
+def rule_classes(maps, tokens: list[str] | None = None) -> list[str]:
+    """The rules' class name for each (n, n) map of one example (``tokens``: its n tokens, or None); a
+    predictor as analysis.sampling takes it."""
+    return [preannotate(attn, tokens)[0] for attn in maps]
+
+
 class RulePreannotator:
     """The rules as a scikit-learn-style estimator (fit is a no-op: thresholds are fixed and documented),
     so the classifier's evaluation treats it like any other baseline."""
@@ -132,8 +139,6 @@ class RulePreannotator:
     classes_ = None
 
     def fit(self, maps, labels=None, tokens_list=None):
-        from classifier import CLASSES
-
         self.classes_ = np.asarray(CLASSES)
         return self
 

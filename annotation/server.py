@@ -1,7 +1,8 @@
 """Run a local Label Studio server (its own venv) offline on 127.0.0.1, and keep its credentials.
 
 Label Studio pins its own label-studio-sdk and Pillow, so it lives in a separate venv (``.ls-venv``,
-made by ``make label-studio``); this project's venv only holds the SDK client.
+made by ``make label-studio``); this project's venv only holds the SDK client. Another installation is
+chosen with ``attnpat annotate serve --label-studio PATH`` or the ATTNPAT_LABEL_STUDIO environment variable.
 """
 from __future__ import annotations
 
@@ -43,12 +44,13 @@ def credentials_file(root: Path | None = None) -> Path:
     return server_dir(root) / "credentials.json"
 
 
-def label_studio_bin() -> Path:
-    configured = os.environ.get("ATTNPAT_LABEL_STUDIO_BIN")
+def label_studio_bin(path: str | Path | None = None) -> Path:
+    """The label-studio executable: ``path``, else $ATTNPAT_LABEL_STUDIO, else the set-up's .ls-venv."""
+    configured = path or os.environ.get("ATTNPAT_LABEL_STUDIO")
     path = Path(configured) if configured else repo_root() / ".ls-venv" / "bin" / "label-studio"
     if not path.is_file():
         raise AttnpatError(f"Label Studio is not installed at {path}; run `make label-studio` "
-                           "(or set ATTNPAT_LABEL_STUDIO_BIN)")
+                           "(or give --label-studio PATH, or set ATTNPAT_LABEL_STUDIO)")
     return path
 
 
@@ -120,10 +122,10 @@ def running_pid(root: Path | None = None) -> int | None:
 
 
 def serve(port: int = DEFAULT_PORT, host: str = "127.0.0.1", root: Path | None = None,
-          timeout: float = 420.0, log=print) -> Credentials:
+          timeout: float = 420.0, log=print, label_studio: str | Path | None = None) -> Credentials:
     """Start Label Studio in the background (or reuse the running one), create the admin user, obtain a
     personal access token, store credentials (0600) and return them. The first start runs database
-    migrations and takes a minute or more."""
+    migrations and takes a minute or more. label_studio: the executable (see :func:`label_studio_bin`)."""
     root = server_dir(root)
     url = f"http://{host}:{port}"
     stored = load_credentials(root)
@@ -139,7 +141,7 @@ def serve(port: int = DEFAULT_PORT, host: str = "127.0.0.1", root: Path | None =
     # The admin login goes through the environment (readable by this user only), never argv (any user's `ps`).
     env = {**os.environ, **OFFLINE_ENV, "LABEL_STUDIO_BASE_DATA_DIR": str(root / "data"),
            "LABEL_STUDIO_USERNAME": email, "LABEL_STUDIO_PASSWORD": password}
-    command = [str(label_studio_bin()), "start", "--no-browser", "--internal-host", host, "--port", str(port),
+    command = [str(label_studio_bin(label_studio)), "start", "--no-browser", "--internal-host", host, "--port", str(port),
                "--data-dir", str(root / "data")]
     log_path = root / "server.log"
     log_start = log_path.stat().st_size if log_path.is_file() else 0

@@ -40,11 +40,11 @@ def _state_file() -> Path:
 
 
 @annotate.command("serve")
-def serve(port: int = Port) -> None:
+def serve(port: int = Port, label_studio: Optional[Path] = typer.Option(None, "--label-studio", help="the label-studio executable (default: $ATTNPAT_LABEL_STUDIO, else the set-up's .ls-venv/bin/label-studio)")) -> None:
     """Start a local Label Studio (127.0.0.1, offline), create the admin user and store an API token (0600)."""
     from annotation.server import credentials_file, serve as start
 
-    credentials = start(port=port, log=typer.echo)
+    credentials = start(port=port, log=typer.echo, label_studio=label_studio)
     typer.echo(f"Label Studio is serving on {credentials.url}")
     typer.echo(f"log in as {credentials.email}; password and token are in {credentials_file()} (readable by you only)")
 
@@ -92,16 +92,19 @@ def push(model: str = opt.Model, count: int = typer.Option(480, "--count", help=
              None, "--class-shares", help="with --stratify-by: share of maps per predicted class, e.g. "
              "block=3,heterogeneous=3,diagonal=2,vertical=1,vertical+diagonal=1 (default: equal)"),
          exclude: list[Path] = typer.Option([], "--exclude", help="labeled set or sample whose maps are not drawn "
-                                            "again (repeatable)")) -> None:
+                                            "again (repeatable)"),
+         maps: Optional[Path] = typer.Option(None, "--maps", help="draw the sample from map files written by `attnpat extract` instead of the model")) -> None:
     """Sample maps (stratified over tasks, layers, heads, examples, or by predicted class), render them, and
     import them as tasks with pre-annotations. Rerunning never duplicates a task and finishes an interrupted push."""
     from annotation.labelstudio import push as push_tasks
     from annotation.sample import ensure_sample
+    from classifier.predict import pattern_predictor
 
     credentials = _credentials(url, token)
     folder = ensure_sample(_samples_dir(), model, count, [t.strip() for t in tasks.split(",") if t.strip()], seed,
                            sample, max_length, log=typer.echo, stratify_by=stratify_by,
-                           class_shares=class_shares, exclude=exclude)
+                           class_shares=class_shares, exclude=exclude, maps=maps,
+                           predict=pattern_predictor(stratify_by) if stratify_by else None)
     report = push_tasks(credentials, folder, project, _state_file(), log=typer.echo)
     typer.echo(f"project {report.project_id} ({'created' if report.created_project else 'reused'}): "
                f"{report.pushed} new tasks, {report.already_there} already there, {report.total} in the sample; "

@@ -29,7 +29,7 @@ def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g.
     from analysis.errors import AttnpatError
     from analysis.rundir import RunDir
     from classifier.train import TrainConfig
-    from classifier.training_run import load_training_data, train_classifier
+    from classifier.training_run import load_training_data, train_pattern_cnn
 
     if pool < 0 or pool_weight < 0 or pool_rounds < 1:
         raise AttnpatError(f"--pool and --pool-weight must be 0 or more and --pool-rounds at least 1 "
@@ -45,7 +45,7 @@ def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g.
 
         unlabeled = draw_pool(pool_model or model_of(training.map_ids), pool, exclude=training.map_ids,
                               progress=not quiet)
-    summary = train_classifier(training, out, run, config, baselines=baselines, progress=not quiet, pool=unlabeled)
+    summary = train_pattern_cnn(training, out, run, config, baselines=baselines, progress=not quiet, pool=unlabeled)
     typer.echo(f"{len(training.labels)} maps from {training.source}; {folds}-fold cross-validation (out-of-fold scores):")
     typer.echo(summary.to_string(float_format=lambda v: f"{v:.3f}"))
     typer.echo(f"tables: {run.file('cv_scores.csv')}, {run.file('cv_confusion.csv')}, {run.file('cv_predictions.csv')}")

@@ -6,24 +6,30 @@ its real length, resized (all examples of one length together) and classified, a
 """
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
+import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import torch
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
 
-from analysis.data import TaskData
+from analysis.data import GLUE_TASKS, TaskData, available_tasks, load_data
 from analysis.errors import AttnpatError
+from analysis.figures import close, label_head_axes  # importing analysis.figures selects the Agg backend
+from analysis.mapstore import iter_map_groups
+from analysis.patterns import CLASS_COLOURS, CLASSES
+from analysis.progress import progress_bar
 from analysis.rundir import RunDir, save_table
 from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps
-from classifier import CLASSES
 from classifier.model import IMAGE_CHANNELS, PROFILE_FEATURES, resize_maps, write_inputs
 from classifier.predict import PatternClassifier
-from analysis.progress import progress_bar
 
 ALL_TASKS_DIR = "all"
-# One colour per class, in CLASSES order, shared by every figure.
-CLASS_COLOURS = ("#1f77b4", "#2ca02c", "#17becf", "#ff7f0e", "#9467bd")
 
 
 def classify_batch(map_batch: MapBatch, classifier: PatternClassifier) -> torch.Tensor:
@@ -72,8 +78,6 @@ def head_class_counts(bundle, examples, classifier: PatternClassifier, *, batch_
 
 def pattern_table(counts: np.ndarray):
     """(L, H, 5) counts -> long frame layer, head, class, count, fraction (fraction of that head's maps)."""
-    import pandas as pd
-
     layers, heads, classes = counts.shape
     totals = counts.sum(axis=2, keepdims=True)
     fractions = np.divide(counts, totals, out=np.zeros(counts.shape), where=totals > 0)
@@ -84,8 +88,6 @@ def pattern_table(counts: np.ndarray):
 
 def ratio_table(counts: np.ndarray):
     """(L, H, 5) counts -> class, count, fraction over all maps of the task (Kovaleva's per-task ratios)."""
-    import pandas as pd
-
     per_class = counts.reshape(-1, counts.shape[-1]).sum(0)
     total = max(int(per_class.sum()), 1)
     return pd.DataFrame({"class": list(CLASSES), "count": per_class.astype(np.int64), "fraction": per_class / total})
@@ -99,7 +101,8 @@ def classify_task(bundle, data: TaskData, classifier: PatternClassifier, run: Ru
         raise AttnpatError(f"task {data.task} has no examples to classify")
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     with run.record("classify", bundle, data, max_length=max_length, classifier=classifier.path or "default",
-                    classifier_trained_on=classifier.trained_on) as entry:
+                    classifier_trained_on=classifier.trained_on,
+                    settings=classify_settings(bundle, data, classifier, max_length)) as entry:
         counts = head_class_counts(bundle, data.examples, classifier, batch_size=batch_size, max_length=max_length,
                                    progress=progress, encoded=encoded)
         patterns, ratios = pattern_table(counts), ratio_table(counts)
@@ -108,14 +111,40 @@ def classify_task(bundle, data: TaskData, classifier: PatternClassifier, run: Ru
         _save(run, "patterns", head_class_figure(counts, f"{bundle.name} on {data.task}: most frequent pattern per head"))
         _save(run, "pattern_ratios", ratio_figure({data.task: ratios}, f"{bundle.name}: pattern ratios"))
         entry.update(n_truncated=sum(item.truncated for item in encoded), n_maps=int(counts.sum()),
-                     outputs=["patterns.csv", "pattern_ratios.csv", "patterns.png", "pattern_ratios.png"])
+                     outputs=["patterns.csv", "pattern_ratios.csv", "patterns.png", "pattern_ratios.png"],
+                     table_digests={name: _file_digest(run.file(name)) for name in TABLES})
     return patterns
+
+
+TABLES = ("patterns.csv", "pattern_ratios.csv")
+
+
+def classify_settings(bundle, data: TaskData, classifier: PatternClassifier, max_length: int) -> dict:
+    """Everything a task's classification depends on: model revision, data, length limit and the classifier
+    (a digest of its weights and metadata, and whether it runs in bfloat16)."""
+    digest = hashlib.sha256(json.dumps(classifier.metadata, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(classifier.model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return {"model_revision": bundle.revision, "data": data.manifest(), "max_length": max_length,
+            "classifier_digest": digest.hexdigest(), "bf16": bool(classifier.bf16)}
+
+
+def classification_is_current(run: RunDir, settings: dict) -> bool:
+    """True when ``run`` holds a finished classification made with ``settings`` whose tables are the ones it
+    wrote (a killed later run may have replaced a table without recording itself)."""
+    entry = run.manifest().get("analyses", {}).get("classify") or {}
+    digests = entry.get("table_digests") or {}
+    return (entry.get("settings") == settings and set(digests) == set(TABLES)
+            and all(run.file(name).is_file() and _file_digest(run.file(name)) == digests[name] for name in TABLES))
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def compare_tasks(model_slug: str, model_name: str, ratios: dict, root: str | Path | None = None):
     """Write runs/<model>/all/pattern_ratios_by_task.csv (task, class, count, fraction) and its stacked bars."""
-    import pandas as pd
-
     frame = pd.concat([table.assign(task=task) for task, table in ratios.items()], ignore_index=True)
     frame = frame[["task", "class", "count", "fraction"]]
     run = RunDir(model_slug, ALL_TASKS_DIR, root)
@@ -124,28 +153,35 @@ def compare_tasks(model_slug: str, model_name: str, ratios: dict, root: str | Pa
     return frame
 
 
-def classify_saved_maps(path: str | Path, classifier: PatternClassifier, progress: bool = True):
-    """Classify every single-head map in map files written by `attnpat extract` (one .npz or a folder).
+def classify_saved_maps(path: str | Path, classifier: PatternClassifier, progress: bool = True,
+                        batch_maps: int = 4096) -> pd.DataFrame:
+    """Classify every single-head map in map files (one .npz or a folder): `attnpat extract` output, an
+    annotation sample or a labeled set.
 
-    Returns a frame with one row per map: map_id ('<example>/L<layer>H<head>'), predicted, p_<class>...
+    Returns a frame with one row per map: map_id (analysis.mapstore.make_map_id, so it joins a labeled set's
+    labels.csv), predicted, p_<class>...
     """
-    import pandas as pd
-
-    from analysis.mapstore import iter_saved_maps, shard_files
-
-    files = shard_files(path)
-    frames = []
+    frames, images, map_ids = [], [], []
     bar = progress_bar(None, bool(progress), "classify", unit="maps", unit_scale=True)
-    for saved in (item for file in files for item in iter_saved_maps(file)):
-        layers, heads, n, _ = saved.attn.shape
-        probabilities = classifier.proba_images(resize_maps(torch.from_numpy(saved.attn).reshape(-1, n, n),
-                                                            classifier.input_size)).numpy()
+
+    def flush() -> None:
+        probabilities = classifier.proba_images(torch.cat(images)).numpy()
         frame = pd.DataFrame(probabilities, columns=[f"p_{cls}" for cls in CLASSES])
         frame.insert(0, "predicted", np.asarray(CLASSES)[probabilities.argmax(1)])
-        frame.insert(0, "map_id", saved.map_ids)
+        frame.insert(0, "map_id", list(map_ids))
         frames.append(frame)
         if bar is not None:
-            bar.update(layers * heads)
+            bar.update(len(frame))
+        images.clear()
+        map_ids.clear()
+
+    for group in iter_map_groups(path):
+        images.append(resize_maps(torch.from_numpy(group.attn), classifier.input_size))
+        map_ids.extend(group.map_ids)
+        if len(map_ids) >= batch_maps:
+            flush()
+    if map_ids:
+        flush()
     if bar is not None:
         bar.close()
     if not frames:
@@ -161,15 +197,6 @@ def write_map_classes(frame, path: str | Path) -> Path:
 
 def head_class_figure(counts: np.ndarray, title: str):
     """Layer x head grid coloured by each head's most frequent class, annotated with its fraction."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import ListedColormap
-
-    from analysis.figures import label_head_axes
-    from matplotlib.patches import Patch
-
     layers, heads, _ = counts.shape
     totals = np.maximum(counts.sum(2), 1)
     dominant = counts.argmax(2)
@@ -189,11 +216,6 @@ def head_class_figure(counts: np.ndarray, title: str):
 
 def ratio_figure(ratios: dict, title: str):
     """Stacked bars: one bar per task, segments = fraction of all its maps in each class."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     tasks = list(ratios)
     fig, ax = plt.subplots(figsize=(max(3.5, 1.0 * len(tasks) + 2.8), 4.0))
     bottom = np.zeros(len(tasks))
@@ -213,23 +235,27 @@ def ratio_figure(ratios: dict, title: str):
 
 
 def _save(run: RunDir, name: str, fig) -> None:
-    import matplotlib.pyplot as plt
-
     run.write_figure(name, fig)
-    plt.close(fig)
+    close(fig)
 
 
 def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, *, n: int | None = None,
                    split: str = "validation", batch_size: int = 32, max_length: int = DEFAULT_MAX_LENGTH,
-                   root: str | Path | None = None, progress: bool = True) -> dict:
-    """classify_task for each task, then the per-task comparison. Returns {task: ratio frame}."""
-    from analysis.data import load_data
+                   root: str | Path | None = None, progress: bool = True, resume: bool | None = None) -> dict:
+    """classify_task for each task, then the per-task comparison. Returns {task: ratio frame}.
 
+    resume (default: when there are several tasks, as with ``--task all``): a task whose run directory
+    already holds a current classification (:func:`classification_is_current`) is not classified again,
+    so a killed run continues with the task it was on."""
+    resume = len(tasks) > 1 if resume is None else resume
     ratios = {}
     for task in tasks:
         data = load_data(task, split, n)
         run = RunDir(bundle.slug, data.task, root)
-        classify_task(bundle, data, classifier, run, batch_size=batch_size, progress=progress, max_length=max_length)
+        settings = classify_settings(bundle, data, classifier, max_length)
+        if not (resume and classification_is_current(run, settings)):
+            classify_task(bundle, data, classifier, run, batch_size=batch_size, progress=progress,
+                          max_length=max_length)
         ratios[data.task] = run.read_table("pattern_ratios")
     compare_tasks(bundle.slug, bundle.name, ratios, root)
     return ratios
@@ -237,6 +263,4 @@ def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, 
 
 def available_glue_tasks() -> list[str]:
     """GLUE tasks that can be loaded now (offline files or the hub)."""
-    from analysis.data import GLUE_TASKS, available_tasks
-
     return [task for task, sources in available_tasks().items() if sources and task in GLUE_TASKS]

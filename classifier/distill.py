@@ -10,16 +10,20 @@ Shapes: images (N, INPUT_CHANNELS, S, S) as classifier.model.prepare_maps makes 
 """
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
+from sklearn.ensemble import HistGradientBoostingClassifier
 
 from analysis.errors import AttnpatError
-from classifier import CLASSES
+from analysis.mapstore import maps_digest
+from analysis.models import load_model
+from analysis.patterns import CLASSES
+from analysis.progress import progress_bar
+from analysis.sampling import sample_maps
 from classifier.model import IMAGE_CHANNELS, PROFILE_FEATURES
 
 DEFAULT_POOL_TASKS = ("sst2", "mrpc", "rte", "wiki")
@@ -36,12 +40,8 @@ class UnlabeledPool:
 
     @property
     def pool_hash(self) -> str:
-        """sha256 over the map ids and bytes (recorded in the checkpoint metadata)."""
-        digest = hashlib.sha256()
-        for map_id, attn in zip(self.map_ids, self.maps):
-            digest.update(map_id.encode())
-            digest.update(np.ascontiguousarray(attn, np.float32).tobytes())
-        return digest.hexdigest()
+        """sha256 over the map ids and bytes (analysis.mapstore.maps_digest; recorded in the checkpoint metadata)."""
+        return maps_digest(self.maps, self.map_ids)
 
 
 def profile_scalars(images: torch.Tensor) -> np.ndarray:
@@ -49,12 +49,15 @@ def profile_scalars(images: torch.Tensor) -> np.ndarray:
     return images[:, IMAGE_CHANNELS, 0, :PROFILE_FEATURES].double().numpy()
 
 
+def boosting_classifier(seed: int = 0) -> HistGradientBoostingClassifier:
+    """The teacher's model, class-balanced gradient boosting; also the 'boosting' baselines of classifier.evaluate."""
+    return HistGradientBoostingClassifier(max_iter=200, learning_rate=0.1, class_weight="balanced", random_state=seed)
+
+
 def teacher_probabilities(train_images: torch.Tensor, train_labels: np.ndarray, pool_images: torch.Tensor,
                           seed: int = 0) -> np.ndarray:
     """Fit the teacher (class-balanced gradient boosting on the profile scalars) on the training maps and return
     its (P, 5) class probabilities for the pool maps, in CLASSES order."""
-    from classifier.evaluate import boosting_classifier
-
     teacher = boosting_classifier(seed)
     teacher.fit(profile_scalars(train_images), train_labels)
     probabilities = np.zeros((len(pool_images), len(CLASSES)))
@@ -74,10 +77,6 @@ def draw_pool(model: str, size: int, exclude: Sequence[str] = (), *, tasks: Sequ
               seed: int = POOL_SEED, progress: bool = False) -> UnlabeledPool:
     """``size`` maps of ``model`` (stratified over tasks, layers, heads and examples, as annotation samples are),
     none of them in ``exclude`` (the labeled map ids). Deterministic for a model, size and seed."""
-    from analysis.models import load_model
-    from analysis.progress import progress_bar
-    from annotation.sample import sample_maps
-
     if size < 1:
         raise AttnpatError(f"the unlabeled pool needs at least one map, got {size}")
     bundle = load_model(model, device="cpu")

@@ -9,18 +9,24 @@ Baselines (annotation.preannotate supplies the features and the rules; no second
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 
 from analysis.errors import AttnpatError
-from classifier import CLASSES
+from analysis.patterns import CLASSES
+from annotation import preannotate
+from classifier.distill import boosting_classifier, teacher_probabilities
+from classifier.model import prepare_maps
 
 
 def scores(predicted: np.ndarray, labels: np.ndarray) -> dict:
     """predicted, labels: (N,) class indices -> macro_f1, accuracy, per-class F1 (5,), confusion (5, 5) true x predicted."""
-    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
-
     classes = list(range(len(CLASSES)))
     return {
         "macro_f1": float(f1_score(labels, predicted, labels=classes, average="macro", zero_division=0)),
@@ -44,8 +50,6 @@ def score_table(results: dict[str, np.ndarray], labels: np.ndarray, folds: list[
     scores each model on those maps only, apart from the maps people themselves disagreed on.
     confusion: model, true, predicted, count.
     """
-    import pandas as pd
-
     rows, confusion_rows = [], []
     for name, predicted in results.items():
         found = scores(predicted, labels)
@@ -70,8 +74,6 @@ def prediction_table(map_ids: Sequence[str], labels: np.ndarray, folds: list[tup
     annotators agreed. Columns: map_id, fold (the test fold that predicted it), label, [annotators_agreed],
     one column per model (its predicted class), p_<class> (the CNN's probabilities).
     """
-    import pandas as pd
-
     fold_of = np.full(len(labels), -1, dtype=np.int64)
     for k, (_, test) in enumerate(folds):
         fold_of[test] = k
@@ -96,44 +98,24 @@ def wide_summary(score_frame):
 
 # ---------------------------------------------------------------- baselines
 
-def _preannotate_module():
-    try:
-        from annotation import preannotate
-    except ImportError as exc:
-        raise AttnpatError("the baselines need annotation/preannotate.py (map_features, preannotate)") from exc
-    return preannotate
-
-
 def feature_matrix(maps: Sequence[np.ndarray], tokens: Sequence[list[str] | None] | None = None) -> np.ndarray:
     """(N, F) map features of annotation.preannotate (its FEATURE_NAMES order)."""
-    return np.asarray(_preannotate_module().feature_matrix(maps, tokens), dtype=np.float64)
+    return np.asarray(preannotate.feature_matrix(maps, tokens), dtype=np.float64)
 
 
-def rule_predictions(maps: Sequence[np.ndarray], tokens: Sequence[list[str] | None] | None = None) -> np.ndarray:
+def rule_class_indices(maps: Sequence[np.ndarray], tokens: Sequence[list[str] | None] | None = None) -> np.ndarray:
     """(N,) class indices from the rule-based pre-annotator (it needs no training, so no folds)."""
-    module = _preannotate_module()
     tokens = tokens if tokens is not None else [None] * len(maps)
-    labels = [module.preannotate(np.asarray(attn, dtype=np.float32), toks)[0] for attn, toks in zip(maps, tokens)]
+    labels = [preannotate.preannotate(np.asarray(attn, dtype=np.float32), toks)[0] for attn, toks in zip(maps, tokens)]
     unknown = sorted(set(labels) - set(CLASSES))
     if unknown:
         raise AttnpatError(f"the pre-annotator returned unknown labels {unknown}")
     return np.asarray([CLASSES.index(label) for label in labels], dtype=np.int64)
 
 
-def boosting_classifier(seed: int = 0):
-    """The gradient-boosting model of the 'boosting' baselines and of the distillation teacher (class-balanced)."""
-    from sklearn.ensemble import HistGradientBoostingClassifier
-
-    return HistGradientBoostingClassifier(max_iter=200, learning_rate=0.1, class_weight="balanced", random_state=seed)
-
-
 def feature_model_predictions(features: np.ndarray, labels: np.ndarray, folds: list[tuple[np.ndarray, np.ndarray]],
                               kind: str, seed: int = 0) -> np.ndarray:
     """Out-of-fold predictions (N,) of a feature model: kind 'logreg' or 'boosting'."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
     predicted = np.full(len(labels), -1, dtype=np.int64)
     for train, test in folds:
         if kind == "logreg":
@@ -151,9 +133,6 @@ def teacher_predictions(maps: Sequence[np.ndarray], labels: np.ndarray, folds: l
                         seed: int = 0) -> np.ndarray:
     """Out-of-fold predictions (N,) of the distillation teacher (classifier.distill), seeded per fold as in
     classifier.train.cross_validate_cnn: the model the CNN learns from on the pool, scored on its own."""
-    from classifier.distill import teacher_probabilities
-    from classifier.model import prepare_maps
-
     images = prepare_maps(maps)
     predicted = np.full(len(labels), -1, dtype=np.int64)
     for k, (train, test) in enumerate(folds):
@@ -166,7 +145,7 @@ def baseline_predictions(maps: Sequence[np.ndarray], labels: np.ndarray, folds: 
     """{'rules': ..., 'logreg': ..., 'boosting': ..., 'boosting_profile': ...}: (N,) predictions of every baseline."""
     features = feature_matrix(maps, tokens)
     return {
-        "rules": rule_predictions(maps, tokens),
+        "rules": rule_class_indices(maps, tokens),
         "logreg": feature_model_predictions(features, labels, folds, "logreg", seed),
         "boosting": feature_model_predictions(features, labels, folds, "boosting", seed),
         "boosting_profile": teacher_predictions(maps, labels, folds, seed),

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from analysis.stats import PROFILE_NAMES, map_profile
-from classifier import CLASSES
+from analysis.patterns import CLASSES
 
 INPUT_SIZE = 24
 # Output channels of the 8 convolutions; a stride of 2 halves the image (24 -> 12 -> 6 -> 3). Small on

@@ -1,14 +1,16 @@
 """Load a trained pattern classifier and predict the pattern class of attention maps of any length."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
 
 from analysis.errors import AttnpatError
-from classifier import CLASSES
+from analysis.patterns import CLASSES
+from analysis.sampling import Predictor
+from annotation.preannotate import rule_classes
 from classifier.checkpoint import load_checkpoint
 from classifier.model import (IMAGE_CHANNELS, INPUT_CHANNELS, PROFILE_FEATURES, PatternCNN, inference_copy,
                               prepare_maps)
@@ -101,3 +103,12 @@ def load_classifier(path: str | Path | None = None, bf16: bool | None = None) ->
     """
     model, metadata = load_checkpoint(path)
     return PatternClassifier(model, metadata, str(path) if path is not None else None, bf16)
+
+
+def pattern_predictor(name: str) -> Predictor:
+    """A ``predict(maps, tokens) -> class names`` for analysis.sampling: 'rules' = the rule-based
+    pre-annotator, 'classifier' = the shipped CNN, anything else = the path of a CNN checkpoint."""
+    if name == "rules":
+        return rule_classes
+    classifier = load_classifier(None if name == "classifier" else Path(name))
+    return lambda maps, tokens: classifier.predict(maps)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from classifier import CLASSES
+from analysis.patterns import CLASSES
 
 
 def _normalise_rows(scores: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from analysis.errors import AttnpatError
-from classifier import CLASSES
+from analysis.patterns import CLASSES
 from analysis.stats import PROFILE_NAMES
 from classifier.distill import teacher_probabilities
 from classifier.model import CHANNELS, IMAGE_CHANNELS, INPUT_SIZE, PROFILE_BINS, STRIDES, PatternCNN, prepare_maps

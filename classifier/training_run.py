@@ -8,18 +8,22 @@ macro_f1_agreed and annotators_agreed come with labeled sets that keep every ann
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 
 from analysis.errors import AttnpatError
+from analysis.figures import close  # importing analysis.figures selects the Agg backend
+from analysis.mapstore import maps_digest
+from analysis.patterns import CLASSES
 from analysis.rundir import RunDir
-from classifier import CLASSES
+from annotation.dataset import annotator_agreement, load_labeled_set
 from classifier.checkpoint import save_checkpoint
 from classifier.distill import UnlabeledPool
+from classifier.synthetic import synthetic_dataset
 from classifier.evaluate import baseline_predictions, prediction_table, score_table, scores, wide_summary
 from classifier.train import (TrainConfig, architecture_metadata, check_labels, cross_validate_cnn, stratified_folds,
                               train_final)
@@ -43,35 +47,22 @@ class TrainingData:
     agreement: np.ndarray | None = None
 
 
-def maps_hash(maps, labels) -> str:
-    """sha256 over the labels and map bytes (for synthetic data; labeled sets bring their own hash)."""
-    digest = hashlib.sha256()
-    for label, attn in zip(labels, maps):
-        digest.update(int(label).to_bytes(1, "little"))
-        digest.update(np.ascontiguousarray(attn, np.float32).tobytes())
-    return digest.hexdigest()
-
-
 def load_training_data(source: str, seed: int = 0) -> TrainingData:
     """A labeled-set folder, or 'synthetic[:N]' (N synthetic maps per class, default 100)."""
     if source == SYNTHETIC_PREFIX or source.startswith(SYNTHETIC_PREFIX + ":"):
-        from classifier.synthetic import synthetic_dataset
-
         count = source.partition(":")[2] or "100"
         if not count.isdigit() or int(count) < 2:
             raise AttnpatError(f"'{source}': use synthetic:N with N >= 2 maps per class")
         maps, labels = synthetic_dataset(int(count), np.random.default_rng(seed))
-        return TrainingData(maps, labels, maps_hash(maps, labels), f"synthetic-{count}",
+        return TrainingData(maps, labels, maps_digest(maps, labels=labels), f"synthetic-{count}",
                             f"synthetic maps (classifier.synthetic, {count} per class, seed {seed})", synthetic=True)
-    from annotation.dataset import annotator_agreement, load_labeled_set
-
     labeled = load_labeled_set(source)
     folder = Path(source).resolve()
     return TrainingData(labeled.maps, labeled.labels, labeled.data_hash, folder.name, f"labeled set {source}",
                         map_ids=list(labeled.map_ids), agreement=annotator_agreement(labeled))
 
 
-def train_classifier(data: TrainingData, out: str | Path, run: RunDir, config: TrainConfig | None = None, *,
+def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: TrainConfig | None = None, *,
                      baselines: bool = True, progress: bool = True, pool: UnlabeledPool | None = None):
     """Cross-validate the CNN (and baselines) on the same folds, write the tables, train and save the final model.
 
@@ -115,7 +106,7 @@ def train_classifier(data: TrainingData, out: str | Path, run: RunDir, config: T
                                        if name != "cnn"},
             },
             "final_fit": {"epochs": final.epochs, "best_epoch": final.best_epoch, "validation_macro_f1": final.validation_f1},
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         if pool is not None:
             metadata["unlabeled_pool"] = {**pool.spec, "pool_hash": pool.pool_hash, "weight": config.pool_weight,
@@ -131,11 +122,6 @@ def train_classifier(data: TrainingData, out: str | Path, run: RunDir, config: T
 
 
 def _write_confusion_figure(run: RunDir, confusion: np.ndarray) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(5.2, 4.4))
     image = ax.imshow(confusion, cmap="Blues")
     ax.set_xticks(range(len(CLASSES)), CLASSES, rotation=35, ha="right", fontsize=8)
@@ -150,4 +136,4 @@ def _write_confusion_figure(run: RunDir, confusion: np.ndarray) -> None:
     fig.colorbar(image, ax=ax)
     fig.tight_layout()
     run.write_figure("cv_confusion", fig)
-    plt.close(fig)
+    close(fig)

@@ -3,14 +3,20 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from analysis.errors import AttnpatError
-from annotation.sample import ensure_sample, parse_class_shares, read_index, sample_maps_by_prediction
-from classifier import CLASSES
+from analysis.mapstore import iter_map_groups, make_map_id, parse_map_id, read_single_maps
+from analysis.patterns import CLASSES
+from analysis.sampling import parse_class_shares, sample_maps_by_prediction
+from annotation.dataset import annotator_agreement, load_labeled_set, merge_labeled_sets, save_labeled_set
+from annotation.preannotate import rule_classes
+from annotation.sample import ensure_sample, read_index
+from classifier.synthetic import synthetic_map
 from tests.tiny import save_tiny_model, tiny_bundle
 
 
@@ -51,23 +57,25 @@ def test_sampling_by_prediction_fills_the_class_quotas_and_skips_excluded_maps(t
 def test_a_stratified_sample_records_its_settings_and_excludes_a_labeled_set(tmp_path):
     model = save_tiny_model(tmp_path / "tiny", layers=1, heads=2)
     first = ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="a", stratify_by="rules",
-                          log=lambda _: None)
+                          predict=rule_classes, log=lambda _: None)
     settings = json.loads((first / "sample.json").read_text())
     assert settings["stratified_by"] == "rules" and settings["class_shares"] == parse_class_shares(None)
     first_ids = {row["map_id"] for row in read_index(first)}
     assert all((first / row["image"]).is_file() for row in read_index(first))
     second = ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="b", stratify_by="rules",
-                           exclude=[first], log=lambda _: None)
+                           predict=rule_classes, exclude=[first], log=lambda _: None)
     assert not first_ids & {row["map_id"] for row in read_index(second)}
     with pytest.raises(AttnpatError, match="other settings"):
         ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="a", log=lambda _: None)
 
 
+def synthetic_id(name: str) -> str:
+    """A map id (analysis.mapstore grammar) for synthetic map ``name``."""
+    return make_map_id("synthetic", "none", name, 0, 0)
+
+
 def write_set(folder, labels, seed=0):
     """A labeled set of synthetic maps: labels maps map_id -> class."""
-    from annotation.dataset import save_labeled_set
-    from classifier.synthetic import synthetic_map
-
     rng = np.random.default_rng(seed)
     rows = [{"map_id": map_id, "label": label} for map_id, label in labels.items()]
     maps = {map_id: synthetic_map(label, 12, rng) for map_id, label in labels.items()}
@@ -76,10 +84,8 @@ def write_set(folder, labels, seed=0):
 
 
 def test_merging_labeled_sets_keeps_every_map_once_and_refuses_conflicts(tmp_path):
-    from annotation.dataset import load_labeled_set, merge_labeled_sets
-
-    first = {f"a{k}": CLASSES[k] for k in range(5)}
-    second = {f"b{k}": CLASSES[(k + 2) % 5] for k in range(5)}
+    first = {synthetic_id(f"a{k}"): CLASSES[k] for k in range(5)}
+    second = {synthetic_id(f"b{k}"): CLASSES[(k + 2) % 5] for k in range(5)}
     maps_a = write_set(tmp_path / "one", first, seed=1)
     maps_b = write_set(tmp_path / "two", second, seed=2)
     merged = merge_labeled_sets([tmp_path / "one", tmp_path / "two"], tmp_path / "both")
@@ -92,8 +98,9 @@ def test_merging_labeled_sets_keeps_every_map_once_and_refuses_conflicts(tmp_pat
     # the same map with the same label in two sets is kept once
     assert len(merge_labeled_sets([tmp_path / "one", tmp_path / "one"], tmp_path / "again")) == 5
     # the same map id with another label is an error, and nothing is written
-    write_set(tmp_path / "clash", {"a0": CLASSES[1], **{f"c{k}": CLASSES[k] for k in range(5)}}, seed=1)
-    with pytest.raises(AttnpatError, match="a0 is in two sets"):
+    write_set(tmp_path / "clash", {synthetic_id("a0"): CLASSES[1], **{synthetic_id(f"c{k}"): CLASSES[k]
+                                                                     for k in range(5)}}, seed=1)
+    with pytest.raises(AttnpatError, match="a0:L0H0 is in two sets"):
         merge_labeled_sets([tmp_path / "one", tmp_path / "clash"], tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
     with pytest.raises(AttnpatError, match="at least two"):
@@ -104,8 +111,8 @@ def test_merge_and_class_share_errors_on_the_command_line(tmp_path, capsys, monk
     from app.cli import main
 
     monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path / "home"))  # a push that went too far would write here
-    write_set(tmp_path / "one", {f"a{k}": CLASSES[k] for k in range(5)}, seed=1)
-    write_set(tmp_path / "two", {f"b{k}": CLASSES[k] for k in range(5)}, seed=2)
+    write_set(tmp_path / "one", {synthetic_id(f"a{k}"): CLASSES[k] for k in range(5)}, seed=1)
+    write_set(tmp_path / "two", {synthetic_id(f"b{k}"): CLASSES[k] for k in range(5)}, seed=2)
     assert main(["annotate", "merge", str(tmp_path / "one"), str(tmp_path / "two"), "--out", str(tmp_path / "m")]) == 0
     assert "10 maps" in capsys.readouterr().out
     assert main(["annotate", "merge", str(tmp_path / "one"), str(tmp_path / "nowhere"), "--out",
@@ -121,11 +128,9 @@ def test_merge_and_class_share_errors_on_the_command_line(tmp_path, capsys, monk
 
 
 def test_annotator_agreement_per_map(tmp_path):
-    from annotation.dataset import annotator_agreement, load_labeled_set
-
-    write_set(tmp_path / "set", {f"m{k}": CLASSES[k] for k in range(5)}, seed=3)
+    write_set(tmp_path / "set", {synthetic_id(f"m{k}"): CLASSES[k] for k in range(5)}, seed=3)
     assert annotator_agreement(load_labeled_set(tmp_path / "set")) is None  # no annotations.csv
-    pd.DataFrame({"map_id": ["m0", "m0", "m1", "m1", "m1", "m2", "m4", "m4"],
+    pd.DataFrame({"map_id": [synthetic_id(m) for m in ("m0", "m0", "m1", "m1", "m1", "m2", "m4", "m4")],
                   "label": ["vertical", "vertical", "diagonal", "diagonal", "block", "vertical+diagonal",
                             "heterogeneous", "heterogeneous"],
                   "annotator": list("abcdeafg")}).to_csv(tmp_path / "set" / "annotations.csv", index=False)
@@ -135,10 +140,32 @@ def test_annotator_agreement_per_map(tmp_path):
 
 
 def test_shipped_labeled_set_agreement_matches_its_card():
-    from pathlib import Path
-
-    from annotation.dataset import annotator_agreement, load_labeled_set
-
     agreement = annotator_agreement(load_labeled_set(Path(__file__).parents[1] / "annotation" / "labeled" / "v2"))
     # CARD.md: every map has at least two labels; 29 + 48 + 5 pairs differed and were adjudicated
     assert not np.isnan(agreement).any() and int((agreement == 0).sum()) == 29 + 48 + 5
+
+
+def test_a_sample_drawn_from_extracted_maps_holds_those_exact_maps(tmp_path):
+    """`attnpat extract` output becomes an annotation sample (what `annotate push --maps` pushes)."""
+    from app.cli import main
+
+    model = save_tiny_model(tmp_path / "tiny", layers=2, heads=3, hidden=24)
+    extracted = tmp_path / "maps"
+    assert main(["extract", "--model", str(model), "--task", "sst2", "--n", "5", "--out", str(extracted),
+                 "--runs-dir", str(tmp_path / "runs"), "-q"]) == 0
+    folder = ensure_sample(tmp_path / "samples", "minilm", 8, [], seed=4, maps=extracted, log=lambda _: None)
+    index = read_index(folder)
+    assert folder.name == "maps-n8-s4" and len({row["map_id"] for row in index}) == len(index) == 8
+    assert {(row["layer"], row["head"]) for row in index} == {(layer, head) for layer in range(2) for head in range(3)}
+    source = {group.example_id: group for group in iter_map_groups(extracted)}
+    sampled = read_single_maps(folder / "maps.npz")
+    for row in index:
+        assert parse_map_id(row["map_id"]) == (model.name, "sst2", row["example_id"], row["layer"], row["head"])
+        group = source[row["example_id"]]
+        np.testing.assert_array_equal(sampled[row["map_id"]], group.grid()[row["layer"], row["head"]])
+        assert row["tokens"] == group.tokens and (folder / row["image"]).is_file()
+    assert ensure_sample(tmp_path / "samples", "minilm", 8, [], seed=4, maps=extracted, log=lambda _: None) == folder
+    with pytest.raises(AttnpatError, match="other settings"):
+        ensure_sample(tmp_path / "samples", "minilm", 9, [], seed=4, name=folder.name, maps=extracted)
+    with pytest.raises(AttnpatError, match="single heads"):  # a sample is not `attnpat extract` output
+        ensure_sample(tmp_path / "samples", "minilm", 2, [], maps=folder, log=lambda _: None)

@@ -157,6 +157,27 @@ def test_round_trip_on_real_minilm_maps(label_studio, annotate_task, tmp_path):
     assert (folder.parent / "v2" / "labels.csv").is_file()
 
 
+def test_extracted_maps_are_pushed_for_annotation(label_studio, tmp_path):
+    """`attnpat extract` on a tiny model, then `annotate push --maps`: the server holds those exact maps."""
+    from tests.tiny import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "tiny", layers=2, heads=2, hidden=24)
+    extracted = tmp_path / "extracted"
+    assert cli("extract", "--model", str(model), "--task", "rte", "--n", "3", "--out", str(extracted), "-q",
+               "--runs-dir", str(tmp_path / "runs"), home=tmp_path)[0] == 0
+    title = f"extracted maps {new_email('project')}"
+    code, out, err = cli("annotate", "push", "--maps", str(extracted), "--count", "5", "--sample", "extracted",
+                         "--url", label_studio.url, "--token", label_studio.token, "--project", title, home=tmp_path)
+    assert code == 0, err
+    assert "5 new tasks, 0 already there, 5 in the sample" in out
+    project_id = ls._read_state(tmp_path / "workspace" / "annotation" / "projects.json")["projects"][title]
+    tasks = tasks_by_map(label_studio, project_id)
+    source = read_single_maps(extracted)
+    assert len(tasks) == 5 and set(tasks) <= set(source)
+    for map_id, task in tasks.items():
+        assert task["data"]["map_sha256"] == ls.map_sha256(source[map_id])  # the extracted map, float for float
+
+
 # ---------------------------------------------------------------- several annotators, drafts, skips, unknown labels
 
 def fleiss_by_hand(table: list[list[str]]) -> float:

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.mapstore import read_single_maps
 from annotation import labelstudio as ls
-from annotation.sample import load_maps
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -61,8 +61,8 @@ def test_label_a_map_in_the_browser_and_pull_it(label_studio, synthetic_sample, 
     out = tmp_path / "labeled"
     pulled = ls.pull(label_studio, sample, out, state_file=state)
     assert pulled.labeled == 1 and pulled.class_counts == {choice: 1}
-    labeled = load_maps(out / "maps.npz")
+    labeled = read_single_maps(out / "maps.npz")
     assert list(labeled) == [map_id]
-    assert np.array_equal(labeled[map_id], load_maps(sample / "maps.npz")[map_id])
+    assert np.array_equal(labeled[map_id], read_single_maps(sample / "maps.npz")[map_id])
     row = pd.read_csv(out / "labels.csv").iloc[0]
     assert (row.map_id, row.label, row.annotator, row.prediction) == (map_id, choice, label_studio.email, predicted)

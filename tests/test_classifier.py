@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from analysis.errors import AttnpatError
-from classifier import CLASSES
+from analysis.patterns import CLASSES
 from classifier.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint
 from analysis.stats import PROFILE_NAMES, map_profile_batch_last
 from classifier.model import (CHANNELS, INPUT_CHANNELS, INPUT_SIZE, PROFILE_FEATURES, STRIDES, PatternCNN, inference_copy,

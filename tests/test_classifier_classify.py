@@ -8,9 +8,11 @@ import torch
 
 from analysis.data import load_task
 from analysis.extract import extract_maps
+from analysis.patterns import CLASSES
 from analysis.rundir import RunDir
+from analysis.sampling import sample_maps
+from annotation.dataset import load_labeled_set, save_labeled_set
 from app.cli import main
-from classifier import CLASSES
 from classifier.checkpoint import save_checkpoint
 from classifier.classify import classify_batch, classify_saved_maps, classify_task, classify_tasks
 from classifier.model import INPUT_SIZE, CHANNELS, STRIDES, PatternCNN, prepare_maps
@@ -102,6 +104,21 @@ def test_saved_map_files_one_row_per_map(bundle, checkpoint, tmp_path):
     code = main(["classify", "--maps", str(tmp_path / "maps"), "--classifier", str(checkpoint), "-q"])
     assert code == 0
     assert len(pd.read_csv(tmp_path / "maps" / "map_classes.csv")) == len(frame)
+
+
+def test_a_labeled_set_is_classified_into_a_table_that_joins_its_labels(bundle, checkpoint, tmp_path):
+    sampled = list(sample_maps(bundle, n_maps=10, tasks=("sst2", "rte"), seed=2, examples_per_task=4))
+    rows = [{"map_id": m.map_id, "label": CLASSES[k % len(CLASSES)], "task": m.task, "example_id": m.example_id,
+             "layer": m.layer, "head": m.head, "n": len(m.tokens)} for k, m in enumerate(sampled)]
+    save_labeled_set(tmp_path / "set", rows, {m.map_id: m.attn for m in sampled}, {m.map_id: m.tokens for m in sampled})
+    assert main(["classify", "--maps", str(tmp_path / "set"), "--classifier", str(checkpoint), "-q"]) == 0
+    classes = pd.read_csv(tmp_path / "set" / "map_classes.csv")
+    labels = pd.read_csv(tmp_path / "set" / "labels.csv")
+    joined = labels.merge(classes, on="map_id", validate="one_to_one")
+    assert len(joined) == len(labels) == 10
+    expected = load_classifier(checkpoint).predict([m.attn for m in sampled])
+    assert list(joined.set_index("map_id").loc[[m.map_id for m in sampled], "predicted"]) == expected
+    assert load_labeled_set(tmp_path / "set").tokens == {m.map_id: m.tokens for m in sampled}
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys, checkpoint):

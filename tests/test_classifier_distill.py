@@ -9,13 +9,14 @@ from sklearn.metrics import f1_score
 
 import classifier.train as train
 from app.cli import main
-from classifier import CLASSES
+from analysis.mapstore import maps_digest
+from analysis.patterns import CLASSES
 from classifier.distill import UnlabeledPool, draw_pool, model_of, teacher_probabilities
 from classifier.model import prepare_maps
 from classifier.predict import load_classifier
 from classifier.synthetic import synthetic_dataset
 from classifier.train import TrainConfig, cross_validate_cnn, fit, predict_images, stratified_folds
-from classifier.training_run import TrainingData, maps_hash, train_classifier
+from classifier.training_run import TrainingData, train_pattern_cnn
 
 
 def test_teacher_predicts_every_class_as_probabilities():
@@ -94,12 +95,12 @@ def test_training_run_records_the_pool(tmp_path):
     map_ids = [f"tiny:sst2:e{i}:L0H0" for i in range(len(maps))]
     agreement = np.ones(len(maps))
     agreement[:2] = [0.0, np.nan]  # annotators disagreed on the first map; the second had one annotator
-    data = TrainingData(maps, labels, maps_hash(maps, labels), "tiny", "synthetic test maps", map_ids=map_ids,
+    data = TrainingData(maps, labels, maps_digest(maps, labels=labels), "tiny", "synthetic test maps", map_ids=map_ids,
                         agreement=agreement)
     from analysis.rundir import RunDir
 
     out = tmp_path / "cnn.safetensors"
-    train_classifier(data, out, RunDir("classifier", "tiny", tmp_path), TrainConfig(max_epochs=1, folds=2),
+    train_pattern_cnn(data, out, RunDir("classifier", "tiny", tmp_path), TrainConfig(max_epochs=1, folds=2),
                      baselines=False, progress=False, pool=pool)
     recorded = load_classifier(out).metadata["unlabeled_pool"]
     assert recorded["model"] == "tiny" and recorded["pool_hash"] == pool.pool_hash and len(pool.pool_hash) == 64

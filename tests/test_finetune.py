@@ -29,7 +29,7 @@ def test_training_lowers_the_loss(tokenizer, tmp_path):
     bundle = tiny_classifier()
     recipe = ft.Recipe(learning_rate=1e-2, batch_size=8, epochs=8, max_length=16, warmup_ratio=0.0)
     examples = toy_examples(48)
-    result = ft.train_classifier(bundle, examples, recipe, tmp_path / "state.pt", num_labels=2, progress=False)
+    result = ft.finetune_encoder(bundle, examples, recipe, tmp_path / "state.pt", num_labels=2, progress=False)
     assert result.steps == result.total_steps == 6 * 8
     first, last = sum(result.losses[:6]) / 6, sum(result.losses[-6:]) / 6
     assert last < 0.5 * first
@@ -47,7 +47,7 @@ def test_resume_continues_where_it_stopped(tokenizer, tmp_path):
     recipe = ft.Recipe(learning_rate=1e-3, batch_size=8, epochs=2, max_length=16, seed=3)
     examples = toy_examples(40)
     reference = tiny_classifier()
-    full = ft.train_classifier(reference, examples, recipe, tmp_path / "a" / "state.pt", num_labels=2,
+    full = ft.finetune_encoder(reference, examples, recipe, tmp_path / "a" / "state.pt", num_labels=2,
                                checkpoint_every=3, progress=False)
 
     def interrupt(step, loss):
@@ -56,11 +56,11 @@ def test_resume_continues_where_it_stopped(tokenizer, tmp_path):
 
     checkpoint = tmp_path / "b" / "state.pt"
     with pytest.raises(KeyboardInterrupt):
-        ft.train_classifier(tiny_classifier(), examples, recipe, checkpoint, num_labels=2,
+        ft.finetune_encoder(tiny_classifier(), examples, recipe, checkpoint, num_labels=2,
                             checkpoint_every=3, progress=False, on_step=interrupt)
     assert torch.load(checkpoint, weights_only=False)["step"] == 6
     resumed_bundle = tiny_classifier(seed=99)  # different start: the checkpoint must override it
-    resumed = ft.train_classifier(resumed_bundle, examples, recipe, checkpoint, num_labels=2, checkpoint_every=3,
+    resumed = ft.finetune_encoder(resumed_bundle, examples, recipe, checkpoint, num_labels=2, checkpoint_every=3,
                                   progress=False)
     assert resumed.resumed_from == 6 and resumed.steps == full.steps == 10
     assert resumed.losses == pytest.approx(full.losses[6:], abs=1e-5)
@@ -71,10 +71,10 @@ def test_resume_continues_where_it_stopped(tokenizer, tmp_path):
 def test_checkpoint_with_other_settings_is_refused(tokenizer, tmp_path):
     examples = toy_examples(16)
     checkpoint = tmp_path / "state.pt"
-    ft.train_classifier(tiny_classifier(), examples, ft.Recipe(batch_size=8, epochs=1, max_length=16),
+    ft.finetune_encoder(tiny_classifier(), examples, ft.Recipe(batch_size=8, epochs=1, max_length=16),
                         checkpoint, num_labels=2, checkpoint_every=1, progress=False)
     with pytest.raises(AttnpatError, match="other settings"):
-        ft.train_classifier(tiny_classifier(), examples, ft.Recipe(batch_size=4, epochs=1, max_length=16),
+        ft.finetune_encoder(tiny_classifier(), examples, ft.Recipe(batch_size=4, epochs=1, max_length=16),
                             checkpoint, num_labels=2, progress=False)
 
 
@@ -86,7 +86,7 @@ def test_regression_labels_are_float_and_classes_long(tokenizer, tmp_path):
     batch = next(iter_batches(bundle, examples, batch_size=2))
     assert ft.label_tensor(batch, 1).dtype == torch.float32
     assert ft.label_tensor(batch, 2).dtype == torch.int64
-    result = ft.train_classifier(bundle, examples, ft.Recipe(batch_size=2, epochs=1, max_length=8),
+    result = ft.finetune_encoder(bundle, examples, ft.Recipe(batch_size=2, epochs=1, max_length=8),
                                  tmp_path / "state.pt", num_labels=1, progress=False)
     assert result.steps == 1 and result.losses[0] > 0  # MSE on float labels, no dtype error
 

@@ -52,15 +52,16 @@ def test_saved_maps_round_trip_any_lengths(tmp_path):
     maps = []
     for k, n in enumerate((3, 7)):
         attn = rng.random((2, 4, n, n)).astype(np.float32)
-        maps.append(SavedMap(f"ex{k}", attn / attn.sum(-1, keepdims=True), [f"t{i}" for i in range(n)], np.zeros(n)))
+        maps.append(SavedMap(f"ex{k}", attn / attn.sum(-1, keepdims=True), [f"t{i}" for i in range(n)], np.zeros(n),
+                             "tiny", "sst2"))
     write_shard(tmp_path / "s.npz", maps)
     back = read_shard(tmp_path / "s.npz")
     assert [m.example_id for m in back] == ["ex0", "ex1"] and back[1].tokens == maps[1].tokens
     for a, b in zip(back, maps):
         np.testing.assert_allclose(a.attn, b.attn, atol=1e-3)
-    assert back[0].map_ids[5] == "ex0/L1H1"  # 4 heads per layer
+    assert back[0].map_ids[5] == "tiny:sst2:ex0:L1H1"  # 4 heads per layer
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     with pytest.raises(AttnpatError, match="not an attnpat map file"):
         read_shard(tmp_path / "bad.npz")
     with pytest.raises(AttnpatError, match="expected"):
-        write_shard(tmp_path / "x.npz", [SavedMap("e", np.ones((2, 4, 3, 3)), ["a", "b"], np.zeros(2))])
+        write_shard(tmp_path / "x.npz", [SavedMap("e", np.ones((2, 4, 3, 3)), ["a", "b"], np.zeros(2), "tiny", "sst2")])

@@ -1,0 +1,135 @@
+"""The one map format (analysis.mapstore): map ids, whole examples and single heads in one file, the digest,
+and the shipped labeled set in that format."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.errors import AttnpatError
+from analysis.mapstore import (FORMAT, MapGroup, SavedMap, iter_map_groups, make_map_id, maps_digest, parse_map_id,
+                               read_maps, read_shard, read_single_maps, single_map, write_maps, write_shard,
+                               write_single_maps)
+from annotation.dataset import load_labeled_set
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def random_maps(rng, *shape):
+    attn = rng.random(shape).astype(np.float32)
+    return attn / attn.sum(-1, keepdims=True)
+
+
+def test_map_ids_round_trip_and_bad_ids_are_refused():
+    map_id = make_map_id("minilm", "mrpc", "mrpc-validation-1019", 4, 6)
+    assert map_id == "minilm:mrpc:mrpc-validation-1019:L4H6"
+    assert parse_map_id(map_id) == ("minilm", "mrpc", "mrpc-validation-1019", 4, 6)
+    # an example id may hold ':'; model and task may not (they become '_')
+    odd = make_map_id("org:model", "a:b", "file:7", 0, 11)
+    assert odd == "org_model:a_b:file:7:L0H11"
+    assert parse_map_id(odd) == ("org_model", "a_b", "file:7", 0, 11)
+    for bad in ("ex0/L1H1", "minilm:sst2:L1H1", "minilm:sst2:ex:L1", "minilm::ex:L1H1", "minilm:sst2:ex:H1L1"):
+        with pytest.raises(AttnpatError, match="is not <model>:<task>:<example>:L<layer>H<head>"):
+            parse_map_id(bad)
+
+
+def test_whole_examples_and_single_heads_share_one_file(tmp_path):
+    rng = np.random.default_rng(0)
+    whole = SavedMap("ex0", random_maps(rng, 2, 3, 5, 5), list("abcde"), np.asarray([0, 0, 0, 1, 1]), "tiny", "rte")
+    with_tokens = single_map(make_map_id("tiny", "sst2", "ex1", 1, 2), random_maps(rng, 4, 4), ["w", "x", "y", "z"])
+    bare = single_map(make_map_id("tiny", "sst2", "ex2", 0, 0), random_maps(rng, 6, 6))  # no tokens known
+    write_maps(tmp_path / "m.npz", [whole.group(), with_tokens, bare])
+    with np.load(tmp_path / "m.npz", allow_pickle=False) as data:  # no pickled objects
+        assert str(data["format"]) == FORMAT and data["attn"].dtype == np.float32
+    groups = read_maps(tmp_path / "m.npz")
+    assert [g.map_ids for g in groups][1:] == [with_tokens.map_ids, bare.map_ids]
+    assert groups[0].map_ids[:4] == ["tiny:rte:ex0:L0H0", "tiny:rte:ex0:L0H1", "tiny:rte:ex0:L0H2", "tiny:rte:ex0:L1H0"]
+    np.testing.assert_array_equal(groups[0].grid(), whole.attn)
+    assert groups[0].tokens == whole.tokens and groups[0].token_type_ids.tolist() == [0, 0, 0, 1, 1]
+    assert groups[1].tokens == ["w", "x", "y", "z"] and groups[2].tokens is None
+    np.testing.assert_array_equal(groups[2].attn[0], bare.attn[0])  # float32 stays exact
+    with pytest.raises(AttnpatError, match="single heads"):
+        groups[1].grid()
+    singles = read_single_maps(tmp_path / "m.npz")
+    assert len(singles) == 2 * 3 + 2 and singles["tiny:rte:ex0:L1H2"].shape == (5, 5)
+    np.testing.assert_array_equal(singles["tiny:rte:ex0:L1H2"], whole.attn[1, 2])
+
+
+def test_extract_shards_are_float16_and_read_back_as_examples(tmp_path):
+    rng = np.random.default_rng(1)
+    maps = [SavedMap(f"ex{k}", random_maps(rng, 2, 2, n, n), [f"t{i}" for i in range(n)], np.zeros(n), "tiny", "sst2")
+            for k, n in enumerate((3, 4))]
+    write_shard(tmp_path / "shard.npz", maps)
+    with np.load(tmp_path / "shard.npz", allow_pickle=False) as data:
+        assert data["attn"].dtype == np.float16
+    back = read_shard(tmp_path / "shard.npz")
+    assert [m.example_id for m in back] == ["ex0", "ex1"] and back[1].model == "tiny" and back[1].task == "sst2"
+    np.testing.assert_allclose(back[1].attn, maps[1].attn, atol=1e-3)
+    assert [g.map_ids[-1] for g in iter_map_groups(tmp_path)] == ["tiny:sst2:ex0:L1H1", "tiny:sst2:ex1:L1H1"]
+
+
+def test_earlier_layouts_and_foreign_files(tmp_path):
+    rng = np.random.default_rng(2)
+    ids = [make_map_id("m", "t", "e", 0, h) for h in range(2)]
+    old = [random_maps(rng, 3, 3), random_maps(rng, 4, 4)]
+    np.savez_compressed(tmp_path / "single.npz", attn=np.concatenate([m.ravel() for m in old]),
+                        lengths=np.asarray([3, 4], np.int32), map_ids=np.asarray(ids))
+    back = read_single_maps(tmp_path / "single.npz")  # samples pushed before the one format still pull
+    assert list(back) == ids and all(np.array_equal(back[i], m) for i, m in zip(ids, old, strict=True))
+    np.savez_compressed(tmp_path / "oldshard.npz", attn=np.zeros(9, np.float16), lengths=np.asarray([3]),
+                        shape=np.asarray([1, 1]), example_ids=np.asarray(["e"]))
+    with pytest.raises(AttnpatError, match="extract again"):
+        read_maps(tmp_path / "oldshard.npz")
+    np.savez_compressed(tmp_path / "future.npz", format=np.asarray("attnpat-maps/9"))
+    with pytest.raises(AttnpatError, match="expected 'attnpat-maps/1'"):
+        read_maps(tmp_path / "future.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(AttnpatError, match="not an attnpat map file"):
+        read_maps(tmp_path / "junk.npz")
+    with pytest.raises(AttnpatError, match="no maps"):
+        write_maps(tmp_path / "empty.npz", [])
+    group = MapGroup("m", "t", "e", np.asarray([[0, 0]]), np.zeros((1, 3, 3), np.float32), ["a", "b"])
+    with pytest.raises(AttnpatError, match="3 tokens long but come with 2 tokens"):
+        write_maps(tmp_path / "bad.npz", [group])
+    assert not (tmp_path / "bad.npz").exists()
+
+
+def test_one_digest_for_one_map_a_pool_and_a_labeled_set():
+    rng = np.random.default_rng(3)
+    maps = [random_maps(rng, 3, 3), random_maps(rng, 5, 5)]
+    assert maps_digest(maps[:1]) == hashlib.sha256(maps[0].tobytes()).hexdigest()
+    by_hand = hashlib.sha256()
+    for map_id, label, attn in zip(["a", "b"], [1, 4], maps, strict=True):
+        by_hand.update(map_id.encode() + bytes([label]) + attn.tobytes())
+    assert maps_digest(maps, ["a", "b"], [1, 4]) == by_hand.hexdigest()
+    assert len({maps_digest(maps), maps_digest(maps, ["a", "b"]), maps_digest(maps, labels=[1, 4]),
+                maps_digest(maps[::-1]), maps_digest(maps, ["a", "b"], [1, 3])}) == 5
+
+
+def test_shipped_labeled_set_is_in_the_one_format_and_matches_the_checkpoint_record():
+    folder = REPO / "annotation" / "labeled" / "v2"
+    with np.load(folder / "maps.npz", allow_pickle=False) as data:
+        assert str(data["format"]) == FORMAT
+    labeled = load_labeled_set(folder)
+    labels = pd.read_csv(folder / "labels.csv")
+    assert labeled.map_ids == list(labels.map_id) and len(labeled) == 990
+    assert all(parse_map_id(map_id).model == "minilm" for map_id in labeled.map_ids)
+    metadata = json.loads((REPO / "classifier" / "checkpoints" / "default.json").read_text())
+    trained_on = REPO / metadata["trained_on"].removeprefix("labeled set ")
+    if trained_on.resolve() == folder.resolve():
+        assert labeled.data_hash == metadata["data_hash"]  # the maps and labels the checkpoint was trained on
+    else:
+        assert load_labeled_set(trained_on).data_hash == metadata["data_hash"]
+
+
+def test_single_maps_keep_their_tokens(tmp_path):
+    rng = np.random.default_rng(4)
+    ids = [make_map_id("m", "t", f"e{k}", 0, 0) for k in range(3)]
+    maps = {map_id: random_maps(rng, 4, 4) for map_id in ids}
+    write_single_maps(tmp_path / "s.npz", maps, {ids[0]: ["a", "b", "c", "d"]})
+    groups = read_maps(tmp_path / "s.npz")
+    assert [g.tokens for g in groups] == [["a", "b", "c", "d"], None, None]
