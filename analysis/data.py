@@ -202,7 +202,7 @@ def _load_from_hub(spec: TaskSpec, split: str) -> list[Example]:
 
 # ---------------------------------------------------------------- public API
 
-def load_task(task: str, split: str = "validation", n: int | None = None, *, allow_hub: bool | None = None,
+def _load_task(task: str, split: str = "validation", n: int | None = None, *, allow_hub: bool | None = None,
               seed: int = 0) -> TaskData:
     """Examples for a GLUE task or ``wiki``. Hub first when reachable, packaged files otherwise.
 
@@ -476,7 +476,7 @@ def load_data(task_or_file: str, split: str = "validation", n: int | None = None
     if given:
         raise AttnpatError(f"{', '.join(given)} only apply to a data file (.jsonl, .csv or .tsv), not task "
                            f"'{task_or_file}'")
-    return load_task(task_or_file, split, n, **kwargs)
+    return _load_task(task_or_file, split, n, **kwargs)
 
 
 def available_tasks() -> dict[str, list[str]]:

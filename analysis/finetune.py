@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from analysis.data import GLUE_TASKS, Example, TaskData, load_task
+from analysis.data import GLUE_TASKS, Example, TaskData, load_data
 from analysis.errors import AttnpatError
 from analysis.metrics import METRICS, metric_name, task_metric
 from analysis.paths import model_store
@@ -82,7 +82,7 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
     if split_dev:
         if not 0 < train_share < 1:
             raise AttnpatError(f"--train-share must be between 0 and 1, got {train_share}")
-        dev = load_task(task, "validation", allow_hub=allow_hub)
+        dev = load_data(task, "validation", allow_hub=allow_hub)
         order = list(range(len(dev.examples)))
         random.Random(seed).shuffle(order)
         cut = int(round(train_share * len(order)))
@@ -99,10 +99,10 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
         info = {"mode": "split-dev", "train_share": train_share, "seed": seed, "note": note}
     else:
         try:
-            train = load_task(task, "train", allow_hub=allow_hub)
+            train = load_data(task, "train", allow_hub=allow_hub)
         except AttnpatError as exc:
             raise AttnpatError(f"{exc}; use --split-dev to fine-tune on a share of the dev set instead") from exc
-        evaluation = load_task(task, "validation", allow_hub=allow_hub)
+        evaluation = load_data(task, "validation", allow_hub=allow_hub)
         info = {"mode": "train/validation"}
     if n_train is not None:
         if n_train < 1:

@@ -57,10 +57,10 @@ def classified_pass(bundle, examples, classifier, batch_size: int) -> tuple[floa
 
 def peak_memory_child(n: int, threads: int | None, batch_size: int, checkpoint: str | None) -> None:
     """Runs in a fresh process: classify n examples and print the peak RSS in MiB."""
-    from analysis.data import load_task
+    from analysis.data import load_data
 
     bundle, classifier = _setup(threads, checkpoint)
-    _, _, maps = classified_pass(bundle, load_task("sst2", n=n).examples, classifier, batch_size)
+    _, _, maps = classified_pass(bundle, load_data("sst2", n=n).examples, classifier, batch_size)
     print(json.dumps({"n": n, "maps": maps, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
@@ -83,10 +83,10 @@ def main() -> None:
 
     import torch
 
-    from analysis.data import load_task
+    from analysis.data import load_data
 
     bundle, classifier = _setup(args.threads, args.classifier, args.precision)
-    examples = load_task("sst2", n=args.n).examples
+    examples = load_data("sst2", n=args.n).examples
     bare_pass(bundle, examples[:64], args.batch_size)  # warm-up: first-call allocations, thread pools
     classified_pass(bundle, examples[:64], classifier, args.batch_size)
     bare_times, classify_times, bare_cpu, classify_cpu, maps = [], [], [], [], 0

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     import torch
 
-    from analysis.data import load_task
+    from analysis.data import load_data
     from analysis.models import list_store
     from analysis.stream import encode_examples, iter_batches
     from analysis.sweeps import BASELINE, fast_sweep, head_variants, naive_sweep, recompute_share, seeded_classifier
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     name = args.model or ("minilm-sst2" if any(m["name"] == "minilm-sst2" for m in list_store()) else "minilm")
-    data = load_task("sst2", split="validation", n=args.n)
+    data = load_data("sst2", split="validation", n=args.n)
     bundle = seeded_classifier(name, num_labels=2, device="cpu")
     L, H = bundle.num_layers, bundle.num_heads
     variants = head_variants(L, H)

@@ -13,7 +13,7 @@ from transformers import (
 )
 
 from analysis.clustering import head_clusters, head_js_divergences, js_divergence, mds_embedding, smooth
-from analysis.data import Example, TaskData, load_task
+from analysis.data import Example, TaskData, load_data
 from analysis.errors import AttnpatError
 from analysis.gradients import (
     attention_gradients,
@@ -237,7 +237,7 @@ def test_cli_surface_cluster_and_grad_on_minilm(tmp_path, capsys):
 
 def test_real_wiki_data_surface_values_are_probabilities(tmp_path):
     """The packaged wiki segments through the tiny-model path: every share in [0, 1]."""
-    data = load_task("wiki", n=4)
+    data = load_data("wiki", n=4)
     torch.manual_seed(1)
     bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
     table = surface_statistics(bundle, data, RunDir("tiny", "wiki", tmp_path), progress=False)

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis.data import load_task
+from analysis.data import load_data
 from analysis.extract import extract_maps
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir
@@ -36,7 +36,7 @@ def checkpoint(tmp_path_factory):
 
 
 def test_counts_add_up_to_examples_times_heads(bundle, checkpoint, tmp_path):
-    data = load_task("sst2", n=7)
+    data = load_data("sst2", n=7)
     run = RunDir(bundle.slug, "sst2", tmp_path)
     patterns = classify_task(bundle, data, load_classifier(checkpoint), run, batch_size=3, progress=False)
     assert len(patterns) == LAYERS * HEADS * len(CLASSES)
@@ -56,7 +56,7 @@ def test_counts_add_up_to_examples_times_heads(bundle, checkpoint, tmp_path):
 def test_batched_classification_equals_map_by_map(bundle, checkpoint):
     """Grouping examples by length inside a padded batch must not change any prediction."""
     classifier = load_classifier(checkpoint)
-    data = load_task("mrpc", n=5)
+    data = load_data("mrpc", n=5)
     for map_batch in stream_maps(bundle, data.examples, batch_size=5):
         predicted = classify_batch(map_batch, classifier)
         for i in range(len(map_batch)):
@@ -90,7 +90,7 @@ def test_all_tasks_comparison(bundle, checkpoint, tmp_path):
 
 
 def test_saved_map_files_one_row_per_map(bundle, checkpoint, tmp_path):
-    data = load_task("rte", n=4)
+    data = load_data("rte", n=4)
     extract_maps(bundle, data, tmp_path / "maps", shard_size=3, progress=False)
     classifier = load_classifier(checkpoint)
     frame = classify_saved_maps(tmp_path / "maps", classifier, progress=False)
@@ -165,7 +165,7 @@ def test_real_minilm_with_the_shipped_classifier(tmp_path):
     from analysis.models import load_model
 
     minilm = load_model("minilm", device="cpu")
-    patterns = classify_task(minilm, load_task("sst2", n=3), load_classifier(), RunDir(minilm.slug, "sst2", tmp_path),
+    patterns = classify_task(minilm, load_data("sst2", n=3), load_classifier(), RunDir(minilm.slug, "sst2", tmp_path),
                              progress=False)
     assert patterns["count"].sum() == 3 * 6 * 12
     assert (patterns.groupby(["layer", "head"])["count"].sum() == 3).all()

@@ -5,7 +5,7 @@ import torch
 from transformers import BertModel, BertTokenizerFast
 
 from analysis import compare as cmp
-from analysis.data import Example, load_task
+from analysis.data import Example, load_data
 from analysis.errors import AttnpatError
 from analysis.models import load_model
 from analysis.rundir import RunDir, table_to_array
@@ -77,7 +77,7 @@ def test_different_tokenizers_are_refused(tokenizer, tmp_path):
 @pytest.mark.slow  # seconds alone; over 20 s on a busy 2-core machine
 def test_minilm_with_itself_writes_the_cosine_table(tmp_path):
     bundle = load_model("minilm", device="cpu")
-    data = load_task("sst2", n=12, allow_hub=False)
+    data = load_data("sst2", n=12, allow_hub=False)
     run = RunDir("minilm-self", "sst2", tmp_path)
     cmp.write_cosine(bundle, bundle, data, run, max_length=64, batch_size=6)
     table = run.read_table("cosine")

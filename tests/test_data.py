@@ -3,14 +3,14 @@ import json
 
 import pytest
 
-from analysis.data import (GLUE_TASKS, load_data, load_file, load_task, normalise_sentence, sst2_offline_train,
+from analysis.data import (GLUE_TASKS, load_data, load_file, normalise_sentence, sst2_offline_train,
                            wiki_segments)
 from analysis.errors import AttnpatError
 
 
 @pytest.mark.parametrize("task, size, pair", [("sst2", 872, False), ("mrpc", 408, True), ("rte", 277, True)])
 def test_offline_glue_validation_splits_are_complete(task, size, pair):
-    data = load_task(task, allow_hub=False)
+    data = load_data(task, allow_hub=False)
     assert len(data.examples) == size
     assert data.source.startswith("offline")
     assert all((e.text_pair is not None) == pair for e in data.examples)
@@ -21,14 +21,14 @@ def test_offline_glue_validation_splits_are_complete(task, size, pair):
 
 def test_sst2_offline_train_excludes_every_dev_sentence():
     train, removed = sst2_offline_train()
-    dev = {normalise_sentence(e.text) for e in load_task("sst2", allow_hub=False).examples}
+    dev = {normalise_sentence(e.text) for e in load_data("sst2", allow_hub=False).examples}
     assert removed == 732
     assert not dev & {normalise_sentence(e.text) for e in train}
     assert {e.label for e in train} == {0, 1} and len(train) > 9000
 
 
 def test_sst2_train_is_served_offline_with_a_note():
-    data = load_task("sst2", split="train", n=10, allow_hub=False)
+    data = load_data("sst2", split="train", n=10, allow_hub=False)
     assert len(data.examples) == 10 and "732" in data.notes[0]
 
 
@@ -42,16 +42,16 @@ def test_wiki_segments_are_two_consecutive_parts_of_one_passage():
 
 def test_tasks_without_an_offline_source_name_what_was_tried():
     with pytest.raises(AttnpatError, match="tried: hub \\(unreachable\\); no packaged validation split for qqp"):
-        load_task("qqp", allow_hub=False)
+        load_data("qqp", allow_hub=False)
     with pytest.raises(AttnpatError, match="no packaged train split for mrpc"):
-        load_task("mrpc", split="train", allow_hub=False)
+        load_data("mrpc", split="train", allow_hub=False)
 
 
 def test_unknown_task_and_bad_n_are_clear_errors():
     with pytest.raises(AttnpatError, match="unknown task 'sst3'; known tasks: sst2"):
-        load_task("sst3")
+        load_data("sst3")
     with pytest.raises(AttnpatError, match="positive"):
-        load_task("sst2", n=0)
+        load_data("sst2", n=0)
 
 
 def test_user_files_in_every_format(tmp_path):

@@ -4,7 +4,7 @@ import torch
 from transformers import BertModel
 
 from analysis import special as sp
-from analysis.data import Example, load_task
+from analysis.data import Example, load_data
 from analysis.models import load_model
 from analysis.rundir import RunDir
 from analysis.stream import encode_examples, stream_maps, token_roles
@@ -105,7 +105,7 @@ def test_tagged_features_align_by_character_offsets(tokenizer, tiny):
 @pytest.mark.slow  # seconds alone; over 20 s on a busy 2-core machine
 def test_minilm_writes_special_tables_on_sst2(tmp_path):
     bundle = load_model("minilm", device="cpu")
-    data = load_task("sst2", n=24, allow_hub=False)
+    data = load_data("sst2", n=24, allow_hub=False)
     run = RunDir(bundle.slug, "sst2", tmp_path)
     stats = sp.write_special(bundle, data, run, tagger=None, batch_size=8)
     tokens = run.read_table("special_tokens")

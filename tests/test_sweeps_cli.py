@@ -84,11 +84,11 @@ def minilm():
 
 @pytest.mark.slow
 def test_minilm_fast_equals_naive_on_sst2(minilm):
-    from analysis.data import load_task
+    from analysis.data import load_data
     from analysis.stream import encode_examples, iter_batches
     from analysis.sweeps import BASELINE, fast_sweep, head_variants, layer_variants, naive_sweep
 
-    data = load_task("sst2", split="validation", n=8)
+    data = load_data("sst2", split="validation", n=8)
     encoded = encode_examples(minilm.tokenizer, data.examples)
     batches = list(iter_batches(minilm, data.examples, batch_size=4, encoded=encoded))
     variants = head_variants(6, 12)[::35] + layer_variants(6, 12)[3:4]  # heads (0,0), (2,11), (5,10); layer 3
@@ -105,11 +105,11 @@ def test_minilm_fast_equals_naive_on_sst2(minilm):
 
 
 def test_minilm_importance_on_sst2(minilm):
-    from analysis.data import load_task
+    from analysis.data import load_data
     from analysis.importance import head_importance
     from analysis.stream import iter_batches
 
-    data = load_task("sst2", split="validation", n=8)
+    data = load_data("sst2", split="validation", n=8)
     scores = head_importance(minilm, list(iter_batches(minilm, data.examples, batch_size=8)))
     assert scores.shape == (6, 12) and np.isfinite(scores).all() and (scores > 0).all()
     assert scores.std() > 0

@@ -392,9 +392,9 @@ def test_twenty_concurrent_clients(server, tiny):
 
 @pytest.mark.slow
 def test_minilm_live_view_on_packaged_data():
-    from analysis.data import load_task
+    from analysis.data import load_data
 
-    example = load_task("sst2", n=1).examples[0]
+    example = load_data("sst2", n=1).examples[0]
     explorer = LiveExplorer(classifier_loader=random_classifier)
     view = explorer.explore("minilm", example.text)
     assert view.maps.shape[:2] == (6, 12) and len(view.classes) == 6 and len(view.classes[0]) == 12

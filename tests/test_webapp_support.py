@@ -37,14 +37,14 @@ def populate_runs(root: Path, model_dir: Path) -> dict:
 
     Returns what was written: {"model": slug, "task": "sst2"}. Fine-tuning artifacts are left out on purpose.
     """
-    from analysis.data import load_task
+    from analysis.data import load_data
     from analysis.extract import write_overview
     from analysis.figures import close, head_heatmap
     from analysis.models import load_model
     from analysis.rundir import RunDir, long_table
 
     bundle = load_model(str(model_dir))
-    data = load_task("sst2", n=8)
+    data = load_data("sst2", n=8)
     run = RunDir(bundle.slug, "sst2", root)
     write_overview(bundle, data, run, progress=False)
     rng = np.random.default_rng(0)
