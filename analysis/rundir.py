@@ -164,9 +164,6 @@ class RunDir:
     def write_figure(self, name: str, fig) -> list[Path]:
         return save_figure(fig, self.file(name))
 
-    def write_json(self, name: str, data) -> Path:
-        return atomic_write_json(self.file(f"{name}.json"), data)
-
     def read_table(self, name: str):
         import pandas as pd
 
