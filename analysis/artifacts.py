@@ -20,11 +20,13 @@ SHIPPED_LABELED_SET = "annotation/labeled/v2"
 
 @dataclass(frozen=True)
 class Tab:
-    """One run tab of the web app: its title, the sentence it opens with, the task it picks first."""
+    """One run tab of the web app: its title, the sentence it opens with, the task it prefers, and the one run
+    folder (model) it reads when its results are not per encoder (the classifier's training runs)."""
 
     name: str
     intro: str
     preferred_task: str = "sst2"
+    model: str | None = None
 
     @property
     def key(self) -> str:
@@ -80,11 +82,12 @@ TABS: tuple[Tab, ...] = (
         "6 and Tables 1-2.", preferred_task="wiki"),
     Tab("Classifier", "How well the pattern CNN classifies labeled maps: cross-validated scores against the "
         "baselines, per-class F1 and the confusion matrix; the classifier behind Kovaleva et al. 2019 Fig. 2.",
-        preferred_task="v2"),
+        preferred_task="v2", model="classifier"),
 )
 
 _TRAIN = f"--data {SHIPPED_LABELED_SET}"
 _BASE = "minilm"  # the embedded base model the fine-tuning hints start from
+_PARSE = "--parse {task} --model {model}"  # silver parses of the task's sentences (a CoNLL-U file gives gold ones)
 
 ARTIFACTS: tuple[Artifact, ...] = (
     # Pattern ratios (Kovaleva Figure 2); runs/<model>/all/ holds the per-task comparison
@@ -97,7 +100,7 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("cosine", "compare", "layer, head, metric (cosine_cropped|cosine_padded), value", "Fine-tuning",
              figure=True, hint=f"--base {_BASE} --finetuned {{model}} --task {{task}}"),
     Artifact("special_tokens", "special", "layer, head, metric (to_cls|to_sep), value", "Fine-tuning", figure=True),
-    Artifact("finetune_eval", "finetune", "metric, value", "Fine-tuning", hint=f"--model {_BASE} --task {{task}}"),
+    Artifact("finetune_eval", "finetune", "metric, value", "Fine-tuning", hint=f"--model {_BASE} --task {{task}} --split-dev"),
     Artifact("cls_last_layer", "special", "token, mean_attention, count", "Fine-tuning"),
     Artifact("linguistic", "special", "layer, head, feature (negation|noun|verb|pronoun|subject|object), value",
              "Fine-tuning"),
@@ -122,9 +125,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
              figure=True),
     Artifact("probing_dependency", "probe-dep", "relation, direction, best_layer, best_head, accuracy, "
              "baseline_offset, baseline_accuracy, count", "Surface and clusters", figure=True,
-             hint="<file.conllu> --model {model}"),
+             hint=_PARSE),
     Artifact("probing_dependency_heads", "probe-dep", "layer, head, direction, relation, accuracy, count",
-             "Surface and clusters", hint="<file.conllu> --model {model}"),
+             "Surface and clusters", hint=_PARSE),
     Artifact("probing_coref", "probe-coref", "layer, head, metric (accuracy), value", "Surface and clusters",
              figure=True, folder="winobias", hint="--model {model}"),
     Artifact("probing_coref_baselines", "probe-coref", "model, accuracy", "Surface and clusters",

@@ -19,6 +19,7 @@ import torch  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
 from analysis.errors import AttnpatError  # noqa: E402
+from analysis.patterns import CLASS_STYLE  # noqa: E402
 
 # Tokens marked on the axes of rendered maps (the guideline: [CLS], [SEP], '.' and ',').
 MARKED_TOKENS = {"[CLS]": "[CLS]", "<s>": "[CLS]", "[SEP]": "[SEP]", "</s>": "[SEP]", ".": ".", ",": ","}
@@ -144,16 +145,6 @@ def close(fig) -> None:
 
 
 # ---------------------------------------------------------------- the layer x head grid of one input
-
-# Class -> (short tag drawn on the grid, RGB colour), in the order of the pattern classes.
-CLASS_STYLE: dict[str, tuple[str, tuple[int, int, int]]] = {
-    "vertical": ("V", (31, 119, 180)),
-    "diagonal": ("D", (44, 160, 44)),
-    "vertical+diagonal": ("V+D", (23, 190, 207)),
-    "block": ("B", (255, 127, 14)),
-    "heterogeneous": ("H", (148, 103, 189)),
-}
-
 
 @dataclass(frozen=True)
 class GridLayout:

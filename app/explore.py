@@ -21,8 +21,8 @@ from analysis.data import Example
 from analysis.errors import AttnpatError
 from analysis.figures import GridLayout, grid_image
 from analysis.models import load_model
+from analysis.patterns import CLASSES
 from analysis.stream import Encoded, encode_examples, stream_maps, to_word_level, word_groups
-from classifier import CLASSES
 from classifier.predict import load_classifier
 
 MAX_LIVE_TOKENS = 128
@@ -168,7 +168,7 @@ def class_table(classes: list[list[str]], probs: np.ndarray):
     for layer, row in enumerate(classes):
         for head, name in enumerate(row):
             rows.append({"layer": layer, "head": head, "class": name,
-                         **{f"p_{c}": round(float(probs[layer, head, k]), 4) for k, c in enumerate(CLASSES)}})
+                         **{f"p_{c}": float(probs[layer, head, k]) for k, c in enumerate(CLASSES)}})
     return pd.DataFrame(rows)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.artifacts import Tab, tab_artifacts
 from analysis.artifacts import artifact as registered
 from analysis.errors import AttnpatError
 from analysis.figures import close, layer_head_figure
@@ -92,6 +93,23 @@ class RunBrowser:
         if not model or not (self.root / model).is_dir():
             return []
         return sorted(path.name for path in (self.root / model).iterdir() if path.is_dir())
+
+    def found(self, model: str, task: str, tab: Tab) -> int:
+        """How many of ``tab``'s artifacts kept in runs/<model>/<task>/ itself exist there."""
+        folder = self.root / model / task
+        return sum(any((folder / name).is_file() for name in entry.files())
+                   for entry in tab_artifacts(tab.name) if entry.folder is None)
+
+    def best_run(self, tab: Tab, model: str | None = None, default_model: str = "") -> tuple[str | None, str | None]:
+        """The (model, task) a run tab opens on: the run folder holding most of the tab's artifacts (of ``model``
+        when given), ties going to ``default_model`` and then to the tab's preferred task."""
+        models = [model] if model else [name for name in self.models() if tab.model in (None, name)]
+        candidates = [(self.found(name, task, tab), name == default_model, task == tab.preferred_task, name, task)
+                      for name in models for task in self.tasks(name)]
+        if not candidates:
+            return (model or None), None
+        *_, name, task = max(candidates, key=lambda candidate: candidate[:3])
+        return name, task
 
     def folder(self, model: str, task: str) -> Path:
         for part in (model, task):

@@ -20,18 +20,29 @@ import gradio as gr  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from analysis.artifacts import TABS, hints, tab_artifacts  # noqa: E402
+from analysis.artifacts import SHIPPED_LABELED_SET, TABS, hints, tab_artifacts  # noqa: E402
+from analysis.artifacts import tab as tab_spec  # noqa: E402
 from analysis.data import ALL_TASKS  # noqa: E402
 from analysis.errors import AttnpatError  # noqa: E402
-from analysis.figures import CLASS_STYLE, GridLayout, close, map_figure, png_as_svg  # noqa: E402
+from analysis.figures import GridLayout, close, map_figure, png_as_svg  # noqa: E402
 from analysis.models import DEFAULT_MODEL, EMBEDDED_ALIASES, list_store  # noqa: E402
+from analysis.patterns import CLASS_STYLE  # noqa: E402
 from analysis.rundir import save_figure, save_table  # noqa: E402
+from app.classifier_card import classifier_card, read_metadata  # noqa: E402
+from app.display import display_table  # noqa: E402
 from app.explore import MAX_LIVE_TOKENS, LiveExplorer, ModelCache, class_table  # noqa: E402
 from app.jobs import BatchJobs, Job, cli_verbs  # noqa: E402
 from app.run_browser import FIGURE_LOCK, ArtifactView, RunBrowser, Scratch, slug_label  # noqa: E402
 
 log = logging.getLogger("attnpat.webapp")
 
+EXPLORE_INTRO = ("Every head's attention map for one sentence, with the pattern each head shows as the pattern CNN "
+                 "classifies it: the five patterns of Kovaleva et al. 2019 Fig. 1, live; click a map to enlarge it.")
+RUNS_INTRO = ("The run folders behind the other tabs, each with its manifest (command, data, timing, outputs), and "
+              "batch jobs that add to them; no paper figure.")
+EXAMPLE_SENTENCE = "The cat sat on the mat because it was warm."
+# The run tab that also shows the shipped classifier's record (no training run needed).
+CLASSIFIER_TAB = "Classifier"
 HIDE_SPECIAL_NOTE = ("Hiding [CLS]/[SEP] drops their rows and columns and renormalises each remaining row to sum to 1, "
                      "so it shows how the weight not spent on special tokens is spread.")
 
@@ -141,14 +152,16 @@ class WebApp:
 
     # -------------------------------------------------------- run tabs
 
-    def run_choices(self, model=None, task=None, preferred_task: str = "sst2"):
-        """Model and task dropdown updates: keep the current pick when it still exists."""
+    def run_choices(self, tab_name: str, model=None, task=None):
+        """Model and task dropdown updates: keep the current pick when it still exists; otherwise open on the run
+        folder that holds most of the tab's artifacts (of the picked model, when there is one)."""
+        spec = tab_spec(tab_name)
         models = self.runs.models()
         if model not in models:
-            model = DEFAULT_MODEL if DEFAULT_MODEL in models else (models[0] if models else None)
+            model, task = self.runs.best_run(spec, default_model=DEFAULT_MODEL)
         tasks = self.runs.tasks(model)
-        fallback = next((t for t in (preferred_task, "sst2") if t in tasks), tasks[0] if tasks else None)
-        task = task if task in tasks else fallback
+        if task not in tasks:
+            task = self.runs.best_run(spec, model, DEFAULT_MODEL)[1]
         return gr.Dropdown(choices=models, value=model), gr.Dropdown(choices=tasks, value=task)
 
     def show_artifacts(self, tab: str, model, task):
@@ -161,7 +174,7 @@ class WebApp:
             return [_message(str(exc), "error"), *sum((self._artifact_outputs(None) for _ in stems), [])]
         if folder is not None and not folder.is_dir():
             return [_message(f"no run {model}/{task} in {self.runs.root} yet: run {run_hints(stems, model, task)}",
-                             "error"), *sum((self._artifact_outputs(None) for _ in stems), [])]
+                             "info" if tab == CLASSIFIER_TAB else "error"), *sum((self._artifact_outputs(None) for _ in stems), [])]
         for stem in stems:
             try:
                 view = self.runs.artifact(model, task, stem) if model and task else None
@@ -175,15 +188,21 @@ class WebApp:
             if view.error:
                 problems.append(view.error)
             outputs += self._artifact_outputs(view)
-        if not model or not task:
+        # the Classifier tab is never empty: it shows the shipped checkpoint's record above the runs
+        empty = "info" if tab == CLASSIFIER_TAB else "error"
+        if tab == CLASSIFIER_TAB and (not model or not task or len(missing) == len(stems)):
+            message = _message(f"above: the shipped classifier's record. No training run in {self.runs.root} yet; "
+                               f"{run_hints(stems, model, task)} retrains it and shows its tables here", empty)
+        elif not model or not task:
             message = _message(f"no runs in {self.runs.root} yet: start one from the Runs tab or run "
-                               "`attnpat demo --no-app`", "error")
+                               "`attnpat demo --no-app`", empty)
         elif len(missing) == len(stems):
             message = _message(f"no {tab.lower()} run for {model}/{task} yet: run {run_hints(stems, model, task)}",
-                               "error")
+                               empty)
         elif missing:
-            message = _message(f"{model}/{task}: not computed yet: {', '.join(slug_label(s) for s in missing)} "
-                               f"(run {run_hints(missing, model, task)})", "info")
+            message = _message(f"{model}/{task}: also shown here once computed: "
+                               f"{', '.join(slug_label(s) for s in missing)} (run {run_hints(missing, model, task)})",
+                               "info")
         else:
             message = _message(f"{model}/{task}: every {tab.lower()} artifact is here", "ok")
         if problems:
@@ -197,11 +216,15 @@ class WebApp:
             return [gr.Group(visible=False), "", gr.Image(value=None, visible=False),
                     gr.Dataframe(value=None, visible=False), None]
         where = f"`{view.folder.parent.name}/{view.folder.name}`"
-        title = f"#### {slug_label(view.stem)}  \n<small>{where}</small>"
+        # a table that says where its values come from (e.g. gold or silver parses) says so in the title too
+        source = ""
+        if view.table is not None and "parses" in view.table.columns and not view.table.empty:
+            source = f": {', '.join(str(value) for value in view.table['parses'].dropna().unique())}"
+        title = f"#### {slug_label(view.stem)}{source}  \n<small>{where}</small>"
         files = [str(path) for path in (view.csv, view.png, view.svg) if path is not None]
         image = gr.Image(value=str(view.png) if view.png else None, visible=view.png is not None)
         return [gr.Group(visible=True), title, image,
-                gr.Dataframe(value=view.table, visible=view.table is not None), files]
+                gr.Dataframe(value=display_table(view.table), visible=view.table is not None), files]
 
     # -------------------------------------------------------- Runs tab
 
@@ -271,15 +294,16 @@ class WebApp:
                         f"from the run directory `{self.runs.root}`.")
             with gr.Tabs():
                 self._explore_tab(demo)
-                for tab in TABS:
-                    self._run_tab(tab.name, demo)
+                for spec in TABS:
+                    self._run_tab(spec.name, demo)
                 self._runs_tab(demo)
         return demo
 
     def _explore_tab(self, demo: gr.Blocks) -> None:
         with gr.Tab("Explore", id="explore"):
+            gr.Markdown(EXPLORE_INTRO, elem_id="explore-intro")
             with gr.Row():
-                text = gr.Textbox(label="Sentence", value="The cat sat on the mat because it was warm.", scale=3,
+                text = gr.Textbox(label="Sentence", value=EXAMPLE_SENTENCE, scale=3,
                                   elem_id="explore-text", max_lines=4)
                 pair = gr.Textbox(label="Second sentence (optional)", scale=2, elem_id="explore-pair", max_lines=4)
                 model = gr.Dropdown(model_choices(), value=DEFAULT_MODEL, label="Model", allow_custom_value=True,
@@ -316,7 +340,8 @@ class WebApp:
             map_inputs = [*inputs, layer, head]
             map_outputs = [caption, big, map_png, map_svg]
             outputs = [status, grid, classes, grid_png, grid_svg, classes_csv]
-            for trigger in (run.click, text.submit, pair.submit, word_level.input, hide_special.input):
+            # the example sentence's grid is computed when the page opens, so the tab is never empty
+            for trigger in (run.click, text.submit, pair.submit, word_level.input, hide_special.input, demo.load):
                 trigger(self.explore, inputs, outputs, api_name="explore" if trigger == run.click else False,
                         concurrency_limit=4, concurrency_id="live").then(
                     self.head_map, map_inputs, map_outputs, api_name=False, concurrency_limit=4,
@@ -328,10 +353,14 @@ class WebApp:
             grid.select(self.pick_head, [model, layer, head], [layer, head], api_name=False).then(
                 self.head_map, map_inputs, map_outputs, api_name=False, concurrency_id="live")
 
-    def _run_tab(self, tab: str, demo: gr.Blocks) -> None:
-        spec = next(entry for entry in TABS if entry.name == tab)
+    def _run_tab(self, tab_name: str, demo: gr.Blocks) -> None:
+        spec = tab_spec(tab_name)
         key = spec.key
+        tab = tab_name
         with gr.Tab(tab, id=key) as tab_block:
+            gr.Markdown(spec.intro, elem_id=f"{key}-intro")
+            if tab == CLASSIFIER_TAB:
+                self._classifier_card()
             with gr.Row():
                 model = gr.Dropdown(label="model (run directory)", choices=[], allow_custom_value=True,
                                     elem_id=f"{key}-model")
@@ -355,8 +384,8 @@ class WebApp:
             def show(model_name, task_name, tab=tab):
                 return self.show_artifacts(tab, model_name, task_name)
 
-            def choose(model_name, task_name, preferred=spec.preferred_task):
-                return self.run_choices(model_name, task_name, preferred)
+            def choose(model_name, task_name, tab=tab):
+                return self.run_choices(tab, model_name, task_name)
 
             demo.load(choose, [model, task], [model, task], api_name=False)
             tab_block.select(choose, [model, task], [model, task], api_name=False).then(
@@ -367,8 +396,29 @@ class WebApp:
                 show, [model, task], outputs, api_name=False)
             task.input(show, [model, task], outputs, api_name=api)
 
+    @staticmethod
+    def _classifier_card() -> None:
+        """The shipped checkpoint's record: labeled set, cross-validated scores, per-class F1, confusion matrix."""
+        gr.Markdown("#### The shipped pattern classifier")
+        try:
+            card = classifier_card(read_metadata())
+        except AttnpatError as exc:
+            gr.Markdown(_message(str(exc), "error"), elem_id="classifier-card-summary")
+            return
+        gr.Markdown(f"{card.summary} Retrain it with `attnpat train --data {SHIPPED_LABELED_SET}`.",
+                    elem_id="classifier-card-summary")
+        tables = (("scores", card.scores, "macro F1 against the baselines"), ("per-class", card.per_class, "per-class F1"),
+                  ("confusion", card.confusion, "confusion (out-of-fold; rows: true class, columns: predicted)"))
+        for row in (tables[:2], tables[2:]):  # the confusion matrix needs the full width
+            with gr.Row():
+                for name, frame, label in row:
+                    if frame is not None:
+                        gr.Dataframe(display_table(frame), label=label, interactive=False,
+                                     elem_id=f"classifier-card-{name}")
+
     def _runs_tab(self, demo: gr.Blocks) -> None:
         with gr.Tab("Runs", id="runs") as tab_block:
+            gr.Markdown(RUNS_INTRO, elem_id="runs-intro")
             refresh = gr.Button("Refresh", size="sm")
             table = gr.Dataframe(label="runs", interactive=False, elem_id="runs-table")
             with gr.Row():

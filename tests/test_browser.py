@@ -64,6 +64,16 @@ def status_text(page, elem_id: str, pattern: str) -> str:
     return locator.inner_text()
 
 
+def test_the_page_opens_with_the_example_sentences_grid(page):
+    text = status_text(page, "explore-status", r"6 layers x 12 heads")  # no click: computed on load
+    assert "13 tokens" in text
+    page.locator("#explore-grid img").wait_for()
+    page.locator("#explore-classes").filter(has_text="head 12").wait_for()
+    status_text(page, "explore-caption", r"layer 1, head 1")
+    assert "Kovaleva et al. 2019" in page.locator("#explore-intro").inner_text()
+    shot(page, "explore-on-load")
+
+
 def test_explore_shows_the_grid_and_a_large_map(page):
     page.locator("#explore-text textarea").fill(SENTENCE)
     page.locator("#explore-model input").fill("minilm")
@@ -112,13 +122,21 @@ def test_explore_bad_input_shows_a_message(page):
 def test_run_tabs_render_what_exists(page, app_url, tab):
     page.get_by_role("tab", name=tab).click()
     key = tab.lower().replace(" ", "-")
-    message = status_text(page, f"{key}-message", app_url[1])
+    intro = page.locator(f"#{key}-intro").inner_text()
+    assert re.search(r"(Kovaleva|Clark|Michel) et al\. 2019", intro), intro  # says which paper it reproduces
+    if tab == "Classifier":  # no training run in the test's runs: the shipped checkpoint's record fills the tab
+        message = status_text(page, f"{key}-message", "shipped classifier")
+        assert "error" not in message and "attnpat train --data annotation/labeled/v2" in message
+        assert "%" in page.locator("#classifier-card-scores").inner_text()  # fractions read as percentages
+        page.locator("#classifier-card-confusion").filter(has_text="heterogeneous").wait_for()
+        assert "macro_f1" not in page.locator("#classifier-card-summary").inner_text()
+    else:
+        message = status_text(page, f"{key}-message", app_url[1])
     if tab == "Fine-tuning":
         assert "no fine-tuning run" in message and "attnpat special" in message
-    elif tab == "Classifier":  # the test's runs hold no classifier training: the page names the command
-        assert "attnpat train --data annotation/labeled/" in message
-    else:
+    elif tab != "Classifier":
         page.locator(f"#{key}-message ~ div img, [id^='{key}-'][id$='-image'] img").first.wait_for()
+        assert "not computed yet" not in message
     shot(page, f"tab-{key}")
 
 

@@ -1,0 +1,124 @@
+"""What the app shows on first load: readable numbers, the shipped classifier's record, the run each tab opens
+on, and the table titles that say where values come from."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.artifacts import tab, tab_artifacts
+from analysis.patterns import CLASSES
+from analysis.rundir import RunDir, long_table
+from app.classifier_card import classifier_card, read_metadata
+from app.display import display_table, readable
+from app.run_browser import RunBrowser, Scratch
+from app.webapp import WebApp
+from classifier.checkpoint import DEFAULT_CHECKPOINT
+
+
+@pytest.mark.parametrize("value, fraction, shown", [
+    (0.6798611111111111, True, "68.0%"),
+    (0.6798611111111111, False, "0.680"),
+    (0.0005, True, "0.1%"),
+    (1.0, True, "100.0%"),
+    (12.3456, False, "12.3"),
+    (100.2, False, "100"),
+    (-0.012345, False, "-0.0123"),
+    (123456.7, False, "123,457"),
+    (3.2e-07, False, "3.20e-07"),
+    (0.0, False, "0"),
+    (7, False, "7"),
+    (np.int64(42), False, "42"),
+    (float("nan"), False, ""),
+    ("vertical", False, "vertical"),
+])
+def test_readable_numbers(value, fraction, shown):
+    assert readable(value, fraction) == shown
+
+
+def test_display_table_formats_fractions_by_column_and_by_metric_and_keeps_the_frame():
+    ratios = pd.DataFrame({"class": ["vertical", "block"], "count": [3, 1], "fraction": [0.75, 0.25]})
+    shown = display_table(ratios)
+    assert shown["fraction"].tolist() == ["75.0%", "25.0%"] and shown["count"].tolist() == [3, 1]
+    assert ratios["fraction"].tolist() == [0.75, 0.25]  # the source (and so the CSV) keeps full precision
+    overview = long_table({"to_cls": np.full((1, 2), 0.123456), "entropy": np.full((1, 2), 2.71828)})
+    values = dict(zip(display_table(overview).metric, display_table(overview).value))
+    assert values == {"to_cls": "12.3%", "entropy": "2.72"}
+    scores = pd.DataFrame({"model": ["cnn"], "metric": ["macro_f1"], "class": [""], "value": [0.6798611111111111]})
+    assert display_table(scores).value.tolist() == ["68.0%"]
+    probabilities = pd.DataFrame({"p_vertical": [0.5], "delta": [-0.0125]})
+    assert display_table(probabilities).iloc[0].tolist() == ["50.0%", "-0.0125"]
+    assert display_table(None) is None
+
+
+def test_classifier_card_shows_the_shipped_checkpoints_record():
+    meta = json.loads(DEFAULT_CHECKPOINT.with_suffix(".json").read_text())
+    card = classifier_card(read_metadata())
+    cv = meta["cross_validation"]
+    assert meta["trained_on"] in card.summary and str(meta["n_maps"]) in card.summary
+    cnn = card.scores.iloc[0]
+    assert cnn.macro_f1 == cv["macro_f1"] and cnn.accuracy == cv["accuracy"]
+    assert len(card.scores) == 1 + len(cv["baselines_macro_f1"])
+    assert card.per_class["class"].tolist() == list(CLASSES)
+    assert card.per_class.set_index("class")["f1"].to_dict() == cv["per_class_f1"]
+    assert card.confusion[list(CLASSES)].to_numpy().tolist() == cv["confusion"]
+    assert int(card.confusion[list(CLASSES)].to_numpy().sum()) == meta["n_maps"]
+
+
+def test_classifier_card_without_scores_and_a_missing_file(tmp_path):
+    card = classifier_card({"trained_on": "synthetic maps"})
+    assert "synthetic maps" in card.summary and card.scores is None and card.confusion is None
+    with pytest.raises(Exception, match="attnpat train --data annotation/labeled/v2"):
+        read_metadata(tmp_path / "missing.json")
+
+
+def write_artifacts(root, model: str, task: str, stems) -> None:
+    run = RunDir(model, task, root)
+    for stem in stems:
+        run.write_table(stem, long_table({"x": np.zeros((1, 1))}))
+
+
+def test_each_tab_opens_on_the_run_holding_most_of_its_artifacts(tmp_path):
+    write_artifacts(tmp_path, "minilm", "sst2", ["special_tokens", "linguistic", "overview", "patterns"])
+    write_artifacts(tmp_path, "minilm", "wiki", ["surface", "head_labels", "overview"])
+    write_artifacts(tmp_path, "minilm", "rte", ["patterns"])
+    write_artifacts(tmp_path, "minilm-sst2-quick", "sst2", ["cosine", "special_tokens", "linguistic",
+                                                            "disable_heads", "importance"])
+    browser = RunBrowser(tmp_path, Scratch())
+    assert browser.best_run(tab("Fine-tuning"), default_model="minilm") == ("minilm-sst2-quick", "sst2")
+    assert browser.best_run(tab("Disabling"), default_model="minilm") == ("minilm-sst2-quick", "sst2")
+    assert browser.best_run(tab("Surface and clusters"), default_model="minilm") == ("minilm", "wiki")
+    assert browser.best_run(tab("Pattern ratios"), default_model="minilm") == ("minilm", "sst2")  # tie: sst2
+    assert browser.best_run(tab("Fine-tuning"), "minilm", "minilm") == ("minilm", "sst2")  # within one model
+    assert RunBrowser(tmp_path / "none", Scratch()).best_run(tab("Classifier")) == (None, None)
+    assert browser.best_run(tab("Classifier"), default_model="minilm") == (None, None)  # only runs/classifier/
+    write_artifacts(tmp_path, "classifier", "v1", ["cv_scores"])
+    write_artifacts(tmp_path, "classifier", "v2", ["cv_scores"])
+    assert browser.best_run(tab("Classifier"), default_model="minilm") == ("classifier", "v2")
+
+    web = WebApp(tmp_path)
+    model, task = web.run_choices("Disabling")
+    assert (model.value, task.value) == ("minilm-sst2-quick", "sst2")
+    model, task = web.run_choices("Disabling", "minilm", "rte")  # a pick that exists is kept
+    assert (model.value, task.value) == ("minilm", "rte")
+    model, task = web.run_choices("Surface and clusters", "minilm", "mrpc")  # a task the model lacks
+    assert (model.value, task.value) == ("minilm", "wiki")
+
+
+def test_run_tab_titles_say_where_values_come_from_and_tables_read_as_people_read(tmp_path):
+    run = RunDir("minilm", "wiki", tmp_path)
+    run.write_table("probing_dependency", pd.DataFrame({
+        "relation": ["nsubj"], "direction": ["dependent->head"], "best_layer": [3], "best_head": [1],
+        "accuracy": [0.6798611111111111], "baseline_offset": [1], "baseline_accuracy": [0.25], "count": [144],
+        "parses": ["silver parses (spaCy en_core_web_sm 3.8.0)"]}))
+    web = WebApp(tmp_path)
+    message, *outputs = web.show_artifacts("Surface and clusters", "minilm", "wiki")
+    stems = [entry.stem for entry in tab_artifacts("Surface and clusters")]
+    index = stems.index("probing_dependency")
+    title, table = outputs[5 * index + 1], outputs[5 * index + 3]
+    assert "probing dependency: silver parses (spaCy en_core_web_sm 3.8.0)" in title
+    assert table.value["data"][0][4] == "68.0%" and table.value["data"][0][6] == "25.0%"
+    assert message.startswith("**note:** ") and "also shown here once computed" in message
+    assert "error" not in message
