@@ -180,8 +180,9 @@ def read_maps(path: str | Path) -> list[MapGroup]:
         raise AttnpatError(f"{path} is not an attnpat map file ({type(exc).__name__})") from exc
     if "format" not in arrays:
         return _read_single_head_layout(path, arrays)
-    if str(arrays["format"]) != FORMAT:
-        raise AttnpatError(f"{path} has map format {str(arrays['format'])!r}, expected {FORMAT!r}")
+    if arrays["format"].dtype.kind != "U" or str(arrays["format"]) != FORMAT:
+        raise AttnpatError(f"{path} has map format {ascii(str(arrays['format'])[:60])}, expected {FORMAT!r}")
+    check_map_arrays(path, arrays)
     try:
         groups, offset, head_offset, token_offset = [], 0, 0, 0
         tokens, types = arrays["tokens"], arrays["token_type_ids"]
@@ -201,9 +202,58 @@ def read_maps(path: str | Path) -> list[MapGroup]:
     return groups
 
 
+def check_map_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """The arrays of a map file have the dtypes and shapes the format states, and agree with each other:
+    ``attn`` holds exactly sum(k * n * n) values, heads and tokens exactly as many rows as the groups say,
+    and every value is a finite, non-negative attention weight. Anything else is one AttnpatError."""
+    lengths = _array(path, arrays, "lengths", 1, "iu")
+    groups = len(lengths)
+    for name in ("models", "tasks", "example_ids"):
+        _array(path, arrays, name, 1, "U", groups)
+    head_counts = _array(path, arrays, "head_counts", 1, "iu", groups)
+    has_tokens = _array(path, arrays, "has_tokens", 1, "b", groups)
+    if (lengths < 1).any() or (head_counts < 1).any():
+        raise AttnpatError(f"{path}: every map length and head count must be positive")
+    lengths, head_counts = lengths.astype(np.int64), head_counts.astype(np.int64)
+    heads = _array(path, arrays, "heads", 2, "iu", int(head_counts.sum()))
+    if heads.shape[1] != 2 or (heads < 0).any():
+        raise AttnpatError(f"{path}: 'heads' must hold (layer, head) pairs >= 0, got shape {heads.shape}")
+    n_tokens = int(lengths[has_tokens].sum())
+    _array(path, arrays, "tokens", 1, "U", n_tokens)
+    _array(path, arrays, "token_type_ids", 1, "iu", n_tokens)
+    _check_attn(path, _array(path, arrays, "attn", 1, "f"), int((head_counts * lengths ** 2).sum()))
+
+
+def _array(path: Path, arrays: dict, name: str, ndim: int, kinds: str, rows: int | None = None) -> np.ndarray:
+    """arrays[name], checked to have ``ndim`` dimensions, a dtype of one of ``kinds`` and ``rows`` rows."""
+    if name not in arrays:
+        raise AttnpatError(f"{path} is not a complete attnpat map file (no '{name}' array)")
+    array = arrays[name]
+    if array.ndim != ndim or array.dtype.kind not in kinds or (rows is not None and array.shape[0] != rows):
+        wanted = f"{ndim}-d {'/'.join(_KIND_NAMES[kind] for kind in kinds)}"
+        wanted += f" of {rows} rows" if rows is not None else ""
+        raise AttnpatError(f"{path}: '{name}' is {array.dtype} of shape {array.shape}, expected {wanted}")
+    return array
+
+
+_KIND_NAMES = {"i": "int", "u": "uint", "U": "str", "b": "bool", "f": "float"}
+
+
+def _check_attn(path: Path, attn: np.ndarray, expected: int) -> None:
+    if attn.size != expected:
+        raise AttnpatError(f"{path}: 'attn' holds {attn.size} values, but the map lengths say {expected}")
+    if not np.isfinite(attn).all() or (attn < 0).any():
+        raise AttnpatError(f"{path}: 'attn' holds values that are not attention weights (negative, NaN or infinite)")
+
+
 def _read_single_head_layout(path: Path, arrays: dict) -> list[MapGroup]:
     if not {"map_ids", "lengths", "attn"} <= set(arrays):
         raise AttnpatError(f"{path} is not an attnpat map file (maps extracted by an earlier version: extract again)")
+    lengths = _array(path, arrays, "lengths", 1, "iu")
+    _array(path, arrays, "map_ids", 1, "U", len(lengths))
+    if (lengths < 1).any():
+        raise AttnpatError(f"{path}: every map length must be positive")
+    _check_attn(path, _array(path, arrays, "attn", 1, "f"), int((lengths.astype(np.int64) ** 2).sum()))
     groups, offset = [], 0
     for map_id, n in zip(arrays["map_ids"], arrays["lengths"].tolist(), strict=True):
         groups.append(single_map(str(map_id), arrays["attn"][offset:offset + n * n].reshape(n, n)))
@@ -219,8 +269,9 @@ def write_single_maps(path: str | Path, maps: dict[str, np.ndarray],
 
 
 def read_single_maps(path: str | Path) -> dict[str, np.ndarray]:
-    """map_id -> (n, n) float32 map, for every head of every group in a map file."""
-    return {map_id: attn for group in read_maps(path) for map_id, attn in zip(group.map_ids, group.attn, strict=True)}
+    """map_id -> (n, n) float32 map, for every head of every group in a map file (or in every map file of a folder)."""
+    return {map_id: attn for group in iter_map_groups(path)
+            for map_id, attn in zip(group.map_ids, group.attn, strict=True)}
 
 
 def write_shard(path: str | Path, maps: list[SavedMap]) -> Path:

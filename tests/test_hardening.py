@@ -8,6 +8,7 @@ import shlex
 import sys
 import tempfile
 
+import numpy as np
 import pytest
 
 from analysis.data import ALL_TASKS, load_data, load_file
@@ -332,3 +333,48 @@ def test_allow_any_model_lets_explore_load_a_path(tmp_path, tiny_model):
     status = web.explore("hello there", "", str(tiny_model), False, False)[0]
     assert not status.startswith("**"), status
     assert "minilm" in WebApp(tmp_path).explorer.models.allowed()
+
+
+# ------------------------------------------------------------------ 6. map files whose arrays disagree
+
+def _tampered_map_file(tmp_path, **changes):
+    """A valid map file (two single-head maps of 3 and 4 tokens) with some arrays replaced."""
+    from analysis.mapstore import write_single_maps
+
+    rng = np.random.default_rng(0)
+    maps = {f"m:sst2:ex{k}:L0H{k}": rng.dirichlet(np.ones(n), size=n).astype(np.float32)
+            for k, n in enumerate((3, 4))}
+    path = write_single_maps(tmp_path / "maps.npz", maps)
+    with np.load(path) as data:
+        arrays = {name: data[name] for name in data.files}
+    arrays.update(changes)
+    np.savez(path, **arrays)
+    return path, arrays
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: {"attn": np.concatenate([a["attn"], np.full(5, 0.1, np.float32)])}, "holds 30 values, but the map lengths say 25"),
+    (lambda a: {"attn": a["attn"][:-1]}, "holds 24 values, but the map lengths say 25"),
+    (lambda a: {"lengths": a["lengths"].astype(np.float64)}, "'lengths' is float64"),
+    (lambda a: {"lengths": np.asarray([3, -4], np.int32)}, "must be positive"),
+    (lambda a: {"heads": a["heads"].ravel()}, "'heads' is int32 of shape (4,)"),
+    (lambda a: {"attn": np.where(np.arange(25) == 3, np.nan, a["attn"]).astype(np.float32)}, "NaN"),
+    (lambda a: {"example_ids": a["example_ids"][:1]}, "'example_ids' is <U3 of shape (1,), expected 1-d str of 2 rows"),
+])
+def test_a_map_file_whose_arrays_disagree_is_one_error(tmp_path, change, message):
+    from analysis.mapstore import read_maps
+
+    path, arrays = _tampered_map_file(tmp_path)
+    np.savez(path, **{**arrays, **change(arrays)})
+    with pytest.raises(AttnpatError) as caught:
+        read_maps(path)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_non_square_map_in_the_single_head_layout_is_one_error(tmp_path):
+    from analysis.mapstore import read_maps
+
+    np.savez(tmp_path / "old.npz", map_ids=np.asarray(["m:t:e:L0H0"]), lengths=np.asarray([3]),
+             attn=np.full(12, 0.25, np.float32))  # a 3 x 4 map
+    with pytest.raises(AttnpatError, match="holds 12 values, but the map lengths say 9"):
+        read_maps(tmp_path / "old.npz")
