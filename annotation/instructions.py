@@ -1,11 +1,11 @@
 """The labeling guideline and its gallery as one HTML page: the instructions of every Label Studio project.
 
-Label Studio shows a project's ``expert_instruction`` (HTML) before and beside each task. The gallery's
-images are inlined as data URIs, so the instructions need no file server and stay offline.
+Label Studio shows a project's ``expert_instruction`` (HTML) before and beside each task. It strips data:
+URIs, so the gallery's images are served by Label Studio itself from the package's gallery folder
+(`annotate serve` enables this; annotation.labelstudio attaches the folder to each project).
 """
 from __future__ import annotations
 
-import base64
 import re
 from pathlib import Path
 
@@ -20,27 +20,32 @@ GALLERY = HERE / "gallery" / "README.md"
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)")
 
 
-def _inline_images(markdown: str, folder: Path) -> str:
-    """Replace ![alt](file.png) links, relative to ``folder``, with data URIs."""
-    def inline(match: re.Match) -> str:
-        path = folder / match.group(2)
-        if not path.is_file():
+def _link_images(markdown: str, folder: Path, image_url) -> str:
+    """Point ![alt](file.png) links, relative to ``folder``, at ``image_url(file name)``; drop them if it is None."""
+    def link(match: re.Match) -> str:
+        if not (folder / match.group(2)).is_file():
             raise AttnpatError(f"the gallery names {match.group(2)}, which is not in {folder}")
-        data = base64.b64encode(path.read_bytes()).decode()
-        return f"![{match.group(1)}](data:image/png;base64,{data})"
+        return f"![{match.group(1)}]({image_url(match.group(2))})" if image_url else ""
 
-    return _IMAGE.sub(inline, markdown)
+    return _IMAGE.sub(link, markdown)
 
 
-def instructions_html(guideline: Path = GUIDELINE, gallery: Path = GALLERY) -> str:
-    """The guideline followed by the reference gallery, rendered to HTML with the gallery images inlined."""
+def instructions_html(guideline: Path = GUIDELINE, gallery: Path = GALLERY, image_url=None) -> str:
+    """The guideline followed by the reference gallery, rendered to HTML.
+
+    image_url: file name -> the URL under which the annotator's browser finds a gallery image (Label Studio
+    strips data: URIs, so the images must be served); None leaves the images out and says where they are.
+    """
     for path in (guideline, gallery):
         if not path.is_file():
             raise AttnpatError(f"labeling instructions need {path}, which is missing")
     renderer = MarkdownIt("commonmark").enable("table")
     # The guideline links the gallery's README; inside Label Studio the gallery follows on the same page.
     guideline_text = guideline.read_text(encoding="utf-8").replace("(gallery/README.md)", "(#reference-gallery)")
-    gallery_text = _inline_images(gallery.read_text(encoding="utf-8"), gallery.parent)
+    gallery_text = _link_images(gallery.read_text(encoding="utf-8"), gallery.parent, image_url)
     gallery_text = gallery_text.replace("](../guideline.md)", "](#labeling-guideline)")
+    if image_url is None:
+        gallery_text += ("\n\n*This server cannot show the gallery's images; they are in attnpat's "
+                         "`annotation/gallery/` folder.*\n")
     return ('<a id="labeling-guideline"></a>' + renderer.render(guideline_text) + '<hr id="reference-gallery"/>'
             + renderer.render(gallery_text))

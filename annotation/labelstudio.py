@@ -26,7 +26,7 @@ from analysis.progress import progress_bar
 from analysis.rendering import cue_text
 from analysis.rundir import atomic_write_json
 from annotation.dataset import fleiss_kappa, write_labeled_folder
-from annotation.instructions import instructions_html
+from annotation.instructions import GALLERY, instructions_html
 from annotation.preannotate import preannotate
 from annotation.sample import read_index
 from annotation.server import Credentials
@@ -83,7 +83,6 @@ def _call(url: str, action, what: str = "request"):
 
 def ensure_project(client, url: str, title: str, project_id: int | None = None) -> tuple[int, bool]:
     """Reuse the project (by id, else by title) or create it. Returns (id, created)."""
-    instructions = instructions_html()
     found = None
     if project_id is not None:
         try:
@@ -95,16 +94,36 @@ def ensure_project(client, url: str, title: str, project_id: int | None = None) 
     if found is None:
         found = next((project.id for project in _call(url, lambda: list(client.projects.list()), "project list")
                       if project.title == title), None)
-    if found is not None:
-        # Pushing again brings the project's instructions up to the current guideline and gallery.
-        _call(url, lambda: client.projects.update(id=found, expert_instruction=instructions, show_instruction=True),
-              "project update")
-        return found, False
-    project = _call(url, lambda: client.projects.create(title=title, label_config=LABEL_CONFIG,
-                                                       description="attnpat attention-pattern labeling",
-                                                       expert_instruction=instructions, show_instruction=True),
-                    "project")
-    return project.id, True
+    created = found is None
+    if created:
+        found = _call(url, lambda: client.projects.create(title=title, label_config=LABEL_CONFIG,
+                                                         description="attnpat attention-pattern labeling"),
+                      "project").id
+    # Every push brings the project's instructions up to the current guideline and gallery.
+    instructions = instructions_html(image_url=gallery_image_url(client, url, found))
+    _call(url, lambda: client.projects.update(id=found, expert_instruction=instructions, show_instruction=True),
+          "project update")
+    return found, created
+
+
+def gallery_image_url(client, url: str, project_id: int):
+    """File name -> URL of a gallery image on this server, or None where the server cannot serve the folder.
+
+    `attnpat annotate serve` lets Label Studio serve files under the annotation package; a project sees them
+    once the gallery folder is attached to it as a (never synchronised) local-files storage.
+    """
+    folder = str(GALLERY.parent)
+    storages = _call(url, lambda: client.import_storage.local.list(project=project_id), "storage list")
+    if not any(storage.path == folder for storage in storages):
+        try:
+            _call(url, lambda: client.import_storage.local.create(project=project_id, path=folder,
+                                                                  title="attnpat labeling gallery",
+                                                                  use_blob_urls=False), "gallery storage")
+        except ServerUnreachable:
+            raise
+        except AttnpatError:
+            return None  # another server, with local files off or another document root: text-only gallery
+    return lambda name: f"/data/local-files/?d={GALLERY.parent.name}/{name}"
 
 
 def existing_tasks(client, url: str, project_id: int) -> dict[str, dict]:

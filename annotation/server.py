@@ -22,6 +22,7 @@ from analysis.paths import annotation_root, repo_root
 from analysis.rundir import atomic_write
 
 DEFAULT_PORT = 8080
+GALLERY_ROOT = Path(__file__).resolve().parent  # the folder that holds gallery/
 ADMIN_EMAIL = "annotator@attnpat.local"
 # Offline start: no version check, no error reporting, no analytics.
 OFFLINE_ENV = {"LATEST_VERSION_CHECK": "false", "SENTRY_DSN": "", "FRONTEND_SENTRY_DSN": "",
@@ -140,7 +141,10 @@ def serve(port: int = DEFAULT_PORT, host: str = "127.0.0.1", root: Path | None =
     password = stored.password if stored and stored.password else secrets.token_urlsafe(16)
     # The admin login goes through the environment (readable by this user only), never argv (any user's `ps`).
     env = {**os.environ, **OFFLINE_ENV, "LABEL_STUDIO_BASE_DATA_DIR": str(root / "data"),
-           "LABEL_STUDIO_USERNAME": email, "LABEL_STUDIO_PASSWORD": password}
+           "LABEL_STUDIO_USERNAME": email, "LABEL_STUDIO_PASSWORD": password,
+           # The guideline's gallery images are served from the package (to logged-in annotators only):
+           # Label Studio strips data: URIs from a project's instructions.
+           "LOCAL_FILES_SERVING_ENABLED": "true", "LOCAL_FILES_DOCUMENT_ROOT": str(GALLERY_ROOT)}
     command = [str(label_studio_bin(label_studio)), "start", "--no-browser", "--internal-host", host, "--port", str(port),
                "--data-dir", str(root / "data")]
     log_path = root / "server.log"

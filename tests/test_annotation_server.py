@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import re
 from collections import Counter
 
 import httpx
@@ -112,7 +113,11 @@ def test_round_trip_on_real_minilm_maps(label_studio, annotate_task, tmp_path):
     client = ls.connect(label_studio)
     project = client.projects.get(id=project_id)
     assert "Boundary rules" in project.expert_instruction and project.show_instruction
-    assert "data:image/png;base64," in project.expert_instruction  # the gallery, inlined
+    images = re.findall(r'src="(/data/local-files/\?d=gallery/[^"]+\.png)"', project.expert_instruction)
+    assert len(images) >= 15  # the gallery, served by Label Studio to logged-in annotators
+    wrapper = client._client_wrapper
+    served = httpx.get(label_studio.url + images[0], headers=wrapper.get_headers(), timeout=30)
+    assert served.status_code == 200 and served.content[:8] == b"\x89PNG\r\n\x1a\n"
     client.projects.update(id=project_id, expert_instruction="an old guideline")
     code, out, err = cli("annotate", "push", "--model", "minilm", "--count", "6", "--tasks", "sst2,rte",
                          "--sample", "real", *auth, home=tmp_path)
