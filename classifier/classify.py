@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
-from matplotlib.colors import ListedColormap
+from matplotlib.colors import ListedColormap, to_rgba
 from matplotlib.patches import Patch
 
 from analysis.data import GLUE_TASKS, TaskData, available_tasks, load_data
@@ -26,6 +26,7 @@ from analysis.patterns import CLASS_COLOURS, CLASSES
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir, save_table
 from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps
+from analysis.uncertainty import adjusted_ratios, bootstrap_ratio_interval
 from classifier.model import IMAGE_CHANNELS, PROFILE_FEATURES, resize_maps, write_inputs
 from classifier.predict import PatternClassifier
 
@@ -60,19 +61,31 @@ def classify_batch(map_batch: MapBatch, classifier: PatternClassifier) -> torch.
 
 
 def head_class_counts(bundle, examples, classifier: PatternClassifier, *, batch_size: int = 32,
-                      max_length: int = DEFAULT_MAX_LENGTH, progress: bool = True, encoded=None) -> np.ndarray:
-    """(L, H, 5) number of examples whose map at (layer, head) falls in each class."""
+                      max_length: int = DEFAULT_MAX_LENGTH, progress: bool = True, encoded=None,
+                      per_example: bool = False):
+    """(L, H, 5) number of examples whose map at (layer, head) falls in each class.
+
+    With ``per_example`` also returns (E, 5): each example's maps per class, summed over heads, in stream
+    order (what a bootstrap over examples resamples).
+    """
     encoded = encoded if encoded is not None else encode_examples(bundle.tokenizer, examples, max_length)
     counts = torch.zeros((bundle.num_layers, bundle.num_heads, len(CLASSES)), dtype=torch.long)
+    example_counts = []
     bar = progress_bar(len(encoded) * bundle.num_layers * bundle.num_heads, bool(progress), "classify", unit="maps",
                        unit_scale=True)
     for map_batch in stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
         predicted = classify_batch(map_batch, classifier)
-        counts += torch.nn.functional.one_hot(predicted, len(CLASSES)).sum(0)
+        one_hot = torch.nn.functional.one_hot(predicted, len(CLASSES))  # (B, L, H, 5)
+        counts += one_hot.sum(0)
+        if per_example:
+            example_counts.append(one_hot.sum((1, 2)))
         if bar is not None:
             bar.update(predicted.numel())
     if bar is not None:
         bar.close()
+    if per_example:
+        stacked = torch.cat(example_counts) if example_counts else torch.zeros((0, len(CLASSES)), dtype=torch.long)
+        return counts.numpy(), stacked.numpy()
     return counts.numpy()
 
 
@@ -86,11 +99,30 @@ def pattern_table(counts: np.ndarray):
                          "count": counts.ravel().astype(np.int64), "fraction": fractions.ravel()})
 
 
-def ratio_table(counts: np.ndarray):
-    """(L, H, 5) counts -> class, count, fraction over all maps of the task (Kovaleva's per-task ratios)."""
+def ratio_table(counts: np.ndarray, per_example: np.ndarray | None = None, confusion: np.ndarray | None = None,
+                *, level: float = 0.95, seed: int = 0):
+    """Kovaleva's per-task class ratios, three ways.
+
+    counts: (L, H, 5) -> class, count, fraction (share of all the task's maps, as classified); with
+    per_example (E, 5) also ci_low, ci_high (percentile bootstrap over examples, ``level``); with confusion
+    (5, 5, the classifier's cross-validated true x predicted counts) also adjusted (adjusted classify-and-count,
+    clipped to the simplex).
+    """
     per_class = counts.reshape(-1, counts.shape[-1]).sum(0)
     total = max(int(per_class.sum()), 1)
-    return pd.DataFrame({"class": list(CLASSES), "count": per_class.astype(np.int64), "fraction": per_class / total})
+    frame = pd.DataFrame({"class": list(CLASSES), "count": per_class.astype(np.int64), "fraction": per_class / total})
+    if per_example is not None and len(per_example):
+        interval = bootstrap_ratio_interval(per_example, level=level, seed=seed)
+        frame["ci_low"], frame["ci_high"] = interval[:, 0], interval[:, 1]
+    if confusion is not None:
+        frame["adjusted"] = adjusted_ratios(frame["fraction"].to_numpy(), np.asarray(confusion))
+    return frame
+
+
+def classifier_confusion(classifier: PatternClassifier) -> np.ndarray | None:
+    """(5, 5) cross-validated confusion (true x predicted) recorded in the checkpoint, or None."""
+    confusion = classifier.metadata.get("cross_validation", {}).get("confusion")
+    return None if confusion is None else np.asarray(confusion, dtype=np.float64)
 
 
 def classify_task(bundle, data: TaskData, classifier: PatternClassifier, run: RunDir, batch_size: int = 32,
@@ -103,9 +135,15 @@ def classify_task(bundle, data: TaskData, classifier: PatternClassifier, run: Ru
     with run.record("classify", bundle, data, max_length=max_length, classifier=classifier.path or "default",
                     classifier_trained_on=classifier.trained_on,
                     settings=classify_settings(bundle, data, classifier, max_length)) as entry:
-        counts = head_class_counts(bundle, data.examples, classifier, batch_size=batch_size, max_length=max_length,
-                                   progress=progress, encoded=encoded)
-        patterns, ratios = pattern_table(counts), ratio_table(counts)
+        counts, per_example = head_class_counts(bundle, data.examples, classifier, batch_size=batch_size,
+                                                max_length=max_length, progress=progress, encoded=encoded,
+                                                per_example=True)
+        confusion = classifier_confusion(classifier)
+        patterns, ratios = pattern_table(counts), ratio_table(counts, per_example, confusion)
+        entry.update(ratio_uncertainty={"interval": f"95% percentile bootstrap over {len(per_example)} examples",
+                                        "adjusted": "adjusted classify-and-count with the classifier's "
+                                                    "cross-validated confusion matrix" if confusion is not None
+                                                    else "unavailable: the checkpoint records no confusion matrix"})
         run.write_table("patterns", patterns)
         run.write_table("pattern_ratios", ratios)
         _save(run, "patterns", head_class_figure(counts, f"{bundle.name} on {data.task}: most frequent pattern per head"))
@@ -144,9 +182,10 @@ def _file_digest(path: Path) -> str:
 
 
 def compare_tasks(model_slug: str, model_name: str, ratios: dict, root: str | Path | None = None):
-    """Write runs/<model>/all/pattern_ratios_by_task.csv (task, class, count, fraction) and its stacked bars."""
+    """Write runs/<model>/all/pattern_ratios_by_task.csv (task, class, count, fraction [, ci_low, ci_high,
+    adjusted]) and its grouped bars with intervals."""
     frame = pd.concat([table.assign(task=task) for task, table in ratios.items()], ignore_index=True)
-    frame = frame[["task", "class", "count", "fraction"]]
+    frame = frame[["task"] + [column for column in frame.columns if column != "task"]]
     run = RunDir(model_slug, ALL_TASKS_DIR, root)
     run.write_table("pattern_ratios_by_task", frame)
     _save(run, "pattern_ratios_by_task", ratio_figure(ratios, f"{model_name}: pattern ratios per task"))
@@ -215,21 +254,36 @@ def head_class_figure(counts: np.ndarray, title: str):
 
 
 def ratio_figure(ratios: dict, title: str):
-    """Stacked bars: one bar per task, segments = fraction of all its maps in each class."""
+    """Grouped bars: per class, one bar per task = its share of all the task's maps as classified, with the
+    95% bootstrap interval (when the table has ci_low/ci_high) and the confusion-adjusted share as a diamond."""
     tasks = list(ratios)
-    fig, ax = plt.subplots(figsize=(max(3.5, 1.0 * len(tasks) + 2.8), 4.0))
-    bottom = np.zeros(len(tasks))
-    for cls, colour in zip(CLASSES, CLASS_COLOURS):
-        values = np.asarray([float(ratios[t].set_index("class").loc[cls, "fraction"]) for t in tasks])
-        ax.bar(tasks, values, bottom=bottom, color=colour, label=cls, width=0.6)
-        for x, (low, value) in enumerate(zip(bottom, values)):
-            if value >= 0.04:
-                ax.text(x, low + value / 2, f"{value:.0%}", ha="center", va="center", fontsize=7, color="white")
-        bottom += values
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(CLASSES) * max(1, len(tasks)) ** 0.5 + 2.5), 4.0))
+    width = 0.8 / max(len(tasks), 1)
+    x = np.arange(len(CLASSES))
+    shades = np.linspace(1.0, 0.45, max(len(tasks), 1))
+    for k, task in enumerate(tasks):
+        table = ratios[task].set_index("class").loc[list(CLASSES)]
+        offset = x - 0.4 + width * (k + 0.5)
+        colours = [to_rgba(c, alpha=float(shades[k])) for c in CLASS_COLOURS]
+        ax.bar(offset, table["fraction"], width=width * 0.92, color=colours, edgecolor="black", linewidth=0.3,
+               label=task if len(tasks) > 1 else None)
+        if {"ci_low", "ci_high"} <= set(table.columns):
+            ax.errorbar(offset, table["fraction"], yerr=[table["fraction"] - table["ci_low"],
+                                                          table["ci_high"] - table["fraction"]],
+                        fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
+        if "adjusted" in table.columns:
+            ax.scatter(offset, table["adjusted"], marker="D", s=14, color="black", zorder=3,
+                       label="adjusted for classifier confusion" if k == 0 else None)
+        if len(tasks) > 1:
+            for xpos in offset:
+                ax.text(xpos, -0.02, task, rotation=90, ha="center", va="top", fontsize=6)
+    ax.set_xticks(x, list(CLASSES), fontsize=8)
+    ax.tick_params(axis="x", pad=28 if len(tasks) > 1 else 4)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("fraction of maps")
+    ax.set_ylabel("fraction of maps (bars: as classified, 95% bootstrap interval)", fontsize=7)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     return fig
 

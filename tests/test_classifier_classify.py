@@ -14,7 +14,7 @@ from analysis.sampling import sample_maps
 from annotation.dataset import load_labeled_set, save_labeled_set
 from app.cli import main
 from classifier.checkpoint import save_checkpoint
-from classifier.classify import classify_batch, classify_saved_maps, classify_task, classify_tasks
+from classifier.classify import classify_batch, classify_saved_maps, classify_task, classify_tasks, head_class_counts
 from classifier.model import INPUT_SIZE, CHANNELS, STRIDES, PatternCNN, prepare_maps
 from classifier.predict import load_classifier
 from analysis.stream import stream_maps
@@ -51,6 +51,31 @@ def test_counts_add_up_to_examples_times_heads(bundle, checkpoint, tmp_path):
         assert run.file(f"{stem}.png").stat().st_size > 0 and run.file(f"{stem}.svg").stat().st_size > 0
     entry = run.manifest()["analyses"]["classify"]
     assert entry["n_maps"] == 7 * LAYERS * HEADS and entry["classifier_trained_on"] == "test"
+
+
+def test_ratios_carry_a_bootstrap_interval_and_the_confusion_adjusted_share(bundle, tmp_path):
+    """Each class ratio three ways: as classified, a 95% bootstrap interval over examples, and adjusted with
+    the checkpoint's cross-validated confusion matrix."""
+    torch.manual_seed(2)
+    confusion = [[8, 2, 0, 0, 0], [1, 9, 0, 0, 0], [0, 0, 10, 0, 0], [0, 0, 0, 7, 3], [0, 0, 1, 0, 9]]
+    metadata = {"input_size": INPUT_SIZE, "channels": list(CHANNELS), "strides": list(STRIDES), "trained_on": "test",
+                "cross_validation": {"confusion": confusion}}
+    classifier = load_classifier(save_checkpoint(PatternCNN().eval(), tmp_path / "cnn.safetensors", metadata))
+    data = load_data("sst2", n=12)
+    run = RunDir(bundle.slug, "sst2", tmp_path)
+    classify_task(bundle, data, classifier, run, batch_size=5, progress=False)
+    ratios = pd.read_csv(run.file("pattern_ratios.csv"))
+    assert (ratios["ci_low"] <= ratios["fraction"] + 1e-12).all() and (ratios["fraction"] <= ratios["ci_high"] + 1e-12).all()
+    assert ratios["adjusted"].min() >= 0 and ratios["adjusted"].sum() == pytest.approx(1.0)
+    rates = np.asarray(confusion, float) / np.sum(confusion, 1, keepdims=True)
+    # where the adjusted shares stay inside the simplex, they explain the observed ones exactly
+    if ratios["adjusted"].min() > 0:
+        assert rates.T @ ratios["adjusted"].to_numpy() == pytest.approx(ratios["fraction"].to_numpy(), abs=1e-9)
+    counts, per_example = head_class_counts(bundle, data.examples, classifier, batch_size=5, progress=False,
+                                            per_example=True)
+    assert per_example.shape == (12, len(CLASSES)) and (per_example.sum(1) == LAYERS * HEADS).all()
+    assert (per_example.sum(0) == counts.reshape(-1, len(CLASSES)).sum(0)).all()
+    assert "bootstrap" in run.manifest()["analyses"]["classify"]["ratio_uncertainty"]["interval"]
 
 
 def test_batched_classification_equals_map_by_map(bundle, checkpoint):
