@@ -127,17 +127,78 @@ def gallery_image_url(client, url: str, project_id: int):
 
 
 def existing_tasks(client, url: str, project_id: int) -> dict[str, dict]:
-    """map_id -> task dict (with annotations, drafts and predictions) for every task in the project."""
-    tasks = {}
+    """map_id -> task dict (with annotations, drafts and predictions) for every task of ours in the project,
+    through :func:`check_export`."""
+    tasks = []
 
     def collect():
         for task in client.tasks.list(project=project_id, fields="all"):
-            data = task.data if isinstance(task.data, dict) else {}
-            if "map_id" in data:
-                tasks[data["map_id"]] = task.model_dump() if hasattr(task, "model_dump") else dict(task)
+            tasks.append(task.model_dump() if hasattr(task, "model_dump") else dict(task))
 
     _call(url, collect, "task list")
-    return tasks
+    return check_export(tasks)
+
+
+def check_export(tasks) -> dict[str, dict]:
+    """The one door for Label Studio tasks, from the server or an exported JSON file: map_id -> task, each
+    checked to hold the fields a pull reads, with the types it expects. Tasks without a map_id are not ours
+    and are left out; anything malformed is one AttnpatError naming the task."""
+    if not isinstance(tasks, list):
+        raise AttnpatError(f"a Label Studio export is a JSON list of tasks, got {type(tasks).__name__}")
+    checked = {}
+    for position, task in enumerate(tasks, start=1):
+        where = f"Label Studio task {position}"
+        if not isinstance(task, dict) or not isinstance(task.get("data"), dict):
+            raise AttnpatError(f"{where} is not a task (an object with a 'data' object)")
+        map_id = task["data"].get("map_id")
+        if map_id is None:
+            continue
+        if not isinstance(map_id, str) or not isinstance(task["data"].get("map_sha256", ""), str):
+            raise AttnpatError(f"{where}: map_id and map_sha256 must be strings")
+        if map_id in checked:
+            raise AttnpatError(f"{where}: map {ascii(map_id[:80])} is in two tasks")
+        for key in ("annotations", "predictions", "drafts"):
+            for item in _objects(task.get(key), f"{where}: {key}"):
+                _check_result(item, f"{where}: {key}")
+        for annotation in task.get("annotations") or []:
+            who = annotation.get("completed_by")
+            if not (who is None or type(who) is int or (isinstance(who, dict) and type(who.get("id")) is int)):
+                raise AttnpatError(f"{where}: an annotation's completed_by is neither a user id nor a user")
+            if not (annotation.get("id") is None or type(annotation.get("id")) is int):
+                raise AttnpatError(f"{where}: an annotation's id is not a number")
+        checked[map_id] = task
+    return checked
+
+
+def _objects(value, where: str) -> list:
+    """``value`` as a list of objects (None means none)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise AttnpatError(f"{where} must be a list of objects")
+    return value
+
+
+def _check_result(item: dict, where: str) -> None:
+    """An annotation's or prediction's result: a list of objects whose 'value' holds a list of choice names."""
+    for part in _objects(item.get("result"), f"{where} result"):
+        value = part.get("value")
+        choices = value.get("choices") if isinstance(value, dict) else None
+        if not (value is None or isinstance(value, dict)) or not (
+                choices is None or (isinstance(choices, list) and all(isinstance(c, str) for c in choices))):
+            raise AttnpatError(f"{where} result: 'value' must hold a list of choice names")
+
+
+def read_export(path: str | Path) -> dict[str, dict]:
+    """Tasks from a Label Studio JSON export file (Export > JSON), through :func:`check_export`."""
+    path = Path(path)
+    try:
+        tasks = json.loads(path.read_text(encoding="utf-8-sig"))
+    except OSError as exc:
+        raise AttnpatError(f"cannot read the Label Studio export {path}: {exc.strerror or type(exc).__name__}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise AttnpatError(f"{path} is not a Label Studio JSON export ({type(exc).__name__})") from exc
+    return check_export(tasks)
 
 
 def build_task(row: dict, attn: np.ndarray, png: bytes) -> dict:
@@ -268,8 +329,8 @@ def resolve_project(client, url: str, title: str, state: dict) -> int:
     return project_id
 
 
-def pull(credentials: Credentials, sample: str | Path, out: str | Path, title: str | None = None,
-         state_file: Path | None = None) -> PullReport:
+def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, title: str | None = None,
+         state_file: Path | None = None, export: str | Path | None = None) -> PullReport:
     """Export annotations, join them to the sample's raw maps and write a labeled set to ``out``.
 
     One row per map in labels.csv (the majority label over its annotators; ties go to the earliest
@@ -277,15 +338,19 @@ def pull(credentials: Credentials, sample: str | Path, out: str | Path, title: s
     skipped (cancelled) annotations, unknown labels and maps whose hash no longer matches are reported,
     never dropped silently. Everything is read before anything is written, and the folder appears whole
     (written under a temporary name, then renamed), so a pull cut off midway leaves nothing behind.
+    export: a Label Studio JSON export file to read instead of the server (annotators are then named by id).
     """
     sample, out = Path(sample), Path(out)
     rows = {row["map_id"]: row for row in read_index(sample)}
     maps = read_single_maps(sample / "maps.npz")
     title = title or f"attnpat patterns: {sample.name}"
-    client = connect(credentials)
-    project_id = resolve_project(client, credentials.url, title, _read_state(state_file))
-    tasks = existing_tasks(client, credentials.url, project_id)
-    names = _user_names(client, credentials.url)
+    if export is not None:
+        project_id, tasks, names, url = None, read_export(export), {}, f"file:{Path(export).resolve()}"
+    else:
+        client = connect(credentials)
+        project_id = resolve_project(client, credentials.url, title, _read_state(state_file))
+        tasks = existing_tasks(client, credentials.url, project_id)
+        names, url = _user_names(client, credentials.url), credentials.url
     report = PullReport(out, 0, {})
     all_annotations, final_rows, agree, compared, multi = [], [], 0, 0, []
     for map_id, task in sorted(tasks.items()):
@@ -299,7 +364,8 @@ def pull(credentials: Credentials, sample: str | Path, out: str | Path, title: s
         if task.get("drafts") or task.get("draft_exists"):
             report.drafts.append(map_id)
         annotations = []
-        for annotation in sorted(task.get("annotations") or [], key=lambda a: (str(a.get("created_at")), a.get("id", 0))):
+        for annotation in sorted(task.get("annotations") or [],
+                                 key=lambda a: (str(a.get("created_at")), a.get("id") or 0)):
             label = _choice(annotation)
             if annotation.get("was_cancelled"):
                 report.skipped.append(map_id)
@@ -331,14 +397,15 @@ def pull(credentials: Credentials, sample: str | Path, out: str | Path, title: s
                            "head": row["head"], "n": row["n"], "prediction": prediction,
                            "n_annotations": len(labels)})
     if not final_rows:
-        raise AttnpatError(f"project {project_id} has no submitted annotations yet")
+        raise AttnpatError(f"{'the export' if export is not None else f'project {project_id}'} has no submitted "
+                           "annotations yet")
     report.labeled = len(final_rows)
     report.class_counts = dict(Counter(r["label"] for r in final_rows))
     report.prediction_agreement = agree / compared if compared else None
     report.kappa, report.kappa_maps = (fleiss_kappa(multi), len(multi)) if multi else (None, 0)
     report.n_annotators = len({a["annotator"] for a in all_annotations})
     summary = {**{k: v for k, v in report.__dict__.items() if k != "folder"}, "project_id": project_id,
-               "url": credentials.url, "sample": sample.name,
+               "url": url, "sample": sample.name,
                "pulled_at": datetime.now(UTC).isoformat(timespec="seconds")}
     tokens = {map_id: rows[map_id]["tokens"] for map_id in (row["map_id"] for row in final_rows)
               if rows[map_id].get("tokens") is not None}

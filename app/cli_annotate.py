@@ -115,7 +115,9 @@ def push(model: str = opt.Model, count: int = typer.Option(480, "--count", help=
 def pull(sample: str = typer.Option(..., "--sample", help="the sample name used by push (see workspace/annotation/samples)"),
          out: Optional[Path] = typer.Option(None, "--out", help="labeled-set folder (default: a new version under "
                                             "workspace/annotation/labeled/<sample>/)"),
-         project: Optional[str] = Title, url: Optional[str] = Url, token: Optional[str] = Token) -> None:
+         project: Optional[str] = Title, url: Optional[str] = Url, token: Optional[str] = Token,
+         export: Optional[Path] = typer.Option(None, "--export", help="read the annotations from a Label Studio "
+                                               "JSON export file (Export > JSON) instead of the server")) -> None:
     """Export annotations, join them to the raw maps and write a versioned labeled set with agreement figures."""
     from analysis.errors import AttnpatError
     from analysis.paths import annotation_root
@@ -126,7 +128,8 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
     if not folder.is_dir():
         raise AttnpatError(f"no sample '{sample}' in {_samples_dir()}")
     out = out or next_version(annotation_root() / "labeled" / sample)
-    report = pull_labels(_credentials(url, token), folder, out, project, _state_file())
+    credentials = None if export is not None else _credentials(url, token)
+    report = pull_labels(credentials, folder, out, project, _state_file(), export=export)
     typer.echo(f"labeled set {report.folder}: {report.labeled} maps; classes: {report.class_counts}")
     if report.prediction_agreement is not None:
         typer.echo(f"pre-annotation agreement with final labels: {report.prediction_agreement:.3f}")

@@ -378,3 +378,56 @@ def test_a_non_square_map_in_the_single_head_layout_is_one_error(tmp_path):
              attn=np.full(12, 0.25, np.float32))  # a 3 x 4 map
     with pytest.raises(AttnpatError, match="holds 12 values, but the map lengths say 9"):
         read_maps(tmp_path / "old.npz")
+
+
+# ------------------------------------------------------------------ the Label Studio export door
+
+def _export_of(sample, labels: dict) -> list[dict]:
+    """A Label Studio JSON export of ``sample`` with one submitted annotation per map in ``labels``."""
+    from annotation import labelstudio as ls
+    from annotation.sample import read_index
+    from analysis.mapstore import read_single_maps
+
+    maps = read_single_maps(sample / "maps.npz")
+    tasks = []
+    for k, row in enumerate(read_index(sample)):
+        annotations = ([{"id": k + 1, "completed_by": 1, "created_at": f"2026-01-01T00:00:{k:02d}",
+                         "was_cancelled": False, "result": [{"value": {"choices": [labels[row["map_id"]]]}}]}]
+                       if row["map_id"] in labels else [])
+        tasks.append({"id": k + 1, "data": {"map_id": row["map_id"], "map_sha256": ls.map_sha256(maps[row["map_id"]])},
+                      "annotations": annotations, "predictions": [], "drafts": []})
+    return tasks
+
+
+def test_pull_reads_a_label_studio_export_file(tmp_path, synthetic_sample):
+    from analysis.patterns import CLASSES
+    from annotation import labelstudio as ls
+    from annotation.dataset import load_labeled_set
+    from annotation.sample import read_index
+
+    sample = synthetic_sample("export", 10)
+    labels = {row["map_id"]: CLASSES[k % len(CLASSES)] for k, row in enumerate(read_index(sample))}
+    (tmp_path / "export.json").write_text(json.dumps(_export_of(sample, labels)))
+    report = ls.pull(None, sample, tmp_path / "labeled", export=tmp_path / "export.json")
+    assert report.labeled == 10
+    labeled = load_labeled_set(tmp_path / "labeled")
+    assert {map_id: CLASSES[label] for map_id, label in zip(labeled.map_ids, labeled.labels)} == labels
+
+
+@pytest.mark.parametrize("mangle, message", [
+    (lambda tasks: {"tasks": tasks}, "is a JSON list of tasks, got dict"),
+    (lambda tasks: tasks[:2] + ["oops"], "task 3 is not a task"),
+    (lambda tasks: [dict(tasks[0], annotations="none")] + tasks[1:], "task 1: annotations must be a list of objects"),
+    (lambda tasks: [dict(tasks[0], data={"map_id": 7})] + tasks[1:], "task 1: map_id and map_sha256 must be strings"),
+    (lambda tasks: tasks + [tasks[0]], "is in two tasks"),
+])
+def test_a_malformed_label_studio_export_is_one_error(tmp_path, synthetic_sample, mangle, message):
+    from annotation import labelstudio as ls
+    from annotation.sample import read_index
+
+    sample = synthetic_sample("bad-export", 5)
+    tasks = _export_of(sample, {row["map_id"]: "block" for row in read_index(sample)})
+    (tmp_path / "export.json").write_text(json.dumps(mangle(tasks)))
+    with pytest.raises(AttnpatError, match=message):
+        ls.pull(None, sample, tmp_path / "labeled", export=tmp_path / "export.json")
+    assert not (tmp_path / "labeled").exists()
