@@ -12,7 +12,7 @@ Both models see identical input ids (their tokenizers must match).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

@@ -13,9 +13,9 @@ from __future__ import annotations
 import random
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import torch

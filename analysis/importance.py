@@ -12,17 +12,16 @@ Shapes: ``L`` layers, ``H`` heads, ``B`` batch rows, ``N`` examples.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from analysis.disable import check_mode, gated, head_gates, keep_mask
 from analysis.errors import AttnpatError
+from analysis.progress import progress_bar
 from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, iter_batches
 from analysis.sweeps import BASELINE, Variant, classifier_head_note, fast_sweep, predictions, task_labels
-from analysis.progress import progress_bar
-
 
 # ---------------------------------------------------------------- importance
 

@@ -6,7 +6,7 @@ Every function returns a float in the metric's usual scale (0..1, or -1..1 for c
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -11,9 +11,9 @@ pieces by offsets (analysis.special) and sentences can be fed to a model as pre-
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Sequence
 
 from analysis.errors import AttnpatError
 

@@ -12,10 +12,10 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -195,7 +195,7 @@ class RunDir:
 
 
 def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(timestamp, tz=UTC).isoformat(timespec="seconds")
 
 
 def list_runs(root: str | Path | None = None) -> list[dict]:

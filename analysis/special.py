@@ -17,7 +17,7 @@ pieces by character offsets; without it they are reported as unavailable and onl
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -25,7 +25,15 @@ import torch
 from analysis.data import Example
 from analysis.parsing import NOT_INSTALLED, PIPELINE_NAME, spacy_tagger  # noqa: F401 (spacy_tagger: the CLI's tagger)
 from analysis.stats import HeadMeans, attention_to
-from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, MapBatch, encode_examples, stream_maps, token_roles, word_groups
+from analysis.stream import (
+    DEFAULT_MAX_LENGTH,
+    Encoded,
+    MapBatch,
+    encode_examples,
+    stream_maps,
+    token_roles,
+    word_groups,
+)
 
 # Kovaleva et al. do not print their full list; this is the common negation-cue set we use (documented in
 # the README): single words plus the n't contraction, matched per word position.
@@ -211,8 +219,7 @@ def write_special(bundle, data, run, *, max_length: int = DEFAULT_MAX_LENGTH, ba
                   min_count: int = 5) -> dict:
     """Compute :func:`special_statistics` for ``data`` and write special_tokens.csv/png/svg,
     cls_last_layer.csv and linguistic.csv into ``run``. Returns the statistics."""
-    from analysis.figures import panel_heatmaps
-    from analysis.figures import close
+    from analysis.figures import close, panel_heatmaps
     from analysis.rundir import long_table
 
     with run.record("special", bundle, data, max_length=max_length) as entry:

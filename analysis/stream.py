@@ -8,8 +8,8 @@ Shapes: ``B`` batch, ``L`` layers, ``H`` heads, ``T`` padded length, ``n`` an ex
 from __future__ import annotations
 
 import string
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch

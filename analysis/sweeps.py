@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -42,9 +42,9 @@ from analysis.disable import (
 )
 from analysis.errors import AttnpatError
 from analysis.models import load_model
+from analysis.progress import progress_bar
 from analysis.rundir import atomic_write_json
 from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, TokenBatch, collate, iter_batches
-from analysis.progress import progress_bar
 
 BASELINE = "baseline"
 UNITS = ("head", "layer")

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from analysis.errors import AttnpatError
@@ -27,8 +26,14 @@ from analysis.mapstore import iter_map_groups, make_map_id, write_single_maps
 from analysis.models import load_model, model_slug
 from analysis.rendering import render_map
 from analysis.rundir import atomic_write, atomic_write_text
-from analysis.sampling import (Predictor, SampledMap, parse_class_shares, plan_cells, sample_maps,
-                               sample_maps_by_prediction)
+from analysis.sampling import (
+    Predictor,
+    SampledMap,
+    parse_class_shares,
+    plan_cells,
+    sample_maps,
+    sample_maps_by_prediction,
+)
 
 
 def image_name(sampled: SampledMap) -> str:

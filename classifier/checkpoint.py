@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from analysis.errors import AttnpatError
-from analysis.rundir import atomic_write, atomic_write_json
 from analysis.patterns import CLASSES
+from analysis.rundir import atomic_write, atomic_write_json
 from classifier.model import PatternCNN
 
 FORMAT = "attnpat-pattern-cnn/1"

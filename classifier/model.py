@@ -22,15 +22,15 @@ Maps of the same length are resized together in one call, so a batch costs one r
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from analysis.stats import PROFILE_NAMES, map_profile
 from analysis.patterns import CLASSES
+from analysis.stats import PROFILE_NAMES, map_profile
 
 INPUT_SIZE = 24
 # Output channels of the 8 convolutions; a stride of 2 halves the image (24 -> 12 -> 6 -> 3). Small on

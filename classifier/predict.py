@@ -12,8 +12,7 @@ from analysis.patterns import CLASSES
 from analysis.sampling import Predictor
 from annotation.preannotate import rule_classes
 from classifier.checkpoint import load_checkpoint
-from classifier.model import (IMAGE_CHANNELS, INPUT_CHANNELS, PROFILE_FEATURES, PatternCNN, inference_copy,
-                              prepare_maps)
+from classifier.model import IMAGE_CHANNELS, INPUT_CHANNELS, PROFILE_FEATURES, PatternCNN, inference_copy, prepare_maps
 
 MapsLike = Sequence[np.ndarray | torch.Tensor] | torch.Tensor | np.ndarray
 

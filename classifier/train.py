@@ -6,8 +6,8 @@ runs deterministic ops on the CPU, so the same data and seed give the same score
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -15,10 +15,10 @@ from torch import nn
 
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
+from analysis.progress import progress_bar
 from analysis.stats import PROFILE_NAMES
 from classifier.distill import teacher_probabilities
 from classifier.model import CHANNELS, IMAGE_CHANNELS, INPUT_SIZE, PROFILE_BINS, STRIDES, PatternCNN, prepare_maps
-from analysis.progress import progress_bar
 
 
 @dataclass

@@ -23,10 +23,16 @@ from analysis.rundir import RunDir
 from annotation.dataset import annotator_agreement, load_labeled_set
 from classifier.checkpoint import save_checkpoint
 from classifier.distill import UnlabeledPool
-from classifier.synthetic import synthetic_dataset
 from classifier.evaluate import baseline_predictions, prediction_table, score_table, scores, wide_summary
-from classifier.train import (TrainConfig, architecture_metadata, check_labels, cross_validate_cnn, stratified_folds,
-                              train_final)
+from classifier.synthetic import synthetic_dataset
+from classifier.train import (
+    TrainConfig,
+    architecture_metadata,
+    check_labels,
+    cross_validate_cnn,
+    stratified_folds,
+    train_final,
+)
 
 SYNTHETIC_PREFIX = "synthetic"
 

@@ -42,8 +42,8 @@ def label_studio(tmp_path_factory):
 @pytest.fixture(scope="session")
 def synthetic_sample(tmp_path_factory):
     """make(name, n_maps) -> a sample folder (index.jsonl, maps.npz, PNGs) of synthetic maps of every class."""
-    from annotation.sample import SampledMap, write_sample
     from analysis.patterns import CLASSES
+    from annotation.sample import SampledMap, write_sample
     from classifier.synthetic import synthetic_map
 
     base = tmp_path_factory.mktemp("samples")

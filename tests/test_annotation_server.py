@@ -5,8 +5,8 @@ The server comes from tests/conftest.py (one per session, free loopback port, st
 from __future__ import annotations
 
 import os
-import stat
 import re
+import stat
 from collections import Counter
 
 import httpx
@@ -15,12 +15,12 @@ import pandas as pd
 import pytest
 
 from analysis.errors import AttnpatError
+from analysis.mapstore import read_single_maps
+from analysis.patterns import CLASSES
 from annotation import labelstudio as ls
 from annotation.dataset import load_labeled_set
-from analysis.mapstore import read_single_maps
 from annotation.sample import read_index
 from annotation.server import Credentials, add_annotator, personal_access_token, serve, status, token_works
-from analysis.patterns import CLASSES
 
 pytestmark = pytest.mark.slow
 

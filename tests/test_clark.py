@@ -26,8 +26,8 @@ from analysis.gradients import (
 from analysis.rundir import RunDir
 from analysis.stream import iter_batches
 from analysis.surface import SURFACE_METRICS, surface_statistics
-from tests.tiny import tiny_config, wrap_bundle
 from app.cli import main
+from tests.tiny import tiny_config, wrap_bundle
 
 SENTENCES = [
     Example("a", "The cat sat on the mat, and the dog barked.", "It was late."),

@@ -9,10 +9,21 @@ import torch
 
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
-from classifier.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint
 from analysis.stats import PROFILE_NAMES, map_profile_batch_last
-from classifier.model import (CHANNELS, INPUT_CHANNELS, INPUT_SIZE, PROFILE_FEATURES, STRIDES, PatternCNN, inference_copy,
-                              map_profile, prepare_maps, resize_maps, write_inputs)
+from classifier.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint
+from classifier.model import (
+    CHANNELS,
+    INPUT_CHANNELS,
+    INPUT_SIZE,
+    PROFILE_FEATURES,
+    STRIDES,
+    PatternCNN,
+    inference_copy,
+    map_profile,
+    prepare_maps,
+    resize_maps,
+    write_inputs,
+)
 from classifier.predict import load_classifier
 from classifier.synthetic import synthetic_dataset, synthetic_map
 from classifier.train import TrainConfig, check_labels, class_weights, fit, predict_images, stratified_folds

@@ -11,13 +11,13 @@ from analysis.extract import extract_maps
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir
 from analysis.sampling import sample_maps
+from analysis.stream import stream_maps
 from annotation.dataset import load_labeled_set, save_labeled_set
 from app.cli import main
 from classifier.checkpoint import save_checkpoint
 from classifier.classify import classify_batch, classify_saved_maps, classify_task, classify_tasks, head_class_counts
-from classifier.model import INPUT_SIZE, CHANNELS, STRIDES, PatternCNN, prepare_maps
+from classifier.model import CHANNELS, INPUT_SIZE, STRIDES, PatternCNN, prepare_maps
 from classifier.predict import load_classifier
-from analysis.stream import stream_maps
 from tests.tiny import tiny_bundle
 
 LAYERS, HEADS = 2, 3

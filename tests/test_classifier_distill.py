@@ -8,9 +8,9 @@ import torch
 from sklearn.metrics import f1_score
 
 import classifier.train as train
-from app.cli import main
 from analysis.mapstore import maps_digest
 from analysis.patterns import CLASSES
+from app.cli import main
 from classifier.distill import UnlabeledPool, draw_pool, model_of, teacher_probabilities
 from classifier.model import prepare_maps
 from classifier.predict import load_classifier

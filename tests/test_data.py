@@ -3,8 +3,7 @@ import json
 
 import pytest
 
-from analysis.data import (GLUE_TASKS, load_data, load_file, normalise_sentence, sst2_offline_train,
-                           wiki_segments)
+from analysis.data import GLUE_TASKS, load_data, load_file, normalise_sentence, sst2_offline_train, wiki_segments
 from analysis.errors import AttnpatError
 
 

@@ -13,8 +13,6 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -23,7 +23,7 @@ from analysis.importance import (
 )
 from analysis.rundir import RunDir
 from analysis.stream import encode_examples, iter_batches
-from analysis.sweeps import naive_sweep, Variant
+from analysis.sweeps import Variant, naive_sweep
 from tests.test_disable import make_bundle
 from tests.test_sweeps import tiny_data
 

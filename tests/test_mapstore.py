@@ -11,9 +11,22 @@ import pandas as pd
 import pytest
 
 from analysis.errors import AttnpatError
-from analysis.mapstore import (FORMAT, MapGroup, SavedMap, iter_map_groups, make_map_id, maps_digest, parse_map_id,
-                               read_maps, read_shard, read_single_maps, single_map, write_maps, write_shard,
-                               write_single_maps)
+from analysis.mapstore import (
+    FORMAT,
+    MapGroup,
+    SavedMap,
+    iter_map_groups,
+    make_map_id,
+    maps_digest,
+    parse_map_id,
+    read_maps,
+    read_shard,
+    read_single_maps,
+    single_map,
+    write_maps,
+    write_shard,
+    write_single_maps,
+)
 from annotation.dataset import load_labeled_set
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,8 +7,7 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from analysis.errors import AttnpatError
-from analysis.metrics import (accuracy, f1, matthews, metric_name, pearson, pearson_spearman, spearman,
-                              task_metric)
+from analysis.metrics import accuracy, f1, matthews, metric_name, pearson, pearson_spearman, spearman, task_metric
 
 
 @pytest.fixture(params=range(5))

@@ -4,10 +4,10 @@ import json
 import pytest
 import torch
 
+from analysis.data import Example
 from analysis.errors import AttnpatError
 from analysis.models import load_model, model_slug, resolve_model
 from analysis.stream import stream_maps
-from analysis.data import Example
 from tests.tiny import save_tiny_model
 
 

@@ -8,9 +8,16 @@ import numpy as np
 import pytest
 
 from analysis.errors import AttnpatError
-from annotation.preannotate import (FEATURE_NAMES, THRESHOLDS, RulePreannotator, classify_features, feature_matrix,
-                                    map_features, preannotate)
 from analysis.patterns import CLASSES
+from annotation.preannotate import (
+    FEATURE_NAMES,
+    THRESHOLDS,
+    RulePreannotator,
+    classify_features,
+    feature_matrix,
+    map_features,
+    preannotate,
+)
 from classifier.synthetic import synthetic_map
 
 PAIR_TOKENS = ["[CLS]", "the", "cat", "sat", ",", "down", ".", "[SEP]", "it", "slept", ".", "[SEP]"]

@@ -8,6 +8,8 @@ import torch
 from transformers import AutoTokenizer
 
 from analysis.errors import AttnpatError
+from analysis.models import embedded_model_path
+from analysis.parsing import GOLD_PARSES
 from analysis.probing import (
     ALL_RELATIONS,
     DIRECTIONS,
@@ -26,8 +28,6 @@ from analysis.probing import (
     score_sentence,
     word_level_maps,
 )
-from analysis.models import embedded_model_path
-from analysis.parsing import GOLD_PARSES
 from analysis.stream import MapBatch, collate, encode_examples
 from app.cli import main
 

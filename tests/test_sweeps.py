@@ -4,7 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import DistilBertConfig, DistilBertForSequenceClassification, RobertaConfig, RobertaForSequenceClassification
+from transformers import (
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+    RobertaConfig,
+    RobertaForSequenceClassification,
+)
 
 from analysis.data import Example, TaskData
 from analysis.disable import keep_mask

@@ -11,12 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from test_webapp_support import SENTENCE, populate_runs, random_classifier, serve, tiny_model_dir
 
+from analysis.artifacts import tab_artifacts
 from analysis.data import Example
 from analysis.errors import AttnpatError
-from analysis.artifacts import TABS, tab_artifacts
 from analysis.figures import GridLayout, grid_image, layer_head_figure
 from analysis.models import load_model
 from analysis.patterns import CLASS_STYLE, CLASSES

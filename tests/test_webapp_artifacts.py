@@ -11,7 +11,8 @@ import typer
 
 from analysis.artifacts import ARTIFACTS, TABS, Artifact, artifact, hints, listed, tab_artifacts
 from analysis.probing import WINOBIAS_TASK
-from app.cli import app as cli_app, main
+from app.cli import app as cli_app
+from app.cli import main
 from tests.tiny import save_tiny_model
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
