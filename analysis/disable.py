@@ -9,7 +9,9 @@ Two modes, one gate value ``g`` per head (1 = untouched, 0 = disabled; values in
 
 The mechanism is an attention function registered with ``transformers.AttentionInterface`` (plus the eager
 mask function under the same name); gates are looked up by the calling module, so a layer without gates
-runs exactly the eager computation. This file keeps the three parts apart:
+runs exactly the eager computation. MPNet computes attention in its own code (``MPNetSelfAttention`` with a
+relative position bias), so :func:`gated` replaces that module's ``forward`` on the instance with the same
+computation plus the gates; a module without gates calls the original ``forward``. This file keeps the three parts apart:
 MASK (which heads are off: pure functions building ``keep`` arrays), COMPUTE (the gated attention) and
 INSTALL (switching a model to the gated attention and attaching gates to its layers).
 
@@ -17,9 +19,11 @@ Shapes: ``L`` layers, ``H`` heads, ``N`` rows of a batch, ``Q``/``K`` query/key 
 """
 from __future__ import annotations
 
+import math
+import types
 import weakref
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -31,11 +35,13 @@ MODES = ("uniform", "zero")
 ATTENTION_NAME = "attnpat_gated"
 
 # Encoder families whose every layer owns a self-attention module that calls the AttentionInterface.
-GATED_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert"}
+INTERFACE_TYPES = {"bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert"}
+# Encoder families whose self-attention computes attention itself: gated by replacing that module's forward.
+PATCHED_TYPES = {"mpnet"}
+GATED_TYPES = INTERFACE_TYPES | PATCHED_TYPES
 # Why the other families the foundation loads cannot be gated per head.
 UNSUPPORTED_REASONS = {
     "albert": "ALBERT shares one attention module across all layers, so a head cannot be disabled in one layer only",
-    "mpnet": "MPNet computes attention in its own code, not through transformers' AttentionInterface",
     "deberta": "DeBERTa computes disentangled attention in its own code, not through the AttentionInterface",
     "deberta-v2": "DeBERTa-v2 computes disentangled attention in its own code, not through the AttentionInterface",
 }
@@ -137,14 +143,55 @@ def gated_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
         weights = weights + attention_mask
     weights = nn.functional.softmax(weights, dim=-1)
     gating = _GATES.get(module)
-    if gating is not None and gating.mode == "uniform":
-        gate = _gate_view(gating.gate, query.shape[0], query.shape[1], weights)
-        weights = gate * weights + (1 - gate) * uniform_weights(attention_mask, weights)
+    weights = gate_weights(gating, weights, attention_mask)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-    context = torch.matmul(weights, value)
-    if gating is not None and gating.mode == "zero":
-        context = context * _gate_view(gating.gate, query.shape[0], query.shape[1], context)
+    context = gate_context(gating, torch.matmul(weights, value))
     return context.transpose(1, 2).contiguous(), weights
+
+
+def gate_weights(gating: "_Gate | None", weights: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Uniform-mode gates on attention weights (N, H, Q, K): ``g * softmax + (1 - g) / n_real``; else unchanged."""
+    if gating is None or gating.mode != "uniform":
+        return weights
+    gate = _gate_view(gating.gate, weights.shape[0], weights.shape[1], weights)
+    return gate * weights + (1 - gate) * uniform_weights(attention_mask, weights)
+
+
+def gate_context(gating: "_Gate | None", context: torch.Tensor) -> torch.Tensor:
+    """Zero-mode gates on the per-head context (N, H, Q, d): multiplied by ``g``; else unchanged."""
+    if gating is None or gating.mode != "zero":
+        return context
+    return context * _gate_view(gating.gate, context.shape[0], context.shape[1], context)
+
+
+def gated_mpnet_forward(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                        position_bias: torch.Tensor | None = None, output_attentions: bool = False, **kwargs):
+    """``MPNetSelfAttention.forward`` with per-head gates (installed on each instance by :func:`gated`).
+
+    hidden_states: (N, Q, D); attention_mask: additive (N, 1, Q, K) or None; position_bias: (N, H, Q, K).
+    Without gates for ``module`` it is the original forward itself, so the results are bit-identical; with
+    gates it repeats transformers' computation step by step and gates weights or context like
+    :func:`gated_attention_forward`.
+    """
+    gating = _GATES.get(module)
+    if gating is None:
+        return type(module).forward(module, hidden_states, attention_mask, position_bias,
+                                    output_attentions=output_attentions, **kwargs)
+    hidden_shape = (*hidden_states.shape[:-1], -1, module.attention_head_size)
+    q = module.q(hidden_states).view(hidden_shape).transpose(1, 2)
+    k = module.k(hidden_states).view(hidden_shape).transpose(1, 2)
+    v = module.v(hidden_states).view(hidden_shape).transpose(1, 2)
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(module.attention_head_size)
+    if position_bias is not None:
+        scores = scores + position_bias
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = gate_weights(gating, nn.functional.softmax(scores, dim=-1), attention_mask)
+    weights = module.dropout(weights)
+    context = gate_context(gating, torch.matmul(weights, v))
+    context = context.permute(0, 2, 1, 3).contiguous().view(*hidden_states.shape[:-1], module.all_head_size)
+    output = module.o(context)
+    return (output, weights) if output_attentions else (output,)
 
 
 # ---------------------------------------------------------------- INSTALL: attach gates to a model
@@ -157,7 +204,7 @@ class _Gate:
 
 
 # Gate of each module inside a gated layer (keyed weakly: a freed model leaves nothing behind).
-_GATES: "weakref.WeakKeyDictionary[nn.Module, _Gate]" = weakref.WeakKeyDictionary()
+_GATES: weakref.WeakKeyDictionary[nn.Module, _Gate] = weakref.WeakKeyDictionary()
 _REGISTERED = False
 
 
@@ -200,10 +247,38 @@ def encoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layer_container(model).layer)
 
 
+def _self_attention_modules(model: nn.Module) -> list[nn.Module]:
+    """MPNet's self-attention modules (the ones that compute attention weights), in layer order."""
+    return [layer.attention.attn for layer in encoder_layers(model)]
+
+
+@contextmanager
+def _patched_self_attention(model: nn.Module) -> Iterator[None]:
+    """Give each MPNet self-attention module the gated forward for the block (nested blocks patch once)."""
+    patched = []
+    for module in _self_attention_modules(model):
+        if "forward" not in vars(module):
+            module.forward = types.MethodType(gated_mpnet_forward, module)
+            patched.append(module)
+    try:
+        yield
+    finally:
+        for module in patched:
+            del module.forward
+
+
 @contextmanager
 def gated(model: nn.Module) -> Iterator[None]:
-    """Run ``model`` with the gated attention function (exactly eager while no gates are attached)."""
+    """Run ``model`` with gated attention (exactly eager while no gates are attached): the registered
+    attention function, or for MPNet its self-attention's gated forward."""
     check_supported(model)
+    if model.config.model_type in PATCHED_TYPES:
+        if model.config._attn_implementation != "eager":
+            raise AttnpatError(f"head disabling needs eager attention; the model uses "
+                               f"'{model.config._attn_implementation}' (load it with analysis.models.load_model)")
+        with _patched_self_attention(model):
+            yield
+        return
     _register()
     previous = model.config._attn_implementation
     if previous != "eager" and previous != ATTENTION_NAME:

@@ -1,15 +1,32 @@
-"""Tiny randomly initialised BERT models, saved to disk and loaded through the real loading path."""
+"""Tiny randomly initialised BERT and MPNet models, saved to disk and loaded through the real loading path.
+
+The MPNet ones stand in for all-mpnet-base-v2 (never downloaded by the tests): MPNet's own self-attention with
+its relative position bias, over the MiniLM vocabulary with an MPNet tokenizer (pairs as [CLS] a [SEP] [SEP] b
+[SEP], no token type ids).
+"""
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertModel,
+    MPNetConfig,
+    MPNetForMaskedLM,
+    MPNetForSequenceClassification,
+    MPNetModel,
+    MPNetTokenizer,
+)
 
 from analysis.models import EncoderBundle, ModelSource, embedded_model_path, load_model
 
 MODEL_CLASSES = {"base": BertModel, "classifier": BertForSequenceClassification, "mlm": BertForMaskedLM}
+MPNET_CLASSES = {"base": MPNetModel, "classifier": MPNetForSequenceClassification, "mlm": MPNetForMaskedLM}
 
 
 @lru_cache(maxsize=1)
@@ -23,6 +40,36 @@ def tiny_config(layers: int = 2, heads: int = 4, hidden: int = 32, num_labels: i
     return BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
                       num_attention_heads=heads, intermediate_size=37, max_position_embeddings=512,
                       num_labels=num_labels, attn_implementation="eager", **extra)
+
+
+@lru_cache(maxsize=1)
+def mpnet_tokenizer():
+    """An MPNet tokenizer over the MiniLM vocabulary (its special tokens are BERT's)."""
+    specials = dict(bos_token="[CLS]", eos_token="[SEP]", sep_token="[SEP]", cls_token="[CLS]", unk_token="[UNK]",
+                    pad_token="[PAD]", mask_token="[MASK]")
+    return MPNetTokenizer(vocab=str(Path(embedded_model_path()) / "vocab.txt"), **specials)
+
+
+def tiny_mpnet_config(layers: int = 2, heads: int = 4, hidden: int = 32, num_labels: int = 2, **extra) -> MPNetConfig:
+    """A tiny MPNet config over the MiniLM vocabulary (eager attention); ``extra`` goes to MPNetConfig."""
+    return MPNetConfig(vocab_size=mpnet_tokenizer().vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                       num_attention_heads=heads, intermediate_size=37, max_position_embeddings=514,
+                       num_labels=num_labels, attn_implementation="eager", **extra)
+
+
+def save_tiny_mpnet(folder: Path, kind: str = "base", seed: int = 0, **config_kwargs) -> Path:
+    """A tiny random MPNet of ``kind`` plus its tokenizer, saved as a local model folder."""
+    torch.manual_seed(seed)
+    model = MPNET_CLASSES[kind](tiny_mpnet_config(**config_kwargs))
+    model.save_pretrained(folder)
+    mpnet_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def tiny_mpnet_bundle(folder: Path, kind: str = "base", seed: int = 0, **config_kwargs):
+    """An EncoderBundle around a tiny random MPNet, on the CPU (through the real loading path)."""
+    save_tiny_mpnet(folder, kind, seed, **config_kwargs)
+    return load_model(str(folder), kind=kind, device="cpu")
 
 
 def wrap_bundle(model, name: str = "tiny") -> EncoderBundle:

@@ -1,0 +1,141 @@
+"""MPNet (all-mpnet-base-v2's architecture) on a tiny random config: head gates, the sweep engine, importance.
+
+MPNet computes attention in its own code (relative position bias), so analysis.disable gates it by replacing
+its self-attention's forward; these tests check that path against independent references.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from analysis.disable import gated, head_gates, keep_mask
+from analysis.importance import example_losses, head_importance
+from analysis.stream import encode_examples, iter_batches
+from analysis.sweeps import BASELINE, fast_sweep, head_variants, layer_variants, naive_sweep
+from tests.test_sweeps import max_difference, smallest_change, tiny_data
+from tests.tiny import tiny_mpnet_bundle
+
+LAYERS, HEADS, SIZE = 3, 4, 8
+
+
+@pytest.fixture(scope="module")
+def mpnet(tmp_path_factory):
+    """A tiny random MPNet classifier; large initial weights make attention peaky, so a disabled head shows."""
+    return tiny_mpnet_bundle(tmp_path_factory.mktemp("mpnet") / "tiny-mpnet", kind="classifier", layers=LAYERS,
+                             heads=HEADS, initializer_range=0.3)
+
+
+def padded_batch(bundle):
+    """One batch of three examples of different lengths (padding present)."""
+    return next(iter(iter_batches(bundle, tiny_data(3).examples, batch_size=3)))
+
+
+def attention_modules(bundle):
+    return [layer.attention.attn for layer in bundle.model.mpnet.encoder.layer]
+
+
+def test_the_tiny_mpnet_is_an_mpnet_with_padding(mpnet):
+    assert mpnet.model.config.model_type == "mpnet" and type(mpnet.model).__name__ == "MPNetForSequenceClassification"
+    batch = padded_batch(mpnet)
+    assert batch.token_type_ids is None and len(set(batch.lengths.tolist())) > 1
+
+
+@pytest.mark.parametrize("mode", ["uniform", "zero"])
+def test_gating_nothing_is_bit_identical_to_the_plain_model(mpnet, mode):
+    inputs = padded_batch(mpnet).model_inputs()
+    with torch.no_grad():
+        plain = mpnet.model(**inputs, output_attentions=True)
+        with gated(mpnet.model):
+            assert all("forward" in vars(module) for module in attention_modules(mpnet))
+            no_gates = mpnet.model(**inputs, output_attentions=True)
+            with head_gates(mpnet.model, {layer: torch.ones(HEADS) for layer in range(LAYERS)}, mode):
+                all_ones = mpnet.model(**inputs, output_attentions=True)
+            with head_gates(mpnet.model, {1: torch.tensor([1.0, 0.0, 1.0, 1.0])}, mode):
+                disabled = mpnet.model(**inputs).logits
+        after = mpnet.model(**inputs).logits
+    assert torch.equal(plain.logits, no_gates.logits) and torch.equal(plain.logits, all_ones.logits)
+    assert all(torch.equal(a, b) for a, b in zip(plain.attentions, all_ones.attentions))
+    assert torch.equal(plain.logits, after)
+    assert not torch.allclose(plain.logits, disabled, atol=1e-4)
+    assert not any("forward" in vars(module) for module in attention_modules(mpnet))  # unpatched after the block
+
+
+def test_zero_mode_equals_removing_the_head_from_the_output_projection(mpnet):
+    """Independent reference: a head whose context is zeroed contributes nothing through o, the same as
+    zeroing that head's columns of o's weight."""
+    inputs = padded_batch(mpnet).model_inputs()
+    layer, head = 1, 2
+    with torch.no_grad():
+        with gated(mpnet.model), head_gates(mpnet.model, {layer: torch.tensor(keep_mask(LAYERS, HEADS, [(layer, head)])[layer])},
+                                            "zero"):
+            gated_logits = mpnet.model(**inputs).logits
+        output = attention_modules(mpnet)[layer].o
+        saved = output.weight.clone()
+        try:
+            output.weight[:, head * SIZE:(head + 1) * SIZE] = 0
+            surgery = mpnet.model(**inputs).logits
+        finally:
+            output.weight.copy_(saved)
+    assert torch.allclose(gated_logits, surgery, atol=1e-5)
+
+
+def test_uniform_head_attends_evenly_to_real_tokens_and_outputs_the_mean_of_v(mpnet):
+    batch = padded_batch(mpnet)
+    layer, head = 0, 3
+    seen = {}
+    module = attention_modules(mpnet)[layer]
+    handles = [module.v.register_forward_hook(lambda m, a, out: seen.__setitem__("value", out)),
+               module.o.register_forward_hook(lambda m, a, out: seen.__setitem__("context", a[0]))]
+    try:
+        with torch.no_grad(), gated(mpnet.model), head_gates(
+                mpnet.model, {layer: torch.tensor(keep_mask(LAYERS, HEADS, [(layer, head)])[layer])}, "uniform"):
+            outputs = mpnet.model(**batch.model_inputs(), output_attentions=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    weights = outputs.attentions[layer]
+    for row, n in enumerate(batch.lengths.tolist()):
+        assert torch.allclose(weights[row, head, :n, :n], torch.full((n, n), 1.0 / n), atol=1e-6)
+        assert float(weights[row, head, :n, n:].abs().sum()) == 0
+        mean_v = seen["value"][row, :n, head * SIZE:(head + 1) * SIZE].mean(0)
+        context = seen["context"][row, :n, head * SIZE:(head + 1) * SIZE]
+        assert torch.allclose(context, mean_v.expand_as(context), atol=1e-5)
+        assert not torch.allclose(weights[row, (head + 1) % HEADS, :n, :n], torch.full((n, n), 1.0 / n), atol=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["uniform", "zero"])
+def test_fast_sweep_equals_the_naive_gated_loop(mpnet, mode):
+    data = tiny_data()
+    variants = head_variants(LAYERS, HEADS) + layer_variants(LAYERS, HEADS)
+    batches = list(iter_batches(mpnet, data.examples, batch_size=4))
+    assert len({batch.input_ids.shape[1] for batch in batches}) > 1  # really dynamic padding
+    fast = fast_sweep(mpnet, batches, variants, mode)
+    naive = naive_sweep(mpnet, encode_examples(mpnet.tokenizer, data.examples), variants, mode, batch_size=4)
+    assert max_difference(fast, naive) < 1e-5
+    assert smallest_change(naive) > 1e-4  # every variant really changes the logits
+    plain = torch.empty_like(fast[BASELINE])
+    with torch.no_grad():
+        for batch in batches:
+            plain[batch.indices] = mpnet.model(**batch.model_inputs()).logits
+    assert torch.equal(fast[BASELINE], plain)
+    assert len(mpnet.model.mpnet.encoder.layer) == LAYERS  # the layer list is restored
+
+
+def test_importance_gradient_matches_finite_differences(mpnet):
+    examples = tiny_data(3).examples
+    importance = head_importance(mpnet, list(iter_batches(mpnet, examples, batch_size=3)))
+
+    def loss(batch, layer: int, head: int, value: float) -> float:
+        gate = torch.ones(HEADS)
+        gate[head] = value
+        with torch.no_grad(), gated(mpnet.model), head_gates(mpnet.model, {layer: gate}, "zero"):
+            logits = mpnet.model(**batch.model_inputs()).logits
+        return float(example_losses(logits, batch.labels).sum())
+
+    step = 1e-3
+    for layer, head in [(0, 1), (2, 3)]:
+        # importance is the mean over examples of |dL(x)/d gate|: each example alone, central differences
+        per_example = [abs(loss(single, layer, head, 1 + step) - loss(single, layer, head, 1 - step)) / (2 * step)
+                       for single in iter_batches(mpnet, examples, batch_size=1)]
+        assert importance[layer, head] == pytest.approx(sum(per_example) / len(per_example), rel=2e-2, abs=1e-4)
+    assert (importance > 0).all()
