@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from test_webapp_support import SENTENCE, populate_runs, serve, tiny_model_dir
+from test_webapp_support import SENTENCE, browser_page, populate_runs, serve, tiny_model_dir
 
-CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser"
 TABS = ("Explore", "Pattern ratios", "Fine-tuning", "Disabling", "Surface and clusters", "Classifier", "Runs")
 
@@ -31,24 +30,9 @@ def app_url(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(app_url):
-    from playwright.sync_api import sync_playwright
-
-    assert CHROMIUM.is_file(), "Debian chromium is missing: run `make browser`"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                    args=["--headless", "--no-sandbox", "--disable-gpu",
-                                          "--disable-background-networking", "--disable-component-update",
-                                          "--disable-sync"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(60_000)
-        errors = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(app_url[0])
-        page.get_by_role("tab", name="Explore").wait_for()
+    with browser_page(app_url[0]) as page:
         yield page
-        browser.close()
-        assert not errors, f"JavaScript errors in the page: {errors}"
 
 
 def shot(page, name: str) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
@@ -90,3 +91,29 @@ def serve(runs_dir: Path, model_dir: Path):
     port = free_port()
     demo, web = launch("127.0.0.1", port, runs_dir, block=False, explorer=explorer, quiet=True, warm=False)
     return demo, web, f"http://127.0.0.1:{port}/", str(model_dir)
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@contextmanager
+def browser_page(url: str):
+    """A page of Debian chromium (headless, background networking off) on ``url``, driven by Playwright;
+    fails at the end when the page raised JavaScript errors."""
+    from playwright.sync_api import sync_playwright
+
+    assert CHROMIUM.is_file(), "Debian chromium is missing: run `make browser`"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                    args=["--headless", "--no-sandbox", "--disable-gpu",
+                                          "--disable-background-networking", "--disable-component-update",
+                                          "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        errors = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(url)
+        page.get_by_role("tab", name="Explore").wait_for()
+        yield page
+        browser.close()
+        assert not errors, f"JavaScript errors in the page: {errors}"
