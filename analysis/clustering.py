@@ -9,16 +9,21 @@ and each head is coloured by its surface-statistics label (analysis.surface.head
 """
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import torch
+from sklearn.manifold import MDS
 
 from analysis.data import TaskData
 from analysis.errors import AttnpatError
+from analysis.figures import close
 from analysis.rundir import RunDir
 from analysis.stream import DEFAULT_MAX_LENGTH, encode_examples, stream_maps
 from analysis.surface import LABEL_COLOURS, LABEL_NAMES, LabelThresholds, SurfaceAccumulator, head_labels
 
 SMOOTHING = 0.001
+DEFAULT_THRESHOLDS = LabelThresholds()
 
 
 # ---------------------------------------------------------------- pure functions
@@ -55,8 +60,6 @@ def head_js_divergences(maps: torch.Tensor, smoothing: float = SMOOTHING) -> tor
 
 def mds_embedding(distances: np.ndarray, seed: int = 0) -> np.ndarray:
     """2-D metric MDS of a (K, K) symmetric distance matrix -> (K, 2)."""
-    from sklearn.manifold import MDS
-
     distances = np.asarray(distances, dtype=float)
     if distances.ndim != 2 or distances.shape[0] != distances.shape[1] or not np.isfinite(distances).all():
         raise AttnpatError(f"MDS needs a finite square distance matrix, got shape {distances.shape}")
@@ -68,7 +71,7 @@ def mds_embedding(distances: np.ndarray, seed: int = 0) -> np.ndarray:
 # ---------------------------------------------------------------- the pass over a data set
 
 def compute_head_distances(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
-                           progress: bool = True, thresholds: LabelThresholds = LabelThresholds()):
+                           progress: bool = True, thresholds: LabelThresholds = DEFAULT_THRESHOLDS):
     """One pass: (JS divergences (K, K), head labels (L, H), number of truncated examples)."""
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     surface = SurfaceAccumulator(bundle.tokenizer)
@@ -85,12 +88,8 @@ def compute_head_distances(bundle, data: TaskData, *, max_length: int = DEFAULT_
 
 
 def head_clusters(bundle, data: TaskData, run: RunDir, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
-                  progress: bool = True, thresholds: LabelThresholds = LabelThresholds(), seed: int = 0):
+                  progress: bool = True, thresholds: LabelThresholds = DEFAULT_THRESHOLDS, seed: int = 0):
     """Write clusters.csv (layer, head, x, y, behaviour), head_distances.csv and clusters.png/svg; return clusters."""
-    import pandas as pd
-
-    from analysis.figures import close
-
     layers, heads = bundle.num_layers, bundle.num_heads
     with run.record("clusters", bundle, data, max_length=max_length, smoothing=SMOOTHING, seed=seed) as entry:
         distances, labels, n_truncated = compute_head_distances(
@@ -114,8 +113,6 @@ def head_clusters(bundle, data: TaskData, run: RunDir, *, max_length: int = DEFA
 
 def cluster_figure(clusters):
     """Clark's Figure 6: the MDS embedding coloured by behaviour (left) and by layer (right)."""
-    import matplotlib.pyplot as plt
-
     fig, (by_behaviour, by_layer) = plt.subplots(1, 2, figsize=(11, 5))
     for label, rows in clusters.groupby("behaviour", sort=False):
         by_behaviour.scatter(rows.x, rows.y, s=22, color=LABEL_COLOURS.get(label, "k"), label=LABEL_NAMES.get(label, label))

@@ -19,7 +19,9 @@ import torch
 
 from analysis.data import Example
 from analysis.errors import AttnpatError
+from analysis.figures import close, panel_heatmaps
 from analysis.progress import progress_bar
+from analysis.rundir import long_table
 from analysis.stats import HeadMeans
 from analysis.stream import (
     DEFAULT_MAX_LENGTH,
@@ -134,8 +136,6 @@ def head_cosines(base, finetuned, examples: Sequence[Example], *, modes: Sequenc
 
 def cosine_figure(values: dict[str, np.ndarray], title: str):
     """Side-by-side layer x head heatmaps, one per mode (layers and heads 1-indexed)."""
-    from analysis.figures import panel_heatmaps
-
     low = min(float(np.nanmin(array)) for array in values.values())  # one scale, so the modes compare
     return panel_heatmaps(values, title=title, label="cosine similarity", cmap="magma", vmin=low, vmax=1.0)
 
@@ -144,9 +144,6 @@ def write_cosine(base, finetuned, data, run, *, modes: Sequence[str] = MODES, ma
                  batch_size: int = 16, progress: bool | str = False) -> dict[str, np.ndarray]:
     """Compute :func:`head_cosines` on ``data`` and write cosine.csv and cosine.png/svg into ``run``
     (the fine-tuned model's run directory). Returns {"cosine_<mode>": (L, H)}."""
-    from analysis.figures import close
-    from analysis.rundir import long_table
-
     with run.record("compare", finetuned, data, base_model=base.name, base_revision=base.revision,
                     modes=list(modes), max_length=max_length) as entry:
         values = head_cosines(base, finetuned, data.examples, modes=modes, max_length=max_length,

@@ -16,7 +16,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+
 from analysis.errors import AttnpatError
+from analysis.models import hub_reachable
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,6 @@ def package_dir(package: str) -> Path | None:
 
 
 def _read_arrow(path: Path) -> list[dict]:
-    import pyarrow as pa
-
     with pa.memory_map(str(path)) as source:
         try:
             table = pa.ipc.open_stream(source).read_all()
@@ -193,7 +194,7 @@ def wiki_segments(n: int | None = None, seed: int = 0) -> list[Example]:
 # ---------------------------------------------------------------- hub
 
 def _load_from_hub(spec: TaskSpec, split: str) -> list[Example]:
-    from datasets import load_dataset
+    from datasets import load_dataset  # noqa: PLC0415 (heavy; loaded only when the hub serves a task)
 
     hub_split = {"validation": "validation_matched"}.get(split, split) if spec.name == "mnli" else split
     dataset = load_dataset("nyu-mll/glue", spec.hub_config, split=hub_split)
@@ -209,8 +210,6 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
     ``n`` keeps the first n examples (GLUE order; wiki is shuffled with ``seed``). Unknown tasks and tasks
     with no reachable source raise AttnpatError naming what was tried.
     """
-    from analysis.models import hub_reachable
-
     task = task.strip().lower()
     check_n(n)
     if task == "wiki":
@@ -481,8 +480,6 @@ def load_data(task_or_file: str, split: str = "validation", n: int | None = None
 
 def available_tasks() -> dict[str, list[str]]:
     """Task -> the sources that can serve it now (offline files present, hub reachable)."""
-    from analysis.models import hub_reachable
-
     hub = hub_reachable()
     out = {}
     for task in ALL_TASKS:

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from analysis.data import TaskData
 from analysis.errors import AttnpatError
@@ -89,7 +90,5 @@ def write_overview(bundle, data: TaskData, run: RunDir, **kwargs):
         values, n_truncated = layer_overview(bundle, data, **kwargs)
         run.write_table("overview", long_table(values))
         entry.update(n_truncated=n_truncated, outputs=["overview.csv"])
-    import pandas as pd
-
     return pd.DataFrame({"layer": np.arange(values["to_cls"].shape[0]),
                          **{name: array.mean(1) for name, array in values.items()}})

@@ -18,12 +18,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
+from transformers import get_linear_schedule_with_warmup
 
 from analysis.data import GLUE_TASKS, Example, TaskData, load_data
 from analysis.errors import AttnpatError
 from analysis.metrics import METRICS, metric_name, task_metric
+from analysis.models import _store_meta, load_model, model_slug, resolve_model
 from analysis.paths import model_store
+from analysis.progress import progress_bar
 from analysis.rundir import RunDir, atomic_write, atomic_write_json
 from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, encode_examples, iter_batches
 
@@ -172,8 +176,6 @@ def finetune_encoder(bundle, examples: Sequence[Example], recipe: Recipe, checkp
     The checkpoint (model, optimizer, scheduler, RNG, step) is written every ``checkpoint_every`` steps and
     at each epoch end. ``on_step(step, loss)`` is called after every optimizer step.
     """
-    from transformers import get_linear_schedule_with_warmup
-
     recipe.check()
     model, device = bundle.model, bundle.device
     encoded = encode_examples(bundle.tokenizer, examples, recipe.max_length)
@@ -209,11 +211,7 @@ def finetune_encoder(bundle, examples: Sequence[Example], recipe: Recipe, checkp
             "recipe": asdict(recipe), "n_examples": len(examples),
         })
 
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total_steps, initial=step, desc="fine-tuning", unit="step", dynamic_ncols=True)
+    bar = progress_bar(total_steps, progress, "fine-tuning", unit="step", initial=step)
     started = time.time()
     model.train()
     try:
@@ -300,8 +298,6 @@ def write_store(bundle, path: Path, meta: dict) -> None:
 
 def eval_table(meta: dict):
     """The finetune_eval table (metric, value) from a store model's attnpat.json."""
-    import pandas as pd
-
     rows = [{"metric": metric, "value": value} for metric, value in meta.get("scores", {}).items()]
     rows += [{"metric": key, "value": meta[key]} for key in ("n_eval", "steps", "elapsed_seconds") if key in meta]
     return pd.DataFrame(rows, columns=["metric", "value"])
@@ -318,16 +314,12 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
     Returns the metadata written to attnpat.json plus ``path`` and ``skipped`` (True when the model was
     already finished and ``force`` is off).
     """
-    from analysis.models import model_slug
-
     recipe = recipe or Recipe()
     recipe.check()
     task = task.strip().lower()
     name = name or f"{model_slug(base)}-{task}"
     path = store_path(name)
     if is_finished(path) and not force:
-        from analysis.models import _store_meta, resolve_model
-
         meta = _store_meta(resolve_model(name))
         return {**meta, "path": str(path), "skipped": True}
     if force:
@@ -347,8 +339,6 @@ def _train_into_store(base: str, task: str, path: Path, recipe: Recipe, *, split
                       n_train: int | None, checkpoint_every: int, progress: bool, device: str | None,
                       allow_hub: bool | None, on_step: Callable[[int, float], None] | None) -> dict:
     """Train a fresh classifier on ``task``, evaluate it, and write it with its attnpat.json to ``path``."""
-    from analysis.models import load_model
-
     train, evaluation, split_info = finetune_splits(task, split_dev=split_dev, train_share=train_share,
                                                     seed=recipe.seed, n_train=n_train, allow_hub=allow_hub)
     num_labels = GLUE_TASKS[task].num_labels

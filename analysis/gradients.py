@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from analysis.data import TaskData
 from analysis.errors import AttnpatError
+from analysis.figures import close
 from analysis.models import load_config, load_model, resolve_model
 from analysis.rundir import RunDir
 from analysis.stream import (
@@ -141,8 +145,6 @@ def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_lengt
     generator = torch.Generator().manual_seed(seed)
     sums = {target: torch.zeros(bundle.num_layers, dtype=torch.float64) for target in GRAD_TARGETS}
     counts = {target: 0.0 for target in GRAD_TARGETS}
-    from tqdm.auto import tqdm
-
     bar = tqdm(total=len(encoded), desc="gradients", unit="ex", dynamic_ncols=True, disable=not progress)
     bundle.model.eval()
     for batch in iter_batches(bundle, data.examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
@@ -166,10 +168,6 @@ def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_lengt
 def grad_importance(bundle, data: TaskData, run: RunDir, objective: str, *, max_length: int = DEFAULT_MAX_LENGTH,
                     batch_size: int = 8, progress: bool = True, mask_probability: float = 0.15, seed: int = 0):
     """Compute and write grad_importance.csv (layer, target, value) and grad_importance.png/svg."""
-    import pandas as pd
-
-    from analysis.figures import close
-
     with run.record("grad_importance", bundle, data, objective=OBJECTIVES[objective], max_length=max_length,
                     mask_probability=mask_probability if objective == "mlm" else None, seed=seed) as entry:
         values, n_truncated = compute_grad_importance(
@@ -187,8 +185,6 @@ def grad_importance(bundle, data: TaskData, run: RunDir, objective: str, *, max_
 
 def grad_figure(values: dict[str, np.ndarray], objective_name: str):
     """Clark's Figure 5: mean gradient magnitude per layer for each key type."""
-    import matplotlib.pyplot as plt
-
     names = {"sep": "[SEP]", "punct": ". or ,", "other": "other"}
     colours = {"sep": "#59d98e", "punct": "#159d82", "other": "#95a5a6"}
     fig, ax = plt.subplots(figsize=(5.5, 3.6))

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import torch
 
 from analysis.disable import check_mode, gated, head_gates, keep_mask
 from analysis.errors import AttnpatError
+from analysis.figures import close, head_heatmap
+from analysis.metrics import metric_name, task_metric
 from analysis.progress import progress_bar
+from analysis.rundir import long_table
 from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, iter_batches
 from analysis.sweeps import BASELINE, Variant, classifier_head_note, fast_sweep, predictions, task_labels
 
@@ -137,10 +142,6 @@ def iterative_pruning_masks(score, counts: Sequence[int], shape: tuple[int, int]
 def pruning_curve(bundle, batches: Sequence[TokenBatch], masks: Sequence[np.ndarray], labels: np.ndarray,
                   metric: str, *, mode: str = "zero", progress: bool | str = False):
     """Task metric under each keep mask (fast engine). Returns a DataFrame fraction_pruned, n_pruned, metric."""
-    import pandas as pd
-
-    from analysis.metrics import task_metric
-
     check_mode(mode)
     variants = [Variant(f"prune-{i}", mask) for i, mask in enumerate(masks)]
     logits = fast_sweep(bundle, batches, variants, mode, progress=progress)
@@ -156,15 +157,11 @@ def pruning_curve(bundle, batches: Sequence[TokenBatch], masks: Sequence[np.ndar
 # ---------------------------------------------------------------- figures
 
 def importance_figure(scores: np.ndarray, *, task: str, model: str, normalisation: str):
-    from analysis.figures import head_heatmap
-
     return head_heatmap(scores, title=f"{model} on {task}: head importance ({normalisation})", cmap="viridis",
                         label="importance")
 
 
 def pruning_figure(curve, *, metric: str, baseline: float, task: str, model: str, label: str):
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(4.8, 3.2))
     ax.plot(curve["fraction_pruned"] * 100, curve["metric"], marker="o", ms=3, label=label)
     ax.axhline(baseline, color="gray", lw=0.8, ls="--", label=f"unpruned {baseline:.3f}")
@@ -204,9 +201,6 @@ def importance_analysis(bundle, data, run, *, by_layer: bool = True, exponent: f
 
 def _importance(bundle, data, run, *, by_layer: bool, exponent: float, global_minmax: bool, max_length: int,
                 batch_size: int, progress: bool) -> dict:
-    from analysis.figures import close
-    from analysis.rundir import long_table
-
     batches, _ = _labelled_batches(bundle, data, max_length, batch_size)
     raw = head_importance(bundle, batches, progress="importance" if progress else False)
     scores = normalized_importance(raw, by_layer=by_layer, exponent=exponent, global_minmax=global_minmax)
@@ -239,9 +233,6 @@ def prune_analysis(bundle, data, run, *, step: float = 0.1, max_fraction: float 
 
 def _prune(bundle, data, run, *, step: float, max_fraction: float, iterative: bool, mode: str, by_layer: bool,
            exponent: float, global_minmax: bool, max_length: int, batch_size: int, progress: bool) -> dict:
-    from analysis.figures import close
-    from analysis.metrics import metric_name
-
     metric = metric_name(data.metric or data.task)
     batches, labels = _labelled_batches(bundle, data, max_length, batch_size)
     counts = pruning_counts(bundle.num_layers * bundle.num_heads, step, max_fraction)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from analysis.data import GLUE_TASKS
 from analysis.errors import AttnpatError
 
 
@@ -100,8 +101,6 @@ METRICS: dict[str, Callable[[Sequence, Sequence], float]] = {
 
 def metric_name(task_or_metric: str) -> str:
     """The metric for a GLUE task name (sst2 -> accuracy) or a metric name itself."""
-    from analysis.data import GLUE_TASKS
-
     key = task_or_metric.strip().lower()
     if key in METRICS:
         return key

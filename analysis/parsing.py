@@ -51,7 +51,7 @@ class ParsedSentence:
 def _load_spacy_pipeline():
     """The spaCy pipeline, or None when spaCy or the package is missing (tests replace this to simulate it)."""
     try:
-        import spacy  # heavy and optional: imported only when a tagger or parser is asked for
+        import spacy  # noqa: PLC0415 (heavy and optional: imported only when a tagger or parser is asked for)
     except ImportError:
         return None
     try:

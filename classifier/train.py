@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
+from sklearn.metrics import f1_score
+from sklearn.model_selection import StratifiedKFold
 from torch import nn
 
 from analysis.errors import AttnpatError
@@ -19,6 +21,7 @@ from analysis.progress import progress_bar
 from analysis.stats import PROFILE_NAMES
 from classifier.distill import teacher_probabilities
 from classifier.model import CHANNELS, IMAGE_CHANNELS, INPUT_SIZE, PROFILE_BINS, STRIDES, PatternCNN, prepare_maps
+from classifier.synthetic import synthetic_dataset
 
 
 @dataclass
@@ -98,8 +101,6 @@ def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np
 
 
 def macro_f1(predicted: np.ndarray, labels: np.ndarray) -> float:
-    from sklearn.metrics import f1_score
-
     return float(f1_score(labels, predicted, labels=list(range(len(CLASSES))), average="macro", zero_division=0))
 
 
@@ -195,8 +196,6 @@ def fit(images: torch.Tensor, labels: np.ndarray, config: TrainConfig, seed: int
 
 def stratified_folds(labels: np.ndarray, folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Stratified k-fold (train, test) index pairs, shared by the CNN and every baseline."""
-    from sklearn.model_selection import StratifiedKFold
-
     if folds < 2:
         raise AttnpatError(f"cross-validation needs at least 2 folds, got {folds}")
     check_labels(labels, folds)
@@ -246,10 +245,9 @@ def fit_with_pool(images: torch.Tensor, labels: np.ndarray, config: TrainConfig,
     if pool_images is None:
         return fit(images, labels, config, seed=seed, extra=extra)
     teacher = teacher_probabilities(images, labels, pool_images, seed)
-    targets = teacher
-    for round_index in range(max(1, config.pool_rounds)):
-        if round_index:
-            targets = (teacher + predict_images(result.model, pool_images).numpy()) / 2
+    result = fit(images, labels, config, seed=seed, extra=extra, pool=(pool_images, teacher))
+    for round_index in range(1, config.pool_rounds):
+        targets = (teacher + predict_images(result.model, pool_images).numpy()) / 2
         result = fit(images, labels, config, seed=seed + 100 * round_index, extra=extra, pool=(pool_images, targets))
     return result
 
@@ -258,8 +256,6 @@ def synthetic_extra(config: TrainConfig) -> tuple[torch.Tensor, np.ndarray] | No
     """config.synthetic_per_class synthetic maps of every class as (images, labels), or None."""
     if config.synthetic_per_class <= 0:
         return None
-    from classifier.synthetic import synthetic_dataset
-
     maps, labels = synthetic_dataset(config.synthetic_per_class, np.random.default_rng(config.seed + 10_000))
     return prepare_maps(maps, config.input_size), labels
 
