@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,9 +176,12 @@ def read_maps(path: str | Path) -> list[MapGroup]:
     lengths, attn) are read too; anything else raises AttnpatError."""
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as data:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a bare .npy array (or one pickled object): not ours
+            raise ValueError("not an .npz archive")
+        with loaded as data:
             arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError, EOFError) as exc:
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as exc:
         raise AttnpatError(f"{path} is not an attnpat map file ({type(exc).__name__})") from exc
     if "format" not in arrays:
         return _read_single_head_layout(path, arrays)

@@ -81,11 +81,16 @@ def load_labeled_set(folder: str | Path) -> LabeledSet:
     if not (folder / "labels.csv").is_file() or not (folder / "maps.npz").is_file():
         raise AttnpatError(f"{folder} is not a labeled set (needs labels.csv and maps.npz)")
     try:
-        frame = pd.read_csv(folder / "labels.csv", dtype={"map_id": str, "label": str})
+        # keep_default_na=False: an empty or "nan" cell stays that text (and is then an unknown label or map)
+        frame = pd.read_csv(folder / "labels.csv", dtype={"map_id": str, "label": str}, keep_default_na=False)
     except Exception as exc:
-        raise AttnpatError(f"{folder / 'labels.csv'} is not a readable CSV: {exc}") from exc
+        raise AttnpatError(f"{folder / 'labels.csv'} is not a readable CSV: {_first_line(exc)}") from exc
     if not {"map_id", "label"} <= set(frame.columns):
         raise AttnpatError(f"{folder / 'labels.csv'} needs map_id and label columns")
+    frame = frame.astype({"map_id": str, "label": str})
+    repeated = frame.map_id[frame.map_id.duplicated()]
+    if len(repeated):
+        raise AttnpatError(f"{folder.name}: labels.csv lists map {ascii(repeated.iloc[0][:80])} more than once")
     unknown = sorted(set(frame.label) - set(CLASSES))
     if unknown:
         raise AttnpatError(f"{folder.name}: unknown labels {unknown}; the classes are {', '.join(CLASSES)}")
@@ -105,6 +110,11 @@ def load_labeled_set(folder: str | Path) -> LabeledSet:
     labels = np.asarray([CLASSES.index(label) for label in frame.label], dtype=np.int64)
     return LabeledSet([maps[i] for i in ids], labels, ids, frame.to_dict("records"), folder,
                       {i: tokens[i] for i in ids if i in tokens})
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:200]
 
 
 def annotator_agreement(labeled: LabeledSet) -> np.ndarray | None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from analysis.rundir import atomic_write, atomic_write_json
@@ -57,21 +59,37 @@ def load_checkpoint(path: str | Path | None = None) -> tuple[PatternCNN, dict]:
         raise AttnpatError(f"{path} is not a readable safetensors checkpoint ({type(exc).__name__})") from exc
     try:
         metadata = json.loads(header[_METADATA_KEY])
-    except (KeyError, json.JSONDecodeError) as exc:
+    except (KeyError, json.JSONDecodeError, RecursionError) as exc:
         raise AttnpatError(f"{path} has no attnpat classifier metadata; train one with: attnpat train") from exc
+    if not isinstance(metadata, dict):
+        raise AttnpatError(f"{path} has no attnpat classifier metadata (not a JSON object)")
     _check_beside(path, metadata)
-    if metadata.get("format") != FORMAT:
-        raise AttnpatError(f"{path} has format {metadata.get('format')!r}, expected {FORMAT!r}")
-    if tuple(metadata.get("classes", ())) != CLASSES:
-        raise AttnpatError(f"{path} predicts classes {metadata.get('classes')}, expected {list(CLASSES)}")
+    _check_metadata(path, metadata)
     try:
         model = PatternCNN(channels=metadata["channels"], strides=metadata["strides"])
         model.load_state_dict(state, strict=True)
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise AttnpatError(f"{path} does not fit the 8-layer pattern CNN ({_first_line(exc)})") from exc
-    if not isinstance(metadata.get("input_size"), int) or metadata["input_size"] < 8:
-        raise AttnpatError(f"{path} has an invalid input size {metadata.get('input_size')!r}")
+    if not all(torch.isfinite(tensor).all() for tensor in state.values() if tensor.is_floating_point()):
+        raise AttnpatError(f"{path} holds weights that are NaN or infinite")
     return model.eval(), metadata
+
+
+def _check_metadata(path: Path, metadata: dict) -> None:
+    """Format, classes and architecture fields, checked before a network is built from them (a huge width
+    would otherwise try to allocate it)."""
+    if metadata.get("format") != FORMAT:
+        raise AttnpatError(f"{path} has format {ascii(metadata.get('format'))[:80]}, expected {FORMAT!r}")
+    if metadata.get("classes") != list(CLASSES):
+        raise AttnpatError(f"{path} predicts classes {ascii(metadata.get('classes'))[:200]}, expected {list(CLASSES)}")
+    for name, allowed in (("channels", range(1, 1025)), ("strides", range(1, 3))):
+        values = metadata.get(name)
+        if not (isinstance(values, list) and len(values) == 8 and all(type(v) is int and v in allowed for v in values)):
+            raise AttnpatError(f"{path} has invalid {name} {ascii(values)[:80]} (8 integers in "
+                               f"{allowed.start}..{allowed.stop - 1})")
+    size = metadata.get("input_size")
+    if type(size) is not int or not 8 <= size <= 256:
+        raise AttnpatError(f"{path} has an invalid input size {ascii(size)[:40]}")
 
 
 def _check_beside(path: Path, metadata: dict) -> None:

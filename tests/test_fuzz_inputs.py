@@ -13,8 +13,10 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as npst
 
 from analysis.data import load_file
 from analysis.errors import AttnpatError
@@ -136,3 +138,202 @@ def test_data_file_valid_rows_load_exactly(tmp_path_factory, rows, suffix):
     if all(t.strip() and "\x00" not in t for t, _, _ in rows) and suffix in (".jsonl", ".json"):
         assert data is not None and [e.text for e in data.examples] == [t for t, _, _ in rows]
     check_loaded(data)
+
+
+# ---------------------------------------------------------------- map files
+
+def valid_map_file(path: Path, lengths: list[int], seed: int = 0) -> Path:
+    from analysis.mapstore import write_single_maps
+
+    rng = np.random.default_rng(seed)
+    maps = {f"m:t:ex{k}:L0H{k}": rng.dirichlet(np.ones(n), size=n).astype(np.float32) for k, n in enumerate(lengths)}
+    return write_single_maps(path, maps, {f"m:t:ex{k}:L0H{k}": [f"w{i}" for i in range(n)]
+                                          for k, n in enumerate(lengths) if k % 2 == 0})
+
+
+def check_groups(groups) -> None:
+    if groups is None:
+        return
+    for group in groups:
+        k, n = len(group.heads), len(group.attn[0]) if len(group.attn) else 0
+        assert group.attn.shape == (k, n, n) and group.heads.shape == (k, 2) and np.isfinite(group.attn).all()
+        assert group.tokens is None or len(group.tokens) == n
+        assert len(group.map_ids) == k
+
+
+MAP_ARRAYS = ["format", "models", "tasks", "example_ids", "lengths", "head_counts", "heads", "attn", "has_tokens",
+              "tokens", "token_type_ids"]
+random_arrays = npst.arrays(dtype=st.sampled_from([np.int8, np.int32, np.int64, np.uint16, np.float16, np.float32,
+                                                   np.float64, np.bool_, np.dtype("<U4")]),
+                            shape=npst.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5))
+
+
+@FUZZ
+@given(content=st.binary(max_size=400), prefix=st.sampled_from([b"", b"PK\x03\x04", b"\x93NUMPY"]))
+def test_map_file_random_bytes(tmp_path_factory, content, prefix):
+    from analysis.mapstore import read_maps
+
+    folder = fresh(tmp_path_factory)
+    (folder / "maps.npz").write_bytes(prefix + content)
+    with door(folder):
+        check_groups(accepted_or_one_line(lambda: read_maps(folder / "maps.npz")))
+
+
+@FUZZ
+@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=4), cut=st.floats(0, 1))
+def test_map_file_truncated(tmp_path_factory, lengths, cut):
+    from analysis.mapstore import read_maps
+
+    folder = fresh(tmp_path_factory)
+    path = valid_map_file(folder / "maps.npz", lengths)
+    content = path.read_bytes()
+    path.write_bytes(content[:int(len(content) * cut)])
+    with door(folder):
+        check_groups(accepted_or_one_line(lambda: read_maps(path)))
+
+
+@FUZZ
+@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=4), name=st.sampled_from(MAP_ARRAYS),
+       replacement=random_arrays | st.none())
+def test_map_file_with_an_array_of_another_dtype_or_shape(tmp_path_factory, lengths, name, replacement):
+    from analysis.mapstore import read_maps
+
+    folder = fresh(tmp_path_factory)
+    path = valid_map_file(folder / "maps.npz", lengths)
+    with np.load(path) as data:
+        arrays = {key: data[key] for key in data.files}
+    if replacement is None:
+        del arrays[name]
+    else:
+        arrays[name] = replacement
+    np.savez(path, **arrays)
+    with door(folder):
+        check_groups(accepted_or_one_line(lambda: read_maps(path)))
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def checkpoint_parts():
+    from safetensors.torch import load_file
+
+    from classifier.checkpoint import DEFAULT_CHECKPOINT
+
+    metadata = json.loads(DEFAULT_CHECKPOINT.with_suffix(".json").read_text())
+    return load_file(str(DEFAULT_CHECKPOINT)), metadata
+
+
+@FUZZ
+@given(cut=st.floats(0, 1), noise=st.binary(max_size=64), position=st.floats(0, 1))
+def test_checkpoint_truncated_or_overwritten(tmp_path_factory, cut, noise, position):
+    from classifier.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+
+    folder = fresh(tmp_path_factory)
+    content = bytearray(DEFAULT_CHECKPOINT.read_bytes())
+    at = int(len(content) * position)
+    content[at:at + len(noise)] = noise
+    (folder / "cnn.safetensors").write_bytes(bytes(content[:max(int(len(content) * cut), 1)]))
+    with door(folder):
+        accepted_or_one_line(lambda: load_checkpoint(folder / "cnn.safetensors"))
+
+
+@FUZZ
+@given(key=st.sampled_from(["format", "classes", "channels", "strides", "input_size", None]), value=json_values,
+       tensor=st.sampled_from([None, "drop", "shape", "dtype", "nan"]), beside=st.none() | json_values)
+def test_checkpoint_with_wrong_metadata_or_tensors(tmp_path_factory, key, value, tensor, beside):
+    import torch
+    from safetensors.torch import save_file
+
+    from classifier.checkpoint import load_checkpoint
+
+    folder = fresh(tmp_path_factory)
+    state, metadata = checkpoint_parts()
+    metadata = value if key is None else {**metadata, key: value}
+    name = sorted(state)[0]
+    if tensor == "drop":
+        del state[name]
+    elif tensor == "shape":
+        state[name] = torch.zeros(3, 2)
+    elif tensor == "dtype":
+        state[name] = state[name].to(torch.int32)
+    elif tensor == "nan":
+        state[name] = torch.full_like(state[name], float("nan")) if state[name].is_floating_point() else state[name]
+    path = folder / "cnn.safetensors"
+    save_file(state, str(path), metadata={"attnpat": json.dumps(metadata)})
+    if beside is not None:
+        path.with_suffix(".json").write_text(json.dumps(beside))
+    with door(folder):
+        accepted_or_one_line(lambda: load_checkpoint(path))
+
+
+# ---------------------------------------------------------------- labeled sets
+
+@FUZZ
+@given(labels=st.binary(max_size=300) | st.text(max_size=300).map(str.encode),
+       maps=st.sampled_from(["valid", "bytes", "missing"]))
+def test_labeled_set_with_any_labels_table(tmp_path_factory, labels, maps):
+    from annotation.dataset import load_labeled_set
+
+    folder = fresh(tmp_path_factory)
+    (folder / "labels.csv").write_bytes(labels)
+    if maps == "valid":
+        valid_map_file(folder / "maps.npz", [3, 4, 5, 6, 3])
+    elif maps == "bytes":
+        (folder / "maps.npz").write_bytes(labels[:50])
+    with door(folder):
+        labeled = accepted_or_one_line(lambda: load_labeled_set(folder))
+    if labeled is not None:
+        assert len(labeled.maps) == len(labeled.labels) == len(labeled.map_ids)
+
+
+@FUZZ
+@given(rows=st.lists(st.tuples(st.sampled_from([f"m:t:ex{k}:L0H{k}" for k in range(6)] + ["", "x", "nan"]),
+                               st.sampled_from(["vertical", "diagonal", "vertical+diagonal", "block",
+                                                "heterogeneous", "Block", "", "none"])),
+                     min_size=0, max_size=12))
+def test_labeled_set_with_any_rows(tmp_path_factory, rows):
+    import csv
+
+    from annotation.dataset import load_labeled_set
+
+    folder = fresh(tmp_path_factory)
+    valid_map_file(folder / "maps.npz", [3, 4, 5, 6, 3])
+    with open(folder / "labels.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["map_id", "label"])
+        writer.writerows(rows)
+    with door(folder):
+        labeled = accepted_or_one_line(lambda: load_labeled_set(folder))
+    if labeled is not None:
+        assert len(set(labeled.map_ids)) == len(labeled.map_ids) == len(rows)
+
+
+# ---------------------------------------------------------------- Label Studio exports
+
+task_like = st.fixed_dictionaries({"data": st.fixed_dictionaries({"map_id": st.text(max_size=8) | json_values},
+                                                                 optional={"map_sha256": json_values})},
+                                  optional={"annotations": json_values, "predictions": json_values,
+                                            "drafts": json_values})
+
+
+@FUZZ
+@given(tasks=json_values | st.lists(task_like | json_values, max_size=4))
+def test_label_studio_export_of_any_json(tmp_path_factory, tasks):
+    from annotation.labelstudio import read_export
+
+    folder = fresh(tmp_path_factory)
+    (folder / "export.json").write_text(json.dumps(tasks))
+    with door(folder):
+        checked = accepted_or_one_line(lambda: read_export(folder / "export.json"))
+    if checked is not None:
+        assert all(isinstance(map_id, str) and isinstance(task["data"], dict) for map_id, task in checked.items())
+
+
+@FUZZ
+@given(content=st.binary(max_size=200))
+def test_label_studio_export_random_bytes(tmp_path_factory, content):
+    from annotation.labelstudio import read_export
+
+    folder = fresh(tmp_path_factory)
+    (folder / "export.json").write_bytes(content)
+    with door(folder):
+        accepted_or_one_line(lambda: read_export(folder / "export.json"))
