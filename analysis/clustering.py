@@ -115,7 +115,8 @@ def cluster_figure(clusters):
     """Clark's Figure 6: the MDS embedding coloured by behaviour (left) and by layer (right)."""
     fig, (by_behaviour, by_layer) = plt.subplots(1, 2, figsize=(11, 5))
     for label, rows in clusters.groupby("behaviour", sort=False):
-        by_behaviour.scatter(rows.x, rows.y, s=22, color=LABEL_COLOURS.get(label, "k"), label=LABEL_NAMES.get(label, label))
+        by_behaviour.scatter(rows.x, rows.y, s=22, color=LABEL_COLOURS.get(label, "k"),
+                             label=LABEL_NAMES.get(label, label))
     by_behaviour.legend(fontsize=8, loc="best")
     by_behaviour.set_title("Behaviours", fontsize=10)
     layers = int(clusters.layer.max()) + 1

@@ -88,7 +88,8 @@ def pad_batch(batch: TokenBatch, length: int, pad_id: int) -> TokenBatch:
 def check_same_tokenizer(tokenizer_a, tokenizer_b, names: tuple[str, str] = ("base", "fine-tuned")) -> None:
     """Raise AttnpatError unless both tokenizers give the same ids (vocabulary, special tokens, casing)."""
     same = (tokenizer_a.get_vocab() == tokenizer_b.get_vocab()
-            and tokenizer_a(PROBE_TEXT, "second segment")["input_ids"] == tokenizer_b(PROBE_TEXT, "second segment")["input_ids"]
+            and tokenizer_a(PROBE_TEXT, "second segment")["input_ids"]
+            == tokenizer_b(PROBE_TEXT, "second segment")["input_ids"]
             and tokenizer_a.pad_token_id == tokenizer_b.pad_token_id)
     if not same:
         raise AttnpatError(f"the {names[0]} and {names[1]} models use different tokenizers, so their maps cannot "

@@ -25,7 +25,8 @@ def extract_maps(bundle, data: TaskData, out_dir: str | Path, *, max_length: int
     """
     out_dir = Path(out_dir)
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
-    settings = {"format": FORMAT, "model": bundle.name, "revision": bundle.revision, "task": data.task, "split": data.split,
+    settings = {"format": FORMAT, "model": bundle.name, "revision": bundle.revision, "task": data.task,
+                "split": data.split,
                 "source": data.source, "n_examples": len(encoded), "max_length": max_length, "shard_size": shard_size}
     index_path = out_dir / "index.json"
     if index_path.is_file():
@@ -44,8 +45,8 @@ def extract_maps(bundle, data: TaskData, out_dir: str | Path, *, max_length: int
             n = len(item)
             types = item.token_type_ids if item.token_type_ids is not None else [0] * n
             k = shard_of[item.index]
-            pending[k].append(SavedMap(item.example_id, map_batch.example_maps(i).numpy(), item.tokens, np.asarray(types),
-                                       bundle.slug, data.task))
+            pending[k].append(SavedMap(item.example_id, map_batch.example_maps(i).numpy(), item.tokens,
+                                       np.asarray(types), bundle.slug, data.task))
             if len(pending[k]) == len(groups[k]):
                 write_shard(out_dir / f"shard-{k:05d}.npz", pending.pop(k))
     summary = {**settings, "complete": True, "n_shards": len(groups), "n_truncated": sum(e.truncated for e in encoded),

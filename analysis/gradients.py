@@ -53,7 +53,8 @@ def load_gradient_model(name: str, device=None):
             return load_model(name, kind="classifier", device=device), "task"
         raise AttnpatError(
             f"gradient importance is unavailable for '{name}': it has no masked-language-model head and is not a "
-            f"fine-tuned sequence classifier; use a model with an MLM head or a fine-tuned classifier from the model store"
+            "fine-tuned sequence classifier; use a model with an MLM head or a fine-tuned classifier from the "
+            "model store"
         ) from mlm_error
 
 
@@ -161,7 +162,8 @@ def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_lengt
             counts[target] += float(count)
         bar.update(len(batch.items))
     bar.close()
-    values = {t: (sums[t] / counts[t]).numpy() if counts[t] else np.full(bundle.num_layers, np.nan) for t in GRAD_TARGETS}
+    values = {t: (sums[t] / counts[t]).numpy() if counts[t] else np.full(bundle.num_layers, np.nan)
+              for t in GRAD_TARGETS}
     return values, sum(item.truncated for item in encoded)
 
 
@@ -179,7 +181,8 @@ def grad_importance(bundle, data: TaskData, run: RunDir, objective: str, *, max_
         fig = grad_figure(values, OBJECTIVES[objective])
         run.write_figure("grad_importance", fig)
         close(fig)
-        entry.update(n_truncated=n_truncated, outputs=["grad_importance.csv", "grad_importance.png", "grad_importance.svg"])
+        entry.update(n_truncated=n_truncated,
+                     outputs=["grad_importance.csv", "grad_importance.png", "grad_importance.svg"])
     return table
 
 

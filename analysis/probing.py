@@ -199,7 +199,8 @@ class DependencyScores:
         return [ALL_RELATIONS, *rest] if ALL_RELATIONS in self.counts else rest
 
 
-def score_sentence(word_maps: torch.Tensor, word_ids: np.ndarray, sentence: DepSentence) -> tuple[np.ndarray, np.ndarray]:
+def score_sentence(word_maps: torch.Tensor, word_ids: np.ndarray,
+                   sentence: DepSentence) -> tuple[np.ndarray, np.ndarray]:
     """Predictions of every head for one sentence and which words can be scored.
 
     word_maps: (L, H, W, W) over the words present (word_ids (W,), 0-indexed). Returns
@@ -257,7 +258,8 @@ def dependency_head_table(scores: DependencyScores, min_count: int = 1, parses: 
     frames = []
     for relation in scores.relations(min_count):
         for d, direction in enumerate(DIRECTIONS):
-            frame = long_table({relation: scores.accuracy(relation)[d]}, key="relation").rename(columns={"value": "accuracy"})
+            frame = long_table({relation: scores.accuracy(relation)[d]}, key="relation").rename(
+                columns={"value": "accuracy"})
             frame.insert(2, "direction", direction)
             frame["count"] = scores.counts[relation]
             frame["parses"] = parses
@@ -394,12 +396,14 @@ def coref_baselines(items: list[CorefItem]) -> dict[str, float]:
         return min((item.antecedent, item.distractor), key=lambda w: (abs(item.pronoun - w), -w))
 
     def string_match(item):
-        same = [w for w in (item.antecedent, item.distractor) if item.words[w].lower() == item.words[item.pronoun].lower()]
+        same = [w for w in (item.antecedent, item.distractor)
+                if item.words[w].lower() == item.words[item.pronoun].lower()]
         return same[-1] if same else nearest(item)
 
     choosers = {"nearest mention": nearest, "first mention": lambda item: min(item.antecedent, item.distractor),
                 "string match": string_match}
-    return {name: float(np.mean([choose(item) == item.antecedent for item in items])) for name, choose in choosers.items()}
+    return {name: float(np.mean([choose(item) == item.antecedent for item in items]))
+            for name, choose in choosers.items()}
 
 
 def coref_accuracy(bundle, items: list[CorefItem], *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
@@ -453,5 +457,6 @@ def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = N
         run.write_figure("probing_coref", fig)
         close(fig)
         entry.update(n_items=len(items), n_skipped_lines=skipped, n_unscored=unscored,
-                     outputs=["probing_coref.csv", "probing_coref_baselines.csv", "probing_coref.png", "probing_coref.svg"])
+                     outputs=["probing_coref.csv", "probing_coref_baselines.csv", "probing_coref.png",
+                              "probing_coref.svg"])
     return coref_table(accuracy, baselines, bundle.name), per_head, run

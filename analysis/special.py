@@ -74,7 +74,8 @@ def received_attention(attn: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     return attn.sum(-2) / lengths.to(attn.dtype)[:, None, None, None]
 
 
-def feature_attention(attn: torch.Tensor, lengths: torch.Tensor, occurrences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def feature_attention(attn: torch.Tensor, lengths: torch.Tensor,
+                      occurrences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Section 4.4's per-input value: max over a feature's occurrences of the length-normalised attention
     they receive.
 

@@ -145,7 +145,8 @@ def serve(port: int = DEFAULT_PORT, host: str = "127.0.0.1", root: Path | None =
            # The guideline's gallery images are served from the package (to logged-in annotators only):
            # Label Studio strips data: URIs from a project's instructions.
            "LOCAL_FILES_SERVING_ENABLED": "true", "LOCAL_FILES_DOCUMENT_ROOT": str(GALLERY_ROOT)}
-    command = [str(label_studio_bin(label_studio)), "start", "--no-browser", "--internal-host", host, "--port", str(port),
+    command = [str(label_studio_bin(label_studio)), "start", "--no-browser", "--internal-host", host,
+               "--port", str(port),
                "--data-dir", str(root / "data")]
     log_path = root / "server.log"
     log_start = log_path.stat().st_size if log_path.is_file() else 0

@@ -146,7 +146,8 @@ def classify_task(bundle, data: TaskData, classifier: PatternClassifier, run: Ru
                                                     else "unavailable: the checkpoint records no confusion matrix"})
         run.write_table("patterns", patterns)
         run.write_table("pattern_ratios", ratios)
-        _save(run, "patterns", head_class_figure(counts, f"{bundle.name} on {data.task}: most frequent pattern per head"))
+        _save(run, "patterns",
+              head_class_figure(counts, f"{bundle.name} on {data.task}: most frequent pattern per head"))
         _save(run, "pattern_ratios", ratio_figure({data.task: ratios}, f"{bundle.name}: pattern ratios"))
         entry.update(n_truncated=sum(item.truncated for item in encoded), n_maps=int(counts.sum()),
                      outputs=["patterns.csv", "pattern_ratios.csv", "patterns.png", "pattern_ratios.png"],

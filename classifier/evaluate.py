@@ -26,7 +26,8 @@ from classifier.model import prepare_maps
 
 
 def scores(predicted: np.ndarray, labels: np.ndarray) -> dict:
-    """predicted, labels: (N,) class indices -> macro_f1, accuracy, per-class F1 (5,), confusion (5, 5) true x predicted."""
+    """predicted, labels: (N,) class indices -> macro_f1, accuracy, per-class F1 (5,), confusion (5, 5) true x
+    predicted."""
     classes = list(range(len(CLASSES)))
     return {
         "macro_f1": float(f1_score(labels, predicted, labels=classes, average="macro", zero_division=0)),
@@ -54,13 +55,16 @@ def score_table(results: dict[str, np.ndarray], labels: np.ndarray, folds: list[
     for name, predicted in results.items():
         found = scores(predicted, labels)
         rows += [{"model": name, "metric": "macro_f1", "class": "", "value": found["macro_f1"]},
-                 {"model": name, "metric": "macro_f1_fold_std", "class": "", "value": float(fold_macro_f1(predicted, labels, folds).std())},
+                 {"model": name, "metric": "macro_f1_fold_std", "class": "",
+                  "value": float(fold_macro_f1(predicted, labels, folds).std())},
                  {"model": name, "metric": "accuracy", "class": "", "value": found["accuracy"]}]
         if agreed is not None and agreed.any():
             rows.append({"model": name, "metric": "macro_f1_agreed", "class": "",
                          "value": scores(predicted[agreed], labels[agreed])["macro_f1"]})
-        rows += [{"model": name, "metric": "f1", "class": cls, "value": float(v)} for cls, v in zip(CLASSES, found["per_class_f1"])]
-        confusion_rows += [{"model": name, "true": CLASSES[t], "predicted": CLASSES[p], "count": int(found["confusion"][t, p])}
+        rows += [{"model": name, "metric": "f1", "class": cls, "value": float(v)}
+                 for cls, v in zip(CLASSES, found["per_class_f1"], strict=True)]
+        confusion_rows += [{"model": name, "true": CLASSES[t], "predicted": CLASSES[p],
+                            "count": int(found["confusion"][t, p])}
                            for t in range(len(CLASSES)) for p in range(len(CLASSES))]
     return pd.DataFrame(rows), pd.DataFrame(confusion_rows)
 

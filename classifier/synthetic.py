@@ -92,7 +92,8 @@ def synthetic_map(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
         share = rng.uniform(0.35, 0.65)
         vertical = _vertical(n, seps, rng)
         diagonal = _diagonal(n, rng)
-        scores = share * vertical / vertical.sum(1, keepdims=True) + (1 - share) * diagonal / diagonal.sum(1, keepdims=True)
+        scores = (share * vertical / vertical.sum(1, keepdims=True)
+                  + (1 - share) * diagonal / diagonal.sum(1, keepdims=True))
     elif kind == "block":
         scores = _block(n, segments, rng)
     else:

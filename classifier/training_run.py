@@ -111,7 +111,8 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
                 "baselines_macro_f1": {name: scores(pred, labels)["macro_f1"] for name, pred in predictions.items()
                                        if name != "cnn"},
             },
-            "final_fit": {"epochs": final.epochs, "best_epoch": final.best_epoch, "validation_macro_f1": final.validation_f1},
+            "final_fit": {"epochs": final.epochs, "best_epoch": final.best_epoch,
+                          "validation_macro_f1": final.validation_f1},
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         if pool is not None:
@@ -120,7 +121,8 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
                                           "teacher": "gradient boosting on the profile scalars (classifier.distill)"}
         if data.synthetic:
             metadata["note"] = ("trained on SYNTHETIC maps, not on human labels: cross-validation scores measure the "
-                                "synthetic task only; retrain on a labeled set with: attnpat train --data <labeled set>")
+                                "synthetic task only; retrain on a labeled set with: "
+                                "attnpat train --data <labeled set>")
         path = save_checkpoint(final.model, out, metadata)
         entry.update(outputs=["cv_scores.csv", "cv_confusion.csv", "cv_confusion.png", "cv_predictions.csv", str(path)],
                      cnn_macro_f1=cnn["macro_f1"])
