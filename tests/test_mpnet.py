@@ -13,7 +13,7 @@ from analysis.importance import example_losses, head_importance
 from analysis.stream import encode_examples, iter_batches
 from analysis.sweeps import BASELINE, fast_sweep, head_variants, layer_variants, naive_sweep
 from tests.test_sweeps import max_difference, smallest_change, tiny_data
-from tests.tiny import tiny_mpnet_bundle
+from tests.tiny import save_tiny_mpnet, tiny_mpnet_bundle
 
 LAYERS, HEADS, SIZE = 3, 4, 8
 
@@ -139,3 +139,43 @@ def test_importance_gradient_matches_finite_differences(mpnet):
                        for single in iter_batches(mpnet, examples, batch_size=1)]
         assert importance[layer, head] == pytest.approx(sum(per_example) / len(per_example), rel=2e-2, abs=1e-4)
     assert (importance > 0).all()
+
+
+# ---------------------------------------------------------------- every verb on a tiny MPNet
+
+def test_every_analysis_runs_on_a_tiny_mpnet(tmp_path, monkeypatch, capsys):
+    """The demo's verbs end to end on an MPNet model folder in the store (as `attnpat models fetch` leaves it)."""
+    from app.cli import main
+
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    save_tiny_mpnet(tmp_path / "models" / "tiny-mpnet", kind="mlm", layers=2, heads=HEADS, initializer_range=0.3)
+    runs = tmp_path / "runs"
+    common = ["--runs-dir", str(runs), "-q"]
+    commands = [
+        ["extract", "--model", "tiny-mpnet", "--task", "sst2", "--n", "6"],
+        ["overview", "--model", "tiny-mpnet", "--task", "sst2", "--n", "6"],
+        ["classify", "--model", "tiny-mpnet", "--task", "sst2", "--n", "4"],
+        ["special", "--model", "tiny-mpnet", "--task", "sst2", "--n", "6", "--no-base"],
+        ["surface", "--model", "tiny-mpnet", "--task", "wiki", "--n", "6"],
+        ["cluster", "--model", "tiny-mpnet", "--task", "wiki", "--n", "4"],
+        ["grad-importance", "--model", "tiny-mpnet", "--task", "wiki", "--n", "4"],
+        ["probe-dep", "--parse", "wiki", "--model", "tiny-mpnet", "--n", "6"],
+        ["probe-coref", "--model", "tiny-mpnet", "--n", "8"],
+        ["finetune", "--model", "tiny-mpnet", "--task", "sst2", "--n", "16", "--epochs", "1", "--batch-size", "8",
+         "--name", "tiny-mpnet-sst2", "--device", "cpu"],
+        ["compare", "--base", "tiny-mpnet", "--finetuned", "tiny-mpnet-sst2", "--task", "sst2", "--n", "6"],
+        ["disable", "--model", "tiny-mpnet-sst2", "--task", "sst2", "--n", "8", "--unit", "both"],
+        ["importance", "--model", "tiny-mpnet-sst2", "--task", "sst2", "--n", "8"],
+        ["prune", "--model", "tiny-mpnet-sst2", "--task", "sst2", "--n", "8"],
+    ]
+    for argv in commands:
+        code = main(argv + common)
+        assert code == 0, (argv, capsys.readouterr().err)
+    written = {path.relative_to(runs).as_posix() for path in runs.rglob("*.csv")}
+    for expected in ("tiny-mpnet/sst2/overview.csv", "tiny-mpnet/sst2/patterns.csv", "tiny-mpnet/sst2/special_tokens.csv",
+                     "tiny-mpnet/wiki/surface.csv", "tiny-mpnet/wiki/clusters.csv", "tiny-mpnet/wiki/grad_importance.csv",
+                     "tiny-mpnet/wiki/probing_dependency.csv", "tiny-mpnet/winobias/probing_coref.csv",
+                     "tiny-mpnet-sst2/sst2/cosine.csv", "tiny-mpnet-sst2/sst2/disable_heads.csv",
+                     "tiny-mpnet-sst2/sst2/disable_layers.csv", "tiny-mpnet-sst2/sst2/importance.csv",
+                     "tiny-mpnet-sst2/sst2/pruning.csv"):
+        assert expected in written, expected
