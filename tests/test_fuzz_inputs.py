@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as npst
@@ -337,3 +338,63 @@ def test_label_studio_export_random_bytes(tmp_path_factory, content):
     (folder / "export.json").write_bytes(content)
     with door(folder):
         accepted_or_one_line(lambda: read_export(folder / "export.json"))
+
+
+# ---------------------------------------------------------------- through the CLI: nothing half-written
+
+CLI_FUZZ = settings(FUZZ, max_examples=HUNT or 20)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from tests.tiny import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("fuzz-model") / "tiny")
+
+
+def cli_outcome(argv, capsys) -> tuple[int, list[str]]:
+    from app.cli import main
+
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    return code, [line for line in err.splitlines() if line.startswith("error:")]
+
+
+@CLI_FUZZ
+@given(rows=data_rows, suffix=SUFFIXES, cut=st.floats(0, 1), noise=st.binary(max_size=8))
+def test_extract_on_a_damaged_data_file_writes_all_or_nothing(tmp_path_factory, capsys, tiny_model, rows, suffix,
+                                                              cut, noise):
+    folder = fresh(tmp_path_factory)
+    content = valid_data_file(suffix, rows)
+    (folder / f"d{suffix}").write_bytes(content[:int(len(content) * cut)] + noise)
+    runs = folder / "runs"
+    code, errors = cli_outcome(["extract", "--model", tiny_model, "--task", folder / f"d{suffix}", "--runs-dir",
+                                runs, "-q"], capsys)
+    if code == 0:
+        (index,) = runs.glob("*/*/maps/index.json")
+        assert json.loads(index.read_text())["complete"]
+    else:
+        assert code == 2 and len(errors) == 1
+        assert not runs.exists() or not [p for p in runs.rglob("*") if p.is_file()], "a failed extract left files"
+
+
+@CLI_FUZZ
+@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=3), name=st.sampled_from(MAP_ARRAYS),
+       replacement=random_arrays | st.none())
+def test_classify_maps_on_a_damaged_map_file_writes_all_or_nothing(tmp_path_factory, capsys, lengths, name,
+                                                                   replacement):
+    folder = fresh(tmp_path_factory)
+    path = valid_map_file(folder / "maps.npz", lengths)
+    with np.load(path) as data:
+        arrays = {key: data[key] for key in data.files}
+    if replacement is None:
+        del arrays[name]
+    else:
+        arrays[name] = replacement
+    np.savez(path, **arrays)
+    out = folder / "run" / "map_classes.csv"
+    code, errors = cli_outcome(["classify", "--maps", path, "--out", out, "-q"], capsys)
+    if code == 0:
+        assert out.is_file()
+    else:
+        assert code == 2 and len(errors) == 1 and not (folder / "run").exists()

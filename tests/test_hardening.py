@@ -5,16 +5,31 @@ tests/test_fuzz_inputs.py and the kill-and-resume tests in tests/test_fault_resu
 """
 import json
 import shlex
+import shutil
+import socket
 import sys
 import tempfile
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
+from gradio_client import Client
 
 from analysis.data import ALL_TASKS, load_data, load_file
 from analysis.errors import AttnpatError
+from analysis.mapstore import read_maps, read_single_maps, write_single_maps
+from analysis.patterns import CLASSES
 from analysis.rundir import RunDir, atomic_write_text
+from annotation import labelstudio as ls
+from annotation import server
+from annotation.dataset import load_labeled_set
+from annotation.sample import read_index
+from annotation.server import Credentials, _moved_port, save_credentials, server_dir
 from app.cli import main
+from app.webapp import WebApp, launch
+from classifier.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from tests.conftest import free_port
 from tests.tiny import save_tiny_model
 
 
@@ -216,10 +231,6 @@ def test_the_manifest_command_is_shell_quoted(tmp_path, monkeypatch):
 
 
 def test_a_checkpoints_json_metadata_is_checked_not_ignored(tmp_path):
-    import shutil
-
-    from classifier.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-
     weights = tmp_path / "cnn.safetensors"
     shutil.copy(DEFAULT_CHECKPOINT, weights)
     shutil.copy(DEFAULT_CHECKPOINT.with_suffix(".json"), weights.with_suffix(".json"))
@@ -238,11 +249,6 @@ def test_a_checkpoints_json_metadata_is_checked_not_ignored(tmp_path):
 # ------------------------------------------------------------------ 5, 8 and 10: Label Studio
 
 def test_serve_fails_fast_on_a_busy_port_and_starts_nothing(tmp_path):
-    import socket
-    import time
-
-    from annotation import server
-
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -255,8 +261,6 @@ def test_serve_fails_fast_on_a_busy_port_and_starts_nothing(tmp_path):
 
 
 def test_a_port_label_studio_moved_to_is_noticed_in_its_log(tmp_path):
-    from annotation.server import _moved_port
-
     log = tmp_path / "server.log"
     log.write_text("old run\n* Port 8080 is in use.\n* Trying to start at 8081\n")
     start = log.stat().st_size
@@ -267,10 +271,6 @@ def test_a_port_label_studio_moved_to_is_noticed_in_its_log(tmp_path):
 
 
 def test_the_admin_password_is_not_on_the_servers_command_line(label_studio):
-    from pathlib import Path
-
-    from annotation import server
-
     pid = server.running_pid(label_studio.root)
     assert pid and label_studio.password
     family, todo = [], [pid]
@@ -286,8 +286,6 @@ def test_the_admin_password_is_not_on_the_servers_command_line(label_studio):
 
 
 def test_url_without_token_names_what_is_missing(tmp_path, capsys, monkeypatch):
-    from annotation.server import Credentials, save_credentials, server_dir
-
     monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
     monkeypatch.delenv("LABEL_STUDIO_URL", raising=False)
     monkeypatch.delenv("LABEL_STUDIO_API_KEY", raising=False)
@@ -308,11 +306,6 @@ def test_url_without_token_names_what_is_missing(tmp_path, capsys, monkeypatch):
 # ------------------------------------------------------------------ 10. the app loads only the models it lists
 
 def test_the_explore_endpoint_refuses_models_the_app_does_not_list(tmp_path, tiny_model):
-    from gradio_client import Client
-
-    from app.webapp import launch
-    from tests.conftest import free_port
-
     asked = []
     port = free_port()
     demo, web = launch("127.0.0.1", port, tmp_path, block=False, quiet=True, warm=False)
@@ -327,8 +320,6 @@ def test_the_explore_endpoint_refuses_models_the_app_does_not_list(tmp_path, tin
 
 
 def test_allow_any_model_lets_explore_load_a_path(tmp_path, tiny_model):
-    from app.webapp import WebApp
-
     web = WebApp(tmp_path, allow_any_model=True)
     status = web.explore("hello there", "", str(tiny_model), False, False)[0]
     assert not status.startswith("**"), status
@@ -339,8 +330,6 @@ def test_allow_any_model_lets_explore_load_a_path(tmp_path, tiny_model):
 
 def _tampered_map_file(tmp_path, **changes):
     """A valid map file (two single-head maps of 3 and 4 tokens) with some arrays replaced."""
-    from analysis.mapstore import write_single_maps
-
     rng = np.random.default_rng(0)
     maps = {f"m:sst2:ex{k}:L0H{k}": rng.dirichlet(np.ones(n), size=n).astype(np.float32)
             for k, n in enumerate((3, 4))}
@@ -362,8 +351,6 @@ def _tampered_map_file(tmp_path, **changes):
     (lambda a: {"example_ids": a["example_ids"][:1]}, "'example_ids' is <U3 of shape (1,), expected 1-d str of 2 rows"),
 ])
 def test_a_map_file_whose_arrays_disagree_is_one_error(tmp_path, change, message):
-    from analysis.mapstore import read_maps
-
     path, arrays = _tampered_map_file(tmp_path)
     np.savez(path, **{**arrays, **change(arrays)})
     with pytest.raises(AttnpatError) as caught:
@@ -372,8 +359,6 @@ def test_a_map_file_whose_arrays_disagree_is_one_error(tmp_path, change, message
 
 
 def test_a_non_square_map_in_the_single_head_layout_is_one_error(tmp_path):
-    from analysis.mapstore import read_maps
-
     np.savez(tmp_path / "old.npz", map_ids=np.asarray(["m:t:e:L0H0"]), lengths=np.asarray([3]),
              attn=np.full(12, 0.25, np.float32))  # a 3 x 4 map
     with pytest.raises(AttnpatError, match="holds 12 values, but the map lengths say 9"):
@@ -384,10 +369,6 @@ def test_a_non_square_map_in_the_single_head_layout_is_one_error(tmp_path):
 
 def _export_of(sample, labels: dict) -> list[dict]:
     """A Label Studio JSON export of ``sample`` with one submitted annotation per map in ``labels``."""
-    from annotation import labelstudio as ls
-    from annotation.sample import read_index
-    from analysis.mapstore import read_single_maps
-
     maps = read_single_maps(sample / "maps.npz")
     tasks = []
     for k, row in enumerate(read_index(sample)):
@@ -400,11 +381,6 @@ def _export_of(sample, labels: dict) -> list[dict]:
 
 
 def test_pull_reads_a_label_studio_export_file(tmp_path, synthetic_sample):
-    from analysis.patterns import CLASSES
-    from annotation import labelstudio as ls
-    from annotation.dataset import load_labeled_set
-    from annotation.sample import read_index
-
     sample = synthetic_sample("export", 10)
     labels = {row["map_id"]: CLASSES[k % len(CLASSES)] for k, row in enumerate(read_index(sample))}
     (tmp_path / "export.json").write_text(json.dumps(_export_of(sample, labels)))
@@ -422,12 +398,21 @@ def test_pull_reads_a_label_studio_export_file(tmp_path, synthetic_sample):
     (lambda tasks: tasks + [tasks[0]], "is in two tasks"),
 ])
 def test_a_malformed_label_studio_export_is_one_error(tmp_path, synthetic_sample, mangle, message):
-    from annotation import labelstudio as ls
-    from annotation.sample import read_index
-
     sample = synthetic_sample("bad-export", 5)
     tasks = _export_of(sample, {row["map_id"]: "block" for row in read_index(sample)})
     (tmp_path / "export.json").write_text(json.dumps(mangle(tasks)))
     with pytest.raises(AttnpatError, match=message):
         ls.pull(None, sample, tmp_path / "labeled", export=tmp_path / "export.json")
     assert not (tmp_path / "labeled").exists()
+
+
+def test_a_damaged_credentials_file_is_one_error(tmp_path, monkeypatch):
+    from annotation.server import credentials_file, resolve_credentials
+
+    monkeypatch.delenv("LABEL_STUDIO_URL", raising=False)
+    monkeypatch.delenv("LABEL_STUDIO_API_KEY", raising=False)
+    for damage in ("{not json", '["a list"]', '{"url": "http://x", "unexpected": 1}'):
+        credentials_file(tmp_path).parent.mkdir(parents=True, exist_ok=True)
+        credentials_file(tmp_path).write_text(damage)
+        with pytest.raises(AttnpatError, match="credentials .* are unreadable .*; delete the file"):
+            resolve_credentials(root=tmp_path)
