@@ -99,7 +99,13 @@ def test_info_lists_offline_models_and_tasks(capsys, monkeypatch):
 def test_demo_pipeline_steps_run_in_process(tmp_path, capsys):
     code, stdout, stderr = run(["demo", "--no-app", "--only", "overview", "--runs-dir", str(tmp_path), "-q"], capsys)
     assert code == 0, stderr
-    assert "[1/1] per-layer overview of all 872 SST-2 dev maps" in stdout
+    assert "[1/2] per-layer overview of the SST-2 dev maps" in stdout and "[2/2] done in" in stdout
     assert (tmp_path / "minilm" / "sst2" / "overview.csv").is_file()
+    assert (tmp_path / "minilm" / "wiki" / "overview.csv").is_file()
     manifest = json.loads((tmp_path / "minilm" / "sst2" / "manifest.json").read_text())
     assert manifest["analyses"]["overview"]["data"]["n_examples"] == 872
+    assert "Surface and clusters: incomplete" in stdout  # the per-tab summary names what is missing
+
+    code, stdout, stderr = run(["demo", "--no-app", "--only", "overview", "--runs-dir", str(tmp_path), "-q"], capsys)
+    assert code == 0, stderr
+    assert stdout.count("skipped: outputs exist and inputs are unchanged") == 2 and "2 skipped" in stdout

@@ -1,0 +1,101 @@
+"""The demo pipeline's bookkeeping: steps skipped when outputs exist and inputs are unchanged, rerun otherwise
+(the commands themselves are replaced by a fake that writes the expected outputs)."""
+import json
+import os
+
+import pytest
+
+from analysis.errors import AttnpatError
+from app import demo
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    return tmp_path
+
+
+class FakeCommands:
+    """Stands in for app.cli.main: records each argv and writes the step's outputs (a fine-tune writes its
+    model's attnpat.json with a new training id, as a real one would)."""
+
+    def __init__(self, root, sizes):
+        self.root, self.sizes, self.calls, self.trainings = root, sizes, [], 0
+
+    def __call__(self, argv):
+        self.calls.append(argv)
+        step = next(step for step in demo.pipeline(self.sizes) if tuple(argv[:len(step.argv)]) == step.argv)
+        if step.verb == "finetune":
+            self.trainings += 1
+            folder = self.root.parent / "models" / self.sizes.name
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "config.json").write_text("{}")
+            (folder / "attnpat.json").write_text(json.dumps({"training": self.trainings}))
+        for output in step.outputs:
+            path = self.root / output  # absolute for the model's attnpat.json, written above
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                path.write_text("x\n")
+        return 0
+
+
+def verbs(calls):
+    return [argv[0] for argv in calls]
+
+
+def test_second_run_skips_every_step_and_says_so(workspace):
+    runs = workspace / "runs"
+    fake, lines = FakeCommands(runs, demo.QUICK), []
+    records = demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lines.append)
+    assert [r["status"] for r in records] == ["run"] * len(demo.pipeline(demo.QUICK))
+    assert verbs(fake.calls)[0] == "finetune" and all(argv[-2:] == ["--runs-dir", str(runs)] for argv in fake.calls)
+    assert sum("done in" in line for line in lines) == len(records)
+
+    fake.calls.clear()
+    lines.clear()
+    records = demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lines.append)
+    assert fake.calls == [] and {r["status"] for r in records} == {"skipped"}
+    assert sum("skipped: outputs exist and inputs are unchanged" in line for line in lines) == len(records)
+
+
+def test_missing_outputs_or_a_new_model_rerun_what_depends_on_them(workspace):
+    runs = workspace / "runs"
+    fake = FakeCommands(runs, demo.QUICK)
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
+    fake.calls.clear()
+    os.remove(runs / "minilm" / "wiki" / "probing_dependency.csv")
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
+    assert verbs(fake.calls) == ["probe-dep"]
+
+    # the fine-tuned model's run record is gone: it is trained again (--force), and every step reading it reruns
+    fake.calls.clear()
+    os.remove(runs / demo.QUICK.name / "sst2" / "finetune_eval.csv")
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
+    assert fake.calls[0][0] == "finetune" and "--force" in fake.calls[0]
+    assert verbs(fake.calls) == ["finetune", "compare", "special", "disable", "importance", "prune"]
+
+
+def test_force_and_only(workspace):
+    runs = workspace / "runs"
+    fake = FakeCommands(runs, demo.QUICK)
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, only=["overview", "probe-coref"], echo=lambda line: None)
+    assert verbs(fake.calls) == ["overview", "overview", "probe-coref"]  # SST-2 and wiki overviews
+    fake.calls.clear()
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, only=["probe-coref"], force=True, echo=lambda line: None)
+    assert verbs(fake.calls) == ["probe-coref"]
+    with pytest.raises(AttnpatError, match="not a demo step: train"):
+        demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, only=["train"], echo=lambda line: None)
+
+
+def test_a_failing_step_stops_the_demo_with_one_line(workspace):
+    with pytest.raises(AttnpatError, match="demo step `attnpat finetune .*` failed \\(exit 2\\)"):
+        demo.run_pipeline(lambda argv: 2, sizes=demo.QUICK, runs_dir=workspace / "runs", echo=lambda line: None)
+    assert not (workspace / "runs" / demo.STATE_FILE).exists()
+
+
+def test_full_sizes_cover_the_issue(workspace):
+    steps = {step.verb: step for step in demo.pipeline(demo.FULL)}
+    assert {"finetune", "compare", "special", "disable", "importance", "probe-dep", "overview", "classify",
+            "surface", "cluster", "probe-coref"} <= set(steps)
+    assert int(steps["disable"].argv[steps["disable"].argv.index("--n") + 1]) >= 400
+    assert steps["compare"].argv[-2:] == ("--mode", "both") and "--parse" in steps["probe-dep"].argv
