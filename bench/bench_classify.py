@@ -11,7 +11,8 @@ Timing: the bare pass is analysis.stream.stream_maps consumed without work (the 
 masking and copy to the CPU the classifier gets); the classified pass is classifier.classify.head_class_counts
 (stream + crop + resize + CNN + counting). Each is run --repeats times, alternating, and the best time is
 reported (a shared machine only ever adds time); the CPU time of the process is reported too, since on a
-busy machine it is far more stable than wall time (use --threads 1 for the cleanest CPU-time ratio). Memory: peak resident set size (ru_maxrss) of a fresh
+busy machine it is far more stable than wall time (use --threads 1 for the cleanest CPU-time ratio).
+Memory: peak resident set size (ru_maxrss) of a fresh
 process that loads the model and classifies n examples, for each n in --memory-n.
 """
 from __future__ import annotations
@@ -23,23 +24,24 @@ import subprocess
 import sys
 import time
 
+import torch
+
+from analysis.data import load_data
+from analysis.models import load_model
+from analysis.stream import stream_maps
+from classifier.classify import head_class_counts
+from classifier.predict import load_classifier
+
 
 def _setup(threads: int | None, checkpoint: str | None = None, precision: str = "auto"):
-    import torch
-
     if threads:
         torch.set_num_threads(threads)
-    from analysis.models import load_model
-    from classifier.predict import load_classifier
-
     bf16 = {"auto": None, "fp32": False, "bf16": True}[precision]
     return load_model("minilm", device="cpu"), load_classifier(checkpoint, bf16=bf16)
 
 
 def bare_pass(bundle, examples, batch_size: int) -> tuple[float, float]:
     """(wall seconds, CPU seconds of this process) of the bare map stream."""
-    from analysis.stream import stream_maps
-
     started, cpu = time.perf_counter(), time.process_time()
     for _ in stream_maps(bundle, examples, batch_size=batch_size):
         pass
@@ -48,8 +50,6 @@ def bare_pass(bundle, examples, batch_size: int) -> tuple[float, float]:
 
 def classified_pass(bundle, examples, classifier, batch_size: int) -> tuple[float, float, int]:
     """(wall seconds, CPU seconds, maps classified) of the classified stream."""
-    from classifier.classify import head_class_counts
-
     started, cpu = time.perf_counter(), time.process_time()
     counts = head_class_counts(bundle, examples, classifier, batch_size=batch_size, progress=False)
     return time.perf_counter() - started, time.process_time() - cpu, int(counts.sum())
@@ -57,8 +57,6 @@ def classified_pass(bundle, examples, classifier, batch_size: int) -> tuple[floa
 
 def peak_memory_child(n: int, threads: int | None, batch_size: int, checkpoint: str | None) -> None:
     """Runs in a fresh process: classify n examples and print the peak RSS in MiB."""
-    from analysis.data import load_data
-
     bundle, classifier = _setup(threads, checkpoint)
     _, _, maps = classified_pass(bundle, load_data("sst2", n=n).examples, classifier, batch_size)
     print(json.dumps({"n": n, "maps": maps, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
@@ -81,9 +79,7 @@ def main() -> None:
         peak_memory_child(args.child, args.threads, args.batch_size, args.classifier)
         return
 
-    import torch
 
-    from analysis.data import load_data
 
     bundle, classifier = _setup(args.threads, args.classifier, args.precision)
     examples = load_data("sst2", n=args.n).examples
@@ -100,7 +96,8 @@ def main() -> None:
     bare, classified = min(bare_times), min(classify_times)
     result = {"examples": len(examples), "maps": maps, "threads": torch.get_num_threads(),
               "cnn_dtype": str(classifier.input_dtype).replace("torch.", ""),
-              "bare_forward_s": round(bare, 2), "classify_s": round(classified, 2), "ratio": round(classified / bare, 3),
+              "bare_forward_s": round(bare, 2), "classify_s": round(classified, 2),
+              "ratio": round(classified / bare, 3),
               "bare_forward_cpu_s": round(min(bare_cpu), 2), "classify_cpu_s": round(min(classify_cpu), 2),
               "cpu_ratio": round(min(classify_cpu) / min(bare_cpu), 3),
               "maps_per_s": round(maps / classified), "bare_runs_s": [round(t, 2) for t in bare_times],
@@ -129,7 +126,8 @@ def main() -> None:
     print(f"  CPU-time ratio (robust on a busy machine): {result['cpu_ratio']:.2f}   "
           f"({result['classify_cpu_s']} s / {result['bare_forward_cpu_s']} s)")
     if "peak_memory_ratio" in result:
-        print(f"  peak RSS by examples (MiB)        : {result['peak_rss_mib']}   ratio {result['peak_memory_ratio']:.2f} "
+        print(f"  peak RSS by examples (MiB)        : {result['peak_rss_mib']}   "
+              f"ratio {result['peak_memory_ratio']:.2f} "
               f"(target <= 1.2: {'met' if result['peak_memory_ratio'] <= 1.2 else 'NOT met'})")
     if args.json:
         with open(args.json, "w") as handle:

@@ -16,6 +16,15 @@ import statistics
 import sys
 import time
 
+import torch
+
+from analysis.errors import AttnpatError
+from analysis.figures import grid_image
+from app.explore import LiveExplorer, ModelCache, classify_heads, sentence_maps, view_maps
+from app.webapp import WebApp
+from classifier.model import PatternCNN
+from classifier.predict import PatternClassifier, load_classifier
+
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -24,22 +33,16 @@ SENTENCES = {
     "short": "A gripping, funny film.",
     "typical SST-2 sentence": "The film is strictly routine, but it has enough charm and good acting to keep you "
                                   "watching until the end.",
-    "long (near the 128 limit)": " ".join(["The director keeps the story moving with wit, warmth and a sharp eye for detail,"]
-                                   * 6) + " and the cast is superb.",
+    "long (near the 128 limit)": " ".join(
+        ["The director keeps the story moving with wit, warmth and a sharp eye for detail,"] * 6)
+    + " and the cast is superb.",
 }
 
 
 def classifier_and_name():
-    from analysis.errors import AttnpatError
-    from classifier.predict import PatternClassifier, load_classifier
-
     try:
         return load_classifier(), "shipped checkpoint"
     except AttnpatError:
-        import torch
-
-        from classifier.model import PatternCNN
-
         torch.manual_seed(0)
         untrained = PatternClassifier(PatternCNN().eval(), {"input_size": 32})
         return untrained, "untrained CNN (no usable checkpoint; same cost)"
@@ -52,15 +55,10 @@ def main() -> int:
                         help="torch CPU threads (default 1, as `attnpat app` runs; 0 = torch's default)")
     args = parser.parse_args()
 
-    import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
-    from analysis.figures import grid_image
-    from app.explore import LiveExplorer, ModelCache, classify_heads, sentence_maps, view_maps
-    from app.webapp import WebApp
-
     classifier, source = classifier_and_name()
     models = ModelCache()
     bundle = models.get("minilm")

@@ -23,6 +23,13 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from analysis.data import load_data
+from analysis.models import list_store
+from analysis.stream import encode_examples, iter_batches
+from analysis.sweeps import BASELINE, fast_sweep, head_variants, naive_sweep, recompute_share, seeded_classifier
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
@@ -42,13 +49,6 @@ def parse(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
-    import torch
-
-    from analysis.data import load_data
-    from analysis.models import list_store
-    from analysis.stream import encode_examples, iter_batches
-    from analysis.sweeps import BASELINE, fast_sweep, head_variants, naive_sweep, recompute_share, seeded_classifier
-
     if args.threads:
         torch.set_num_threads(args.threads)
     name = args.model or ("minilm-sst2" if any(m["name"] == "minilm-sst2" for m in list_store()) else "minilm")

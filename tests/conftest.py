@@ -1,4 +1,5 @@
-"""Shared fixtures: the MiniLM tokenizer (at the end), and those of the Label Studio tests (tests/test_annotation_server.py, tests/test_browser_annotation.py).
+"""Shared fixtures: the MiniLM tokenizer (at the end), and those of the Label Studio tests
+(tests/test_annotation_server.py, tests/test_browser_annotation.py).
 
 One real Label Studio server per test session, from the set-up's venv (.ls-venv, `make label-studio`), on a
 free loopback port with its data in a temporary folder; it is always stopped at the end of the session.
@@ -15,6 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.patterns import CLASSES
+from annotation import server
+from annotation.sample import SampledMap, write_sample
+from classifier.synthetic import synthetic_map
+from tests.tiny import minilm_tokenizer
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -25,8 +32,6 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def label_studio(tmp_path_factory):
     """Credentials (admin, with a personal access token) of a running Label Studio; root folder in .root."""
-    from annotation import server
-
     kept = os.environ.get("ATTNPAT_TEST_LABEL_STUDIO")
     root = Path(kept) if kept else tmp_path_factory.mktemp("label-studio")
     server.label_studio_bin()  # a clear failure (not a skip) when the set-up's server venv is missing
@@ -42,10 +47,6 @@ def label_studio(tmp_path_factory):
 @pytest.fixture(scope="session")
 def synthetic_sample(tmp_path_factory):
     """make(name, n_maps) -> a sample folder (index.jsonl, maps.npz, PNGs) of synthetic maps of every class."""
-    from analysis.patterns import CLASSES
-    from annotation.sample import SampledMap, write_sample
-    from classifier.synthetic import synthetic_map
-
     base = tmp_path_factory.mktemp("samples")
 
     def make(name: str, n_maps: int, seed: int = 0) -> Path:
@@ -77,6 +78,4 @@ def annotate_task():
 @pytest.fixture(scope="session")
 def tokenizer():
     """The embedded MiniLM's tokenizer, shared by the tiny random models of every test module."""
-    from tests.tiny import minilm_tokenizer
-
     return minilm_tokenizer()

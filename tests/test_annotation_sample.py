@@ -16,6 +16,7 @@ from analysis.sampling import parse_class_shares, sample_maps_by_prediction
 from annotation.dataset import annotator_agreement, load_labeled_set, merge_labeled_sets, save_labeled_set
 from annotation.preannotate import rule_classes
 from annotation.sample import ensure_sample, read_index
+from app.cli import main
 from classifier.synthetic import synthetic_map
 from tests.tiny import save_tiny_model, tiny_bundle
 
@@ -108,8 +109,6 @@ def test_merging_labeled_sets_keeps_every_map_once_and_refuses_conflicts(tmp_pat
 
 
 def test_merge_and_class_share_errors_on_the_command_line(tmp_path, capsys, monkeypatch):
-    from app.cli import main
-
     monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path / "home"))  # a push that went too far would write here
     write_set(tmp_path / "one", {synthetic_id(f"a{k}"): CLASSES[k] for k in range(5)}, seed=1)
     write_set(tmp_path / "two", {synthetic_id(f"b{k}"): CLASSES[k] for k in range(5)}, seed=2)
@@ -147,8 +146,6 @@ def test_shipped_labeled_set_agreement_matches_its_card():
 
 def test_a_sample_drawn_from_extracted_maps_holds_those_exact_maps(tmp_path):
     """`attnpat extract` output becomes an annotation sample (what `annotate push --maps` pushes)."""
-    from app.cli import main
-
     model = save_tiny_model(tmp_path / "tiny", layers=2, heads=3, hidden=24)
     extracted = tmp_path / "maps"
     assert main(["extract", "--model", str(model), "--task", "sst2", "--n", "5", "--out", str(extracted),

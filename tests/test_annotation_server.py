@@ -4,15 +4,20 @@ The server comes from tests/conftest.py (one per session, free loopback port, st
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
+import socket
 import stat
+import uuid
 from collections import Counter
 
 import httpx
 import numpy as np
 import pandas as pd
 import pytest
+from label_studio_sdk.projects.client import ProjectsClient
 
 from analysis.errors import AttnpatError
 from analysis.mapstore import read_single_maps
@@ -21,13 +26,13 @@ from annotation import labelstudio as ls
 from annotation.dataset import load_labeled_set
 from annotation.sample import read_index
 from annotation.server import Credentials, add_annotator, personal_access_token, serve, status, token_works
+from app.cli import main
+from tests.tiny import save_tiny_model
 
 pytestmark = pytest.mark.slow
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -35,11 +40,6 @@ def free_port() -> int:
 
 def cli(*args: str, home) -> tuple[int, str, str]:
     """Run `attnpat ...` in-process with ATTNPAT_HOME=home; (exit status, stdout, stderr)."""
-    import contextlib
-    import io
-
-    from app.cli import main
-
     out, err = io.StringIO(), io.StringIO()
     previous = os.environ.get("ATTNPAT_HOME")
     os.environ["ATTNPAT_HOME"] = str(home)
@@ -59,8 +59,6 @@ def cli(*args: str, home) -> tuple[int, str, str]:
 
 def new_email(name: str) -> str:
     """A fresh address per run (a server kept across sessions already knows earlier ones)."""
-    import uuid
-
     return f"{name}-{uuid.uuid4().hex[:8]}@attnpat.local"
 
 
@@ -164,8 +162,6 @@ def test_round_trip_on_real_minilm_maps(label_studio, annotate_task, tmp_path):
 
 def test_extracted_maps_are_pushed_for_annotation(label_studio, tmp_path):
     """`attnpat extract` on a tiny model, then `annotate push --maps`: the server holds those exact maps."""
-    from tests.tiny import save_tiny_model
-
     model = save_tiny_model(tmp_path / "tiny", layers=2, heads=2, hidden=24)
     extracted = tmp_path / "extracted"
     assert cli("extract", "--model", str(model), "--task", "rte", "--n", "3", "--out", str(extracted), "-q",
@@ -296,7 +292,7 @@ def test_project_deleted_between_push_and_pull(label_studio, synthetic_sample, a
     again = ls.push(label_studio, sample, state_file=state, progress=False, log=lambda m: None)
     assert again.created_project and again.project_id != first.project_id and again.pushed == 3
     tasks = tasks_by_map(label_studio, again.project_id)
-    for map_id, task in tasks.items():
+    for task in tasks.values():
         annotate_task(client, task["id"], "block")
     assert ls.pull(label_studio, sample, tmp_path / "labeled", state_file=state).labeled == 3
 
@@ -305,8 +301,6 @@ def test_push_cut_off_after_the_first_chunk_is_finished_by_a_rerun(label_studio,
                                                                    monkeypatch):
     """The connection drops after chunk 1; in chunk 2 the server imports but the reply is lost. A rerun
     imports exactly the rest: nothing lost, nothing duplicated."""
-    from label_studio_sdk.projects.client import ProjectsClient
-
     sample, state = synthetic_sample("cutoff", 7), tmp_path / "projects.json"
     real_import = ProjectsClient.import_tasks
     calls = []

@@ -9,8 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
-
 from test_webapp_support import SENTENCE, browser_page, populate_runs, serve, tiny_model_dir
+
+from analysis.figures import GridLayout
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser"
 TABS = ("Explore", "Pattern ratios", "Fine-tuning", "Disabling", "Surface and clusters", "Classifier", "Runs")
@@ -74,8 +75,6 @@ def test_explore_shows_the_grid_and_a_large_map(page):
     shot(page, "explore-grid")
 
     # click the map of layer 3, head 5 (1-indexed): the large map follows the click
-    from analysis.figures import GridLayout
-
     layout = GridLayout(6, 12)
     x = layout.margin_left + 4 * layout.pitch_x + layout.cell // 2
     y = layout.margin_top + 2 * layout.pitch_y + layout.cell // 2

@@ -22,7 +22,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 
 
 def test_label_a_map_in_the_browser_and_pull_it(label_studio, synthetic_sample, tmp_path):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect, sync_playwright  # noqa: PLC0415 (optional: only the browser tests need it)
 
     assert Path(CHROMIUM).is_file(), "Debian chromium is missing: run `make browser`"
     sample, state = synthetic_sample("browser", 2), tmp_path / "projects.json"

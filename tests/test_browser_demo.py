@@ -7,9 +7,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from app.cli import main
+from app.webapp import launch
+from tests.conftest import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser-demo"
@@ -32,10 +35,8 @@ def demo_runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(demo_runs):
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415 (optional: only the browser tests need it)
 
-    from app.webapp import launch
-    from tests.conftest import free_port
 
     assert CHROMIUM.is_file(), "Debian chromium is missing: run `make browser`"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -63,8 +64,6 @@ def test_the_demo_wrote_what_every_tab_needs(demo_runs):
     for name in ("finetune_eval", "cosine", "special_tokens", "linguistic", "disable_heads", "disable_layers",
                  "importance", "pruning"):
         assert (tuned / f"{name}.csv").is_file(), name
-    import pandas as pd
-
     cosine = pd.read_csv(tuned / "cosine.csv")
     assert set(cosine.metric) == {"cosine_cropped", "cosine_padded"}
     linguistic = pd.read_csv(tuned / "linguistic.csv")

@@ -6,15 +6,20 @@ import json
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
+from torchvision.transforms.v2 import functional as TF
 
+import classifier.predict as predict
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from analysis.stats import PROFILE_NAMES, map_profile_batch_last
 from classifier.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint
+from classifier.evaluate import score_table, wide_summary
 from classifier.model import (
     CHANNELS,
     INPUT_CHANNELS,
     INPUT_SIZE,
+    PROFILE_BINS,
     PROFILE_FEATURES,
     STRIDES,
     PatternCNN,
@@ -72,8 +77,6 @@ def test_synthetic_dataset_balanced_and_rejects_unknown_kind():
 
 @pytest.mark.parametrize("n", [3, 17, 32, 100])
 def test_resize_matches_torchvision_resize(n):
-    from torchvision.transforms.v2 import functional as TF
-
     maps = torch.softmax(torch.randn(4, n, n) * 3, dim=-1)
     resized = TF.resize(maps[:, None], [INPUT_SIZE, INPUT_SIZE], interpolation=TF.InterpolationMode.BILINEAR,
                         antialias=True)
@@ -133,8 +136,6 @@ def test_training_is_reproducible_with_a_seed():
 
 
 def test_scores_on_the_maps_annotators_agreed_on():
-    from classifier.evaluate import score_table, wide_summary
-
     labels = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 4])
     predicted = labels.copy()
     predicted[[1, 3]] = 4  # both errors fall on maps the annotators disagreed about
@@ -208,8 +209,6 @@ def test_bad_checkpoints_give_one_line_errors(tmp_path, random_checkpoint):
     wrong_shape = save_checkpoint(PatternCNN(channels=(4,) * 8), tmp_path / "shape.safetensors", METADATA)
     with pytest.raises(AttnpatError, match="does not fit"):
         load_classifier(wrong_shape)
-    from safetensors.torch import save_file
-
     other_classes = tmp_path / "classes.safetensors"
     header = json.dumps({**METADATA, "format": "attnpat-pattern-cnn/1", "classes": ["a", "b", "c", "d", "e"]})
     save_file(PatternCNN().state_dict(), str(other_classes), metadata={"attnpat": header})
@@ -226,7 +225,8 @@ def test_shipped_default_checkpoint_loads_and_says_what_it_was_trained_on():
     assert DEFAULT_CHECKPOINT.is_file() and DEFAULT_CHECKPOINT.stat().st_size < 5_000_000
     assert classifier.metadata["cross_validation"]["macro_f1"] > 0.5
     assert classifier.trained_on and classifier.metadata["data_hash"]
-    maps = [synthetic_map("diagonal", 25, np.random.default_rng(0)), synthetic_map("vertical", 25, np.random.default_rng(0))]
+    maps = [synthetic_map("diagonal", 25, np.random.default_rng(0)),
+            synthetic_map("vertical", 25, np.random.default_rng(0))]
     assert classifier.predict(maps) == ["diagonal", "vertical"]
 
 
@@ -332,8 +332,6 @@ def test_forward_parts_is_the_forward_pass(random_checkpoint):
 def test_bfloat16_inference_agrees_with_float32(random_checkpoint, monkeypatch):
     """bf16 runs only where the CPU has native support (auto), can be forced either way, and changes almost no
     prediction: the probabilities stay within bf16 rounding of the float32 ones."""
-    import classifier.predict as predict
-
     rng = np.random.default_rng(5)
     maps = [synthetic_map(kind, n, rng) for kind in CLASSES for n in (7, 30, 90) for _ in range(4)]
     exact = load_classifier(random_checkpoint, bf16=False)
@@ -350,8 +348,6 @@ def test_bfloat16_inference_agrees_with_float32(random_checkpoint, monkeypatch):
 
 
 def test_profile_scalars_are_encoded_piecewise_linearly_with_fitted_edges(tmp_path):
-    from classifier.model import PROFILE_BINS
-
     model = PatternCNN().eval()
     images = prepare_maps([synthetic_map(kind, n, np.random.default_rng(n)) for kind in CLASSES for n in (6, 20, 50)])
     model.fit_profile_edges(images)

@@ -1,6 +1,8 @@
 """Batch classification of every head: tables, figures, saved map files, the CLI, the real MiniLM."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -8,6 +10,7 @@ import torch
 
 from analysis.data import load_data
 from analysis.extract import extract_maps
+from analysis.models import load_model
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir
 from analysis.sampling import sample_maps
@@ -65,7 +68,8 @@ def test_ratios_carry_a_bootstrap_interval_and_the_confusion_adjusted_share(bund
     run = RunDir(bundle.slug, "sst2", tmp_path)
     classify_task(bundle, data, classifier, run, batch_size=5, progress=False)
     ratios = pd.read_csv(run.file("pattern_ratios.csv"))
-    assert (ratios["ci_low"] <= ratios["fraction"] + 1e-12).all() and (ratios["fraction"] <= ratios["ci_high"] + 1e-12).all()
+    assert (ratios["ci_low"] <= ratios["fraction"] + 1e-12).all()
+    assert (ratios["fraction"] <= ratios["ci_high"] + 1e-12).all()
     assert ratios["adjusted"].min() >= 0 and ratios["adjusted"].sum() == pytest.approx(1.0)
     rates = np.asarray(confusion, float) / np.sum(confusion, 1, keepdims=True)
     # where the adjusted shares stay inside the simplex, they explain the observed ones exactly
@@ -92,8 +96,6 @@ def test_batched_classification_equals_map_by_map(bundle, checkpoint):
 
 def test_a_batch_in_any_length_order_gives_the_same_predictions(checkpoint):
     """Equal lengths that are not neighbours in the batch take the indexed (copying) path, with equal results."""
-    from types import SimpleNamespace
-
     classifier = load_classifier(checkpoint)
     lengths = torch.tensor([9, 4, 9, 6])  # the two 9s are not adjacent
     attentions = torch.softmax(torch.randn(4, LAYERS, HEADS, 9, 9) * 3, dim=-1)
@@ -181,14 +183,13 @@ def test_train_verb_writes_scores_and_checkpoint(tmp_path, capsys):
     classifier = load_classifier(out)
     assert classifier.metadata["n_maps"] == 30 and len(classifier.metadata["data_hash"]) == 64
     assert classifier.metadata["cross_validation"]["folds"] == 2
-    assert set(classifier.metadata["cross_validation"]["baselines_macro_f1"]) == {"rules", "logreg", "boosting", "boosting_profile"}
+    assert set(classifier.metadata["cross_validation"]["baselines_macro_f1"]) == {"rules", "logreg", "boosting",
+                                                                                  "boosting_profile"}
     assert "SYNTHETIC" in classifier.metadata["note"]
     assert "cnn" in capsys.readouterr().out
 
 
 def test_real_minilm_with_the_shipped_classifier(tmp_path):
-    from analysis.models import load_model
-
     minilm = load_model("minilm", device="cpu")
     patterns = classify_task(minilm, load_data("sst2", n=3), load_classifier(), RunDir(minilm.slug, "sst2", tmp_path),
                              progress=False)

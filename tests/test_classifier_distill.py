@@ -10,6 +10,7 @@ from sklearn.metrics import f1_score
 import classifier.train as train
 from analysis.mapstore import maps_digest
 from analysis.patterns import CLASSES
+from analysis.rundir import RunDir
 from app.cli import main
 from classifier.distill import UnlabeledPool, draw_pool, model_of, teacher_probabilities
 from classifier.model import prepare_maps
@@ -43,7 +44,7 @@ def test_each_fold_teacher_sees_only_that_folds_training_maps(monkeypatch):
     folds = stratified_folds(labels, 2, seed=0)
     cross_validate_cnn(maps, labels, TrainConfig(max_epochs=1, batch_size=8), folds, pool_maps=pool_maps)
     assert len(seen) == len(folds)
-    for (train_idx, test_idx), (train_images, train_labels, pool_size) in zip(folds, seen):
+    for (train_idx, _), (train_images, train_labels, pool_size) in zip(folds, seen, strict=True):
         assert torch.equal(train_images, images[train_idx]) and np.array_equal(train_labels, labels[train_idx])
         assert pool_size == len(pool_maps)
 
@@ -97,8 +98,6 @@ def test_training_run_records_the_pool(tmp_path):
     agreement[:2] = [0.0, np.nan]  # annotators disagreed on the first map; the second had one annotator
     data = TrainingData(maps, labels, maps_digest(maps, labels=labels), "tiny", "synthetic test maps", map_ids=map_ids,
                         agreement=agreement)
-    from analysis.rundir import RunDir
-
     out = tmp_path / "cnn.safetensors"
     train_pattern_cnn(data, out, RunDir("classifier", "tiny", tmp_path), TrainConfig(max_epochs=1, folds=2),
                      baselines=False, progress=False, pool=pool)

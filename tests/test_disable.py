@@ -6,8 +6,9 @@ import functools
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+from transformers import AlbertConfig, AlbertModel, AutoTokenizer, BertConfig, BertForSequenceClassification
 
+from analysis import disable
 from analysis.disable import (
     first_changed_layer,
     gated,
@@ -87,10 +88,9 @@ def test_uniform_head_outputs_the_mean_of_v_over_real_tokens_function_level():
     n_rows, heads, length, size = 2, 3, 5, 4
     query, key, value = (torch.randn(n_rows, heads, length, size) for _ in range(3))
     real = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
-    additive = torch.zeros(n_rows, 1, length, length).masked_fill(~real[:, None, None, :], torch.finfo(torch.float32).min)
+    additive = torch.zeros(n_rows, 1, length, length).masked_fill(~real[:, None, None, :],
+                                                                  torch.finfo(torch.float32).min)
     module = torch.nn.Module().eval()
-    from analysis import disable
-
     disable._GATES[module] = disable._Gate(torch.tensor([1.0, 0.0, 1.0]), "uniform")
     try:
         context, weights = gated_attention_forward(module, query, key, value, additive)
@@ -167,8 +167,6 @@ def test_disabling_nothing_reproduces_the_eager_baseline_exactly(mode):
 
 
 def test_gates_are_removed_after_the_block_even_on_error():
-    from analysis import disable
-
     bundle = make_bundle()
     with pytest.raises(RuntimeError):
         with gated(bundle.model), head_gates(bundle.model, {0: torch.zeros(HEADS)}, "zero"):
@@ -193,8 +191,6 @@ def test_bad_gates_and_modes_raise_clear_errors():
 
 
 def test_unsupported_architectures_are_named():
-    from transformers import AlbertConfig, AlbertModel
-
     for config_class, model_class, name in [(AlbertConfig, AlbertModel, "albert")]:
         config = config_class(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=HEADS,
                               intermediate_size=37, attn_implementation="eager")

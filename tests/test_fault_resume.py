@@ -18,8 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from analysis.mapstore import read_shard
+from annotation.labelstudio import connect
 from tests.tiny import save_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -127,8 +129,6 @@ def test_disable_killed_and_rerun_gives_byte_identical_tables(tmp_path, models):
 # ---------------------------------------------------------------- finetune
 
 def test_finetune_killed_and_rerun_trains_the_same_weights(tmp_path, models):
-    from safetensors.numpy import load_file
-
     rng = random.Random(SEED + 2)
     argv = ["finetune", "--model", models["base"], "--task", "sst2", "--n", "96", "--epochs", "2", "--batch-size",
             "8", "--checkpoint-every", "3", "--name", "ft", "-q"]
@@ -173,8 +173,6 @@ def test_classify_all_killed_and_rerun_resumes_per_task(tmp_path, models):
 # ---------------------------------------------------------------- annotate push
 
 def test_annotate_push_killed_and_rerun_holds_each_map_once(tmp_path, models, label_studio):
-    from annotation.labelstudio import connect
-
     rng = random.Random(SEED + 4)
     client = connect(label_studio)
     titles = {"clean": f"fault clean {SEED}", "killed": f"fault killed {SEED}"}

@@ -6,9 +6,10 @@ import torch
 from transformers import BertForSequenceClassification
 
 from analysis import finetune as ft
-from analysis.data import Example
+from analysis.data import Example, TaskData
 from analysis.errors import AttnpatError
 from analysis.models import load_model
+from analysis.stream import iter_batches
 from tests.tiny import tiny_config, wrap_bundle
 
 
@@ -38,8 +39,6 @@ def test_training_lowers_the_loss(tokenizer, tmp_path):
 
 
 def _data(examples):
-    from analysis.data import TaskData
-
     return TaskData("sst2", "validation", "toy", examples, 2, "accuracy")
 
 
@@ -79,8 +78,6 @@ def test_checkpoint_with_other_settings_is_refused(tokenizer, tmp_path):
 
 
 def test_regression_labels_are_float_and_classes_long(tokenizer, tmp_path):
-    from analysis.stream import iter_batches
-
     bundle = tiny_classifier(num_labels=1)
     examples = [Example("a", "one", None, 3.0), Example("b", "two", None, 4.6)]
     batch = next(iter_batches(bundle, examples, batch_size=2))

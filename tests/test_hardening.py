@@ -25,7 +25,14 @@ from annotation import labelstudio as ls
 from annotation import server
 from annotation.dataset import load_labeled_set
 from annotation.sample import read_index
-from annotation.server import Credentials, _moved_port, save_credentials, server_dir
+from annotation.server import (
+    Credentials,
+    _moved_port,
+    credentials_file,
+    resolve_credentials,
+    save_credentials,
+    server_dir,
+)
 from app.cli import main
 from app.webapp import WebApp, launch
 from classifier.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
@@ -342,7 +349,8 @@ def _tampered_map_file(tmp_path, **changes):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda a: {"attn": np.concatenate([a["attn"], np.full(5, 0.1, np.float32)])}, "holds 30 values, but the map lengths say 25"),
+    (lambda a: {"attn": np.concatenate([a["attn"], np.full(5, 0.1, np.float32)])},
+     "holds 30 values, but the map lengths say 25"),
     (lambda a: {"attn": a["attn"][:-1]}, "holds 24 values, but the map lengths say 25"),
     (lambda a: {"lengths": a["lengths"].astype(np.float64)}, "'lengths' is float64"),
     (lambda a: {"lengths": np.asarray([3, -4], np.int32)}, "must be positive"),
@@ -407,8 +415,6 @@ def test_a_malformed_label_studio_export_is_one_error(tmp_path, synthetic_sample
 
 
 def test_a_damaged_credentials_file_is_one_error(tmp_path, monkeypatch):
-    from annotation.server import credentials_file, resolve_credentials
-
     monkeypatch.delenv("LABEL_STUDIO_URL", raising=False)
     monkeypatch.delenv("LABEL_STUDIO_API_KEY", raising=False)
     for damage in ("{not json", '["a list"]', '{"url": "http://x", "unexpected": 1}'):

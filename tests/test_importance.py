@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -21,6 +22,7 @@ from analysis.importance import (
     pruning_curve,
     pruning_masks,
 )
+from analysis.metrics import accuracy
 from analysis.rundir import RunDir
 from analysis.stream import encode_examples, iter_batches
 from analysis.sweeps import Variant, naive_sweep
@@ -105,8 +107,6 @@ def test_iterative_pruning_rescores_with_the_current_mask():
 
 
 def test_pruning_curve_matches_the_naive_loop():
-    from analysis.metrics import accuracy
-
     bundle = make_bundle(seed=2)
     data = tiny_data(12)
     batches = list(iter_batches(bundle, data.examples, batch_size=5))
@@ -124,8 +124,6 @@ def test_pruning_curve_matches_the_naive_loop():
 
 
 def test_importance_and_prune_analyses_write_the_run_directory(tmp_path):
-    import pandas as pd
-
     bundle = make_bundle()
     data = tiny_data()
     run = RunDir("tiny", "sst2", tmp_path)

@@ -3,6 +3,7 @@ import json
 
 import pytest
 import torch
+from transformers import GPT2Config, GPT2Model
 
 from analysis.data import Example
 from analysis.errors import AttnpatError
@@ -39,8 +40,6 @@ def test_hub_id_offline_names_the_working_alias(monkeypatch):
 
 
 def test_non_encoders_and_bad_paths_are_refused(tmp_path):
-    from transformers import GPT2Config, GPT2Model
-
     GPT2Model(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=50)).save_pretrained(tmp_path / "gpt2")
     with pytest.raises(AttnpatError, match="is a gpt2 model, not a BERT-family encoder"):
         load_model(str(tmp_path / "gpt2"))

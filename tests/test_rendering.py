@@ -44,7 +44,8 @@ def test_cues_of_known_maps():
     assert cues["top_column"] == pytest.approx(1.0) and cues["rows_on_top_column"] == pytest.approx(1.0)
     uniform = np.full((n, n), 1 / n, dtype=np.float32)
     cues = map_cues(uniform)
-    assert cues["broadness"] == pytest.approx(1.0, abs=1e-5) and cues["excess_over_uniform"] == pytest.approx(0, abs=1e-5)
+    assert cues["broadness"] == pytest.approx(1.0, abs=1e-5)
+    assert cues["excess_over_uniform"] == pytest.approx(0, abs=1e-5)
     assert map_cues(np.eye(n, dtype=np.float32))["band"] == pytest.approx(1.0)
     assert "([CLS])" in cue_text(column, ["[CLS]"] + ["x"] * (n - 1))
 

@@ -4,10 +4,19 @@ import math
 import numpy as np
 import pytest
 import torch
+from transformers import BertModel
 
 from analysis.data import Example
 from analysis.errors import AttnpatError
-from analysis.stream import encode_examples, forward_attentions, stream_maps, to_word_level, token_roles, word_groups
+from analysis.stream import (
+    collate,
+    encode_examples,
+    forward_attentions,
+    stream_maps,
+    to_word_level,
+    token_roles,
+    word_groups,
+)
 from tests.tiny import tiny_bundle
 
 TEXTS = ["a charming and often affecting journey .", "bad", "it is , in a word , a mess of a film that nobody needed .",
@@ -85,12 +94,8 @@ def test_one_head_equals_manual_softmax_of_qk(bundle):
 
 
 def test_sdpa_models_are_refused_instead_of_returning_no_maps(bundle, tmp_path):
-    from transformers import BertModel
-
     sdpa = BertModel.from_pretrained(bundle.source.path, attn_implementation="sdpa")
     encoded = encode_examples(bundle.tokenizer, examples(TEXTS[:1]))
-    from analysis.stream import collate
-
     with pytest.raises(AttnpatError, match="eager"), torch.inference_mode():
         forward_attentions(sdpa, collate(encoded, 0), torch.device("cpu"))
 
@@ -108,7 +113,8 @@ def test_word_level_rule_on_a_hand_made_map():
     words = to_word_level(attn, groups)
     expected = torch.tensor([
         [0.1, 0.5, 0.2, 0.2],
-        [(0.0 + 0.2) / 2, (1.0 + 0.4) / 2, (0.0 + 0.2) / 2, (0.0 + 0.2) / 2],  # FROM 'playing': mean of its pieces' rows
+        # FROM 'playing': mean of its pieces' rows
+        [(0.0 + 0.2) / 2, (1.0 + 0.4) / 2, (0.0 + 0.2) / 2, (0.0 + 0.2) / 2],
         [0.4, 0.2, 0.3, 0.1],  # TO 'playing': sum over its pieces' columns
         [1.0, 0.0, 0.0, 0.0],
     ])
@@ -130,8 +136,6 @@ def test_word_level_maps_from_the_tokenizer_keep_rows_summing_to_one(bundle):
 
 def test_token_roles_match_positions_not_strings(bundle):
     encoded = encode_examples(bundle.tokenizer, [Example("p", "well , fine .", "yes .")])
-    from analysis.stream import collate
-
     batch = collate(encoded, 0)
     roles = token_roles(bundle.tokenizer, batch.input_ids, batch.attention_mask)
     tokens = encoded[0].tokens
@@ -142,7 +146,8 @@ def test_token_roles_match_positions_not_strings(bundle):
 
 
 def test_long_text_is_truncated_and_flagged(bundle):
-    encoded = encode_examples(bundle.tokenizer, [Example("long", "word " * 300), Example("short", "word")], max_length=32)
+    encoded = encode_examples(bundle.tokenizer, [Example("long", "word " * 300), Example("short", "word")],
+                              max_length=32)
     assert len(encoded[0]) == 32 and encoded[0].truncated and encoded[0].tokens[-1] == "[SEP]"
     assert not encoded[1].truncated
 

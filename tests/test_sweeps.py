@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from transformers import (
@@ -14,6 +15,7 @@ from transformers import (
 from analysis.data import Example, TaskData
 from analysis.disable import keep_mask
 from analysis.errors import AttnpatError
+from analysis.metrics import accuracy
 from analysis.rundir import RunDir
 from analysis.stream import encode_examples, iter_batches
 from analysis.sweeps import (
@@ -192,8 +194,6 @@ def test_changed_configuration_discards_stored_results(tmp_path):
 
 
 def test_sweep_metrics_match_predictions_of_the_naive_loop(tmp_path):
-    from analysis.metrics import accuracy
-
     bundle = make_bundle(seed=3)
     data = tiny_data(20)
     variants = layer_variants(3, 4)
@@ -212,8 +212,6 @@ def test_unlabelled_data_is_refused(tmp_path):
 
 
 def test_disable_analysis_writes_tables_and_figures_for_both_modes(tmp_path):
-    import pandas as pd
-
     bundle = make_bundle()
     data = tiny_data()
     run = RunDir("tiny", "sst2", tmp_path)
@@ -234,8 +232,6 @@ def test_disable_analysis_writes_tables_and_figures_for_both_modes(tmp_path):
 
 
 def test_interrupted_disable_analysis_writes_the_same_tables_as_an_uninterrupted_one(tmp_path):
-    import pandas as pd
-
     bundle = make_bundle()
     data = tiny_data()
     whole = RunDir("tiny", "sst2", tmp_path / "whole")
@@ -256,7 +252,8 @@ def test_interrupted_disable_analysis_writes_the_same_tables_as_an_uninterrupted
     disable_analysis(bundle, data, resumed, mode="zero", units=["head", "layer"], batch_size=4,
                      on_variant=lambda name, value: finished.append(name))
     # no variant computed twice (each unit's sweep has its own baseline)
-    assert sorted(finished) == sorted([BASELINE, BASELINE] + [f"head-{l}-{h}" for l in range(3) for h in range(4)]
-                                      + [f"layer-{l}" for l in range(3)])
+    assert sorted(finished) == sorted([BASELINE, BASELINE]
+                                      + [f"head-{layer}-{h}" for layer in range(3) for h in range(4)]
+                                      + [f"layer-{layer}" for layer in range(3)])
     for name in ("disable_heads", "disable_layers"):
         assert pd.read_csv(resumed.file(f"{name}.csv")).equals(pd.read_csv(whole.file(f"{name}.csv")))

@@ -8,6 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
+from analysis.data import load_data
+from analysis.importance import head_importance
+from analysis.models import load_model
+from analysis.stream import encode_examples, iter_batches
+from analysis.sweeps import BASELINE, fast_sweep, head_variants, layer_variants, naive_sweep
 from app.cli import main
 from tests.test_disable import make_bundle
 
@@ -76,18 +81,12 @@ def test_bad_options_give_one_line_errors(argv, message, tiny_model_dir, tmp_pat
 
 @pytest.fixture(scope="module")
 def minilm():
-    from analysis.models import load_model
-
     torch.manual_seed(0)
     return load_model("minilm", kind="classifier", num_labels=2, device="cpu")
 
 
 @pytest.mark.slow
 def test_minilm_fast_equals_naive_on_sst2(minilm):
-    from analysis.data import load_data
-    from analysis.stream import encode_examples, iter_batches
-    from analysis.sweeps import BASELINE, fast_sweep, head_variants, layer_variants, naive_sweep
-
     data = load_data("sst2", split="validation", n=8)
     encoded = encode_examples(minilm.tokenizer, data.examples)
     batches = list(iter_batches(minilm, data.examples, batch_size=4, encoded=encoded))
@@ -105,10 +104,6 @@ def test_minilm_fast_equals_naive_on_sst2(minilm):
 
 
 def test_minilm_importance_on_sst2(minilm):
-    from analysis.data import load_data
-    from analysis.importance import head_importance
-    from analysis.stream import iter_batches
-
     data = load_data("sst2", split="validation", n=8)
     scores = head_importance(minilm, list(iter_batches(minilm, data.examples, batch_size=8)))
     assert scores.shape == (6, 12) and np.isfinite(scores).all() and (scores > 0).all()

@@ -1,9 +1,17 @@
 """Bootstrap intervals and adjusted classify-and-count, checked on hand-made cases."""
 import numpy as np
 import pytest
+from scipy.stats import binomtest
 
 from analysis.errors import AttnpatError
-from analysis.uncertainty import adjusted_ratios, bootstrap_ratio_interval, project_to_simplex
+from analysis.uncertainty import (
+    adjusted_ratios,
+    bootstrap_mean_interval,
+    bootstrap_ratio_interval,
+    holm_adjust,
+    mcnemar_exact,
+    project_to_simplex,
+)
 
 
 def test_adjusted_ratios_recover_the_true_ratios_from_a_hand_made_confusion():
@@ -54,12 +62,8 @@ def test_bad_shapes_are_refused():
 
 
 def test_mcnemar_matches_scipy_binomtest_and_a_hand_case():
-    from scipy.stats import binomtest
-
     baseline = np.array([1, 1, 1, 1, 1, 1, 0, 0, 1, 0], dtype=bool)
     variant = np.array([0, 0, 0, 0, 0, 1, 0, 1, 1, 0], dtype=bool)  # b = 5 lost, c = 1 gained
-    from analysis.uncertainty import mcnemar_exact
-
     p = mcnemar_exact(baseline, variant)
     assert p == pytest.approx(binomtest(1, 6, 0.5).pvalue)
     assert p == pytest.approx(2 * (1 + 6) / 2 ** 6)  # by hand: 2 * P(X <= 1), X ~ Bin(6, 1/2)
@@ -68,16 +72,12 @@ def test_mcnemar_matches_scipy_binomtest_and_a_hand_case():
 
 
 def test_holm_by_hand():
-    from analysis.uncertainty import holm_adjust
-
     adjusted = holm_adjust(np.array([0.01, 0.04, 0.03, 0.2]))
     # sorted 0.01, 0.03, 0.04, 0.2 -> 4*0.01, 3*0.03, 2*0.04, 1*0.2, made monotone: 0.04, 0.09, 0.09, 0.2
     assert adjusted == pytest.approx([0.04, 0.09, 0.09, 0.2])
 
 
 def test_paired_bootstrap_interval_of_an_accuracy_change():
-    from analysis.uncertainty import bootstrap_mean_interval
-
     rng = np.random.default_rng(0)
     change = rng.choice([-1.0, 0.0, 1.0], p=[0.05, 0.9, 0.05], size=(400, 3))
     change[:, 2] = 0.0

@@ -11,16 +11,23 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+from PIL import Image
 from test_webapp_support import SENTENCE, populate_runs, random_classifier, serve, tiny_model_dir
+from typer.testing import CliRunner
 
 from analysis.artifacts import tab_artifacts
-from analysis.data import Example
+from analysis.data import Example, load_data
 from analysis.errors import AttnpatError
 from analysis.figures import GridLayout, grid_image, layer_head_figure
 from analysis.models import load_model
 from analysis.patterns import CLASS_STYLE, CLASSES
+from analysis.rundir import long_table
 from analysis.stream import stream_maps
+from app.cli import app
 from app.explore import LiveExplorer, ModelCache, drop_positions, sentence_maps, view_maps
+from app.jobs import BatchJobs, cli_verbs
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +56,6 @@ def server(runs_dir, tiny_dir):
 
 @pytest.fixture(scope="module")
 def client(server):
-    from gradio_client import Client
-
     return Client(server[1], verbose=False)
 
 
@@ -191,8 +196,6 @@ def test_explorer_without_classifier_draws_the_grid_and_says_why(tiny, tiny_dir)
 
 
 def test_layer_head_figure_draws_long_tables_only():
-    from analysis.rundir import long_table
-
     fig = layer_head_figure(long_table({"a": np.ones((2, 3)), "b": np.zeros((2, 3))}))
     assert fig is not None and len([ax for ax in fig.axes if ax.images]) == 2
     assert layer_head_figure(pd.DataFrame({"class": ["x"], "count": [1]})) is None
@@ -201,8 +204,6 @@ def test_layer_head_figure_draws_long_tables_only():
 # ---------------------------------------------------------------- app.webapp without a server
 
 def test_job_arguments_are_validated(tmp_path):
-    from app.jobs import BatchJobs, cli_verbs
-
     jobs = BatchJobs(tmp_path)
     assert "overview" in cli_verbs()
     argv = jobs.arguments("overview", "minilm", "sst2", 8)
@@ -228,8 +229,6 @@ def test_explore_endpoint(client, server, tiny):
     status, grid, wide, png, svg, csv = client.predict(SENTENCE, "", model, False, False,
                                                                     api_name="/explore")
     assert is_ok(status) and "2 layers x 4 heads" in status
-    from PIL import Image
-
     layout = GridLayout(2, 4)
     assert Image.open(grid).size == layout.size
     assert Path(png["value"]).read_bytes()[:4] == b"\x89PNG" and "<svg" in Path(svg["value"]).read_text()[:200]
@@ -326,8 +325,6 @@ def test_runs_and_manifest_endpoints(client, server):
 
 
 def test_job_endpoints_reject_bad_jobs(client):
-    from gradio_client.exceptions import AppError
-
     with pytest.raises(AppError, match="not in the list of choices"):  # the verb dropdown is a whitelist
         client.predict("rm", "minilm", "sst2", 4, "", api_name="/start_job")
     log, status, *_ = client.predict("overview", "-rf", "sst2", 4, "", api_name="/start_job")
@@ -364,8 +361,6 @@ def test_a_running_job_can_be_stopped(client, server):
 
 @pytest.mark.slow
 def test_twenty_concurrent_clients(server, tiny):
-    from gradio_client import Client
-
     model = server[2]
     sentences = [f"Sentence number {k} is about {'cats dogs birds fish'.split()[k % 4]} and more." for k in range(20)]
     results, errors = {}, []
@@ -392,8 +387,6 @@ def test_twenty_concurrent_clients(server, tiny):
 
 @pytest.mark.slow
 def test_minilm_live_view_on_packaged_data():
-    from analysis.data import load_data
-
     example = load_data("sst2", n=1).examples[0]
     explorer = LiveExplorer(classifier_loader=random_classifier)
     view = explorer.explore("minilm", example.text)
@@ -404,10 +397,6 @@ def test_minilm_live_view_on_packaged_data():
 
 
 def test_cli_app_verb_is_registered():
-    from typer.testing import CliRunner
-
-    from app.cli import app
-
     result = CliRunner().invoke(app, ["app", "--help"])
     assert result.exit_code == 0 and "--host" in result.output and "--port" in result.output
     assert "--share" not in result.output

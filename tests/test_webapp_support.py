@@ -14,21 +14,27 @@ import numpy as np
 import pandas as pd
 import torch
 
+from analysis.data import load_data
+from analysis.extract import write_overview
+from analysis.figures import close, head_heatmap
+from analysis.models import load_model
+from analysis.rundir import RunDir, long_table
+from app.explore import LiveExplorer, ModelCache
+from app.webapp import launch
+from classifier.model import PatternCNN
+from classifier.predict import PatternClassifier
+from tests.tiny import save_tiny_model
+
 SENTENCE = "The cat sat on the mat because it was warm."
 
 
 def tiny_model_dir(root: Path) -> Path:
     """A randomly initialised 2-layer, 4-head BERT with the MiniLM tokenizer, saved as a local model folder."""
-    from tests.tiny import save_tiny_model
-
     return save_tiny_model(root / "tiny-bert")
 
 
 def random_classifier():
     """A real PatternClassifier around an untrained CNN with fixed weights (deterministic predictions)."""
-    from classifier.model import PatternCNN
-    from classifier.predict import PatternClassifier
-
     torch.manual_seed(1)
     return PatternClassifier(PatternCNN().eval(), {"input_size": 32})
 
@@ -38,12 +44,6 @@ def populate_runs(root: Path, model_dir: Path) -> dict:
 
     Returns what was written: {"model": slug, "task": "sst2"}. Fine-tuning artifacts are left out on purpose.
     """
-    from analysis.data import load_data
-    from analysis.extract import write_overview
-    from analysis.figures import close, head_heatmap
-    from analysis.models import load_model
-    from analysis.rundir import RunDir, long_table
-
     bundle = load_model(str(model_dir))
     data = load_data("sst2", n=8)
     run = RunDir(bundle.slug, "sst2", root)
@@ -83,9 +83,6 @@ def serve(runs_dir: Path, model_dir: Path):
 
     Returns (demo, web, url, model name); call demo.close() when done.
     """
-    from app.explore import LiveExplorer, ModelCache
-    from app.webapp import launch
-
     explorer = LiveExplorer(ModelCache(capacity=3), classifier_loader=random_classifier)
     explorer.models.get(str(model_dir))
     port = free_port()
@@ -100,7 +97,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 def browser_page(url: str):
     """A page of Debian chromium (headless, background networking off) on ``url``, driven by Playwright;
     fails at the end when the page raised JavaScript errors."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415 (optional: only the browser tests need it)
 
     assert CHROMIUM.is_file(), "Debian chromium is missing: run `make browser`"
     with sync_playwright() as p:
