@@ -12,6 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fnmatch import fnmatch
 
+# Map kinds (analysis.mapkinds) other than the attention weights get run folders of their own beside the
+# model's, holding the same files: runs/<model>@<kind>/<task>/ (e.g. runs/minilm@norm/sst2/). The verbs that
+# take --map-kind:
+KIND_SEPARATOR = "@"
+MAP_KIND_VERBS = ("extract", "classify", "special", "surface")
+
 # Placeholders of a hint: the run tab's model (run-directory name) and task.
 STANDARD = "--model {model} --task {task}"
 # The labeled set that ships with the repository (the hint for the Classifier tab names it).
@@ -64,8 +70,11 @@ class Artifact:
                                                                    if self.figure else ())
 
     def command(self, model: str, task: str) -> str:
-        """The full command that writes this artifact, e.g. ``attnpat special --model minilm --task sst2``."""
-        return f"attnpat {self.verb} {self.hint.format(model=model, task=task)}".rstrip()
+        """The full command that writes this artifact, e.g. ``attnpat special --model minilm --task sst2``;
+        ``model`` is a run-folder name, so minilm@norm gives ``--model minilm ... --map-kind norm``."""
+        model, kind = split_kind_folder(model)
+        extra = f" --map-kind {kind}" if kind != "weight" and self.verb in MAP_KIND_VERBS else ""
+        return f"attnpat {self.verb} {self.hint.format(model=model, task=task)}".rstrip() + extra
 
 
 TABS: tuple[Tab, ...] = (
@@ -144,6 +153,17 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("maps", "extract", "map shards (float16 .npz per example batch; resumable)", None, kind="dir"),
     Artifact(".sweep-*", "disable", "resume state of a disabling sweep: .sweep-<mode>-<unit>/", None, kind="dir"),
 )
+
+def kind_folder(model_slug: str, kind: str) -> str:
+    """The run-folder name of a model's maps of one kind: the slug itself for weights, <slug>@<kind> else."""
+    return model_slug if kind == "weight" else f"{model_slug}{KIND_SEPARATOR}{kind}"
+
+
+def split_kind_folder(folder: str) -> tuple[str, str]:
+    """Inverse of :func:`kind_folder`: 'minilm@norm' -> ('minilm', 'norm'); 'minilm' -> ('minilm', 'weight')."""
+    model, separator, kind = folder.rpartition(KIND_SEPARATOR)
+    return (model, kind) if separator and model else (folder, "weight")
+
 
 def tab(name: str) -> Tab:
     return next(entry for entry in TABS if entry.name == name)

@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -24,8 +24,10 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from analysis.artifacts import kind_folder
 from analysis.errors import AttnpatError
 from analysis.fetch import FETCHABLE
+from analysis.mapkinds import DEFAULT_MAP_KIND, check_map_kind
 from analysis.paths import model_store
 
 # Architectures whose self-attention we know how to read and disable (encoder-only, BERT-like).
@@ -65,7 +67,11 @@ class ModelSource:
 
 @dataclass
 class EncoderBundle:
-    """A loaded model with its tokenizer; ``model`` returns attentions (eager attention)."""
+    """A loaded model with its tokenizer; ``model`` returns attentions (eager attention).
+
+    ``map_kind`` (analysis.mapkinds: weight, norm or rollout) is the map analysis.stream.stream_maps yields for
+    this bundle; a kind other than weight also gives the bundle its own run folder (``slug``: <model>@<kind>).
+    """
 
     name: str
     source: ModelSource
@@ -74,6 +80,7 @@ class EncoderBundle:
     device: torch.device
     revision: str
     meta: dict = field(default_factory=dict)
+    map_kind: str = DEFAULT_MAP_KIND
 
     @property
     def config(self):
@@ -89,7 +96,13 @@ class EncoderBundle:
 
     @property
     def slug(self) -> str:
-        return model_slug(self.name)
+        """The run-directory name: the model's slug, with @<kind> for maps other than attention weights."""
+        return kind_folder(model_slug(self.name), self.map_kind)
+
+
+def with_map_kind(bundle: EncoderBundle, map_kind: str) -> EncoderBundle:
+    """The same loaded model viewed through another map kind (shares the model and tokenizer)."""
+    return replace(bundle, map_kind=check_map_kind(map_kind))
 
 
 def model_slug(name: str) -> str:
@@ -188,12 +201,15 @@ def load_model(
     *,
     num_labels: int | None = None,
     device: torch.device | str | None = None,
+    map_kind: str = DEFAULT_MAP_KIND,
 ) -> EncoderBundle:
     """Load an encoder with eager attention.
 
     kind: "base" (AutoModel), "mlm" (AutoModelForMaskedLM; fails clearly when the checkpoint has no MLM
     head), "classifier" (AutoModelForSequenceClassification; ``num_labels`` sets a fresh head's size).
+    map_kind: the maps its stream yields (analysis.mapkinds), checked before anything loads.
     """
+    check_map_kind(map_kind)
     source = resolve_model(name)
     config = load_config(source)
     kwargs = dict(attn_implementation="eager", **_offline_kwargs(source))
@@ -231,7 +247,7 @@ def load_model(
     device = torch.device(device) if device is not None else default_device()
     model.to(device).eval()
     revision = getattr(model.config, "_commit_hash", None) or _weights_fingerprint(source.path)
-    return EncoderBundle(name, source, model, tokenizer, device, revision, meta)
+    return EncoderBundle(name, source, model, tokenizer, device, revision, meta, map_kind)
 
 
 def _read_meta(folder: Path) -> dict:

@@ -182,7 +182,8 @@ class RunDir:
         manifest = self.manifest()
         if bundle is not None:
             manifest["model"] = {"name": bundle.name, "source": bundle.source.kind, "path": bundle.source.path,
-                                 "revision": bundle.revision, "layers": bundle.num_layers, "heads": bundle.num_heads}
+                                 "revision": bundle.revision, "layers": bundle.num_layers, "heads": bundle.num_heads,
+                                 "map_kind": getattr(bundle, "map_kind", "weight")}
         manifest.setdefault("task", self.task)
         manifest["packages"] = package_versions()
         manifest.setdefault("analyses", {})[analysis] = entry

@@ -16,6 +16,7 @@ import torch
 
 from analysis.data import Example
 from analysis.errors import AttnpatError
+from analysis.mapkinds import DEFAULT_MAP_KIND, captured_values, check_map_kind, norm_maps_from_values, rollout_maps
 from analysis.progress import progress_bar
 
 DEFAULT_MAX_LENGTH = 128
@@ -67,7 +68,8 @@ class TokenBatch:
 
 @dataclass
 class MapBatch:
-    """Attention maps of one batch. attentions: (B, L, H, T, T) float32 on the CPU, rows of padding zeroed."""
+    """Attention maps of one batch. attentions: (B, L, H, T, T) float32 on the CPU, rows of padding zeroed
+    (maps of the stream's kind: weights, renormalised norms or rollout, see analysis.mapkinds)."""
 
     attentions: torch.Tensor
     batch: TokenBatch
@@ -177,19 +179,38 @@ def forward_attentions(model: torch.nn.Module, batch: TokenBatch, device: torch.
     return torch.stack(attentions, dim=1), outputs
 
 
+def forward_maps(model: torch.nn.Module, batch: TokenBatch, device: torch.device, kind: str = "weight") -> torch.Tensor:
+    """Run the model and return maps of ``kind`` (analysis.mapkinds) as (B, L, H, T, T) on ``device``.
+
+    weight: the attention weights; norm: Kobayashi's ||alpha f(x)|| per head from the same pass (the value
+    projections' outputs are recorded by hooks), rows renormalised; rollout: Abnar & Zuidema's rollout per layer,
+    repeated over the layer's heads.
+    """
+    if kind == "norm":
+        with captured_values(model) as values:
+            attentions, _ = forward_attentions(model, batch, device)
+        return norm_maps_from_values(model, attentions, values)
+    attentions, _ = forward_attentions(model, batch, device)
+    if kind == "rollout":
+        return rollout_maps(attentions, batch.attention_mask.to(attentions.device).bool())
+    return attentions
+
+
 def stream_maps(bundle, examples: Sequence[Example], *, max_length: int = DEFAULT_MAX_LENGTH,
                 batch_size: int = 32, progress: bool | str = False,
-                encoded: Sequence[Encoded] | None = None) -> Iterator[MapBatch]:
+                encoded: Sequence[Encoded] | None = None, map_kind: str | None = None) -> Iterator[MapBatch]:
     """Yield MapBatch objects for ``examples`` in length-sorted order (see ``MapBatch.batch.items``).
 
-    Padding rows (query positions past an example's length) are zeroed so that any sum over a batch
-    equals the sum over the real tokens; padding columns already get zero weight from the mask.
+    map_kind: weight, norm or rollout (analysis.mapkinds); default: the bundle's own ``map_kind`` (weight for a
+    plain bundle). Padding rows (query positions past an example's length) are zeroed so that any sum over a
+    batch equals the sum over the real tokens; padding columns already get zero weight from the mask.
     """
+    kind = check_map_kind(map_kind or getattr(bundle, "map_kind", DEFAULT_MAP_KIND))
     encoded = encoded if encoded is not None else encode_examples(bundle.tokenizer, examples, max_length)
     bar = progress_bar(len(encoded), progress, "maps")
     with torch.inference_mode():
         for batch in iter_batches(bundle, examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
-            attentions, _ = forward_attentions(bundle.model, batch, bundle.device)
+            attentions = forward_maps(bundle.model, batch, bundle.device, kind)
             query_mask = batch.attention_mask.to(attentions.device)[:, None, None, :, None]
             attentions = (attentions * query_mask).float().cpu()
             yield MapBatch(attentions, batch)

@@ -1,0 +1,163 @@
+"""Map kinds (analysis.mapkinds through analysis.stream.stream_maps): Kobayashi's norm maps against their
+definition computed head by head, attention rollout against a per-example reference, run folders per kind."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+from analysis.artifacts import artifact, kind_folder, split_kind_folder
+from analysis.data import Example
+from analysis.errors import AttnpatError
+from analysis.mapkinds import attention_parts, renormalise_rows, rollout_maps
+from analysis.models import load_model, with_map_kind
+from analysis.stream import stream_maps
+from tests.test_disable import make_bundle
+from tests.tiny import tiny_bundle, tiny_mpnet_bundle
+
+TEXTS = ["a fine movie , truly .", "bad !", "what a long and winding road it was , and yet i loved it"]
+
+
+def examples(texts=TEXTS):
+    return [Example(f"ex-{i}", text) for i, text in enumerate(texts)]
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    return tiny_bundle(tmp_path_factory.mktemp("bert") / "tiny-bert", layers=3, heads=4, initializer_range=0.3)
+
+
+@pytest.fixture(scope="module")
+def mpnet(tmp_path_factory):
+    return tiny_mpnet_bundle(tmp_path_factory.mktemp("mpnet") / "tiny-mpnet", layers=3, heads=4, initializer_range=0.3)
+
+
+def kobayashi_reference(bundle, text: str) -> np.ndarray:
+    """Norm maps of one unpadded example from the definition: f_h(x_j) = (x_j W_V + b_V)_h W_O^h built as vectors,
+    ||alpha_ij f_h(x_j)|| per head, then each row divided by its sum. Returns (L, H, n, n)."""
+    values = []
+    parts = attention_parts(bundle.model)
+    handles = [value.register_forward_hook(lambda m, a, out: values.append(out)) for value, _ in parts]
+    inputs = bundle.tokenizer(text, return_tensors="pt")
+    try:
+        with torch.no_grad():
+            attentions = bundle.model(**inputs, output_attentions=True).attentions
+    finally:
+        for handle in handles:
+            handle.remove()
+    heads = bundle.num_heads
+    maps = []
+    for layer, (_, output) in enumerate(parts):
+        alpha = attentions[layer][0].double()  # (H, n, n)
+        value = values[layer][0].double()  # (n, H*d)
+        size = value.shape[-1] // heads
+        layer_maps = []
+        for head in range(heads):
+            transformed = value[:, head * size:(head + 1) * size] @ output.weight.double()[:, head * size:(head + 1) * size].T
+            weighted = alpha[head][:, :, None] * transformed[None, :, :]  # (n, n, D): alpha_ij f(x_j)
+            norms = weighted.norm(dim=-1)
+            layer_maps.append(norms / norms.sum(-1, keepdim=True))
+        maps.append(torch.stack(layer_maps))
+    return torch.stack(maps).numpy()
+
+
+@pytest.mark.parametrize("family", ["bert", "mpnet", "distilbert"])
+def test_norm_maps_follow_kobayashis_definition(family, bert, mpnet):
+    bundle = {"bert": bert, "mpnet": mpnet}.get(family) or make_bundle(DistilBertConfig, DistilBertForSequenceClassification)
+    seen = 0
+    for batch in stream_maps(bundle, examples(), batch_size=3, map_kind="norm"):
+        for i, item in enumerate(batch.batch.items):
+            got = batch.example_maps(i).numpy()
+            expected = kobayashi_reference(bundle, TEXTS[item.index])
+            assert got.shape == expected.shape
+            np.testing.assert_allclose(got, expected, atol=2e-5)
+            n = len(item)
+            assert float(batch.attentions[i, :, :, n:, :].abs().sum()) == 0  # padding rows zero
+            assert float(batch.attentions[i, :, :, :, n:].abs().sum()) == 0  # padding columns zero
+            seen += 1
+    assert seen == len(TEXTS)
+
+
+def test_norm_maps_differ_from_weights_and_keep_rows_summing_to_one(bert):
+    weights = next(iter(stream_maps(bert, examples(), batch_size=3)))
+    norms = next(iter(stream_maps(with_map_kind(bert, "norm"), examples(), batch_size=3)))
+    lengths = weights.batch.lengths
+    for i, n in enumerate(lengths.tolist()):
+        np.testing.assert_allclose(norms.example_maps(i).sum(-1).numpy(), 1.0, atol=1e-5)
+    assert not torch.allclose(weights.attentions, norms.attentions, atol=1e-3)
+    # zero weight stays zero weight: a norm map only reweights where attention is
+    assert bool(((weights.attentions == 0) <= (norms.attentions == 0)).all())
+
+
+def rollout_reference(bundle, text: str) -> np.ndarray:
+    """Abnar & Zuidema's rollout of one unpadded example with numpy: (L, n, n)."""
+    inputs = bundle.tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        attentions = [a[0].double().numpy() for a in bundle.model(**inputs, output_attentions=True).attentions]
+    n = attentions[0].shape[-1]
+    rolled, out = np.eye(n), []
+    for layer_maps in attentions:
+        mixed = 0.5 * layer_maps.mean(0) + 0.5 * np.eye(n)
+        mixed = mixed / mixed.sum(-1, keepdims=True)
+        rolled = mixed @ rolled
+        out.append(rolled)
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("family", ["bert", "mpnet"])
+def test_rollout_is_the_recursive_product_with_the_residual_repeated_over_heads(family, bert, mpnet):
+    bundle = {"bert": bert, "mpnet": mpnet}[family]
+    for batch in stream_maps(bundle, examples(), batch_size=3, map_kind="rollout"):
+        for i, item in enumerate(batch.batch.items):
+            got = batch.example_maps(i).numpy()  # (L, H, n, n)
+            expected = rollout_reference(bundle, TEXTS[item.index])
+            for head in range(bundle.num_heads):
+                np.testing.assert_allclose(got[:, head], expected, atol=1e-5)
+            np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-5)
+            assert float(batch.attentions[i, :, :, len(item):, :].abs().sum()) == 0
+
+
+def test_rollout_of_uniform_attention_over_one_layer_is_half_identity_half_uniform():
+    real = torch.tensor([[True, True, True, False]])
+    maps = torch.zeros(1, 1, 2, 4, 4)
+    maps[0, 0, :, :3, :3] = 1 / 3
+    rolled = rollout_maps(maps, real)
+    expected = 0.5 * torch.full((3, 3), 1 / 3) + 0.5 * torch.eye(3)
+    assert torch.allclose(rolled[0, 0, 1, :3, :3], expected)
+    assert float(rolled[0, 0, :, 3].abs().sum() + rolled[0, 0, :, :, 3].abs().sum()) == 0
+
+
+def test_renormalise_rows_leaves_zero_rows_alone():
+    rows = torch.tensor([[2.0, 2.0], [0.0, 0.0]])
+    assert torch.equal(renormalise_rows(rows), torch.tensor([[0.5, 0.5], [0.0, 0.0]]))
+
+
+def test_the_weight_kind_is_the_plain_stream(bert):
+    plain = next(iter(stream_maps(bert, examples(), batch_size=3)))
+    weight = next(iter(stream_maps(bert, examples(), batch_size=3, map_kind="weight")))
+    assert torch.equal(plain.attentions, weight.attentions)
+
+
+def test_kinds_get_run_folders_of_their_own_and_hints_name_the_option(bert, tmp_path):
+    assert bert.slug == "tiny-bert" and with_map_kind(bert, "norm").slug == "tiny-bert@norm"
+    assert with_map_kind(bert, "rollout").model is bert.model
+    assert kind_folder("minilm", "weight") == "minilm" and split_kind_folder("minilm@rollout") == ("minilm", "rollout")
+    assert split_kind_folder("minilm") == ("minilm", "weight")
+    assert artifact("patterns").command("minilm@norm", "sst2") == "attnpat classify --model minilm --task sst2 --map-kind norm"
+    assert artifact("patterns").command("minilm", "sst2") == "attnpat classify --model minilm --task sst2"
+    assert "--map-kind" not in artifact("disable_heads").command("minilm@norm", "sst2")
+
+
+def test_bad_kinds_are_one_line_errors(bert, tmp_path):
+    with pytest.raises(AttnpatError, match="unknown map kind 'value'"):
+        next(iter(stream_maps(bert, examples(), map_kind="value")))
+    with pytest.raises(AttnpatError, match="unknown map kind"):
+        load_model("minilm", map_kind="weights")
+    from transformers import AlbertConfig, AlbertModel
+
+    albert = AlbertModel(AlbertConfig(vocab_size=bert.tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, intermediate_size=37, embedding_size=16,
+                                      attn_implementation="eager"))
+    with pytest.raises(AttnpatError, match="norm maps are not supported for albert"):
+        attention_parts(albert)
