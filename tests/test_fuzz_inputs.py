@@ -7,6 +7,7 @@ in well under two minutes.
 """
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -15,12 +16,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as npst
+from safetensors.torch import load_file as load_tensors
+from safetensors.torch import save_file
 
 from analysis.data import load_file
 from analysis.errors import AttnpatError
+from analysis.mapstore import read_maps, write_single_maps
+from annotation.dataset import load_labeled_set
+from annotation.labelstudio import read_export
+from app.cli import main
+from classifier.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from tests.tiny import save_tiny_model
 
 # ATTNPAT_FUZZ_EXAMPLES=N runs N random examples per test (a longer hunt); the default is a fixed, quick set.
 HUNT = int(os.environ.get("ATTNPAT_FUZZ_EXAMPLES", "0"))
@@ -70,8 +80,6 @@ def valid_data_file(suffix: str, rows: list[tuple[str, str | None, object]]) -> 
     if suffix in (".jsonl", ".json"):
         return "".join(json.dumps({"text": t, "text_pair": p, "label": lab}) + "\n" for t, p, lab in rows).encode()
     delimiter = "\t" if suffix == ".tsv" else ","
-    import csv
-
     out = io.StringIO()
     writer = csv.writer(out, delimiter=delimiter)
     writer.writerow(["text", "text_pair", "label"])
@@ -144,8 +152,6 @@ def test_data_file_valid_rows_load_exactly(tmp_path_factory, rows, suffix):
 # ---------------------------------------------------------------- map files
 
 def valid_map_file(path: Path, lengths: list[int], seed: int = 0) -> Path:
-    from analysis.mapstore import write_single_maps
-
     rng = np.random.default_rng(seed)
     maps = {f"m:t:ex{k}:L0H{k}": rng.dirichlet(np.ones(n), size=n).astype(np.float32) for k, n in enumerate(lengths)}
     return write_single_maps(path, maps, {f"m:t:ex{k}:L0H{k}": [f"w{i}" for i in range(n)]
@@ -172,8 +178,6 @@ random_arrays = npst.arrays(dtype=st.sampled_from([np.int8, np.int32, np.int64, 
 @FUZZ
 @given(content=st.binary(max_size=400), prefix=st.sampled_from([b"", b"PK\x03\x04", b"\x93NUMPY"]))
 def test_map_file_random_bytes(tmp_path_factory, content, prefix):
-    from analysis.mapstore import read_maps
-
     folder = fresh(tmp_path_factory)
     (folder / "maps.npz").write_bytes(prefix + content)
     with door(folder):
@@ -183,8 +187,6 @@ def test_map_file_random_bytes(tmp_path_factory, content, prefix):
 @FUZZ
 @given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=4), cut=st.floats(0, 1))
 def test_map_file_truncated(tmp_path_factory, lengths, cut):
-    from analysis.mapstore import read_maps
-
     folder = fresh(tmp_path_factory)
     path = valid_map_file(folder / "maps.npz", lengths)
     content = path.read_bytes()
@@ -197,8 +199,6 @@ def test_map_file_truncated(tmp_path_factory, lengths, cut):
 @given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=4), name=st.sampled_from(MAP_ARRAYS),
        replacement=random_arrays | st.none())
 def test_map_file_with_an_array_of_another_dtype_or_shape(tmp_path_factory, lengths, name, replacement):
-    from analysis.mapstore import read_maps
-
     folder = fresh(tmp_path_factory)
     path = valid_map_file(folder / "maps.npz", lengths)
     with np.load(path) as data:
@@ -215,19 +215,13 @@ def test_map_file_with_an_array_of_another_dtype_or_shape(tmp_path_factory, leng
 # ---------------------------------------------------------------- checkpoints
 
 def checkpoint_parts():
-    from safetensors.torch import load_file
-
-    from classifier.checkpoint import DEFAULT_CHECKPOINT
-
     metadata = json.loads(DEFAULT_CHECKPOINT.with_suffix(".json").read_text())
-    return load_file(str(DEFAULT_CHECKPOINT)), metadata
+    return load_tensors(str(DEFAULT_CHECKPOINT)), metadata
 
 
 @FUZZ
 @given(cut=st.floats(0, 1), noise=st.binary(max_size=64), position=st.floats(0, 1))
 def test_checkpoint_truncated_or_overwritten(tmp_path_factory, cut, noise, position):
-    from classifier.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-
     folder = fresh(tmp_path_factory)
     content = bytearray(DEFAULT_CHECKPOINT.read_bytes())
     at = int(len(content) * position)
@@ -241,11 +235,6 @@ def test_checkpoint_truncated_or_overwritten(tmp_path_factory, cut, noise, posit
 @given(key=st.sampled_from(["format", "classes", "channels", "strides", "input_size", None]), value=json_values,
        tensor=st.sampled_from([None, "drop", "shape", "dtype", "nan"]), beside=st.none() | json_values)
 def test_checkpoint_with_wrong_metadata_or_tensors(tmp_path_factory, key, value, tensor, beside):
-    import torch
-    from safetensors.torch import save_file
-
-    from classifier.checkpoint import load_checkpoint
-
     folder = fresh(tmp_path_factory)
     state, metadata = checkpoint_parts()
     metadata = value if key is None else {**metadata, key: value}
@@ -272,8 +261,6 @@ def test_checkpoint_with_wrong_metadata_or_tensors(tmp_path_factory, key, value,
 @given(labels=st.binary(max_size=300) | st.text(max_size=300).map(str.encode),
        maps=st.sampled_from(["valid", "bytes", "missing"]))
 def test_labeled_set_with_any_labels_table(tmp_path_factory, labels, maps):
-    from annotation.dataset import load_labeled_set
-
     folder = fresh(tmp_path_factory)
     (folder / "labels.csv").write_bytes(labels)
     if maps == "valid":
@@ -292,10 +279,6 @@ def test_labeled_set_with_any_labels_table(tmp_path_factory, labels, maps):
                                                 "heterogeneous", "Block", "", "none"])),
                      min_size=0, max_size=12))
 def test_labeled_set_with_any_rows(tmp_path_factory, rows):
-    import csv
-
-    from annotation.dataset import load_labeled_set
-
     folder = fresh(tmp_path_factory)
     valid_map_file(folder / "maps.npz", [3, 4, 5, 6, 3])
     with open(folder / "labels.csv", "w", newline="") as handle:
@@ -319,8 +302,6 @@ task_like = st.fixed_dictionaries({"data": st.fixed_dictionaries({"map_id": st.t
 @FUZZ
 @given(tasks=json_values | st.lists(task_like | json_values, max_size=4))
 def test_label_studio_export_of_any_json(tmp_path_factory, tasks):
-    from annotation.labelstudio import read_export
-
     folder = fresh(tmp_path_factory)
     (folder / "export.json").write_text(json.dumps(tasks))
     with door(folder):
@@ -332,8 +313,6 @@ def test_label_studio_export_of_any_json(tmp_path_factory, tasks):
 @FUZZ
 @given(content=st.binary(max_size=200))
 def test_label_studio_export_random_bytes(tmp_path_factory, content):
-    from annotation.labelstudio import read_export
-
     folder = fresh(tmp_path_factory)
     (folder / "export.json").write_bytes(content)
     with door(folder):
@@ -347,14 +326,10 @@ CLI_FUZZ = settings(FUZZ, max_examples=HUNT or 20)
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from tests.tiny import save_tiny_model
-
     return save_tiny_model(tmp_path_factory.mktemp("fuzz-model") / "tiny")
 
 
 def cli_outcome(argv, capsys) -> tuple[int, list[str]]:
-    from app.cli import main
-
     code = main([str(a) for a in argv])
     err = capsys.readouterr().err
     return code, [line for line in err.splitlines() if line.startswith("error:")]
