@@ -11,8 +11,8 @@ The mechanism is an attention function registered with ``transformers.AttentionI
 mask function under the same name); gates are looked up by the calling module, so a layer without gates
 runs exactly the eager computation. MPNet computes attention in its own code (``MPNetSelfAttention`` with a
 relative position bias), so :func:`gated` replaces that module's ``forward`` on the instance with the same
-computation plus the gates; a module without gates calls the original ``forward``. This file keeps the three parts apart:
-MASK (which heads are off: pure functions building ``keep`` arrays), COMPUTE (the gated attention) and
+computation plus the gates; a module without gates calls the original ``forward``. This file keeps the three
+parts apart: MASK (which heads are off: pure functions building ``keep`` arrays), COMPUTE (the gated attention) and
 INSTALL (switching a model to the gated attention and attaching gates to its layers).
 
 Shapes: ``L`` layers, ``H`` heads, ``N`` rows of a batch, ``Q``/``K`` query/key length, ``d`` head size.
@@ -28,6 +28,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 from analysis.errors import AttnpatError
 
@@ -149,7 +151,7 @@ def gated_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
     return context.transpose(1, 2).contiguous(), weights
 
 
-def gate_weights(gating: "_Gate | None", weights: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+def gate_weights(gating: _Gate | None, weights: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """Uniform-mode gates on attention weights (N, H, Q, K): ``g * softmax + (1 - g) / n_real``; else unchanged."""
     if gating is None or gating.mode != "uniform":
         return weights
@@ -157,7 +159,7 @@ def gate_weights(gating: "_Gate | None", weights: torch.Tensor, attention_mask: 
     return gate * weights + (1 - gate) * uniform_weights(attention_mask, weights)
 
 
-def gate_context(gating: "_Gate | None", context: torch.Tensor) -> torch.Tensor:
+def gate_context(gating: _Gate | None, context: torch.Tensor) -> torch.Tensor:
     """Zero-mode gates on the per-head context (N, H, Q, d): multiplied by ``g``; else unchanged."""
     if gating is None or gating.mode != "zero":
         return context
@@ -212,9 +214,6 @@ def _register() -> None:
     global _REGISTERED
     if _REGISTERED:
         return
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-
     AttentionInterface.register(ATTENTION_NAME, gated_attention_forward)
     # Mask creation looks the implementation name up too; the gated attention takes eager's additive mask.
     AttentionMaskInterface.register(ATTENTION_NAME, ALL_MASK_ATTENTION_FUNCTIONS["eager"])
@@ -225,7 +224,8 @@ def check_supported(model: nn.Module) -> None:
     """Raise a clear AttnpatError when per-head gates cannot work for this architecture."""
     model_type = getattr(model.config, "model_type", "?")
     if model_type in UNSUPPORTED_REASONS:
-        raise AttnpatError(f"head disabling is not supported for {model_type} models: {UNSUPPORTED_REASONS[model_type]}")
+        raise AttnpatError(f"head disabling is not supported for {model_type} models: "
+                           f"{UNSUPPORTED_REASONS[model_type]}")
     if model_type not in GATED_TYPES:
         raise AttnpatError(f"head disabling is not supported for {model_type} models "
                            f"(supported: {', '.join(sorted(GATED_TYPES))})")

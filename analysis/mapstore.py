@@ -146,7 +146,8 @@ def write_maps(path: str | Path, groups: Sequence[MapGroup], dtype=np.float32) -
         if group.attn.shape != (k, n, n):
             raise AttnpatError(f"maps of {group.example_id} have shape {group.attn.shape}, expected {(k, n, n)}")
         if group.tokens is not None and len(group.tokens) != n:
-            raise AttnpatError(f"maps of {group.example_id} are {n} tokens long but come with {len(group.tokens)} tokens")
+            raise AttnpatError(f"maps of {group.example_id} are {n} tokens long but come with {len(group.tokens)} "
+                               "tokens")
     with_tokens = [group for group in groups if group.tokens is not None]
     arrays = {
         "format": np.asarray(FORMAT),

@@ -142,8 +142,9 @@ def next_version(base: str | Path) -> Path:
 def merge_labeled_sets(folders: list[str | Path], out: str | Path) -> LabeledSet:
     """One labeled set from several (e.g. the shipped set plus a new round of labels), written to ``out``.
 
-    Rows keep their order (set by set) and gain a ``source`` column ("<parent>/<folder>" of the set they came from). annotations.csv files are
-    concatenated too. A map labeled in two sets is an error unless map and label agree (then it is kept once).
+    Rows keep their order (set by set) and gain a ``source`` column ("<parent>/<folder>" of the set they came
+    from). annotations.csv files are concatenated too. A map labeled in two sets is an error unless map and
+    label agree (then it is kept once).
     The folder is written whole or not at all.
     """
     if len(folders) < 2:

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
@@ -21,8 +23,6 @@ _METADATA_KEY = "attnpat"
 
 def save_checkpoint(model: PatternCNN, path: str | Path, metadata: dict) -> Path:
     """Write ``path`` (.safetensors) and ``path`` with .json; both atomically. Returns the weights path."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     if path.suffix != ".safetensors":
         raise AttnpatError(f"checkpoint path must end in .safetensors, got {path.name}")
@@ -45,8 +45,6 @@ def load_checkpoint(path: str | Path | None = None) -> tuple[PatternCNN, dict]:
 
     Every problem (missing, corrupt, other classes, other shapes) is a one-line AttnpatError.
     """
-    from safetensors import safe_open
-
     path = Path(path) if path is not None else DEFAULT_CHECKPOINT
     if not path.is_file():
         hint = " (retrain it with: attnpat train)" if path == DEFAULT_CHECKPOINT else ""
