@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import time
-from typing import Optional
 
 import typer
 
+from app import demo as pipeline
 from app import options as opt
 
 
@@ -20,11 +20,11 @@ def demo(no_app: bool = typer.Option(False, "--no-app", help="run the pipeline o
          host: str = typer.Option("127.0.0.1", "--host", help="web app interface"),
          port: int = typer.Option(7860, "--port", help="web app port"),
          runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet,
-         only: Optional[str] = typer.Option(None, "--only", help="comma-separated verbs of the pipeline to run")) -> None:
+         only: str | None = typer.Option(None, "--only", help="comma-separated verbs of the pipeline to run")) -> None:
     """Fill every app tab from the embedded MiniLM and packaged data (fine-tune, compare, special, disable,
-    importance, prune, Clark's analyses, probing), then start the web app. Steps whose outputs are current are skipped."""
-    from app import demo as pipeline
-    from app.cli import main
+    importance, prune, Clark's analyses, probing), then start the web app. Steps whose outputs are current
+    are skipped."""
+    from app.cli import main  # noqa: PLC0415 (app.cli imports this module to register the verb)
 
     sizes = pipeline.QUICK if quick else pipeline.FULL
     wanted = [verb.strip() for verb in only.split(",") if verb.strip()] if only else None

@@ -12,13 +12,15 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Callable, Sequence
+
+import pandas as pd
 
 from analysis.errors import AttnpatError
-from analysis.paths import model_store, runs_root
+from analysis.paths import model_store, repo_root, runs_root
 from analysis.rundir import atomic_write_json
 
 BASE = "minilm"
@@ -94,7 +96,8 @@ def pipeline(sizes: Sizes = FULL) -> list[Step]:
              (f"{BASE}/{TASK}/overview.csv",)),
         Step("pattern classes of every head on SST-2, MRPC and RTE (Kovaleva Fig. 2)",
              ("classify", "--task", "all", "--n", str(sizes.classify_n)),
-             (f"{BASE}/all/pattern_ratios_by_task.csv", *(f"{BASE}/{task}/patterns.csv" for task in ("sst2", "mrpc", "rte")))),
+             (f"{BASE}/all/pattern_ratios_by_task.csv",
+              *(f"{BASE}/{task}/patterns.csv" for task in ("sst2", "mrpc", "rte")))),
         Step("cosine similarity of base and fine-tuned maps, cropped and padded (Kovaleva Fig. 5)",
              ("compare", "--base", BASE, "--finetuned", tuned, "--task", TASK, "--n", str(sizes.compare_n),
               "--mode", "both"),
@@ -107,7 +110,8 @@ def pipeline(sizes: Sizes = FULL) -> list[Step]:
              ("disable", "--model", tuned, "--task", TASK, "--n", str(sizes.sweep_n), "--mode", "uniform",
               "--unit", "both"),
              (f"{tuned}/{TASK}/disable_heads.csv", f"{tuned}/{TASK}/disable_layers.csv"), (tuned,)),
-        Step("head importance (Michel et al.)", ("importance", "--model", tuned, "--task", TASK, "--n", str(sizes.sweep_n)),
+        Step("head importance (Michel et al.)",
+             ("importance", "--model", tuned, "--task", TASK, "--n", str(sizes.sweep_n)),
              (f"{tuned}/{TASK}/importance.csv",), (tuned,)),
         Step("pruning curve by importance (Michel et al.)",
              ("prune", "--model", tuned, "--task", TASK, "--n", str(sizes.sweep_n)),
@@ -213,9 +217,7 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
 
 # ---------------------------------------------------------------- what each tab shows
 
-def _csv(path: Path):
-    import pandas as pd
-
+def _csv(path: Path) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
@@ -226,7 +228,7 @@ def _percent(value: float) -> str:
 def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
     """Tab name -> a function giving its one-line summary (read from the run folders)."""
     tuned = sizes.name
-    tuned_dir, base_dir, wiki_dir = root / tuned / TASK, root / BASE / TASK, root / BASE / "wiki"
+    tuned_dir, wiki_dir = root / tuned / TASK, root / BASE / "wiki"
 
     def explore() -> str:
         return f"the live attention grid of the example sentence on {BASE} (models to pick: {BASE}, {tuned})"
@@ -252,8 +254,9 @@ def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
         layers = _csv(tuned_dir / "disable_layers.csv")
         pruning = _csv(tuned_dir / "pruning.csv")
         half = pruning.iloc[(pruning.fraction_pruned - 0.5).abs().argmin()]
+        best_head = f"L{int(best['layer']) + 1}-H{int(best['head']) + 1}"
         return (f"{tuned}/{TASK}: one head disabled changes accuracy by {100 * worst.value:+.1f} to "
-                f"{100 * best.value:+.1f} points (L{int(best['layer']) + 1}-H{int(best['head']) + 1} best); whole layers "
+                f"{100 * best.value:+.1f} points ({best_head} best); whole layers "
                 f"{100 * layers.delta.min():+.1f} to {100 * layers.delta.max():+.1f}; importance; "
                 f"{_percent(half.fraction_pruned)} of heads pruned: accuracy {_percent(half.metric)}")
 
@@ -265,15 +268,14 @@ def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
             if relation in dependency.index:
                 row = dependency.loc[relation]
                 parts.append(f"{relation} head L{int(row.best_layer) + 1}-H{int(row.best_head) + 1} "
-                             f"{_percent(row.accuracy)} vs offset {int(row.baseline_offset):+d} {_percent(row.baseline_accuracy)}")
+                             f"{_percent(row.accuracy)} vs offset {int(row.baseline_offset):+d} "
+                             f"{_percent(row.baseline_accuracy)}")
         coref = _csv(root / BASE / "winobias" / "probing_coref.csv")
         return (f"{BASE}/wiki: head labels " + ", ".join(f"{k} {v}" for k, v in labels.items())
                 + "; clusters; " + "; ".join(parts) + f" ({dependency.parses.iloc[0]}); WinoBias best head "
                 + _percent(coref.value.max()))
 
     def classifier() -> str:
-        from analysis.paths import repo_root
-
         meta = json.loads((repo_root() / "classifier" / "checkpoints" / "default.json").read_text())
         cv = meta["cross_validation"]
         return (f"the shipped pattern CNN ({meta.get('trained_on', 'labeled set')}): {cv['folds']}-fold macro-F1 "
