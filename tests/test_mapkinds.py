@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import DistilBertConfig, DistilBertForSequenceClassification
+from transformers import AlbertConfig, AlbertModel, DistilBertConfig, DistilBertForSequenceClassification
 
 from analysis.artifacts import artifact, kind_folder, split_kind_folder
 from analysis.data import Example
@@ -54,7 +54,8 @@ def kobayashi_reference(bundle, text: str) -> np.ndarray:
         size = value.shape[-1] // heads
         layer_maps = []
         for head in range(heads):
-            transformed = value[:, head * size:(head + 1) * size] @ output.weight.double()[:, head * size:(head + 1) * size].T
+            columns = slice(head * size, (head + 1) * size)
+            transformed = value[:, columns] @ output.weight.double()[:, columns].T  # (n, D): f(x_j) per token
             weighted = alpha[head][:, :, None] * transformed[None, :, :]  # (n, n, D): alpha_ij f(x_j)
             norms = weighted.norm(dim=-1)
             layer_maps.append(norms / norms.sum(-1, keepdim=True))
@@ -64,7 +65,8 @@ def kobayashi_reference(bundle, text: str) -> np.ndarray:
 
 @pytest.mark.parametrize("family", ["bert", "mpnet", "distilbert"])
 def test_norm_maps_follow_kobayashis_definition(family, bert, mpnet):
-    bundle = {"bert": bert, "mpnet": mpnet}.get(family) or make_bundle(DistilBertConfig, DistilBertForSequenceClassification)
+    bundles = {"bert": bert, "mpnet": mpnet}
+    bundle = bundles.get(family) or make_bundle(DistilBertConfig, DistilBertForSequenceClassification)
     seen = 0
     for batch in stream_maps(bundle, examples(), batch_size=3, map_kind="norm"):
         for i, item in enumerate(batch.batch.items):
@@ -82,8 +84,7 @@ def test_norm_maps_follow_kobayashis_definition(family, bert, mpnet):
 def test_norm_maps_differ_from_weights_and_keep_rows_summing_to_one(bert):
     weights = next(iter(stream_maps(bert, examples(), batch_size=3)))
     norms = next(iter(stream_maps(with_map_kind(bert, "norm"), examples(), batch_size=3)))
-    lengths = weights.batch.lengths
-    for i, n in enumerate(lengths.tolist()):
+    for i in range(len(weights)):
         np.testing.assert_allclose(norms.example_maps(i).sum(-1).numpy(), 1.0, atol=1e-5)
     assert not torch.allclose(weights.attentions, norms.attentions, atol=1e-3)
     # zero weight stays zero weight: a norm map only reweights where attention is
@@ -144,7 +145,8 @@ def test_kinds_get_run_folders_of_their_own_and_hints_name_the_option(bert, tmp_
     assert with_map_kind(bert, "rollout").model is bert.model
     assert kind_folder("minilm", "weight") == "minilm" and split_kind_folder("minilm@rollout") == ("minilm", "rollout")
     assert split_kind_folder("minilm") == ("minilm", "weight")
-    assert artifact("patterns").command("minilm@norm", "sst2") == "attnpat classify --model minilm --task sst2 --map-kind norm"
+    assert (artifact("patterns").command("minilm@norm", "sst2")
+            == "attnpat classify --model minilm --task sst2 --map-kind norm")
     assert artifact("patterns").command("minilm", "sst2") == "attnpat classify --model minilm --task sst2"
     assert "--map-kind" not in artifact("disable_heads").command("minilm@norm", "sst2")
 
@@ -154,8 +156,6 @@ def test_bad_kinds_are_one_line_errors(bert, tmp_path):
         next(iter(stream_maps(bert, examples(), map_kind="value")))
     with pytest.raises(AttnpatError, match="unknown map kind"):
         load_model("minilm", map_kind="weights")
-    from transformers import AlbertConfig, AlbertModel
-
     albert = AlbertModel(AlbertConfig(vocab_size=bert.tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
                                       num_attention_heads=4, intermediate_size=37, embedding_size=16,
                                       attn_implementation="eager"))

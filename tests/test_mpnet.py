@@ -12,6 +12,7 @@ from analysis.disable import gated, head_gates, keep_mask
 from analysis.importance import example_losses, head_importance
 from analysis.stream import encode_examples, iter_batches
 from analysis.sweeps import BASELINE, fast_sweep, head_variants, layer_variants, naive_sweep
+from app.cli import main
 from tests.test_sweeps import max_difference, smallest_change, tiny_data
 from tests.tiny import save_tiny_mpnet, tiny_mpnet_bundle
 
@@ -65,9 +66,9 @@ def test_zero_mode_equals_removing_the_head_from_the_output_projection(mpnet):
     zeroing that head's columns of o's weight."""
     inputs = padded_batch(mpnet).model_inputs()
     layer, head = 1, 2
+    gate = torch.tensor(keep_mask(LAYERS, HEADS, [(layer, head)])[layer])
     with torch.no_grad():
-        with gated(mpnet.model), head_gates(mpnet.model, {layer: torch.tensor(keep_mask(LAYERS, HEADS, [(layer, head)])[layer])},
-                                            "zero"):
+        with gated(mpnet.model), head_gates(mpnet.model, {layer: gate}, "zero"):
             gated_logits = mpnet.model(**inputs).logits
         output = attention_modules(mpnet)[layer].o
         saved = output.weight.clone()
@@ -145,8 +146,6 @@ def test_importance_gradient_matches_finite_differences(mpnet):
 
 def test_every_analysis_runs_on_a_tiny_mpnet(tmp_path, monkeypatch, capsys):
     """The demo's verbs end to end on an MPNet model folder in the store (as `attnpat models fetch` leaves it)."""
-    from app.cli import main
-
     monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
     save_tiny_mpnet(tmp_path / "models" / "tiny-mpnet", kind="mlm", layers=2, heads=HEADS, initializer_range=0.3)
     runs = tmp_path / "runs"
@@ -172,10 +171,9 @@ def test_every_analysis_runs_on_a_tiny_mpnet(tmp_path, monkeypatch, capsys):
         code = main(argv + common)
         assert code == 0, (argv, capsys.readouterr().err)
     written = {path.relative_to(runs).as_posix() for path in runs.rglob("*.csv")}
-    for expected in ("tiny-mpnet/sst2/overview.csv", "tiny-mpnet/sst2/patterns.csv", "tiny-mpnet/sst2/special_tokens.csv",
-                     "tiny-mpnet/wiki/surface.csv", "tiny-mpnet/wiki/clusters.csv", "tiny-mpnet/wiki/grad_importance.csv",
-                     "tiny-mpnet/wiki/probing_dependency.csv", "tiny-mpnet/winobias/probing_coref.csv",
-                     "tiny-mpnet-sst2/sst2/cosine.csv", "tiny-mpnet-sst2/sst2/disable_heads.csv",
-                     "tiny-mpnet-sst2/sst2/disable_layers.csv", "tiny-mpnet-sst2/sst2/importance.csv",
-                     "tiny-mpnet-sst2/sst2/pruning.csv"):
-        assert expected in written, expected
+    for expected in ("sst2/overview.csv", "sst2/patterns.csv", "sst2/special_tokens.csv", "wiki/surface.csv",
+                     "wiki/clusters.csv", "wiki/grad_importance.csv", "wiki/probing_dependency.csv",
+                     "winobias/probing_coref.csv"):
+        assert f"tiny-mpnet/{expected}" in written, expected
+    for expected in ("cosine", "disable_heads", "disable_layers", "importance", "pruning"):
+        assert f"tiny-mpnet-sst2/sst2/{expected}.csv" in written, expected
