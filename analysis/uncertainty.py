@@ -4,6 +4,8 @@ Pure numpy functions over small arrays; shapes are in each docstring.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from scipy.stats import binom
 
@@ -113,3 +115,32 @@ def holm_adjust(p_values: np.ndarray) -> np.ndarray:
     adjusted = np.empty(m)
     adjusted[order] = np.minimum(adjusted_sorted, 1.0)
     return adjusted.reshape(p.shape)
+
+
+def bootstrap_difference_interval(statistic: Callable[[np.ndarray, np.ndarray], float], baseline: np.ndarray,
+                                  variants: np.ndarray, labels: np.ndarray, *, level: float = 0.95,
+                                  n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> np.ndarray:
+    """Paired percentile bootstrap interval of a metric's change, for metrics that are no mean over examples
+    (F1, Matthews correlation, Pearson/Spearman).
+
+    statistic(predictions (E,), labels (E,)) -> float; baseline: (E,) predictions of the reference model;
+    variants: (E, V) predictions of each variant; labels: (E,). Every draw resamples the examples once, for the
+    baseline and all variants alike. Returns (V, 2) bounds of statistic(variant) - statistic(baseline); draws
+    where the statistic is undefined (NaN, e.g. a constant correlation) are left out.
+    """
+    baseline = np.asarray(baseline)
+    variants = np.asarray(variants)
+    variants = variants[:, None] if variants.ndim == 1 else variants
+    labels = np.asarray(labels)
+    if not len(baseline) or variants.shape[0] != len(baseline) or len(labels) != len(baseline):
+        raise AttnpatError(f"paired bootstrap needs equal example counts, got {len(baseline)} baseline, "
+                           f"{variants.shape[0]} variant and {len(labels)} label rows")
+    rng = np.random.default_rng(seed)
+    changes = np.empty((n_boot, variants.shape[1]))
+    for k in range(n_boot):
+        draw = rng.integers(0, len(baseline), size=len(baseline))
+        reference = statistic(baseline[draw], labels[draw])
+        changes[k] = [statistic(variants[draw, v], labels[draw]) - reference for v in range(variants.shape[1])]
+    tail = (1 - level) / 2 * 100
+    with np.errstate(all="ignore"):
+        return np.nanpercentile(changes, [tail, 100 - tail], axis=0).T

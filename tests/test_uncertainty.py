@@ -6,6 +6,7 @@ from scipy.stats import binomtest
 from analysis.errors import AttnpatError
 from analysis.uncertainty import (
     adjusted_ratios,
+    bootstrap_difference_interval,
     bootstrap_mean_interval,
     bootstrap_ratio_interval,
     holm_adjust,
@@ -86,3 +87,29 @@ def test_paired_bootstrap_interval_of_an_accuracy_change():
     assert np.all(interval[:, 0] <= change.mean(0)) and np.all(change.mean(0) <= interval[:, 1])
     assert interval[2] == pytest.approx([0.0, 0.0])
     assert bootstrap_mean_interval(np.ones((5, 2, 3))).shape == (2, 3, 2)
+
+
+def test_bootstrap_of_a_metric_change_agrees_with_the_mean_bootstrap_for_accuracy():
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 2, 400)
+    baseline = np.where(rng.random(400) < 0.8, labels, 1 - labels)
+    better = np.where(rng.random(400) < 0.5, labels, baseline)  # fixes about half of the baseline's errors
+    variants = np.stack([baseline, better, 1 - baseline], 1)
+
+    def accuracy(predictions, gold):
+        return float((predictions == gold).mean())
+
+    interval = bootstrap_difference_interval(accuracy, baseline, variants, labels, n_boot=2000)
+    correct = (variants == labels[:, None]).astype(float) - (baseline == labels)[:, None]
+    reference = bootstrap_mean_interval(correct, n_boot=2000)
+    assert interval.shape == (3, 2)
+    assert interval == pytest.approx(reference, abs=0.012)  # two bootstraps of one statistic, other draws
+    assert interval[0] == pytest.approx([0.0, 0.0])
+    assert interval[1, 0] > 0 and interval[2, 1] < 0
+    for v in range(3):
+        assert interval[v, 0] <= correct[:, v].mean() <= interval[v, 1]
+
+
+def test_bootstrap_of_a_metric_change_refuses_unpaired_inputs():
+    with pytest.raises(AttnpatError, match="equal example counts"):
+        bootstrap_difference_interval(lambda p, g: 0.0, np.zeros(3), np.zeros((4, 2)), np.zeros(3))
