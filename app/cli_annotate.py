@@ -2,15 +2,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
+from analysis.errors import AttnpatError
+from analysis.paths import annotation_root
+from annotation.dataset import merge_labeled_sets, next_version
+from annotation.sample import ensure_sample
+from annotation.server import credentials_file, invite_link, load_credentials, resolve_credentials
+from annotation.server import serve as start
+from annotation.server import status as state
+from annotation.server import stop as halt
 from app import options as opt
 
 annotate = typer.Typer(no_args_is_help=True, help="Label attention maps on a Label Studio server.")
 
-Url = typer.Option(None, "--url", help="Label Studio URL (default: the server started by `annotate serve`, or $LABEL_STUDIO_URL)")
+Url = typer.Option(None, "--url", help="Label Studio URL (default: the server started by `annotate serve`, or "
+                   "$LABEL_STUDIO_URL)")
 Token = typer.Option(None, "--token", help="API token (default: stored credentials, or $LABEL_STUDIO_API_KEY)")
 Sample = typer.Option(None, "--sample", help="sample name (default: <model>-n<count>-s<seed>)")
 Title = typer.Option(None, "--project", help="project title (default: 'attnpat patterns: <sample>')")
@@ -21,29 +29,27 @@ def register(app: typer.Typer) -> None:
     app.add_typer(annotate, name="annotate")
 
 
-def _credentials(url: Optional[str], token: Optional[str]):
-    from annotation.server import resolve_credentials
+def _credentials(url: str | None, token: str | None):
 
     return resolve_credentials(url, token)
 
 
 def _samples_dir() -> Path:
-    from analysis.paths import annotation_root
 
     return annotation_root() / "samples"
 
 
 def _state_file() -> Path:
-    from analysis.paths import annotation_root
 
     return annotation_root() / "projects.json"
 
 
 @annotate.command("serve")
-def serve(port: int = Port, label_studio: Optional[Path] = typer.Option(None, "--label-studio", help="the label-studio executable (default: $ATTNPAT_LABEL_STUDIO, else the set-up's .ls-venv/bin/label-studio)")) -> None:
+def serve(port: int = Port,
+          label_studio: Path | None = typer.Option(None, "--label-studio", help="the label-studio executable "
+                                                   "(default: $ATTNPAT_LABEL_STUDIO, else the set-up's "
+                                                   ".ls-venv/bin/label-studio)")) -> None:
     """Start a local Label Studio (127.0.0.1, offline), create the admin user and store an API token (0600)."""
-    from annotation.server import credentials_file, serve as start
-
     credentials = start(port=port, log=typer.echo, label_studio=label_studio)
     typer.echo(f"Label Studio is serving on {credentials.url}")
     typer.echo(f"log in as {credentials.email}; password and token are in {credentials_file()} (readable by you only)")
@@ -52,16 +58,12 @@ def serve(port: int = Port, label_studio: Optional[Path] = typer.Option(None, "-
 @annotate.command("stop")
 def stop() -> None:
     """Stop the local Label Studio."""
-    from annotation.server import stop as halt
-
     typer.echo("stopped" if halt() else "no local Label Studio is running")
 
 
 @annotate.command("status")
 def status() -> None:
     """Is the local Label Studio running and healthy?"""
-    from annotation.server import status as state
-
     info = state()
     typer.echo(f"running: {info['running']} (pid {info['pid']}); url: {info['url']}; healthy: {info['healthy']}; "
                f"credentials: {info['credentials']}")
@@ -71,9 +73,6 @@ def status() -> None:
 def invite() -> None:
     """Print the sign-up link for more annotators of the local Label Studio (each then labels under their own
     account, so pull can measure inter-annotator agreement)."""
-    from analysis.errors import AttnpatError
-    from annotation.server import invite_link, load_credentials
-
     stored = load_credentials()
     if stored is None:
         raise AttnpatError("no local Label Studio credentials: run `attnpat annotate serve` first")
@@ -83,22 +82,23 @@ def invite() -> None:
 @annotate.command("push")
 def push(model: str = opt.Model, count: int = typer.Option(480, "--count", help="maps to sample"),
          tasks: str = typer.Option("sst2,mrpc,rte,wiki", "--tasks", help="comma-separated tasks to sample from"),
-         seed: int = typer.Option(0, "--seed"), sample: Optional[str] = Sample, project: Optional[str] = Title,
-         url: Optional[str] = Url, token: Optional[str] = Token, max_length: int = opt.MaxLength,
-         stratify_by: Optional[str] = typer.Option(
+         seed: int = typer.Option(0, "--seed"), sample: str | None = Sample, project: str | None = Title,
+         url: str | None = Url, token: str | None = Token, max_length: int = opt.MaxLength,
+         stratify_by: str | None = typer.Option(
              None, "--stratify-by", help="draw maps by predicted class to collect rare patterns: rules, classifier "
              "(the shipped CNN) or a checkpoint path (default: stratify over tasks, layers, heads, examples)"),
-         class_shares: Optional[str] = typer.Option(
+         class_shares: str | None = typer.Option(
              None, "--class-shares", help="with --stratify-by: share of maps per predicted class, e.g. "
              "block=3,heterogeneous=3,diagonal=2,vertical=1,vertical+diagonal=1 (default: equal)"),
          exclude: list[Path] = typer.Option([], "--exclude", help="labeled set or sample whose maps are not drawn "
                                             "again (repeatable)"),
-         maps: Optional[Path] = typer.Option(None, "--maps", help="draw the sample from map files written by `attnpat extract` instead of the model")) -> None:
+         maps: Path | None = typer.Option(None, "--maps", help="draw the sample from map files written by "
+                                          "`attnpat extract` instead of the model")) -> None:
     """Sample maps (stratified over tasks, layers, heads, examples, or by predicted class), render them, and
     import them as tasks with pre-annotations. Rerunning never duplicates a task and finishes an interrupted push."""
-    from annotation.labelstudio import push as push_tasks
-    from annotation.sample import ensure_sample
-    from classifier.predict import pattern_predictor
+    # imported here on purpose: the Label Studio SDK and the CNN (torchvision) take seconds to load
+    from annotation.labelstudio import push as push_tasks  # noqa: PLC0415
+    from classifier.predict import pattern_predictor  # noqa: PLC0415
 
     credentials = _credentials(url, token)
     folder = ensure_sample(_samples_dir(), model, count, [t.strip() for t in tasks.split(",") if t.strip()], seed,
@@ -112,17 +112,16 @@ def push(model: str = opt.Model, count: int = typer.Option(480, "--count", help=
 
 
 @annotate.command("pull")
-def pull(sample: str = typer.Option(..., "--sample", help="the sample name used by push (see workspace/annotation/samples)"),
-         out: Optional[Path] = typer.Option(None, "--out", help="labeled-set folder (default: a new version under "
+def pull(sample: str = typer.Option(..., "--sample", help="the sample name used by push (see "
+                                    "workspace/annotation/samples)"),
+         out: Path | None = typer.Option(None, "--out", help="labeled-set folder (default: a new version under "
                                             "workspace/annotation/labeled/<sample>/)"),
-         project: Optional[str] = Title, url: Optional[str] = Url, token: Optional[str] = Token,
-         export: Optional[Path] = typer.Option(None, "--export", help="read the annotations from a Label Studio "
+         project: str | None = Title, url: str | None = Url, token: str | None = Token,
+         export: Path | None = typer.Option(None, "--export", help="read the annotations from a Label Studio "
                                                "JSON export file (Export > JSON) instead of the server")) -> None:
     """Export annotations, join them to the raw maps and write a versioned labeled set with agreement figures."""
-    from analysis.errors import AttnpatError
-    from analysis.paths import annotation_root
-    from annotation.dataset import next_version
-    from annotation.labelstudio import pull as pull_labels
+    # imported here on purpose: the Label Studio SDK loads in seconds; only push and pull need it
+    from annotation.labelstudio import pull as pull_labels  # noqa: PLC0415
 
     folder = _samples_dir() / sample
     if not folder.is_dir():
@@ -149,7 +148,5 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
 def merge(sets: list[Path] = typer.Argument(..., help="labeled-set folders, in order"),
           out: Path = typer.Option(..., "--out", help="the merged labeled-set folder (replaced whole)")) -> None:
     """Join several labeled sets (e.g. the shipped set and a new round of labels) into one, for `attnpat train`."""
-    from annotation.dataset import merge_labeled_sets
-
     merged = merge_labeled_sets(list(sets), out)
     typer.echo(f"labeled set {out}: {len(merged)} maps; classes: {merged.class_counts()}")

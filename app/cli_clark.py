@@ -2,16 +2,25 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
+from analysis.data import load_data
+from analysis.errors import AttnpatError
+from analysis.gradients import OBJECTIVES, load_gradient_model
+from analysis.gradients import grad_importance as run_grad_importance
+from analysis.models import load_model
+from analysis.probing import probe_coref as run_probe_coref
+from analysis.probing import probe_dependency
+from analysis.rundir import RunDir
+from analysis.surface import SURFACE_METRICS, LabelThresholds, surface_statistics
 from app import options as opt
 
 WikiTask = typer.Option("wiki", "--task", "-t", help="wiki (Clark's input), a GLUE task, or a .jsonl/.csv/.tsv file")
 BroadThreshold = typer.Option(3.8, "--broad-threshold", help="entropy (nats) above which a head 'attends broadly'")
 PositionThreshold = typer.Option(0.5, "--position-threshold", help="attention above which a head attends to prev/next")
-SpecialThreshold = typer.Option(0.6, "--special-threshold", help="attention above which a head attends to [CLS]/[SEP]/punct.")
+SpecialThreshold = typer.Option(0.6, "--special-threshold",
+                                help="attention above which a head attends to [CLS]/[SEP]/punct.")
 Seed = typer.Option(0, "--seed", help="random seed (MLM masking, MDS)")
 
 
@@ -24,7 +33,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _thresholds(broad: float, position: float, special: float):
-    from analysis.surface import LabelThresholds
 
     return LabelThresholds(broad=broad, position=position, special=special)
 
@@ -35,11 +43,6 @@ def surface(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
             special_threshold: float = SpecialThreshold, runs_dir: opt.OptionalPath = opt.RunsDir,
             quiet: bool = opt.Quiet) -> None:
     """Per-head attention to prev/next/same token, [CLS], [SEP], '.', ',' and entropy; head labels (Clark Fig. 2, 4)."""
-    from analysis.data import load_data
-    from analysis.models import load_model
-    from analysis.rundir import RunDir
-    from analysis.surface import SURFACE_METRICS, surface_statistics
-
     data = load_data(task, split, n)
     bundle = load_model(model)
     run = RunDir(bundle.slug, data.task, runs_dir)
@@ -60,13 +63,11 @@ def surface(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
 def grad_importance(model: str = opt.Model, task: str = WikiTask,
                     n: opt.OptionalInt = opt.n_option(200, "examples"), split: str = opt.Split,
                     max_length: int = opt.MaxLength, batch_size: int = typer.Option(8, "--batch-size"),
-                    mask_probability: float = typer.Option(0.15, "--mask-probability", help="MLM: share of tokens masked"),
+                    mask_probability: float = typer.Option(0.15, "--mask-probability",
+                                                           help="MLM: share of tokens masked"),
                     seed: int = Seed, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
-    """Gradient of the MLM loss (or a fine-tuned classifier's task loss) w.r.t. attention to [SEP], '.'/',' and other tokens, per layer (Clark Fig. 5)."""
-    from analysis.data import load_data
-    from analysis.gradients import OBJECTIVES, grad_importance as run_grad_importance, load_gradient_model
-    from analysis.rundir import RunDir
-
+    """Gradient of the MLM loss (or a fine-tuned classifier's task loss) w.r.t. attention to [SEP], '.'/',' and
+    other tokens, per layer (Clark Fig. 5)."""
     bundle, objective = load_gradient_model(model)
     data = load_data(task, split, n)
     run = RunDir(bundle.slug, data.task, runs_dir)
@@ -86,10 +87,8 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
             special_threshold: float = SpecialThreshold, seed: int = Seed, runs_dir: opt.OptionalPath = opt.RunsDir,
             quiet: bool = opt.Quiet) -> None:
     """Jensen-Shannon divergences between heads and their 2-D MDS embedding, coloured by behaviour (Clark Fig. 6)."""
-    from analysis.clustering import head_clusters
-    from analysis.data import load_data
-    from analysis.models import load_model
-    from analysis.rundir import RunDir
+    # imported here on purpose: scikit-learn (the MDS) takes seconds to load and only this verb needs it
+    from analysis.clustering import head_clusters  # noqa: PLC0415
 
     data = load_data(task, split, n)
     bundle = load_model(model)
@@ -101,8 +100,8 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
     typer.echo(f"table and figure: {run.file('clusters.csv')}")
 
 
-def probe_dep(conllu_file: Optional[Path] = typer.Argument(None, help="a CoNLL-U file with gold dependency trees"),
-              parse: Optional[str] = typer.Option(None, "--parse", help="instead of a CoNLL-U file: parse the "
+def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U file with gold dependency trees"),
+              parse: str | None = typer.Option(None, "--parse", help="instead of a CoNLL-U file: parse the "
                                                   "sentences of a task (wiki, sst2, ...) or a .jsonl/.csv/.tsv file "
                                                   "with spaCy en_core_web_sm 3.8.0 (silver parses)"),
               model: str = opt.Model, n: opt.OptionalInt = opt.n_option(None, "first N sentences"),
@@ -110,10 +109,6 @@ def probe_dep(conllu_file: Optional[Path] = typer.Argument(None, help="a CoNLL-U
               min_count: int = typer.Option(1, "--min-count", help="list relations seen at least this often"),
               runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Which head finds each word's syntactic head? Best head per relation vs offset baselines (Clark Table 1)."""
-    from analysis.errors import AttnpatError
-    from analysis.models import load_model
-    from analysis.probing import probe_dependency
-
     if (conllu_file is None) == (parse is None):
         raise AttnpatError("give a CoNLL-U file (gold parses) or --parse TASK (silver parses), not both or neither")
     source = parse if parse is not None else conllu_file
@@ -136,9 +131,6 @@ def probe_coref(model: str = opt.Model, n: opt.OptionalInt = opt.n_option(None, 
                 max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
                 runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Antecedent selection accuracy per head on the packaged WinoBias sentences vs baselines (Clark Table 2)."""
-    from analysis.models import load_model
-    from analysis.probing import probe_coref as run_probe_coref
-
     bundle = load_model(model)
     table, _, run = run_probe_coref(bundle, runs_dir, n=n, max_length=max_length, batch_size=batch_size,
                                     progress=not quiet)

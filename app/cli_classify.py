@@ -1,10 +1,17 @@
-"""Pattern classifier verbs: train (cross-validated CNN + baselines + checkpoint) and classify."""
+"""Pattern classifier verbs: train (cross-validated CNN + baselines + checkpoint) and classify.
+
+The classifier package is imported inside the verbs on purpose: it loads torchvision and the CNN (seconds),
+which no other verb needs.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
 
+from analysis.errors import AttnpatError
+from analysis.models import load_model
+from analysis.rundir import RunDir
 from app import options as opt
 
 
@@ -13,23 +20,29 @@ def register(app: typer.Typer) -> None:
     app.command("classify")(classify)
 
 
-def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/v2) or synthetic[:N]"),
-          out: opt.OptionalPath = typer.Option(None, "--out", help="checkpoint .safetensors (default: run dir/classifier.safetensors)"),
+def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/v2) or "
+                                   "synthetic[:N]"),
+          out: opt.OptionalPath = typer.Option(None, "--out", help="checkpoint .safetensors (default: run "
+                                               "dir/classifier.safetensors)"),
           folds: int = typer.Option(5, "--folds", help="stratified cross-validation folds"),
           epochs: int = typer.Option(100, "--epochs", help="maximum epochs (early stopping ends sooner)"),
           seed: int = typer.Option(0, "--seed", help="seed for folds, initialisation and batches"),
-          synthetic_mix: int = typer.Option(40, "--synthetic-mix", help="synthetic maps per class added to every training part (not with --data synthetic)"),
-          baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="also score the rule and feature baselines"),
-          pool: int = typer.Option(2000, "--pool", help="unlabeled maps a teacher labels for the CNN to learn from too (0 = none; not with --data synthetic)"),
-          pool_model: str | None = typer.Option(None, "--pool-model", help="model the unlabeled maps come from (default: the labeled maps' model)"),
-          pool_weight: float = typer.Option(1.0, "--pool-weight", help="loss weight of a pool map relative to a labeled map"),
-          pool_rounds: int = typer.Option(2, "--pool-rounds", help="1: the CNN learns the pool from the teacher; 2: a second CNN learns it from the teacher and the first CNN"),
+          synthetic_mix: int = typer.Option(40, "--synthetic-mix", help="synthetic maps per class added to every "
+                                            "training part (not with --data synthetic)"),
+          baselines: bool = typer.Option(True, "--baselines/--no-baselines",
+                                         help="also score the rule and feature baselines"),
+          pool: int = typer.Option(2000, "--pool", help="unlabeled maps a teacher labels for the CNN to learn from "
+                                   "too (0 = none; not with --data synthetic)"),
+          pool_model: str | None = typer.Option(None, "--pool-model", help="model the unlabeled maps come from "
+                                                "(default: the labeled maps' model)"),
+          pool_weight: float = typer.Option(1.0, "--pool-weight",
+                                            help="loss weight of a pool map relative to a labeled map"),
+          pool_rounds: int = typer.Option(2, "--pool-rounds", help="1: the CNN learns the pool from the teacher; 2: "
+                                          "a second CNN learns it from the teacher and the first CNN"),
           runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Train the 8-layer CNN on a labeled set: k-fold CV scores vs baselines, then a checkpoint."""
-    from analysis.errors import AttnpatError
-    from analysis.rundir import RunDir
-    from classifier.train import TrainConfig
-    from classifier.training_run import load_training_data, train_pattern_cnn
+    from classifier.train import TrainConfig  # noqa: PLC0415
+    from classifier.training_run import load_training_data, train_pattern_cnn  # noqa: PLC0415
 
     if pool < 0 or pool_weight < 0 or pool_rounds < 1:
         raise AttnpatError(f"--pool and --pool-weight must be 0 or more and --pool-rounds at least 1 "
@@ -41,29 +54,33 @@ def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g.
                          synthetic_per_class=0 if training.synthetic else synthetic_mix)
     unlabeled = None
     if pool and not training.synthetic:
-        from classifier.distill import draw_pool, model_of
+        from classifier.distill import draw_pool, model_of  # noqa: PLC0415
 
         unlabeled = draw_pool(pool_model or model_of(training.map_ids), pool, exclude=training.map_ids,
                               progress=not quiet)
     summary = train_pattern_cnn(training, out, run, config, baselines=baselines, progress=not quiet, pool=unlabeled)
-    typer.echo(f"{len(training.labels)} maps from {training.source}; {folds}-fold cross-validation (out-of-fold scores):")
+    typer.echo(f"{len(training.labels)} maps from {training.source}; {folds}-fold cross-validation "
+               "(out-of-fold scores):")
     typer.echo(summary.to_string(float_format=lambda v: f"{v:.3f}"))
     typer.echo(f"tables: {run.file('cv_scores.csv')}, {run.file('cv_confusion.csv')}, {run.file('cv_predictions.csv')}")
     typer.echo(f"checkpoint: {out} (+ {Path(out).with_suffix('.json').name})")
 
 
 def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N, split: str = opt.Split,
-             maps: opt.OptionalPath = typer.Option(None, "--maps", help="classify map files from `attnpat extract` instead"),
-             classifier: opt.OptionalPath = typer.Option(None, "--classifier", help="checkpoint (default: the shipped one)"),
-             out: opt.OptionalPath = typer.Option(None, "--out", help="with --maps: output CSV (default: <maps folder>/map_classes.csv)"),
+             maps: opt.OptionalPath = typer.Option(None, "--maps",
+                                                   help="classify map files from `attnpat extract` instead"),
+             classifier: opt.OptionalPath = typer.Option(None, "--classifier",
+                                                         help="checkpoint (default: the shipped one)"),
+             out: opt.OptionalPath = typer.Option(None, "--out", help="with --maps: output CSV (default: <maps "
+                                                  "folder>/map_classes.csv)"),
              max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
              runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Classify every head's attention maps on a task (or --task all), or saved map files (--maps)."""
-    from classifier.predict import load_classifier
+    from classifier.predict import load_classifier  # noqa: PLC0415
 
     cnn = load_classifier(str(classifier) if classifier else None)
     if maps is not None:
-        from classifier.classify import classify_saved_maps, write_map_classes
+        from classifier.classify import classify_saved_maps, write_map_classes  # noqa: PLC0415
 
         frame = classify_saved_maps(maps, cnn, progress=not quiet)
         folder = maps if maps.is_dir() else maps.parent
@@ -73,8 +90,7 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
         typer.echo(f"table: {path}")
         return
 
-    from analysis.models import load_model
-    from classifier.classify import available_glue_tasks, classify_tasks
+    from classifier.classify import available_glue_tasks, classify_tasks  # noqa: PLC0415
 
     tasks = available_glue_tasks() if task == "all" else [task]
     bundle = load_model(model)
@@ -82,8 +98,7 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
                             root=runs_dir, progress=not quiet)
     typer.echo(f"pattern ratios of {bundle.name} (classifier trained on {cnn.trained_on}):")
     for name, table in ratios.items():
-        typer.echo(f"  {name:<6} " + "  ".join(f"{row['class']} {row['fraction']:.1%}" for _, row in table.iterrows()))
-    from analysis.rundir import RunDir
-
+        typer.echo(f"  {name:<6} " + "  ".join(f"{row['class']} {row['fraction']:.1%}"
+                                               for _, row in table.iterrows()))
     last = RunDir(bundle.slug, list(ratios)[-1], runs_dir)
     typer.echo(f"tables and figures: {last.path} (per-task comparison: {RunDir(bundle.slug, 'all', runs_dir).path})")

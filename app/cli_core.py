@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import typer
 
+from analysis.data import available_tasks, load_data
+from analysis.extract import write_maps, write_overview
+from analysis.models import EMBEDDED_ALIASES, FETCHED_ALIASES, hub_reachable, list_store, load_model
+from analysis.rundir import RunDir
 from app import options as opt
 
 
@@ -14,9 +18,6 @@ def register(app: typer.Typer) -> None:
 
 def info() -> None:
     """List the models and tasks available offline and online."""
-    from analysis.data import available_tasks
-    from analysis.models import EMBEDDED_ALIASES, FETCHED_ALIASES, hub_reachable, list_store
-
     hub = hub_reachable()
     typer.echo(f"hub (huggingface.co): {'reachable' if hub else 'unreachable; working offline'}")
     typer.echo("models:")
@@ -31,7 +32,8 @@ def info() -> None:
     for alias, description in FETCHED_ALIASES.items():
         if not any(stored["name"] == alias for stored in list_store()):
             typer.echo(f"  {alias:<24} not fetched: {description}")
-    typer.echo(f"  {'<hub id or path>':<24} any BERT-family encoder {'(hub reachable)' if hub else '(local paths only now)'}")
+    reach = "(hub reachable)" if hub else "(local paths only now)"
+    typer.echo(f"  {'<hub id or path>':<24} any BERT-family encoder {reach}")
     typer.echo("tasks:")
     for task, sources in available_tasks().items():
         typer.echo(f"  {task:<8} {'; '.join(sources) if sources else 'unavailable (needs the hub)'}")
@@ -43,11 +45,6 @@ def extract(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Stream a task's attention maps and save them (compressed shards, resumable)."""
-    from analysis.data import load_data
-    from analysis.extract import write_maps
-    from analysis.models import load_model
-    from analysis.rundir import RunDir
-
     data = load_data(task, split, n, text_column=text_column, label_column=label_column)
     bundle = load_model(model)
     summary = write_maps(bundle, data, RunDir(bundle.slug, data.task, runs_dir), out, max_length=max_length,
@@ -62,11 +59,6 @@ def overview(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
              text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
              runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Per-layer mean attention to [CLS] and [SEP] and entropy (per-head table in the run directory)."""
-    from analysis.data import load_data
-    from analysis.extract import write_overview
-    from analysis.models import load_model
-    from analysis.rundir import RunDir
-
     data = load_data(task, split, n, text_column=text_column, label_column=label_column)
     bundle = load_model(model)
     run = RunDir(bundle.slug, data.task, runs_dir)

@@ -2,10 +2,15 @@
 linguistic features). Kovaleva et al. Figures 5-7 and section 4.4."""
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
+from analysis import finetune as ft
+from analysis.compare import MODES, write_cosine
+from analysis.data import load_data
+from analysis.errors import AttnpatError
+from analysis.models import load_model
+from analysis.rundir import RunDir
+from analysis.special import spacy_tagger, write_special
 from app import options as opt
 
 
@@ -16,7 +21,7 @@ def register(app: typer.Typer) -> None:
 
 
 def finetune(model: str = opt.Model, task: str = opt.Task,
-             name: Optional[str] = typer.Option(None, "--name", help="model-store name (default: <model>-<task>)"),
+             name: str | None = typer.Option(None, "--name", help="model-store name (default: <model>-<task>)"),
              learning_rate: float = typer.Option(2e-5, "--lr", help="peak learning rate"),
              batch_size: int = typer.Option(32, "--batch-size", help="training batch size"),
              epochs: int = typer.Option(3, "--epochs", help="training epochs"),
@@ -28,11 +33,9 @@ def finetune(model: str = opt.Model, task: str = opt.Task,
              n: opt.OptionalInt = opt.n_option(None, "train on a seeded sample of N training examples"),
              checkpoint_every: int = typer.Option(50, "--checkpoint-every", help="checkpoint every K steps"),
              force: bool = typer.Option(False, "--force", help="retrain even if the model is finished"),
-             device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: GPU when present)"),
+             device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: GPU when present)"),
              runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Fine-tune a model on a GLUE task into the local model store (resumable; rerun to continue)."""
-    from analysis import finetune as ft
-
     recipe = ft.Recipe(learning_rate=learning_rate, batch_size=batch_size, epochs=epochs, max_length=max_length,
                        seed=seed)
     meta = ft.finetune(model, task, name=name, recipe=recipe, split_dev=split_dev, train_share=train_share,
@@ -56,17 +59,12 @@ def compare(base: str = typer.Option("minilm", "--base", help="the model before 
             finetuned: str = typer.Option(..., "--finetuned", help="the fine-tuned model (model-store name or path)"),
             task: str = opt.Task,
             n: int = opt.n_option(1000, "compare on the first N dev examples (the paper: up to 1000)"),
-            mode: str = typer.Option("both", "--mode", help="cropped (real tokens), padded (the paper's fixed length) or both"),
+            mode: str = typer.Option("both", "--mode", help="cropped (real tokens), padded (the paper's fixed "
+                                     "length) or both"),
             split: str = opt.Split, max_length: int = opt.MaxLength,
             batch_size: int = typer.Option(16, "--batch-size", help="examples per forward pass"),
             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Per-head cosine similarity of base and fine-tuned attention maps on the same inputs (Kovaleva Fig. 5)."""
-    from analysis.compare import MODES, write_cosine
-    from analysis.data import load_data
-    from analysis.errors import AttnpatError
-    from analysis.models import load_model
-    from analysis.rundir import RunDir
-
     modes = MODES if mode == "both" else (mode,)
     if any(m not in MODES for m in modes):
         raise AttnpatError(f"unknown --mode '{mode}'; use cropped, padded or both")
@@ -84,18 +82,13 @@ def compare(base: str = typer.Option("minilm", "--base", help="the model before 
 
 
 def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N,
-            base: Optional[str] = typer.Option(None, "--base", help="also analyse this model (default: the "
+            base: str | None = typer.Option(None, "--base", help="also analyse this model (default: the "
                                                "fine-tuned model's base from the model store)"),
             no_base: bool = typer.Option(False, "--no-base", help="analyse --model only"),
             top: int = typer.Option(10, "--top", help="show the N tokens the last layer's [CLS] attends to most"),
             split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Attention to [CLS]/[SEP], the last layer's [CLS] row and to linguistic features (Kovaleva Fig. 6-7, 4.4)."""
-    from analysis.data import load_data
-    from analysis.models import load_model
-    from analysis.rundir import RunDir
-    from analysis.special import spacy_tagger, write_special
-
     data = load_data(task, split, n)
     bundle = load_model(model)
     names = [model]

@@ -3,6 +3,12 @@ from __future__ import annotations
 
 import typer
 
+from analysis.data import load_data
+from analysis.disable import check_mode
+from analysis.errors import AttnpatError
+from analysis.importance import check_pruning_shares, importance_analysis, prune_analysis
+from analysis.rundir import RunDir
+from analysis.sweeps import UNITS, classifier_head_note, disable_analysis, seeded_classifier
 from app import options as opt
 
 Mode = typer.Option("uniform", "--mode", help="uniform (Kovaleva: attention 1/n over real tokens) or zero "
@@ -23,9 +29,6 @@ def register(app: typer.Typer) -> None:
 def _load(model: str, task: str, split: str, n, columns: dict | None = None):
     """Data plus the model as a classifier; a fresh head is seeded so that reruns (and resumes) agree.
     ``columns``: a data file's text_column and label_column."""
-    from analysis.data import load_data
-    from analysis.sweeps import classifier_head_note, seeded_classifier
-
     data = load_data(task, split, n, **(columns or {}))
     bundle = seeded_classifier(model, data.num_labels)
     note = classifier_head_note(bundle, data.task)
@@ -40,16 +43,12 @@ def _head(entry: dict) -> str:
 
 def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N, split: str = opt.Split,
             mode: str = Mode,
-            unit: str = typer.Option("both", "--unit", help="head (each single head), layer (each whole layer) or both"),
+            unit: str = typer.Option("both", "--unit",
+                                     help="head (each single head), layer (each whole layer) or both"),
             max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Task metric with each head / each layer disabled, against the baseline (resumable: rerun to continue)."""
-    from analysis.disable import check_mode
-    from analysis.errors import AttnpatError
-    from analysis.rundir import RunDir
-    from analysis.sweeps import UNITS, disable_analysis
-
     check_mode(mode)
     units = UNITS if unit == "both" else (unit,)
     if any(u not in UNITS for u in units):
@@ -76,16 +75,13 @@ def importance(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt 
                label_column: opt.OptionalStr = opt.LabelColumn, runs_dir: opt.OptionalPath = opt.RunsDir,
                quiet: bool = opt.Quiet) -> None:
     """Head importance: mean |d loss / d head gate| over the data (Michel et al.)."""
-    from analysis.importance import importance_analysis
-    from analysis.rundir import RunDir
-
     bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))
     summary = importance_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir), by_layer=normalize_layers,
                                   exponent=exponent, global_minmax=normalize_global, max_length=max_length,
                                   batch_size=batch_size, progress=not quiet)
     typer.echo(f"head importance of {bundle.name} on {data.task} ({summary['normalisation']}); 1-indexed")
-    typer.echo("least important: " + "; ".join(_head({"layer": l, "head": h}) for l, h in summary["least"]))
-    typer.echo("most important:  " + "; ".join(_head({"layer": l, "head": h}) for l, h in summary["most"]))
+    for label, heads in (("least important: ", summary["least"]), ("most important:  ", summary["most"])):
+        typer.echo(label + "; ".join(_head({"layer": layer, "head": head}) for layer, head in heads))
     typer.echo("wrote " + ", ".join(summary["outputs"]))
 
 
@@ -101,10 +97,6 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
           label_column: opt.OptionalStr = opt.LabelColumn, runs_dir: opt.OptionalPath = opt.RunsDir,
           quiet: bool = opt.Quiet) -> None:
     """Pruning curve: the task metric as heads are masked in increasing importance order."""
-    from analysis.disable import check_mode
-    from analysis.importance import check_pruning_shares, prune_analysis
-    from analysis.rundir import RunDir
-
     check_mode(mode)
     check_pruning_shares(step, max_fraction)
     bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))

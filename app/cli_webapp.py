@@ -18,7 +18,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host",
                                                help="let Explore load any model path or hub id a client sends "
                                                "(default: only the listed models)")) -> None:
     """Start the web app: explore a sentence live and browse the runs in the run directory."""
-    from app.webapp import launch
+    # imported here on purpose: gradio loads in seconds; only the `app` verb needs it
+    from app.webapp import launch  # noqa: PLC0415
 
     demo, web = launch(host, port, runs_dir, block=False, quiet=True, allow_any_model=allow_any_model)
     typer.echo(f"attnpat app on http://{host}:{port} (runs from {web.runs.root}; Ctrl+C stops it)")

@@ -27,7 +27,8 @@ MODEL_NAME = re.compile(r"^[\w./~][\w.\-/~]{0,299}$")  # argument lists, no shel
 
 def cli_verbs() -> dict[str, set[str]]:
     """Whitelisted verbs the installed CLI has, each with the job options its callback accepts."""
-    from app.cli import app as cli_app  # here, not at the top: app.cli registers the `app` verb, which imports us
+    # imported here on purpose: app.cli imports this module (through the `app` verb)
+    from app.cli import app as cli_app  # noqa: PLC0415
 
     found = {}
     for command in cli_app.registered_commands:

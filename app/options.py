@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -11,15 +10,16 @@ from analysis.models import DEFAULT_MODEL
 from analysis.stream import DEFAULT_MAX_LENGTH
 
 Model = typer.Option(DEFAULT_MODEL, "--model", "-m", help="alias (minilm), model-store name, local path or hub id")
-Task = typer.Option("sst2", "--task", "-t", help="sst2, mrpc, stsb, qqp, rte, qnli, mnli, wiki, or a .jsonl/.csv/.tsv file")
+Task = typer.Option("sst2", "--task", "-t",
+                    help="sst2, mrpc, stsb, qqp, rte, qnli, mnli, wiki, or a .jsonl/.csv/.tsv file")
 
 
-def _checked_n(value: Optional[int]) -> Optional[int]:
+def _checked_n(value: int | None) -> int | None:
     # Every verb's --n follows the one rule of analysis.data.check_n, checked before any work starts.
     return check_n(value)
 
 
-def n_option(default: Optional[int] = None, help: str = "use the first N examples (default: all)"):
+def n_option(default: int | None = None, help: str = "use the first N examples (default: all)"):
     """A --n option (examples to use), checked the same way on every verb."""
     return typer.Option(default, "--n", callback=_checked_n, help=help)
 
@@ -28,12 +28,13 @@ N = n_option()
 TextColumn = typer.Option(None, "--text-column", help="a data file's text column (default: text, any case)")
 LabelColumn = typer.Option(None, "--label-column", help="a data file's label column (default: label, any case; "
                            "class names map to ids in sorted order, recorded in the manifest)")
-MaxLength = typer.Option(DEFAULT_MAX_LENGTH, "--max-length", help="tokens per input; longer inputs are truncated and counted")
+MaxLength = typer.Option(DEFAULT_MAX_LENGTH, "--max-length",
+                         help="tokens per input; longer inputs are truncated and counted")
 BatchSize = typer.Option(32, "--batch-size", help="examples per forward pass")
 RunsDir = typer.Option(None, "--runs-dir", help="run directory root (default: ./runs or $ATTNPAT_HOME/runs)")
 Split = typer.Option("validation", "--split", help="data split")
 Quiet = typer.Option(False, "--quiet", "-q", help="no progress bar")
 
-OptionalPath = Optional[Path]
-OptionalInt = Optional[int]
-OptionalStr = Optional[str]
+OptionalPath = Path | None
+OptionalInt = int | None
+OptionalStr = str | None

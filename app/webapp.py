@@ -174,7 +174,8 @@ class WebApp:
             return [_message(str(exc), "error"), *sum((self._artifact_outputs(None) for _ in stems), [])]
         if folder is not None and not folder.is_dir():
             return [_message(f"no run {model}/{task} in {self.runs.root} yet: run {run_hints(stems, model, task)}",
-                             "info" if tab == CLASSIFIER_TAB else "error"), *sum((self._artifact_outputs(None) for _ in stems), [])]
+                             "info" if tab == CLASSIFIER_TAB else "error"),
+                    *sum((self._artifact_outputs(None) for _ in stems), [])]
         for stem in stems:
             try:
                 view = self.runs.artifact(model, task, stem) if model and task else None
@@ -407,7 +408,8 @@ class WebApp:
             return
         gr.Markdown(f"{card.summary} Retrain it with `attnpat train --data {SHIPPED_LABELED_SET}`.",
                     elem_id="classifier-card-summary")
-        tables = (("scores", card.scores, "macro F1 against the baselines"), ("per-class", card.per_class, "per-class F1"),
+        tables = (("scores", card.scores, "macro F1 against the baselines"),
+                  ("per-class", card.per_class, "per-class F1"),
                   ("confusion", card.confusion, "confusion (out-of-fold; rows: true class, columns: predicted)"))
         for row in (tables[:2], tables[2:]):  # the confusion matrix needs the full width
             with gr.Row():
@@ -444,7 +446,8 @@ class WebApp:
 
             for trigger in (tab_block.select, refresh.click):
                 api_name = "list_runs" if trigger == refresh.click else False
-                trigger(self.runs_table, picked, [table, picked], api_name=api_name).then(self.manifest, picked, manifest, api_name=False)
+                trigger(self.runs_table, picked, [table, picked], api_name=api_name).then(
+                    self.manifest, picked, manifest, api_name=False)
             picked.input(self.manifest, picked, manifest, api_name="manifest")
             job_outputs = [job_log, job_status, table, picked, manifest]
             start.click(self.start_job, [verb, model, task, count, picked], job_outputs, api_name="start_job",
