@@ -10,7 +10,10 @@ import importlib.util
 import os
 import sys
 
+import click
 import typer
+
+from analysis.errors import AttnpatError, os_error_message
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -35,10 +38,6 @@ _register_all()
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, print AttnpatError as one line on stderr and exit 2."""
-    import click
-
-    from analysis.errors import AttnpatError, os_error_message
-
     try:
         app(args=argv, standalone_mode=False)
     except AttnpatError as exc:
