@@ -9,14 +9,19 @@ full forward pass per variant, inputs padded to the maximum length, as the origi
 - the variants with the same start are stacked along the batch dimension and share one forward pass;
 - batches are length-sorted and dynamically padded (analysis.stream.iter_batches).
 
-Each variant's metric is persisted atomically as soon as it is known (one JSON per variant under
-runs/<model>/<task>/.sweep-<mode>-<unit>/), so a killed sweep resumes where it stopped.
+Each variant's metric and per-example predictions are persisted atomically as soon as they are known (one JSON
+per variant under runs/<model>/<task>/.sweep-<mode>-<unit>/), so a killed sweep resumes where it stopped.
+
+Every change against the baseline carries a test (:func:`effect_statistics`): a paired bootstrap 95% interval over
+the examples, an exact McNemar p-value of per-example correctness and Holm's correction across the heads (and,
+separately, the layers) of a sweep.
 
 Shapes: ``N`` examples, ``B`` rows of a batch, ``T`` padded length, ``D`` hidden size, ``C`` logits,
 ``V`` stacked variants, ``L`` layers, ``H`` heads.
 """
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -49,9 +54,14 @@ from analysis.models import load_model
 from analysis.progress import progress_bar
 from analysis.rundir import atomic_write_json, long_table
 from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, TokenBatch, collate, iter_batches
+from analysis.uncertainty import bootstrap_difference_interval, bootstrap_mean_interval, holm_adjust, mcnemar_exact
 
 BASELINE = "baseline"
 UNITS = ("head", "layer")
+ALPHA = 0.05  # family-wise error rate of the Holm-corrected tests
+# Metrics over class predictions, where each example is right or wrong (McNemar applies); the others are
+# correlations over scores (STS-B), where only the bootstrap interval is given.
+CLASS_METRICS = ("accuracy", "f1", "matthews")
 OnVariant = Callable[[str, torch.Tensor], None]
 
 
@@ -364,29 +374,48 @@ class SweepStore:
     def save(self, name: str, record: dict) -> None:
         atomic_write_json(self._path(name), {"variant": name, **record})
 
+    def predictions(self, names: Sequence[str]) -> np.ndarray:
+        """(N, V) stored per-example predictions of the variants ``names`` (class ids or scores)."""
+        found = self.results()
+        missing = [name for name in names if "predictions" not in found.get(name, {})]
+        if missing:
+            raise AttnpatError(f"the sweep in {self.folder} has no predictions for {', '.join(missing[:3])}")
+        return np.stack([np.asarray(found[name]["predictions"], dtype=float) for name in names], 1)
+
 
 def run_sweep(bundle, data, variants: Sequence[Variant], mode: str, store: SweepStore, *,
               max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32, variants_per_pass: int | None = None,
-              progress: bool | str = False, on_variant: Callable[[str, float], None] | None = None) -> dict[str, float]:
+              progress: bool | str = False, on_variant: Callable[[str, float], None] | None = None,
+              cluster=None) -> dict[str, float]:
     """Task metric of the baseline and every variant, resuming from ``store``. Returns {name: metric}.
+    ``cluster`` (analysis.cluster.Cluster): the fast engine's groups of variants run on its workers.
 
-    ``on_variant(name, metric)`` is called after each newly finished variant has been persisted.
+    Each variant's per-example predictions are stored too (:meth:`SweepStore.predictions`); a stored result
+    without them (an older sweep) is computed again. ``on_variant(name, metric)`` is called after each newly
+    finished variant has been persisted.
     """
     labels = task_labels(data)
     metric = metric_name(data.metric or data.task)
-    done = store.results()
+    done = {name: record for name, record in store.results().items() if "predictions" in record}
 
     def persist(name: str, logits: torch.Tensor) -> None:
-        value = task_metric(metric, predictions(logits), labels)
-        store.save(name, {"metric": value, "metric_name": metric, "n": int(len(labels))})
+        predicted = predictions(logits)
+        value = task_metric(metric, predicted, labels)
+        store.save(name, {"metric": value, "metric_name": metric, "n": int(len(labels)),
+                          "predictions": predicted.tolist()})
         done[name] = {"metric": value}
         if on_variant is not None:
             on_variant(name, value)
 
     if any(variant.name not in done for variant in variants) or BASELINE not in done:
         batches = list(iter_batches(bundle, data.examples, max_length=max_length, batch_size=batch_size))
-        fast_sweep(bundle, batches, variants, mode, skip=set(done), variants_per_pass=variants_per_pass,
-                   on_variant=persist, progress=progress)
+        sweep = fast_sweep
+        if cluster is not None:
+            from analysis.distributed import distributed_sweep  # noqa: PLC0415 (it builds on this module)
+
+            sweep = functools.partial(distributed_sweep, cluster)
+        sweep(bundle, batches, variants, mode, skip=set(done), variants_per_pass=variants_per_pass,
+              on_variant=persist, progress=progress)
     return {name: float(done[name]["metric"]) for name in [BASELINE] + [variant.name for variant in variants]}
 
 
@@ -411,6 +440,58 @@ def layer_deltas(metrics: dict[str, float], num_layers: int) -> np.ndarray:
     return np.array([metrics[f"layer-{layer}"] - metrics[BASELINE] for layer in range(num_layers)])
 
 
+def effect_statistics(baseline: np.ndarray, variants: np.ndarray, labels: np.ndarray, metric: str, *,
+                      seed: int = 0) -> dict[str, np.ndarray]:
+    """How sure each variant's metric change is, on the same examples as the baseline.
+
+    baseline: (N,) predictions of the unchanged model; variants: (N, V) predictions of each variant (class ids,
+    or scores for a correlation metric); labels: (N,). Returns {name: (V,)}:
+    - ci_low, ci_high: paired percentile bootstrap 95% interval of the change over the examples (accuracy: the
+      mean of per-example correctness differences; other metrics recomputed on every draw);
+    - p_mcnemar: exact two-sided McNemar p-value of per-example correctness, i.e. a test of the accuracy change
+      (for F1 or Matthews tasks too); NaN for score metrics, whose predictions are never simply right;
+    - p_holm: p_mcnemar with Holm's correction across the V variants (one family: the heads, or the layers).
+    """
+    metric = metric_name(metric)
+    baseline, variants, labels = np.asarray(baseline), np.asarray(variants), np.asarray(labels)
+    if metric in CLASS_METRICS:
+        correct_base, correct = baseline == labels, variants == labels[:, None]
+        p = mcnemar_exact(correct_base, correct)
+        p_holm = holm_adjust(p)
+    else:
+        p = p_holm = np.full(variants.shape[1], np.nan)
+    if metric == "accuracy":
+        interval = bootstrap_mean_interval(correct.astype(float) - correct_base[:, None], seed=seed)
+    else:
+        interval = bootstrap_difference_interval(lambda predicted, gold: task_metric(metric, predicted, gold),
+                                                 baseline, variants, labels, seed=seed)
+    return {"ci_low": interval[:, 0], "ci_high": interval[:, 1], "p_mcnemar": p, "p_holm": p_holm}
+
+
+def significance_note(metric: str) -> str:
+    """What the tests behind a disabling table are (for the manifest)."""
+    test = ("exact McNemar test of per-example correctness" + ("" if metric_name(metric) == "accuracy" else
+                                                               f" (it tests the accuracy change, not {metric})")
+            if metric_name(metric) in CLASS_METRICS else f"no McNemar test ({metric} scores are never simply right)")
+    return (f"ci: paired percentile bootstrap 95% interval of the {metric} change over the examples; p_mcnemar: "
+            f"{test}; p_holm: Holm's correction across the heads of a sweep, and separately across its layers; "
+            f"significant: p_holm < {ALPHA}")
+
+
+def significant_effects(names: Sequence[tuple[int, ...]], deltas: np.ndarray, stats: dict[str, np.ndarray],
+                        alpha: float = ALPHA) -> list[dict]:
+    """The variants whose change survives Holm's correction, strongest first.
+
+    names: (layer,) or (layer, head) per variant (0-indexed); deltas: (V,) metric changes; stats: from
+    :func:`effect_statistics`. Returns rows layer[, head], delta, ci_low, ci_high, p_mcnemar, p_holm.
+    """
+    keys = ("layer", "head")
+    rows = [{**dict(zip(keys, name)), "delta": float(deltas[v]),
+             **{column: float(stats[column][v]) for column in ("ci_low", "ci_high", "p_mcnemar", "p_holm")}}
+            for v, name in enumerate(names) if stats["p_holm"][v] < alpha]
+    return sorted(rows, key=lambda row: (row["p_holm"], -abs(row["delta"])))
+
+
 def extreme_heads(deltas: np.ndarray, k: int = 5) -> dict[str, list[dict]]:
     """The k heads whose disabling helps most ('best') and hurts most ('worst'). deltas: (L, H)."""
     flat = [(float(deltas[layer, head]), layer, head) for layer in range(deltas.shape[0])
@@ -429,30 +510,48 @@ def merge_mode_rows(old, new, column: str, keep_values: Sequence[str]):
 
 # ---------------------------------------------------------------- figures
 
-def head_delta_figure(deltas: np.ndarray, *, mode: str, metric: str, baseline: float, task: str, model: str):
-    """Kovaleva Figure 8: the layer x head heatmap of metric changes (1-indexed axes)."""
-    return head_heatmap(deltas * 100, title=f"{model} on {task}: {metric} change (points) with one head disabled "
-                        f"({mode}); baseline {baseline:.3f}", cmap="RdBu", center=0.0,
-                        label=f"{metric} change x 100")
+def head_delta_figure(deltas: np.ndarray, *, mode: str, metric: str, baseline: float, task: str, model: str,
+                      significant: np.ndarray | None = None):
+    """Kovaleva Figure 8: the layer x head heatmap of metric changes (1-indexed axes). significant: (L, H) bool,
+    heads whose change survives Holm's correction, outlined and starred."""
+    fig = head_heatmap(deltas * 100, title=f"{model} on {task}: {metric} change (points) with one head disabled "
+                       f"({mode}); baseline {baseline:.3f}", cmap="RdBu", center=0.0, label=f"{metric} change x 100")
+    if significant is not None:
+        ax = fig.axes[0]
+        for layer, head in zip(*np.nonzero(significant)):
+            ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.6))
+            ax.text(head, layer, "*", ha="center", va="center", fontsize=11, fontweight="bold")
+        ax.set_xlabel(ax.get_xlabel() + f"   (outlined *: Holm-adjusted p < {ALPHA})", fontsize=7)
+    return fig
 
 
 def layer_delta_figure(table, *, metric: str, baseline: dict[str, float], task: str, model: str):
     """Kovaleva Figure 9: bars of the metric change per disabled layer, one bar group per mode.
 
-    table: rows of layer, mode, metric, delta."""
+    table: rows of layer, mode, metric, delta [, ci_low, ci_high, p_holm]: with the interval, error bars; a star
+    above the bars whose change survives Holm's correction."""
     modes = sorted(table["mode"].unique())
     layers = sorted(table["layer"].unique())
     fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(layers) + 2), 3.2))
     width = 0.8 / len(modes)
     for i, mode in enumerate(modes):
         rows = table[table["mode"] == mode].set_index("layer").reindex(layers)
-        ax.bar(np.arange(len(layers)) + (i - (len(modes) - 1) / 2) * width, rows["delta"] * 100, width,
-               label=f"{mode} (baseline {baseline.get(mode, float('nan')):.3f})")
+        x = np.arange(len(layers)) + (i - (len(modes) - 1) / 2) * width
+        ax.bar(x, rows["delta"] * 100, width, label=f"{mode} (baseline {baseline.get(mode, float('nan')):.3f})")
+        if {"ci_low", "ci_high"} <= set(rows.columns) and rows["ci_low"].notna().all():
+            ax.errorbar(x, rows["delta"] * 100, yerr=[(rows["delta"] - rows["ci_low"]) * 100,
+                                                      (rows["ci_high"] - rows["delta"]) * 100],
+                        fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
+        if "p_holm" in rows.columns:
+            for xpos, high, p in zip(x, rows[["delta", "ci_high"]].max(axis=1) * 100, rows["p_holm"]):
+                if p < ALPHA:
+                    ax.text(xpos, max(high, 0), "*", ha="center", va="bottom", fontsize=11, fontweight="bold")
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xticks(range(len(layers)), [str(layer + 1) for layer in layers])
     ax.set_xlabel("disabled layer (1-indexed)")
     ax.set_ylabel(f"{metric} change x 100")
-    ax.set_title(f"{model} on {task}: whole layer disabled", fontsize=10)
+    ax.set_title(f"{model} on {task}: whole layer disabled (95% bootstrap intervals; *: Holm-adjusted p < {ALPHA})",
+                 fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
@@ -484,54 +583,66 @@ def classifier_head_note(bundle, task: str | None = None) -> str | None:
 
 def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH,
                      batch_size: int = 32, progress: bool = False,
-                     on_variant: Callable[[str, float], None] | None = None) -> dict:
+                     on_variant: Callable[[str, float], None] | None = None, cluster=None) -> dict:
     """Sweep single heads and/or whole layers with ``mode`` disabling; write disable_heads / disable_layers
     tables and figures into ``run`` and record the run (manifest entry disable_<mode>). Returns a summary
-    (baseline, metric name, best/worst heads, layer deltas, the model note)."""
+    (baseline, metric name, best/worst heads, layer deltas, the model note). ``cluster``: see
+    :func:`run_sweep` (recorded in the manifest)."""
     check_mode(mode)
     units = list(units)
     with run.record(f"disable_{mode}", bundle, data, mode=mode, units=units, max_length=max_length,
                     model_note=classifier_head_note(bundle, data.task)) as entry:
+        if cluster is not None:
+            entry["cluster"] = cluster.manifest()
         summary = _disable_sweeps(bundle, data, run, mode=mode, units=units, max_length=max_length,
-                                  batch_size=batch_size, progress=progress, on_variant=on_variant)
+                                  batch_size=batch_size, progress=progress, on_variant=on_variant, cluster=cluster)
         entry.update({key: summary[key] for key in ("baseline", "metric_name", "outputs", "best", "worst",
-                                                    "layer_deltas") if key in summary})
+                                                    "layer_deltas", "significant", "tests") if key in summary})
     return summary
 
 
 def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_length: int, batch_size: int,
-                    progress: bool, on_variant: Callable[[str, float], None] | None) -> dict:
+                    progress: bool, on_variant: Callable[[str, float], None] | None, cluster=None) -> dict:
     check_mode(mode)
-    task_labels(data)  # fail before any work when the task has no labels
+    labels = task_labels(data)  # fail before any work when the task has no labels
     metric = metric_name(data.metric or data.task)
     L, H = bundle.num_layers, bundle.num_heads
     summary: dict = {"metric_name": metric, "mode": mode, "outputs": [],
-                     "model_note": classifier_head_note(bundle, data.task)}
+                     "model_note": classifier_head_note(bundle, data.task), "tests": significance_note(metric),
+                     "significant": {}}
     for unit in units:
         variants = unit_variants(unit, L, H)
         store = SweepStore(run.file(f".sweep-{mode}-{unit}"), sweep_fingerprint(bundle, data, mode, unit, max_length))
         started = time.time()
         metrics = run_sweep(bundle, data, variants, mode, store, max_length=max_length, batch_size=batch_size,
-                            progress=f"disable {unit}s ({mode})" if progress else False, on_variant=on_variant)
+                            progress=f"disable {unit}s ({mode})" if progress else False, on_variant=on_variant,
+                            cluster=cluster)
         summary[f"{unit}_seconds"] = round(time.time() - started, 2)
         summary["baseline"] = metrics[BASELINE]
         summary["recompute_share_" + unit] = round(recompute_share(variants, L), 4)
+        predicted = store.predictions([BASELINE] + [variant.name for variant in variants])
+        stats = effect_statistics(predicted[:, 0], predicted[:, 1:], labels, metric)
         if unit == "head":
             deltas = head_deltas(metrics, L, H)
             absolute = deltas + metrics[BASELINE]
-            new = long_table({f"{mode}_delta": deltas, f"{mode}_metric": absolute})
+            columns = {f"{mode}_delta": deltas, f"{mode}_metric": absolute,
+                       **{f"{mode}_{'delta_' if name.startswith('ci') else ''}{name}": values.reshape(L, H)
+                          for name, values in stats.items()}}
             old = _read_optional(run, "disable_heads")
-            run.write_table("disable_heads", merge_mode_rows(old, new, "metric", [f"{mode}_delta", f"{mode}_metric"]))
+            run.write_table("disable_heads", merge_mode_rows(old, long_table(columns), "metric", list(columns)))
             fig = head_delta_figure(deltas, mode=mode, metric=metric, baseline=metrics[BASELINE], task=data.task,
-                                    model=bundle.name)
+                                    model=bundle.name, significant=stats["p_holm"].reshape(L, H) < ALPHA)
             summary["outputs"] += [str(p) for p in run.write_figure("disable_heads", fig)]
             close(fig)
             summary.update(extreme_heads(deltas))
+            summary["significant"]["heads"] = significant_effects(
+                [(layer, head) for layer in range(L) for head in range(H)], deltas.ravel(), stats)
             summary["outputs"].append(str(run.file("disable_heads.csv")))
         else:
             deltas = layer_deltas(metrics, L)
             new = pd.DataFrame({"layer": np.arange(L), "mode": mode, "metric": deltas + metrics[BASELINE],
-                                "delta": deltas})
+                                "delta": deltas, **stats})
+            summary["significant"]["layers"] = significant_effects([(layer,) for layer in range(L)], deltas, stats)
             table = merge_mode_rows(_read_optional(run, "disable_layers"), new, "mode", [mode])
             run.write_table("disable_layers", table)
             baselines = {m: float((rows["metric"] - rows["delta"]).iloc[0]) for m, rows in table.groupby("mode")}
@@ -546,3 +657,38 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
 def _read_optional(run, name: str):
     path = run.file(f"{name}.csv")
     return pd.read_csv(path) if path.is_file() else None
+
+
+def _effect_text(row, name: str) -> str:
+    return (f"{name} {row['delta']:+.4f} [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}], "
+            f"p_holm {row['p_holm']:.2g}")
+
+
+def significance_lines(folder: str | Path, alpha: float = ALPHA) -> list[str]:
+    """One line per mode and unit of a run folder's disabling tables: the heads and layers whose change survives
+    Holm's correction (layers and heads 1-indexed, change with its 95% interval), or that none does.
+    Tables written before the tests existed give no line."""
+    folder = Path(folder)
+    lines = []
+    heads_path, layers_path = folder / "disable_heads.csv", folder / "disable_layers.csv"
+    if heads_path.is_file():
+        heads = pd.read_csv(heads_path)
+        for mode in sorted(m[:-len("_p_holm")] for m in heads["metric"].unique() if m.endswith("_p_holm")):
+            wide = heads[heads["metric"].str.startswith(f"{mode}_")].pivot_table(
+                index=["layer", "head"], columns="metric", values="value").reset_index()
+            wide = wide.rename(columns={f"{mode}_{name}": short for name, short in (
+                ("delta", "delta"), ("delta_ci_low", "ci_low"), ("delta_ci_high", "ci_high"), ("p_holm", "p_holm"))})
+            kept = wide[wide["p_holm"] < alpha].sort_values(["p_holm", "layer", "head"])
+            found = "; ".join(_effect_text(row, f"L{int(row['layer']) + 1}-H{int(row['head']) + 1}")
+                              for _, row in kept.iterrows())
+            lines.append(f"{mode}, single heads ({len(kept)} of {len(wide)} survive Holm, p < {alpha}): "
+                         + (found or "none"))
+    if layers_path.is_file():
+        layers = pd.read_csv(layers_path)
+        if "p_holm" in layers.columns:
+            for mode, rows in layers.dropna(subset=["p_holm"]).groupby("mode"):
+                kept = rows[rows["p_holm"] < alpha].sort_values(["p_holm", "layer"])
+                found = "; ".join(_effect_text(row, f"layer {int(row['layer']) + 1}") for _, row in kept.iterrows())
+                lines.append(f"{mode}, whole layers ({len(kept)} of {len(rows)} survive Holm, p < {alpha}): "
+                             + (found or "none"))
+    return lines

@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from scipy.stats import binomtest
 from transformers import (
     DistilBertConfig,
     DistilBertForSequenceClassification,
@@ -16,13 +17,14 @@ from analysis.data import Example, TaskData
 from analysis.disable import keep_mask
 from analysis.errors import AttnpatError
 from analysis.metrics import accuracy
-from analysis.rundir import RunDir
+from analysis.rundir import RunDir, long_table, table_to_array
 from analysis.stream import encode_examples, iter_batches
 from analysis.sweeps import (
     BASELINE,
     SweepStore,
     Variant,
     disable_analysis,
+    effect_statistics,
     extreme_heads,
     fast_sweep,
     forward_from,
@@ -31,8 +33,11 @@ from analysis.sweeps import (
     naive_sweep,
     recompute_share,
     run_sweep,
+    significance_lines,
+    significant_effects,
     sweep_fingerprint,
 )
+from analysis.uncertainty import bootstrap_mean_interval
 from tests.test_disable import make_bundle
 
 TEXTS = ["a fine movie , truly .", "bad", "what a long and winding road it was , and yet i loved it",
@@ -219,10 +224,12 @@ def test_disable_analysis_writes_tables_and_figures_for_both_modes(tmp_path):
         summary = disable_analysis(bundle, data, run, mode=mode, units=["head", "layer"], batch_size=4)
         assert len(summary["best"]) == 5 and summary["best"][0]["delta"] >= summary["worst"][0]["delta"]
     heads = pd.read_csv(run.file("disable_heads.csv"))
-    assert set(heads["metric"]) == {"uniform_delta", "uniform_metric", "zero_delta", "zero_metric"}
-    assert len(heads) == 4 * 12 and list(heads.columns) == ["layer", "head", "metric", "value"]
+    assert set(heads["metric"]) == {f"{mode}_{name}" for mode in ("uniform", "zero") for name in
+                                    ("delta", "metric", "delta_ci_low", "delta_ci_high", "p_mcnemar", "p_holm")}
+    assert len(heads) == 12 * 12 and list(heads.columns) == ["layer", "head", "metric", "value"]
     layers = pd.read_csv(run.file("disable_layers.csv"))
-    assert list(layers.columns) == ["layer", "mode", "metric", "delta"] and len(layers) == 6
+    assert list(layers.columns) == ["layer", "mode", "metric", "delta", "ci_low", "ci_high", "p_mcnemar",
+                                    "p_holm"] and len(layers) == 6
     for stem in ("disable_heads", "disable_layers"):
         assert run.file(f"{stem}.png").stat().st_size > 0 and run.file(f"{stem}.svg").stat().st_size > 0
     uniform = heads[heads.metric == "uniform_delta"].value.to_numpy()
@@ -257,3 +264,77 @@ def test_interrupted_disable_analysis_writes_the_same_tables_as_an_uninterrupted
                                       + [f"layer-{layer}" for layer in range(3)])
     for name in ("disable_heads", "disable_layers"):
         assert pd.read_csv(resumed.file(f"{name}.csv")).equals(pd.read_csv(whole.file(f"{name}.csv")))
+
+
+def test_disable_tables_carry_mcnemar_and_bootstrap_numbers_of_the_naive_loop(tmp_path):
+    """The intervals and p-values in the tables, recomputed from the naive loop's per-example correctness:
+    McNemar with scipy's binomial test, Holm by hand, the bootstrap over the same correctness differences."""
+    bundle = make_bundle(seed=3)
+    data = tiny_data(40)
+    run = RunDir("tiny", "sst2", tmp_path)
+    summary = disable_analysis(bundle, data, run, mode="zero", units=["head", "layer"], batch_size=8)
+    variants = head_variants(3, 4) + layer_variants(3, 4)
+    naive = naive_sweep(bundle, encode_examples(bundle.tokenizer, data.examples), variants, "zero")
+    labels = np.array([example.label for example in data.examples])
+    right = {name: logits.argmax(-1).numpy() == labels for name, logits in naive.items()}
+    heads = pd.read_csv(run.file("disable_heads.csv"))
+    layers = pd.read_csv(run.file("disable_layers.csv"))
+    for family, table_p, table_ci in (
+            ("head", lambda v: table_to_array(heads, f"zero_{v}").ravel(),
+             lambda: np.stack([table_to_array(heads, "zero_delta_ci_low").ravel(),
+                               table_to_array(heads, "zero_delta_ci_high").ravel()], 1)),
+            ("layer", lambda v: layers[v].to_numpy(), lambda: layers[["ci_low", "ci_high"]].to_numpy())):
+        names = [variant.name for variant in variants if variant.name.startswith(family)]
+        expected = []
+        for name in names:
+            lost = int((right[BASELINE] & ~right[name]).sum())
+            gained = int((~right[BASELINE] & right[name]).sum())
+            expected.append(binomtest(min(lost, gained), lost + gained, 0.5).pvalue if lost + gained else 1.0)
+        assert table_p("p_mcnemar") == pytest.approx(expected)
+        order = np.argsort(expected, kind="stable")
+        holm, running = np.empty(len(expected)), 0.0
+        for rank, index in enumerate(order):
+            running = max(running, min(1.0, (len(expected) - rank) * expected[index]))
+            holm[index] = running
+        assert table_p("p_holm") == pytest.approx(holm)
+        change = np.stack([right[name].astype(float) - right[BASELINE] for name in names], 1)
+        assert table_ci() == pytest.approx(bootstrap_mean_interval(change))
+        assert np.all(table_ci()[:, 0] <= change.mean(0) + 1e-12) and np.all(change.mean(0) <= table_ci()[:, 1] + 1e-12)
+    assert "McNemar" in run.manifest()["analyses"]["disable_zero"]["tests"]
+    assert set(summary["significant"]) == {"heads", "layers"}
+
+
+def test_effect_statistics_by_hand():
+    labels = np.array([1] * 30 + [0] * 10)
+    baseline = labels.copy()
+    baseline[30:32] = 1  # two baseline errors
+    worse = baseline.copy()
+    worse[:12] = 0  # twelve more errors, none fixed: McNemar b = 12, c = 0
+    stats = effect_statistics(baseline, np.stack([baseline, worse], 1), labels, "accuracy")
+    assert stats["p_mcnemar"] == pytest.approx([1.0, 2 * 0.5 ** 12])
+    assert stats["p_holm"] == pytest.approx([1.0, 2 * 2 * 0.5 ** 12])
+    assert stats["ci_low"][0] == stats["ci_high"][0] == 0.0
+    assert stats["ci_low"][1] <= -12 / 40 <= stats["ci_high"][1] < 0
+    significant = significant_effects([(0, 0), (0, 1)], np.array([0.0, -12 / 40]), stats)
+    assert [(row["layer"], row["head"]) for row in significant] == [(0, 1)]
+    f1 = effect_statistics(baseline, np.stack([baseline, worse], 1), labels, "f1")
+    assert f1["p_mcnemar"] == pytest.approx(stats["p_mcnemar"])  # McNemar tests the correctness either way
+    assert f1["ci_low"][0] == f1["ci_high"][0] == 0.0 and f1["ci_high"][1] < 0
+    scores = effect_statistics(labels + 0.1, np.stack([labels + 0.2, labels[::-1] * 1.0], 1), labels.astype(float),
+                               "pearson_spearman")
+    assert np.isnan(scores["p_mcnemar"]).all() and np.isnan(scores["p_holm"]).all()
+    assert scores["ci_low"][0] == pytest.approx(0.0) and scores["ci_high"][1] < 0
+
+
+def test_significance_lines_name_what_survives_holm(tmp_path):
+    heads = long_table({"zero_delta": np.array([[0.0, -0.3]]), "zero_delta_ci_low": np.array([[-0.1, -0.45]]),
+                        "zero_delta_ci_high": np.array([[0.1, -0.15]]), "zero_p_holm": np.array([[1.0, 0.001]])})
+    heads.to_csv(tmp_path / "disable_heads.csv", index=False)
+    pd.DataFrame({"layer": [0, 1], "mode": "zero", "metric": [0.5, 0.6], "delta": [-0.1, 0.0],
+                  "ci_low": [-0.2, -0.05], "ci_high": [0.0, 0.05], "p_mcnemar": [0.06, 1.0], "p_holm": [0.12, 1.0]}
+                 ).to_csv(tmp_path / "disable_layers.csv", index=False)
+    heads_line, layers_line = significance_lines(tmp_path)
+    assert heads_line.startswith("zero, single heads (1 of 2 survive Holm") and "L1-H2 -0.3000" in heads_line
+    assert "L1-H1" not in heads_line
+    assert layers_line.endswith("(0 of 2 survive Holm, p < 0.05): none")
+    assert significance_lines(tmp_path / "nothing") == []

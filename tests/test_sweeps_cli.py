@@ -36,7 +36,8 @@ def test_disable_verb_writes_tables_figures_and_manifest(tiny_model_dir, tmp_pat
     assert "baseline accuracy" in out and "disabling helps most" in out and "whole layer disabled" in out
     run = tmp_path / "tiny-bert" / "sst2"
     heads = pd.read_csv(run / "disable_heads.csv")
-    assert set(heads.metric) == {"zero_delta", "zero_metric"} and len(heads) == 2 * 2 * 4
+    assert set(heads.metric) == {"zero_delta", "zero_metric", "zero_delta_ci_low", "zero_delta_ci_high",
+                                 "zero_p_mcnemar", "zero_p_holm"} and len(heads) == 6 * 2 * 4
     assert len(pd.read_csv(run / "disable_layers.csv")) == 2
     for stem in ("disable_heads", "disable_layers"):
         assert (run / f"{stem}.png").is_file() and (run / f"{stem}.svg").is_file()
