@@ -106,6 +106,11 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("pattern_ratios", "classify", "class, count, fraction  (stacked bar)", "Pattern ratios", figure=True),
     Artifact("patterns", "classify", "layer, head, class, count, fraction  (per-head class heatmap)",
              "Pattern ratios", figure=True),
+    # Weight against norm maps (Kobayashi et al. 2020), in the weight run folder; each kind's own classification
+    # lands in runs/<model>@<kind>/<task>/
+    Artifact("map_kinds", "compare-kinds", "task, group (pattern_ratio|attention), measure (<class>|to_cls|to_sep|"
+             "to_punct), layer (all|0..L-1), <kind>... (weight, norm: rows renormalised), norm_minus_weight",
+             "Pattern ratios", figure=True),
     # Fine-tuning (Kovaleva Figures 5-7, section 4.4); written under the FINE-TUNED model's run dir
     Artifact("cosine", "compare", "layer, head, metric (cosine_cropped|cosine_padded), value", "Fine-tuning",
              figure=True, hint=f"--base {_BASE} --finetuned {{model}} --task {{task}}"),

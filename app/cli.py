@@ -22,7 +22,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="What do BERT attention heads do? Extract, classify and analyse attention maps.")
 
 # Verb groups, in help order. Every listed module must exist (a test checks they all register).
-COMMAND_MODULES = ("core", "models", "annotate", "classify", "finetune", "sweeps", "clark", "webapp", "demo")
+COMMAND_MODULES = ("core", "models", "annotate", "classify", "kinds", "finetune", "sweeps", "clark", "webapp", "demo")
 
 
 def _register_all() -> None:

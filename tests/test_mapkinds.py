@@ -2,19 +2,23 @@
 definition computed head by head, attention rollout against a per-example reference, run folders per kind."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from transformers import AlbertConfig, AlbertModel, DistilBertConfig, DistilBertForSequenceClassification
 
 from analysis.artifacts import artifact, kind_folder, split_kind_folder
-from analysis.data import Example
+from analysis.data import Example, load_data
 from analysis.errors import AttnpatError
 from analysis.mapkinds import attention_parts, renormalise_rows, rollout_maps
 from analysis.models import load_model, with_map_kind
-from analysis.stream import stream_maps
+from analysis.stream import stream_maps, token_roles
+from app.cli import main
 from tests.test_disable import make_bundle
-from tests.tiny import tiny_bundle, tiny_mpnet_bundle
+from tests.tiny import save_tiny_model, tiny_bundle, tiny_mpnet_bundle
 
 TEXTS = ["a fine movie , truly .", "bad !", "what a long and winding road it was , and yet i loved it"]
 
@@ -161,3 +165,60 @@ def test_bad_kinds_are_one_line_errors(bert, tmp_path):
                                       attn_implementation="eager"))
     with pytest.raises(AttnpatError, match="norm maps are not supported for albert"):
         attention_parts(albert)
+
+
+# ---------------------------------------------------------------- compare-kinds
+
+def test_compare_kinds_writes_each_kinds_run_and_the_side_by_side_table(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    save_tiny_model(tmp_path / "models" / "tiny", layers=2, heads=4, initializer_range=0.3)
+    runs = tmp_path / "runs"
+    argv = ["compare-kinds", "--model", "tiny", "--task", "sst2", "--n", "6", "--runs-dir", str(runs), "-q"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "to_sep" in out and "norm-weight" in out
+    for kind_folder_name in ("tiny", "tiny@norm"):
+        assert (runs / kind_folder_name / "sst2" / "patterns.csv").is_file()
+        assert (runs / kind_folder_name / "sst2" / "pattern_ratios.csv").is_file()
+    manifest = json.loads((runs / "tiny@norm" / "sst2" / "manifest.json").read_text())
+    assert manifest["model"]["map_kind"] == "norm" and manifest["model"]["name"] == "tiny"
+    table = pd.read_csv(runs / "tiny" / "sst2" / "map_kinds.csv", dtype={"layer": str})
+    assert list(table.columns) == ["task", "group", "measure", "layer", "weight", "norm", "norm_minus_weight"]
+    for stem in ("map_kinds.png", "map_kinds.svg"):
+        assert (runs / "tiny" / "sst2" / stem).is_file()
+    # the pattern ratios are the ones each kind's classification wrote
+    for kind, folder in (("weight", "tiny"), ("norm", "tiny@norm")):
+        ratios = pd.read_csv(runs / folder / "sst2" / "pattern_ratios.csv").set_index("class")["fraction"]
+        rows = table[table["group"] == "pattern_ratio"].set_index("measure")[kind]
+        np.testing.assert_allclose(rows.reindex(ratios.index), ratios)
+    # the attention measures equal an independent pass over each kind's maps
+    bundle = load_model(str(tmp_path / "models" / "tiny"), device="cpu")
+    data = load_data("sst2", "validation", 6)
+    for kind in ("weight", "norm"):
+        mass = {"to_cls": [], "to_sep": [], "to_punct": []}
+        for batch in stream_maps(bundle, data.examples, map_kind=kind):
+            roles = token_roles(bundle.tokenizer, batch.batch.input_ids, batch.batch.attention_mask)
+            for i in range(len(batch)):
+                n = int(batch.batch.lengths[i])
+                maps = batch.example_maps(i)  # (L, H, n, n)
+                for measure, role in (("to_cls", "cls"), ("to_sep", "sep"), ("to_punct", "punct")):
+                    mass[measure].append(maps[..., roles[role][i, :n]].sum(-1).mean(-1))  # (L, H)
+        for measure, values in mass.items():
+            expected = torch.stack(values).mean(0)  # (L, H)
+            rows = table[(table["measure"] == measure)].set_index("layer")[kind]
+            assert rows["all"] == pytest.approx(float(expected.mean()), abs=1e-5)
+            for layer in range(2):
+                assert rows[str(layer)] == pytest.approx(float(expected[layer].mean()), abs=1e-5)
+    np.testing.assert_allclose(table["norm_minus_weight"], table["norm"] - table["weight"])
+    # a rerun reuses both classifications (their manifest entries are unchanged)
+    before = json.loads((runs / "tiny@norm" / "sst2" / "manifest.json").read_text())["analyses"]["classify"]
+    assert main(argv) == 0
+    after = json.loads((runs / "tiny@norm" / "sst2" / "manifest.json").read_text())["analyses"]["classify"]
+    assert before == after
+
+
+def test_compare_kinds_needs_two_kinds(capsys):
+    assert main(["compare-kinds", "--kinds", "norm"]) == 2
+    assert "at least two map kinds" in capsys.readouterr().err
+    assert main(["compare-kinds", "--kinds", "weight,value"]) == 2
+    assert "unknown map kind 'value'" in capsys.readouterr().err

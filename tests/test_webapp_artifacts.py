@@ -68,6 +68,7 @@ def test_every_file_the_analyses_write_on_a_tiny_model_is_registered(tmp_path, m
         ["extract", *small],
         ["classify", *small],
         ["classify", "--model", model, "--task", "all", "--n", "3", *common],
+        ["compare-kinds", *small],
         ["special", *small],
         ["surface", *small],
         ["cluster", *small],
