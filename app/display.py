@@ -10,7 +10,7 @@ import pandas as pd
 # Columns whose values are shares of 1: attention weights, accuracies, F1 scores, class fractions.
 FRACTION_COLUMNS = frozenset({
     "fraction", "fraction_pruned", "accuracy", "baseline_accuracy", "f1", "macro_f1", "macro_f1_agreed",
-    "mean_attention", "to_cls", "to_sep",
+    "mean_attention", "to_cls", "to_sep", "ci_low", "ci_high", "adjusted",
 })
 # In long tables (layer, head, <key>, value) the key names what ``value`` is; these keys are shares of 1.
 FRACTION_KEYS = FRACTION_COLUMNS | frozenset({
