@@ -1,4 +1,4 @@
-"""The run directory: the contract between the batch side and the app (see shared ARCHITECTURE.md).
+"""The run directory: the contract between the batch side and the app (its files are listed in analysis/artifacts.py).
 
 runs/<model-slug>/<task>/manifest.json, <analysis>.csv (long tables: layer, head, [key], value),
 <analysis>.png/.svg. All writes are atomic: a temporary name in the same folder, then os.replace.
