@@ -8,7 +8,8 @@ Two modes:
   count in the cosine, so for short inputs the score is mostly about rows that are no part of the input
   (on MiniLM/SST-2 they raise it in the lower layers and lower it in the last ones).
 
-Both models see identical input ids (their tokenizers must match).
+Both models see identical input ids (their tokenizers must match). Each head's mean cosine comes with a
+percentile bootstrap 95% interval over the examples (metrics cosine_<mode>_ci_low / _ci_high).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from analysis.stream import (
     forward_attentions,
     iter_batches,
 )
+from analysis.uncertainty import bootstrap_mean_interval
 
 MODES = ("cropped", "padded")
 PROBE_TEXT = "Attention, [MASK] heads: don't they look at [SEP]? Ünïcode & numbers 1234."
@@ -103,12 +105,13 @@ def check_same_shape(bundle_a, bundle_b) -> None:
 
 
 def head_cosines(base, finetuned, examples: Sequence[Example], *, modes: Sequence[str] = MODES,
-                 max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 16,
-                 progress: bool | str = False) -> dict[str, np.ndarray]:
-    """Mean per-head cosine between two models' maps over ``examples``: {mode: (L, H)}.
+                 max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 16, progress: bool | str = False,
+                 per_example: bool = False):
+    """Mean per-head cosine between two models' maps over ``examples``: {"cosine_<mode>": (L, H)}.
 
     One forward pass per model and batch serves every mode: with 'padded' requested the batch is padded to
     ``max_length``; real-token outputs do not depend on the padding, so the cropped cosine is unchanged.
+    With ``per_example`` also returns {"cosine_<mode>": (E, L, H)} every example's cosines (stream order).
     """
     check_same_tokenizer(base.tokenizer, finetuned.tokenizer)
     check_same_shape(base, finetuned)
@@ -118,6 +121,7 @@ def head_cosines(base, finetuned, examples: Sequence[Example], *, modes: Sequenc
     encoded = encode_examples(base.tokenizer, examples, max_length)
     pad_id = base.tokenizer.pad_token_id if base.tokenizer.pad_token_id is not None else 0
     means = HeadMeans()
+    examples_cosines: dict[str, list[np.ndarray]] = {}
     bar = progress_bar(len(encoded), progress, "maps")
     with torch.inference_mode():
         for batch in iter_batches(base, examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
@@ -128,11 +132,26 @@ def head_cosines(base, finetuned, examples: Sequence[Example], *, modes: Sequenc
             mask = batch.attention_mask
             for mode, values in cosine_by_mode(maps_a.float().cpu(), maps_b.float().cpu(), mask, modes).items():
                 means.add(f"cosine_{mode}", values)
+                if per_example:
+                    examples_cosines.setdefault(f"cosine_{mode}", []).append(values.numpy())
             if bar is not None:
                 bar.update(len(batch.items))
     if bar is not None:
         bar.close()
+    if per_example:
+        return means.result(), {name: np.concatenate(parts) for name, parts in examples_cosines.items()}
     return means.result()
+
+
+def cosine_intervals(per_example: dict[str, np.ndarray], level: float = 0.95) -> dict[str, np.ndarray]:
+    """{name: (E, L, H)} per-example cosines -> {name_ci_low, name_ci_high: (L, H)}: percentile bootstrap
+    interval of each head's mean over the examples (one set of draws for every head)."""
+    out = {}
+    for name, values in per_example.items():
+        # small chunks: one chunk holds (draws, E, L * H) values
+        interval = bootstrap_mean_interval(values, level=level, chunk=max(1, int(4e6 // max(values.size, 1))))
+        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = interval[..., 0], interval[..., 1]
+    return out
 
 
 def cosine_figure(values: dict[str, np.ndarray], title: str):
@@ -144,12 +163,13 @@ def cosine_figure(values: dict[str, np.ndarray], title: str):
 def write_cosine(base, finetuned, data, run, *, modes: Sequence[str] = MODES, max_length: int = DEFAULT_MAX_LENGTH,
                  batch_size: int = 16, progress: bool | str = False) -> dict[str, np.ndarray]:
     """Compute :func:`head_cosines` on ``data`` and write cosine.csv and cosine.png/svg into ``run``
-    (the fine-tuned model's run directory). Returns {"cosine_<mode>": (L, H)}."""
+    (the fine-tuned model's run directory), each head's mean with its bootstrap 95% interval over the examples
+    (cosine_<mode>_ci_low / _ci_high). Returns {"cosine_<mode>": (L, H)} means."""
     with run.record("compare", finetuned, data, base_model=base.name, base_revision=base.revision,
                     modes=list(modes), max_length=max_length) as entry:
-        values = head_cosines(base, finetuned, data.examples, modes=modes, max_length=max_length,
-                              batch_size=batch_size, progress=progress)
-        run.write_table("cosine", long_table(values))
+        values, per_example = head_cosines(base, finetuned, data.examples, modes=modes, max_length=max_length,
+                                           batch_size=batch_size, progress=progress, per_example=True)
+        run.write_table("cosine", long_table({**values, **cosine_intervals(per_example)}))
         titles = {f"cosine_{mode}": f"{mode} ({'real tokens' if mode == 'cropped' else f'padded to {max_length}'})"
                   for mode in modes}
         fig = cosine_figure({titles[name]: array for name, array in values.items()},
@@ -157,5 +177,6 @@ def write_cosine(base, finetuned, data, run, *, modes: Sequence[str] = MODES, ma
         figures = run.write_figure("cosine", fig)
         close(fig)
         entry.update(outputs=[str(run.file("cosine.csv"))] + [str(f) for f in figures],
-                     mean={name: float(np.nanmean(array)) for name, array in values.items()})
+                     mean={name: float(np.nanmean(array)) for name, array in values.items()},
+                     interval="percentile bootstrap 95% interval of each head's mean over the examples")
     return values

@@ -19,6 +19,7 @@ the other "the <occupation>" mention before the pronoun is the distractor. A hea
 pronoun's row gives more weight to the gold antecedent's head word (the span's last word) than to the
 distractor's. Baselines: nearest mention, first mention, and string match (the candidate whose head word
 equals the pronoun; no occupation ever equals a pronoun, so it always falls back to the nearest mention).
+Every accuracy, per head and of each baseline, comes with a percentile bootstrap 95% interval over the sentences.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from analysis.figures import close, head_heatmap
 from analysis.parsing import GOLD_PARSES, PIPELINE_NAME, SILVER_PARSES, parse_texts, require_pipeline
 from analysis.rundir import RunDir, long_table
 from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps, to_word_level, word_groups
+from analysis.uncertainty import bootstrap_mean_interval
 
 DIRECTIONS = ("dep->head", "head<-dep")
 OFFSETS = (-3, -2, -1, 1, 2, 3)
@@ -392,6 +394,11 @@ def antecedent_choices(pronoun_rows: torch.Tensor, antecedent: int, distractor: 
 
 def coref_baselines(items: list[CorefItem]) -> dict[str, float]:
     """Accuracy of the nearest-mention, first-mention and string-match baselines (see the module notes)."""
+    return {name: float(np.mean(right)) for name, right in coref_baseline_choices(items).items()}
+
+
+def coref_baseline_choices(items: list[CorefItem]) -> dict[str, np.ndarray]:
+    """{baseline: (N,) bool} whether each baseline picks the gold antecedent of each item."""
     def nearest(item):
         return min((item.antecedent, item.distractor), key=lambda w: (abs(item.pronoun - w), -w))
 
@@ -402,16 +409,24 @@ def coref_baselines(items: list[CorefItem]) -> dict[str, float]:
 
     choosers = {"nearest mention": nearest, "first mention": lambda item: min(item.antecedent, item.distractor),
                 "string match": string_match}
-    return {name: float(np.mean([choose(item) == item.antecedent for item in items]))
+    return {name: np.array([choose(item) == item.antecedent for item in items], dtype=bool)
             for name, choose in choosers.items()}
 
 
 def coref_accuracy(bundle, items: list[CorefItem], *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
                    progress: bool = True) -> tuple[np.ndarray, int]:
     """(L, H) antecedent-selection accuracy of every head, and how many items were not scored (truncated)."""
+    choices, unscored = coref_choices(bundle, items, max_length=max_length, batch_size=batch_size,
+                                      progress=progress)
+    return choices.mean(0), unscored
+
+
+def coref_choices(bundle, items: list[CorefItem], *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
+                  progress: bool = True) -> tuple[np.ndarray, int]:
+    """(S, L, H) bool: whether each head picks the gold antecedent of each scored item (stream order), and how
+    many items were not scored (truncated)."""
     examples = [Example(item.id, " ".join(item.words), words=item.words) for item in items]
-    correct = np.zeros((bundle.num_layers, bundle.num_heads))
-    scored = 0
+    choices = []
     for map_batch in stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size,
                                  progress="coreference probe" if progress else False):
         for i, encoded in enumerate(map_batch.batch.items):
@@ -421,11 +436,10 @@ def coref_accuracy(bundle, items: list[CorefItem], *, max_length: int = DEFAULT_
             if not {item.pronoun, item.antecedent, item.distractor} <= position.keys():
                 continue
             rows = word_maps[..., position[item.pronoun], :]
-            correct += antecedent_choices(rows, position[item.antecedent], position[item.distractor]).numpy()
-            scored += 1
-    if not scored:
+            choices.append(antecedent_choices(rows, position[item.antecedent], position[item.distractor]).numpy())
+    if not choices:
         raise AttnpatError("no WinoBias sentence fits in the maximum length; raise --max-length")
-    return correct / scored, len(items) - scored
+    return np.stack(choices), len(items) - len(choices)
 
 
 def coref_table(accuracy: np.ndarray, baselines: dict[str, float], model_name: str):
@@ -446,17 +460,26 @@ def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = N
                     notes=["[MASK] filled with the pro-stereotyped pronoun", f"{skipped} lines not parsed"])
     run = RunDir(bundle.slug, WINOBIAS_TASK, run_root)
     with run.record("probing_coref", bundle, data, max_length=max_length) as entry:
-        accuracy, unscored = coref_accuracy(bundle, items, max_length=max_length, batch_size=batch_size,
-                                            progress=progress)
-        baselines = coref_baselines(items)
-        per_head = long_table({"accuracy": accuracy})
+        choices, unscored = coref_choices(bundle, items, max_length=max_length, batch_size=batch_size,
+                                          progress=progress)
+        accuracy, interval = choices.mean(0), bootstrap_mean_interval(choices.astype(float))  # (L, H), (L, H, 2)
+        baseline_choices = coref_baseline_choices(items)
+        baselines = {name: float(right.mean()) for name, right in baseline_choices.items()}
+        baseline_interval = bootstrap_mean_interval(np.stack(list(baseline_choices.values()), 1).astype(float))
+        per_head = long_table({"accuracy": accuracy, "accuracy_ci_low": interval[..., 0],
+                               "accuracy_ci_high": interval[..., 1]})
         run.write_table("probing_coref", per_head)
         run.write_table("probing_coref_baselines",
-                        pd.DataFrame({"baseline": list(baselines), "accuracy": list(baselines.values())}))
-        fig = head_heatmap(accuracy, title="WinoBias antecedent selection accuracy", vmin=0, vmax=1, label="accuracy")
+                        pd.DataFrame({"baseline": list(baselines), "accuracy": list(baselines.values()),
+                                      "ci_low": baseline_interval[:, 0], "ci_high": baseline_interval[:, 1]}))
+        best = np.unravel_index(int(np.argmax(accuracy)), accuracy.shape)
+        fig = head_heatmap(accuracy, title=f"WinoBias antecedent selection accuracy; best head L{best[0] + 1}-"
+                           f"H{best[1] + 1} {accuracy[best]:.3f} (95% CI {interval[best][0]:.3f}-"
+                           f"{interval[best][1]:.3f}, {len(choices)} sentences)", vmin=0, vmax=1, label="accuracy")
         run.write_figure("probing_coref", fig)
         close(fig)
         entry.update(n_items=len(items), n_skipped_lines=skipped, n_unscored=unscored,
+                     interval="percentile bootstrap 95% interval over the sentences (ci_low, ci_high)",
                      outputs=["probing_coref.csv", "probing_coref_baselines.csv", "probing_coref.png",
                               "probing_coref.svg"])
     return coref_table(accuracy, baselines, bundle.name), per_head, run

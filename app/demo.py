@@ -241,7 +241,8 @@ def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
 
     def finetuning() -> str:
         scores = _csv(tuned_dir / "finetune_eval.csv").set_index("metric").value
-        cosine = _csv(tuned_dir / "cosine.csv").groupby("metric").value.mean()
+        cosine = _csv(tuned_dir / "cosine.csv")
+        cosine = cosine[~cosine.metric.str.contains("_ci_")].groupby("metric").value.mean()  # means, not bounds
         linguistic = _csv(tuned_dir / "linguistic.csv")
         return (f"{tuned}/{TASK}: dev accuracy {_percent(scores['accuracy'])}; mean cosine to {BASE} "
                 + ", ".join(f"{name.removeprefix('cosine_')} {value:.3f}" for name, value in cosine.items())
@@ -273,7 +274,7 @@ def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
         coref = _csv(root / BASE / "winobias" / "probing_coref.csv")
         return (f"{BASE}/wiki: head labels " + ", ".join(f"{k} {v}" for k, v in labels.items())
                 + "; clusters; " + "; ".join(parts) + f" ({dependency.parses.iloc[0]}); WinoBias best head "
-                + _percent(coref.value.max()))
+                + _percent(coref[coref.metric == "accuracy"].value.max()))
 
     def classifier() -> str:
         meta = json.loads((repo_root() / "classifier" / "checkpoints" / "default.json").read_text())

@@ -65,7 +65,8 @@ def test_the_demo_wrote_what_every_tab_needs(demo_runs):
                  "importance", "pruning"):
         assert (tuned / f"{name}.csv").is_file(), name
     cosine = pd.read_csv(tuned / "cosine.csv")
-    assert set(cosine.metric) == {"cosine_cropped", "cosine_padded"}
+    assert set(cosine.metric) == {f"cosine_{mode}{part}" for mode in ("cropped", "padded")
+                                  for part in ("", "_ci_low", "_ci_high")}
     linguistic = pd.read_csv(tuned / "linguistic.csv")
     assert {"noun", "verb", "pronoun", "subject", "object"} <= set(linguistic.feature)  # the tagger ran
     dependency = pd.read_csv(demo_runs / "minilm" / "wiki" / "probing_dependency.csv")

@@ -9,6 +9,7 @@ from analysis.data import Example, load_data
 from analysis.errors import AttnpatError
 from analysis.models import load_model
 from analysis.rundir import RunDir, table_to_array
+from analysis.uncertainty import bootstrap_mean_interval
 from tests.tiny import tiny_config, wrap_bundle
 
 
@@ -81,9 +82,25 @@ def test_minilm_with_itself_writes_the_cosine_table(tmp_path):
     run = RunDir("minilm-self", "sst2", tmp_path)
     cmp.write_cosine(bundle, bundle, data, run, max_length=64, batch_size=6)
     table = run.read_table("cosine")
-    assert set(table.metric) == {"cosine_cropped", "cosine_padded"} and len(table) == 2 * 6 * 12
-    assert np.allclose(table_to_array(table, "cosine_cropped"), 1.0, atol=1e-5)
-    assert np.allclose(table_to_array(table, "cosine_padded"), 1.0, atol=1e-5)
+    names = {f"cosine_{mode}{part}" for mode in ("cropped", "padded") for part in ("", "_ci_low", "_ci_high")}
+    assert set(table.metric) == names and len(table) == 6 * 6 * 12
+    for name in names:  # identical maps: every example's cosine is 1, so is every bound
+        assert np.allclose(table_to_array(table, name), 1.0, atol=1e-5)
     assert (run.path / "cosine.png").is_file() and (run.path / "cosine.svg").is_file()
     entry = run.manifest()["analyses"]["compare"]
     assert entry["base_model"] == "minilm" and entry["data"]["n_examples"] == 12
+
+
+def test_cosine_intervals_bootstrap_the_per_example_cosines(tokenizer, tmp_path):
+    a, b = tiny(0, init=0.5), tiny(1, init=0.5)
+    means, per_example = cmp.head_cosines(a, b, EXAMPLES, max_length=32, batch_size=2, per_example=True)
+    assert per_example["cosine_cropped"].shape == (len(EXAMPLES), 2, 4)
+    for name in means:
+        assert np.allclose(per_example[name].mean(0), means[name])
+    intervals = cmp.cosine_intervals(per_example)
+    low, high = intervals["cosine_cropped_ci_low"], intervals["cosine_cropped_ci_high"]
+    assert low.shape == (2, 4) and np.all(low <= means["cosine_cropped"] + 1e-12)
+    assert np.all(means["cosine_cropped"] <= high + 1e-12) and np.any(high - low > 1e-3)
+    reference = bootstrap_mean_interval(per_example["cosine_padded"][:, 1, 2])  # one head on its own
+    assert [intervals["cosine_padded_ci_low"][1, 2], intervals["cosine_padded_ci_high"][1, 2]] == pytest.approx(
+        reference)

@@ -17,6 +17,7 @@ from analysis.probing import (
     CorefItem,
     DependencyScores,
     antecedent_choices,
+    coref_baseline_choices,
     coref_baselines,
     dependency_data,
     dependency_table,
@@ -28,6 +29,7 @@ from analysis.probing import (
     score_sentence,
     word_level_maps,
 )
+from analysis.rundir import table_to_array
 from analysis.stream import MapBatch, collate, encode_examples
 from app.cli import main
 
@@ -192,6 +194,7 @@ def test_antecedent_choice_and_baselines():
              CorefItem("b", ("The", "x", "met", "the", "y", "she"), 5, antecedent=1, distractor=4),
              CorefItem("c", ("The", "x", "met", "the", "y", "she"), 5, antecedent=4, distractor=1)]
     baselines = coref_baselines(items)
+    assert coref_baseline_choices(items)["first mention"].tolist() == [False, True, False]
     assert baselines["nearest mention"] == pytest.approx(2 / 3)
     assert baselines["first mention"] == pytest.approx(1 / 3)
     assert baselines["string match"] == baselines["nearest mention"]  # no candidate is spelled like "she"
@@ -216,8 +219,12 @@ def test_cli_probes_on_minilm(tmp_path, capsys):
     assert "nearest mention" in capsys.readouterr().out
     per_head = pd.read_csv(tmp_path / "minilm" / "winobias" / "probing_coref.csv")
     baselines = pd.read_csv(tmp_path / "minilm" / "winobias" / "probing_coref_baselines.csv")
-    assert len(per_head) == 72 and per_head.value.between(0, 1).all()
+    assert len(per_head) == 3 * 72 and per_head.value.between(0, 1).all()
+    accuracy, low, high = (table_to_array(per_head, name) for name in ("accuracy", "accuracy_ci_low",
+                                                                        "accuracy_ci_high"))
+    assert np.all(low <= accuracy) and np.all(accuracy <= high) and np.any(high - low > 0.05)  # 40 sentences
     assert set(baselines.baseline) == {"nearest mention", "first mention", "string match"}
+    assert (baselines.ci_low <= baselines.accuracy).all() and (baselines.accuracy <= baselines.ci_high).all()
     assert (tmp_path / "minilm" / "winobias" / "probing_coref.svg").is_file()
 
     assert main(["probe-dep", str(tmp_path / "none.conllu"), "--quiet", "--runs-dir", runs]) == 2
