@@ -40,11 +40,11 @@ def _thresholds(broad: float, position: float, special: float):
 def surface(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = opt.n_option(1000, "examples"),
             split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
             broad_threshold: float = BroadThreshold, position_threshold: float = PositionThreshold,
-            special_threshold: float = SpecialThreshold, runs_dir: opt.OptionalPath = opt.RunsDir,
-            quiet: bool = opt.Quiet) -> None:
+            special_threshold: float = SpecialThreshold, map_kind: str = opt.MapKind,
+            runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Per-head attention to prev/next/same token, [CLS], [SEP], '.', ',' and entropy; head labels (Clark Fig. 2, 4)."""
     data = load_data(task, split, n)
-    bundle = load_model(model)
+    bundle = load_model(model, map_kind=map_kind)
     run = RunDir(bundle.slug, data.task, runs_dir)
     thresholds = _thresholds(broad_threshold, position_threshold, special_threshold)
     table = surface_statistics(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet,

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from analysis.errors import AttnpatError
+from analysis.mapkinds import KIND_NOTES
 from analysis.models import load_model
 from analysis.rundir import RunDir
 from app import options as opt
@@ -73,9 +74,10 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
                                                          help="checkpoint (default: the shipped one)"),
              out: opt.OptionalPath = typer.Option(None, "--out", help="with --maps: output CSV (default: <maps "
                                                   "folder>/map_classes.csv)"),
-             max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+             max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize, map_kind: str = opt.MapKind,
              runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
-    """Classify every head's attention maps on a task (or --task all), or saved map files (--maps)."""
+    """Classify every head's attention maps on a task (or --task all), or saved map files (--maps); --map-kind norm
+    or rollout classifies those maps instead (into runs/<model>@<kind>/)."""
     from classifier.predict import load_classifier  # noqa: PLC0415
 
     cnn = load_classifier(str(classifier) if classifier else None)
@@ -93,10 +95,11 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
     from classifier.classify import available_glue_tasks, classify_tasks  # noqa: PLC0415
 
     tasks = available_glue_tasks() if task == "all" else [task]
-    bundle = load_model(model)
+    bundle = load_model(model, map_kind=map_kind)
     ratios = classify_tasks(bundle, tasks, cnn, n=n, split=split, batch_size=batch_size, max_length=max_length,
                             root=runs_dir, progress=not quiet)
-    typer.echo(f"pattern ratios of {bundle.name} (classifier trained on {cnn.trained_on}):")
+    kind_note = "" if map_kind == "weight" else f", {KIND_NOTES[map_kind]}"
+    typer.echo(f"pattern ratios of {bundle.name} (classifier trained on {cnn.trained_on}{kind_note}):")
     for name, table in ratios.items():
         typer.echo(f"  {name:<6} " + "  ".join(f"{row['class']} {row['fraction']:.1%}"
                                                for _, row in table.iterrows()))

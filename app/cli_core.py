@@ -43,10 +43,10 @@ def extract(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
             out: opt.OptionalPath = typer.Option(None, "--out", help="folder for map shards (default: run dir/maps)"),
             split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
-            runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+            map_kind: str = opt.MapKind, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Stream a task's attention maps and save them (compressed shards, resumable)."""
     data = load_data(task, split, n, text_column=text_column, label_column=label_column)
-    bundle = load_model(model)
+    bundle = load_model(model, map_kind=map_kind)
     summary = write_maps(bundle, data, RunDir(bundle.slug, data.task, runs_dir), out, max_length=max_length,
                          batch_size=batch_size, progress=not quiet)
     out = summary["out"]

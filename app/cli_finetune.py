@@ -87,17 +87,17 @@ def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
             no_base: bool = typer.Option(False, "--no-base", help="analyse --model only"),
             top: int = typer.Option(10, "--top", help="show the N tokens the last layer's [CLS] attends to most"),
             split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
-            runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+            map_kind: str = opt.MapKind, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Attention to [CLS]/[SEP], the last layer's [CLS] row and to linguistic features (Kovaleva Fig. 6-7, 4.4)."""
     data = load_data(task, split, n)
-    bundle = load_model(model)
+    bundle = load_model(model, map_kind=map_kind)
     names = [model]
     base = None if no_base else base or bundle.meta.get("base_model")
     if base and base != model:
         names.append(base)
     tagger = spacy_tagger()
     for name in names:
-        current = bundle if name == model else load_model(name)
+        current = bundle if name == model else load_model(name, map_kind=map_kind)
         run = RunDir(current.slug, data.task, runs_dir)
         stats = write_special(current, data, run, max_length=max_length, batch_size=batch_size, tagger=tagger,
                               progress=f"{name}" if not quiet else False, top=top)

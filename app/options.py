@@ -6,6 +6,7 @@ from pathlib import Path
 import typer
 
 from analysis.data import check_n
+from analysis.mapkinds import check_map_kind
 from analysis.models import DEFAULT_MODEL
 from analysis.stream import DEFAULT_MAX_LENGTH
 
@@ -34,6 +35,10 @@ BatchSize = typer.Option(32, "--batch-size", help="examples per forward pass")
 RunsDir = typer.Option(None, "--runs-dir", help="run directory root (default: ./runs or $ATTNPAT_HOME/runs)")
 Split = typer.Option("validation", "--split", help="data split")
 Quiet = typer.Option(False, "--quiet", "-q", help="no progress bar")
+MapKind = typer.Option("weight", "--map-kind", help="maps to analyse: weight (attention weights), norm (Kobayashi "
+                       "et al. 2020: ||alpha f(x)|| per head, each row renormalised to sum 1) or rollout (Abnar & "
+                       "Zuidema 2020, per layer, repeated over its heads); other kinds than weight write to "
+                       "runs/<model>@<kind>/", callback=check_map_kind)
 
 OptionalPath = Path | None
 OptionalInt = int | None

@@ -14,6 +14,7 @@ from analysis.artifacts import artifact, kind_folder, split_kind_folder
 from analysis.data import Example, load_data
 from analysis.errors import AttnpatError
 from analysis.mapkinds import attention_parts, renormalise_rows, rollout_maps
+from analysis.mapstore import iter_saved_maps
 from analysis.models import load_model, with_map_kind
 from analysis.stream import stream_maps, token_roles
 from app.cli import main
@@ -222,3 +223,32 @@ def test_compare_kinds_needs_two_kinds(capsys):
     assert "at least two map kinds" in capsys.readouterr().err
     assert main(["compare-kinds", "--kinds", "weight,value"]) == 2
     assert "unknown map kind 'value'" in capsys.readouterr().err
+
+
+def test_map_kind_option_writes_each_kinds_own_run_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    save_tiny_model(tmp_path / "models" / "tiny", layers=2, heads=4, initializer_range=0.3)
+    runs = tmp_path / "runs"
+    common = ["--model", "tiny", "--n", "4", "--runs-dir", str(runs), "-q"]
+    assert main(["classify", "--task", "sst2", *common]) == 0
+    weight_patterns = (runs / "tiny" / "sst2" / "patterns.csv").read_bytes()
+    assert main(["classify", "--task", "sst2", "--map-kind", "norm", *common]) == 0
+    assert "each row renormalised to sum 1" in capsys.readouterr().out
+    norm_run = runs / "tiny@norm" / "sst2"
+    for name in ("patterns.csv", "pattern_ratios.csv", "patterns.png", "pattern_ratios.svg", "manifest.json"):
+        assert (norm_run / name).is_file(), name
+    assert (runs / "tiny" / "sst2" / "patterns.csv").read_bytes() == weight_patterns  # weight run untouched
+    assert json.loads((norm_run / "manifest.json").read_text())["model"]["map_kind"] == "norm"
+    assert main(["extract", "--task", "sst2", "--map-kind", "norm", *common]) == 0
+    maps = next(iter_saved_maps(runs / "tiny@norm" / "sst2" / "maps"))
+    assert maps.map_ids[0].startswith("tiny@norm:sst2:")
+    np.testing.assert_allclose(maps.attn.sum(-1), 1.0, atol=5e-3)  # float16 storage of renormalised rows
+    assert main(["special", "--task", "sst2", "--map-kind", "rollout", "--no-base", *common]) == 0
+    assert main(["surface", "--task", "wiki", "--map-kind", "rollout", *common]) == 0
+    surface = pd.read_csv(runs / "tiny@rollout" / "wiki" / "surface.csv")
+    per_layer = surface[surface.metric == "cls"].groupby("layer")["value"]
+    assert (per_layer.max() - per_layer.min()).max() < 1e-9  # rollout: every head of a layer carries the same map
+    assert (runs / "tiny@rollout" / "sst2" / "special_tokens.csv").is_file()
+    capsys.readouterr()
+    assert main(["classify", "--task", "sst2", "--map-kind", "values", *common]) == 2
+    assert capsys.readouterr().err.strip() == "error: unknown map kind 'values'; use one of: weight, norm, rollout"
