@@ -1,0 +1,118 @@
+"""What fine-tuning does to the patterns: every head of the base and of the fine-tuned model classified on the
+same examples, counted as a 5 x 5 transition matrix of pattern classes (base class -> fine-tuned class).
+
+Both models see identical input ids (one encoding, their tokenizers must match, analysis.compare) and the same
+length-sorted batches, so map (example e, layer l, head h) of one model meets the same map of the other. Each
+map counts once: the matrix sums to examples x layers x heads. The classifier (classifier.classify.classify_batch)
+crops each map to its example's real tokens.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+
+from analysis.compare import check_same_shape, check_same_tokenizer
+from analysis.data import Example
+from analysis.errors import AttnpatError
+from analysis.figures import close  # importing analysis.figures selects the Agg backend
+from analysis.patterns import CLASSES
+from analysis.progress import progress_bar
+from analysis.stream import DEFAULT_MAX_LENGTH, encode_examples, stream_maps
+from classifier.classify import classify_batch
+from classifier.predict import PatternClassifier
+
+TABLE = "pattern_transitions"
+
+
+def count_transitions(base_classes: torch.Tensor, finetuned_classes: torch.Tensor) -> np.ndarray:
+    """(5, 5) counts: row = base class, column = fine-tuned class. Inputs: class indices of the same maps,
+    any equal shape (e.g. (B, L, H))."""
+    if base_classes.shape != finetuned_classes.shape:
+        raise AttnpatError(f"class arrays differ in shape: {tuple(base_classes.shape)} vs "
+                           f"{tuple(finetuned_classes.shape)}")
+    k = len(CLASSES)
+    pairs = (base_classes.flatten().long() * k + finetuned_classes.flatten().long()).cpu()
+    return torch.bincount(pairs, minlength=k * k).reshape(k, k).numpy()
+
+
+def pattern_transitions(base, finetuned, examples: Sequence[Example], classifier: PatternClassifier, *,
+                        max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 16,
+                        progress: bool | str = False) -> np.ndarray:
+    """(5, 5) transition counts over every example, layer and head (row: base class, column: fine-tuned)."""
+    check_same_tokenizer(base.tokenizer, finetuned.tokenizer)
+    check_same_shape(base, finetuned)
+    if not examples:
+        raise AttnpatError("no examples to classify")
+    encoded = encode_examples(base.tokenizer, examples, max_length)
+    counts = np.zeros((len(CLASSES), len(CLASSES)), dtype=np.int64)
+    bar = progress_bar(len(encoded), progress, "patterns", unit="ex")
+    streams = (stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size, encoded=encoded)
+               for bundle in (base, finetuned))
+    for maps_base, maps_tuned in zip(*streams, strict=True):
+        if maps_base.batch.indices != maps_tuned.batch.indices:  # cannot happen with one encoding; guards pairing
+            raise AttnpatError("the two models' map streams are not aligned")
+        counts += count_transitions(classify_batch(maps_base, classifier), classify_batch(maps_tuned, classifier))
+        if bar is not None:
+            bar.update(len(maps_base))
+    if bar is not None:
+        bar.close()
+    return counts
+
+
+def transition_table(counts: np.ndarray) -> pd.DataFrame:
+    """(5, 5) counts -> base_class, finetuned_class, count, fraction (of all maps), fraction_of_base (of the
+    maps whose base class is that row's; 0 for a class the base model never shows)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    rows = counts.sum(1, keepdims=True)
+    of_base = np.divide(counts, rows, out=np.zeros(counts.shape), where=rows > 0)
+    base, tuned = np.meshgrid(np.arange(len(CLASSES)), np.arange(len(CLASSES)), indexing="ij")
+    names = np.asarray(CLASSES)
+    return pd.DataFrame({"base_class": names[base.ravel()], "finetuned_class": names[tuned.ravel()],
+                         "count": counts.ravel(), "fraction": counts.ravel() / max(int(counts.sum()), 1),
+                         "fraction_of_base": of_base.ravel()})
+
+
+def transition_figure(counts: np.ndarray, title: str):
+    """The matrix as a heatmap: colour = share of the base class's maps (row), text = count and that share."""
+    counts = np.asarray(counts)
+    rows = counts.sum(1, keepdims=True)
+    of_base = np.divide(counts, rows, out=np.zeros(counts.shape), where=rows > 0)
+    fig, ax = plt.subplots(figsize=(5.6, 4.6))
+    image = ax.imshow(of_base, cmap="Blues", vmin=0, vmax=1)
+    for i in range(counts.shape[0]):
+        for j in range(counts.shape[1]):
+            ax.text(j, i, f"{counts[i, j]}\n{of_base[i, j]:.0%}", ha="center", va="center", fontsize=7,
+                    color="white" if of_base[i, j] > 0.6 else "black")
+    ax.set_xticks(range(len(CLASSES)), list(CLASSES), fontsize=8, rotation=30, ha="right")
+    ax.set_yticks(range(len(CLASSES)), [f"{name} ({int(total)})" for name, total in zip(CLASSES, rows[:, 0])],
+                  fontsize=8)
+    ax.set_xlabel("fine-tuned model's class")
+    ax.set_ylabel("base model's class (maps)")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, label="share of the base class's maps", shrink=0.85)
+    fig.tight_layout()
+    return fig
+
+
+def write_transitions(base, finetuned, data, run, classifier: PatternClassifier, *,
+                      max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 16,
+                      progress: bool | str = False) -> np.ndarray:
+    """Compute :func:`pattern_transitions` on ``data`` and write pattern_transitions.csv and .png/.svg into
+    ``run`` (the fine-tuned model's run directory). Returns the (5, 5) counts."""
+    with run.record(TABLE, finetuned, data, base_model=base.name, base_revision=base.revision,
+                    max_length=max_length, classifier=classifier.path or "default",
+                    classifier_trained_on=classifier.trained_on) as entry:
+        counts = pattern_transitions(base, finetuned, data.examples, classifier, max_length=max_length,
+                                     batch_size=batch_size, progress=progress)
+        run.write_table(TABLE, transition_table(counts))
+        fig = transition_figure(counts, f"{base.name} -> {finetuned.name} on {data.task}: pattern class of each "
+                                f"head's map ({len(data.examples)} examples)")
+        figures = run.write_figure(TABLE, fig)
+        close(fig)
+        entry.update(n_maps=int(counts.sum()), unchanged=float(np.trace(counts) / max(int(counts.sum()), 1)),
+                     outputs=[str(run.file(f"{TABLE}.csv"))] + [str(path) for path in figures])
+    return counts
