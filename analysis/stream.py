@@ -125,10 +125,16 @@ def encode_examples(tokenizer, examples: Sequence[Example], max_length: int = DE
     return encoded
 
 
+def check_batch_size(batch_size: int) -> int:
+    """The one rule for a batch size (every verb's --batch-size): a positive integer."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise AttnpatError(f"batch size must be positive, got {batch_size}")
+    return batch_size
+
+
 def length_sorted_batches(encoded: Sequence[Encoded], batch_size: int) -> list[list[Encoded]]:
     """Group examples of similar length so padding stays small; original order is kept within ties."""
-    if batch_size < 1:
-        raise AttnpatError(f"batch size must be positive, got {batch_size}")
+    check_batch_size(batch_size)
     ordered = sorted(encoded, key=lambda item: (len(item), item.index))
     return [ordered[start:start + batch_size] for start in range(0, len(ordered), batch_size)]
 

@@ -10,7 +10,6 @@ import importlib.util
 import os
 import sys
 
-import click
 import typer
 
 from analysis.errors import AttnpatError, os_error_message
@@ -46,16 +45,26 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a read-only or full run directory, a vanished file: one line, not a traceback
         print(f"error: {os_error_message(exc, 'cannot access' if exc.filename else '')}", file=sys.stderr)
         return _exit(2, argv)
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("aborted", file=sys.stderr)
         return _exit(130, argv)
-    except click.exceptions.ClickException as exc:
-        exc.show()
-        return _exit(exc.exit_code, argv)
+    except typer.TyperException as exc:  # a usage error (unknown option, bad value): one line too
+        message = _usage_message(exc)
+        if message:  # none when a group was called without a verb: its help was shown
+            print(f"error: {message}", file=sys.stderr)
+        return _exit(getattr(exc, "exit_code", 2), argv)
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return _exit(130, argv)
     return _exit(0, argv)
+
+
+def _usage_message(exc: typer.TyperException) -> str:
+    """The usage error's message, pointing to the verb's --help (typer bundles its own click: its
+    exceptions are typer.TyperException, not click's)."""
+    message = (exc.format_message() if hasattr(exc, "format_message") else str(exc)).strip()
+    context = getattr(exc, "ctx", None)
+    return f"{message} (see `{context.command_path} --help`)" if message and context is not None else message
 
 
 def _exit(code: int, argv) -> int:

@@ -62,7 +62,7 @@ def surface(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
 
 def grad_importance(model: str = opt.Model, task: str = WikiTask,
                     n: opt.OptionalInt = opt.n_option(200, "examples"), split: str = opt.Split,
-                    max_length: int = opt.MaxLength, batch_size: int = typer.Option(8, "--batch-size"),
+                    max_length: int = opt.MaxLength, batch_size: int = opt.batch_size_option(8),
                     mask_probability: float = typer.Option(0.15, "--mask-probability",
                                                            help="MLM: share of tokens masked"),
                     seed: int = Seed, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:

@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
 def finetune(model: str = opt.Model, task: str = opt.Task,
              name: str | None = typer.Option(None, "--name", help="model-store name (default: <model>-<task>)"),
              learning_rate: float = typer.Option(2e-5, "--lr", help="peak learning rate"),
-             batch_size: int = typer.Option(32, "--batch-size", help="training batch size"),
+             batch_size: int = opt.batch_size_option(32, "training batch size"),
              epochs: int = typer.Option(3, "--epochs", help="training epochs"),
              max_length: int = opt.MaxLength,
              seed: int = typer.Option(0, "--seed", help="seed for the head, dropout, batch order and --split-dev"),
@@ -62,7 +62,7 @@ def compare(base: str = typer.Option("minilm", "--base", help="the model before 
             mode: str = typer.Option("both", "--mode", help="cropped (real tokens), padded (the paper's fixed "
                                      "length) or both"),
             split: str = opt.Split, max_length: int = opt.MaxLength,
-            batch_size: int = typer.Option(16, "--batch-size", help="examples per forward pass"),
+            batch_size: int = opt.batch_size_option(16),
             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Per-head cosine similarity of base and fine-tuned attention maps on the same inputs (Kovaleva Fig. 5)."""
     modes = MODES if mode == "both" else (mode,)

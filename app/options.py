@@ -8,7 +8,7 @@ import typer
 from analysis.data import check_n
 from analysis.mapkinds import check_map_kind
 from analysis.models import DEFAULT_MODEL
-from analysis.stream import DEFAULT_MAX_LENGTH
+from analysis.stream import DEFAULT_MAX_LENGTH, check_batch_size
 
 Model = typer.Option(DEFAULT_MODEL, "--model", "-m", help="alias (minilm), model-store name, local path or hub id")
 Task = typer.Option("sst2", "--task", "-t",
@@ -31,7 +31,12 @@ LabelColumn = typer.Option(None, "--label-column", help="a data file's label col
                            "class names map to ids in sorted order, recorded in the manifest)")
 MaxLength = typer.Option(DEFAULT_MAX_LENGTH, "--max-length",
                          help="tokens per input; longer inputs are truncated and counted")
-BatchSize = typer.Option(32, "--batch-size", help="examples per forward pass")
+def batch_size_option(default: int = 32, help: str = "examples per forward pass"):
+    """A --batch-size option, checked (analysis.stream.check_batch_size) before any work starts."""
+    return typer.Option(default, "--batch-size", callback=check_batch_size, help=help)
+
+
+BatchSize = batch_size_option()
 RunsDir = typer.Option(None, "--runs-dir", help="run directory root (default: ./runs or $ATTNPAT_HOME/runs)")
 Split = typer.Option("validation", "--split", help="data split")
 Quiet = typer.Option(False, "--quiet", "-q", help="no progress bar")

@@ -422,3 +422,27 @@ def test_a_damaged_credentials_file_is_one_error(tmp_path, monkeypatch):
         credentials_file(tmp_path).write_text(damage)
         with pytest.raises(AttnpatError, match="credentials .* are unreadable .*; delete the file"):
             resolve_credentials(root=tmp_path)
+
+
+# ------------------------------------------------------------------ found by trying further bad inputs
+
+@pytest.mark.parametrize("argv, message", [
+    (["compare", "--model", "x"], "No such option: --model"),
+    (["nosuchverb"], "No such command 'nosuchverb'"),
+    (["extract", "--n", "abc"], "Invalid value for '--n'"),
+    (["annotate", "pull"], "Missing option '--sample'"),
+])
+def test_a_usage_error_is_one_error_line_not_a_traceback(capsys, argv, message):
+    code, _, err, errors = run_cli(argv, capsys)
+    assert code == 2 and len(errors) == 1 and message in errors[0] and "--help" in errors[0], err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("verb, model", [("extract", "--model"), ("overview", "--model"), ("classify", "--model"),
+                                         ("grad-importance", "--model"), ("compare", "--finetuned")])
+def test_batch_size_is_checked_before_any_file_is_written(tmp_path, capsys, tiny_model, verb, model):
+    (tmp_path / "d.csv").write_text("text\nhello there\n")
+    code, _, err, errors = run_cli([verb, model, tiny_model, "--task", tmp_path / "d.csv", "--batch-size", "0",
+                                    "--runs-dir", tmp_path / "runs"], capsys)
+    assert code == 2 and errors == ["error: batch size must be positive, got 0"], err
+    assert files_under(tmp_path / "runs") == []
