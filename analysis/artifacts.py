@@ -72,7 +72,7 @@ class Artifact:
     def command(self, model: str, task: str) -> str:
         """The full command that writes this artifact, e.g. ``attnpat special --model minilm --task sst2``;
         ``model`` is a run-folder name, so minilm@norm gives ``--model minilm ... --map-kind norm``."""
-        model, kind = split_kind_folder(model)
+        model, kind = split_kind_folder(model) if model else (model, "weight")  # no run picked yet: None
         extra = f" --map-kind {kind}" if kind != "weight" and self.verb in MAP_KIND_VERBS else ""
         arguments = self.hint.format(model=model, task=task)
         return f"attnpat {self.verb} {arguments}".rstrip() + extra

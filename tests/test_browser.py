@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from test_webapp_support import SENTENCE, browser_page, populate_runs, serve, tiny_model_dir
 
+from analysis.artifacts import TABS as RUN_TABS
 from analysis.figures import GridLayout
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser"
-TABS = ("Explore", "Pattern ratios", "Fine-tuning", "Disabling", "Surface and clusters", "Classifier", "Runs")
+TABS = ("Explore", *(tab.name for tab in RUN_TABS), "Runs")
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

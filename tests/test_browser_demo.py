@@ -10,13 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from analysis.artifacts import TABS as RUN_TABS
 from app.cli import main
 from app.webapp import launch
 from tests.conftest import free_port
+from tests.test_webapp_support import browser_page
 
-CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser-demo"
-TABS = ("Explore", "Pattern ratios", "Fine-tuning", "Disabling", "Surface and clusters", "Classifier", "Runs")
+TABS = ("Explore", *(tab.name for tab in RUN_TABS), "Runs")
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -35,28 +36,12 @@ def demo_runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(demo_runs):
-    from playwright.sync_api import sync_playwright  # noqa: PLC0415 (optional: only the browser tests need it)
-
-
-    assert CHROMIUM.is_file(), "Debian chromium is missing: run `make browser`"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     port = free_port()
     demo, _ = launch("127.0.0.1", port, demo_runs, block=False, quiet=True, warm=False)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                    args=["--headless", "--no-sandbox", "--disable-gpu",
-                                          "--disable-background-networking", "--disable-component-update",
-                                          "--disable-sync"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(120_000)
-        errors = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(f"http://127.0.0.1:{port}/")
-        page.get_by_role("tab", name="Explore").wait_for()
+    with browser_page(f"http://127.0.0.1:{port}/", timeout_ms=120_000) as page:
         yield page
-        browser.close()
-        demo.close()
-        assert not errors, f"JavaScript errors in the page: {errors}"
+    demo.close()
 
 
 def test_the_demo_wrote_what_every_tab_needs(demo_runs):

@@ -94,9 +94,9 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 
 @contextmanager
-def browser_page(url: str):
-    """A page of Debian chromium (headless, background networking off) on ``url``, driven by Playwright;
-    fails at the end when the page raised JavaScript errors."""
+def browser_page(url: str, timeout_ms: int = 60_000):
+    """A page of Debian chromium (headless, background networking off) on ``url``, driven by Playwright, that
+    waits up to ``timeout_ms`` for each step; fails at the end when the page raised JavaScript errors."""
     from playwright.sync_api import sync_playwright  # noqa: PLC0415 (optional: only the browser tests need it)
 
     assert CHROMIUM.is_file(), "Debian chromium is missing: run `make browser`"
@@ -106,7 +106,7 @@ def browser_page(url: str):
                                           "--disable-background-networking", "--disable-component-update",
                                           "--disable-sync"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(timeout_ms)
         errors = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.goto(url)
