@@ -1,7 +1,6 @@
 """Extract attention maps to disk (resumable shards) and the per-layer overview of the demo."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +9,7 @@ import pandas as pd
 from analysis.data import TaskData
 from analysis.errors import AttnpatError
 from analysis.mapstore import FORMAT, SavedMap, write_shard
-from analysis.rundir import RunDir, atomic_write_json, long_table
+from analysis.rundir import RunDir, atomic_write_json, long_table, read_json
 from analysis.stats import HeadMeans, attention_to, mean_entropy
 from analysis.stream import DEFAULT_MAX_LENGTH, encode_examples, length_sorted_batches, stream_maps, token_roles
 
@@ -30,8 +29,8 @@ def extract_maps(bundle, data: TaskData, out_dir: str | Path, *, max_length: int
                 "source": data.source, "n_examples": len(encoded), "max_length": max_length, "shard_size": shard_size}
     index_path = out_dir / "index.json"
     if index_path.is_file():
-        previous = json.loads(index_path.read_text())
-        if {k: previous.get(k) for k in settings} != settings:
+        previous = read_json(index_path, "the extraction index", "delete the maps folder or choose another --out")
+        if not isinstance(previous, dict) or {k: previous.get(k) for k in settings} != settings:
             raise AttnpatError(f"{out_dir} holds maps made with other settings; choose another --out")
     atomic_write_json(index_path, {**settings, "complete": False})
     groups = length_sorted_batches(encoded, shard_size)

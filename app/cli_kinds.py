@@ -44,10 +44,10 @@ def compare_kinds(model: str = opt.Model, task: str = opt.Task,
     for kind in wanted:
         typer.echo(f"  {kind}: {KIND_NOTES[kind]}")
     overall = table[table["layer"] == "all"]
-    header = f"{'measure':<16}" + "".join(f"{kind:>10}" for kind in wanted)
+    header = f"{'measure':<18}" + "".join(f"{kind:>10}" for kind in wanted)
     has_change = "norm_minus_weight" in table.columns
     typer.echo(header + (f"{'norm-weight':>13}" if has_change else ""))
     for row in overall.itertuples(index=False):
-        line = f"{row.measure:<16}" + "".join(f"{getattr(row, kind):>10.3f}" for kind in wanted)
+        line = f"{row.measure:<18}" + "".join(f"{getattr(row, kind):>10.3f}" for kind in wanted)
         typer.echo(line + (f"{row.norm_minus_weight:>+13.3f}" if has_change else ""))
     typer.echo(f"table and figure: {RunDir(bundle.slug, data.task, runs_dir).file('map_kinds.csv')}")

@@ -20,7 +20,8 @@ import torch
 from analysis.data import Example
 from analysis.errors import AttnpatError
 from analysis.figures import GridLayout, grid_image
-from analysis.models import load_model
+from analysis.mapkinds import KIND_NOTES
+from analysis.models import load_model, with_map_kind
 from analysis.patterns import CLASSES
 from analysis.stream import Encoded, encode_examples, stream_maps, to_word_level, word_groups
 from classifier.predict import load_classifier
@@ -181,7 +182,8 @@ class MapMemo:
         self._lock = threading.Lock()
 
     def get(self, bundle, text: str, text_pair: str | None) -> LiveMaps:
-        key = (bundle.name, bundle.revision, (text or "").strip(), (text_pair or "").strip())
+        kind = getattr(bundle, "map_kind", "weight")
+        key = (bundle.name, bundle.revision, kind, (text or "").strip(), (text_pair or "").strip())
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
@@ -261,23 +263,30 @@ class LiveExplorer:
             live.predictions = classify_heads(classifier, live.maps)
         return live.predictions
 
-    def live_maps(self, model: str, text: str, text_pair: str | None = None) -> LiveMaps:
-        return self.memo.get(self.models.get(model), text, text_pair)
+    def live_maps(self, model: str, text: str, text_pair: str | None = None, map_kind: str = "weight") -> LiveMaps:
+        """Maps of ``map_kind`` (weight, norm or rollout; analysis.mapkinds) of one input, memoised."""
+        bundle = self.models.get(model)
+        if map_kind and map_kind != "weight":
+            bundle = with_map_kind(bundle, map_kind)
+        return self.memo.get(bundle, text, text_pair)
 
     def explore(self, model: str, text: str, text_pair: str | None = None, *, word_level: bool = False,
-                hide_special: bool = False) -> ExploreView:
+                hide_special: bool = False, map_kind: str = "weight") -> ExploreView:
         """Text to grid: maps of every head, each head's predicted class, the grid image."""
-        live = self.live_maps(model, text, text_pair)
+        live = self.live_maps(model, text, text_pair, map_kind)
         classes, probs = self.predictions(live)
         maps, labels = view_maps(live, word_level=word_level, hide_special=hide_special)
         layout = GridLayout(maps.shape[0], maps.shape[1])
-        return ExploreView(grid_image(maps, classes, layout), layout, maps, labels, classes, probs,
-                           self.classifier_note)
+        note = self.classifier_note
+        if map_kind and map_kind != "weight":
+            note = f"{KIND_NOTES[map_kind]}. {note}".strip()
+        return ExploreView(grid_image(maps, classes, layout), layout, maps, labels, classes, probs, note)
 
     def head_map(self, model: str, text: str, text_pair: str | None, layer: int, head: int, *,
-                 word_level: bool = False, hide_special: bool = False) -> tuple[np.ndarray, list[str]]:
+                 word_level: bool = False, hide_special: bool = False,
+                 map_kind: str = "weight") -> tuple[np.ndarray, list[str]]:
         """One head's displayed map (m, m) and its labels; layer and head are 0-indexed."""
-        live = self.live_maps(model, text, text_pair)
+        live = self.live_maps(model, text, text_pair, map_kind)
         layers, heads = live.maps.shape[:2]
         if not (0 <= layer < layers and 0 <= head < heads):
             raise AttnpatError(f"layer {layer + 1}, head {head + 1} does not exist: the model has {layers} layers "

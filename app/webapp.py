@@ -25,6 +25,7 @@ from analysis.artifacts import tab as tab_spec  # noqa: E402
 from analysis.data import ALL_TASKS  # noqa: E402
 from analysis.errors import AttnpatError  # noqa: E402
 from analysis.figures import GridLayout, close, map_figure, png_as_svg  # noqa: E402
+from analysis.mapkinds import KIND_NOTES, MAP_KINDS  # noqa: E402
 from analysis.models import DEFAULT_MODEL, EMBEDDED_ALIASES, list_store  # noqa: E402
 from analysis.patterns import CLASS_STYLE  # noqa: E402
 from analysis.rundir import save_figure, save_table  # noqa: E402
@@ -78,11 +79,11 @@ class WebApp:
 
     # -------------------------------------------------------- Explore
 
-    def explore(self, text, text_pair, model, word_level, hide_special):
+    def explore(self, text, text_pair, model, word_level, hide_special, map_kind="weight"):
         """-> status, grid image path, class table, grid PNG, grid SVG, classes CSV."""
         try:
             view = self.explorer.explore(model, text, text_pair, word_level=bool(word_level),
-                                         hide_special=bool(hide_special))
+                                         hide_special=bool(hide_special), map_kind=map_kind or "weight")
         except AttnpatError as exc:
             return self._explore_failure(str(exc))
         except Exception as exc:  # keep serving; the log has the traceback
@@ -101,7 +102,8 @@ class WebApp:
         else:
             csv, wide, note = None, None, view.note
         unit = "words" if word_level else "tokens"
-        status = _message(f"{len(view.labels)} {unit}, {layers} layers x {heads} heads (1-indexed); "
+        kind = f"{KIND_NOTES[map_kind]}; " if map_kind and map_kind != "weight" else ""
+        status = _message(f"{len(view.labels)} {unit}, {layers} layers x {heads} heads (1-indexed); {kind}"
                           f"click a map for a large view. {note}", "ok")
         return (status, str(png), gr.Dataframe(value=wide, visible=wide is not None),
                 gr.DownloadButton(value=str(png), visible=True),
@@ -112,16 +114,17 @@ class WebApp:
         hidden = gr.DownloadButton(value=None, visible=False)
         return _message(message, "error"), None, gr.Dataframe(value=None, visible=False), hidden, hidden, hidden
 
-    def head_map(self, text, text_pair, model, word_level, hide_special, layer, head):
+    def head_map(self, text, text_pair, model, word_level, hide_special, layer, head, map_kind="weight"):
         """-> caption, large map image path, map PNG, map SVG. layer and head are 1-indexed."""
+        map_kind = map_kind or "weight"
         hidden = gr.DownloadButton(value=None, visible=False)
         try:
             if layer is None or head is None:
                 raise AttnpatError("enter a layer and a head (1-indexed)")
             layer, head = int(layer) - 1, int(head) - 1
-            attn, labels = self.explorer.head_map(model, text, text_pair, layer, head,
-                                                  word_level=bool(word_level), hide_special=bool(hide_special))
-            live = self.explorer.live_maps(model, text, text_pair)
+            attn, labels = self.explorer.head_map(model, text, text_pair, layer, head, word_level=bool(word_level),
+                                                  hide_special=bool(hide_special), map_kind=map_kind)
+            live = self.explorer.live_maps(model, text, text_pair, map_kind)
             classes, _ = self.explorer.predictions(live)
         except AttnpatError as exc:
             return _message(str(exc), "error"), None, hidden, hidden
@@ -129,7 +132,8 @@ class WebApp:
             log.exception("head map failed")
             return _message(f"unexpected error: {type(exc).__name__}: {exc}", "error"), None, hidden, hidden
         predicted = f": predicted {classes[layer][head]}" if classes is not None else ""
-        title = f"layer {layer + 1}, head {head + 1} (1-indexed){predicted}"
+        kind = "" if map_kind == "weight" else f", {map_kind} map"
+        title = f"layer {layer + 1}, head {head + 1} (1-indexed){kind}{predicted}"
         folder = self.scratch.new_dir()
         with FIGURE_LOCK:
             fig = map_figure(attn, labels, size=6.0, all_ticks=len(labels) <= 64, title=title)
@@ -312,6 +316,9 @@ class WebApp:
             with gr.Row():
                 word_level = gr.Checkbox(label="word level (pieces pooled)", value=False, elem_id="explore-words")
                 hide_special = gr.Checkbox(label="hide [CLS]/[SEP]", value=False, elem_id="explore-hide")
+                map_kind = gr.Radio(list(MAP_KINDS), value="weight", label="map", elem_id="explore-kind",
+                                    info="weight: attention; norm: ||alpha f(x)|| (Kobayashi), rows renormalised; "
+                                         "rollout: per layer (Abnar & Zuidema)")
                 run = gr.Button("Show all heads", variant="primary", elem_id="explore-run")
             gr.Markdown(f"<small>Live view for inputs of up to {MAX_LIVE_TOKENS} tokens. {HIDE_SPECIAL_NOTE} "
                         "Classes are predicted on the token-level maps.</small>")
@@ -337,12 +344,13 @@ class WebApp:
 
             # models fine-tuned while the app runs appear on the next page load
             demo.load(lambda: gr.Dropdown(choices=model_choices()), None, model, api_name=False)
-            inputs = [text, pair, model, word_level, hide_special]
-            map_inputs = [*inputs, layer, head]
+            inputs = [text, pair, model, word_level, hide_special, map_kind]
+            map_inputs = [text, pair, model, word_level, hide_special, layer, head, map_kind]
             map_outputs = [caption, big, map_png, map_svg]
             outputs = [status, grid, classes, grid_png, grid_svg, classes_csv]
             # the example sentence's grid is computed when the page opens, so the tab is never empty
-            for trigger in (run.click, text.submit, pair.submit, word_level.input, hide_special.input, demo.load):
+            for trigger in (run.click, text.submit, pair.submit, word_level.input, hide_special.input, map_kind.input,
+                            demo.load):
                 trigger(self.explore, inputs, outputs, api_name="explore" if trigger == run.click else False,
                         concurrency_limit=4, concurrency_id="live").then(
                     self.head_map, map_inputs, map_outputs, api_name=False, concurrency_limit=4,

@@ -18,6 +18,8 @@ from analysis.mapstore import iter_saved_maps
 from analysis.models import load_model, with_map_kind
 from analysis.stream import stream_maps, token_roles
 from app.cli import main
+from app.explore import LiveExplorer, ModelCache
+from app.webapp import WebApp
 from tests.test_disable import make_bundle
 from tests.tiny import save_tiny_model, tiny_bundle, tiny_mpnet_bundle
 
@@ -252,3 +254,23 @@ def test_map_kind_option_writes_each_kinds_own_run_files(tmp_path, monkeypatch, 
     capsys.readouterr()
     assert main(["classify", "--task", "sst2", "--map-kind", "values", *common]) == 2
     assert capsys.readouterr().err.strip() == "error: unknown map kind 'values'; use one of: weight, norm, rollout"
+
+
+# ---------------------------------------------------------------- the app's Explore toggle
+
+def test_explore_shows_the_chosen_map_kind(bert):
+    explorer = LiveExplorer(ModelCache(loader=lambda name: bert), classifier_loader=lambda: None)
+    sentence = TEXTS[0]
+    for kind in ("weight", "norm", "rollout"):
+        view = explorer.explore("tiny", sentence, map_kind=kind)
+        expected = next(iter(stream_maps(bert, examples([sentence]), batch_size=1, map_kind=kind))).example_maps(0)
+        assert torch.equal(view.maps, expected), kind
+        attn, _ = explorer.head_map("tiny", sentence, None, 1, 2, map_kind=kind)
+        np.testing.assert_array_equal(attn, expected[1, 2].numpy())
+    assert "renormalised" in explorer.explore("tiny", sentence, map_kind="norm").note
+    web = WebApp(explorer=explorer)
+    status = web.explore(sentence, "", "tiny", False, False, "norm")[0]
+    assert "Kobayashi" in status and "error" not in status
+    assert "rollout map" in web.head_map(sentence, "", "tiny", False, False, 1, 1, "rollout")[0]
+    assert web.explore(sentence, "", "tiny", False, False)[0] == web.explore(sentence, "", "tiny", False, False,
+                                                                              "weight")[0]

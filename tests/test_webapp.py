@@ -276,8 +276,9 @@ def run_tab(client, api_name: str, model: str, task: str):
 
 def test_run_tab_endpoints(client, server, runs_dir):
     model = Path(server[2]).name
-    message, (by_task, ratios, patterns) = run_tab(client, "/pattern_ratios", model, "sst2")
-    assert is_ok(message)
+    message, (by_task, ratios, patterns, map_kinds) = run_tab(client, "/pattern_ratios", model, "sst2")
+    assert message.startswith("**note:** ") and "map kinds (run `attnpat compare-kinds --model" in message
+    assert not (map_kinds["image"] or map_kinds["files"])  # compare-kinds has not run here
     assert f"{model}/all" in by_task["title"] and by_task["table"]["data"][0][0] == "sst2"
     assert ratios["suffixes"] == [".csv"] and ratios["image"] is None  # a table only: CSV, no figure
     csv = next(f for f in ratios["files"] if f.endswith(".csv"))
