@@ -6,6 +6,7 @@ most 1.5x the bare forward pass with attentions over the same data; peak memory 
 
     .venv/bin/python bench/bench_classify.py                    # both measurements, all 872 examples
     .venv/bin/python bench/bench_classify.py --threads 2 --repeats 3 --json out.json
+    .venv/bin/python bench/bench_classify.py --model mpnet --n 200 --memory-n 50 200  # after models fetch mpnet
 
 Timing: the bare pass is analysis.stream.stream_maps consumed without work (the same batches, padding,
 masking and copy to the CPU the classifier gets); the classified pass is classifier.classify.head_class_counts
@@ -33,11 +34,11 @@ from classifier.classify import head_class_counts
 from classifier.predict import load_classifier
 
 
-def _setup(threads: int | None, checkpoint: str | None = None, precision: str = "auto"):
+def _setup(threads: int | None, checkpoint: str | None = None, precision: str = "auto", model: str = "minilm"):
     if threads:
         torch.set_num_threads(threads)
     bf16 = {"auto": None, "fp32": False, "bf16": True}[precision]
-    return load_model("minilm", device="cpu"), load_classifier(checkpoint, bf16=bf16)
+    return load_model(model, device="cpu"), load_classifier(checkpoint, bf16=bf16)
 
 
 def bare_pass(bundle, examples, batch_size: int) -> tuple[float, float]:
@@ -55,15 +56,17 @@ def classified_pass(bundle, examples, classifier, batch_size: int) -> tuple[floa
     return time.perf_counter() - started, time.process_time() - cpu, int(counts.sum())
 
 
-def peak_memory_child(n: int, threads: int | None, batch_size: int, checkpoint: str | None) -> None:
+def peak_memory_child(n: int, threads: int | None, batch_size: int, checkpoint: str | None,
+                      model: str = "minilm") -> None:
     """Runs in a fresh process: classify n examples and print the peak RSS in MiB."""
-    bundle, classifier = _setup(threads, checkpoint)
+    bundle, classifier = _setup(threads, checkpoint, model=model)
     _, _, maps = classified_pass(bundle, load_data("sst2", n=n).examples, classifier, batch_size)
     print(json.dumps({"n": n, "maps": maps, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="minilm", help="the encoder (e.g. mpnet after `attnpat models fetch mpnet`)")
     parser.add_argument("--n", type=int, default=872, help="SST-2 dev examples to time (872 = all)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
@@ -76,12 +79,12 @@ def main() -> None:
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        peak_memory_child(args.child, args.threads, args.batch_size, args.classifier)
+        peak_memory_child(args.child, args.threads, args.batch_size, args.classifier, args.model)
         return
 
 
 
-    bundle, classifier = _setup(args.threads, args.classifier, args.precision)
+    bundle, classifier = _setup(args.threads, args.classifier, args.precision, args.model)
     examples = load_data("sst2", n=args.n).examples
     bare_pass(bundle, examples[:64], args.batch_size)  # warm-up: first-call allocations, thread pools
     classified_pass(bundle, examples[:64], classifier, args.batch_size)
@@ -94,7 +97,8 @@ def main() -> None:
         classify_times.append(wall)
         classify_cpu.append(cpu)
     bare, classified = min(bare_times), min(classify_times)
-    result = {"examples": len(examples), "maps": maps, "threads": torch.get_num_threads(),
+    result = {"model": bundle.name, "layers": bundle.num_layers, "heads": bundle.num_heads,
+              "examples": len(examples), "maps": maps, "threads": torch.get_num_threads(),
               "cnn_dtype": str(classifier.input_dtype).replace("torch.", ""),
               "bare_forward_s": round(bare, 2), "classify_s": round(classified, 2),
               "ratio": round(classified / bare, 3),
@@ -104,7 +108,8 @@ def main() -> None:
               "classify_runs_s": [round(t, 2) for t in classify_times], "target_ratio": 1.5}
     memory = []
     for n in args.memory_n:
-        command = [sys.executable, __file__, "--child", str(n), "--batch-size", str(args.batch_size)]
+        command = [sys.executable, __file__, "--child", str(n), "--batch-size", str(args.batch_size),
+                   "--model", args.model]
         if args.threads:
             command += ["--threads", str(args.threads)]
         if args.classifier:
@@ -116,7 +121,8 @@ def main() -> None:
         result["peak_memory_ratio"] = round(memory[-1]["peak_rss_mib"] / memory[0]["peak_rss_mib"], 3)
         result["target_memory_ratio"] = 1.2
 
-    print(f"SST-2 dev, {result['examples']} examples, MiniLM (6 x 12 heads), CPU, {result['threads']} threads, "
+    print(f"SST-2 dev, {result['examples']} examples, {bundle.name} ({bundle.num_layers} x {bundle.num_heads} heads), "
+          f"CPU, {result['threads']} threads, "
           f"CNN in {result['cnn_dtype']}")
     print(f"  bare forward pass with attentions : {bare:7.2f} s   (runs: {result['bare_runs_s']})")
     print(f"  classify all {maps} maps       : {classified:7.2f} s   (runs: {result['classify_runs_s']}), "
