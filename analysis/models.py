@@ -7,7 +7,6 @@ attentions really came back.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import socket
 from dataclasses import dataclass, field, replace
@@ -29,6 +28,7 @@ from analysis.errors import AttnpatError
 from analysis.fetch import FETCHABLE
 from analysis.mapkinds import DEFAULT_MAP_KIND, check_map_kind
 from analysis.paths import model_store
+from analysis.rundir import read_json
 
 # Architectures whose self-attention we know how to read and disable (encoder-only, BERT-like).
 ENCODER_TYPES = {
@@ -254,7 +254,13 @@ def load_model(
 def _read_meta(folder: Path) -> dict:
     """A model folder's attnpat.json (written by `attnpat finetune`), or {} when it has none."""
     meta_file = folder / "attnpat.json"
-    return json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    if not meta_file.is_file():
+        return {}
+    meta = read_json(meta_file, "the model's attnpat record", "restore it, or fine-tune again with --force")
+    if not isinstance(meta, dict):
+        raise AttnpatError(f"the model's attnpat record {meta_file} is not a JSON object; restore it, or fine-tune "
+                           "again with --force")
+    return meta
 
 
 def _store_meta(source: ModelSource) -> dict:

@@ -59,6 +59,18 @@ def atomic_write_json(path: str | Path, data) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, default=_json_default) + "\n")
 
 
+def read_json(path: str | Path, what: str, remedy: str = "delete it to start over"):
+    """A JSON file attnpat wrote (a manifest, an index, a state file). A damaged one (cut off, edited,
+    not UTF-8) or an unreadable one is one AttnpatError saying what it is and what to do."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise AttnpatError(os_error_message(exc, f"cannot read {what}")) from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise AttnpatError(f"{what} {path} is damaged ({type(exc).__name__}); {remedy}") from exc
+
+
 def _json_default(value):
     if isinstance(value, (np.integer,)):
         return int(value)

@@ -338,6 +338,14 @@ def task_labels(data) -> np.ndarray:
     return np.asarray(labels, dtype=float)
 
 
+def _stored_json(path: Path):
+    """A stored JSON value, or None when the file is damaged: the store recomputes what it cannot read."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+
+
 class SweepStore:
     """One small JSON per finished variant in ``folder``; results of another configuration are discarded.
 
@@ -350,7 +358,7 @@ class SweepStore:
         self.fingerprint = json.loads(json.dumps(fingerprint, default=str))
         self.folder.mkdir(parents=True, exist_ok=True)
         config = self.folder / "sweep.json"
-        stored = json.loads(config.read_text()) if config.is_file() else None
+        stored = _stored_json(config) if config.is_file() else None  # a damaged one counts as another configuration
         self.discarded = 0
         if stored != self.fingerprint:
             for old in self.folder.glob("v-*.json"):
@@ -364,11 +372,9 @@ class SweepStore:
     def results(self) -> dict[str, dict]:
         found = {}
         for path in sorted(self.folder.glob("v-*.json")):
-            try:
-                record = json.loads(path.read_text())
-            except json.JSONDecodeError:
-                continue  # cannot happen with atomic writes; recomputed if it does
-            found[record["variant"]] = record
+            record = _stored_json(path)
+            if isinstance(record, dict) and isinstance(record.get("variant"), str):
+                found[record["variant"]] = record  # a damaged record (not written by save) is recomputed
         return found
 
     def save(self, name: str, record: dict) -> None:

@@ -24,7 +24,7 @@ from analysis.mapstore import maps_digest, read_single_maps
 from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
 from analysis.rendering import cue_text
-from analysis.rundir import atomic_write_json
+from analysis.rundir import atomic_write_json, read_json
 from annotation.dataset import fleiss_kappa, write_labeled_folder
 from annotation.instructions import GALLERY, instructions_html
 from annotation.preannotate import preannotate
@@ -261,7 +261,13 @@ def push(credentials: Credentials, sample: str | Path, title: str | None = None,
 
 
 def _read_state(path: Path | None) -> dict:
-    return json.loads(path.read_text()) if path and path.is_file() else {}
+    if not (path and path.is_file()):
+        return {}
+    state = read_json(path, "the push state file", "delete it (projects are then found by their title)")
+    if not isinstance(state, dict) or not isinstance(state.get("projects", {}), dict):
+        raise AttnpatError(f"the push state file {path} is not a push state; delete it (projects are then found "
+                           "by their title)")
+    return state
 
 
 # ---------------------------------------------------------------- pull

@@ -25,7 +25,7 @@ from analysis.errors import AttnpatError
 from analysis.mapstore import iter_map_groups, make_map_id, write_single_maps
 from analysis.models import load_model, model_slug
 from analysis.rendering import render_map
-from analysis.rundir import atomic_write, atomic_write_text
+from analysis.rundir import atomic_write, atomic_write_text, read_json
 from analysis.sampling import (
     Predictor,
     SampledMap,
@@ -77,7 +77,19 @@ def read_index(folder: str | Path) -> list[dict]:
     path = Path(folder) / "index.jsonl"
     if not path.is_file():
         raise AttnpatError(f"{folder} is not a map sample (no index.jsonl)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise AttnpatError(f"{path} line {number} is damaged ({exc.msg}); delete the sample folder to draw it "
+                               "again") from exc
+        if not isinstance(row, dict) or not {"map_id", "image"} <= set(row):
+            raise AttnpatError(f"{path} line {number} is not a sample row (map_id, image, ...)")
+        rows.append(row)
+    return rows
 
 
 def sample_saved_maps(path: str | Path, n_maps: int, seed: int = 0) -> list[SampledMap]:
@@ -134,7 +146,7 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
     folder = Path(samples_dir) / name
     settings_file = folder / "sample.json"
     if settings_file.is_file():
-        previous = json.loads(settings_file.read_text())
+        previous = read_json(settings_file, "the sample's settings", "delete the sample folder to draw it again")
         if {k: previous.get(k) for k in settings} != settings:
             raise AttnpatError(f"sample '{name}' was made with other settings ({previous}); choose --sample")
         if (folder / "index.jsonl").is_file() and (folder / "maps.npz").is_file():

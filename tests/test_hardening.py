@@ -446,3 +446,46 @@ def test_batch_size_is_checked_before_any_file_is_written(tmp_path, capsys, tiny
                                     "--runs-dir", tmp_path / "runs"], capsys)
     assert code == 2 and errors == ["error: batch size must be positive, got 0"], err
     assert files_under(tmp_path / "runs") == []
+
+
+def test_damaged_state_files_are_one_error_or_recomputed(tmp_path, capsys, tiny_model):
+    """Files attnpat keeps between runs (extraction index, sweep records, push state, model record), cut off or
+    edited by hand: one error line saying what to delete, or (sweep records, a cache) recomputed."""
+    (tmp_path / "d.csv").write_text("text,label\nhello there,1\nbye now,0\n")
+    runs = tmp_path / "runs"
+    extract = ["extract", "--model", tiny_model, "--task", tmp_path / "d.csv", "--runs-dir", runs, "-q"]
+    assert run_cli(extract, capsys)[0] == 0
+    (index,) = runs.glob("*/*/maps/index.json")
+    index.write_text('{"model": ')
+    code, _, err, errors = run_cli(extract, capsys)
+    assert code == 2 and len(errors) == 1 and "extraction index" in errors[0] and "damaged" in errors[0], err
+
+    disable = ["disable", "--model", tiny_model, "--task", tmp_path / "d.csv", "--unit", "layer", "--runs-dir", runs,
+               "-q"]
+    assert run_cli(disable, capsys)[0] == 0
+    (table,) = runs.glob("*/*/disable_layers.csv")
+    expected = table.read_bytes()
+    for record in table.parent.glob(".sweep-*/*.json"):
+        record.write_text("[1")
+    table.unlink()
+    assert run_cli(disable, capsys)[0] == 0 and table.read_bytes() == expected
+
+    state = tmp_path / "projects.json"
+    state.write_text("{not json")
+    with pytest.raises(AttnpatError, match="push state file .* is damaged .*; delete it"):
+        ls._read_state(state)
+    meta = tmp_path / "stored-model"
+    shutil.copytree(tiny_model, meta)
+    (meta / "attnpat.json").write_text("[]")
+    code, _, _, errors = run_cli(["overview", "--model", meta, "--task", tmp_path / "d.csv", "--runs-dir", runs,
+                                  "-q"], capsys)
+    assert code == 2 and "attnpat record" in errors[0]
+
+
+def test_a_damaged_sample_index_names_its_line(tmp_path):
+    (tmp_path / "index.jsonl").write_text('{"map_id": "m:t:e:L0H0", "image": "a.png"}\n\n{"map_id": \n')
+    with pytest.raises(AttnpatError, match="index.jsonl line 3 is damaged"):
+        read_index(tmp_path)
+    (tmp_path / "index.jsonl").write_text('{"map_id": "m:t:e:L0H0", "image": "a.png"}\n[1, 2]\n')
+    with pytest.raises(AttnpatError, match="line 2 is not a sample row"):
+        read_index(tmp_path)
