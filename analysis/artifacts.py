@@ -112,8 +112,12 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "to_punct), layer (all|0..L-1), <kind>... (weight, norm: rows renormalised), norm_minus_weight",
              "Pattern ratios", figure=True),
     # Fine-tuning (Kovaleva Figures 5-7, section 4.4); written under the FINE-TUNED model's run dir
-    Artifact("cosine", "compare", "layer, head, metric (cosine_cropped|cosine_padded), value", "Fine-tuning",
+    Artifact("cosine", "compare", "layer, head, metric (cosine_<mode>, cosine_<mode>_ci_low|_ci_high: bootstrap "
+             "95% over the examples; mode cropped|padded), value", "Fine-tuning",
              figure=True, hint=f"--base {_BASE} --finetuned {{model}} --task {{task}}"),
+    Artifact("pattern_transitions", "compare", "base_class, finetuned_class, count, fraction, fraction_of_base  "
+             "(pattern class of every head's map, base -> fine-tuned, same examples)", "Fine-tuning", figure=True,
+             hint=f"--base {_BASE} --finetuned {{model}} --task {{task}}"),
     Artifact("special_tokens", "special", "layer, head, metric (to_cls|to_sep), value", "Fine-tuning", figure=True),
     Artifact("finetune_eval", "finetune", "metric, value", "Fine-tuning",
              hint=f"--model {_BASE} --task {{task}} --split-dev"),
@@ -121,9 +125,11 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("linguistic", "special", "layer, head, feature (negation|noun|verb|pronoun|subject|object), value",
              "Fine-tuning"),
     # Disabling, importance, pruning (Kovaleva Figures 8-9, Michel et al.)
-    Artifact("disable_heads", "disable", "layer, head, metric (<mode>_delta|<mode>_metric), value  (best/worst "
-             "heads in manifest analyses.disable_<mode>)", "Disabling", figure=True),
-    Artifact("disable_layers", "disable", "layer, mode, metric, delta", "Disabling", figure=True),
+    Artifact("disable_heads", "disable", "layer, head, metric (<mode>_delta|<mode>_metric|<mode>_delta_ci_low|"
+             "<mode>_delta_ci_high|<mode>_p_mcnemar|<mode>_p_holm), value  (best/worst heads and those that survive "
+             "Holm in manifest analyses.disable_<mode>)", "Disabling", figure=True),
+    Artifact("disable_layers", "disable", "layer, mode, metric, delta, ci_low, ci_high, p_mcnemar, p_holm",
+             "Disabling", figure=True),
     Artifact("importance", "importance", "layer, head, metric (importance|importance_raw), value", "Disabling",
              figure=True),
     Artifact("pruning", "prune", "fraction_pruned, n_pruned, metric", "Disabling", figure=True),
@@ -144,9 +150,10 @@ ARTIFACTS: tuple[Artifact, ...] = (
              hint=_PARSE),
     Artifact("probing_dependency_heads", "probe-dep", "layer, head, direction, relation, accuracy, count",
              "Surface and clusters", hint=_PARSE),
-    Artifact("probing_coref", "probe-coref", "layer, head, metric (accuracy), value", "Surface and clusters",
+    Artifact("probing_coref", "probe-coref", "layer, head, metric (accuracy|accuracy_ci_low|accuracy_ci_high), "
+             "value", "Surface and clusters",
              figure=True, folder="winobias", hint="--model {model}"),
-    Artifact("probing_coref_baselines", "probe-coref", "model, accuracy", "Surface and clusters",
+    Artifact("probing_coref_baselines", "probe-coref", "baseline, accuracy, ci_low, ci_high", "Surface and clusters",
              folder="winobias", hint="--model {model}"),
     # Classifier training, in runs/classifier/<labeled set>/
     Artifact("cv_scores", "train", "model, metric (macro_f1|macro_f1_fold_std|accuracy|f1|macro_f1_agreed), class, "

@@ -63,8 +63,13 @@ def compare(base: str = typer.Option("minilm", "--base", help="the model before 
                                      "length) or both"),
             split: str = opt.Split, max_length: int = opt.MaxLength,
             batch_size: int = opt.batch_size_option(16),
+            patterns: bool = typer.Option(True, "--patterns/--no-patterns",
+                                          help="also classify every head of both models (pattern transitions)"),
+            classifier: opt.OptionalPath = typer.Option(None, "--classifier",
+                                                        help="pattern CNN checkpoint (default: the shipped one)"),
             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
-    """Per-head cosine similarity of base and fine-tuned attention maps on the same inputs (Kovaleva Fig. 5)."""
+    """Per-head cosine similarity of base and fine-tuned attention maps on the same inputs (Kovaleva Fig. 5), and
+    the 5x5 matrix of pattern classes base -> fine-tuned over every head and example."""
     modes = MODES if mode == "both" else (mode,)
     if any(m not in MODES for m in modes):
         raise AttnpatError(f"unknown --mode '{mode}'; use cropped, padded or both")
@@ -79,6 +84,17 @@ def compare(base: str = typer.Option("minilm", "--base", help="the model before 
     for layer in range(tuned_bundle.num_layers):
         typer.echo(f"{layer + 1:>5} " + " ".join(f"{array[layer].mean():>15.3f}" for array in values.values()))
     typer.echo(f"per-head table and heatmap: {run.file('cosine.csv')}, {run.file('cosine.png')}")
+    if patterns:
+        # the classifier package loads torchvision and the CNN (seconds): only when the transitions are wanted
+        from classifier.predict import load_classifier  # noqa: PLC0415
+        from classifier.transitions import write_transitions  # noqa: PLC0415
+
+        counts = write_transitions(base_bundle, tuned_bundle, data, run,
+                                   load_classifier(str(classifier) if classifier else None), max_length=max_length,
+                                   batch_size=batch_size, progress="classifying" if not quiet else False)
+        typer.echo(f"pattern class kept by {counts.trace() / max(counts.sum(), 1):.1%} of {counts.sum()} maps "
+                   f"(heads x examples); matrix: {run.file('pattern_transitions.csv')}, "
+                   f"{run.file('pattern_transitions.png')}")
 
 
 def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N,

@@ -50,14 +50,18 @@ def pattern_transitions(base, finetuned, examples: Sequence[Example], classifier
     encoded = encode_examples(base.tokenizer, examples, max_length)
     counts = np.zeros((len(CLASSES), len(CLASSES)), dtype=np.int64)
     bar = progress_bar(len(encoded), progress, "patterns", unit="ex")
-    streams = (stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size, encoded=encoded)
-               for bundle in (base, finetuned))
-    for maps_base, maps_tuned in zip(*streams, strict=True):
-        if maps_base.batch.indices != maps_tuned.batch.indices:  # cannot happen with one encoding; guards pairing
-            raise AttnpatError("the two models' map streams are not aligned")
-        counts += count_transitions(classify_batch(maps_base, classifier), classify_batch(maps_tuned, classifier))
-        if bar is not None:
-            bar.update(len(maps_base))
+    streams = [stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size, encoded=encoded)
+               for bundle in (base, finetuned)]
+    # Each stream enters and leaves inference mode itself; interleaved, the later one to finish would restore
+    # the state the other had set. This outer block restores the caller's state whatever the order.
+    with torch.inference_mode():
+        for maps_base, maps_tuned in zip(*streams, strict=True):
+            if maps_base.batch.indices != maps_tuned.batch.indices:  # one encoding makes this impossible; a guard
+                raise AttnpatError("the two models' map streams are not aligned")
+            counts += count_transitions(classify_batch(maps_base, classifier),
+                                        classify_batch(maps_tuned, classifier))
+            if bar is not None:
+                bar.update(len(maps_base))
     if bar is not None:
         bar.close()
     return counts

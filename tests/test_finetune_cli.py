@@ -32,8 +32,11 @@ def test_finetune_compare_special_verbs(workspace, capsys):
 
     assert main(["compare", "--base", base, "--finetuned", "tiny-rte", "--task", "rte", "--n", "6",
                  "--max-length", "48", "-q"]) == 0
+    assert "pattern class kept by" in capsys.readouterr().out
     cosine = pd.read_csv(workspace / "runs" / "tiny-rte" / "rte" / "cosine.csv")
-    assert len(cosine) == 2 * 2 * 4 and cosine.value.between(-1, 1.000001).all()
+    assert len(cosine) == 3 * 2 * 2 * 4 and cosine.value.between(-1, 1.000001).all()  # 2 modes x (mean, ci)
+    transitions = pd.read_csv(workspace / "runs" / "tiny-rte" / "rte" / "pattern_transitions.csv")
+    assert len(transitions) == 25 and transitions["count"].sum() == 6 * 2 * 4  # examples x layers x heads
 
     assert main(["special", "--model", "tiny-rte", "--task", "rte", "--n", "6", "-q"]) == 0
     out = capsys.readouterr().out

@@ -60,6 +60,7 @@ def test_count_transitions_by_hand():
 def test_rows_and_columns_are_each_models_own_classification(base, tuned, classifier, data):
     counts = pattern_transitions(base, tuned, data.examples, classifier, batch_size=3)
     assert counts.shape == (5, 5) and counts.sum() == N * LAYERS * HEADS
+    assert not torch.is_inference_mode_enabled() and torch.is_grad_enabled()  # the caller's autograd state is back
     base_counts = head_class_counts(base, data.examples, classifier, batch_size=4, progress=False)
     tuned_counts = head_class_counts(tuned, data.examples, classifier, batch_size=4, progress=False)
     assert (counts.sum(1) == base_counts.sum((0, 1))).all()
