@@ -15,8 +15,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host",
           port: int = typer.Option(7860, "--port", help="port to listen on"),
           runs_dir: opt.OptionalPath = opt.RunsDir,
           allow_any_model: bool = typer.Option(False, "--allow-any-model",
-                                               help="let Explore load any model path or hub id a client sends "
-                                               "(default: only the listed models)")) -> None:
+                                               help="let Explore and batch jobs use any model path or hub id a "
+                                               "client sends (default: only the listed models)")) -> None:
     """Start the web app: explore a sentence live and browse the runs in the run directory."""
     # imported here on purpose: gradio loads in seconds; only the `app` verb needs it
     from app.webapp import launch  # noqa: PLC0415

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,8 +72,9 @@ class Job:
 class BatchJobs:
     """Starts whitelisted `attnpat` verbs as subprocesses (argument lists, never a shell); one at a time."""
 
-    def __init__(self, runs_dir: Path):
+    def __init__(self, runs_dir: Path, allowed_models: Callable[[], Iterable[str]] | None = None):
         self.runs_dir = runs_dir
+        self.allowed_models = allowed_models  # None: any model name; else the names a job may use
         self.job: Job | None = None
         self._lock = threading.Lock()
         atexit.register(self.stop)  # no orphaned job when the app stops (rerunning the job resumes it)
@@ -84,6 +86,9 @@ class BatchJobs:
         model = (model or "").strip()
         if not MODEL_NAME.match(model):
             raise AttnpatError(f"not a model name: {model!r} (use minilm, a model-store name or a hub id)")
+        if self.allowed_models is not None and model not in (offered := list(self.allowed_models())):
+            raise AttnpatError(f"model {ascii(model[:100])} is not one this app offers ({', '.join(offered)}); start "
+                               "it with `attnpat app --allow-any-model` to run jobs on any model")
         if task not in ALL_TASKS:
             raise AttnpatError(f"unknown task {task!r}; choose one of: {', '.join(ALL_TASKS)}")
         try:

@@ -29,6 +29,7 @@ from analysis.mapkinds import KIND_NOTES, MAP_KINDS  # noqa: E402
 from analysis.models import DEFAULT_MODEL, EMBEDDED_ALIASES, list_store  # noqa: E402
 from analysis.patterns import CLASS_STYLE  # noqa: E402
 from analysis.rundir import save_figure, save_table  # noqa: E402
+from analysis.sweeps import significance_lines  # noqa: E402
 from app.classifier_card import classifier_card, read_metadata  # noqa: E402
 from app.display import display_table  # noqa: E402
 from app.explore import MAX_LIVE_TOKENS, LiveExplorer, ModelCache, class_table  # noqa: E402
@@ -44,6 +45,8 @@ RUNS_INTRO = ("The run folders behind the other tabs, each with its manifest (co
 EXAMPLE_SENTENCE = "The cat sat on the mat because it was warm."
 # The run tab that also shows the shipped classifier's record (no training run needed).
 CLASSIFIER_TAB = "Classifier"
+# The run tab that also says which disabling effects survive Holm's correction.
+DISABLING_TAB = "Disabling"
 HIDE_SPECIAL_NOTE = ("Hiding [CLS]/[SEP] drops their rows and columns and renormalises each remaining row to sum to 1, "
                      "so it shows how the weight not spent on special tokens is spread.")
 
@@ -72,10 +75,11 @@ class WebApp:
                  allow_any_model: bool = False):
         self.scratch = Scratch()
         self.runs = RunBrowser(runs_dir, self.scratch)
-        # Explore loads only the models the dropdown lists, unless the app was started with --allow-any-model:
-        # a client could otherwise make the server load any path or hub id it names.
-        self.explorer = explorer or LiveExplorer(ModelCache(allowed=None if allow_any_model else model_choices))
-        self.jobs = BatchJobs(self.runs.root)
+        # Explore and batch jobs use only the models the dropdown lists, unless the app was started with
+        # --allow-any-model: a client could otherwise make the server load any path or hub id it names.
+        allowed = None if allow_any_model else model_choices
+        self.explorer = explorer or LiveExplorer(ModelCache(allowed=allowed))
+        self.jobs = BatchJobs(self.runs.root, allowed)
 
     # -------------------------------------------------------- Explore
 
@@ -210,6 +214,11 @@ class WebApp:
                                "info")
         else:
             message = _message(f"{model}/{task}: every {tab.lower()} artifact is here", "ok")
+        if tab == DISABLING_TAB and folder is not None:
+            try:
+                message += "".join(f"  \n{line}" for line in significance_lines(folder))
+            except (ValueError, KeyError) as exc:  # a damaged table: its own artifact view reports it
+                log.warning("no significance line for %s: %s", folder, exc)
         if problems:
             message += "  \n" + _message("; ".join(problems), "error")
         return [message, *outputs]

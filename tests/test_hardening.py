@@ -489,3 +489,11 @@ def test_a_damaged_sample_index_names_its_line(tmp_path):
     (tmp_path / "index.jsonl").write_text('{"map_id": "m:t:e:L0H0", "image": "a.png"}\n[1, 2]\n')
     with pytest.raises(AttnpatError, match="line 2 is not a sample row"):
         read_index(tmp_path)
+
+
+def test_batch_jobs_refuse_models_the_app_does_not_list(tmp_path, tiny_model):
+    with pytest.raises(AttnpatError, match="is not one this app offers .*--allow-any-model"):
+        WebApp(tmp_path).jobs.arguments("overview", str(tiny_model), "sst2", 10)
+    assert WebApp(tmp_path).jobs.arguments("overview", "minilm", "sst2", 10)[:3] == ["overview", "--model", "minilm"]
+    argv = WebApp(tmp_path, allow_any_model=True).jobs.arguments("overview", str(tiny_model), "sst2", 10)
+    assert argv[:3] == ["overview", "--model", str(tiny_model)]

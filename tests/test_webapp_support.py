@@ -86,7 +86,8 @@ def serve(runs_dir: Path, model_dir: Path):
     explorer = LiveExplorer(ModelCache(capacity=3), classifier_loader=random_classifier)
     explorer.models.get(str(model_dir))
     port = free_port()
-    demo, web = launch("127.0.0.1", port, runs_dir, block=False, explorer=explorer, quiet=True, warm=False)
+    demo, web = launch("127.0.0.1", port, runs_dir, block=False, explorer=explorer, quiet=True, warm=False,
+                       allow_any_model=True)  # jobs run on the tiny model's folder
     return demo, web, f"http://127.0.0.1:{port}/", str(model_dir)
 
 
