@@ -65,6 +65,10 @@ def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
     if "layer_deltas" in summary:
         typer.echo("whole layer disabled:  " + "; ".join(f"layer {i + 1} {d:+.4f}"
                                                          for i, d in enumerate(summary["layer_deltas"])))
+    for unit, rows in summary.get("significant", {}).items():
+        name = _head if unit == "heads" else (lambda e: f"layer {e['layer'] + 1}")
+        found = "; ".join(f"{name(e)} {e['delta']:+.4f} [{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]" for e in rows)
+        typer.echo(f"{unit} whose change survives Holm (p < 0.05; 95% bootstrap interval): {found or 'none'}")
     typer.echo("wrote " + ", ".join(summary["outputs"]))
 
 

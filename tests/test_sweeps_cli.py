@@ -34,6 +34,7 @@ def test_disable_verb_writes_tables_figures_and_manifest(tiny_model_dir, tmp_pat
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "baseline accuracy" in out and "disabling helps most" in out and "whole layer disabled" in out
+    assert "heads whose change survives Holm" in out and "layers whose change survives Holm" in out
     run = tmp_path / "tiny-bert" / "sst2"
     heads = pd.read_csv(run / "disable_heads.csv")
     assert set(heads.metric) == {"zero_delta", "zero_metric", "zero_delta_ci_low", "zero_delta_ci_high",

@@ -122,3 +122,15 @@ def test_run_tab_titles_say_where_values_come_from_and_tables_read_as_people_rea
     assert table.value["data"][0][4] == "68.0%" and table.value["data"][0][6] == "25.0%"
     assert message.startswith("**note:** ") and "also shown here once computed" in message
     assert "error" not in message
+
+
+def test_disabling_tab_says_which_effects_survive_holm(tmp_path):
+    run = RunDir("tuned", "sst2", tmp_path)
+    run.write_table("disable_heads", long_table({
+        "zero_delta": np.array([[0.0, -0.25]]), "zero_delta_ci_low": np.array([[-0.05, -0.4]]),
+        "zero_delta_ci_high": np.array([[0.05, -0.1]]), "zero_p_mcnemar": np.array([[1.0, 0.0005]]),
+        "zero_p_holm": np.array([[1.0, 0.001]])}))
+    message, *_ = WebApp(tmp_path).show_artifacts("Disabling", "tuned", "sst2")
+    assert "zero, single heads (1 of 2 survive Holm, p < 0.05): L1-H2 -0.2500 [-0.4000, -0.1000]" in message
+    message, *_ = WebApp(tmp_path).show_artifacts("Fine-tuning", "tuned", "sst2")
+    assert "Holm" not in message
