@@ -31,7 +31,7 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-from analysis.errors import AttnpatError
+from analysis.errors import AttnpatError, check_choice
 
 MODES = ("uniform", "zero")
 ATTENTION_NAME = "attnpat_gated"
@@ -52,9 +52,7 @@ UNSUPPORTED_REASONS = {
 # ---------------------------------------------------------------- MASK: which heads are disabled
 
 def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise AttnpatError(f"unknown disabling mode '{mode}'; use one of: {', '.join(MODES)}")
-    return mode
+    return check_choice(mode, MODES, "disabling mode")
 
 
 def keep_mask(num_layers: int, num_heads: int, disabled: Iterable[tuple[int, int]] = ()) -> np.ndarray:

@@ -14,3 +14,10 @@ def os_error_message(exc: OSError, doing: str = "") -> str:
     reason = (exc.strerror or type(exc).__name__).lower()
     target = " ".join(str(name) for name in (exc.filename, exc.filename2) if name is not None)
     return " ".join(part for part in (doing, target) if part) + f": {reason}" if (doing or target) else reason
+
+
+def check_choice(value: str, choices, what: str) -> str:
+    """``value`` if it is one of ``choices``; otherwise one error line naming them (e.g. what='map kind')."""
+    if value not in choices:
+        raise AttnpatError(f"unknown {what} {value!r}; use one of: {', '.join(choices)}")
+    return value

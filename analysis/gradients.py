@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from analysis.data import TaskData
-from analysis.errors import AttnpatError
+from analysis.errors import AttnpatError, check_choice
 from analysis.figures import close
 from analysis.models import load_config, load_model, resolve_model
 from analysis.rundir import RunDir
@@ -137,8 +137,7 @@ def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_lengt
                             batch_size: int = 8, progress: bool = True, mask_probability: float = 0.15,
                             seed: int = 0) -> tuple[dict[str, np.ndarray], int]:
     """({target: (L,) mean |dLoss/d alpha|}, number of truncated examples)."""
-    if objective not in OBJECTIVES:
-        raise AttnpatError(f"unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
+    check_choice(objective, OBJECTIVES, "objective")
     tokenizer = bundle.tokenizer
     if objective == "mlm" and tokenizer.mask_token_id is None:
         raise AttnpatError(f"model '{bundle.name}' has no [MASK] token, so the MLM loss is unavailable")

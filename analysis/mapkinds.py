@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from analysis.errors import AttnpatError
+from analysis.errors import AttnpatError, check_choice
 
 MAP_KINDS = ("weight", "norm", "rollout")
 DEFAULT_MAP_KIND = "weight"
@@ -33,9 +33,7 @@ KIND_NOTES = {
 
 
 def check_map_kind(kind: str) -> str:
-    if kind not in MAP_KINDS:
-        raise AttnpatError(f"unknown map kind '{kind}'; use one of: {', '.join(MAP_KINDS)}")
-    return kind
+    return check_choice(kind, MAP_KINDS, "map kind")
 
 
 # ---------------------------------------------------------------- pure functions over maps

@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from analysis.data import Example, TaskData, load_data, package_dir
-from analysis.errors import AttnpatError
+from analysis.errors import AttnpatError, check_choice
 from analysis.figures import close, head_heatmap
 from analysis.parsing import GOLD_PARSES, PIPELINE_NAME, SILVER_PARSES, parse_texts, require_pipeline
 from analysis.rundir import RunDir, long_table
@@ -148,8 +148,7 @@ def predict_heads(word_maps: torch.Tensor, direction: str) -> torch.Tensor:
     word_maps: (L, H, W, W) over words; direction "dep->head" reads each word's row, "head<-dep" its
     column (the word that attends to it most). Returns (L, H, W) long indices into the W words.
     """
-    if direction not in DIRECTIONS:
-        raise AttnpatError(f"unknown direction {direction!r}; use one of {', '.join(DIRECTIONS)}")
+    check_choice(direction, DIRECTIONS, "direction")
     scores = word_maps if direction == "dep->head" else word_maps.transpose(-1, -2)
     scores = scores.clone()
     scores.diagonal(dim1=-2, dim2=-1).fill_(-torch.inf)

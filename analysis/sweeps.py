@@ -47,7 +47,7 @@ from analysis.disable import (
     mask_gates,
     stacked_gates,
 )
-from analysis.errors import AttnpatError
+from analysis.errors import AttnpatError, check_choice
 from analysis.figures import close, head_heatmap
 from analysis.metrics import metric_name, task_metric
 from analysis.models import load_model
@@ -91,11 +91,8 @@ def layer_variants(num_layers: int, num_heads: int) -> list[Variant]:
 
 
 def unit_variants(unit: str, num_layers: int, num_heads: int) -> list[Variant]:
-    if unit == "head":
-        return head_variants(num_layers, num_heads)
-    if unit == "layer":
-        return layer_variants(num_layers, num_heads)
-    raise AttnpatError(f"unknown unit '{unit}'; use one of: {', '.join(UNITS)}")
+    make = {"head": head_variants, "layer": layer_variants}[check_choice(unit, UNITS, "unit")]
+    return make(num_layers, num_heads)
 
 
 def recompute_share(variants: Sequence[Variant], num_layers: int) -> float:
