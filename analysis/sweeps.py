@@ -654,6 +654,8 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
             close(fig)
             summary["layer_deltas"] = [float(d) for d in deltas]
             summary["outputs"].append(str(run.file("disable_layers.csv")))
+    if metric not in CLASS_METRICS:
+        del summary["significant"]  # score metrics get intervals only: no test, so no list of survivors
     return summary
 
 
@@ -681,6 +683,8 @@ def significance_lines(folder: str | Path, alpha: float = ALPHA) -> list[str]:
                 index=["layer", "head"], columns="metric", values="value").reset_index()
             wide = wide.rename(columns={f"{mode}_{name}": short for name, short in (
                 ("delta", "delta"), ("delta_ci_low", "ci_low"), ("delta_ci_high", "ci_high"), ("p_holm", "p_holm"))})
+            if "p_holm" not in wide or wide["p_holm"].isna().all():  # a score metric (STS-B): intervals, no test
+                continue
             kept = wide[wide["p_holm"] < alpha].sort_values(["p_holm", "layer", "head"])
             found = "; ".join(_effect_text(row, f"L{int(row['layer']) + 1}-H{int(row['head']) + 1}")
                               for _, row in kept.iterrows())

@@ -338,3 +338,20 @@ def test_significance_lines_name_what_survives_holm(tmp_path):
     assert "L1-H1" not in heads_line
     assert layers_line.endswith("(0 of 2 survive Holm, p < 0.05): none")
     assert significance_lines(tmp_path / "nothing") == []
+    (tmp_path / "disable_layers.csv").unlink()
+    heads.loc[heads.metric == "zero_p_holm", "value"] = np.nan  # a score metric: intervals, no test
+    heads.to_csv(tmp_path / "disable_heads.csv", index=False)
+    assert significance_lines(tmp_path) == []
+
+
+def test_a_score_metric_gets_intervals_but_no_test(tmp_path):
+    bundle = make_bundle(num_labels=1)
+    examples = [Example(f"s-{i}", TEXTS[i], None, float(i % 5)) for i in range(len(TEXTS))]
+    data = TaskData("stsb", "validation", "test", examples, num_labels=1, metric="pearson_spearman")
+    run = RunDir("tiny", "stsb", tmp_path)
+    summary = disable_analysis(bundle, data, run, mode="zero", units=["layer"], batch_size=4)
+    assert "significant" not in summary and "no McNemar test" in summary["tests"]
+    layers = pd.read_csv(run.file("disable_layers.csv"))
+    assert layers["p_mcnemar"].isna().all() and layers["p_holm"].isna().all()
+    assert (layers["ci_low"] <= layers["delta"] + 1e-9).all() and (layers["delta"] <= layers["ci_high"] + 1e-9).all()
+    assert significance_lines(run.path) == []
