@@ -67,13 +67,14 @@ def compare(base: str = typer.Option("minilm", "--base", help="the model before 
                                           help="also classify every head of both models (pattern transitions)"),
             classifier: opt.OptionalPath = typer.Option(None, "--classifier",
                                                         help="pattern CNN checkpoint (default: the shipped one)"),
+            text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Per-head cosine similarity of base and fine-tuned attention maps on the same inputs (Kovaleva Fig. 5), and
     the 5x5 matrix of pattern classes base -> fine-tuned over every head and example."""
     modes = MODES if mode == "both" else (mode,)
     if any(m not in MODES for m in modes):
         raise AttnpatError(f"unknown --mode '{mode}'; use cropped, padded or both")
-    data = load_data(task, split, n)
+    data = load_data(task, split, n, text_column=text_column, label_column=label_column)
     base_bundle, tuned_bundle = load_model(base), load_model(finetuned)
     run = RunDir(tuned_bundle.slug, data.task, runs_dir)
     values = write_cosine(base_bundle, tuned_bundle, data, run, modes=modes, max_length=max_length,
@@ -103,9 +104,10 @@ def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
             no_base: bool = typer.Option(False, "--no-base", help="analyse --model only"),
             top: int = typer.Option(10, "--top", help="show the N tokens the last layer's [CLS] attends to most"),
             split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
+            text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
             map_kind: str = opt.MapKind, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Attention to [CLS]/[SEP], the last layer's [CLS] row and to linguistic features (Kovaleva Fig. 6-7, 4.4)."""
-    data = load_data(task, split, n)
+    data = load_data(task, split, n, text_column=text_column, label_column=label_column)
     bundle = load_model(model, map_kind=map_kind)
     names = [model]
     base = None if no_base else base or bundle.meta.get("base_model")

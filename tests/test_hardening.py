@@ -497,3 +497,16 @@ def test_batch_jobs_refuse_models_the_app_does_not_list(tmp_path, tiny_model):
     assert WebApp(tmp_path).jobs.arguments("overview", "minilm", "sst2", 10)[:3] == ["overview", "--model", "minilm"]
     argv = WebApp(tmp_path, allow_any_model=True).jobs.arguments("overview", str(tiny_model), "sst2", 10)
     assert argv[:3] == ["overview", "--model", str(tiny_model)]
+
+
+@pytest.mark.parametrize("verb", [["surface"], ["cluster"], ["special", "--no-base"], ["compare-kinds"],
+                                  ["importance"], ["prune", "--step", "0.5"]])
+def test_column_options_reach_every_verb_that_reads_a_task(tmp_path, capsys, tiny_model, verb):
+    (tmp_path / "r.tsv").write_text("Review\tStars\ngreat film here\tgood\ndull and slow\tbad\n")
+    runs = tmp_path / "runs"
+    code, _, err, _ = run_cli([*verb, "--model", tiny_model, "--task", tmp_path / "r.tsv", "--text-column", "review",
+                               "--label-column", "stars", "--runs-dir", runs, "-q"], capsys)
+    assert code == 0, err
+    records = [record for manifest in runs.glob("*/*/manifest.json")
+               for record in json.loads(manifest.read_text())["analyses"].values() if "data" in record]
+    assert records and all(record["data"]["columns"] == {"text": "Review", "label": "Stars"} for record in records)
