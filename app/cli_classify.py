@@ -75,6 +75,7 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
              out: opt.OptionalPath = typer.Option(None, "--out", help="with --maps: output CSV (default: <maps "
                                                   "folder>/map_classes.csv)"),
              max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize, map_kind: str = opt.MapKind,
+             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
              runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Classify every head's attention maps on a task (or --task all), or saved map files (--maps); --map-kind norm
     or rollout classifies those maps instead (into runs/<model>@<kind>/)."""
@@ -97,7 +98,8 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
     tasks = available_glue_tasks() if task == "all" else [task]
     bundle = load_model(model, map_kind=map_kind)
     ratios = classify_tasks(bundle, tasks, cnn, n=n, split=split, batch_size=batch_size, max_length=max_length,
-                            root=runs_dir, progress=not quiet)
+                            root=runs_dir, progress=not quiet,
+                            columns={"text_column": text_column, "label_column": label_column})
     kind_note = "" if map_kind == "weight" else f", {KIND_NOTES[map_kind]}"
     typer.echo(f"pattern ratios of {bundle.name} (classifier trained on {cnn.trained_on}{kind_note}):")
     for name, table in ratios.items():

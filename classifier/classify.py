@@ -296,16 +296,18 @@ def _save(run: RunDir, name: str, fig) -> None:
 
 def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, *, n: int | None = None,
                    split: str = "validation", batch_size: int = 32, max_length: int = DEFAULT_MAX_LENGTH,
-                   root: str | Path | None = None, progress: bool = True, resume: bool | None = None) -> dict:
+                   root: str | Path | None = None, progress: bool = True, resume: bool | None = None,
+                   columns: dict | None = None) -> dict:
     """classify_task for each task, then the per-task comparison. Returns {task: ratio frame}.
 
+    columns: a data file's text_column and label_column (analysis.data.load_data).
     resume (default: when there are several tasks, as with ``--task all``): a task whose run directory
     already holds a current classification (:func:`classification_is_current`) is not classified again,
     so a killed run continues with the task it was on."""
     resume = len(tasks) > 1 if resume is None else resume
     ratios = {}
     for task in tasks:
-        data = load_data(task, split, n)
+        data = load_data(task, split, n, **(columns or {}))
         run = RunDir(bundle.slug, data.task, root)
         settings = classify_settings(bundle, data, classifier, max_length)
         if not (resume and classification_is_current(run, settings)):

@@ -500,7 +500,7 @@ def test_batch_jobs_refuse_models_the_app_does_not_list(tmp_path, tiny_model):
 
 
 @pytest.mark.parametrize("verb", [["surface"], ["cluster"], ["special", "--no-base"], ["compare-kinds"],
-                                  ["importance"], ["prune", "--step", "0.5"]])
+                                  ["importance"], ["prune", "--step", "0.5"], ["classify"]])
 def test_column_options_reach_every_verb_that_reads_a_task(tmp_path, capsys, tiny_model, verb):
     (tmp_path / "r.tsv").write_text("Review\tStars\ngreat film here\tgood\ndull and slow\tbad\n")
     runs = tmp_path / "runs"
