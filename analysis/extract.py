@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.data import TaskData
+from analysis.distributed import extract_shards
 from analysis.errors import AttnpatError
 from analysis.mapstore import FORMAT, SavedMap, write_shard
 from analysis.rundir import RunDir, atomic_write_json, long_table, read_json
@@ -15,12 +16,13 @@ from analysis.stream import DEFAULT_MAX_LENGTH, encode_examples, length_sorted_b
 
 
 def extract_maps(bundle, data: TaskData, out_dir: str | Path, *, max_length: int = DEFAULT_MAX_LENGTH,
-                 batch_size: int = 32, shard_size: int = 64, progress: bool = True) -> dict:
+                 batch_size: int = 32, shard_size: int = 64, progress: bool = True, cluster=None) -> dict:
     """Save every example's maps as shards ``shard-00000.npz`` ... in ``out_dir``.
 
     Shards hold length-sorted groups of ``shard_size`` examples. A rerun skips shards already written
     (each is written atomically), so a killed extraction resumes where it stopped. Returns a summary
-    dict (also written to ``out_dir/index.json``).
+    dict (also written to ``out_dir/index.json``). ``cluster`` (analysis.cluster.Cluster): one job per
+    shard on its workers.
     """
     out_dir = Path(out_dir)
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
@@ -35,11 +37,15 @@ def extract_maps(bundle, data: TaskData, out_dir: str | Path, *, max_length: int
     atomic_write_json(index_path, {**settings, "complete": False})
     groups = length_sorted_batches(encoded, shard_size)
     missing = [k for k in range(len(groups)) if not (out_dir / f"shard-{k:05d}.npz").is_file()]
-    todo = [item for k in missing for item in groups[k]]
-    shard_of = {item.index: k for k in missing for item in groups[k]}
-    pending: dict[int, list[SavedMap]] = {k: [] for k in missing}
+    if cluster is not None:
+        extract_shards(cluster, bundle, data, {out_dir / f"shard-{k:05d}.npz": groups[k] for k in missing},
+                       batch_size=batch_size, max_length=max_length, progress=progress)
+    here = missing if cluster is None else []  # the shards this process computes
+    todo = [item for k in here for item in groups[k]]
+    shard_of = {item.index: k for k in here for item in groups[k]}
+    pending: dict[int, list[SavedMap]] = {k: [] for k in here}
     for map_batch in stream_maps(bundle, data.examples, max_length=max_length, batch_size=batch_size,
-                                 progress="extract" if progress else False, encoded=todo):
+                                 progress="extract" if progress and todo else False, encoded=todo):
         for i, item in enumerate(map_batch.batch.items):
             n = len(item)
             types = item.token_type_ids if item.token_type_ids is not None else [0] * n
@@ -62,6 +68,8 @@ def write_maps(bundle, data: TaskData, run: RunDir, out: str | Path | None = Non
     """
     out = Path(out) if out is not None else run.file("maps")
     with run.record("extract", bundle, data, max_length=max_length) as entry:
+        if kwargs.get("cluster") is not None:
+            entry["cluster"] = kwargs["cluster"].manifest()
         summary = extract_maps(bundle, data, out, max_length=max_length, **kwargs)
         entry.update(n_truncated=summary["n_truncated"], outputs=[str(out)])
     return {**summary, "out": out}

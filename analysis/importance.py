@@ -12,6 +12,7 @@ Shapes: ``L`` layers, ``H`` heads, ``B`` batch rows, ``N`` examples.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
@@ -187,22 +188,30 @@ def _normalisation_label(by_layer: bool, exponent: float, global_minmax: bool) -
 
 def importance_analysis(bundle, data, run, *, by_layer: bool = True, exponent: float = 2.0,
                         global_minmax: bool = True, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
-                        progress: bool = False) -> dict:
+                        progress: bool = False, cluster=None) -> dict:
     """Compute and write importance.csv (metric importance = normalised, importance_raw) and the heatmap, and
-    record the run (manifest entry importance)."""
+    record the run (manifest entry importance). ``cluster`` (analysis.cluster.Cluster): runs of batches go to
+    its workers (recorded in the manifest)."""
     with run.record("importance", bundle, data, normalize_layers=by_layer, exponent=exponent,
                     normalize_global=global_minmax, max_length=max_length,
                     model_note=classifier_head_note(bundle, data.task)) as entry:
+        if cluster is not None:
+            entry["cluster"] = cluster.manifest()
         summary = _importance(bundle, data, run, by_layer=by_layer, exponent=exponent, global_minmax=global_minmax,
-                              max_length=max_length, batch_size=batch_size, progress=progress)
+                              max_length=max_length, batch_size=batch_size, progress=progress, cluster=cluster)
         entry["outputs"] = summary["outputs"]
     return summary
 
 
 def _importance(bundle, data, run, *, by_layer: bool, exponent: float, global_minmax: bool, max_length: int,
-                batch_size: int, progress: bool) -> dict:
+                batch_size: int, progress: bool, cluster=None) -> dict:
     batches, _ = _labelled_batches(bundle, data, max_length, batch_size)
-    raw = head_importance(bundle, batches, progress="importance" if progress else False)
+    importance = head_importance
+    if cluster is not None:
+        from analysis.distributed import distributed_importance  # noqa: PLC0415 (it builds on this module)
+
+        importance = functools.partial(distributed_importance, cluster)
+    raw = importance(bundle, batches, progress="importance" if progress else False)
     scores = normalized_importance(raw, by_layer=by_layer, exponent=exponent, global_minmax=global_minmax)
     run.write_table("importance", long_table({"importance": scores, "importance_raw": raw}))
     label = _normalisation_label(by_layer, exponent, global_minmax)

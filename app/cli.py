@@ -13,6 +13,7 @@ import sys
 import typer
 
 from analysis.errors import AttnpatError, os_error_message
+from app.options import with_ray_default
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -38,7 +39,7 @@ _register_all()
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, print AttnpatError as one line on stderr and exit 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=with_ray_default(sys.argv[1:] if argv is None else list(argv)), standalone_mode=False)
     except AttnpatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return _exit(2, argv)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from analysis.cluster import maybe_ray
 from analysis.errors import AttnpatError
 from analysis.mapkinds import KIND_NOTES
 from analysis.models import load_model
@@ -76,13 +77,16 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
                                                   "folder>/map_classes.csv)"),
              max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize, map_kind: str = opt.MapKind,
              text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
-             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet, ray: opt.OptionalStr = opt.Ray,
+             workers: opt.OptionalInt = opt.Workers, ray_dashboard: bool = opt.RayDashboard) -> None:
     """Classify every head's attention maps on a task (or --task all), or saved map files (--maps); --map-kind norm
-    or rollout classifies those maps instead (into runs/<model>@<kind>/)."""
+    or rollout classifies those maps instead (into runs/<model>@<kind>/); --ray spreads batches over workers."""
     from classifier.predict import load_classifier  # noqa: PLC0415
 
     cnn = load_classifier(str(classifier) if classifier else None)
     if maps is not None:
+        if ray is not None:
+            raise AttnpatError("--ray classifies a task's maps as they are computed, not saved map files (--maps)")
         from classifier.classify import classify_saved_maps, write_map_classes  # noqa: PLC0415
 
         frame = classify_saved_maps(maps, cnn, progress=not quiet)
@@ -97,9 +101,10 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
 
     tasks = available_glue_tasks() if task == "all" else [task]
     bundle = load_model(model, map_kind=map_kind)
-    ratios = classify_tasks(bundle, tasks, cnn, n=n, split=split, batch_size=batch_size, max_length=max_length,
-                            root=runs_dir, progress=not quiet,
-                            columns={"text_column": text_column, "label_column": label_column})
+    with maybe_ray(ray, workers, ray_dashboard) as cluster:
+        ratios = classify_tasks(bundle, tasks, cnn, n=n, split=split, batch_size=batch_size, max_length=max_length,
+                                root=runs_dir, progress=not quiet,
+                                columns={"text_column": text_column, "label_column": label_column}, cluster=cluster)
     kind_note = "" if map_kind == "weight" else f", {KIND_NOTES[map_kind]}"
     typer.echo(f"pattern ratios of {bundle.name} (classifier trained on {cnn.trained_on}{kind_note}):")
     for name, table in ratios.items():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import typer
 
+from analysis.cluster import maybe_ray
 from analysis.data import available_tasks, load_data
 from analysis.extract import write_maps, write_overview
 from analysis.models import EMBEDDED_ALIASES, FETCHED_ALIASES, hub_reachable, list_store, load_model
@@ -43,12 +44,15 @@ def extract(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
             out: opt.OptionalPath = typer.Option(None, "--out", help="folder for map shards (default: run dir/maps)"),
             split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
-            map_kind: str = opt.MapKind, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
-    """Stream a task's attention maps and save them (compressed shards, resumable)."""
+            map_kind: str = opt.MapKind, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet,
+            ray: opt.OptionalStr = opt.Ray, workers: opt.OptionalInt = opt.Workers,
+            ray_dashboard: bool = opt.RayDashboard) -> None:
+    """Stream a task's attention maps and save them (compressed shards, resumable; --ray: one shard per job)."""
     data = load_data(task, split, n, text_column=text_column, label_column=label_column)
     bundle = load_model(model, map_kind=map_kind)
-    summary = write_maps(bundle, data, RunDir(bundle.slug, data.task, runs_dir), out, max_length=max_length,
-                         batch_size=batch_size, progress=not quiet)
+    with maybe_ray(ray, workers, ray_dashboard) as cluster:
+        summary = write_maps(bundle, data, RunDir(bundle.slug, data.task, runs_dir), out, max_length=max_length,
+                             batch_size=batch_size, progress=not quiet, cluster=cluster)
     out = summary["out"]
     typer.echo(f"saved maps of {summary['n_examples']} examples ({summary['n_truncated']} truncated to "
                f"{max_length} tokens) in {summary['n_shards']} shards under {out}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import typer
 
+from analysis.cluster import maybe_ray
 from analysis.data import load_data
 from analysis.disable import check_mode
 from analysis.errors import AttnpatError
@@ -47,15 +48,18 @@ def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
                                      help="head (each single head), layer (each whole layer) or both"),
             max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
-            runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
-    """Task metric with each head / each layer disabled, against the baseline (resumable: rerun to continue)."""
+            runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet, ray: opt.OptionalStr = opt.Ray,
+            workers: opt.OptionalInt = opt.Workers, ray_dashboard: bool = opt.RayDashboard) -> None:
+    """Task metric with each head / each layer disabled, against the baseline (resumable: rerun to continue;
+    --ray: groups of variants go to workers)."""
     check_mode(mode)
     units = UNITS if unit == "both" else (unit,)
     if any(u not in UNITS for u in units):
         raise AttnpatError(f"unknown --unit '{unit}'; use head, layer or both")
     bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))
-    summary = disable_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir), mode=mode, units=units,
-                               max_length=max_length, batch_size=batch_size, progress=not quiet)
+    with maybe_ray(ray, workers, ray_dashboard) as cluster:
+        summary = disable_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir), mode=mode, units=units,
+                                   max_length=max_length, batch_size=batch_size, progress=not quiet, cluster=cluster)
     metric = summary["metric_name"]
     typer.echo(f"{bundle.name} on {data.task} ({len(data.examples)} {data.split} examples), {mode} disabling; "
                f"baseline {metric} {summary['baseline']:.4f}; layers and heads 1-indexed")
@@ -77,12 +81,15 @@ def importance(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt 
                normalize_global: bool = NormalizeGlobal, max_length: int = opt.MaxLength,
                batch_size: int = opt.BatchSize, text_column: opt.OptionalStr = opt.TextColumn,
                label_column: opt.OptionalStr = opt.LabelColumn, runs_dir: opt.OptionalPath = opt.RunsDir,
-               quiet: bool = opt.Quiet) -> None:
-    """Head importance: mean |d loss / d head gate| over the data (Michel et al.)."""
+               quiet: bool = opt.Quiet, ray: opt.OptionalStr = opt.Ray, workers: opt.OptionalInt = opt.Workers,
+               ray_dashboard: bool = opt.RayDashboard) -> None:
+    """Head importance: mean |d loss / d head gate| over the data (Michel et al.; --ray: batches go to workers)."""
     bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))
-    summary = importance_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir), by_layer=normalize_layers,
-                                  exponent=exponent, global_minmax=normalize_global, max_length=max_length,
-                                  batch_size=batch_size, progress=not quiet)
+    with maybe_ray(ray, workers, ray_dashboard) as cluster:
+        summary = importance_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir),
+                                      by_layer=normalize_layers, exponent=exponent, global_minmax=normalize_global,
+                                      max_length=max_length, batch_size=batch_size, progress=not quiet,
+                                      cluster=cluster)
     typer.echo(f"head importance of {bundle.name} on {data.task} ({summary['normalisation']}); 1-indexed")
     for label, heads in (("least important: ", summary["least"]), ("most important:  ", summary["most"])):
         typer.echo(label + "; ".join(_head({"layer": layer, "head": head}) for layer, head in heads))

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import typer
 
+from analysis.cluster import LOCAL
 from analysis.data import check_n
 from analysis.mapkinds import check_map_kind
 from analysis.models import DEFAULT_MODEL
@@ -44,6 +45,24 @@ MapKind = typer.Option("weight", "--map-kind", help="maps to analyse: weight (at
                        "et al. 2020: ||alpha f(x)|| per head, each row renormalised to sum 1) or rollout (Abnar & "
                        "Zuidema 2020, per layer, repeated over its heads); other kinds than weight write to "
                        "runs/<model>@<kind>/", callback=check_map_kind)
+
+Ray = typer.Option(None, "--ray", metavar="[ADDRESS]", help="run on Ray: alone, a local Ray on 127.0.0.1 with "
+                   "--workers workers; with an address (host:port, ray://host:port or auto), join that cluster")
+Workers = typer.Option(None, "--workers", help="Ray workers, one torch thread each (default: a local Ray: the "
+                       "CPU count; a cluster: its CPUs)")
+RayDashboard = typer.Option(False, "--ray-dashboard", help="with a local Ray: start its dashboard (on 127.0.0.1)")
+
+
+def with_ray_default(args: list[str]) -> list[str]:
+    """``--ray`` given without an address (last, or followed by another option) means a local Ray; typer's
+    options always take a value, so 'local' is filled in before parsing."""
+    filled = []
+    for k, arg in enumerate(args):
+        filled.append(arg)
+        if arg == "--ray" and (k + 1 == len(args) or args[k + 1].startswith("-")):
+            filled.append(LOCAL)
+    return filled
+
 
 OptionalPath = Path | None
 OptionalInt = int | None

@@ -6,6 +6,7 @@ its real length, resized (all examples of one length together) and classified, a
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -126,18 +127,25 @@ def classifier_confusion(classifier: PatternClassifier) -> np.ndarray | None:
 
 
 def classify_task(bundle, data: TaskData, classifier: PatternClassifier, run: RunDir, batch_size: int = 32,
-                  progress: bool = True, max_length: int = DEFAULT_MAX_LENGTH):
+                  progress: bool = True, max_length: int = DEFAULT_MAX_LENGTH, cluster=None):
     """Classify every head on every example of ``data``; write patterns.csv, pattern_ratios.csv and their
-    figures (PNG + SVG) to ``run``. Returns the per-head frame (layer, head, class, count, fraction)."""
+    figures (PNG + SVG) to ``run``. Returns the per-head frame (layer, head, class, count, fraction).
+    ``cluster`` (analysis.cluster.Cluster): classify the batches on its workers (same counts), recorded in the
+    manifest."""
     if not data.examples:
         raise AttnpatError(f"task {data.task} has no examples to classify")
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     with run.record("classify", bundle, data, max_length=max_length, classifier=classifier.path or "default",
                     classifier_trained_on=classifier.trained_on,
                     settings=classify_settings(bundle, data, classifier, max_length)) as entry:
-        counts, per_example = head_class_counts(bundle, data.examples, classifier, batch_size=batch_size,
-                                                max_length=max_length, progress=progress, encoded=encoded,
-                                                per_example=True)
+        count = head_class_counts
+        if cluster is not None:
+            from classifier.distributed import distributed_class_counts  # noqa: PLC0415 (it builds on this module)
+
+            count = functools.partial(distributed_class_counts, cluster)
+            entry["cluster"] = cluster.manifest()
+        counts, per_example = count(bundle, data.examples, classifier, batch_size=batch_size, max_length=max_length,
+                                    progress=progress, encoded=encoded, per_example=True)
         confusion = classifier_confusion(classifier)
         patterns, ratios = pattern_table(counts), ratio_table(counts, per_example, confusion)
         entry.update(ratio_uncertainty={"interval": f"95% percentile bootstrap over {len(per_example)} examples",
@@ -297,8 +305,9 @@ def _save(run: RunDir, name: str, fig) -> None:
 def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, *, n: int | None = None,
                    split: str = "validation", batch_size: int = 32, max_length: int = DEFAULT_MAX_LENGTH,
                    root: str | Path | None = None, progress: bool = True, resume: bool | None = None,
-                   columns: dict | None = None) -> dict:
+                   columns: dict | None = None, cluster=None) -> dict:
     """classify_task for each task, then the per-task comparison. Returns {task: ratio frame}.
+    ``cluster``: see :func:`classify_task` (its workers load the model once for all tasks).
 
     columns: a data file's text_column and label_column (analysis.data.load_data).
     resume (default: when there are several tasks, as with ``--task all``): a task whose run directory
@@ -312,7 +321,7 @@ def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, 
         settings = classify_settings(bundle, data, classifier, max_length)
         if not (resume and classification_is_current(run, settings)):
             classify_task(bundle, data, classifier, run, batch_size=batch_size, progress=progress,
-                          max_length=max_length)
+                          max_length=max_length, cluster=cluster)
         ratios[data.task] = run.read_table("pattern_ratios")
     compare_tasks(bundle.slug, bundle.name, ratios, root)
     return ratios

@@ -1,0 +1,373 @@
+"""Ray as the distributed engine: a connection (a local Ray on 127.0.0.1, or an existing cluster), pools of
+worker actors that each load the model once, and a job runner whose results merge in the driver.
+
+Ray is an optional extra (``pip install -e '.[ray]'``) and is imported lazily on purpose: only ``--ray`` runs
+need it. Nothing here reaches the internet: usage statistics are off, the dashboard is off unless asked for,
+and a local Ray listens on 127.0.0.1 only.
+
+Faults: Ray restarts a killed worker actor (``MAX_RESTARTS``, reloading its model) and retries the job it was
+running (``MAX_TASK_RETRIES``); a job whose worker is lost for good goes back to the queue for another worker.
+Results are kept by job key, so a retried job counts once and the run ends only when every job has a result.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import secrets
+import socket
+from collections import deque
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from analysis.errors import AttnpatError
+from analysis.progress import progress_bar
+
+LOCAL = "local"  # the --ray value that starts a local Ray instead of joining a cluster
+CONNECT_TIMEOUT = 5.0  # seconds an existing cluster's address gets to answer before one error line
+RAY_CLIENT_PORT = 10001
+MAX_RESTARTS = 3
+MAX_TASK_RETRIES = 3
+QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # never report usage to Ray's servers
+# Without it Ray replaces 127.0.0.1 by the machine's network address and listens on every interface; with it
+# (Ray's single-machine mode) a local Ray, and a driver reaching a cluster on a loopback address, stay on 127.0.0.1.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# Settings the workers of an existing cluster should see as the driver does (model store, offline hub).
+FORWARDED_ENV = ("ATTNPAT_HOME", "HF_HOME", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
+                 "TOKENIZERS_PARALLELISM")
+
+
+# ---------------------------------------------------------------- jobs and workers
+
+@dataclass(frozen=True)
+class Job:
+    """One piece of work: ``function(state, *args)`` on a worker whose loader gave ``state``.
+
+    ``function`` is a module-level function (sent by reference); ``cost`` (expected work) orders the queue,
+    largest first, so that workers finish together; ``size`` is what the job adds to the progress bar.
+    """
+
+    key: Hashable
+    function: Callable
+    args: tuple = ()
+    cost: float = 1.0
+    size: int = 1
+
+
+class Worker:
+    """The body of a worker actor: runs jobs against a state (e.g. a loaded model) that it loads once.
+
+    A job names its loader; the worker keeps the state of the last loader it ran, so a run's jobs share one
+    load, and a run with another loader (another verb, model or checkpoint) replaces it. A restarted worker
+    starts empty and loads again on its first job.
+    """
+
+    def __init__(self, threads: int):
+        torch.set_num_threads(threads)
+        self.key: Hashable | None = None
+        self.state = None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, key: Hashable, loader: Callable[[], Any], function: Callable, *args):
+        if key != self.key:
+            self.key, self.state = None, None  # free the previous state before loading the next
+            self.state, self.key = loader(), key
+        return function(self.state, *args)
+
+
+class WorkerPool:
+    """The cluster's workers (Ray actors of :class:`Worker`, ``threads`` CPUs each) holding one loader's state.
+
+    ``listeners``: callables ``(key, result)`` called in the driver after each job's result is merged.
+    """
+
+    def __init__(self, ray, actors: list, loader: Callable[[], Any]):
+        self._ray, self.actors, self.loader, self.key = ray, actors, loader, loader_key(loader)
+        self.listeners: list[Callable[[Hashable, Any], None]] = []
+
+    def pids(self) -> list[int]:
+        """The process id of every worker (they change when Ray restarts a worker)."""
+        return self._ray.get([worker.pid.remote() for worker in self.actors])
+
+    def each(self, function: Callable, *args) -> list:
+        """``function(state, *args)`` on every worker (loading the state where needed), e.g. to check that all
+        loaded the same model. A loader's AttnpatError is raised here as one line."""
+        return self._get([worker.run.remote(self.key, self.loader, function, *args) for worker in self.actors])
+
+    def _get(self, refs):
+        from ray.exceptions import RayTaskError  # noqa: PLC0415 (Ray is optional, see the module doc)
+
+        try:
+            return self._ray.get(refs)
+        except RayTaskError as exc:
+            if isinstance(exc.cause, AttnpatError):
+                raise AttnpatError(str(exc.cause)) from None
+            raise
+
+    def run(self, jobs: Sequence[Job], *, progress: bool | str = False, desc: str = "jobs", unit: str = "jobs",
+            on_result: Callable[[Hashable, Any], Any] | None = None) -> dict[Hashable, Any]:
+        """Run every job once on the workers; returns {job key: result}, or with ``on_result(key, result)``
+        (called in the driver as each job comes back, e.g. to write it) {job key: what on_result returned}.
+        The progress bar counts job sizes across all workers. A job's error is raised here (an AttnpatError
+        as itself, one line)."""
+        ray = self._ray
+        from ray.exceptions import RayActorError  # noqa: PLC0415 (Ray is optional, see the module doc)
+
+        if len({job.key for job in jobs}) != len(jobs):
+            raise AttnpatError("distributed jobs need distinct keys")
+        queue = deque(sorted(jobs, key=lambda job: -job.cost))
+        idle = deque(range(len(self.actors)))
+        running: dict = {}  # ObjectRef -> (job, worker index)
+        results: dict[Hashable, Any] = {}
+        bar = progress_bar(sum(job.size for job in jobs), progress, desc, unit=unit, unit_scale=True)
+        try:
+            while queue or running:
+                while queue and idle:
+                    job, index = queue.popleft(), idle.popleft()
+                    ref = self.actors[index].run.remote(self.key, self.loader, job.function, *job.args)
+                    running[ref] = (job, index)
+                if not running:
+                    raise AttnpatError("every Ray worker died; rerun the command to resume")
+                (ref,), _ = ray.wait(list(running), num_returns=1)
+                job, index = running.pop(ref)
+                try:
+                    value = self._get(ref)
+                except RayActorError:
+                    queue.appendleft(job)  # its worker is gone for good (restarts used up): another one takes it
+                    continue
+                idle.append(index)
+                if job.key in results:
+                    continue  # cannot happen with one submission per job; never count a job twice
+                results[job.key] = value if on_result is None else on_result(job.key, value)
+                if bar is not None:
+                    bar.update(job.size)
+                for listener in self.listeners:
+                    listener(job.key, value)
+        finally:
+            if bar is not None:
+                bar.close()
+        return results
+
+
+# ---------------------------------------------------------------- the cluster
+
+class Cluster:
+    """A Ray connection: ``workers`` worker actors (started on first use, stopped with the connection) and what
+    the manifest records about the cluster."""
+
+    def __init__(self, ray, address: str, workers: int, threads: int, started_here: bool):
+        self._ray = ray
+        self.address, self.workers, self.threads, self.started_here = address, workers, threads, started_here
+        self._actors: list = []
+        self._pools: dict[Hashable, WorkerPool] = {}
+
+    def pool(self, loader: Callable[[], Any]) -> WorkerPool:
+        """The workers holding ``loader``'s state (a functools.partial of a module-level function; each worker
+        runs it once, on its first job). The same loader gives the same pool (and its listeners)."""
+        if not self._actors:
+            actor = self._ray.remote(num_cpus=self.threads, max_restarts=MAX_RESTARTS,
+                                     max_task_retries=MAX_TASK_RETRIES)(Worker)
+            self._actors = [actor.remote(self.threads) for _ in range(self.workers)]
+        key = loader_key(loader)
+        if key not in self._pools:
+            self._pools[key] = WorkerPool(self._ray, self._actors, loader)
+        return self._pools[key]
+
+    def put(self, value):
+        """Store ``value`` once in the cluster's object store; jobs take the returned reference as an argument."""
+        return self._ray.put(value)
+
+    def manifest(self) -> dict:
+        """The manifest's record of the cluster: engine, address, workers and resources."""
+        ray = self._ray
+        resources = {name: value for name, value in ray.cluster_resources().items() if not name.startswith("node:")}
+        nodes = [node for node in ray.nodes() if node.get("Alive")]
+        return {"engine": "ray", "ray_version": ray.__version__, "address": self.address,
+                "started_here": self.started_here, "workers": self.workers, "threads_per_worker": self.threads,
+                "nodes": len(nodes), "resources": resources}
+
+    def close(self) -> None:
+        for worker in self._actors:
+            self._ray.kill(worker, no_restart=True)
+        self._actors, self._pools = [], {}
+
+
+def loader_key(loader: Callable) -> Hashable:
+    """A loader's identity: its function and arguments (two runs with equal loaders share the workers)."""
+    if isinstance(loader, functools.partial):
+        return (loader.func.__module__, loader.func.__qualname__, repr(loader.args),
+                repr(sorted(loader.keywords.items())))
+    return (loader.__module__, loader.__qualname__)
+
+
+# ---------------------------------------------------------------- connecting
+
+def is_loopback(host: str) -> bool:
+    return host in {"localhost", "::1"} or host.startswith("127.")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """'host:port' or 'ray://host[:port]' -> (host, port); a clear error for anything else."""
+    text = address.removeprefix("ray://")
+    host, _, port = text.rpartition(":") if ":" in text else (text, "", "")
+    if not port and address.startswith("ray://"):
+        host, port = text, str(RAY_CLIENT_PORT)
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise AttnpatError(f"--ray address '{address}' is not host:port, ray://host:port, auto or empty "
+                           "(a local Ray)")
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Fail in ``timeout`` seconds, with one line, when nothing answers at ``address`` (Ray itself retries
+    for minutes)."""
+    host, port = split_address(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise AttnpatError(f"cannot reach the Ray cluster at {address} ({reason.lower()}); start one with "
+                           "`ray start --head`, or use --ray alone for a local Ray") from None
+
+
+def _import_ray():
+    """Import Ray (an optional dependency) with one clear line when it is missing."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    try:
+        import ray  # noqa: PLC0415 (optional dependency, see the module doc)
+    except ImportError:
+        raise AttnpatError("--ray needs Ray: pip install -e '.[ray]' (the set-up installs it)") from None
+    return ray
+
+
+@contextmanager
+def _ray_settings(loopback: bool, local: bool) -> Iterator:
+    """Ray's settings for one connection, restored afterwards: usage statistics off; single-machine mode for a
+    local Ray or a loopback address; for a local Ray, workers at normal priority and token authentication with
+    a token made for this run, kept in the environment of its processes only (Ray would otherwise write one to
+    ~/.ray)."""
+    wanted = {**QUIET_ENV, **(LOOPBACK_ENV if loopback else {})}
+    if local:  # workers compute at the driver's priority (Ray's default niceness 15 starves them on a busy machine)
+        wanted.setdefault("RAY_worker_niceness", os.environ.get("RAY_worker_niceness", "0"))
+    if local and "RAY_AUTH_MODE" not in os.environ:
+        wanted.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    saved_env = {name: os.environ.get(name) for name in {*wanted, "RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}}
+    os.environ.update(wanted)  # before Ray is imported: it reads them then
+    ray = _import_ray()
+    from ray._private import ray_constants  # noqa: PLC0415 (optional dependency, see the module doc)
+    from ray._raylet import Config  # noqa: PLC0415
+
+    # A driver that imported Ray earlier is told here (Ray reads both settings once, when first used).
+    saved_mode = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = saved_mode and not loopback
+    Config.initialize("")
+    try:
+        yield ray
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_mode
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        Config.initialize("")
+
+
+def resolve_address(address: str) -> str:
+    """'auto' -> the address of the cluster last started on this machine (Ray's own lookup); others unchanged."""
+    if address != "auto":
+        return address
+    _import_ray()
+    from ray._private.services import canonicalize_bootstrap_address  # noqa: PLC0415
+
+    try:
+        found = canonicalize_bootstrap_address("auto")
+    except ConnectionError:
+        found = None
+    if not found:
+        raise AttnpatError("--ray auto found no running Ray cluster on this machine; start one with "
+                           "`ray start --head`, or use --ray alone for a local Ray")
+    return found
+
+
+def _worker_env() -> dict:
+    return {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
+
+
+@contextmanager
+def ray_cluster(address: str = LOCAL, workers: int | None = None, *, threads: int = 1,
+                dashboard: bool = False) -> Iterator[Cluster]:
+    """Connect to Ray for the duration of the block and yield a :class:`Cluster`.
+
+    address: 'local' starts a local Ray on 127.0.0.1 with ``workers`` x ``threads`` CPUs (default workers: this
+    machine's CPU count); 'host:port', 'ray://host:port' or 'auto' join an existing cluster (default workers:
+    its CPUs / threads). A driver already connected to Ray (ray.init called by the caller) reuses that
+    connection and leaves it open. Workers and the Ray started here are stopped when the block ends.
+    """
+    if workers is not None and workers < 1:
+        raise AttnpatError(f"--workers must be at least 1, got {workers}")
+    if threads < 1:
+        raise AttnpatError(f"threads per worker must be at least 1, got {threads}")
+    local = address == LOCAL
+    if not local:
+        address = resolve_address(address)
+        check_reachable(address)
+    with _ray_settings(loopback=local or is_loopback(split_address(address)[0]), local=local) as ray:
+        started_here = not ray.is_initialized()
+        if started_here:
+            _init(ray, address, workers, threads, dashboard)
+        try:
+            cpus = int(ray.cluster_resources().get("CPU", 0))
+            workers = workers or max(1, cpus // threads)
+            if workers * threads > cpus:
+                raise AttnpatError(f"{workers} workers of {threads} thread(s) need {workers * threads} CPUs; the Ray "
+                                   f"cluster has {cpus}")
+            gcs = ray.get_runtime_context().gcs_address
+            cluster = Cluster(ray, gcs if local else address, workers, threads, started_here=local and started_here)
+            try:
+                yield cluster
+            finally:
+                cluster.close()
+        finally:
+            if started_here:
+                ray.shutdown()
+
+
+def _init(ray, address: str, workers: int | None, threads: int, dashboard: bool) -> None:
+    options = dict(logging_level=logging.WARNING, log_to_driver=False, namespace="attnpat")
+    if _worker_env():
+        options["runtime_env"] = {"env_vars": _worker_env()}
+    if address == LOCAL:
+        # "local": a new Ray even when another runs on this machine
+        ray.init(address="local", num_cpus=(workers or os.cpu_count() or 1) * threads, include_dashboard=dashboard,
+                 dashboard_host="127.0.0.1", **options)
+        return
+    # Token mode when this machine holds a Ray token and the mode is not set, as `ray start` decides it.
+    from ray._private.authentication.authentication_token_setup import (  # noqa: PLC0415 (optional dependency)
+        maybe_enable_token_auth_if_token_available,
+    )
+
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    try:
+        ray.init(address=address, **options)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise AttnpatError(f"cannot join the Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
+
+
+def maybe_ray(address: str | None, workers: int | None = None, dashboard: bool = False):
+    """The CLI's --ray / --workers / --ray-dashboard: a :func:`ray_cluster` context, or one yielding None
+    (one process) when --ray was not given."""
+    if address is None:
+        if workers is not None or dashboard:
+            raise AttnpatError("--workers and --ray-dashboard need --ray")
+        return nullcontext(None)
+    if dashboard and address != LOCAL:
+        raise AttnpatError("--ray-dashboard starts the dashboard of a local Ray; a cluster has its own")
+    return ray_cluster(address, workers, dashboard=dashboard)
