@@ -125,7 +125,8 @@ class WorkerPool:
         idle = deque(range(len(self.actors)))
         running: dict = {}  # ObjectRef -> (job, worker index)
         results: dict[Hashable, Any] = {}
-        bar = progress_bar(sum(job.size for job in jobs), progress, desc, unit=unit, unit_scale=True)
+        total = sum(job.size for job in jobs)
+        bar = progress_bar(total, progress, desc, unit=unit, unit_scale=total >= 10_000)
         try:
             while queue or running:
                 while queue and idle:
@@ -346,8 +347,14 @@ def _init(ray, address: str, workers: int | None, threads: int, dashboard: bool)
         options["runtime_env"] = {"env_vars": _worker_env()}
     if address == LOCAL:
         # "local": a new Ray even when another runs on this machine
-        ray.init(address="local", num_cpus=(workers or os.cpu_count() or 1) * threads, include_dashboard=dashboard,
-                 dashboard_host="127.0.0.1", **options)
+        try:
+            ray.init(address="local", num_cpus=(workers or os.cpu_count() or 1) * threads,
+                     include_dashboard=dashboard, dashboard_host="127.0.0.1", **options)
+        except Exception as exc:  # Ray raises a bare Exception when the dashboard's packages are missing
+            if dashboard and "missing packages" in str(exc):
+                raise AttnpatError("--ray-dashboard needs Ray's dashboard packages: pip install 'ray[default]==2.60.*'"
+                                   ) from None
+            raise
         return
     # Token mode when this machine holds a Ray token and the mode is not set, as `ray start` decides it.
     from ray._private.authentication.authentication_token_setup import (  # noqa: PLC0415 (optional dependency)
