@@ -125,6 +125,16 @@ def sweep_group(bundle, batches: list[TokenBatch], variants: list[Variant], mode
     return fast_sweep(bundle, batches, variants, mode, include_baseline=include_baseline, variants_per_pass=per_pass)
 
 
+def groups_for_workers(variants: Sequence[Variant], per_pass: int, workers: int) -> int:
+    """Variants per group: the fast engine's (``per_pass``, one layer's heads), halved while there are fewer
+    groups than two per worker, so that a large cluster has work for every worker (each extra group recomputes
+    the layers below its start once)."""
+    per_pass = max(1, per_pass)
+    while per_pass > 1 and len(_chunks_by_start(variants, per_pass)) < 2 * workers:
+        per_pass = (per_pass + 1) // 2
+    return per_pass
+
+
 def sweep_jobs(variants: Sequence[Variant], mode: str, num_layers: int, per_pass: int, baseline: bool,
                batches_ref) -> list[Job]:
     """One job per group of the fast engine (same first changed layer, at most ``per_pass`` variants); the
@@ -155,8 +165,8 @@ def distributed_sweep(cluster: Cluster, bundle, batches: Sequence[TokenBatch], v
     if not batches:
         raise AttnpatError("no examples to sweep over")
     pool = worker_pool(cluster, bundle, "classifier")
-    per_pass = max(1, variants_per_pass or bundle.num_heads)
     pending = [variant for variant in variants if variant.name not in skip]
+    per_pass = variants_per_pass or groups_for_workers(pending, bundle.num_heads, len(pool.actors))
     jobs = sweep_jobs(pending, mode, bundle.num_layers, per_pass, include_baseline and BASELINE not in skip,
                       cluster.put(batches))
     results: dict[str, torch.Tensor] = {}
