@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
     app.command("classify")(classify)
 
 
-def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/v2) or "
+def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/v3) or "
                                    "synthetic[:N]"),
           out: opt.OptionalPath = typer.Option(None, "--out", help="checkpoint .safetensors (default: run "
                                                "dir/classifier.safetensors)"),
