@@ -71,6 +71,7 @@ demo-large: setup
 	$(BIN)/attnpat probe-coref --model mpnet --n $$(( $(LARGE_N) * 2 )) -q
 
 test: setup label-studio browser
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -rs --timeout=900
 
 bench: setup
