@@ -1,0 +1,159 @@
+"""Benchmark: Ray scale-out against one process, on MiniLM, CPU.
+
+Two jobs, each run once in one process with 1 torch thread and once on a local Ray (started here, on
+127.0.0.1) with --workers workers of 1 thread each; the figure is the ratio of the two wall times, measured in
+the same run (target: at least 1.7x with 2 workers on 2 cores):
+
+- classify --task all --n 872: every available GLUE task, the first 872 examples of each, every head's map
+  classified by the shipped CNN (classifier.classify.classify_tasks);
+- the SST-2 single-head disabling sweep on the first 400 dev sentences (analysis.sweeps.disable_analysis,
+  --unit head, uniform mode).
+
+Ray's start-up (ray.init, the workers starting and each loading the model once) is timed apart and
+reported, with the ratio it gives when counted in. Results must be equal (identical pattern counts and sweep metrics).
+The load average before and after is printed: on a shared machine other work takes cores from both sides.
+
+    .venv/bin/python bench/bench_ray.py
+    .venv/bin/python bench/bench_ray.py --n-classify 200 --n-sweep 100 --tasks sst2 mrpc --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from analysis.cluster import ray_cluster  # noqa: E402
+from analysis.data import load_data  # noqa: E402
+from analysis.distributed import worker_pool  # noqa: E402
+from analysis.models import list_store, load_model  # noqa: E402
+from analysis.rundir import RunDir  # noqa: E402
+from analysis.sweeps import disable_analysis, seeded_classifier  # noqa: E402
+from classifier.classify import available_glue_tasks, classify_tasks  # noqa: E402
+from classifier.distributed import classify_pool  # noqa: E402
+from classifier.predict import load_classifier  # noqa: E402
+
+
+def parse(argv: list[str] | None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=2, help="Ray workers of 1 thread each (default 2)")
+    parser.add_argument("--n-classify", type=int, default=872, help="examples per task for classify (default 872)")
+    parser.add_argument("--n-sweep", type=int, default=400, help="SST-2 sentences for the head sweep (default 400)")
+    parser.add_argument("--tasks", nargs="*", default=None, help="classify these tasks (default: all available GLUE)")
+    parser.add_argument("--sweep-model", default=None, help="default: minilm-sst2 from the model store, else minilm "
+                        "with a random (seeded) classification head; timings are the same")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    return parser.parse_args(argv)
+
+
+def timed(function):
+    started = time.perf_counter()
+    result = function()
+    return result, time.perf_counter() - started
+
+
+def frames_equal(left: Path, right: Path, names: list[str]) -> bool:
+    for name in names:
+        try:
+            pd.testing.assert_frame_equal(pd.read_csv(left / name), pd.read_csv(right / name))
+        except AssertionError:
+            return False
+    return True
+
+
+def peak_rss_mib(pid: int) -> float:
+    """Peak resident memory of a local process (VmHWM), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse(argv)
+    torch.set_num_threads(1)
+    tasks = args.tasks or available_glue_tasks()
+    sweep_name = args.sweep_model or ("minilm-sst2" if any(m["name"] == "minilm-sst2" for m in list_store())
+                                      else "minilm")
+    bundle, cnn = load_model("minilm", device="cpu"), load_classifier()
+    sweep_data = load_data("sst2", n=args.n_sweep)
+    sweep_bundle = seeded_classifier(sweep_name, sweep_data.num_labels, device="cpu")
+    root = Path(tempfile.mkdtemp(prefix="bench-ray-"))
+    load_before = os.getloadavg()
+
+    def classify(where: str, cluster=None):
+        return classify_tasks(bundle, tasks, cnn, n=args.n_classify, root=root / where, progress=False,
+                              resume=False, cluster=cluster)
+
+    def sweep(where: str, cluster=None):
+        return disable_analysis(sweep_bundle, sweep_data, RunDir(sweep_bundle.slug, "sst2", root / where),
+                                mode="uniform", units=["head"], cluster=cluster)
+
+    _, classify_one = timed(lambda: classify("one"))
+    _, sweep_one = timed(lambda: sweep("one"))
+    started = time.perf_counter()
+    with ray_cluster("local", workers=args.workers) as cluster:
+        connect = time.perf_counter() - started
+        # each worker starts and loads the model and the CNN (then the sweep's model) once, before the timing
+        pool, classify_load = timed(lambda: classify_pool(cluster, bundle, cnn))
+        _, classify_ray = timed(lambda: classify("ray", cluster))
+        classify_peak = max(peak_rss_mib(pid) for pid in pool.pids())
+        pool, sweep_load = timed(lambda: worker_pool(cluster, sweep_bundle, "classifier"))
+        _, sweep_ray = timed(lambda: sweep("ray", cluster))
+        sweep_peak = max(peak_rss_mib(pid) for pid in pool.pids())  # peak over both jobs (same processes)
+        recorded = cluster.manifest()
+    load_after = os.getloadavg()
+    classify_equal = all(frames_equal(root / "one" / bundle.slug / task, root / "ray" / bundle.slug / task,
+                                      ["patterns.csv", "pattern_ratios.csv"]) for task in tasks)
+    sweep_equal = frames_equal(root / "one" / sweep_bundle.slug / "sst2", root / "ray" / sweep_bundle.slug / "sst2",
+                               ["disable_heads.csv"])
+    examples = sum(len(load_data(task, n=args.n_classify).examples) for task in tasks)
+    maps = examples * bundle.num_layers * bundle.num_heads
+    result = {
+        "model": bundle.name, "sweep_model": sweep_bundle.name, "workers": args.workers, "threads_per_worker": 1,
+        "cpu_count": os.cpu_count(), "tasks": tasks, "classify_examples": examples, "classify_maps": maps,
+        "sweep_examples": len(sweep_data.examples), "sweep_variants": sweep_bundle.num_layers * sweep_bundle.num_heads,
+        "classify_one_seconds": round(classify_one, 2), "classify_ray_seconds": round(classify_ray, 2),
+        "classify_speedup": round(classify_one / classify_ray, 2),
+        "classify_maps_per_second_one": round(maps / classify_one, 1),
+        "classify_maps_per_second_ray": round(maps / classify_ray, 1),
+        "sweep_one_seconds": round(sweep_one, 2), "sweep_ray_seconds": round(sweep_ray, 2),
+        "sweep_speedup": round(sweep_one / sweep_ray, 2),
+        "ray_init_seconds": round(connect, 2), "classify_workers_load_seconds": round(classify_load, 2),
+        "sweep_workers_load_seconds": round(sweep_load, 2),
+        "classify_speedup_with_startup": round(classify_one / (connect + classify_load + classify_ray), 2),
+        "sweep_speedup_with_load": round(sweep_one / (sweep_load + sweep_ray), 2),
+        "worker_peak_rss_mib_classify": round(classify_peak), "worker_peak_rss_mib_after_sweep": round(sweep_peak),
+        "classify_equal": classify_equal, "sweep_equal": sweep_equal, "cluster": recorded,
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in load_after],
+    }
+    print(f"ray bench: local Ray, {args.workers} workers x 1 thread, against 1 process x 1 thread; "
+          f"{os.cpu_count()} CPUs; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    print(f"  classify --task all --n {args.n_classify} ({len(tasks)} tasks, {examples} examples, {maps} maps, "
+          f"{bundle.name}): one {classify_one:.1f} s, Ray {classify_ray:.1f} s = {result['classify_speedup']:.2f}x "
+          f"(target >= 1.7x); equal: {classify_equal}")
+    print(f"  SST-2 head sweep, n = {len(sweep_data.examples)} ({result['sweep_variants']} variants, "
+          f"{sweep_bundle.name}): one {sweep_one:.1f} s, Ray {sweep_ray:.1f} s = {result['sweep_speedup']:.2f}x "
+          f"(target >= 1.7x); equal: {sweep_equal}")
+    print(f"  start-up, not in the ratios above: ray.init {connect:.1f} s, workers starting and loading MiniLM + CNN "
+          f"{classify_load:.1f} s, then loading the sweep's model {sweep_load:.1f} s; counted in: classify "
+          f"{result['classify_speedup_with_startup']:.2f}x, sweep {result['sweep_speedup_with_load']:.2f}x")
+    print(f"  throughput: {result['classify_maps_per_second_one']:.0f} maps/s in one process, "
+          f"{result['classify_maps_per_second_ray']:.0f} maps/s on Ray")
+    print(f"  worker peak memory: {classify_peak:.0f} MiB after classify, {sweep_peak:.0f} MiB after the sweep")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
