@@ -286,10 +286,10 @@ def resolve_address(address: str) -> str:
     if address != "auto":
         return address
     _import_ray()
-    from ray._private.services import canonicalize_bootstrap_address  # noqa: PLC0415
+    from ray._private.services import get_ray_address_from_environment  # noqa: PLC0415
 
-    try:
-        found = canonicalize_bootstrap_address("auto")
+    try:  # RAY_ADDRESS, else the last `ray start` on this machine, else any running GCS (as Ray's "auto" does)
+        found = get_ray_address_from_environment("auto", None)
     except ConnectionError:
         found = None
     if not found:

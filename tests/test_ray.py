@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis.cluster import ray_cluster
+from analysis.cluster import ray_cluster, resolve_address
 from analysis.data import load_data
 from analysis.distributed import distributed_importance, distributed_sweep, model_loader
 from analysis.extract import extract_maps
@@ -249,6 +249,12 @@ def test_the_cli_runs_disable_on_the_cluster(models, ray_address, cluster, tmp_p
     manifest = json.loads(next(tmp_path.glob("*/sst2/manifest.json")).read_text())
     recorded = manifest["analyses"]["disable_uniform"]["cluster"]
     assert recorded["engine"] == "ray" and recorded["workers"] == 2 and recorded["address"] == ray_address
+
+
+def test_auto_finds_the_cluster_named_by_ray_address(ray_address, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", ray_address)
+    assert resolve_address("auto") == ray_address
+    assert resolve_address("10.1.2.3:6379") == "10.1.2.3:6379"
 
 
 def test_an_unreachable_cluster_is_one_error_line(models, tmp_path, capsys):
