@@ -364,7 +364,7 @@ def _init(ray, address: str, workers: int | None, threads: int, dashboard: bool)
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     try:
         ray.init(address=address, **options)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:  # a wrong token too
         raise AttnpatError(f"cannot join the Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
 
 
