@@ -1,7 +1,9 @@
 """The `attnpat` CLI core verbs on the real embedded model and data; bad input; resumable extraction."""
+import importlib.util
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analysis.mapstore import iter_saved_maps, read_shard
@@ -15,8 +17,6 @@ def run(argv, capsys):
 
 
 def test_every_verb_group_is_present_and_registered():
-    import importlib.util
-
     missing = [group for group in COMMAND_MODULES if importlib.util.find_spec(f"app.cli_{group}") is None]
     assert not missing, f"CLI groups without a module: {missing}"
     names = {command.name for command in app.registered_commands} | {group.name for group in app.registered_groups}
@@ -28,7 +28,8 @@ def test_every_verb_group_is_present_and_registered():
 @pytest.mark.slow
 def test_extract_streams_all_sst2_dev_maps_and_resumes(tmp_path, capsys):
     out = tmp_path / "maps"
-    argv = ["extract", "--model", "minilm", "--task", "sst2", "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "-q"]
+    argv = ["extract", "--model", "minilm", "--task", "sst2", "--out", str(out), "--runs-dir", str(tmp_path / "runs"),
+            "-q"]
     code, stdout, _ = run(argv, capsys)
     assert code == 0, stdout
     index = json.loads((out / "index.json").read_text())
@@ -59,8 +60,6 @@ def test_overview_prints_one_row_per_layer_and_writes_the_table(tmp_path, capsys
     code, stdout, _ = run(["overview", "--task", "mrpc", "--n", "16", "--runs-dir", str(tmp_path), "-q"], capsys)
     assert code == 0
     assert len([line for line in stdout.splitlines() if line.strip()[:1].isdigit()]) == 6
-    import pandas as pd
-
     table = pd.read_csv(tmp_path / "minilm" / "mrpc" / "overview.csv")
     assert len(table) == 3 * 6 * 12 and set(table.metric) == {"to_cls", "to_sep", "entropy"}
     assert table.value.between(0, 10).all()
