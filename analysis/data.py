@@ -13,6 +13,7 @@ import json
 import math
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -291,19 +292,25 @@ def _decode(path: Path, content: bytes) -> str:
         raise AttnpatError(f"{path.name} is not UTF-8 text (line {line}); save it as UTF-8") from exc
 
 
-def _jsonl_records(path: Path, text: str) -> list[_Record]:
-    records = []
+def json_lines(text: str, damaged) -> Iterator[tuple[int, object]]:
+    """(line number, value) of every non-blank line of JSONL text; a line that is not JSON raises
+    AttnpatError(damaged(line number, reason))."""
     # split on "\n" only: str.splitlines also splits on U+2028 and other characters JSON strings may hold
     for line_number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            yield line_number, json.loads(line)
         except json.JSONDecodeError as exc:
-            raise AttnpatError(f"{path.name} is not valid JSONL: line {line_number}: {exc.msg} "
-                               f"(column {exc.colno})") from exc
+            raise AttnpatError(damaged(line_number, f"{exc.msg} (column {exc.colno})")) from exc
         except RecursionError as exc:
-            raise AttnpatError(f"{path.name} is not valid JSONL: line {line_number} is nested too deeply") from exc
+            raise AttnpatError(damaged(line_number, "nested too deeply")) from exc
+
+
+def _jsonl_records(path: Path, text: str) -> list[_Record]:
+    records = []
+    for line_number, value in json_lines(text, lambda number, reason: f"{path.name} is not valid JSONL: "
+                                                                      f"line {number}: {reason}"):
         if not isinstance(value, dict):
             raise AttnpatError(f"{path.name} is not valid JSONL: line {line_number} is not a JSON object "
                                "(one object per line, e.g. {\"text\": ...})")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.data import json_lines
 from analysis.errors import AttnpatError
 from analysis.mapstore import iter_map_groups, make_map_id, write_single_maps
 from analysis.models import load_model, model_slug
@@ -78,14 +79,9 @@ def read_index(folder: str | Path) -> list[dict]:
     if not path.is_file():
         raise AttnpatError(f"{folder} is not a map sample (no index.jsonl)")
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise AttnpatError(f"{path} line {number} is damaged ({exc.msg}); delete the sample folder to draw it "
-                               "again") from exc
+    text = path.read_text(encoding="utf-8", errors="replace")
+    for number, row in json_lines(text, lambda number, reason: f"{path} line {number} is damaged ({reason}); "
+                                                               "delete the sample folder to draw it again"):
         if not isinstance(row, dict) or not {"map_id", "image"} <= set(row):
             raise AttnpatError(f"{path} line {number} is not a sample row (map_id, image, ...)")
         rows.append(row)
