@@ -60,6 +60,22 @@ def timed(function):
     return result, time.perf_counter() - started
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user + system) used so far by local processes: this one's for os.getpid()."""
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def busy_timed(function, pids: list[int]):
+    """(result, wall seconds, share of ``pids``' CPUs they were busy: CPU seconds / (len(pids) x wall))."""
+    before = cpu_seconds(pids)
+    result, wall = timed(function)
+    return result, wall, (cpu_seconds(pids) - before) / (len(pids) * wall)
+
+
 def frames_equal(left: Path, right: Path, names: list[str]) -> bool:
     for name in names:
         try:
@@ -97,17 +113,18 @@ def main(argv: list[str] | None = None) -> dict:
         return disable_analysis(sweep_bundle, sweep_data, RunDir(sweep_bundle.slug, "sst2", root / where),
                                 mode="uniform", units=["head"], cluster=cluster)
 
-    _, classify_one = timed(lambda: classify("one"))
-    _, sweep_one = timed(lambda: sweep("one"))
+    me = [os.getpid()]
+    _, classify_one, classify_one_busy = busy_timed(lambda: classify("one"), me)
+    _, sweep_one, sweep_one_busy = busy_timed(lambda: sweep("one"), me)
     started = time.perf_counter()
     with ray_cluster("local", workers=args.workers) as cluster:
         connect = time.perf_counter() - started
         # each worker starts and loads the model and the CNN (then the sweep's model) once, before the timing
         pool, classify_load = timed(lambda: classify_pool(cluster, bundle, cnn))
-        _, classify_ray = timed(lambda: classify("ray", cluster))
+        _, classify_ray, classify_ray_busy = busy_timed(lambda: classify("ray", cluster), pool.pids())
         classify_peak = max(peak_rss_mib(pid) for pid in pool.pids())
         pool, sweep_load = timed(lambda: worker_pool(cluster, sweep_bundle, "classifier"))
-        _, sweep_ray = timed(lambda: sweep("ray", cluster))
+        _, sweep_ray, sweep_ray_busy = busy_timed(lambda: sweep("ray", cluster), pool.pids())
         sweep_peak = max(peak_rss_mib(pid) for pid in pool.pids())  # peak over both jobs (same processes)
         recorded = cluster.manifest()
     load_after = os.getloadavg()
@@ -131,6 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
         "sweep_workers_load_seconds": round(sweep_load, 2),
         "classify_speedup_with_startup": round(classify_one / (connect + classify_load + classify_ray), 2),
         "sweep_speedup_with_load": round(sweep_one / (sweep_load + sweep_ray), 2),
+        "busy_share": {"classify_one": round(classify_one_busy, 2), "classify_ray_workers": round(classify_ray_busy, 2),
+                       "sweep_one": round(sweep_one_busy, 2), "sweep_ray_workers": round(sweep_ray_busy, 2)},
         "worker_peak_rss_mib_classify": round(classify_peak), "worker_peak_rss_mib_after_sweep": round(sweep_peak),
         "classify_equal": classify_equal, "sweep_equal": sweep_equal, "cluster": recorded,
         "load_average_before": [round(x, 2) for x in load_before],
@@ -149,6 +168,9 @@ def main(argv: list[str] | None = None) -> dict:
           f"{result['classify_speedup_with_startup']:.2f}x, sweep {result['sweep_speedup_with_load']:.2f}x")
     print(f"  throughput: {result['classify_maps_per_second_one']:.0f} maps/s in one process, "
           f"{result['classify_maps_per_second_ray']:.0f} maps/s on Ray")
+    print(f"  CPU busy (CPU seconds / wall seconds per process; below 1 = waiting, mostly for other programs on the "
+          f"machine): one process {classify_one_busy:.0%} (classify), {sweep_one_busy:.0%} (sweep); each Ray worker "
+          f"{classify_ray_busy:.0%} (classify), {sweep_ray_busy:.0%} (sweep)")
     print(f"  worker peak memory: {classify_peak:.0f} MiB after classify, {sweep_peak:.0f} MiB after the sweep")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
