@@ -195,12 +195,9 @@ def test_map_file_truncated(tmp_path_factory, lengths, cut):
         check_groups(accepted_or_one_line(lambda: read_maps(path)))
 
 
-@FUZZ
-@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=4), name=st.sampled_from(MAP_ARRAYS),
-       replacement=random_arrays | st.none())
-def test_map_file_with_an_array_of_another_dtype_or_shape(tmp_path_factory, lengths, name, replacement):
-    folder = fresh(tmp_path_factory)
-    path = valid_map_file(folder / "maps.npz", lengths)
+def damaged_map_file(path, lengths, name, replacement):
+    """A valid map file whose array ``name`` is replaced by ``replacement`` (deleted when None)."""
+    valid_map_file(path, lengths)
     with np.load(path) as data:
         arrays = {key: data[key] for key in data.files}
     if replacement is None:
@@ -208,6 +205,15 @@ def test_map_file_with_an_array_of_another_dtype_or_shape(tmp_path_factory, leng
     else:
         arrays[name] = replacement
     np.savez(path, **arrays)
+    return path
+
+
+@FUZZ
+@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=4), name=st.sampled_from(MAP_ARRAYS),
+       replacement=random_arrays | st.none())
+def test_map_file_with_an_array_of_another_dtype_or_shape(tmp_path_factory, lengths, name, replacement):
+    folder = fresh(tmp_path_factory)
+    path = damaged_map_file(folder / "maps.npz", lengths, name, replacement)
     with door(folder):
         check_groups(accepted_or_one_line(lambda: read_maps(path)))
 
@@ -359,14 +365,7 @@ def test_extract_on_a_damaged_data_file_writes_all_or_nothing(tmp_path_factory, 
 def test_classify_maps_on_a_damaged_map_file_writes_all_or_nothing(tmp_path_factory, capsys, lengths, name,
                                                                    replacement):
     folder = fresh(tmp_path_factory)
-    path = valid_map_file(folder / "maps.npz", lengths)
-    with np.load(path) as data:
-        arrays = {key: data[key] for key in data.files}
-    if replacement is None:
-        del arrays[name]
-    else:
-        arrays[name] = replacement
-    np.savez(path, **arrays)
+    path = damaged_map_file(folder / "maps.npz", lengths, name, replacement)
     out = folder / "run" / "map_classes.csv"
     code, errors = cli_outcome(["classify", "--maps", path, "--out", out, "-q"], capsys)
     if code == 0:
