@@ -57,13 +57,17 @@ def tiny_mpnet_config(layers: int = 2, heads: int = 4, hidden: int = 32, num_lab
                        num_labels=num_labels, attn_implementation="eager", **extra)
 
 
+def _save_tiny(folder: Path, model_class, config, tokenizer, seed: int) -> Path:
+    """A model of ``model_class`` randomly initialised from ``seed``, saved with ``tokenizer`` as a model folder."""
+    torch.manual_seed(seed)
+    model_class(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def save_tiny_mpnet(folder: Path, kind: str = "base", seed: int = 0, **config_kwargs) -> Path:
     """A tiny random MPNet of ``kind`` plus its tokenizer, saved as a local model folder."""
-    torch.manual_seed(seed)
-    model = MPNET_CLASSES[kind](tiny_mpnet_config(**config_kwargs))
-    model.save_pretrained(folder)
-    mpnet_tokenizer().save_pretrained(folder)
-    return folder
+    return _save_tiny(folder, MPNET_CLASSES[kind], tiny_mpnet_config(**config_kwargs), mpnet_tokenizer(), seed)
 
 
 def tiny_mpnet_bundle(folder: Path, kind: str = "base", seed: int = 0, **config_kwargs):
@@ -80,11 +84,7 @@ def wrap_bundle(model, name: str = "tiny") -> EncoderBundle:
 
 def save_tiny_model(folder: Path, kind: str = "base", seed: int = 0, **config_kwargs) -> Path:
     """A tiny random model of ``kind`` plus the MiniLM tokenizer, saved as a local model folder."""
-    torch.manual_seed(seed)
-    model = MODEL_CLASSES[kind](tiny_config(**config_kwargs))
-    model.save_pretrained(folder)
-    minilm_tokenizer().save_pretrained(folder)
-    return folder
+    return _save_tiny(folder, MODEL_CLASSES[kind], tiny_config(**config_kwargs), minilm_tokenizer(), seed)
 
 
 def tiny_bundle(folder: Path, kind: str = "base", seed: int = 0, **config_kwargs):
