@@ -6,6 +6,7 @@ its real length, resized (all examples of one length together) and classified, a
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -127,23 +128,27 @@ def classifier_confusion(classifier: PatternClassifier) -> np.ndarray | None:
 
 
 def classify_task(bundle, data: TaskData, classifier: PatternClassifier, run: RunDir, batch_size: int = 32,
-                  progress: bool = True, max_length: int = DEFAULT_MAX_LENGTH, cluster=None):
+                  progress: bool = True, max_length: int = DEFAULT_MAX_LENGTH, cluster=None, *, encoded=None,
+                  count=None):
     """Classify every head on every example of ``data``; write patterns.csv, pattern_ratios.csv and their
     figures (PNG + SVG) to ``run``. Returns the per-head frame (layer, head, class, count, fraction).
     ``cluster`` (analysis.cluster.Cluster): classify the batches on its workers (same counts), recorded in the
-    manifest."""
+    manifest. ``encoded``: the examples already encoded (analysis.stream.encode_examples); ``count``: what
+    computes the counts instead, called as :func:`head_class_counts` (:func:`classify_tasks` passes one that
+    works a task ahead on the cluster)."""
     if not data.examples:
         raise AttnpatError(f"task {data.task} has no examples to classify")
-    encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
+    encoded = encoded if encoded is not None else encode_examples(bundle.tokenizer, data.examples, max_length)
     with run.record("classify", bundle, data, max_length=max_length, classifier=classifier.path or "default",
                     classifier_trained_on=classifier.trained_on,
                     settings=classify_settings(bundle, data, classifier, max_length)) as entry:
-        count = head_class_counts
         if cluster is not None:
-            from classifier.distributed import distributed_class_counts  # noqa: PLC0415 (it builds on this module)
-
-            count = functools.partial(distributed_class_counts, cluster)
             entry["cluster"] = cluster.manifest()
+            if count is None:
+                from classifier.distributed import distributed_class_counts  # noqa: PLC0415 (it builds on this module)
+
+                count = functools.partial(distributed_class_counts, cluster)
+        count = count or head_class_counts
         counts, per_example = count(bundle, data.examples, classifier, batch_size=batch_size, max_length=max_length,
                                     progress=progress, encoded=encoded, per_example=True)
         confusion = classifier_confusion(classifier)
@@ -312,19 +317,35 @@ def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, 
     columns: a data file's text_column and label_column (analysis.data.load_data).
     resume (default: when there are several tasks, as with ``--task all``): a task whose run directory
     already holds a current classification (:func:`classification_is_current`) is not classified again,
-    so a killed run continues with the task it was on."""
+    so a killed run continues with the task it was on. On a cluster the workers classify the next task while
+    this process writes the current one's tables and figures (classifier.distributed.TasksAhead)."""
     resume = len(tasks) > 1 if resume is None else resume
-    ratios = {}
+    runs = []
     for task in tasks:
         data = load_data(task, split, n, **(columns or {}))
         run = RunDir(bundle.slug, data.task, root)
-        settings = classify_settings(bundle, data, classifier, max_length)
-        if not (resume and classification_is_current(run, settings)):
-            classify_task(bundle, data, classifier, run, batch_size=batch_size, progress=progress,
-                          max_length=max_length, cluster=cluster)
-        ratios[data.task] = run.read_table("pattern_ratios")
+        current = resume and classification_is_current(run, classify_settings(bundle, data, classifier, max_length))
+        runs.append((data, run, current))
+    ratios = {}
+    with _tasks_ahead(cluster, bundle, classifier, [data for data, _, current in runs if not current],
+                      batch_size=batch_size, max_length=max_length, progress=progress) as ahead:
+        for data, run, current in runs:
+            if not current:
+                computed = {} if ahead is None else {"encoded": ahead.encoded(data), "count": ahead.count}
+                classify_task(bundle, data, classifier, run, batch_size=batch_size, progress=progress,
+                              max_length=max_length, cluster=cluster, **computed)
+            ratios[data.task] = run.read_table("pattern_ratios")
     compare_tasks(bundle.slug, bundle.name, ratios, root)
     return ratios
+
+
+def _tasks_ahead(cluster, bundle, classifier: PatternClassifier, datas: list[TaskData], **options):
+    """On a cluster, classifier.distributed.TasksAhead over ``datas``; in one process a context yielding None."""
+    if cluster is None:
+        return contextlib.nullcontext(None)
+    from classifier.distributed import TasksAhead  # noqa: PLC0415 (it builds on this module)
+
+    return TasksAhead(cluster, bundle, classifier, datas, **options)
 
 
 def available_glue_tasks() -> list[str]:

@@ -2,21 +2,25 @@
 
 Each worker loads the model and the CNN once; a job is one batch of the length-sorted order that the
 one-process run uses (classifier.classify.head_class_counts), so every map is classified on the same padded
-batch and the (layers, heads, classes) counts, summed in the driver, are identical to one process's.
+batch and the (layers, heads, classes) counts, summed in the driver, are identical to one process's. Over
+several tasks (``classify --task all``) the workers classify the next task while the driver writes the current
+one's tables and figures (:class:`TasksAhead`).
 """
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from analysis.cluster import Cluster, Job, WorkerPool
-from analysis.data import Example
+from analysis.data import Example, TaskData
 from analysis.distributed import check_same_model, local_items, model_ref, padded_cost
 from analysis.errors import AttnpatError
 from analysis.models import load_model
-from analysis.stream import Encoded, length_sorted_batches
+from analysis.stream import Encoded, encode_examples, length_sorted_batches
 from classifier.classify import head_class_counts
 from classifier.predict import PatternClassifier, load_classifier
 
@@ -59,18 +63,91 @@ def batch_class_counts(state, items: list[Encoded], examples: list[Example], bat
 
 def distributed_class_counts(cluster: Cluster, bundle, examples: Sequence[Example], classifier: PatternClassifier,
                              *, encoded: Sequence[Encoded], batch_size: int = 32, max_length: int,
-                             progress: bool = False, per_example: bool = False):
+                             progress: bool = False, per_example: bool = False, stop: threading.Event | None = None):
     """classifier.classify.head_class_counts with its batches spread over the workers: (L, H, 5) counts, and
-    with ``per_example`` (E, 5) each example's counts in the same stream order."""
+    with ``per_example`` (E, 5) each example's counts in the same stream order. ``stop``: once set, the run
+    ends with an AttnpatError at the next batch that comes back."""
     pool = classify_pool(cluster, bundle, classifier)
-    per_example = bundle.num_layers * bundle.num_heads
+    maps_per_example = bundle.num_layers * bundle.num_heads
     jobs = []
     for b, items in enumerate(length_sorted_batches(encoded, batch_size)):
         numbered, own_examples = local_items(items, examples)
         jobs.append(Job(b, batch_class_counts, (numbered, own_examples, batch_size, max_length),
-                        cost=padded_cost(items), size=len(items) * per_example))
-    results = pool.run(jobs, progress="classify" if progress else False, unit="maps")
+                        cost=padded_cost(items), size=len(items) * maps_per_example))
+    results = pool.run(jobs, progress="classify" if progress else False, unit="maps",
+                       on_result=None if stop is None else functools.partial(_unless_stopped, stop))
     counts = np.sum([results[b][0] for b in range(len(jobs))], axis=0)
     if per_example:
         return counts, np.concatenate([results[b][1] for b in range(len(jobs))])
     return counts
+
+
+def _unless_stopped(stop: threading.Event, _key, result):
+    if stop.is_set():
+        raise AttnpatError("classification stopped")
+    return result
+
+
+class TasksAhead:
+    """Counts for classifier.classify.classify_task over several tasks, worked one task ahead on the cluster.
+
+    ``datas``: the tasks, in the order the driver classifies them. Asked for one task's counts (:meth:`count`),
+    it has the cluster start on the next task too, in a thread of this process, so the workers keep classifying
+    while the driver writes this task's tables and figures; the driver encodes that next task meanwhile
+    (:meth:`encoded` hands the encoding over). One task runs on the cluster at a time, in order, so the progress
+    bar is that task's, across all workers. The counts are :func:`distributed_class_counts`', the same as one
+    process's. A task's error is raised when that task's counts are asked for; leaving the block with an error
+    stops the task running ahead at its next batch.
+    """
+
+    def __init__(self, cluster: Cluster, bundle, classifier: PatternClassifier, datas: Sequence[TaskData], *,
+                 batch_size: int, max_length: int, progress: bool = False):
+        self.cluster, self.bundle, self.classifier, self.datas = cluster, bundle, classifier, list(datas)
+        self.options = dict(batch_size=batch_size, max_length=max_length, progress=progress)
+        self._encoded: dict[int, list[Encoded]] = {}  # written and read by the driver's own thread only
+        self._counts: dict[int, Future] = {}
+        self._stop = threading.Event()
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="classify-ahead")
+
+    def __enter__(self) -> TasksAhead:
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        if error is not None:
+            self._stop.set()
+        self._thread.shutdown(wait=True, cancel_futures=True)
+
+    def _index(self, examples: Sequence[Example]) -> int:
+        return next(k for k, data in enumerate(self.datas) if data.examples is examples)
+
+    def _encode(self, k: int) -> list[Encoded]:
+        if k not in self._encoded:
+            self._encoded[k] = encode_examples(self.bundle.tokenizer, self.datas[k].examples,
+                                               self.options["max_length"])
+        return self._encoded[k]
+
+    def encoded(self, data: TaskData) -> list[Encoded]:
+        """The task's examples encoded (analysis.stream.encode_examples), encoded once for the driver and the
+        cluster."""
+        return self._encode(self._index(data.examples))
+
+    def _start(self, k: int) -> None:
+        if k >= len(self.datas) or k in self._counts or not self.datas[k].examples:
+            return
+        try:
+            encoded = self._encode(k)
+        except AttnpatError as error:  # that task's own error (e.g. an empty text): raised at its turn
+            self._counts[k] = failed = Future()
+            failed.set_exception(error)
+            return
+        self._counts[k] = self._thread.submit(distributed_class_counts, self.cluster, self.bundle,
+                                              self.datas[k].examples, self.classifier, encoded=encoded,
+                                              per_example=True, stop=self._stop, **self.options)
+
+    def count(self, bundle, examples: Sequence[Example], classifier: PatternClassifier, **options):
+        """classifier.classify.head_class_counts(..., per_example=True) for one of the tasks (the bundle, the
+        classifier and the options are this object's): (L, H, 5) counts and (E, 5) per-example counts."""
+        k = self._index(examples)
+        self._start(k)
+        self._start(k + 1)  # the workers go on with the next task while the driver writes this one
+        return self._counts.pop(k).result()

@@ -30,7 +30,7 @@ from analysis.rundir import RunDir
 from analysis.stream import iter_batches
 from analysis.sweeps import BASELINE, disable_analysis, fast_sweep, head_variants, seeded_classifier
 from app.cli import main
-from classifier.classify import classify_task
+from classifier.classify import classify_task, classify_tasks
 from classifier.distributed import classify_loader
 from classifier.predict import load_classifier
 from tests.conftest import free_port
@@ -145,6 +145,24 @@ def test_classify_on_ray_equals_one_process(models, cluster, tmp_path):
     assert recorded["engine"] == "ray" and recorded["workers"] == 2 and recorded["resources"]["CPU"] == 2
     assert recorded["address"].endswith(cluster.address.rpartition(":")[2])
     assert "cluster" not in one.manifest()["analyses"]["classify"]
+
+
+def test_classify_several_tasks_on_ray_equals_one_process(models, cluster, tmp_path):
+    """classify --task all on the cluster: the workers classify the next task while the driver writes one."""
+    bundle, classifier, tasks = load_model(str(models["base"])), load_classifier(), ["sst2", "mrpc", "rte"]
+    for name, engine in (("one", None), ("ray", cluster)):
+        classify_tasks(bundle, tasks, classifier, n=14, batch_size=4, root=tmp_path / name, progress=False,
+                       cluster=engine)
+    for task in tasks:
+        one, spread = RunDir(bundle.slug, task, tmp_path / "one"), RunDir(bundle.slug, task, tmp_path / "ray")
+        for table in ("patterns", "pattern_ratios"):
+            pd.testing.assert_frame_equal(one.read_table(table), spread.read_table(table))
+        assert spread.read_table("patterns").groupby(["layer", "head"])["count"].sum().eq(14).all()
+        assert spread.manifest()["analyses"]["classify"]["cluster"]["workers"] == 2
+    by_task = [RunDir(bundle.slug, "all", tmp_path / name).read_table("pattern_ratios_by_task")
+               for name in ("one", "ray")]
+    pd.testing.assert_frame_equal(*by_task)
+    assert list(by_task[1].task.unique()) == tasks
 
 
 def test_extract_on_ray_writes_the_same_shards(models, cluster, tmp_path):
