@@ -4,6 +4,7 @@ Pure numpy functions over small arrays; shapes are in each docstring.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -117,6 +118,26 @@ def holm_adjust(p_values: np.ndarray) -> np.ndarray:
     return adjusted.reshape(p.shape)
 
 
+def bootstrap_statistic_interval(statistic: Callable[[np.ndarray], float | np.ndarray], n: int, *,
+                                 level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> np.ndarray:
+    """Percentile bootstrap interval of any statistic of ``n`` items (examples, maps), resampling the items.
+
+    statistic(draw) -> float or (M,) values: the statistic of the items at ``draw``, an (n,) int index array with
+    repeats. Every value is computed on the same draws. Returns (2,) lower and upper bounds for a scalar
+    statistic, (M, 2) for M values; draws where a value is undefined (NaN, e.g. a class absent from the draw)
+    are left out of that value's interval, and a value undefined in every draw gets NaN bounds.
+    """
+    if n < 1:
+        raise AttnpatError(f"a bootstrap needs at least one item, got {n}")
+    rng = np.random.default_rng(seed)
+    values = np.asarray([np.asarray(statistic(rng.integers(0, n, size=n)), dtype=np.float64)
+                         for _ in range(n_boot)])  # (n_boot,) or (n_boot, M)
+    tail = (1 - level) / 2 * 100
+    with warnings.catch_warnings():  # an all-NaN value warns; its NaN bounds say it
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanpercentile(values, [tail, 100 - tail], axis=0).T
+
+
 def bootstrap_difference_interval(statistic: Callable[[np.ndarray, np.ndarray], float], baseline: np.ndarray,
                                   variants: np.ndarray, labels: np.ndarray, *, level: float = 0.95,
                                   n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> np.ndarray:
@@ -135,12 +156,9 @@ def bootstrap_difference_interval(statistic: Callable[[np.ndarray, np.ndarray], 
     if not len(baseline) or variants.shape[0] != len(baseline) or len(labels) != len(baseline):
         raise AttnpatError(f"paired bootstrap needs equal example counts, got {len(baseline)} baseline, "
                            f"{variants.shape[0]} variant and {len(labels)} label rows")
-    rng = np.random.default_rng(seed)
-    changes = np.empty((n_boot, variants.shape[1]))
-    for k in range(n_boot):
-        draw = rng.integers(0, len(baseline), size=len(baseline))
+
+    def changes(draw: np.ndarray) -> list[float]:
         reference = statistic(baseline[draw], labels[draw])
-        changes[k] = [statistic(variants[draw, v], labels[draw]) - reference for v in range(variants.shape[1])]
-    tail = (1 - level) / 2 * 100
-    with np.errstate(all="ignore"):
-        return np.nanpercentile(changes, [tail, 100 - tail], axis=0).T
+        return [statistic(variants[draw, v], labels[draw]) - reference for v in range(variants.shape[1])]
+
+    return bootstrap_statistic_interval(changes, len(baseline), level=level, n_boot=n_boot, seed=seed).reshape(-1, 2)

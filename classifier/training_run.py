@@ -12,11 +12,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 from analysis.errors import AttnpatError
-from analysis.figures import close  # importing analysis.figures selects the Agg backend
 from analysis.mapstore import maps_digest
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir
@@ -24,6 +22,7 @@ from annotation.dataset import annotator_agreement, load_labeled_set
 from classifier.checkpoint import save_checkpoint
 from classifier.distill import UnlabeledPool
 from classifier.evaluate import baseline_predictions, prediction_table, score_table, scores, wide_summary
+from classifier.figures import write_confusion_figure
 from classifier.synthetic import synthetic_dataset
 from classifier.train import (
     TrainConfig,
@@ -94,7 +93,7 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
         run.write_table("cv_predictions", prediction_table(map_ids, labels, folds, predictions, cnn_probabilities,
                                                            data.agreement))
         cnn = scores(predictions["cnn"], labels)
-        _write_confusion_figure(run, cnn["confusion"])
+        write_confusion_figure(run, "cv_confusion", cnn["confusion"], "CNN, cross-validated (out-of-fold)")
         cnn_agreed = score_frame[(score_frame.model == "cnn") & (score_frame.metric == "macro_f1_agreed")].value
         final = train_final(data.maps, labels, config, pool_maps=pool_maps)
         metadata = {
@@ -127,21 +126,3 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
         entry.update(outputs=["cv_scores.csv", "cv_confusion.csv", "cv_confusion.png", "cv_predictions.csv", str(path)],
                      cnn_macro_f1=cnn["macro_f1"])
     return wide_summary(score_frame)
-
-
-def _write_confusion_figure(run: RunDir, confusion: np.ndarray) -> None:
-    fig, ax = plt.subplots(figsize=(5.2, 4.4))
-    image = ax.imshow(confusion, cmap="Blues")
-    ax.set_xticks(range(len(CLASSES)), CLASSES, rotation=35, ha="right", fontsize=8)
-    ax.set_yticks(range(len(CLASSES)), CLASSES, fontsize=8)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true (label)")
-    ax.set_title("CNN, cross-validated (out-of-fold)", fontsize=10)
-    for t in range(len(CLASSES)):
-        for p in range(len(CLASSES)):
-            ax.text(p, t, str(int(confusion[t, p])), ha="center", va="center", fontsize=8,
-                    color="white" if confusion[t, p] > confusion.max() / 2 else "black")
-    fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    run.write_figure("cv_confusion", fig)
-    close(fig)
