@@ -1,4 +1,5 @@
-"""Pattern classifier verbs: train (cross-validated CNN + baselines + checkpoint) and classify.
+"""Pattern classifier verbs: train (cross-validated CNN + baselines + checkpoint), classify, and evaluate (the
+classifier against a labeled set).
 
 The classifier package is imported inside the verbs on purpose: it loads torchvision and the CNN (seconds),
 which no other verb needs.
@@ -20,6 +21,7 @@ from app import options as opt
 def register(app: typer.Typer) -> None:
     app.command("train")(train)
     app.command("classify")(classify)
+    app.command("evaluate")(evaluate)
 
 
 def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/v3) or "
@@ -112,3 +114,24 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
                                                for _, row in table.iterrows()))
     last = RunDir(bundle.slug, list(ratios)[-1], runs_dir)
     typer.echo(f"tables and figures: {last.path} (per-task comparison: {RunDir(bundle.slug, 'all', runs_dir).path})")
+
+
+def evaluate(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/panel-1)"),
+             classifier: opt.OptionalPath = typer.Option(None, "--classifier",
+                                                         help="checkpoint (default: the shipped one)"),
+             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+    """Score the classifier against a labeled set: macro-F1 with a 95% bootstrap interval over maps, accuracy,
+    per-class precision, recall and F1, the confusion matrix; warns when some maps were in its training set."""
+    from annotation.dataset import load_labeled_set  # noqa: PLC0415
+    from classifier.agreement import evaluate_labeled_set, evaluation_run, overlap_warning, summary_lines  # noqa: PLC0415
+    from classifier.predict import load_classifier  # noqa: PLC0415
+
+    labeled = load_labeled_set(data)
+    cnn = load_classifier(classifier, bf16=False)  # float32: the scores do not depend on the CPU
+    found = evaluate_labeled_set(labeled, cnn, evaluation_run(data, runs_dir), progress=not quiet)
+    warning = overlap_warning(found)
+    if warning:
+        typer.echo(warning, err=True)
+    for line in summary_lines(found, data, cnn.trained_on):
+        typer.echo(line)
+    typer.echo("tables and figure: " + ", ".join(str(path) for path in found.files))

@@ -1,0 +1,245 @@
+"""How well the classifier agrees with a labeled set: `attnpat evaluate` (e.g. against a held-out panel's labels).
+
+Outputs in the run directory runs/classifier/<labeled set folder name>/:
+  evaluation_scores.csv       metric (macro_f1|accuracy|precision|recall|f1|support), class ('' or a class), value,
+                              low, high (95% percentile bootstrap over maps; empty for support)
+  evaluation_confusion.csv    true, predicted, count (+ evaluation_confusion.png/svg)
+  evaluation_predictions.csv  map_id, label, predicted, p_<class>
+
+Which classes are scored: those present in the labels or the predictions (what sklearn's f1_score does when
+given no class list). A class absent from both has no precision, recall or F1 (an empty cell, never 0 or 1)
+and does not enter macro-F1; a class present on one side only scores 0 there (zero_division=0: labeled maps
+never predicted, or predictions never right). Each bootstrap draw applies the same rule to its own maps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
+
+from analysis.errors import AttnpatError
+from analysis.paths import repo_root, workspace
+from analysis.patterns import CLASSES
+from analysis.progress import progress_bar
+from analysis.rundir import RunDir
+from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_statistic_interval
+from annotation.dataset import LabeledSet, load_labeled_set
+from classifier.figures import write_confusion_figure
+from classifier.predict import PatternClassifier
+
+RUN_MODEL = "classifier"  # runs/classifier/<labeled set>/, beside the training runs
+LABELED_SET_SOURCE = "labeled set "  # how a checkpoint's "trained_on" names a labeled-set folder
+PER_CLASS = ("precision", "recall", "f1")
+BATCH = 256
+
+
+@dataclass
+class ClassScores:
+    """Scores of predictions against labels. macro_f1, accuracy: floats; precision, recall, f1: (K,) per class of
+    CLASSES, NaN for a class absent from labels and predictions; support: (K,) labeled maps per class."""
+
+    macro_f1: float
+    accuracy: float
+    precision: np.ndarray
+    recall: np.ndarray
+    f1: np.ndarray
+    support: np.ndarray
+
+    def vector(self) -> np.ndarray:
+        """(2 + 3K,) macro_f1, accuracy, precision, recall, f1: what the bootstrap resamples."""
+        return np.concatenate([[self.macro_f1, self.accuracy], self.precision, self.recall, self.f1])
+
+    @property
+    def absent(self) -> list[str]:
+        """The classes neither labeled nor predicted (not scored)."""
+        return [name for name, value in zip(CLASSES, self.f1, strict=True) if np.isnan(value)]
+
+
+def class_scores(labels: np.ndarray, predicted: np.ndarray) -> ClassScores:
+    """labels, predicted: (N,) class indices into CLASSES. Scores over the classes present in either (see the
+    module docstring): macro-F1 is sklearn's f1_score(average='macro') over those classes."""
+    labels, predicted = np.asarray(labels), np.asarray(predicted)
+    present = np.union1d(labels, predicted)
+    precision, recall, f1, _ = precision_recall_fscore_support(labels, predicted, labels=present, zero_division=0)
+    per_class = {}
+    for name, values in (("precision", precision), ("recall", recall), ("f1", f1)):
+        per_class[name] = np.full(len(CLASSES), np.nan)
+        per_class[name][present] = values
+    return ClassScores(macro_f1=float(f1.mean()), accuracy=float(accuracy_score(labels, predicted)),
+                       support=np.bincount(labels, minlength=len(CLASSES)), **per_class)
+
+
+def score_table(labels: np.ndarray, predicted: np.ndarray, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
+                seed: int = 0) -> pd.DataFrame:
+    """labels, predicted: (N,) class indices. Returns metric, class, value, low, high: macro_f1 and accuracy
+    (class ''), then precision, recall, f1 and support per class; low/high: percentile bootstrap interval over
+    maps (resampled N at a time), empty for support and for classes never scored (their values are empty too)."""
+    labels, predicted = np.asarray(labels), np.asarray(predicted)
+    if len(labels) != len(predicted) or not len(labels):
+        raise AttnpatError(f"scoring needs one prediction per labeled map, got {len(predicted)} for {len(labels)}")
+    found = class_scores(labels, predicted)
+    bounds = bootstrap_statistic_interval(lambda draw: class_scores(labels[draw], predicted[draw]).vector(),
+                                          len(labels), level=level, n_boot=n_boot, seed=seed)  # (2 + 3K, 2)
+    names = [("macro_f1", ""), ("accuracy", "")] + [(metric, cls) for metric in PER_CLASS for cls in CLASSES]
+    rows = [{"metric": metric, "class": cls, "value": value, "low": low, "high": high}
+            for (metric, cls), value, (low, high) in zip(names, found.vector(), bounds, strict=True)]
+    rows += [{"metric": "support", "class": cls, "value": int(count), "low": np.nan, "high": np.nan}
+             for cls, count in zip(CLASSES, found.support, strict=True)]
+    return pd.DataFrame(rows)
+
+
+def confusion_table(confusion: np.ndarray) -> pd.DataFrame:
+    """(K, K) counts (rows: label, columns: predicted) -> true, predicted, count (K * K rows)."""
+    return pd.DataFrame([{"true": CLASSES[t], "predicted": CLASSES[p], "count": int(confusion[t, p])}
+                         for t in range(len(CLASSES)) for p in range(len(CLASSES))])
+
+
+def prediction_table(map_ids: list[str], labels: np.ndarray, probabilities: np.ndarray) -> pd.DataFrame:
+    """map_ids: N; labels: (N,) class indices; probabilities: (N, K) -> map_id, label, predicted, p_<class>."""
+    frame = pd.DataFrame({"map_id": map_ids, "label": [CLASSES[i] for i in labels],
+                          "predicted": [CLASSES[i] for i in probabilities.argmax(1)]})
+    for i, cls in enumerate(CLASSES):
+        frame[f"p_{cls}"] = probabilities[:, i]
+    return frame
+
+
+# ---------------------------------------------------------------- is the labeled set held out?
+
+@dataclass
+class TrainingOverlap:
+    """How many maps of the evaluated set the classifier was trained on. in_training: None when its training
+    set cannot be found here; training_set: what it was checked against; changed: the training folder found
+    no longer holds exactly the maps and labels the checkpoint's data hash records."""
+
+    in_training: int | None
+    training_set: str
+    changed: bool = False
+
+
+def training_folder(trained_on: str, roots: tuple[Path, ...] | None = None) -> Path | None:
+    """The labeled-set folder a checkpoint's "trained_on" names ("labeled set <folder>"), looked up as given
+    (relative to the current directory), in the workspace and in the source checkout; None if it names none
+    or none of them holds its labels.csv."""
+    if not trained_on.startswith(LABELED_SET_SOURCE):
+        return None
+    folder = Path(trained_on[len(LABELED_SET_SOURCE):])
+    roots = roots if roots is not None else (Path.cwd(), workspace(), repo_root())
+    candidates = [folder] if folder.is_absolute() else [root / folder for root in roots]
+    return next((path for path in candidates if (path / "labels.csv").is_file()), None)
+
+
+def training_overlap(labeled: LabeledSet, metadata: dict) -> TrainingOverlap:
+    """Count the maps of ``labeled`` that the checkpoint (its ``metadata``) was trained on: all of them when the
+    data hashes match, else those whose map_id is in the training labeled set named by "trained_on"."""
+    trained_on = str(metadata.get("trained_on", "unknown"))
+    if metadata.get("data_hash") == labeled.data_hash:
+        return TrainingOverlap(len(labeled), "the same maps and labels (data hash)")
+    if trained_on.startswith("synthetic"):  # generated maps, none of them a labeled map
+        return TrainingOverlap(0, trained_on)
+    folder = training_folder(trained_on)
+    if folder is None:
+        return TrainingOverlap(None, trained_on)
+    try:
+        training = load_labeled_set(folder)
+    except AttnpatError as exc:
+        return TrainingOverlap(None, f"{folder} ({exc})")
+    return TrainingOverlap(len(set(training.map_ids) & set(labeled.map_ids)), str(folder),
+                           changed=training.data_hash != metadata.get("data_hash"))
+
+
+# ---------------------------------------------------------------- the verb
+
+@dataclass
+class Evaluation:
+    """What `attnpat evaluate` found: scores (the evaluation_scores table), confusion (K, K) counts, the
+    overlap with the training set and the files written."""
+
+    scores: pd.DataFrame
+    confusion: np.ndarray
+    overlap: TrainingOverlap
+    absent: list[str]
+    files: list[Path]
+    n_maps: int
+
+    def value(self, metric: str, cls: str = "") -> pd.Series:
+        """value, low, high of one row of the scores table."""
+        return self.scores[(self.scores.metric == metric) & (self.scores["class"] == cls)].iloc[0]
+
+
+def evaluation_run(folder: str | Path, root: str | Path | None = None) -> RunDir:
+    """runs/classifier/<the labeled set folder's name>/."""
+    return RunDir(RUN_MODEL, Path(folder).resolve().name, root)
+
+
+def predict_in_batches(classifier: PatternClassifier, maps: list[np.ndarray], progress: bool = True,
+                       batch: int = BATCH) -> np.ndarray:
+    """maps: N (n_i, n_i) -> (N, K) class probabilities, with a progress bar over maps."""
+    bar = progress_bar(len(maps), progress, "classifying labeled maps", unit="maps")
+    parts = []
+    for start in range(0, len(maps), batch):
+        parts.append(classifier.predict_proba(maps[start:start + batch]))
+        if bar is not None:
+            bar.update(len(parts[-1]))
+    if bar is not None:
+        bar.close()
+    return np.concatenate(parts) if parts else np.empty((0, len(CLASSES)), dtype=np.float32)
+
+
+def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run: RunDir, *,
+                         n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0, progress: bool = True) -> Evaluation:
+    """Classify every map of ``labeled``, score the predictions against its labels and write the tables and the
+    confusion figure into ``run``."""
+    probabilities = predict_in_batches(classifier, labeled.maps, progress)
+    predicted = probabilities.argmax(1)
+    with run.record("evaluate", data_source=str(labeled.path), data_hash=labeled.data_hash,
+                    classifier=classifier.path or "shipped default", trained_on=classifier.trained_on,
+                    n_boot=n_boot, seed=seed) as entry:
+        scores = score_table(labeled.labels, predicted, n_boot=n_boot, seed=seed)
+        confusion = confusion_matrix(labeled.labels, predicted, labels=list(range(len(CLASSES))))
+        overlap = training_overlap(labeled, classifier.metadata)
+        files = [run.write_table("evaluation_scores", scores),
+                 run.write_table("evaluation_confusion", confusion_table(confusion)),
+                 *write_confusion_figure(run, "evaluation_confusion", confusion,
+                                         f"CNN against {Path(labeled.path or '.').name} ({len(labeled)} maps)"),
+                 run.write_table("evaluation_predictions", prediction_table(labeled.map_ids, labeled.labels,
+                                                                            probabilities))]
+        found = scores[scores["class"] == ""].set_index("metric").value
+        entry.update(outputs=[path.name for path in files], n_maps=len(labeled), macro_f1=float(found.macro_f1),
+                     accuracy=float(found.accuracy), maps_in_training=overlap.in_training,
+                     training_set=overlap.training_set)
+    return Evaluation(scores, confusion, overlap, class_scores(labeled.labels, predicted).absent, files, len(labeled))
+
+
+def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
+    """What `attnpat evaluate` prints: macro-F1 with its interval, accuracy, F1 per class, the classes not scored
+    and whether the maps are held out (data: the folder as the user named it)."""
+    macro, accuracy = found.value("macro_f1"), found.value("accuracy")
+    lines = [f"macro-F1 {macro.value:.3f} (95% CI {macro.low:.3f}-{macro.high:.3f}) on {found.n_maps} maps of {data} "
+             f"(classifier trained on {trained_on})",
+             f"accuracy {accuracy.value:.3f} (95% CI {accuracy.low:.3f}-{accuracy.high:.3f})",
+             "F1 per class: " + ", ".join(f"{cls} {found.value('f1', cls).value:.3f} "
+                                          f"(n={int(found.value('support', cls).value)})"
+                                          for cls in CLASSES if cls not in found.absent)]
+    if found.absent:
+        lines.append(f"not scored (neither labeled nor predicted): {', '.join(found.absent)}")
+    overlap = found.overlap
+    if overlap.in_training is None:
+        lines.append(f"note: the classifier's training set ({overlap.training_set}) is not here; whether these maps "
+                     "are held out is unchecked")
+    elif overlap.in_training == 0:
+        lines.append(f"held out: none of these maps is in the training set ({overlap.training_set})")
+    if overlap.changed:
+        lines.append(f"note: {overlap.training_set} has changed since the classifier was trained on it")
+    return lines
+
+
+def overlap_warning(found: Evaluation) -> str | None:
+    """The one warning line when some evaluated maps were in the training set, else None."""
+    count = found.overlap.in_training
+    if not count:
+        return None
+    return (f"warning: {count} of these maps were in the training set: scores are not held out "
+            f"({found.overlap.training_set})")
