@@ -22,6 +22,8 @@ MAP_KIND_VERBS = ("extract", "classify", "special", "surface")
 STANDARD = "--model {model} --task {task}"
 # The labeled set that ships with the repository (the hint for the Classifier tab names it).
 SHIPPED_LABELED_SET = "annotation/labeled/v3"
+# The held-out panel's labels, which no checkpoint is trained on (the hint of `attnpat evaluate` names it).
+HELD_OUT_LABELED_SET = "annotation/labeled/panel-1"
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ TABS: tuple[Tab, ...] = (
 )
 
 _TRAIN = f"--data {SHIPPED_LABELED_SET}"
+_EVALUATE = f"--data {HELD_OUT_LABELED_SET}"
 _BASE = "minilm"  # the embedded base model the fine-tuning hints start from
 _PARSE = "--parse {task} --model {model}"  # silver parses of the task's sentences (a CoNLL-U file gives gold ones)
 
@@ -162,6 +165,11 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("cv_predictions", "train", "map_id, fold, label, [annotators_agreed], <model>... (out-of-fold "
              "predicted class), p_<class> (the CNN's)", "Classifier", hint=_TRAIN),
     # Files that no tab shows
+    # The classifier against a labeled set, in runs/classifier/<labeled set>/ (`attnpat evaluate`)
+    Artifact("evaluation_scores", "evaluate", "metric (macro_f1|accuracy|precision|recall|f1|support), class, value, "
+             "low, high (95% bootstrap interval over maps)", None, hint=_EVALUATE),
+    Artifact("evaluation_confusion", "evaluate", "true, predicted, count", None, figure=True, hint=_EVALUATE),
+    Artifact("evaluation_predictions", "evaluate", "map_id, label, predicted, p_<class>", None, hint=_EVALUATE),
     Artifact("classifier", "train", "the trained CNN: classifier.safetensors and its metadata classifier.json",
              None, hint=_TRAIN, kind="checkpoint"),
     Artifact("maps", "extract", "map shards (float16 .npz per example batch; resumable)", None, kind="dir"),

@@ -13,7 +13,7 @@ from analysis.artifacts import ARTIFACTS, TABS, Artifact, artifact, hints, liste
 from analysis.probing import WINOBIAS_TASK
 from app.cli import app as cli_app
 from app.cli import main
-from tests.tiny import save_tiny_model
+from tests.tiny import save_tiny_labeled_set, save_tiny_model
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -84,11 +84,14 @@ def test_every_file_the_analyses_write_on_a_tiny_model_is_registered(tmp_path, m
         ["compare", "--base", model, "--finetuned", "tiny-rte", "--task", "rte", "--n", "4", *common],
         ["train", "--data", "synthetic:4", "--folds", "2", "--epochs", "1", "--no-baselines", "--pool", "0",
          *common],
+        ["evaluate", "--data", str(save_tiny_labeled_set(tmp_path / "labeled", 2)),
+         "--classifier", str(tmp_path / "runs" / "classifier" / "synthetic-4" / "classifier.safetensors"), *common],
     ]
     for argv in runs:
         assert main(argv) == 0, f"attnpat {' '.join(argv)}: {capsys.readouterr().err}"
     written = {path.name for path in (tmp_path / "runs").glob("*/*/*")}
-    assert {"cosine.csv", "probing_coref.png", "cv_confusion.svg", "maps", "disable_heads.csv"} <= written
+    assert {"cosine.csv", "probing_coref.png", "cv_confusion.svg", "maps", "disable_heads.csv",
+            "evaluation_confusion.svg"} <= written
     assert sorted(name for name in written if not listed(name)) == []
     # and every registered table of a tab was written by one of the runs (the registry names no ghost)
     for entry in ARTIFACTS:

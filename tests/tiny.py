@@ -1,4 +1,5 @@
-"""Tiny randomly initialised BERT and MPNet models, saved to disk and loaded through the real loading path.
+"""Tiny randomly initialised BERT and MPNet models, saved to disk and loaded through the real loading path, and
+tiny labeled sets of synthetic maps.
 
 The MPNet ones stand in for all-mpnet-base-v2 (never downloaded by the tests): MPNet's own self-attention with
 its relative position bias, over the MiniLM vocabulary with an MPNet tokenizer (pairs as [CLS] a [SEP] [SEP] b
@@ -9,6 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import (
     AutoTokenizer,
@@ -24,6 +26,9 @@ from transformers import (
 )
 
 from analysis.models import EncoderBundle, ModelSource, embedded_model_path, load_model
+from analysis.patterns import CLASSES
+from annotation.dataset import write_labeled_folder
+from classifier.synthetic import synthetic_dataset
 
 MODEL_CLASSES = {"base": BertModel, "classifier": BertForSequenceClassification, "mlm": BertForMaskedLM}
 MPNET_CLASSES = {"base": MPNetModel, "classifier": MPNetForSequenceClassification, "mlm": MPNetForMaskedLM}
@@ -91,3 +96,12 @@ def tiny_bundle(folder: Path, kind: str = "base", seed: int = 0, **config_kwargs
     """An EncoderBundle around a tiny random model, on the CPU."""
     save_tiny_model(folder, kind, seed, **config_kwargs)
     return load_model(str(folder), kind=kind, device="cpu")
+
+
+def save_tiny_labeled_set(folder: Path, n_per_class: int, seed: int = 0, task: str = "syn") -> Path:
+    """A labeled set of short synthetic maps (n_per_class of every class; map ids tiny:<task>:ex-<i>:L0H0),
+    written as `attnpat annotate pull` writes one."""
+    maps, labels = synthetic_dataset(n_per_class, np.random.default_rng(seed), lengths=(8, 20))
+    ids = [f"tiny:{task}:ex-{i}:L0H0" for i in range(len(maps))]
+    rows = [{"map_id": map_id, "label": CLASSES[label]} for map_id, label in zip(ids, labels, strict=True)]
+    return write_labeled_folder(folder, rows, dict(zip(ids, maps, strict=True)), [], {})

@@ -1,0 +1,194 @@
+"""`attnpat evaluate`: the classifier scored against a labeled set (classifier.agreement)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
+
+from analysis.artifacts import ARTIFACTS, listed
+from analysis.patterns import CLASSES
+from annotation.dataset import load_labeled_set, write_labeled_folder
+from app.cli import main
+from classifier.agreement import class_scores, score_table, training_folder
+from classifier.checkpoint import save_checkpoint
+from classifier.model import CHANNELS, INPUT_SIZE, STRIDES, PatternCNN, prepare_maps
+from tests.tiny import save_tiny_labeled_set
+
+REPO = Path(__file__).resolve().parents[1]
+PANEL = REPO / "annotation" / "labeled" / "panel-1"
+
+
+def write_checkpoint(path: Path, fitted_on: Path, **metadata) -> Path:
+    """A random CNN whose profile bins are fitted on a labeled set's maps (so its predictions vary)."""
+    torch.manual_seed(0)
+    model = PatternCNN().eval()
+    model.fit_profile_edges(prepare_maps(load_labeled_set(fitted_on).maps))
+    return save_checkpoint(model, path, {"input_size": INPUT_SIZE, "channels": list(CHANNELS),
+                                         "strides": list(STRIDES), **metadata})
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(evaluated set, training set of other maps, checkpoint 'trained' on the latter)."""
+    root = tmp_path_factory.mktemp("evaluate")
+    evaluated = save_tiny_labeled_set(root / "panel", 6, seed=1, task="panel")
+    training = save_tiny_labeled_set(root / "train", 4, seed=2, task="train")
+    checkpoint = write_checkpoint(root / "cnn.safetensors", evaluated, trained_on=f"labeled set {training}",
+                                  data_hash=load_labeled_set(training).data_hash)
+    return evaluated, training, checkpoint
+
+
+def run_evaluate(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["evaluate", *map(str, argv), "-q"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------- the scores
+
+def test_class_scores_equal_sklearn_and_leave_absent_classes_unscored():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 4, 60)  # heterogeneous (4) is neither labeled nor predicted
+    predicted = np.where(rng.random(60) < 0.7, labels, rng.integers(0, 4, 60))
+    found = class_scores(labels, predicted)
+    assert found.macro_f1 == pytest.approx(f1_score(labels, predicted, average="macro"))
+    assert found.accuracy == pytest.approx(accuracy_score(labels, predicted))
+    precision, recall, f1, support = precision_recall_fscore_support(labels, predicted, labels=[0, 1, 2, 3])
+    np.testing.assert_allclose(found.f1[:4], f1)
+    np.testing.assert_allclose(found.precision[:4], precision)
+    np.testing.assert_allclose(found.recall[:4], recall)
+    np.testing.assert_array_equal(found.support, [*support, 0])
+    assert np.isnan(found.f1[4]) and np.isnan(found.precision[4]) and found.absent == ["heterogeneous"]
+    # a class only predicted (never labeled) is scored, at 0
+    predicted[:3] = 4
+    found = class_scores(labels, predicted)
+    assert found.f1[4] == 0 and found.absent == []
+    assert found.macro_f1 == pytest.approx(f1_score(labels, predicted, average="macro"))
+
+
+def noisy_predictions(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, len(CLASSES), n)
+    return labels, np.where(rng.random(n) < 0.75, labels, rng.integers(0, len(CLASSES), n))
+
+
+def test_interval_contains_the_estimate_and_narrows_with_more_maps():
+    widths = []
+    for n in (50, 800):
+        labels, predicted = noisy_predictions(n, seed=n)
+        table = score_table(labels, predicted, n_boot=300)
+        scored = table[table.metric != "support"]
+        assert (scored.low <= scored.value + 1e-12).all() and (scored.value <= scored.high + 1e-12).all()
+        macro = table[table.metric == "macro_f1"].iloc[0]
+        assert macro.value == pytest.approx(f1_score(labels, predicted, average="macro"))
+        widths.append(macro.high - macro.low)
+    assert widths[1] < widths[0] / 2  # about 1/sqrt(16) as wide
+
+
+# ---------------------------------------------------------------- the verb
+
+def test_evaluate_writes_registered_tables_that_agree_with_sklearn(tiny, tmp_path, capsys):
+    evaluated, training, checkpoint = tiny
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0, err
+    run = tmp_path / "classifier" / "panel"
+    written = {path.name for path in run.iterdir()}
+    expected = {name for entry in ARTIFACTS if entry.verb == "evaluate" for name in entry.files()}
+    assert written == expected | {"manifest.json"} and all(listed(name) for name in written)
+
+    predictions = pd.read_csv(run / "evaluation_predictions.csv")
+    labels = load_labeled_set(evaluated)
+    assert list(predictions.map_id) == labels.map_ids and list(predictions.label) == [CLASSES[i] for i in labels.labels]
+    assert (predictions.predicted == predictions[[f"p_{c}" for c in CLASSES]].idxmax(axis=1).str[2:]).all()
+    y, p = predictions.label, predictions.predicted
+    scores = pd.read_csv(run / "evaluation_scores.csv").fillna({"class": ""})
+    overall = scores[scores["class"] == ""].set_index("metric").value
+    assert overall.macro_f1 == pytest.approx(f1_score(y, p, average="macro"))
+    assert overall.accuracy == pytest.approx(accuracy_score(y, p))
+    per_class = scores[scores.metric == "f1"].set_index("class").value
+    present = sorted(set(y) | set(p))
+    assert dict(per_class[present]) == pytest.approx(dict(zip(present, f1_score(y, p, labels=present, average=None))))
+    confusion = pd.read_csv(run / "evaluation_confusion.csv").pivot(index="true", columns="predicted", values="count")
+    np.testing.assert_array_equal(confusion.loc[list(CLASSES), list(CLASSES)].to_numpy(),
+                                  confusion_matrix(y, p, labels=list(CLASSES)))
+    assert len(set(p)) > 1  # the random CNN's predictions vary, so the comparison means something
+
+    low, high = scores[scores.metric == "macro_f1"][["low", "high"]].iloc[0]
+    assert f"macro-F1 {overall.macro_f1:.3f} (95% CI {low:.3f}-{high:.3f}) on 30 maps of {evaluated}" in out
+    assert f"(classifier trained on labeled set {training})" in out
+    assert f"held out: none of these maps is in the training set ({training})" in out and err == ""
+    manifest = json.loads((run / "manifest.json").read_text())["analyses"]["evaluate"]
+    assert manifest["maps_in_training"] == 0 and manifest["macro_f1"] == pytest.approx(overall.macro_f1)
+
+
+def test_the_overlap_with_the_training_set_is_counted_and_warned(tiny, tmp_path, capsys):
+    evaluated, training, _ = tiny
+    labeled = load_labeled_set(evaluated)
+    # trained on a set sharing 7 maps with the evaluated one
+    mixed = write_labeled_folder(tmp_path / "mixed", [*labeled.rows[:7], *load_labeled_set(training).rows],
+                                 {**dict(zip(labeled.map_ids, labeled.maps)),
+                                  **dict(zip(load_labeled_set(training).map_ids, load_labeled_set(training).maps))},
+                                 [], {})
+    checkpoint = write_checkpoint(tmp_path / "mixed.safetensors", evaluated, trained_on=f"labeled set {mixed}",
+                                  data_hash=load_labeled_set(mixed).data_hash)
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0 and err.splitlines() == [
+        f"warning: 7 of these maps were in the training set: scores are not held out ({mixed})"]
+    assert "held out" not in out and "changed" not in out
+
+    # the training folder found no longer holds what the checkpoint was trained on
+    checkpoint = write_checkpoint(tmp_path / "stale.safetensors", evaluated, trained_on=f"labeled set {mixed}",
+                                  data_hash="0" * 64)
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0 and err.startswith("warning: 7 of these maps") and f"note: {mixed} has changed since" in out
+
+    # trained on this very set, found by its data hash although the folder it names is not here
+    checkpoint = write_checkpoint(tmp_path / "same.safetensors", evaluated, trained_on="labeled set gone/v9",
+                                  data_hash=labeled.data_hash)
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0 and err.startswith("warning: 30 of these maps were in the training set: scores are not held out")
+
+    # a training set that cannot be found: said, not guessed
+    checkpoint = write_checkpoint(tmp_path / "lost.safetensors", evaluated, trained_on="labeled set gone/v9",
+                                  data_hash="0" * 64)
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0 and err == "" and "note: the classifier's training set (labeled set gone/v9) is not here" in out
+
+
+def test_the_training_folder_is_found_relative_to_the_places_it_may_be(tmp_path):
+    save_tiny_labeled_set(tmp_path / "sets" / "v1", 2)
+    assert training_folder("labeled set sets/v1", (tmp_path / "elsewhere", tmp_path)) == tmp_path / "sets" / "v1"
+    assert training_folder(f"labeled set {tmp_path / 'sets' / 'v1'}") == tmp_path / "sets" / "v1"
+    assert training_folder("labeled set sets/v2", (tmp_path,)) is None
+    assert training_folder("synthetic maps (classifier.synthetic, 4 per class, seed 0)", (tmp_path,)) is None
+
+
+def test_bad_inputs_are_one_error_line_and_write_nothing(tiny, tmp_path, capsys):
+    evaluated, _, checkpoint = tiny
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken.safetensors").write_bytes(b"not a checkpoint")
+    cases = [(["--data", tmp_path / "missing"], "is not a labeled set"),
+             (["--data", tmp_path / "empty"], "is not a labeled set"),
+             (["--data", evaluated, "--classifier", tmp_path / "broken.safetensors"], "not a readable safetensors"),
+             (["--data", evaluated, "--classifier", tmp_path / "absent.safetensors"], "not found")]
+    for argv, message in cases:
+        code, out, err = run_evaluate(capsys, *argv, "--runs-dir", tmp_path / "runs")
+        assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_shipped_classifier_on_the_held_out_panel(tmp_path, capsys):
+    code, out, err = run_evaluate(capsys, "--data", PANEL, "--runs-dir", tmp_path)
+    assert code == 0, err
+    run = tmp_path / "classifier" / PANEL.name
+    predictions = pd.read_csv(run / "evaluation_predictions.csv")
+    assert len(predictions) == len(load_labeled_set(PANEL))
+    scores = pd.read_csv(run / "evaluation_scores.csv").fillna({"class": ""})
+    macro = scores[scores.metric == "macro_f1"].value.iloc[0]
+    assert macro == pytest.approx(f1_score(predictions.label, predictions.predicted, average="macro"))
+    assert out.startswith(f"macro-F1 {macro:.3f} (95% CI ")
