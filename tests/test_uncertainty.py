@@ -9,6 +9,7 @@ from analysis.uncertainty import (
     bootstrap_difference_interval,
     bootstrap_mean_interval,
     bootstrap_ratio_interval,
+    bootstrap_statistic_interval,
     holm_adjust,
     mcnemar_exact,
     project_to_simplex,
@@ -113,3 +114,20 @@ def test_bootstrap_of_a_metric_change_agrees_with_the_mean_bootstrap_for_accurac
 def test_bootstrap_of_a_metric_change_refuses_unpaired_inputs():
     with pytest.raises(AttnpatError, match="equal example counts"):
         bootstrap_difference_interval(lambda p, g: 0.0, np.zeros(3), np.zeros((4, 2)), np.zeros(3))
+
+
+def test_bootstrap_of_any_statistic_agrees_with_the_mean_bootstrap_and_leaves_out_undefined_draws():
+    values = np.random.default_rng(3).random(300)
+    interval = bootstrap_statistic_interval(lambda draw: values[draw].mean(), len(values), n_boot=2000)
+    assert interval.shape == (2,)
+    assert interval == pytest.approx(bootstrap_mean_interval(values, n_boot=2000), abs=0.01)
+    assert interval[0] <= values.mean() <= interval[1]
+    flags = np.arange(10) == 0  # item 0 is missing from about a third of the draws of 10
+
+    def statistic(draw):  # [mean of the draw, 1 where item 0 was drawn else undefined, never defined]
+        return [values[draw].mean(), 1.0 if flags[draw].any() else np.nan, np.nan]
+
+    bounds = bootstrap_statistic_interval(statistic, 10, n_boot=200)
+    assert bounds.shape == (3, 2) and bounds[1] == pytest.approx([1.0, 1.0]) and np.isnan(bounds[2]).all()
+    with pytest.raises(AttnpatError, match="at least one item"):
+        bootstrap_statistic_interval(lambda draw: 0.0, 0)
