@@ -136,7 +136,7 @@ def training_overlap(labeled: LabeledSet, metadata: dict) -> TrainingOverlap:
     data hashes match, else those whose map_id is in the training labeled set named by "trained_on"."""
     trained_on = str(metadata.get("trained_on", "unknown"))
     if metadata.get("data_hash") == labeled.data_hash:
-        return TrainingOverlap(len(labeled), "the same maps and labels (data hash)")
+        return TrainingOverlap(len(labeled), f"{trained_on}, the same data hash")
     if trained_on.startswith("synthetic"):  # generated maps, none of them a labeled map
         return TrainingOverlap(0, trained_on)
     folder = training_folder(trained_on)

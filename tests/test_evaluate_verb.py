@@ -151,7 +151,8 @@ def test_the_overlap_with_the_training_set_is_counted_and_warned(tiny, tmp_path,
     checkpoint = write_checkpoint(tmp_path / "same.safetensors", evaluated, trained_on="labeled set gone/v9",
                                   data_hash=labeled.data_hash)
     code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
-    assert code == 0 and err.startswith("warning: 30 of these maps were in the training set: scores are not held out")
+    assert code == 0 and err.splitlines() == ["warning: 30 of these maps were in the training set: scores are not held "
+                                              "out (labeled set gone/v9, the same data hash)"]
 
     # a training set that cannot be found: said, not guessed
     checkpoint = write_checkpoint(tmp_path / "lost.safetensors", evaluated, trained_on="labeled set gone/v9",
