@@ -30,7 +30,7 @@ def read_metadata(path: str | Path | None = None) -> dict:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise AttnpatError(f"no classifier metadata at {path}; train one with `attnpat train --data "
-                           "annotation/labeled/v3`") from None
+                           "annotation/labeled/v4`") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise AttnpatError(f"{path} is not readable classifier metadata ({type(exc).__name__})") from exc
 

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
     app.command("evaluate")(evaluate)
 
 
-def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/v3) or "
+def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/v4) or "
                                    "synthetic[:N]"),
           out: opt.OptionalPath = typer.Option(None, "--out", help="checkpoint .safetensors (default: run "
                                                "dir/classifier.safetensors)"),
@@ -43,18 +43,21 @@ def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g.
                                             help="loss weight of a pool map relative to a labeled map"),
           pool_rounds: int = typer.Option(2, "--pool-rounds", help="1: the CNN learns the pool from the teacher; 2: "
                                           "a second CNN learns it from the teacher and the first CNN"),
+          class_weight_power: float = typer.Option(0.5, "--class-weight-power", help="loss weight of a class = "
+                                                   "(inverse frequency) ** this (0 = none, 1 = fully balanced)"),
           runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Train the 8-layer CNN on a labeled set: k-fold CV scores vs baselines, then a checkpoint."""
     from classifier.train import TrainConfig  # noqa: PLC0415
     from classifier.training_run import load_training_data, train_pattern_cnn  # noqa: PLC0415
 
-    if pool < 0 or pool_weight < 0 or pool_rounds < 1:
-        raise AttnpatError(f"--pool and --pool-weight must be 0 or more and --pool-rounds at least 1 "
-                           f"(got {pool}, {pool_weight}, {pool_rounds})")
+    if pool < 0 or pool_weight < 0 or pool_rounds < 1 or class_weight_power < 0:
+        raise AttnpatError(f"--pool, --pool-weight and --class-weight-power must be 0 or more and --pool-rounds at "
+                           f"least 1 (got {pool}, {pool_weight}, {class_weight_power}, {pool_rounds})")
     training = load_training_data(data, seed)
     run = RunDir("classifier", training.name, runs_dir)
     out = out or run.file("classifier.safetensors")
     config = TrainConfig(max_epochs=epochs, folds=folds, seed=seed, pool_weight=pool_weight, pool_rounds=pool_rounds,
+                         class_weight_power=class_weight_power,
                          synthetic_per_class=0 if training.synthetic else synthetic_mix)
     unlabeled = None
     if pool and not training.synthetic:
