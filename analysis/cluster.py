@@ -17,7 +17,7 @@ import os
 import secrets
 import socket
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -116,44 +116,110 @@ class WorkerPool:
         (called in the driver as each job comes back, e.g. to write it) {job key: what on_result returned}.
         The progress bar counts job sizes across all workers. A job's error is raised here (an AttnpatError
         as itself, one line)."""
+        return next(self.run_groups([jobs], progress=progress, desc=desc, unit=unit, on_result=on_result))
+
+    def run_groups(self, groups: Iterable[Sequence[Job]], *, progress: bool | str = False, desc: str = "jobs",
+                   unit: str = "jobs", on_result: Callable[[Hashable, Any], Any] | None = None
+                   ) -> Iterator[dict[Hashable, Any]]:
+        """:meth:`run` over several groups of jobs (e.g. one per task) through one queue: yields each group's
+        results, as run returns them, when that group is complete, in group order.
+
+        The queue holds a group's jobs largest first; the next group is taken from ``groups`` (only then, so it
+        may be built lazily) as soon as the queue is empty, so a worker that frees up while the others finish
+        a group's last jobs starts on the next group instead of idling until the group is complete. Each group
+        has its own progress bar, opened when the group before it is complete (counting what is already done).
+        An error in a group's job, or in taking the group from ``groups``, is raised once the groups before it
+        are yielded; nothing after that group is handed out.
+        """
         ray = self._ray
         from ray.exceptions import RayActorError  # noqa: PLC0415 (Ray is optional, see the module doc)
 
-        if len({job.key for job in jobs}) != len(jobs):
-            raise AttnpatError("distributed jobs need distinct keys")
-        queue = deque(sorted(jobs, key=lambda job: -job.cost))
+        source = iter(groups)
+        taken: list[list] = []  # per group taken: [results, jobs left, total size, size done]
+        queue: deque = deque()  # (group, job), the group's jobs largest first
         idle = deque(range(len(self.actors)))
-        running: dict = {}  # ObjectRef -> (job, worker index)
-        results: dict[Hashable, Any] = {}
-        total = sum(job.size for job in jobs)
-        bar = progress_bar(total, progress, desc, unit=unit, unit_scale=total >= 10_000)
+        running: dict = {}  # ObjectRef -> (group, job, worker index)
+        failed: list = []  # [group, error] of the first group with an error
+        exhausted, yielded, bar = False, 0, None
+
+        def take() -> bool:
+            """Queue the next group with jobs (an empty group is complete at once); False when there is none."""
+            nonlocal exhausted
+            while not (exhausted or failed):
+                try:
+                    jobs = list(next(source))
+                    if len({job.key for job in jobs}) != len(jobs):
+                        raise AttnpatError("distributed jobs need distinct keys")
+                except StopIteration:
+                    exhausted = True
+                except Exception as error:  # that group's own error (e.g. building its jobs), raised at its turn
+                    failed[:] = [len(taken), error]
+                else:
+                    taken.append([{}, len(jobs), sum(job.size for job in jobs), 0])
+                    queue.extend((len(taken) - 1, job) for job in sorted(jobs, key=lambda job: -job.cost))
+                    if jobs:
+                        return True
+            return False
+
+        def open_bar():
+            if yielded < len(taken):
+                _, _, total, done = taken[yielded]
+                return progress_bar(total, progress, desc, unit=unit, unit_scale=total >= 10_000, initial=done)
+            return None
+
         try:
-            while queue or running:
-                while queue and idle:
-                    job, index = queue.popleft(), idle.popleft()
+            while True:
+                while idle and (queue or take()):
+                    (group, job), index = queue.popleft(), idle.popleft()
                     ref = self.actors[index].run.remote(self.key, self.loader, job.function, *job.args)
-                    running[ref] = (job, index)
+                    running[ref] = (group, job, index)
+                if not queue:
+                    take()  # every worker is busy: the next group is ready when one frees up
+                if bar is None:
+                    bar = open_bar()
+                while yielded < len(taken) and not taken[yielded][1] and not (failed and failed[0] == yielded):
+                    if bar is not None:
+                        bar.close()
+                    results, taken[yielded][0], bar = taken[yielded][0], None, None  # the caller keeps the results
+                    yield results
+                    yielded += 1
+                    bar = open_bar()
+                if failed and failed[0] == yielded:
+                    raise failed[1]
+                if exhausted and yielded == len(taken):
+                    return
                 if not running:
                     raise AttnpatError("every Ray worker died; rerun the command to resume")
                 (ref,), _ = ray.wait(list(running), num_returns=1)
-                job, index = running.pop(ref)
+                group, job, index = running.pop(ref)
                 try:
                     value = self._get(ref)
                 except RayActorError:
-                    queue.appendleft(job)  # its worker is gone for good (restarts used up): another one takes it
+                    if not (failed and group >= failed[0]):
+                        queue.appendleft((group, job))  # its worker is gone for good (restarts used up): another one
+                    continue
+                except Exception as error:
+                    idle.append(index)
+                    if not failed or group < failed[0]:
+                        failed[:] = [group, error]
+                        kept = [entry for entry in queue if entry[0] < group]  # not this group nor later ones
+                        queue.clear()
+                        queue.extend(kept)
                     continue
                 idle.append(index)
-                if job.key in results:
-                    continue  # cannot happen with one submission per job; never count a job twice
+                results = taken[group][0]
+                if (failed and group >= failed[0]) or job.key in results:
+                    continue  # a failed group's; never count a job twice (cannot happen with one submission per job)
                 results[job.key] = value if on_result is None else on_result(job.key, value)
-                if bar is not None:
+                taken[group][1] -= 1
+                taken[group][3] += job.size
+                if bar is not None and group == yielded:
                     bar.update(job.size)
                 for listener in self.listeners:
                     listener(job.key, value)
         finally:
             if bar is not None:
                 bar.close()
-        return results
 
 
 # ---------------------------------------------------------------- the cluster
