@@ -68,17 +68,31 @@ def distributed_class_counts(cluster: Cluster, bundle, examples: Sequence[Exampl
     with ``per_example`` (E, 5) each example's counts in the same stream order. ``stop``: once set, the run
     ends with an AttnpatError at the next batch that comes back."""
     pool = classify_pool(cluster, bundle, classifier)
+    results = pool.run(class_count_jobs(bundle, examples, encoded, batch_size, max_length),
+                       progress="classify" if progress else False, unit="maps",
+                       on_result=None if stop is None else functools.partial(_unless_stopped, stop))
+    return merged_counts(results, per_example)
+
+
+def class_count_jobs(bundle, examples: Sequence[Example], encoded: Sequence[Encoded], batch_size: int,
+                     max_length: int) -> list[Job]:
+    """One job per batch of the one-process run's length-sorted order, keyed by its number in that order."""
     maps_per_example = bundle.num_layers * bundle.num_heads
     jobs = []
     for b, items in enumerate(length_sorted_batches(encoded, batch_size)):
         numbered, own_examples = local_items(items, examples)
         jobs.append(Job(b, batch_class_counts, (numbered, own_examples, batch_size, max_length),
                         cost=padded_cost(items), size=len(items) * maps_per_example))
-    results = pool.run(jobs, progress="classify" if progress else False, unit="maps",
-                       on_result=None if stop is None else functools.partial(_unless_stopped, stop))
-    counts = np.sum([results[b][0] for b in range(len(jobs))], axis=0)
+    return jobs
+
+
+def merged_counts(results: dict, per_example: bool):
+    """The (L, H, 5) sum of :func:`batch_class_counts` results keyed by batch number, and with ``per_example``
+    the (E, 5) per-example counts concatenated in batch order (the stream order)."""
+    order = sorted(results)
+    counts = np.sum([results[b][0] for b in order], axis=0)
     if per_example:
-        return counts, np.concatenate([results[b][1] for b in range(len(jobs))])
+        return counts, np.concatenate([results[b][1] for b in order])
     return counts
 
 
@@ -89,25 +103,30 @@ def _unless_stopped(stop: threading.Event, _key, result):
 
 
 class TasksAhead:
-    """Counts for classifier.classify.classify_task over several tasks, worked one task ahead on the cluster.
+    """Counts for classifier.classify.classify_task over several tasks, classified ahead on the cluster.
 
-    ``datas``: the tasks, in the order the driver classifies them. Asked for one task's counts (:meth:`count`),
-    it has the cluster start on the next task too, in a thread of this process, so the workers keep classifying
-    while the driver writes this task's tables and figures; the driver encodes that next task meanwhile
-    (:meth:`encoded` hands the encoding over). One task runs on the cluster at a time, in order, so the progress
-    bar is that task's, across all workers. The counts are :func:`distributed_class_counts`', the same as one
-    process's. A task's error is raised when that task's counts are asked for; leaving the block with an error
-    stops the task running ahead at its next batch.
+    ``datas``: the tasks, in the order the driver classifies them. From the first count asked for
+    (:meth:`count`), one thread of this process runs every task's batches through one queue of the workers
+    (analysis.cluster.WorkerPool.run_groups): a task's batches are handed out once the task before it has no
+    batch left to hand out, so no worker idles while another finishes a task's last batch, and the workers keep
+    classifying while the driver writes a task's tables and figures. A task's counts come back when all its
+    batches are in, in task order, equal to one process's (:func:`merged_counts` of the same batches); its
+    progress bar opens when the task before it is complete and counts across all workers. The next task is
+    encoded, once for the driver and the cluster (:meth:`encoded`), when it is needed. A task's error (from its
+    batches or its encoding) is raised when that task's counts are asked for; leaving the block with an error
+    stops the cluster at its next batch.
     """
 
     def __init__(self, cluster: Cluster, bundle, classifier: PatternClassifier, datas: Sequence[TaskData], *,
                  batch_size: int, max_length: int, progress: bool = False):
         self.cluster, self.bundle, self.classifier, self.datas = cluster, bundle, classifier, list(datas)
-        self.options = dict(batch_size=batch_size, max_length=max_length, progress=progress)
-        self._encoded: dict[int, list[Encoded]] = {}  # written and read by the driver's own thread only
-        self._counts: dict[int, Future] = {}
+        self.batch_size, self.max_length, self.progress = batch_size, max_length, progress
+        self._encoded: dict[int, list[Encoded]] = {}
+        self._encoding = threading.Lock()  # the driver and the thread both encode tasks
+        self._results = [Future() for _ in self.datas]  # per task: {batch number: batch_class_counts result}
         self._stop = threading.Event()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="classify-ahead")
+        self._started = False
 
     def __enter__(self) -> TasksAhead:
         return self
@@ -121,33 +140,39 @@ class TasksAhead:
         return next(k for k, data in enumerate(self.datas) if data.examples is examples)
 
     def _encode(self, k: int) -> list[Encoded]:
-        if k not in self._encoded:
-            self._encoded[k] = encode_examples(self.bundle.tokenizer, self.datas[k].examples,
-                                               self.options["max_length"])
-        return self._encoded[k]
+        with self._encoding:
+            if k not in self._encoded:
+                self._encoded[k] = encode_examples(self.bundle.tokenizer, self.datas[k].examples, self.max_length)
+            return self._encoded[k]
 
     def encoded(self, data: TaskData) -> list[Encoded]:
         """The task's examples encoded (analysis.stream.encode_examples), encoded once for the driver and the
         cluster."""
         return self._encode(self._index(data.examples))
 
-    def _start(self, k: int) -> None:
-        if k >= len(self.datas) or k in self._counts or not self.datas[k].examples:
-            return
+    def _jobs(self):
+        """Each task's batch jobs, built when the pool takes them (a task without examples has none)."""
+        for k, data in enumerate(self.datas):
+            yield class_count_jobs(self.bundle, data.examples, self._encode(k), self.batch_size,
+                                   self.max_length) if data.examples else []
+
+    def _classify(self) -> None:
+        """In the thread: every task's batches on the cluster, each task's results handed over when complete."""
+        done = 0
         try:
-            encoded = self._encode(k)
-        except AttnpatError as error:  # that task's own error (e.g. an empty text): raised at its turn
-            self._counts[k] = failed = Future()
-            failed.set_exception(error)
-            return
-        self._counts[k] = self._thread.submit(distributed_class_counts, self.cluster, self.bundle,
-                                              self.datas[k].examples, self.classifier, encoded=encoded,
-                                              per_example=True, stop=self._stop, **self.options)
+            pool = classify_pool(self.cluster, self.bundle, self.classifier)
+            for results in pool.run_groups(self._jobs(), progress="classify" if self.progress else False,
+                                           unit="maps", on_result=functools.partial(_unless_stopped, self._stop)):
+                self._results[done].set_result(results)
+                done += 1
+        except BaseException as error:  # the next task's (and so the run's) error, raised at that task's turn
+            for future in self._results[done:]:
+                future.set_exception(error)
 
     def count(self, bundle, examples: Sequence[Example], classifier: PatternClassifier, **options):
         """classifier.classify.head_class_counts(..., per_example=True) for one of the tasks (the bundle, the
         classifier and the options are this object's): (L, H, 5) counts and (E, 5) per-example counts."""
-        k = self._index(examples)
-        self._start(k)
-        self._start(k + 1)  # the workers go on with the next task while the driver writes this one
-        return self._counts.pop(k).result()
+        if not self._started:
+            self._started = True
+            self._thread.submit(self._classify)
+        return merged_counts(self._results[self._index(examples)].result(), per_example=True)
