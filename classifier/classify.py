@@ -317,8 +317,9 @@ def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, 
     columns: a data file's text_column and label_column (analysis.data.load_data).
     resume (default: when there are several tasks, as with ``--task all``): a task whose run directory
     already holds a current classification (:func:`classification_is_current`) is not classified again,
-    so a killed run continues with the task it was on. On a cluster the workers classify the next task while
-    this process writes the current one's tables and figures (classifier.distributed.TasksAhead)."""
+    so a killed run continues with the task it was on. On a cluster every task's batches go through one queue of
+    the workers, which classify the next tasks while this process writes each task's tables and figures, in task
+    order (classifier.distributed.TasksAhead)."""
     resume = len(tasks) > 1 if resume is None else resume
     runs = []
     for task in tasks:
