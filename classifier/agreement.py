@@ -27,6 +27,7 @@ from analysis.progress import progress_bar
 from analysis.rundir import RunDir
 from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_statistic_interval
 from annotation.dataset import LabeledSet, load_labeled_set
+from classifier.evaluate import confusion_rows_of
 from classifier.figures import write_confusion_figure
 from classifier.predict import PatternClassifier
 
@@ -93,8 +94,7 @@ def score_table(labels: np.ndarray, predicted: np.ndarray, *, level: float = 0.9
 
 def confusion_table(confusion: np.ndarray) -> pd.DataFrame:
     """(K, K) counts (rows: label, columns: predicted) -> true, predicted, count (K * K rows)."""
-    return pd.DataFrame([{"true": CLASSES[t], "predicted": CLASSES[p], "count": int(confusion[t, p])}
-                         for t in range(len(CLASSES)) for p in range(len(CLASSES))])
+    return pd.DataFrame(confusion_rows_of(confusion))
 
 
 def prediction_table(map_ids: list[str], labels: np.ndarray, probabilities: np.ndarray) -> pd.DataFrame:

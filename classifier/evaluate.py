@@ -63,10 +63,14 @@ def score_table(results: dict[str, np.ndarray], labels: np.ndarray, folds: list[
                          "value": scores(predicted[agreed], labels[agreed])["macro_f1"]})
         rows += [{"model": name, "metric": "f1", "class": cls, "value": float(v)}
                  for cls, v in zip(CLASSES, found["per_class_f1"], strict=True)]
-        confusion_rows += [{"model": name, "true": CLASSES[t], "predicted": CLASSES[p],
-                            "count": int(found["confusion"][t, p])}
-                           for t in range(len(CLASSES)) for p in range(len(CLASSES))]
+        confusion_rows += [{"model": name, **row} for row in confusion_rows_of(found["confusion"])]
     return pd.DataFrame(rows), pd.DataFrame(confusion_rows)
+
+
+def confusion_rows_of(confusion: np.ndarray) -> list[dict]:
+    """(K, K) counts (rows: label, columns: predicted) -> K * K rows of true, predicted, count."""
+    return [{"true": CLASSES[t], "predicted": CLASSES[p], "count": int(confusion[t, p])}
+            for t in range(len(CLASSES)) for p in range(len(CLASSES))]
 
 
 def prediction_table(map_ids: Sequence[str], labels: np.ndarray, folds: list[tuple[np.ndarray, np.ndarray]],
