@@ -160,13 +160,17 @@ class Evaluation:
     scores: pd.DataFrame
     confusion: np.ndarray
     overlap: TrainingOverlap
-    absent: list[str]
     files: list[Path]
     n_maps: int
 
     def value(self, metric: str, cls: str = "") -> pd.Series:
         """value, low, high of one row of the scores table."""
         return self.scores[(self.scores.metric == metric) & (self.scores["class"] == cls)].iloc[0]
+
+    @property
+    def absent(self) -> list[str]:
+        """The classes neither labeled nor predicted (their F1 is empty in the scores table)."""
+        return [cls for cls in CLASSES if np.isnan(self.value("f1", cls).value)]
 
 
 def evaluation_run(folder: str | Path, root: str | Path | None = None) -> RunDir:
@@ -210,7 +214,7 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
         entry.update(outputs=[path.name for path in files], n_maps=len(labeled), macro_f1=float(found.macro_f1),
                      accuracy=float(found.accuracy), maps_in_training=overlap.in_training,
                      training_set=overlap.training_set)
-    return Evaluation(scores, confusion, overlap, class_scores(labeled.labels, predicted).absent, files, len(labeled))
+    return Evaluation(scores, confusion, overlap, files, len(labeled))
 
 
 def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
