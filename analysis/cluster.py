@@ -84,11 +84,16 @@ class Worker:
 class WorkerPool:
     """The cluster's workers (Ray actors of :class:`Worker`, ``threads`` CPUs each) holding one loader's state.
 
-    ``listeners``: callables ``(key, result)`` called in the driver after each job's result is merged.
+    ``depth``: jobs handed to each worker at once. With 2 the next job already waits at the worker when one
+    ends, so a worker never idles while the driver (busy writing, or slowed by its own work on a shared core)
+    takes the result and hands out another; the jobs left for the end are the smallest, so the workers still
+    finish together. ``listeners``: callables ``(key, result)`` called in the driver after each job's result is
+    merged.
     """
 
-    def __init__(self, ray, actors: list, loader: Callable[[], Any]):
+    def __init__(self, ray, actors: list, loader: Callable[[], Any], depth: int = 2):
         self._ray, self.actors, self.loader, self.key = ray, actors, loader, loader_key(loader)
+        self.depth = depth
         self.listeners: list[Callable[[Hashable, Any], None]] = []
 
     def pids(self) -> list[int]:
@@ -137,7 +142,7 @@ class WorkerPool:
         source = iter(groups)
         taken: list[list] = []  # per group taken: [results, jobs left, total size, size done]
         queue: deque = deque()  # (group, job), the group's jobs largest first
-        idle = deque(range(len(self.actors)))
+        idle = deque(index for _ in range(self.depth) for index in range(len(self.actors)))  # free job slots
         running: dict = {}  # ObjectRef -> (group, job, worker index)
         failed: list = []  # [group, error] of the first group with an error
         exhausted, yielded, bar = False, 0, None

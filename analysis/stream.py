@@ -7,6 +7,8 @@ Shapes: ``B`` batch, ``L`` layers, ``H`` heads, ``T`` padded length, ``n`` an ex
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import string
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -21,6 +23,24 @@ from analysis.progress import progress_bar
 
 DEFAULT_MAX_LENGTH = 128
 PUNCTUATION = frozenset(string.punctuation)
+# glibc hands blocks above its mmap threshold (at most 32 MiB by default) back to the system when freed, so every
+# batch's maps (up to ~150 MiB per copy for MiniLM at 32 x 128 tokens) came as fresh pages that the kernel had to
+# fault in and zero. Kept in the heap below this size, a batch reuses the previous batch's memory.
+KEPT_FREED_BYTES = 1 << 30
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+@functools.cache
+def reuse_freed_memory() -> bool:
+    """Let this process's allocator keep freed blocks up to :data:`KEPT_FREED_BYTES` for reuse instead of
+    returning them to the system (glibc only; elsewhere nothing changes). True when it took effect. Classifying
+    MiniLM's maps of three tasks takes about 5% less time; the peak memory grows by about as much."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, KEPT_FREED_BYTES) and libc.mallopt(_M_TRIM_THRESHOLD,
+                                                                                          KEPT_FREED_BYTES))
+    except (OSError, AttributeError):
+        return False
 
 
 @dataclass
@@ -213,12 +233,13 @@ def stream_maps(bundle, examples: Sequence[Example], *, max_length: int = DEFAUL
     """
     kind = check_map_kind(map_kind or getattr(bundle, "map_kind", DEFAULT_MAP_KIND))
     encoded = encoded if encoded is not None else encode_examples(bundle.tokenizer, examples, max_length)
+    reuse_freed_memory()
     bar = progress_bar(len(encoded), progress, "maps")
     with torch.inference_mode():
         for batch in iter_batches(bundle, examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
             attentions = forward_maps(bundle.model, batch, bundle.device, kind)
             query_mask = batch.attention_mask.to(attentions.device)[:, None, None, :, None]
-            attentions = (attentions * query_mask).float().cpu()
+            attentions = attentions.mul_(query_mask).float().cpu()  # in place: the maps are this pass's own copy
             yield MapBatch(attentions, batch)
             if bar is not None:
                 bar.update(len(batch.items))

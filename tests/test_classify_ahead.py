@@ -28,8 +28,9 @@ N = 6  # two batches of 4 per task
 
 class StandInRay:
     """The part of Ray that WorkerPool uses, in this process: a job runs when its result is taken (``get``),
-    ``wait`` answers the job handed out first, and each batch job handed out or taken is logged as
-    (event, task, thread name). ``hooks``: task -> function called before each of its batches runs."""
+    ``wait`` answers the job handed out first, and each batch job is logged as (event, task, thread name) when
+    it is handed out, taken and run (handed, taken, result). ``hooks``: task -> function called before each of
+    its batches runs."""
 
     def __init__(self, hooks: dict):
         self.hooks, self.log = hooks, []
@@ -57,6 +58,7 @@ class StandInWorker:
             if self.state is None:
                 self.state = loader()
             if task:
+                self.ray.log.append(("taken", task, threading.current_thread().name))
                 self.ray.hooks.get(task, lambda: None)()
                 self.ray.log.append(("result", task, threading.current_thread().name))
             return function(self.state, *args)
@@ -113,6 +115,14 @@ def test_tasks_classified_ahead_equal_one_process(bundle, cluster, tmp_path):
     assert not ahead_threads()
 
 
+def test_each_worker_holds_a_second_batch_so_it_never_waits_for_the_driver(bundle, cluster, tmp_path):
+    classify_tasks(bundle, TASKS, load_classifier(), n=N, batch_size=4, root=tmp_path, progress=False,
+                   cluster=cluster)
+    events = [event for event, _, _ in cluster.ray.log]
+    assert events[:4] == ["handed"] * 4  # 2 workers x 2 batches before the first one is taken
+    assert events.count("result") == len(TASKS) * 2
+
+
 def test_a_free_worker_starts_the_next_task_before_the_current_one_is_complete(bundle, cluster, tmp_path):
     classify_tasks(bundle, TASKS, load_classifier(), n=N, batch_size=4, root=tmp_path, progress=False,
                    cluster=cluster)
@@ -133,7 +143,9 @@ def test_an_error_on_the_cluster_comes_back_once_the_earlier_tasks_are_written(b
                        cluster=cluster)
     assert classify_record(bundle, tmp_path, "sst2")["n_maps"] == N * 2 * 3
     assert classify_record(bundle, tmp_path, "mrpc") is None and classify_record(bundle, tmp_path, "rte") is None
-    assert ("handed", "rte") not in [(event, task) for event, task, _ in cluster.ray.log]  # nothing after it
+    log = [(event, task) for event, task, _ in cluster.ray.log]
+    failed = log.index(("taken", "mrpc"))  # the first mrpc batch fails
+    assert ("handed", "rte") not in log[failed:]  # nothing handed out once the error is back
     assert not ahead_threads()
 
 

@@ -1,11 +1,13 @@
 """The map stream: batching/padding invariance, exactness against a manual recomputation, word-level maps."""
 import math
+import sys
 
 import numpy as np
 import pytest
 import torch
 from transformers import BertModel
 
+import analysis.stream as stream_module
 from analysis.data import Example
 from analysis.errors import AttnpatError
 from analysis.stream import (
@@ -58,6 +60,12 @@ def test_batched_padded_maps_equal_batch_size_one(bundle):
     for key in single:
         assert batched[key].shape == single[key].shape
         torch.testing.assert_close(batched[key], single[key], atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's allocator settings")
+def test_streaming_lets_the_allocator_keep_freed_batch_memory(bundle):
+    list(stream_maps(bundle, [Example("a", "one two three")], batch_size=1))
+    assert stream_module.reuse_freed_memory() is True  # glibc took both thresholds
 
 
 def test_batches_are_length_sorted_and_cover_every_example(bundle):
