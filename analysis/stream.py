@@ -24,8 +24,8 @@ from analysis.progress import progress_bar
 DEFAULT_MAX_LENGTH = 128
 PUNCTUATION = frozenset(string.punctuation)
 # glibc hands blocks above its mmap threshold (at most 32 MiB by default) back to the system when freed, so every
-# batch's maps (up to ~150 MiB per copy for MiniLM at 32 x 128 tokens) came as fresh pages that the kernel had to
-# fault in and zero. Kept in the heap below this size, a batch reuses the previous batch's memory.
+# batch's maps (up to ~150 MiB per copy for MiniLM at 32 x 128 tokens) would arrive in fresh pages that the kernel
+# faults in and zeroes. Kept in the heap below this size, a batch reuses the previous batch's memory.
 KEPT_FREED_BYTES = 1 << 30
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
@@ -34,7 +34,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 def reuse_freed_memory() -> bool:
     """Let this process's allocator keep freed blocks up to :data:`KEPT_FREED_BYTES` for reuse instead of
     returning them to the system (glibc only; elsewhere nothing changes). True when it took effect. Classifying
-    MiniLM's maps of three tasks takes about 5% less time; the peak memory grows by about as much."""
+    MiniLM's maps of three tasks takes about 5% less time; the peak resident memory grows by about a tenth."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, KEPT_FREED_BYTES) and libc.mallopt(_M_TRIM_THRESHOLD,
