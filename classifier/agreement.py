@@ -56,7 +56,12 @@ class ClassScores:
     @property
     def absent(self) -> list[str]:
         """The classes neither labeled nor predicted (not scored)."""
-        return [name for name, value in zip(CLASSES, self.f1, strict=True) if np.isnan(value)]
+        return unscored_classes(self.f1)
+
+
+def unscored_classes(f1: np.ndarray) -> list[str]:
+    """f1: (K,) per class of CLASSES, NaN where a class was neither labeled nor predicted -> those classes."""
+    return [name for name, value in zip(CLASSES, f1, strict=True) if np.isnan(value)]
 
 
 def class_scores(labels: np.ndarray, predicted: np.ndarray) -> ClassScores:
@@ -170,7 +175,7 @@ class Evaluation:
     @property
     def absent(self) -> list[str]:
         """The classes neither labeled nor predicted (their F1 is empty in the scores table)."""
-        return [cls for cls in CLASSES if np.isnan(self.value("f1", cls).value)]
+        return unscored_classes(np.array([self.value("f1", cls).value for cls in CLASSES], dtype=float))
 
 
 def evaluation_run(folder: str | Path, root: str | Path | None = None) -> RunDir:
