@@ -193,3 +193,24 @@ def test_the_shipped_classifier_on_the_held_out_panel(tmp_path, capsys):
     macro = scores[scores.metric == "macro_f1"].value.iloc[0]
     assert macro == pytest.approx(f1_score(predictions.label, predictions.predicted, average="macro"))
     assert out.startswith(f"macro-F1 {macro:.3f} (95% CI ")
+
+
+def test_the_held_out_sets_share_no_map_with_a_training_set_or_with_each_other():
+    labeled = REPO / "annotation" / "labeled"
+    training = set().union(*(load_labeled_set(labeled / name).map_ids for name in ("v2", "v3", "v4")))
+    held_out = {name: set(load_labeled_set(labeled / name).map_ids)
+                for name in ("panel-1", "panel-2", "panel-3", "boundary-2")}
+    for name, map_ids in held_out.items():
+        assert map_ids and not map_ids & training, name
+    names = list(held_out)
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            assert not held_out[first] & held_out[second], (first, second)
+    for name in ("panel-1", "panel-2", "panel-3"):  # three independent labels per map, the label their majority
+        annotations = pd.read_csv(labeled / name / "annotations.csv")
+        votes = annotations.groupby("map_id").label.agg(lambda labels: labels.value_counts().iloc[0])
+        panel = load_labeled_set(labeled / name)
+        assert (annotations.groupby("map_id").size().reindex(panel.map_ids) == 3).all(), name
+        majority = annotations.groupby("map_id").label.agg(lambda labels: labels.mode().iloc[0])
+        assert (votes.reindex(panel.map_ids) >= 2).all(), name
+        assert [CLASSES[i] for i in panel.labels] == majority.reindex(panel.map_ids).tolist(), name
