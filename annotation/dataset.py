@@ -26,6 +26,7 @@ from analysis.patterns import CLASSES
 from analysis.rundir import atomic_write_text, save_table
 
 LABEL_COLUMNS = ("map_id", "label", "annotator", "labeled_at", "task", "example_id", "layer", "head", "n", "prediction")
+ANNOTATION_COLUMNS = ("map_id", "label", "annotator", "labeled_at")  # annotations.csv: one row per single label
 
 
 @dataclass
@@ -76,7 +77,8 @@ def save_labeled_set(folder: str | Path, rows: list[dict], maps: dict[str, np.nd
 
 
 def load_labeled_set(folder: str | Path) -> LabeledSet:
-    """Read a labeled set; unknown labels, labels without maps and empty classes raise AttnpatError."""
+    """Read a labeled set; unknown labels and labels without maps raise AttnpatError. A class may be absent (a
+    test panel in natural proportions can lack a rare class); training checks its classes itself (check_labels)."""
     folder = Path(folder)
     if not (folder / "labels.csv").is_file() or not (folder / "maps.npz").is_file():
         raise AttnpatError(f"{folder} is not a labeled set (needs labels.csv and maps.npz)")
@@ -94,9 +96,6 @@ def load_labeled_set(folder: str | Path) -> LabeledSet:
     unknown = sorted(set(frame.label) - set(CLASSES))
     if unknown:
         raise AttnpatError(f"{folder.name}: unknown labels {unknown}; the classes are {', '.join(CLASSES)}")
-    empty = [name for name in CLASSES if not (frame.label == name).any()]
-    if empty:
-        raise AttnpatError(f"{folder.name}: no maps labeled {', '.join(empty)}; every class needs examples")
     maps, tokens = {}, {}
     for group in read_maps(folder / "maps.npz"):
         for map_id, attn in zip(group.map_ids, group.attn, strict=True):
@@ -180,7 +179,9 @@ def write_labeled_folder(out: Path, rows: list[dict], maps: dict[str, np.ndarray
     os.chmod(staging, 0o755)  # mkdtemp makes it private; the labeled set is an ordinary folder
     try:
         save_labeled_set(staging, rows, maps, tokens)
-        save_table(pd.DataFrame(annotations), staging / "annotations.csv")
+        # with no annotations the table still gets its header, so that every reader can parse it
+        save_table(pd.DataFrame(annotations, columns=None if annotations else list(ANNOTATION_COLUMNS)),
+                   staging / "annotations.csv")
         atomic_write_text(staging / "pull_report.json", json.dumps(summary, indent=2))
         if out.exists():
             retired = out.with_name(f".{out.name}.old")

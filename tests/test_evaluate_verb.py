@@ -214,3 +214,24 @@ def test_the_held_out_sets_share_no_map_with_a_training_set_or_with_each_other()
         assert (annotators == 3).all() and (counts.sum(axis=1) == 3).all(), name
         assert (counts.max(axis=1) >= 2).all(), name
         assert [CLASSES[label] for label in panel.labels] == counts.idxmax(axis=1).tolist(), name
+
+
+def test_a_panel_without_a_rare_class_is_evaluated_and_merged(tiny, tmp_path, capsys):
+    """Natural proportions can leave a class out of a test panel: loading, merging and scoring still work, and
+    training on such a set is what refuses (it needs every class)."""
+    evaluated, _, checkpoint = tiny
+    full = load_labeled_set(evaluated)
+    keep = [i for i, label in enumerate(full.labels) if CLASSES[label] != "heterogeneous"]
+    rows = [{"map_id": full.map_ids[i], "label": CLASSES[full.labels[i]]} for i in keep]
+    panel = write_labeled_folder(tmp_path / "no-het", rows, {full.map_ids[i]: full.maps[i] for i in keep}, [], {})
+    assert "heterogeneous" not in {CLASSES[label] for label in load_labeled_set(panel).labels}
+    assert main(["annotate", "merge", str(panel), str(evaluated), "--out", str(tmp_path / "merged")]) == 0
+    capsys.readouterr()
+    assert len(load_labeled_set(tmp_path / "merged")) == len(full)  # the shared maps are kept once
+    code, out, err = run_evaluate(capsys, "--data", panel, "--classifier", checkpoint, "--runs-dir", tmp_path / "runs")
+    assert code == 0, err
+    assert out.startswith("macro-F1 ") and f"on {len(keep)} maps of {panel}" in out
+    code = main(["train", "--data", str(panel), "--pool", "0", "--no-baselines", "--runs-dir", str(tmp_path / "t"),
+                 "-q"])
+    err = capsys.readouterr().err
+    assert code == 2 and "heterogeneous (0)" in err
