@@ -64,7 +64,9 @@ def test_batched_padded_maps_equal_batch_size_one(bundle):
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator settings")
 def test_streaming_lets_the_allocator_keep_freed_batch_memory(bundle):
+    stream_module.reuse_freed_memory.cache_clear()
     list(stream_maps(bundle, [Example("a", "one two three")], batch_size=1))
+    assert stream_module.reuse_freed_memory.cache_info().currsize == 1  # the stream itself made the setting
     assert stream_module.reuse_freed_memory() is True  # glibc took both thresholds
 
 
