@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 LS_VENV := .ls-venv
 BIN := $(VENV)/bin
-PIP := $(BIN)/python -m pip install -q --disable-pip-version-check --retries 10 --timeout 60
+PIP := $(BIN)/python -m pip install -q --disable-pip-version-check --retries 10
 # A registry download can be cut off mid-file: pip (upgraded first) resumes a partial wheel, and each install
 # step is tried three times before set-up fails.
 RESUME := --resume-retries 20
@@ -36,8 +36,8 @@ label-studio: $(LS_VENV)/.stamp-ls
 
 $(LS_VENV)/.stamp-ls:
 	test -x $(LS_VENV)/bin/python || $(PYTHON) -m venv $(LS_VENV)
-	$(call try,$(LS_VENV)/bin/python -m pip install -q --disable-pip-version-check --retries 10 --timeout 60 --upgrade pip)
-	$(call try,$(LS_VENV)/bin/python -m pip install -q --disable-pip-version-check --retries 10 --timeout 60 $(RESUME) \
+	$(call try,$(LS_VENV)/bin/python -m pip install -q --disable-pip-version-check --retries 10 --upgrade pip)
+	$(call try,$(LS_VENV)/bin/python -m pip install -q --disable-pip-version-check --retries 10 $(RESUME) \
 	  label-studio==1.23.2)
 	touch $@
 
