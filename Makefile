@@ -3,7 +3,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 LS_VENV := .ls-venv
 BIN := $(VENV)/bin
-PIP := $(BIN)/python -m pip install -q --disable-pip-version-check --retries 10
+PIP_INSTALL := -m pip install -q --disable-pip-version-check --retries 10
+PIP := $(BIN)/python $(PIP_INSTALL)
+LS_PIP := $(LS_VENV)/bin/python $(PIP_INSTALL)
 # A registry download can be cut off mid-file: pip (upgraded first) resumes a partial wheel, and each install
 # step is tried three times before set-up fails.
 RESUME := --resume-retries 20
@@ -36,9 +38,8 @@ label-studio: $(LS_VENV)/.stamp-ls
 
 $(LS_VENV)/.stamp-ls:
 	test -x $(LS_VENV)/bin/python || $(PYTHON) -m venv $(LS_VENV)
-	$(call try,$(LS_VENV)/bin/python -m pip install -q --disable-pip-version-check --retries 10 --upgrade pip)
-	$(call try,$(LS_VENV)/bin/python -m pip install -q --disable-pip-version-check --retries 10 $(RESUME) \
-	  label-studio==1.23.2)
+	$(call try,$(LS_PIP) --upgrade pip)
+	$(call try,$(LS_PIP) $(RESUME) label-studio==1.23.2)
 	touch $@
 
 # Debian chromium for the browser tests (driven by Playwright with executable_path=/usr/bin/chromium).
