@@ -9,6 +9,7 @@ LS_PIP := $(LS_VENV)/bin/python $(PIP_INSTALL)
 # A registry download can be cut off mid-file: pip (upgraded first) resumes a partial wheel, and each install
 # step is tried three times before set-up fails.
 RESUME := --resume-retries 20
+# The extras are named: a literal comma would split the argument of $(call try,...).
 EXTRAS := dev,ray
 try = for attempt in 1 2 3; do $(1) && break; [ $$attempt -lt 3 ] || exit 1; echo "install failed; retrying ($$attempt/3)"; sleep 20; done
 export GRADIO_ANALYTICS_ENABLED := False
