@@ -21,9 +21,9 @@ MAP_KIND_VERBS = ("extract", "classify", "special", "surface")
 # Placeholders of a hint: the run tab's model (run-directory name) and task.
 STANDARD = "--model {model} --task {task}"
 # The labeled set that ships with the repository (the hint for the Classifier tab names it).
-SHIPPED_LABELED_SET = "annotation/labeled/v4"
+SHIPPED_LABELED_SET = "annotation/labeled/v5"
 # The held-out panel's labels, which no checkpoint is trained on (the hint of `attnpat evaluate` names it).
-HELD_OUT_LABELED_SET = "annotation/labeled/panel-1"
+HELD_OUT_LABELED_SET = "annotation/labeled/panel-4"
 
 
 @dataclass(frozen=True)

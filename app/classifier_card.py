@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.artifacts import SHIPPED_LABELED_SET
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from classifier.checkpoint import DEFAULT_CHECKPOINT
@@ -30,7 +31,7 @@ def read_metadata(path: str | Path | None = None) -> dict:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise AttnpatError(f"no classifier metadata at {path}; train one with `attnpat train --data "
-                           "annotation/labeled/v4`") from None
+                           f"{SHIPPED_LABELED_SET}`") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise AttnpatError(f"{path} is not readable classifier metadata ({type(exc).__name__})") from exc
 

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
     app.command("evaluate")(evaluate)
 
 
-def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/v4) or "
+def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/v5) or "
                                    "synthetic[:N]"),
           out: opt.OptionalPath = typer.Option(None, "--out", help="checkpoint .safetensors (default: run "
                                                "dir/classifier.safetensors)"),
@@ -41,7 +41,7 @@ def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g.
                                                 "(default: the labeled maps' model)"),
           pool_weight: float = typer.Option(1.0, "--pool-weight",
                                             help="loss weight of a pool map relative to a labeled map"),
-          pool_rounds: int = typer.Option(2, "--pool-rounds", help="1: the CNN learns the pool from the teacher; 2: "
+          pool_rounds: int = typer.Option(1, "--pool-rounds", help="1: the CNN learns the pool from the teacher; 2: "
                                           "a second CNN learns it from the teacher and the first CNN"),
           class_weight_power: float = typer.Option(0.5, "--class-weight-power", help="loss weight of a class = "
                                                    "(inverse frequency) ** this (0 = none, 1 = fully balanced)"),
@@ -119,7 +119,7 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
     typer.echo(f"tables and figures: {last.path} (per-task comparison: {RunDir(bundle.slug, 'all', runs_dir).path})")
 
 
-def evaluate(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/panel-1)"),
+def evaluate(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/panel-4)"),
              classifier: opt.OptionalPath = typer.Option(None, "--classifier",
                                                          help="checkpoint (default: the shipped one)"),
              runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:

@@ -65,6 +65,9 @@ def load_checkpoint(path: str | Path | None = None) -> tuple[PatternCNN, dict]:
     _check_metadata(path, metadata)
     try:
         model = PatternCNN(channels=metadata["channels"], strides=metadata["strides"])
+        for name, tensor in model.profile_logits.state_dict().items():
+            # checkpoints from before the linear profile path: a zero path is exactly the network they were
+            state.setdefault(f"profile_logits.{name}", torch.zeros_like(tensor))
         model.load_state_dict(state, strict=True)
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise AttnpatError(f"{path} does not fit the 8-layer pattern CNN ({_first_line(exc)})") from exc

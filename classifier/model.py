@@ -151,7 +151,8 @@ def prepare_maps(maps: Sequence[np.ndarray | torch.Tensor] | torch.Tensor, size:
 
 class PatternCNN(nn.Module):
     """Eight 3x3 convolutions (BatchNorm + ReLU each) over the three image channels, global average and max
-    pooling, then a small MLP over the pooled features and the map's profile scalars (channel 3).
+    pooling, then a small MLP over the pooled features and the map's profile scalars (channel 3), plus a linear
+    path from the encoded scalars to the logits.
 
     The profile scalars enter piecewise-linearly encoded (Gorishniy et al. 2022): each scalar becomes
     PROFILE_BINS numbers, how far it has climbed through each of its bins, with bin edges at the quantiles
@@ -179,6 +180,9 @@ class PatternCNN(nn.Module):
         self.register_buffer("profile_edges", torch.linspace(0, 1, PROFILE_BINS + 1).repeat(PROFILE_FEATURES, 1))
         self.head = nn.Sequential(nn.Linear(2 * previous + PROFILE_FEATURES * PROFILE_BINS, 64),
                                   nn.ReLU(inplace=True), nn.Dropout(dropout), nn.Linear(64, num_classes))
+        # A linear path from the encoded profile straight to the logits (wide-and-deep): a guideline threshold on
+        # a cue is one weight here, without passing the hidden layer. Zero weights give the network without it.
+        self.profile_logits = nn.Linear(PROFILE_FEATURES * PROFILE_BINS, num_classes)
 
     @torch.no_grad()
     def fit_profile_edges(self, images: torch.Tensor) -> None:
@@ -205,7 +209,8 @@ class PatternCNN(nn.Module):
         IMAGE_CHANNELS needs no copy before the first convolution, and the scalars stay float32 in bf16."""
         features = self.features(pictures)
         pooled = self.pooled_norm(torch.cat([features.mean(dim=(2, 3)), features.amax(dim=(2, 3))], dim=1))
-        return self.head(torch.cat([self.dropout(pooled), self.encode_profile(profile).to(pooled.dtype)], dim=1))
+        encoded = self.encode_profile(profile).to(pooled.dtype)
+        return self.head(torch.cat([self.dropout(pooled), encoded], dim=1)) + self.profile_logits(encoded)
 
 
 def inference_copy(model: PatternCNN) -> PatternCNN:

@@ -110,7 +110,7 @@ def test_run_tabs_render_what_exists(page, app_url, tab):
     assert re.search(r"(Kovaleva|Clark|Michel) et al\. 2019", intro), intro  # says which paper it reproduces
     if tab == "Classifier":  # no training run in the test's runs: the shipped checkpoint's record fills the tab
         message = status_text(page, f"{key}-message", "shipped classifier")
-        assert "error" not in message and "attnpat train --data annotation/labeled/v4" in message
+        assert "error" not in message and "attnpat train --data annotation/labeled/v5" in message
         assert "%" in page.locator("#classifier-card-scores").inner_text()  # fractions read as percentages
         page.locator("#classifier-card-confusion").filter(has_text="heterogeneous").wait_for()
         assert "macro_f1" not in page.locator("#classifier-card-summary").inner_text()

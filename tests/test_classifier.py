@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,9 +11,11 @@ from safetensors.torch import save_file
 from torchvision.transforms.v2 import functional as TF
 
 import classifier.predict as predict
+from analysis.artifacts import SHIPPED_LABELED_SET
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from analysis.stats import PROFILE_NAMES, map_profile_batch_last
+from annotation.dataset import load_labeled_set
 from classifier.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint
 from classifier.evaluate import score_table, wide_summary
 from classifier.model import (
@@ -35,6 +38,8 @@ from classifier.train import TrainConfig, check_labels, class_weights, fit, pred
 
 METADATA = {"input_size": INPUT_SIZE, "channels": list(CHANNELS), "strides": list(STRIDES),
             "trained_on": "random weights (test)"}
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
@@ -188,6 +193,26 @@ def test_checkpoint_round_trip(random_checkpoint):
     assert loaded.predict(maps) == [CLASSES[i] for i in expected.argmax(1)]
 
 
+def test_a_checkpoint_without_the_linear_profile_path_loads_as_the_network_without_it(tmp_path):
+    """Checkpoints saved before PatternCNN.profile_logits existed hold no such weights; they load with a zero path,
+    which is exactly the network they were trained as."""
+    maps = [synthetic_map(kind, n, np.random.default_rng(n)) for kind, n in zip(CLASSES, (6, 20, 33, 64, 90))]
+    torch.manual_seed(1)
+    model = PatternCNN().eval()
+    older = tmp_path / "older.safetensors"
+    save_checkpoint(model, older, METADATA)
+    state = {name: tensor for name, tensor in model.state_dict().items() if not name.startswith("profile_logits.")}
+    header = json.dumps({"format": "attnpat-pattern-cnn/1", "classes": list(CLASSES), **METADATA})
+    save_file(state, str(older), metadata={"attnpat": header})
+    with torch.inference_mode():
+        model.profile_logits.weight.zero_()
+        model.profile_logits.bias.zero_()
+        expected = torch.softmax(model(prepare_maps(maps)), 1).numpy()
+    loaded = load_classifier(older, bf16=False)
+    assert not loaded.model.profile_logits.weight.any()
+    assert np.allclose(loaded.predict_proba(maps), expected, atol=1e-6)
+
+
 def test_predict_accepts_a_tensor_batch_and_lists(random_checkpoint):
     classifier = load_classifier(random_checkpoint)
     batch = torch.softmax(torch.randn(3, 12, 12), -1)
@@ -225,6 +250,9 @@ def test_shipped_default_checkpoint_loads_and_says_what_it_was_trained_on():
     assert DEFAULT_CHECKPOINT.is_file() and DEFAULT_CHECKPOINT.stat().st_size < 5_000_000
     assert classifier.metadata["cross_validation"]["macro_f1"] > 0.5
     assert classifier.trained_on and classifier.metadata["data_hash"]
+    # the checkpoint is the one trained on the labeled set the repository ships and names everywhere
+    assert classifier.trained_on == f"labeled set {SHIPPED_LABELED_SET}"
+    assert classifier.metadata["data_hash"] == load_labeled_set(REPO / SHIPPED_LABELED_SET).data_hash
     maps = [synthetic_map("diagonal", 25, np.random.default_rng(0)),
             synthetic_map("vertical", 25, np.random.default_rng(0))]
     assert classifier.predict(maps) == ["diagonal", "vertical"]

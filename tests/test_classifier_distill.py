@@ -99,8 +99,8 @@ def test_training_run_records_the_pool(tmp_path):
     data = TrainingData(maps, labels, maps_digest(maps, labels=labels), "tiny", "synthetic test maps", map_ids=map_ids,
                         agreement=agreement)
     out = tmp_path / "cnn.safetensors"
-    train_pattern_cnn(data, out, RunDir("classifier", "tiny", tmp_path), TrainConfig(max_epochs=1, folds=2),
-                     baselines=False, progress=False, pool=pool)
+    train_pattern_cnn(data, out, RunDir("classifier", "tiny", tmp_path),
+                      TrainConfig(max_epochs=1, folds=2, pool_rounds=2), baselines=False, progress=False, pool=pool)
     recorded = load_classifier(out).metadata["unlabeled_pool"]
     assert recorded["model"] == "tiny" and recorded["pool_hash"] == pool.pool_hash and len(pool.pool_hash) == 64
     assert recorded["weight"] == 1.0 and recorded["rounds"] == 2

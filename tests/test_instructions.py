@@ -31,6 +31,19 @@ def test_gallery_covers_every_class_three_times_and_every_boundary_twice():
     assert all(section.count("| ![") >= 2 for section in sections)
 
 
+def test_every_gallery_row_keeps_its_whole_cue_line_in_the_instructions():
+    """A bare '|' inside a cue would end the table cell there, and Label Studio would show a cut cue line."""
+    html = instructions_html(image_url=lambda name: name)
+    rows = re.findall(r"<tr>(.*?)</tr>", html, flags=re.S)
+    gallery_rows = [row for row in rows if "<img" in row]
+    assert len(gallery_rows) == GALLERY.read_text().count("| ![")
+    for row in gallery_rows:
+        cells = re.findall(r"<td>(.*?)</td>", row, flags=re.S)
+        assert len(cells) == 4, row
+        assert re.search(r"Cues: n \d+ \| top column [\d.]+ .* on \d+% of rows \| band [\d.]+ \| broadness [\d.]+ "
+                         r"\| excess over uniform [\d.]+$", cells[3]), cells[3]
+
+
 def test_a_missing_gallery_image_is_a_one_line_error(tmp_path):
     gallery = tmp_path / "README.md"
     gallery.write_text("| ![x](missing.png) |\n")

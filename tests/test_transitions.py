@@ -37,8 +37,11 @@ def tuned(tmp_path_factory):
 def classifier(tmp_path_factory):
     torch.manual_seed(1)
     metadata = {"input_size": INPUT_SIZE, "channels": list(CHANNELS), "strides": list(STRIDES), "trained_on": "test"}
-    return load_classifier(save_checkpoint(PatternCNN().eval(), tmp_path_factory.mktemp("ckpt") / "cnn.safetensors",
-                                           metadata))
+    model = PatternCNN().eval()
+    with torch.no_grad():  # a random linear profile path would put every map in one class; without it they spread
+        model.profile_logits.weight.zero_()
+        model.profile_logits.bias.zero_()
+    return load_classifier(save_checkpoint(model, tmp_path_factory.mktemp("ckpt") / "cnn.safetensors", metadata))
 
 
 @pytest.fixture(scope="module")

@@ -288,7 +288,7 @@ def test_run_tab_endpoints(client, server, runs_dir):
     assert Path(svg).read_text().lstrip().startswith("<?xml")
 
     message, artifacts = run_tab(client, "/classifier", "classifier", "v1")  # the shipped record stands in
-    assert message.startswith("**note:** ") and "attnpat train --data annotation/labeled/v4" in message
+    assert message.startswith("**note:** ") and "attnpat train --data annotation/labeled/v5" in message
 
     message, artifacts = run_tab(client, "/fine_tuning", model, "sst2")
     assert is_error(message) and f"no fine-tuning run for {model}/sst2" in message

@@ -32,9 +32,9 @@ def test_every_hint_is_a_command_the_cli_accepts():
 
 
 def test_hints_name_the_shipped_labeled_set_and_fill_model_and_task():
-    assert hints(["cv_scores", "cv_confusion"], "classifier", "v1") == ["attnpat train --data annotation/labeled/v4"]
-    assert hints(["cv_scores"], None, None) == ["attnpat train --data annotation/labeled/v4"]  # no run picked yet
-    assert Path(__file__).resolve().parent.parent.joinpath("annotation/labeled/v4/labels.csv").is_file()
+    assert hints(["cv_scores", "cv_confusion"], "classifier", "v1") == ["attnpat train --data annotation/labeled/v5"]
+    assert hints(["cv_scores"], None, None) == ["attnpat train --data annotation/labeled/v5"]  # no run picked yet
+    assert Path(__file__).resolve().parent.parent.joinpath("annotation/labeled/v5/labels.csv").is_file()
     assert hints(["special_tokens", "linguistic", "cosine"], "m", "rte") == [
         "attnpat special --model m --task rte", "attnpat compare --base minilm --finetuned m --task rte"]
 

@@ -70,7 +70,7 @@ def test_classifier_card_shows_the_shipped_checkpoints_record():
 def test_classifier_card_without_scores_and_a_missing_file(tmp_path):
     card = classifier_card({"trained_on": "synthetic maps"})
     assert "synthetic maps" in card.summary and card.scores is None and card.confusion is None
-    with pytest.raises(Exception, match="attnpat train --data annotation/labeled/v4"):
+    with pytest.raises(Exception, match="attnpat train --data annotation/labeled/v5"):
         read_metadata(tmp_path / "missing.json")
 
 
