@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from analysis.artifacts import HELD_OUT_LABELED_SET, SHIPPED_LABELED_SET
 from analysis.cluster import maybe_ray
 from analysis.errors import AttnpatError
 from analysis.mapkinds import KIND_NOTES
@@ -24,7 +25,7 @@ def register(app: typer.Typer) -> None:
     app.command("evaluate")(evaluate)
 
 
-def train(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/v5) or "
+def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g. {SHIPPED_LABELED_SET}) or "
                                    "synthetic[:N]"),
           out: opt.OptionalPath = typer.Option(None, "--out", help="checkpoint .safetensors (default: run "
                                                "dir/classifier.safetensors)"),
@@ -119,7 +120,7 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
     typer.echo(f"tables and figures: {last.path} (per-task comparison: {RunDir(bundle.slug, 'all', runs_dir).path})")
 
 
-def evaluate(data: str = typer.Option(..., "--data", help="labeled-set folder (e.g. annotation/labeled/panel-4)"),
+def evaluate(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g. {HELD_OUT_LABELED_SET})"),
              classifier: opt.OptionalPath = typer.Option(None, "--classifier",
                                                          help="checkpoint (default: the shipped one)"),
              runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:

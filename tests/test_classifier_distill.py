@@ -1,6 +1,8 @@
 """The teacher-labeled pool: what the teacher sees, that the CNN learns from the pool, and how the pool is drawn."""
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,6 +14,7 @@ from analysis.mapstore import maps_digest
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir
 from app.cli import main
+from app.cli_classify import train as train_verb
 from classifier.distill import UnlabeledPool, draw_pool, model_of, teacher_probabilities
 from classifier.model import prepare_maps
 from classifier.predict import load_classifier
@@ -139,3 +142,13 @@ def test_cli_rejects_a_negative_pool(tmp_path, capsys):
     assert main(["train", "--data", "synthetic:4", "--pool-rounds", "0", "--runs-dir", str(tmp_path), "-q"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and all("--pool-rounds" in line for line in errors)
+
+
+def test_train_verb_defaults_are_the_training_configs_defaults():
+    """The CLI keeps its own copy of the defaults (it imports the classifier lazily): a change must reach both."""
+    options = {name: parameter.default.default for name, parameter in inspect.signature(train_verb).parameters.items()}
+    config = TrainConfig()
+    for verb_name, config_name in (("epochs", "max_epochs"), ("folds", "folds"), ("seed", "seed"),
+                                   ("pool_weight", "pool_weight"), ("pool_rounds", "pool_rounds"),
+                                   ("class_weight_power", "class_weight_power")):
+        assert options[verb_name] == getattr(config, config_name), verb_name
