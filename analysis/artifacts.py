@@ -164,6 +164,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("cv_confusion", "train", "model, true, predicted, count", "Classifier", figure=True, hint=_TRAIN),
     Artifact("cv_predictions", "train", "map_id, fold, label, [annotators_agreed], <model>... (out-of-fold "
              "predicted class), p_<class> (the CNN's)", "Classifier", hint=_TRAIN),
+    Artifact("cv_vs_baselines", "train", "model, reference_macro_f1 (the CNN's), model_macro_f1, difference, ci_low, "
+             "ci_high (95% paired bootstrap over maps), verdict (above|below|level)", "Classifier", hint=_TRAIN),
     # Files that no tab shows
     # The classifier against a labeled set, in runs/classifier/<labeled set>/ (`attnpat evaluate`)
     Artifact("evaluation_scores", "evaluate", "metric (macro_f1|accuracy|precision|recall|f1|support), class, value, "

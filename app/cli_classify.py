@@ -46,19 +46,24 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
                                           "a second CNN learns it from the teacher and the first CNN"),
           class_weight_power: float = typer.Option(0.5, "--class-weight-power", help="loss weight of a class = "
                                                    "(inverse frequency) ** this (0 = none, 1 = fully balanced)"),
+          image_dropout: float = typer.Option(0.5, "--image-dropout", help="share of training maps the CNN "
+                                              "classifies from the profile scalars alone (0 = none; below 1)"),
           runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Train the 8-layer CNN on a labeled set: k-fold CV scores vs baselines, then a checkpoint."""
+    from classifier.evaluate import comparison_lines  # noqa: PLC0415
     from classifier.train import TrainConfig  # noqa: PLC0415
     from classifier.training_run import load_training_data, train_pattern_cnn  # noqa: PLC0415
 
     if pool < 0 or pool_weight < 0 or pool_rounds < 1 or class_weight_power < 0:
         raise AttnpatError(f"--pool, --pool-weight and --class-weight-power must be 0 or more and --pool-rounds at "
                            f"least 1 (got {pool}, {pool_weight}, {class_weight_power}, {pool_rounds})")
+    if not 0 <= image_dropout < 1:
+        raise AttnpatError(f"--image-dropout must be at least 0 and below 1 (got {image_dropout})")
     training = load_training_data(data, seed)
     run = RunDir("classifier", training.name, runs_dir)
     out = out or run.file("classifier.safetensors")
     config = TrainConfig(max_epochs=epochs, folds=folds, seed=seed, pool_weight=pool_weight, pool_rounds=pool_rounds,
-                         class_weight_power=class_weight_power,
+                         class_weight_power=class_weight_power, image_dropout=image_dropout,
                          synthetic_per_class=0 if training.synthetic else synthetic_mix)
     unlabeled = None
     if pool and not training.synthetic:
@@ -66,11 +71,14 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
 
         unlabeled = draw_pool(pool_model or model_of(training.map_ids), pool, exclude=training.map_ids,
                               progress=not quiet)
-    summary = train_pattern_cnn(training, out, run, config, baselines=baselines, progress=not quiet, pool=unlabeled)
+    report = train_pattern_cnn(training, out, run, config, baselines=baselines, progress=not quiet, pool=unlabeled)
     typer.echo(f"{len(training.labels)} maps from {training.source}; {folds}-fold cross-validation "
                "(out-of-fold scores):")
-    typer.echo(summary.to_string(float_format=lambda v: f"{v:.3f}"))
-    typer.echo(f"tables: {run.file('cv_scores.csv')}, {run.file('cv_confusion.csv')}, {run.file('cv_predictions.csv')}")
+    typer.echo(report.summary.to_string(float_format=lambda v: f"{v:.3f}"))
+    for line in comparison_lines(report.comparison):
+        typer.echo(line)
+    tables = ["cv_scores.csv", "cv_confusion.csv", "cv_predictions.csv", "cv_vs_baselines.csv"]
+    typer.echo("tables: " + ", ".join(str(run.file(name)) for name in tables))
     typer.echo(f"checkpoint: {out} (+ {Path(out).with_suffix('.json').name})")
 
 

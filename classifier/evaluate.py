@@ -20,9 +20,11 @@ from sklearn.preprocessing import StandardScaler
 
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
+from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_difference_interval
 from annotation import preannotate
 from classifier.distill import boosting_classifier, teacher_probabilities
 from classifier.model import prepare_maps
+from classifier.train import macro_f1
 
 
 def scores(predicted: np.ndarray, labels: np.ndarray) -> dict:
@@ -30,7 +32,7 @@ def scores(predicted: np.ndarray, labels: np.ndarray) -> dict:
     predicted."""
     classes = list(range(len(CLASSES)))
     return {
-        "macro_f1": float(f1_score(labels, predicted, labels=classes, average="macro", zero_division=0)),
+        "macro_f1": macro_f1(predicted, labels),
         "accuracy": float(accuracy_score(labels, predicted)),
         "per_class_f1": f1_score(labels, predicted, labels=classes, average=None, zero_division=0).astype(float),
         "confusion": confusion_matrix(labels, predicted, labels=classes),
@@ -65,6 +67,45 @@ def score_table(results: dict[str, np.ndarray], labels: np.ndarray, folds: list[
                  for cls, v in zip(CLASSES, found["per_class_f1"], strict=True)]
         confusion_rows += [{"model": name, **row} for row in confusion_rows_of(found["confusion"])]
     return pd.DataFrame(rows), pd.DataFrame(confusion_rows)
+
+
+def baseline_comparison(results: dict[str, np.ndarray], labels: np.ndarray, reference: str = "cnn", *,
+                        level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> pd.DataFrame:
+    """Is the reference model above each other model? Its macro-F1 minus theirs, with a paired bootstrap interval.
+
+    results: {model name: (N,) out-of-fold predictions}, holding ``reference``; labels: (N,). One row per other
+    model: model, reference_macro_f1, model_macro_f1, difference (reference minus model), ci_low, ci_high (paired
+    percentile bootstrap over the maps: every draw resamples the maps once for all models) and verdict: 'above'
+    or 'below' when the interval excludes 0, else 'level'. The predictions are held fixed, so the interval covers
+    which maps were labeled, not the spread between training runs.
+    """
+    if reference not in results:
+        raise AttnpatError(f"no predictions of {reference!r} to compare (models: {', '.join(results)})")
+    others = [name for name in results if name != reference]
+    columns = ["model", "reference_macro_f1", "model_macro_f1", "difference", "ci_low", "ci_high", "verdict"]
+    if not others:
+        return pd.DataFrame(columns=columns)
+    labels = np.asarray(labels)
+    ours = np.asarray(results[reference])
+    # bootstrap_difference_interval bounds (model - reference); the table reports (reference - model)
+    theirs = np.stack([np.asarray(results[name]) for name in others], 1)  # (N, models)
+    bounds = -bootstrap_difference_interval(macro_f1, ours, theirs, labels, level=level, n_boot=n_boot,
+                                            seed=seed)[:, ::-1]
+    reference_f1 = macro_f1(ours, labels)
+    rows = []
+    for name, (low, high) in zip(others, bounds, strict=True):
+        model_f1 = macro_f1(np.asarray(results[name]), labels)
+        verdict = "above" if low > 0 else "below" if high < 0 else "level"
+        rows.append({"model": name, "reference_macro_f1": reference_f1, "model_macro_f1": model_f1,
+                     "difference": reference_f1 - model_f1, "ci_low": float(low), "ci_high": float(high),
+                     "verdict": verdict})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def comparison_lines(comparison: pd.DataFrame, reference: str = "CNN", level: float = 0.95) -> list[str]:
+    """One printable line per row of :func:`baseline_comparison` (``level``: the one it was computed at)."""
+    return [f"{reference} vs {row.model}: {row.difference:+.3f} macro-F1 ({level:.0%} paired bootstrap "
+            f"{row.ci_low:+.3f} to {row.ci_high:+.3f}): {row.verdict}" for row in comparison.itertuples()]
 
 
 def confusion_rows_of(confusion: np.ndarray) -> list[dict]:

@@ -4,6 +4,9 @@ Outputs in the run directory runs/classifier/<data name>/:
   cv_scores.csv    model, metric (macro_f1|macro_f1_fold_std|accuracy|f1|macro_f1_agreed), class, value
   cv_confusion.csv model, true, predicted, count   (+ cv_confusion.png/svg for the CNN)
   cv_predictions.csv  map_id, fold, label, [annotators_agreed], <model>... (out-of-fold class), p_<class> (CNN)
+  cv_vs_baselines.csv model, reference_macro_f1 (the CNN's), model_macro_f1, difference, ci_low, ci_high, verdict
+                   (classifier.evaluate.baseline_comparison: is the CNN above each baseline, with a paired interval;
+                   no rows without baselines)
 macro_f1_agreed and annotators_agreed come with labeled sets that keep every annotation (annotations.csv).
 """
 from __future__ import annotations
@@ -13,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from analysis.errors import AttnpatError
 from analysis.mapstore import maps_digest
@@ -21,7 +25,14 @@ from analysis.rundir import RunDir
 from annotation.dataset import annotator_agreement, load_labeled_set
 from classifier.checkpoint import save_checkpoint
 from classifier.distill import UnlabeledPool
-from classifier.evaluate import baseline_predictions, prediction_table, score_table, scores, wide_summary
+from classifier.evaluate import (
+    baseline_comparison,
+    baseline_predictions,
+    prediction_table,
+    score_table,
+    scores,
+    wide_summary,
+)
 from classifier.figures import write_confusion_figure
 from classifier.synthetic import synthetic_dataset
 from classifier.train import (
@@ -67,12 +78,21 @@ def load_training_data(source: str, seed: int = 0) -> TrainingData:
                         map_ids=list(labeled.map_ids), agreement=annotator_agreement(labeled))
 
 
+@dataclass
+class TrainingReport:
+    """summary: one row per model (classifier.evaluate.wide_summary); comparison: the CNN against each baseline
+    (classifier.evaluate.baseline_comparison; empty without baselines)."""
+
+    summary: pd.DataFrame
+    comparison: pd.DataFrame
+
+
 def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: TrainConfig | None = None, *,
                      baselines: bool = True, progress: bool = True, pool: UnlabeledPool | None = None):
     """Cross-validate the CNN (and baselines) on the same folds, write the tables, train and save the final model.
 
     pool: unlabeled maps a teacher labels for the CNN (classifier.distill); the baselines never see it.
-    Returns the printable summary frame (one row per model).
+    Returns the printable summary and the comparison with the baselines (TrainingReport).
     """
     config = config or TrainConfig()
     labels = check_labels(data.labels, config.folds)
@@ -89,6 +109,8 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
         score_frame, confusion_frame = score_table(predictions, labels, folds, agreed)
         run.write_table("cv_scores", score_frame)
         run.write_table("cv_confusion", confusion_frame)
+        comparison = baseline_comparison(predictions, labels, "cnn", seed=config.seed)  # no rows without baselines
+        run.write_table("cv_vs_baselines", comparison)
         map_ids = data.map_ids or [f"{data.name}:{i}" for i in range(len(labels))]
         run.write_table("cv_predictions", prediction_table(map_ids, labels, folds, predictions, cnn_probabilities,
                                                            data.agreement))
@@ -109,6 +131,8 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
                 "confusion": cnn["confusion"].tolist(),
                 "baselines_macro_f1": {name: scores(pred, labels)["macro_f1"] for name, pred in predictions.items()
                                        if name != "cnn"},
+                "vs_baselines": {row.model: {"difference": row.difference, "ci_low": row.ci_low, "ci_high": row.ci_high,
+                                             "verdict": row.verdict} for row in comparison.itertuples()},
             },
             "final_fit": {"epochs": final.epochs, "best_epoch": final.best_epoch,
                           "validation_macro_f1": final.validation_f1},
@@ -123,6 +147,7 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
                                 "synthetic task only; retrain on a labeled set with: "
                                 "attnpat train --data <labeled set>")
         path = save_checkpoint(final.model, out, metadata)
-        entry.update(outputs=["cv_scores.csv", "cv_confusion.csv", "cv_confusion.png", "cv_predictions.csv", str(path)],
+        entry.update(outputs=["cv_scores.csv", "cv_confusion.csv", "cv_confusion.png", "cv_predictions.csv",
+                              "cv_vs_baselines.csv", str(path)],
                      cnn_macro_f1=cnn["macro_f1"])
-    return wide_summary(score_frame)
+    return TrainingReport(wide_summary(score_frame), comparison)

@@ -17,9 +17,10 @@ from analysis.patterns import CLASSES
 from analysis.stats import PROFILE_NAMES, map_profile_batch_last
 from annotation.dataset import load_labeled_set
 from classifier.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint
-from classifier.evaluate import score_table, wide_summary
+from classifier.evaluate import baseline_comparison, comparison_lines, score_table, wide_summary
 from classifier.model import (
     CHANNELS,
+    IMAGE_CHANNELS,
     INPUT_CHANNELS,
     INPUT_SIZE,
     PROFILE_BINS,
@@ -30,6 +31,7 @@ from classifier.model import (
     map_profile,
     prepare_maps,
     resize_maps,
+    target_aware_edges,
     write_inputs,
 )
 from classifier.predict import load_classifier
@@ -152,6 +154,55 @@ def test_scores_on_the_maps_annotators_agreed_on():
     assert value["macro_f1_agreed"] == 1.0 and value["macro_f1"] < 0.9
     assert wide_summary(frame).loc["model", "macro_f1_agreed"] == 1.0
     assert "macro_f1_agreed" not in set(score_table({"model": predicted}, labels, folds)[0].metric)
+
+
+def test_image_dropout_hides_the_image_from_a_share_of_training_maps_only():
+    maps, _ = synthetic_dataset(4, np.random.default_rng(0), lengths=(6, 12))
+    images = prepare_maps(maps)
+    blank = images.clone()
+    blank[:, :IMAGE_CHANNELS] = torch.rand(blank[:, :IMAGE_CHANNELS].shape)  # other pictures, the same profile
+    torch.manual_seed(0)
+    model = PatternCNN(image_dropout=0.999999)
+    half = PatternCNN(image_dropout=0.5)
+    for layer in [*model.modules(), *half.modules()]:  # compare passes without the ordinary dropouts' randomness
+        if isinstance(layer, torch.nn.Dropout):
+            layer.p = 0.0
+    model.train()
+    with torch.no_grad():
+        assert torch.allclose(model(images), model(blank))  # training: nearly every map sees its profile only
+        model.eval()
+        assert not torch.allclose(model(images), model(blank))  # evaluation: the pictures always count
+    half.train()
+    with torch.no_grad():
+        torch.manual_seed(1)
+        first = half(images)
+        torch.manual_seed(1)  # the same maps dropped in both passes
+        changed = (first != half(blank)).any(1).float().mean()
+    assert 0.2 < changed < 0.8  # about half the maps kept their pictures
+    with pytest.raises(ValueError, match="image_dropout"):
+        PatternCNN(image_dropout=1.0)
+
+
+def test_baseline_comparison_says_above_below_or_level_with_a_paired_interval():
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(5), 60)
+    def with_errors(rate):  # a model that gets a chosen share of the maps wrong (always the next class)
+        wrong = rng.random(len(labels)) < rate
+        return np.where(wrong, (labels + 1) % 5, labels)
+    cnn = with_errors(0.10)
+    twin = cnn.copy()
+    twin[[0, 150]] = (labels[[0, 150]] + 1) % 5  # two maps apart from the CNN: within any interval of 300 maps
+    results = {"weak": with_errors(0.40), "cnn": cnn, "strong": with_errors(0.0), "twin": twin}
+    table = baseline_comparison(results, labels, "cnn", n_boot=300).set_index("model")
+    assert list(table.index) == ["weak", "strong", "twin"]
+    assert table.verdict.to_dict() == {"weak": "above", "strong": "below", "twin": "level"}
+    assert (table.ci_low <= table.difference).all() and (table.difference <= table.ci_high).all()
+    assert table.loc["strong", "model_macro_f1"] == 1.0
+    assert table.difference.to_numpy() == pytest.approx(table.reference_macro_f1 - table.model_macro_f1)
+    assert "CNN vs weak: +" in comparison_lines(table.reset_index())[0]
+    assert baseline_comparison({"cnn": cnn}, labels).empty
+    with pytest.raises(AttnpatError, match="no predictions of 'cnn'"):
+        baseline_comparison({"weak": cnn}, labels)
 
 
 def test_class_weights_favour_rare_classes():
@@ -373,6 +424,27 @@ def test_bfloat16_inference_agrees_with_float32(random_checkpoint, monkeypatch):
     assert load_classifier(random_checkpoint).bf16 is False
     monkeypatch.setattr(predict, "bf16_supported", lambda: True)
     assert load_classifier(random_checkpoint).bf16 is True
+
+
+def test_target_aware_edges_put_a_bin_edge_where_the_labels_change():
+    rng = np.random.default_rng(0)
+    values = np.column_stack([rng.random(400), rng.random(400), np.full(400, 0.3)])  # label cue, noise, constant
+    labels = (values[:, 0] >= 0.37).astype(np.int64) + 2 * (values[:, 0] >= 0.81)
+    edges = target_aware_edges(values, labels, bins=8)
+    assert edges.shape == (3, 9) and (np.diff(edges, axis=1) >= 0).all()
+    assert edges[0, 0] == values[:, 0].min() and edges[0, -1] == values[:, 0].max()
+    for cutoff in (0.37, 0.81):  # an edge between the last value below the cutoff and the first above it
+        below, above = values[values[:, 0] < cutoff, 0].max(), values[values[:, 0] >= cutoff, 0].min()
+        assert ((edges[0] > below) & (edges[0] < above)).any(), cutoff
+    quantile_edges = np.quantile(values[:, 0], np.linspace(0, 1, 9))
+    assert not all(((quantile_edges > values[values[:, 0] < c, 0].max()) &
+                    (quantile_edges < values[values[:, 0] >= c, 0].min())).any() for c in (0.37, 0.81))
+    assert (edges[2] == 0.3).all()  # a constant scalar: every edge at its one value
+    model = PatternCNN()
+    images = prepare_maps([synthetic_map(kind, n, np.random.default_rng(n)) for kind in CLASSES for n in (6, 20, 50)])
+    model.fit_profile_edges(images, np.repeat(np.arange(len(CLASSES)), 3))
+    assert model.profile_edges.shape == (PROFILE_FEATURES, PROFILE_BINS + 1)
+    assert (model.profile_edges.diff(dim=1) >= 0).all()
 
 
 def test_profile_scalars_are_encoded_piecewise_linearly_with_fitted_edges(tmp_path):

@@ -186,7 +186,15 @@ def test_train_verb_writes_scores_and_checkpoint(tmp_path, capsys):
     assert set(classifier.metadata["cross_validation"]["baselines_macro_f1"]) == {"rules", "logreg", "boosting",
                                                                                   "boosting_profile"}
     assert "SYNTHETIC" in classifier.metadata["note"]
-    assert "cnn" in capsys.readouterr().out
+    versus = pd.read_csv(tmp_path / "classifier" / "synthetic-6" / "cv_vs_baselines.csv").set_index("model")
+    assert set(versus.index) == {"rules", "logreg", "boosting", "boosting_profile"}
+    f1 = scores.query("metric == 'macro_f1'").set_index("model").value
+    assert np.allclose(versus.difference, f1["cnn"] - f1[versus.index].to_numpy())
+    assert (versus.ci_low <= versus.difference).all() and (versus.difference <= versus.ci_high).all()
+    recorded = classifier.metadata["cross_validation"]["vs_baselines"]
+    assert {name: value["verdict"] for name, value in recorded.items()} == versus.verdict.to_dict()
+    printed = capsys.readouterr().out
+    assert "cnn" in printed and "CNN vs boosting_profile: " in printed and "cv_vs_baselines.csv" in printed
 
 
 def test_real_minilm_with_the_shipped_classifier(tmp_path):

@@ -140,8 +140,9 @@ def test_draw_pool_skips_labeled_maps_and_is_deterministic():
 def test_cli_rejects_a_negative_pool(tmp_path, capsys):
     assert main(["train", "--data", "synthetic:4", "--pool", "-1", "--runs-dir", str(tmp_path), "-q"]) == 2
     assert main(["train", "--data", "synthetic:4", "--pool-rounds", "0", "--runs-dir", str(tmp_path), "-q"]) == 2
+    assert main(["train", "--data", "synthetic:4", "--image-dropout", "1", "--runs-dir", str(tmp_path), "-q"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 2 and all("--pool-rounds" in line for line in errors)
+    assert len(errors) == 3 and all("--pool-rounds" in line for line in errors[:2]) and "--image-dropout" in errors[2]
 
 
 def test_train_verb_defaults_are_the_training_configs_defaults():
@@ -150,5 +151,5 @@ def test_train_verb_defaults_are_the_training_configs_defaults():
     config = TrainConfig()
     for verb_name, config_name in (("epochs", "max_epochs"), ("folds", "folds"), ("seed", "seed"),
                                    ("pool_weight", "pool_weight"), ("pool_rounds", "pool_rounds"),
-                                   ("class_weight_power", "class_weight_power")):
+                                   ("class_weight_power", "class_weight_power"), ("image_dropout", "image_dropout")):
         assert options[verb_name] == getattr(config, config_name), verb_name

@@ -61,6 +61,10 @@ def test_classifier_card_shows_the_shipped_checkpoints_record():
     cnn = card.scores.iloc[0]
     assert cnn.macro_f1 == cv["macro_f1"] and cnn.accuracy == cv["accuracy"]
     assert len(card.scores) == 1 + len(cv["baselines_macro_f1"])
+    versus = card.scores.set_index("model")["cnn_minus_baseline"]
+    for name, entry in cv["vs_baselines"].items():  # the paired comparison, as `attnpat train` recorded it
+        assert versus[f"baseline: {name}"].endswith(f": {entry['verdict']}")
+        assert f"{entry['difference']:+.3f}" in versus[f"baseline: {name}"]
     assert card.per_class["class"].tolist() == list(CLASSES)
     assert card.per_class.set_index("class")["f1"].to_dict() == cv["per_class_f1"]
     assert card.confusion[list(CLASSES)].to_numpy().tolist() == cv["confusion"]
