@@ -24,7 +24,7 @@ from analysis.models import load_model
 from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
 from analysis.sampling import sample_maps
-from classifier.model import IMAGE_CHANNELS, PROFILE_FEATURES
+from classifier.model import profile_scalars
 
 DEFAULT_POOL_TASKS = ("sst2", "mrpc", "rte", "wiki")
 POOL_SEED = 777  # other than the sampling seeds of the labeled sets (0, 11)
@@ -42,11 +42,6 @@ class UnlabeledPool:
     def pool_hash(self) -> str:
         """sha256 over the map ids and bytes (analysis.mapstore.maps_digest; recorded in the checkpoint metadata)."""
         return maps_digest(self.maps, self.map_ids)
-
-
-def profile_scalars(images: torch.Tensor) -> np.ndarray:
-    """(N, INPUT_CHANNELS, S, S) images -> (N, PROFILE_FEATURES) float64 profile scalars (channel 3, row 0)."""
-    return images[:, IMAGE_CHANNELS, 0, :PROFILE_FEATURES].double().numpy()
 
 
 def boosting_classifier(seed: int = 0) -> HistGradientBoostingClassifier:

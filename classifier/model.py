@@ -150,6 +150,11 @@ def prepare_maps(maps: Sequence[np.ndarray | torch.Tensor] | torch.Tensor, size:
     return out
 
 
+def profile_scalars(images: torch.Tensor) -> np.ndarray:
+    """(N, INPUT_CHANNELS, S, S) images -> (N, PROFILE_FEATURES) float64 profile scalars (channel 3, row 0)."""
+    return images[:, IMAGE_CHANNELS, 0, :PROFILE_FEATURES].double().numpy()
+
+
 def target_aware_edges(values: np.ndarray, labels: np.ndarray, bins: int = PROFILE_BINS) -> np.ndarray:
     """(N, F) scalars and (N,) class labels -> (F, bins + 1) sorted bin edges per scalar (Gorishniy et al. 2022,
     tree-based bins): the split thresholds of a small class-balanced decision tree on that scalar alone (bins // 2
@@ -225,11 +230,11 @@ class PatternCNN(nn.Module):
     def fit_profile_edges(self, images: torch.Tensor, labels: np.ndarray | None = None) -> None:
         """Bin edges of each profile scalar over training ``images`` (N, C, S, S): with ``labels`` (N,) class indices,
         target-aware edges (:func:`target_aware_edges`); without, the 0, 1/B, ..., 1 quantiles."""
-        profile = images[:, IMAGE_CHANNELS, 0, :PROFILE_FEATURES].float()
         if labels is not None:
-            edges = target_aware_edges(profile.double().numpy(), np.asarray(labels), PROFILE_BINS)
+            edges = target_aware_edges(profile_scalars(images), np.asarray(labels), PROFILE_BINS)
             self.profile_edges.copy_(torch.as_tensor(edges, dtype=torch.float32))
             return
+        profile = images[:, IMAGE_CHANNELS, 0, :PROFILE_FEATURES].float()
         levels = torch.linspace(0, 1, PROFILE_BINS + 1)
         self.profile_edges.copy_(torch.quantile(profile, levels, dim=0).T)
 
