@@ -12,6 +12,7 @@ from analysis.artifacts import SHIPPED_LABELED_SET
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from classifier.checkpoint import DEFAULT_CHECKPOINT
+from classifier.evaluate import comparison_text
 
 
 @dataclass
@@ -36,13 +37,6 @@ def read_metadata(path: str | Path | None = None) -> dict:
         raise AttnpatError(f"{path} is not readable classifier metadata ({type(exc).__name__})") from exc
 
 
-def versus_text(entry: dict | None) -> str | None:
-    """One recorded comparison (classifier.evaluate.baseline_comparison) as '+0.027 (+0.005 to +0.048): above'."""
-    if not entry:
-        return None
-    return f"{entry['difference']:+.3f} ({entry['ci_low']:+.3f} to {entry['ci_high']:+.3f}): {entry['verdict']}"
-
-
 def classifier_card(meta: dict) -> ClassifierCard:
     """Tables from checkpoint metadata: scores (model, macro_f1, accuracy, macro_f1_agreed, and cnn_minus_baseline
     when the checkpoint records the paired comparison), per-class F1 with
@@ -59,7 +53,8 @@ def classifier_card(meta: dict) -> ClassifierCard:
         rows = [{"model": "pattern CNN (shipped)", "macro_f1": cv.get("macro_f1"), "accuracy": cv.get("accuracy"),
                  "macro_f1_agreed": cv.get("macro_f1_agreed")}]
         versus = cv.get("vs_baselines") or {}
-        rows += [{"model": f"baseline: {name}", "macro_f1": value, "cnn_minus_baseline": versus_text(versus.get(name))}
+        rows += [{"model": f"baseline: {name}", "macro_f1": value,
+                  "cnn_minus_baseline": comparison_text(versus[name]) if name in versus else None}
                  for name, value in (cv.get("baselines_macro_f1") or {}).items()]
         scores = pd.DataFrame(rows, columns=["model", "macro_f1", "accuracy", "macro_f1_agreed"]
                               + (["cnn_minus_baseline"] if versus else []))

@@ -102,10 +102,16 @@ def baseline_comparison(results: dict[str, np.ndarray], labels: np.ndarray, refe
     return pd.DataFrame(rows, columns=columns)
 
 
+def comparison_text(entry: dict, level: float = 0.95) -> str:
+    """One comparison (a row of :func:`baseline_comparison`, or its record in the checkpoint metadata) as text:
+    '+0.037 macro-F1 (95% paired bootstrap +0.013 to +0.060): above' (``level``: the one it was computed at)."""
+    return (f"{entry['difference']:+.3f} macro-F1 ({level:.0%} paired bootstrap {entry['ci_low']:+.3f} to "
+            f"{entry['ci_high']:+.3f}): {entry['verdict']}")
+
+
 def comparison_lines(comparison: pd.DataFrame, reference: str = "CNN", level: float = 0.95) -> list[str]:
-    """One printable line per row of :func:`baseline_comparison` (``level``: the one it was computed at)."""
-    return [f"{reference} vs {row.model}: {row.difference:+.3f} macro-F1 ({level:.0%} paired bootstrap "
-            f"{row.ci_low:+.3f} to {row.ci_high:+.3f}): {row.verdict}" for row in comparison.itertuples()]
+    """One printable line per row of :func:`baseline_comparison`."""
+    return [f"{reference} vs {row['model']}: {comparison_text(row, level)}" for row in comparison.to_dict("records")]
 
 
 def confusion_rows_of(confusion: np.ndarray) -> list[dict]:

@@ -131,8 +131,8 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
                 "confusion": cnn["confusion"].tolist(),
                 "baselines_macro_f1": {name: scores(pred, labels)["macro_f1"] for name, pred in predictions.items()
                                        if name != "cnn"},
-                "vs_baselines": {row.model: {"difference": row.difference, "ci_low": row.ci_low, "ci_high": row.ci_high,
-                                             "verdict": row.verdict} for row in comparison.itertuples()},
+                "vs_baselines": comparison.set_index("model")[["difference", "ci_low", "ci_high", "verdict"]]
+                                .to_dict("index"),
             },
             "final_fit": {"epochs": final.epochs, "best_epoch": final.best_epoch,
                           "validation_macro_f1": final.validation_f1},
