@@ -8,6 +8,9 @@ baseline the CNN must beat. The rules follow annotation/guideline.md:
   columns   = mean mass on the top-2 key columns, diagonal cells excluded      ("vertical": stripes)
   broadness = mean row entropy / log(n), in [0, 1]                              ("block": broad weight)
 
+  rule 9 first: under 25 tokens, a top column of 0.15-0.35 that is the heaviest key on under half of the
+  rows does not count (columns = 0 below)
+
   band >= BAND and columns >= COLUMNS_WITH_BAND      -> vertical+diagonal
   band >= BAND                                       -> diagonal
   columns >= COLUMNS                                 -> vertical
@@ -35,6 +38,8 @@ BAND_OFFSETS = PROFILE_OFFSETS  # the guideline's "another fixed small offset": 
 # A faint band already reads as "diagonal" to annotators, hence the low BAND; BROAD is high because most
 # broad-looking maps still carry a [CLS] column and were labeled vertical.
 THRESHOLDS = {"BAND": 0.08, "COLUMNS_WITH_BAND": 0.20, "COLUMNS": 0.20, "BROAD": 0.90}
+# Guideline rule 9 (short maps): the cue values the guideline states
+SHORT_MAP, MID_GREY_COLUMN, MOST_ROWS = 25, (0.15, 0.35), 0.5
 FEATURE_NAMES = ("cls_mass", "sep_mass", "punct_mass", "top1_column", "top2_columns", "prev_mass", "self_mass",
                  "next_mass", "band", "within_segment", "entropy", "broadness")
 
@@ -92,6 +97,9 @@ def map_features(attn: np.ndarray, tokens: list[str] | None = None) -> dict[str,
         "within_segment": float((attn * same_segment).sum(1).mean()),
         "entropy": profile["broadness"] * math.log(n) if n > 1 else 0.0,
         "broadness": profile["broadness"],
+        "top1_column_all": profile["top1_column_all"],
+        "rows_on_top_column": profile["rows_on_top_column"],
+        "length": float(n),
     }
 
 
@@ -106,6 +114,8 @@ def classify_features(features: dict[str, float], thresholds: dict[str, float] =
     feature is (a rough confidence for Label Studio's prediction score)."""
     band, columns, broadness = features["band"], features["top2_columns"], features["broadness"]
     t = thresholds
+    if not column_counts(features):
+        columns = 0.0
     if band >= t["BAND"] and columns >= t["COLUMNS_WITH_BAND"]:
         return "vertical+diagonal", _margin(min(band - t["BAND"], columns - t["COLUMNS_WITH_BAND"]))
     if band >= t["BAND"]:
@@ -115,6 +125,15 @@ def classify_features(features: dict[str, float], thresholds: dict[str, float] =
     if broadness >= t["BROAD"]:
         return "block", _margin(broadness - t["BROAD"])
     return "heterogeneous", _margin(min(t["COLUMNS"] - columns, t["BROAD"] - broadness, t["BAND"] - band))
+
+
+def column_counts(features: dict[str, float]) -> bool:
+    """Whether the map's columns count. Guideline rule 9: on a map under SHORT_MAP tokens, a mid-grey top column
+    (MID_GREY_COLUMN) counts only where it is the heaviest key on at least half of the rows (MOST_ROWS); every
+    other column is left to the thresholds."""
+    short = features.get("length", SHORT_MAP) < SHORT_MAP
+    mid_grey = MID_GREY_COLUMN[0] <= features.get("top1_column_all", 1.0) < MID_GREY_COLUMN[1]
+    return not (short and mid_grey and features.get("rows_on_top_column", 1.0) < MOST_ROWS)
 
 
 def _margin(distance: float) -> float:

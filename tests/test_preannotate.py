@@ -179,3 +179,25 @@ def test_feature_matrix_and_estimator_agree_with_single_maps():
     estimator = RulePreannotator().fit(maps)
     assert list(estimator.classes_) == list(CLASSES)
     assert list(estimator.predict(maps)) == [preannotate(m)[0] for m in maps]
+
+
+def short_map_with_column(rows_on_column: int, n: int = 16, key: int = 5) -> np.ndarray:
+    """(n, n) near-uniform map whose first ``rows_on_column`` rows put half their weight on one key column."""
+    attn = np.full((n, n), 1.0)
+    attn[:rows_on_column, key] = n - 1.0  # half of those rows' weight
+    return attn / attn.sum(1, keepdims=True)
+
+
+def test_rule_9_a_mid_grey_column_on_a_short_map_counts_only_on_half_the_rows():
+    """Guideline rule 9: under 25 tokens, a top column of 0.15-0.35 makes the map vertical only where it is the
+    heaviest key on at least half of the rows; on fewer rows the map is judged without it."""
+    few, most = map_features(short_map_with_column(5)), map_features(short_map_with_column(9))
+    for features in (few, most):
+        assert 0.15 <= features["top1_column_all"] < 0.35 and features["top2_columns"] >= THRESHOLDS["COLUMNS"]
+        assert features["band"] < THRESHOLDS["BAND"]
+    assert few["rows_on_top_column"] < 0.5 <= most["rows_on_top_column"]
+    assert classify_features(most)[0] == "vertical"
+    assert classify_features(few)[0] != "vertical"
+    # a dark column (0.35 or more) counts on any share of rows, and the same map on 25 tokens or more is rules 1-8's
+    assert classify_features({**few, "top1_column_all": 0.35})[0] == "vertical"
+    assert classify_features({**few, "length": 25.0})[0] == "vertical"
