@@ -101,7 +101,11 @@ def map_cues(attn: np.ndarray) -> dict[str, float]:
     excess_over_uniform: mean over rows of sum_j (a_ij - 1/n)+ (0 = uniform, near 1 = one key per row).
     """
     attn = np.asarray(attn, dtype=np.float32)
-    profile = dict(zip(PROFILE_NAMES, map_profile(torch.from_numpy(attn)[None])[0].tolist()))
+    return cues_of_profile(dict(zip(PROFILE_NAMES, map_profile(torch.from_numpy(attn)[None])[0].tolist())))
+
+
+def cues_of_profile(profile: dict[str, float]) -> dict[str, float]:
+    """:func:`map_cues` from a map's profile already computed ({PROFILE_NAMES name: value})."""
     return {
         "top_column": profile["top1_column_all"],
         "rows_on_top_column": profile["rows_on_top_column"],

@@ -1,24 +1,22 @@
-"""Rule-based pre-annotator: numeric features of one attention map and documented per-class thresholds.
+"""Rule-based pre-annotator: the guideline's cues and thresholds over one attention map, and the map features
+of the learned baselines.
 
 It gives annotators a starting point in Label Studio (a prediction, never the answer) and is the
-baseline the CNN must beat. The rules follow annotation/guideline.md:
+baseline the CNN must beat. The rules are annotation/guideline.md's cues with the guideline's own thresholds
+(GUIDELINE_CUES), applied literally: the cues are analysis.rendering's, the ones printed beside each map
+(the band also counts a line two tokens off the diagonal, a line beside it, which the cue's -1..+1 misses).
 
-  band      = max over offsets -2..+2 of the mean mass on that diagonal        ("diagonal": a band at a
-              fixed small offset, as the guideline says; prev/self/next masses are the -1/0/+1 ones)
-  columns   = mean mass on the top-2 key columns, diagonal cells excluded      ("vertical": stripes)
-  broadness = mean row entropy / log(n), in [0, 1]                              ("block": broad weight)
+  a column counts  top column >= COLUMN, and on a map under SHORT_MAP tokens a mid-grey one (under
+                   DARK_COLUMN) only where it is the heaviest key on at least MOST_ROWS of the rows (rule 9)
+  a band counts    band (offsets -1..+1) >= BAND and broadness < BROAD
 
-  rule 9 first: under 25 tokens, a top column of 0.15-0.35 that is the heaviest key on under half of the
-  rows does not count (columns = 0 below)
-
-  band >= BAND and columns >= COLUMNS_WITH_BAND      -> vertical+diagonal
-  band >= BAND                                       -> diagonal
-  columns >= COLUMNS                                 -> vertical
+  column and band                                    -> vertical+diagonal
+  band                                               -> diagonal
+  column                                             -> vertical
   broadness >= BROAD                                 -> block
   otherwise                                          -> heterogeneous
 
-The thresholds below were grid-searched on labeled set v1 (630 maps; in the git history, superseded by
-annotation/labeled/v2, which holds the same maps with second opinions plus 360 more).
+The other features (map_features) feed the learned baselines of classifier.evaluate.
 """
 from __future__ import annotations
 
@@ -29,17 +27,16 @@ import torch
 
 from analysis.figures import check_map
 from analysis.patterns import CLASSES
+from analysis.rendering import cues_of_profile
 from analysis.stats import PROFILE_NAMES, PROFILE_OFFSETS, map_profile
 from analysis.stream import PUNCTUATION
 
-# Diagonals that count as a band: the guideline's "self, previous or next token (or another fixed small offset)".
-BAND_OFFSETS = PROFILE_OFFSETS  # the guideline's "another fixed small offset": -2..+2
-# Grid-searched for macro-F1 on the shipped labeled set v1 (630 maps): in-sample macro-F1 0.69, accuracy 0.80.
-# A faint band already reads as "diagonal" to annotators, hence the low BAND; BROAD is high because most
-# broad-looking maps still carry a [CLS] column and were labeled vertical.
-THRESHOLDS = {"BAND": 0.08, "COLUMNS_WITH_BAND": 0.20, "COLUMNS": 0.20, "BROAD": 0.90}
-# Guideline rule 9 (short maps): the cue values the guideline states
-SHORT_MAP, MID_GREY_COLUMN, MOST_ROWS = 25, (0.15, 0.35), 0.5
+# Diagonals whose line is "along the main diagonal or beside it" (the guideline's diagonal class): -2..+2
+BAND_OFFSETS = PROFILE_OFFSETS
+# The thresholds annotation/guideline.md states for its cues ("about 0.15", "about 0.85", rule 9's numbers);
+# tests/test_preannotate.py checks that the guideline still says them.
+GUIDELINE_CUES = {"COLUMN": 0.15, "DARK_COLUMN": 0.35, "MOST_ROWS": 0.5, "SHORT_MAP": 25, "BAND": 0.15,
+                  "BROAD": 0.85}
 FEATURE_NAMES = ("cls_mass", "sep_mass", "punct_mass", "top1_column", "top2_columns", "prev_mass", "self_mass",
                  "next_mass", "band", "within_segment", "entropy", "broadness")
 
@@ -82,7 +79,7 @@ def map_features(attn: np.ndarray, tokens: list[str] | None = None) -> dict[str,
     top_columns = np.sort(off_diagonal.mean(0))[::-1]
     segments = segment_ids(tokens, n)
     same_segment = segments[:, None] == segments[None, :]
-    profile = dict(zip(PROFILE_NAMES, map_profile(torch.from_numpy(attn).to(torch.float64)[None])[0].tolist()))
+    profile = _profile(attn)
     band = max(profile[f"band{offset:+d}"] for offset in BAND_OFFSETS)
     return {
         "cls_mass": float(column_means[_column_mask(tokens, n, _CLS)].sum()),
@@ -97,9 +94,6 @@ def map_features(attn: np.ndarray, tokens: list[str] | None = None) -> dict[str,
         "within_segment": float((attn * same_segment).sum(1).mean()),
         "entropy": profile["broadness"] * math.log(n) if n > 1 else 0.0,
         "broadness": profile["broadness"],
-        "top1_column_all": profile["top1_column_all"],
-        "rows_on_top_column": profile["rows_on_top_column"],
-        "length": float(n),
     }
 
 
@@ -109,31 +103,23 @@ def feature_matrix(maps, tokens_list=None) -> np.ndarray:
     return np.asarray([[map_features(m, t)[name] for name in FEATURE_NAMES] for m, t in zip(maps, tokens_list)])
 
 
-def classify_features(features: dict[str, float], thresholds: dict[str, float] = THRESHOLDS) -> tuple[str, float]:
-    """Apply the rules to features; returns (label, score in [0, 1]): how far past its threshold the deciding
-    feature is (a rough confidence for Label Studio's prediction score)."""
-    band, columns, broadness = features["band"], features["top2_columns"], features["broadness"]
+def classify_cues(cues: dict[str, float], n: int, thresholds: dict[str, float] = GUIDELINE_CUES) -> tuple[str, float]:
+    """The rules over one map's cues (analysis.rendering.map_cues) and its length n; returns (label, score in
+    [0, 1]): how far past its threshold the deciding cue is (a rough confidence for Label Studio's prediction)."""
     t = thresholds
-    if not column_counts(features):
-        columns = 0.0
-    if band >= t["BAND"] and columns >= t["COLUMNS_WITH_BAND"]:
-        return "vertical+diagonal", _margin(min(band - t["BAND"], columns - t["COLUMNS_WITH_BAND"]))
-    if band >= t["BAND"]:
+    column, band, broadness = cues["top_column"], cues["band"], cues["broadness"]
+    column_counts = column >= t["COLUMN"] and (n >= t["SHORT_MAP"] or column >= t["DARK_COLUMN"]
+                                               or cues["rows_on_top_column"] >= t["MOST_ROWS"])  # rule 9
+    band_counts = band >= t["BAND"] and broadness < t["BROAD"]
+    if column_counts and band_counts:
+        return "vertical+diagonal", _margin(min(column - t["COLUMN"], band - t["BAND"]))
+    if band_counts:
         return "diagonal", _margin(band - t["BAND"])
-    if columns >= t["COLUMNS"]:
-        return "vertical", _margin(columns - t["COLUMNS"])
+    if column_counts:
+        return "vertical", _margin(column - t["COLUMN"])
     if broadness >= t["BROAD"]:
         return "block", _margin(broadness - t["BROAD"])
-    return "heterogeneous", _margin(min(t["COLUMNS"] - columns, t["BROAD"] - broadness, t["BAND"] - band))
-
-
-def column_counts(features: dict[str, float]) -> bool:
-    """Whether the map's columns count. Guideline rule 9: on a map under SHORT_MAP tokens, a mid-grey top column
-    (MID_GREY_COLUMN) counts only where it is the heaviest key on at least half of the rows (MOST_ROWS); every
-    other column is left to the thresholds."""
-    short = features.get("length", SHORT_MAP) < SHORT_MAP
-    mid_grey = MID_GREY_COLUMN[0] <= features.get("top1_column_all", 1.0) < MID_GREY_COLUMN[1]
-    return not (short and mid_grey and features.get("rows_on_top_column", 1.0) < MOST_ROWS)
+    return "heterogeneous", _margin(t["BROAD"] - broadness)
 
 
 def _margin(distance: float) -> float:
@@ -141,8 +127,18 @@ def _margin(distance: float) -> float:
 
 
 def preannotate(attn: np.ndarray, tokens: list[str] | None = None) -> tuple[str, float]:
-    """The pre-annotation of one map: (label, score)."""
-    return classify_features(map_features(attn, tokens))
+    """The pre-annotation of one map (n, n) with its n tokens (optional): (label, score)."""
+    attn = check_map(attn, tokens)
+    profile = _profile(attn)
+    cues = cues_of_profile(profile)
+    # a line two tokens off the diagonal is a line beside it too, which the cue's window (-1..+1) misses
+    cues["band"] = max(cues["band"], *(profile[f"band{offset:+d}"] for offset in BAND_OFFSETS))
+    return classify_cues(cues, len(attn))
+
+
+def _profile(attn: np.ndarray) -> dict[str, float]:
+    """analysis.stats.map_profile of one checked (n, n) map, as {PROFILE_NAMES name: value}."""
+    return dict(zip(PROFILE_NAMES, map_profile(torch.from_numpy(attn).to(torch.float64)[None])[0].tolist()))
 
 
 def rule_classes(maps, tokens: list[str] | None = None) -> list[str]:

@@ -3,17 +3,19 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
+from analysis.rendering import map_cues
 from annotation.preannotate import (
     FEATURE_NAMES,
-    THRESHOLDS,
+    GUIDELINE_CUES,
     RulePreannotator,
-    classify_features,
+    classify_cues,
     feature_matrix,
     map_features,
     preannotate,
@@ -48,8 +50,9 @@ def test_features_of_a_uniform_map():
     assert features["band"] == pytest.approx(1 / n)
     # segment 0 = [CLS] .. first [SEP] (8 tokens), segment 1 = the 4 tokens after it
     assert features["within_segment"] == pytest.approx((8 * 8 / n + 4 * 4 / n) / n)
-    # a uniform map of a typical length is one big block (at very short lengths 1/n alone can pass BAND)
+    # a uniform map is one big block at any length: its band (3/n on a short map) does not count when broad
     assert preannotate(np.full((40, 40), 1.0 / 40))[0] == "block"
+    assert preannotate(np.full((8, 8), 1.0 / 8))[0] == "block"
 
 
 @pytest.mark.parametrize("offset,name", [(-1, "prev_mass"), (0, "self_mass"), (1, "next_mass")])
@@ -119,26 +122,47 @@ def test_scattered_spikes_are_heterogeneous():
         keys = rng.choice([k for k in range(n) if abs(k - row) > 2], size=2, replace=False)
         attn[row, keys] = [0.6, 0.4]
     attn /= attn.sum(1, keepdims=True)
-    features = map_features(attn)
-    assert features["band"] < THRESHOLDS["BAND"] and features["top2_columns"] < THRESHOLDS["COLUMNS"]
+    cues = map_cues(attn)
+    assert cues["band"] < GUIDELINE_CUES["BAND"] and cues["top_column"] < GUIDELINE_CUES["COLUMN"]
+    assert cues["broadness"] < GUIDELINE_CUES["BROAD"]
     assert preannotate(attn)[0] == "heterogeneous"
 
 
-@pytest.mark.parametrize("features,expected", [
-    ({"band": "BAND", "top2_columns": "COLUMNS_WITH_BAND", "broadness": 0.0}, "vertical+diagonal"),
-    ({"band": "BAND", "top2_columns": 0.0, "broadness": 1.0}, "diagonal"),
-    ({"band": 0.0, "top2_columns": "COLUMNS", "broadness": 1.0}, "vertical"),
-    ({"band": 0.0, "top2_columns": 0.0, "broadness": "BROAD"}, "block"),
-    ({"band": 0.0, "top2_columns": 0.0, "broadness": 0.0}, "heterogeneous"),
+LONG = GUIDELINE_CUES["SHORT_MAP"]  # a length where rule 9 does not apply
+
+
+@pytest.mark.parametrize("cues,expected", [
+    ({"top_column": "COLUMN", "band": "BAND", "broadness": 0.0}, "vertical+diagonal"),
+    ({"top_column": 0.0, "band": "BAND", "broadness": 0.0}, "diagonal"),
+    ({"top_column": "COLUMN", "band": 0.0, "broadness": 1.0}, "vertical"),
+    ({"top_column": 0.0, "band": 0.0, "broadness": "BROAD"}, "block"),
+    ({"top_column": 0.0, "band": 0.0, "broadness": 0.0}, "heterogeneous"),
 ])
-def test_rules_fire_at_their_documented_thresholds(features, expected):
-    """A feature exactly at its threshold takes the rule; just below it does not (thresholds read from THRESHOLDS)."""
-    at = {k: THRESHOLDS[v] if isinstance(v, str) else v for k, v in features.items()}
-    assert classify_features(at)[0] == expected
-    assert classify_features(at)[1] == pytest.approx(0.5) or expected == "heterogeneous"
+def test_rules_fire_at_the_guideline_thresholds(cues, expected):
+    """A cue exactly at the guideline's threshold takes the rule; just below it does not (read from GUIDELINE_CUES)."""
+    at = {k: GUIDELINE_CUES[v] if isinstance(v, str) else v for k, v in cues.items()} | {"rows_on_top_column": 1.0}
+    assert classify_cues(at, LONG)[0] == expected
+    assert classify_cues(at, LONG)[1] == pytest.approx(0.5) or expected == "heterogeneous"
     if expected != "heterogeneous":
-        below = {k: THRESHOLDS[v] - 1e-3 if isinstance(v, str) else v for k, v in features.items()}
-        assert classify_features(below)[0] != expected
+        below = {k: GUIDELINE_CUES[v] - 1e-3 if isinstance(v, str) else v for k, v in cues.items()}
+        assert classify_cues(below | {"rows_on_top_column": 1.0}, LONG)[0] != expected
+
+
+def test_a_band_on_a_broad_map_does_not_count():
+    """The guideline's diagonal has broadness under about 0.85: the 3/n of a near-uniform short map is no line."""
+    cues = {"top_column": 0.0, "rows_on_top_column": 0.0, "band": 0.3, "broadness": GUIDELINE_CUES["BROAD"]}
+    assert classify_cues(cues, LONG)[0] == "block"
+    assert classify_cues(cues | {"broadness": GUIDELINE_CUES["BROAD"] - 1e-3}, LONG)[0] == "diagonal"
+
+
+def test_the_guideline_states_the_thresholds_the_rules_use():
+    """The rules are the guideline's cues; if the guideline's numbers change, GUIDELINE_CUES must follow."""
+    text = (Path(__file__).resolve().parents[1] / "annotation" / "guideline.md").read_text(encoding="utf-8")
+    t = GUIDELINE_CUES
+    for phrase in (f"top column about {t['COLUMN']:.2f} or more", f"band about {t['BAND']:.2f} or more",
+                   f"broadness about {t['BROAD']:.2f}", f"map under {t['SHORT_MAP']} tokens",
+                   f"top column under {t['DARK_COLUMN']:.2f}", f"{t['MOST_ROWS']:.0%} or more"):
+        assert phrase in " ".join(text.split()), phrase
 
 
 def test_bad_maps_are_one_line_errors():
@@ -191,13 +215,13 @@ def short_map_with_column(rows_on_column: int, n: int = 16, key: int = 5) -> np.
 def test_rule_9_a_mid_grey_column_on_a_short_map_counts_only_on_half_the_rows():
     """Guideline rule 9: under 25 tokens, a top column of 0.15-0.35 makes the map vertical only where it is the
     heaviest key on at least half of the rows; on fewer rows the map is judged without it."""
-    few, most = map_features(short_map_with_column(5)), map_features(short_map_with_column(9))
-    for features in (few, most):
-        assert 0.15 <= features["top1_column_all"] < 0.35 and features["top2_columns"] >= THRESHOLDS["COLUMNS"]
-        assert features["band"] < THRESHOLDS["BAND"]
-    assert few["rows_on_top_column"] < 0.5 <= most["rows_on_top_column"]
-    assert classify_features(most)[0] == "vertical"
-    assert classify_features(few)[0] != "vertical"
-    # a dark column (0.35 or more) counts on any share of rows, and the same map on 25 tokens or more is rules 1-8's
-    assert classify_features({**few, "top1_column_all": 0.35})[0] == "vertical"
-    assert classify_features({**few, "length": 25.0})[0] == "vertical"
+    few, most = map_cues(short_map_with_column(5)), map_cues(short_map_with_column(9))
+    n = len(short_map_with_column(5))
+    for cues in (few, most):
+        assert GUIDELINE_CUES["COLUMN"] <= cues["top_column"] < GUIDELINE_CUES["DARK_COLUMN"]
+    assert few["rows_on_top_column"] < GUIDELINE_CUES["MOST_ROWS"] <= most["rows_on_top_column"]
+    assert preannotate(short_map_with_column(9))[0] == "vertical"
+    assert preannotate(short_map_with_column(5))[0] != "vertical"
+    # a dark column counts on any share of rows, and on 25 tokens or more rules 1-8 decide
+    assert classify_cues(few | {"top_column": GUIDELINE_CUES["DARK_COLUMN"]}, n)[0] == "vertical"
+    assert classify_cues(few, GUIDELINE_CUES["SHORT_MAP"])[0] == "vertical"
