@@ -24,7 +24,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from analysis.errors import AttnpatError
-from analysis.stats import PROFILE_NAMES, map_profile
+from analysis.stats import named_profile
 
 MARK_COLOURS = {"[CLS]": (214, 39, 40), "<s>": (214, 39, 40), "[SEP]": (31, 119, 180), "</s>": (31, 119, 180),
                 ".": (44, 160, 44), ",": (44, 160, 44)}
@@ -101,7 +101,7 @@ def map_cues(attn: np.ndarray) -> dict[str, float]:
     excess_over_uniform: mean over rows of sum_j (a_ij - 1/n)+ (0 = uniform, near 1 = one key per row).
     """
     attn = np.asarray(attn, dtype=np.float32)
-    return cues_of_profile(dict(zip(PROFILE_NAMES, map_profile(torch.from_numpy(attn)[None])[0].tolist())))
+    return cues_of_profile(named_profile(torch.from_numpy(attn)))
 
 
 def cues_of_profile(profile: dict[str, float]) -> dict[str, float]:

@@ -150,6 +150,11 @@ def map_profile(maps: torch.Tensor) -> torch.Tensor:
     return map_profile_batch_last(maps.permute(1, 2, 0).contiguous()).T
 
 
+def named_profile(attn: torch.Tensor) -> dict[str, float]:
+    """:func:`map_profile` of one map (n, n), as {PROFILE_NAMES name: value} (computed in attn's dtype)."""
+    return dict(zip(PROFILE_NAMES, map_profile(attn[None])[0].tolist()))
+
+
 def map_profile_batch_last(maps: torch.Tensor) -> torch.Tensor:
     """:func:`map_profile` of maps stored batch-last: (n, n, N) query x key x map -> (len(PROFILE_NAMES), N).
 

@@ -28,7 +28,7 @@ import torch
 from analysis.figures import check_map
 from analysis.patterns import CLASSES
 from analysis.rendering import cues_of_profile
-from analysis.stats import PROFILE_NAMES, PROFILE_OFFSETS, map_profile
+from analysis.stats import PROFILE_OFFSETS, named_profile
 from analysis.stream import PUNCTUATION
 
 # Diagonals whose line is "along the main diagonal or beside it" (the guideline's diagonal class): -2..+2
@@ -79,7 +79,7 @@ def map_features(attn: np.ndarray, tokens: list[str] | None = None) -> dict[str,
     top_columns = np.sort(off_diagonal.mean(0))[::-1]
     segments = segment_ids(tokens, n)
     same_segment = segments[:, None] == segments[None, :]
-    profile = _profile(attn)
+    profile = named_profile(torch.from_numpy(attn).to(torch.float64))
     band = max(profile[f"band{offset:+d}"] for offset in BAND_OFFSETS)
     return {
         "cls_mass": float(column_means[_column_mask(tokens, n, _CLS)].sum()),
@@ -129,16 +129,12 @@ def _margin(distance: float) -> float:
 def preannotate(attn: np.ndarray, tokens: list[str] | None = None) -> tuple[str, float]:
     """The pre-annotation of one map (n, n) with its n tokens (optional): (label, score)."""
     attn = check_map(attn, tokens)
-    profile = _profile(attn)
+    profile = named_profile(torch.from_numpy(attn).to(torch.float64))
     cues = cues_of_profile(profile)
     # a line two tokens off the diagonal is a line beside it too, which the cue's window (-1..+1) misses
     cues["band"] = max(cues["band"], *(profile[f"band{offset:+d}"] for offset in BAND_OFFSETS))
     return classify_cues(cues, len(attn))
 
-
-def _profile(attn: np.ndarray) -> dict[str, float]:
-    """analysis.stats.map_profile of one checked (n, n) map, as {PROFILE_NAMES name: value}."""
-    return dict(zip(PROFILE_NAMES, map_profile(torch.from_numpy(attn).to(torch.float64)[None])[0].tolist()))
 
 
 def rule_classes(maps, tokens: list[str] | None = None) -> list[str]:
