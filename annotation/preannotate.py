@@ -80,7 +80,7 @@ def map_features(attn: np.ndarray, tokens: list[str] | None = None) -> dict[str,
     segments = segment_ids(tokens, n)
     same_segment = segments[:, None] == segments[None, :]
     profile = named_profile(torch.from_numpy(attn).to(torch.float64))
-    band = max(profile[f"band{offset:+d}"] for offset in BAND_OFFSETS)
+    band = strongest_band(profile)
     return {
         "cls_mass": float(column_means[_column_mask(tokens, n, _CLS)].sum()),
         "sep_mass": float(column_means[_column_mask(tokens, n, _SEP)].sum()),
@@ -132,9 +132,13 @@ def preannotate(attn: np.ndarray, tokens: list[str] | None = None) -> tuple[str,
     profile = named_profile(torch.from_numpy(attn).to(torch.float64))
     cues = cues_of_profile(profile)
     # a line two tokens off the diagonal is a line beside it too, which the cue's window (-1..+1) misses
-    cues["band"] = max(cues["band"], *(profile[f"band{offset:+d}"] for offset in BAND_OFFSETS))
+    cues["band"] = max(cues["band"], strongest_band(profile))
     return classify_cues(cues, len(attn))
 
+
+def strongest_band(profile: dict[str, float]) -> float:
+    """The mean mass on the heaviest single diagonal of BAND_OFFSETS, from a map's named profile."""
+    return max(profile[f"band{offset:+d}"] for offset in BAND_OFFSETS)
 
 
 def rule_classes(maps, tokens: list[str] | None = None) -> list[str]:
