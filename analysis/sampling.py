@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,10 +36,11 @@ class SampledMap:
     attn: np.ndarray
 
 
-def plan_cells(num_layers: int, num_heads: int, per_task: int, n_examples: int,
-               rng: random.Random) -> list[tuple[int, int, int]]:
+def plan_cells(num_layers: int, num_heads: int, per_task: int, n_examples: int, rng: random.Random,
+               excluded: Callable[[int, int, int], bool] | None = None) -> list[tuple[int, int, int]]:
     """(example_position, layer, head) triples: heads are covered round-robin in a shuffled order, so every
-    head appears before any appears twice; examples are spread evenly over the draws."""
+    head appears before any appears twice; examples are spread evenly over the draws. A cell drawn twice, or
+    one that ``excluded(example, layer, head)`` rules out, moves to the next example for the same head."""
     heads = [(layer, head) for layer in range(num_layers) for head in range(num_heads)]
     cells = []
     while len(cells) < per_task:
@@ -49,8 +51,13 @@ def plan_cells(num_layers: int, num_heads: int, per_task: int, n_examples: int,
     rng.shuffle(examples)
     triples, seen = [], set()
     for example, (layer, head) in zip(examples, cells, strict=True):
-        while (example, layer, head) in seen:  # the same head of the same example twice: move to the next example
-            example = (example + 1) % n_examples
+        for _ in range(n_examples):
+            if (example, layer, head) not in seen and not (excluded and excluded(example, layer, head)):
+                break
+            example = (example + 1) % n_examples  # taken already, or excluded: the same head of the next example
+        else:
+            raise AttnpatError(f"every example drawn has layer {layer} head {head} taken or excluded; "
+                               "ask for fewer maps")
         seen.add((example, layer, head))
         triples.append((example, layer, head))
     return triples
@@ -64,15 +71,23 @@ def draw_examples(task: str, count: int, rng: random.Random, seed: int) -> list:
 
 
 def sample_maps(bundle, *, n_maps: int = 480, tasks: Sequence[str] = DEFAULT_TASKS, seed: int = 0,
-                examples_per_task: int = 60, max_length: int = 128) -> Iterator[SampledMap]:
-    """Yield ``n_maps`` maps split evenly over ``tasks`` (stratified over layers, heads and examples)."""
+                examples_per_task: int = 60, max_length: int = 128,
+                exclude: AbstractSet[str] = frozenset()) -> Iterator[SampledMap]:
+    """Yield ``n_maps`` maps split evenly over ``tasks`` (stratified over layers, heads and examples), none of
+    whose map ids is in ``exclude`` (an excluded cell takes the same head of another example)."""
     if n_maps < len(tasks):
         raise AttnpatError(f"--count {n_maps} is smaller than the number of tasks ({len(tasks)})")
     rng = random.Random(seed)
     for position, task in enumerate(tasks):
         per_task = n_maps // len(tasks) + (1 if position < n_maps % len(tasks) else 0)
         examples = draw_examples(task, examples_per_task, rng, seed)
-        cells = plan_cells(bundle.num_layers, bundle.num_heads, per_task, len(examples), rng)
+        ids = [example.id for example in examples]
+
+        def excluded(example: int, layer: int, head: int, task: str = task, ids: list[str] = ids) -> bool:
+            return make_map_id(bundle.slug, task, ids[example], layer, head) in exclude
+
+        cells = plan_cells(bundle.num_layers, bundle.num_heads, per_task, len(examples), rng,
+                           excluded if exclude else None)
         wanted: dict[int, list[tuple[int, int]]] = {}
         for example, layer, head in cells:
             wanted.setdefault(example, []).append((layer, head))

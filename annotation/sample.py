@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict
 from pathlib import Path
 
@@ -88,19 +89,26 @@ def read_index(folder: str | Path) -> list[dict]:
     return rows
 
 
-def sample_saved_maps(path: str | Path, n_maps: int, seed: int = 0) -> list[SampledMap]:
+def sample_saved_maps(path: str | Path, n_maps: int, seed: int = 0,
+                      exclude: AbstractSet[str] = frozenset()) -> list[SampledMap]:
     """``n_maps`` single-head maps drawn from map files written by `attnpat extract` (a file or a folder):
     heads covered round-robin in a shuffled order and examples spread evenly, as analysis.sampling.sample_maps
-    does on a model. Each file is read twice (to plan, then to pick), so memory holds one file at a time."""
-    shapes = []
+    does on a model, none of whose map ids is in ``exclude``. Each file is read twice (to plan, then to pick),
+    so memory holds one file at a time."""
+    shapes, sources = [], []
     for group in iter_map_groups(path):
         layers, heads = group.grid().shape[:2]  # raises for single-head maps (a sample or a labeled set)
         shapes.append((layers, heads))
+        sources.append((group.model, group.task, group.example_id))
     if len(set(shapes)) != 1:
         raise AttnpatError(f"{path} holds maps of models with different numbers of layers or heads")
     (layers, heads), rng = shapes[0], random.Random(seed)
+
+    def excluded(example: int, layer: int, head: int) -> bool:
+        return make_map_id(*sources[example], layer, head) in exclude
+
     wanted: dict[int, list[tuple[int, int]]] = {}
-    for example, layer, head in plan_cells(layers, heads, n_maps, len(shapes), rng):
+    for example, layer, head in plan_cells(layers, heads, n_maps, len(shapes), rng, excluded if exclude else None):
         wanted.setdefault(example, []).append((layer, head))
     picked = []
     for position, group in enumerate(iter_map_groups(path)):
@@ -123,18 +131,21 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
     Maps are drawn from ``model`` stratified over tasks/layers/heads/examples (analysis.sampling.sample_maps),
     or, with ``stratify_by`` (the predictor's name, recorded in sample.json) and ``predict``, by predicted
     class with ``class_shares`` (analysis.sampling.sample_maps_by_prediction). exclude: labeled-set or
-    sample folders whose maps are never drawn again. maps: map files written by `attnpat extract` to draw
-    from instead of a model (:func:`sample_saved_maps`).
+    sample folders whose maps are never drawn again, however the sample is drawn. maps: map files written by
+    `attnpat extract` to draw from instead of a model (:func:`sample_saved_maps`).
     """
+    # Recorded for every stratified sample (as before), and for the others when given, so older samples drawn
+    # without it keep their settings.
+    excluded_folders = {"exclude": [str(path) for path in exclude]} if exclude else {}
     if maps is not None:
         if stratify_by:
             raise AttnpatError("a sample drawn from saved maps cannot be stratified by a predicted class")
         name = name or f"{Path(maps).resolve().name}-n{count}-s{seed}"
-        settings = {"maps": str(Path(maps).resolve()), "count": count, "seed": seed}
+        settings = {"maps": str(Path(maps).resolve()), "count": count, "seed": seed, **excluded_folders}
     else:
         name = name or f"{model_slug(model)}-n{count}-s{seed}"
         settings = {"model": model, "count": count, "tasks": list(tasks), "seed": seed, "max_length": max_length,
-                    "stratified_by": str(stratify_by) if stratify_by else None}
+                    "stratified_by": str(stratify_by) if stratify_by else None, **excluded_folders}
         if stratify_by:
             if predict is None:
                 raise AttnpatError(f"stratifying by {stratify_by} needs its predictor")
@@ -149,18 +160,19 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
             index = read_index(folder)
             if all((folder / row["image"]).is_file() for row in index):
                 return folder
+    excluded = set().union(*(_map_ids_in(path) for path in exclude)) if exclude else set()
     if maps is not None:
         log(f"sampling {count} maps from {maps} into {folder}")
-        drawn = sample_saved_maps(maps, count, seed)
+        drawn = sample_saved_maps(maps, count, seed, excluded)
         atomic_write_text(settings_file, json.dumps(settings, indent=2))
         write_sample(folder, drawn)
         return folder
-    excluded = set().union(*(_map_ids_in(path) for path in exclude)) if exclude else set()
     bundle = load_model(model)
     atomic_write_text(settings_file, json.dumps({**settings, "revision": bundle.revision}, indent=2))
     if not stratify_by:
         log(f"sampling {count} maps of {model} over {', '.join(tasks)} into {folder}")
-        drawn = list(sample_maps(bundle, n_maps=count, tasks=tasks, seed=seed, max_length=max_length))
+        drawn = list(sample_maps(bundle, n_maps=count, tasks=tasks, seed=seed, max_length=max_length,
+                                 exclude=excluded))
     else:
         log(f"sampling {count} maps of {model} stratified by {stratify_by} predictions "
             f"({', '.join(f'{k} {v:.2f}' for k, v in settings['class_shares'].items())}) into {folder}")
@@ -171,8 +183,14 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
 
 
 def _map_ids_in(folder: str | Path) -> set[str]:
-    """The map ids of a labeled set (labels.csv) or a sample (index.jsonl)."""
+    """The map ids of a labeled set (labels.csv), a sample (index.jsonl), or every labeled set and sample
+    anywhere under a folder of them (e.g. annotation/labeled)."""
     folder = Path(folder)
     if (folder / "labels.csv").is_file():
         return set(pd.read_csv(folder / "labels.csv", usecols=["map_id"], dtype=str).map_id)
-    return {row["map_id"] for row in read_index(folder)}
+    if (folder / "index.jsonl").is_file() or not folder.is_dir():
+        return {row["map_id"] for row in read_index(folder)}
+    inside = sorted({path.parent for name in ("labels.csv", "index.jsonl") for path in folder.rglob(name)})
+    if not inside:
+        raise AttnpatError(f"{folder} holds no labeled set (labels.csv) or map sample (index.jsonl) to exclude")
+    return set().union(*(_map_ids_in(path) for path in inside))

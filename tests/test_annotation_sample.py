@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from analysis.errors import AttnpatError
 from analysis.mapstore import iter_map_groups, make_map_id, parse_map_id, read_single_maps
 from analysis.patterns import CLASSES
-from analysis.sampling import parse_class_shares, sample_maps_by_prediction
+from analysis.sampling import parse_class_shares, plan_cells, sample_maps_by_prediction
 from annotation.dataset import annotator_agreement, load_labeled_set, merge_labeled_sets, save_labeled_set
 from annotation.preannotate import rule_classes
 from annotation.sample import ensure_sample, read_index
@@ -166,3 +167,43 @@ def test_a_sample_drawn_from_extracted_maps_holds_those_exact_maps(tmp_path):
         ensure_sample(tmp_path / "samples", "minilm", 9, [], seed=4, name=folder.name, maps=extracted)
     with pytest.raises(AttnpatError, match="single heads"):  # a sample is not `attnpat extract` output
         ensure_sample(tmp_path / "samples", "minilm", 2, [], maps=folder, log=lambda _: None)
+    # maps already in a labeled set or sample are never drawn again from saved maps either
+    other = ensure_sample(tmp_path / "samples", "minilm", 8, [], seed=4, name="other", maps=extracted,
+                          exclude=[folder], log=lambda _: None)
+    assert len(read_index(other)) == 8 and not {row["map_id"] for row in index} & {
+        row["map_id"] for row in read_index(other)}
+    assert json.loads((other / "sample.json").read_text())["exclude"] == [str(folder)]
+
+
+def test_a_natural_sample_never_draws_an_excluded_map(tmp_path):
+    """`annotate push --exclude` without --stratify-by: a fresh panel shares no map with the labeled sets."""
+    model = save_tiny_model(tmp_path / "tiny", layers=2, heads=2)
+    first = ensure_sample(tmp_path / "samples", str(model), 12, ["sst2", "rte"], seed=1, name="a", log=lambda _: None)
+    first_ids = {row["map_id"] for row in read_index(first)}
+    assert "exclude" not in json.loads((first / "sample.json").read_text())  # settings of older samples unchanged
+    same = ensure_sample(tmp_path / "samples", str(model), 12, ["sst2", "rte"], seed=1, name="again",
+                         log=lambda _: None)
+    assert {row["map_id"] for row in read_index(same)} == first_ids  # the same seed draws the same maps
+    fresh = ensure_sample(tmp_path / "samples", str(model), 12, ["sst2", "rte"], seed=1, name="b", exclude=[first],
+                          log=lambda _: None)
+    fresh_ids = [row["map_id"] for row in read_index(fresh)]
+    assert len(fresh_ids) == len(set(fresh_ids)) == 12 and not first_ids & set(fresh_ids)
+    assert Counter(parse_map_id(i)[1] for i in fresh_ids) == {"sst2": 6, "rte": 6}  # still stratified over tasks
+    assert json.loads((fresh / "sample.json").read_text())["exclude"] == [str(first)]
+    # a folder of labeled sets and samples excludes every one of them
+    again = ensure_sample(tmp_path / "samples", str(model), 12, ["sst2", "rte"], seed=1, name="c",
+                          exclude=[tmp_path / "samples"], log=lambda _: None)
+    assert not (first_ids | set(fresh_ids)) & {row["map_id"] for row in read_index(again)}
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(AttnpatError, match="holds no labeled set"):
+        ensure_sample(tmp_path / "samples", str(model), 12, ["sst2", "rte"], seed=1, name="d",
+                      exclude=[tmp_path / "nothing"], log=lambda _: None)
+
+
+def test_planned_cells_move_past_excluded_ones_and_say_when_none_is_left():
+    blocked = {(0, 0, 0), (1, 0, 0)}
+    cells = plan_cells(1, 2, 4, 4, random.Random(0), lambda example, layer, head: (example, layer, head) in blocked)
+    assert len(set(cells)) == 4 and not blocked & set(cells)
+    assert {(layer, head) for _, layer, head in cells} == {(0, 0), (0, 1)}
+    with pytest.raises(AttnpatError, match="ask for fewer maps"):
+        plan_cells(1, 2, 4, 3, random.Random(0), lambda example, layer, head: head == 0)
