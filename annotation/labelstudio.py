@@ -81,8 +81,34 @@ def _call(url: str, action, what: str = "request"):
         raise
 
 
-def ensure_project(client, url: str, title: str, project_id: int | None = None) -> tuple[int, bool]:
-    """Reuse the project (by id, else by title) or create it. Returns (id, created)."""
+@dataclass(frozen=True)
+class PanelSettings:
+    """How a project hands out its tasks. annotators: how many different people label each task (Label Studio's
+    overlap: maximum_annotations, on every task); None leaves the project's setting as it is. blind: hide the
+    rule pre-annotations from annotators (Label Studio's show_collab_predictions), so an independent panel
+    labels from the image and the guideline alone; None leaves it as it is."""
+
+    annotators: int | None = None
+    blind: bool | None = None
+
+    def __post_init__(self):
+        if self.annotators is not None and self.annotators < 1:
+            raise AttnpatError(f"--annotators must be at least 1, got {self.annotators}")
+
+    def project_fields(self) -> dict:
+        """The Label Studio project fields these settings change."""
+        fields = {}
+        if self.annotators is not None:
+            fields.update(maximum_annotations=self.annotators, overlap_cohort_percentage=100)
+        if self.blind is not None:
+            fields.update(show_collab_predictions=not self.blind)
+        return fields
+
+
+def ensure_project(client, url: str, title: str, project_id: int | None = None,
+                   panel: PanelSettings = PanelSettings()) -> tuple[int, bool]:
+    """Reuse the project (by id, else by title) or create it, then bring its instructions and ``panel``
+    settings up to date. Returns (id, created)."""
     found = None
     if project_id is not None:
         try:
@@ -101,8 +127,8 @@ def ensure_project(client, url: str, title: str, project_id: int | None = None) 
                       "project").id
     # Every push brings the project's instructions up to the current guideline and gallery.
     instructions = instructions_html(image_url=gallery_image_url(client, url, found))
-    _call(url, lambda: client.projects.update(id=found, expert_instruction=instructions, show_instruction=True),
-          "project update")
+    _call(url, lambda: client.projects.update(id=found, expert_instruction=instructions, show_instruction=True,
+                                              **panel.project_fields()), "project update")
     return found, created
 
 
@@ -226,7 +252,7 @@ class PushReport:
 
 
 def push(credentials: Credentials, sample: str | Path, title: str | None = None, state_file: Path | None = None,
-         chunk: int = CHUNK, log=print, progress: bool = True) -> PushReport:
+         chunk: int = CHUNK, log=print, progress: bool = True, panel: PanelSettings = PanelSettings()) -> PushReport:
     """Import every map of a sample folder that the project does not hold yet, ``chunk`` tasks per request.
 
     Each chunk is one import (Label Studio commits it whole), so a push cut off at any point leaves whole
@@ -237,7 +263,8 @@ def push(credentials: Credentials, sample: str | Path, title: str | None = None,
     title = title or f"attnpat patterns: {sample.name}"
     state = _read_state(state_file)
     client = connect(credentials)
-    project_id, created = ensure_project(client, credentials.url, title, state.get("projects", {}).get(title))
+    project_id, created = ensure_project(client, credentials.url, title, state.get("projects", {}).get(title),
+                                         panel)
     state.setdefault("projects", {})[title] = project_id
     if state_file:
         atomic_write_json(state_file, state)

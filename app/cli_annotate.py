@@ -93,19 +93,27 @@ def push(model: str = opt.Model, count: int = typer.Option(480, "--count", help=
          exclude: list[Path] = typer.Option([], "--exclude", help="labeled set or sample whose maps are not drawn "
                                             "again (repeatable)"),
          maps: Path | None = typer.Option(None, "--maps", help="draw the sample from map files written by "
-                                          "`attnpat extract` instead of the model")) -> None:
+                                          "`attnpat extract` instead of the model"),
+         annotators: int | None = typer.Option(None, "--annotators", help="different people who label each task "
+                                               "in Label Studio's labeling stream, e.g. 3 for a panel (default: "
+                                               "the project's setting, 1 for a new project)"),
+         blind: bool | None = typer.Option(None, "--blind/--show-preannotations", help="hide the rule "
+                                           "pre-annotations from annotators, for an independent panel (default: "
+                                           "the project's setting, shown in a new project)")) -> None:
     """Sample maps (stratified over tasks, layers, heads, examples, or by predicted class), render them, and
     import them as tasks with pre-annotations. Rerunning never duplicates a task and finishes an interrupted push."""
     # imported here on purpose: the Label Studio SDK and the CNN (torchvision) take seconds to load
+    from annotation.labelstudio import PanelSettings  # noqa: PLC0415
     from annotation.labelstudio import push as push_tasks  # noqa: PLC0415
     from classifier.predict import pattern_predictor  # noqa: PLC0415
 
+    panel = PanelSettings(annotators, blind)  # checked before anything is sampled
     credentials = _credentials(url, token)
     folder = ensure_sample(_samples_dir(), model, count, [t.strip() for t in tasks.split(",") if t.strip()], seed,
                            sample, max_length, log=typer.echo, stratify_by=stratify_by,
                            class_shares=class_shares, exclude=exclude, maps=maps,
                            predict=pattern_predictor(stratify_by) if stratify_by else None)
-    report = push_tasks(credentials, folder, project, _state_file(), log=typer.echo)
+    report = push_tasks(credentials, folder, project, _state_file(), log=typer.echo, panel=panel)
     typer.echo(f"project {report.project_id} ({'created' if report.created_project else 'reused'}): "
                f"{report.pushed} new tasks, {report.already_there} already there, {report.total} in the sample; "
                f"open {credentials.url}/projects/{report.project_id}")

@@ -118,9 +118,11 @@ def test_round_trip_on_real_minilm_maps(label_studio, annotate_task, tmp_path):
     assert served.status_code == 200 and served.content[:8] == b"\x89PNG\r\n\x1a\n"
     client.projects.update(id=project_id, expert_instruction="an old guideline")
     code, out, err = cli("annotate", "push", "--model", "minilm", "--count", "6", "--tasks", "sst2,rte",
-                         "--sample", "real", *auth, home=tmp_path)
+                         "--sample", "real", "--annotators", "3", "--blind", *auth, home=tmp_path)
     assert code == 0 and "0 new tasks, 6 already there" in out and "reused" in out, out + err
-    assert "Boundary rules" in client.projects.get(id=project_id).expert_instruction  # a push updates it
+    project = client.projects.get(id=project_id)
+    assert "Boundary rules" in project.expert_instruction  # a push updates it
+    assert project.maximum_annotations == 3 and not project.show_collab_predictions  # now a blind panel of three
 
     sample = tmp_path / "workspace" / "annotation" / "samples" / "real"
     index = read_index(sample)
@@ -247,6 +249,51 @@ def test_several_annotators_drafts_skips_and_unknown_labels(label_studio, synthe
                  f"unknown labels or maps: 1 (first: {ids[6]}: 'spiral')", "not yet labeled: 2 tasks",
                  f"ties between annotators (earliest label kept): 2 (first: {ids[2]})"):
         assert line in text
+
+
+def next_task_for(client, project_id: int) -> dict | None:
+    """The task Label Studio's labeling stream hands this user next (None when it has none for them)."""
+    response = client._client_wrapper.httpx_client.request(f"api/projects/{project_id}/next", method="GET")
+    if response.status_code == 404:
+        return None
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_panel_project_hands_every_task_to_several_annotators_without_pre_annotations(
+        label_studio, synthetic_sample, annotate_task, tmp_path):
+    sample = synthetic_sample("panel", 2)
+    bob = ls.connect(add_annotator(label_studio, new_email("bob"), "bob-password-123"))
+    admin = ls.connect(label_studio)
+
+    # a plain project: once the admin has labeled both tasks, the stream has nothing left for bob
+    plain = ls.push(label_studio, sample, title=f"plain {sample.name}", progress=False, log=lambda m: None)
+    project = admin.projects.get(id=plain.project_id)
+    assert project.maximum_annotations == 1 and project.show_collab_predictions
+    for task in tasks_by_map(label_studio, plain.project_id).values():
+        annotate_task(admin, task["id"], "vertical")
+    assert next_task_for(bob, plain.project_id) is None
+
+    # a panel of two, blind: bob still gets every task the admin labeled, and no pre-filled label
+    panel = ls.PanelSettings(annotators=2, blind=True)
+    title = f"panel {sample.name}"
+    report = ls.push(label_studio, sample, title=title, progress=False, log=lambda m: None, panel=panel)
+    project = admin.projects.get(id=report.project_id)
+    assert project.maximum_annotations == 2 and project.overlap_cohort_percentage == 100
+    assert not project.show_collab_predictions
+    tasks = tasks_by_map(label_studio, report.project_id)
+    assert all(task["predictions"] for task in tasks.values())  # kept for pull's pre-annotation agreement
+    for task in tasks.values():
+        annotate_task(admin, task["id"], "vertical")
+    handed = next_task_for(bob, report.project_id)
+    assert handed is not None and handed["id"] in {task["id"] for task in tasks.values()}
+
+    # a later push without the options leaves the panel settings as they are
+    ls.push(label_studio, sample, title=title, progress=False, log=lambda m: None)
+    project = admin.projects.get(id=report.project_id)
+    assert project.maximum_annotations == 2 and not project.show_collab_predictions
+    with pytest.raises(AttnpatError, match="at least 1"):
+        ls.PanelSettings(annotators=0)
 
 
 def test_fleiss_kappa_by_hand_on_a_textbook_table():
