@@ -172,6 +172,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "low, high (95% bootstrap interval over maps)", None, hint=_EVALUATE),
     Artifact("evaluation_confusion", "evaluate", "true, predicted, count", None, figure=True, hint=_EVALUATE),
     Artifact("evaluation_predictions", "evaluate", "map_id, label, predicted, p_<class>", None, hint=_EVALUATE),
+    Artifact("evaluation_vs_baselines", "evaluate", "model, reference_macro_f1 (the CNN's), model_macro_f1, "
+             "difference, ci_low, ci_high (95% paired bootstrap over maps), verdict (above|below|level)", None,
+             hint=_EVALUATE),
     Artifact("classifier", "train", "the trained CNN: classifier.safetensors and its metadata classifier.json",
              None, hint=_TRAIN, kind="checkpoint"),
     Artifact("maps", "extract", "map shards (float16 .npz per example batch; resumable)", None, kind="dir"),

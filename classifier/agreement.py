@@ -5,6 +5,11 @@ Outputs in the run directory runs/classifier/<labeled set folder name>/:
                               low, high (95% percentile bootstrap over maps; empty for support)
   evaluation_confusion.csv    true, predicted, count (+ evaluation_confusion.png/svg)
   evaluation_predictions.csv  map_id, label, predicted, p_<class>
+  evaluation_vs_baselines.csv model, reference_macro_f1 (the CNN's), model_macro_f1, difference, ci_low, ci_high,
+                              verdict: the CNN against each baseline on these maps (classifier.evaluate
+                              .baseline_comparison). The rules need no training; logreg, boosting and boosting_profile
+                              (the CNN's distillation teacher) are fitted on the checkpoint's training set, when that
+                              set is here and unchanged, exactly as in cross-validation.
 
 Which classes are scored: those present in the labels or the predictions (what sklearn's f1_score does when
 given no class list). A class absent from both has no precision, recall or F1 (an empty cell, never 0 or 1)
@@ -27,7 +32,13 @@ from analysis.progress import progress_bar
 from analysis.rundir import RunDir
 from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_statistic_interval
 from annotation.dataset import LabeledSet, load_labeled_set
-from classifier.evaluate import confusion_rows_of
+from classifier.evaluate import (
+    baseline_comparison,
+    comparison_lines,
+    confusion_rows_of,
+    held_out_baseline_predictions,
+    rule_class_indices,
+)
 from classifier.figures import write_confusion_figure
 from classifier.predict import PatternClassifier
 
@@ -122,6 +133,7 @@ class TrainingOverlap:
     in_training: int | None
     training_set: str
     changed: bool = False
+    training: LabeledSet | None = None  # the training set itself, when found and unchanged (baselines fit on it)
 
 
 def training_folder(trained_on: str, roots: tuple[Path, ...] | None = None) -> Path | None:
@@ -141,7 +153,7 @@ def training_overlap(labeled: LabeledSet, metadata: dict) -> TrainingOverlap:
     data hashes match, else those whose map_id is in the training labeled set named by "trained_on"."""
     trained_on = str(metadata.get("trained_on", "unknown"))
     if metadata.get("data_hash") == labeled.data_hash:
-        return TrainingOverlap(len(labeled), f"{trained_on}, the same data hash")
+        return TrainingOverlap(len(labeled), f"{trained_on}, the same data hash", training=labeled)
     if trained_on.startswith("synthetic"):  # generated maps, none of them a labeled map
         return TrainingOverlap(0, trained_on)
     folder = training_folder(trained_on)
@@ -151,8 +163,9 @@ def training_overlap(labeled: LabeledSet, metadata: dict) -> TrainingOverlap:
         training = load_labeled_set(folder)
     except AttnpatError as exc:
         return TrainingOverlap(None, f"{folder} ({exc})")
-    return TrainingOverlap(len(set(training.map_ids) & set(labeled.map_ids)), str(folder),
-                           changed=training.data_hash != metadata.get("data_hash"))
+    changed = training.data_hash != metadata.get("data_hash")
+    return TrainingOverlap(len(set(training.map_ids) & set(labeled.map_ids)), str(folder), changed=changed,
+                           training=None if changed else training)
 
 
 # ---------------------------------------------------------------- the verb
@@ -160,13 +173,15 @@ def training_overlap(labeled: LabeledSet, metadata: dict) -> TrainingOverlap:
 @dataclass
 class Evaluation:
     """What `attnpat evaluate` found: scores (the evaluation_scores table), confusion (K, K) counts, the
-    overlap with the training set and the files written."""
+    overlap with the training set, the files written and the CNN against each baseline (the
+    evaluation_vs_baselines table)."""
 
     scores: pd.DataFrame
     confusion: np.ndarray
     overlap: TrainingOverlap
     files: list[Path]
     n_maps: int
+    comparison: pd.DataFrame
 
     def value(self, metric: str, cls: str = "") -> pd.Series:
         """value, low, high of one row of the scores table."""
@@ -197,6 +212,14 @@ def predict_in_batches(classifier: PatternClassifier, maps: list[np.ndarray], pr
     return np.concatenate(parts) if parts else np.empty((0, len(CLASSES)), dtype=np.float32)
 
 
+def baseline_predictions_on(labeled: LabeledSet, training: LabeledSet | None, seed: int = 0) -> dict[str, np.ndarray]:
+    """{baseline: (N,) class indices} for the maps of ``labeled``: the rules always; with the classifier's
+    ``training`` set, also every fitted baseline of cross-validation, fitted on that set."""
+    if training is None:
+        return {"rules": rule_class_indices(labeled.maps)}
+    return held_out_baseline_predictions(training.maps, training.labels, labeled.maps, seed)
+
+
 def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run: RunDir, *,
                          n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0, progress: bool = True) -> Evaluation:
     """Classify every map of ``labeled``, score the predictions against its labels and write the tables and the
@@ -209,17 +232,22 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
         scores = score_table(labeled.labels, predicted, n_boot=n_boot, seed=seed)
         confusion = confusion_matrix(labeled.labels, predicted, labels=list(range(len(CLASSES))))
         overlap = training_overlap(labeled, classifier.metadata)
+        predictions = {"cnn": predicted, **baseline_predictions_on(labeled, overlap.training, seed)}
+        comparison = baseline_comparison(predictions, labeled.labels, "cnn", n_boot=n_boot, seed=seed)
         files = [run.write_table("evaluation_scores", scores),
                  run.write_table("evaluation_confusion", confusion_table(confusion)),
                  *write_confusion_figure(run, "evaluation_confusion", confusion,
                                          f"CNN against {Path(labeled.path or '.').name} ({len(labeled)} maps)"),
                  run.write_table("evaluation_predictions", prediction_table(labeled.map_ids, labeled.labels,
-                                                                            probabilities))]
+                                                                            probabilities)),
+                 run.write_table("evaluation_vs_baselines", comparison)]
         found = scores[scores["class"] == ""].set_index("metric").value
         entry.update(outputs=[path.name for path in files], n_maps=len(labeled), macro_f1=float(found.macro_f1),
                      accuracy=float(found.accuracy), maps_in_training=overlap.in_training,
-                     training_set=overlap.training_set)
-    return Evaluation(scores, confusion, overlap, files, len(labeled))
+                     training_set=overlap.training_set,
+                     vs_baselines=comparison.set_index("model")[["difference", "ci_low", "ci_high", "verdict"]]
+                     .to_dict("index"))
+    return Evaluation(scores, confusion, overlap, files, len(labeled), comparison)
 
 
 def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
@@ -234,7 +262,11 @@ def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
                                           for cls in CLASSES if cls not in found.absent)]
     if found.absent:
         lines.append(f"not scored (neither labeled nor predicted): {', '.join(found.absent)}")
+    lines += comparison_lines(found.comparison)
     overlap = found.overlap
+    if overlap.training is None:
+        lines.append("note: the fitted baselines (logreg, boosting, boosting_profile) need the classifier's training "
+                     "set as it was trained on; compared with the rules only")
     if overlap.in_training is None:
         lines.append(f"note: the classifier's training set ({overlap.training_set}) is not here; whether these maps "
                      "are held out is unchecked")

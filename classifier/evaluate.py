@@ -205,3 +205,18 @@ def baseline_predictions(maps: Sequence[np.ndarray], labels: np.ndarray, folds: 
         "boosting": feature_model_predictions(features, labels, folds, "boosting", seed),
         "boosting_profile": teacher_predictions(maps, labels, folds, seed),
     }
+
+
+def held_out_baseline_predictions(training_maps: Sequence[np.ndarray], training_labels: np.ndarray,
+                                  maps: Sequence[np.ndarray], seed: int = 0) -> dict[str, np.ndarray]:
+    """Every baseline of :func:`baseline_predictions` fitted on the N training maps (labels (N,)) and applied to M
+    other maps: {'rules': (M,), 'logreg': (M,), ...}. The two sets form one train/test split of
+    :func:`baseline_predictions`, so each baseline is fitted exactly as in cross-validation; the other maps'
+    labels are never asked for, so none can reach a fit."""
+    n = len(training_maps)
+    if not n or not len(maps):
+        raise AttnpatError(f"held-out baselines need training and evaluated maps, got {n} and {len(maps)}")
+    labels = np.concatenate([np.asarray(training_labels, dtype=np.int64), np.full(len(maps), -1, dtype=np.int64)])
+    split = [(np.arange(n), np.arange(n, n + len(maps)))]
+    found = baseline_predictions([*training_maps, *maps], labels, split, seed=seed)
+    return {name: predicted[n:] for name, predicted in found.items()}

@@ -11,11 +11,14 @@ import torch
 from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
 
 from analysis.artifacts import ARTIFACTS, listed
+from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from annotation.dataset import load_labeled_set, write_labeled_folder
 from app.cli import main
 from classifier.agreement import class_scores, score_table, training_folder
 from classifier.checkpoint import save_checkpoint
+from classifier.distill import teacher_probabilities
+from classifier.evaluate import held_out_baseline_predictions, rule_class_indices
 from classifier.model import CHANNELS, INPUT_SIZE, STRIDES, PatternCNN, prepare_maps
 from tests.tiny import save_tiny_labeled_set
 
@@ -125,6 +128,41 @@ def test_evaluate_writes_registered_tables_that_agree_with_sklearn(tiny, tmp_pat
     manifest = json.loads((run / "manifest.json").read_text())["analyses"]["evaluate"]
     assert manifest["maps_in_training"] == 0 and manifest["macro_f1"] == pytest.approx(overall.macro_f1)
 
+    # the CNN against every baseline, each fitted on the training set the checkpoint names
+    versus = pd.read_csv(run / "evaluation_vs_baselines.csv").set_index("model")
+    assert list(versus.index) == ["rules", "logreg", "boosting", "boosting_profile"]
+    np.testing.assert_allclose(versus.reference_macro_f1, overall.macro_f1)
+    np.testing.assert_allclose(versus.difference, versus.reference_macro_f1 - versus.model_macro_f1)
+    assert ((versus.ci_low <= versus.difference + 1e-12) & (versus.difference <= versus.ci_high + 1e-12)).all()
+    panel, trained = load_labeled_set(evaluated), load_labeled_set(training)
+    rules = rule_class_indices(panel.maps)
+    teacher = teacher_probabilities(prepare_maps(trained.maps), trained.labels, prepare_maps(panel.maps)).argmax(1)
+    assert versus.model_macro_f1["rules"] == pytest.approx(f1_score(panel.labels, rules, average="macro"))
+    assert versus.model_macro_f1["boosting_profile"] == pytest.approx(f1_score(panel.labels, teacher, average="macro"))
+    for name, row in versus.iterrows():
+        assert f"CNN vs {name}: {row.difference:+.3f} macro-F1 (95% paired bootstrap {row.ci_low:+.3f} to " \
+               f"{row.ci_high:+.3f}): {row.verdict}" in out
+    assert set(manifest["vs_baselines"]) == set(versus.index)
+
+
+def test_held_out_baselines_are_fitted_on_the_training_maps_only(tmp_path):
+    training = load_labeled_set(save_tiny_labeled_set(tmp_path / "train", 6, seed=4))
+    held_out = load_labeled_set(save_tiny_labeled_set(tmp_path / "held-out", 3, seed=5))
+    found = held_out_baseline_predictions(training.maps, training.labels, held_out.maps, seed=0)
+    assert set(found) == {"rules", "logreg", "boosting", "boosting_profile"}
+    assert all(predicted.shape == (len(held_out),) for predicted in found.values())
+    np.testing.assert_array_equal(found["rules"], rule_class_indices(held_out.maps))
+    np.testing.assert_array_equal(found["boosting_profile"], teacher_probabilities(
+        prepare_maps(training.maps), training.labels, prepare_maps(held_out.maps)).argmax(1))
+    # a fit on the training maps alone: the same predictions whatever else is evaluated beside these maps
+    more = held_out_baseline_predictions(training.maps, training.labels, held_out.maps + training.maps[:5], seed=0)
+    for name, predicted in found.items():
+        np.testing.assert_array_equal(more[name][:len(held_out)], predicted)
+    # logistic regression on the pre-annotator's features learns these clean synthetic classes
+    assert f1_score(held_out.labels, found["logreg"], average="macro") > 0.6
+    with pytest.raises(AttnpatError, match="need training and evaluated maps"):
+        held_out_baseline_predictions(training.maps, training.labels, [])
+
 
 def test_the_overlap_with_the_training_set_is_counted_and_warned(tiny, tmp_path, capsys):
     evaluated, training, _ = tiny
@@ -146,6 +184,9 @@ def test_the_overlap_with_the_training_set_is_counted_and_warned(tiny, tmp_path,
                                   data_hash="0" * 64)
     code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
     assert code == 0 and err.startswith("warning: 7 of these maps") and f"note: {mixed} has changed since" in out
+    # the baselines are not fitted on a set other than the one the CNN learned: the rules only, and said so
+    versus = pd.read_csv(tmp_path / "classifier" / "panel" / "evaluation_vs_baselines.csv")
+    assert list(versus.model) == ["rules"] and "compared with the rules only" in out
 
     # trained on this very set, found by its data hash although the folder it names is not here
     checkpoint = write_checkpoint(tmp_path / "same.safetensors", evaluated, trained_on="labeled set gone/v9",
@@ -159,6 +200,7 @@ def test_the_overlap_with_the_training_set_is_counted_and_warned(tiny, tmp_path,
                                   data_hash="0" * 64)
     code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
     assert code == 0 and err == "" and "note: the classifier's training set (labeled set gone/v9) is not here" in out
+    assert "compared with the rules only" in out and "CNN vs rules: " in out and "CNN vs logreg" not in out
 
 
 def test_the_training_folder_is_found_relative_to_the_places_it_may_be(tmp_path):
