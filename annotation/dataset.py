@@ -138,6 +138,17 @@ def next_version(base: str | Path) -> Path:
     return base / f"v{1 + max(versions, default=0)}"
 
 
+def labeled_set_name(folder: str | Path) -> str:
+    """The name a labeled set's runs go under (runs/classifier/<name>/): its folder's name, with the sample's name
+    in front for a version that `annotate pull` wrote (workspace/annotation/labeled/<sample>/v1 -> '<sample>-v1'),
+    so the first versions of two samples do not share one run directory; the repository's sets keep their name."""
+    folder = Path(folder).resolve()
+    is_version = folder.name[:1] == "v" and folder.name[1:].isdigit()
+    if is_version and folder.parent.name not in ("", "labeled"):
+        return f"{folder.parent.name}-{folder.name}"
+    return folder.name
+
+
 def merge_labeled_sets(folders: list[str | Path], out: str | Path) -> LabeledSet:
     """One labeled set from several (e.g. the shipped set plus a new round of labels), written to ``out``.
 

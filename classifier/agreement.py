@@ -31,7 +31,7 @@ from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir
 from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_statistic_interval
-from annotation.dataset import LabeledSet, load_labeled_set
+from annotation.dataset import LabeledSet, labeled_set_name, load_labeled_set
 from classifier.evaluate import (
     baseline_comparison,
     comparison_lines,
@@ -194,8 +194,8 @@ class Evaluation:
 
 
 def evaluation_run(folder: str | Path, root: str | Path | None = None) -> RunDir:
-    """runs/classifier/<the labeled set folder's name>/."""
-    return RunDir(RUN_MODEL, Path(folder).resolve().name, root)
+    """runs/classifier/<the labeled set's name>/ (annotation.dataset.labeled_set_name)."""
+    return RunDir(RUN_MODEL, labeled_set_name(folder), root)
 
 
 def predict_in_batches(classifier: PatternClassifier, maps: list[np.ndarray], progress: bool = True,

@@ -105,8 +105,11 @@ def baseline_comparison(results: dict[str, np.ndarray], labels: np.ndarray, refe
 def comparison_text(entry: dict, level: float = 0.95) -> str:
     """One comparison (a row of :func:`baseline_comparison`, or its record in the checkpoint metadata) as text:
     '+0.037 macro-F1 (95% paired bootstrap +0.013 to +0.060): above' (``level``: the one it was computed at)."""
-    return (f"{entry['difference']:+.3f} macro-F1 ({level:.0%} paired bootstrap {entry['ci_low']:+.3f} to "
-            f"{entry['ci_high']:+.3f}): {entry['verdict']}")
+    def signed(value: float) -> str:  # rounded first, so that -0.0000001 reads +0.000, not -0.000
+        return f"{round(float(value), 3) + 0.0:+.3f}"
+
+    return (f"{signed(entry['difference'])} macro-F1 ({level:.0%} paired bootstrap {signed(entry['ci_low'])} to "
+            f"{signed(entry['ci_high'])}): {entry['verdict']}")
 
 
 def comparison_lines(comparison: pd.DataFrame, reference: str = "CNN", level: float = 0.95) -> list[str]:

@@ -22,7 +22,7 @@ from analysis.errors import AttnpatError
 from analysis.mapstore import maps_digest
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir
-from annotation.dataset import annotator_agreement, load_labeled_set
+from annotation.dataset import annotator_agreement, labeled_set_name, load_labeled_set
 from classifier.checkpoint import save_checkpoint
 from classifier.distill import UnlabeledPool
 from classifier.evaluate import (
@@ -73,8 +73,8 @@ def load_training_data(source: str, seed: int = 0) -> TrainingData:
         return TrainingData(maps, labels, maps_digest(maps, labels=labels), f"synthetic-{count}",
                             f"synthetic maps (classifier.synthetic, {count} per class, seed {seed})", synthetic=True)
     labeled = load_labeled_set(source)
-    folder = Path(source).resolve()
-    return TrainingData(labeled.maps, labeled.labels, labeled.data_hash, folder.name, f"labeled set {source}",
+    return TrainingData(labeled.maps, labeled.labels, labeled.data_hash, labeled_set_name(source),
+                        f"labeled set {source}",
                         map_ids=list(labeled.map_ids), agreement=annotator_agreement(labeled))
 
 

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -200,6 +201,12 @@ def test_baseline_comparison_says_above_below_or_level_with_a_paired_interval():
     assert table.loc["strong", "model_macro_f1"] == 1.0
     assert table.difference.to_numpy() == pytest.approx(table.reference_macro_f1 - table.model_macro_f1)
     assert "CNN vs weak: +" in comparison_lines(table.reset_index())[0]
+    # identical predictions: a zero difference and interval read as +0.000, never -0.000
+    same = baseline_comparison({"cnn": cnn, "copy": cnn.copy()}, labels, "cnn", n_boot=50)
+    assert comparison_lines(same) == ["CNN vs copy: +0.000 macro-F1 (95% paired bootstrap +0.000 to +0.000): level"]
+    assert comparison_lines(pd.DataFrame([{"model": "tiny", "difference": -4e-4, "ci_low": -0.0012, "ci_high": -1e-17,
+                                           "verdict": "level"}])) == [
+        "CNN vs tiny: +0.000 macro-F1 (95% paired bootstrap -0.001 to +0.000): level"]
     assert baseline_comparison({"cnn": cnn}, labels).empty
     with pytest.raises(AttnpatError, match="no predictions of 'cnn'"):
         baseline_comparison({"weak": cnn}, labels)

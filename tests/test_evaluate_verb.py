@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,12 +14,12 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precisio
 from analysis.artifacts import ARTIFACTS, listed
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
-from annotation.dataset import load_labeled_set, write_labeled_folder
+from annotation.dataset import labeled_set_name, load_labeled_set, write_labeled_folder
 from app.cli import main
 from classifier.agreement import class_scores, score_table, training_folder
 from classifier.checkpoint import save_checkpoint
 from classifier.distill import teacher_probabilities
-from classifier.evaluate import held_out_baseline_predictions, rule_class_indices
+from classifier.evaluate import comparison_lines, held_out_baseline_predictions, rule_class_indices
 from classifier.model import CHANNELS, INPUT_SIZE, STRIDES, PatternCNN, prepare_maps
 from tests.tiny import save_tiny_labeled_set
 
@@ -139,9 +140,8 @@ def test_evaluate_writes_registered_tables_that_agree_with_sklearn(tiny, tmp_pat
     teacher = teacher_probabilities(prepare_maps(trained.maps), trained.labels, prepare_maps(panel.maps)).argmax(1)
     assert versus.model_macro_f1["rules"] == pytest.approx(f1_score(panel.labels, rules, average="macro"))
     assert versus.model_macro_f1["boosting_profile"] == pytest.approx(f1_score(panel.labels, teacher, average="macro"))
-    for name, row in versus.iterrows():
-        assert f"CNN vs {name}: {row.difference:+.3f} macro-F1 (95% paired bootstrap {row.ci_low:+.3f} to " \
-               f"{row.ci_high:+.3f}): {row.verdict}" in out
+    for line in comparison_lines(versus.reset_index()):
+        assert line in out.splitlines()
     assert set(manifest["vs_baselines"]) == set(versus.index)
 
 
@@ -201,6 +201,19 @@ def test_the_overlap_with_the_training_set_is_counted_and_warned(tiny, tmp_path,
     code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
     assert code == 0 and err == "" and "note: the classifier's training set (labeled set gone/v9) is not here" in out
     assert "compared with the rules only" in out and "CNN vs rules: " in out and "CNN vs logreg" not in out
+
+
+def test_first_versions_of_two_pulled_samples_get_run_directories_of_their_own(tiny, tmp_path, capsys):
+    assert labeled_set_name(REPO / "annotation" / "labeled" / "v5") == "v5"
+    assert labeled_set_name(PANEL) == "panel-1"
+    assert labeled_set_name(tmp_path / "workspace" / "annotation" / "labeled" / "my-panel" / "v1") == "my-panel-v1"
+    evaluated, _, checkpoint = tiny
+    for sample in ("one", "two"):  # as `annotate pull` writes them: labeled/<sample>/v1
+        shutil.copytree(evaluated, tmp_path / "labeled" / sample / "v1")
+        code, _, err = run_evaluate(capsys, "--data", tmp_path / "labeled" / sample / "v1", "--classifier",
+                                    checkpoint, "--runs-dir", tmp_path / "runs")
+        assert code == 0, err
+    assert sorted(path.name for path in (tmp_path / "runs" / "classifier").iterdir()) == ["one-v1", "two-v1"]
 
 
 def test_the_training_folder_is_found_relative_to_the_places_it_may_be(tmp_path):
