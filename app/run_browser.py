@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,11 +34,14 @@ def slug_label(stem: str) -> str:
 
 
 class Scratch:
-    """A private temporary folder for per-request downloads; folders older than ``max_age`` s are pruned."""
+    """A private temporary folder for per-request downloads; folders older than ``max_age`` s are pruned, and
+    the whole folder goes when the Scratch is collected or the process exits."""
 
     def __init__(self, max_age: float = 3600.0):
         self.root = Path(tempfile.mkdtemp(prefix="attnpat-app-"))
         self.max_age = max_age
+        # every app start (and every test that builds one) made a folder that outlived the process
+        self._remove = weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
         self._last_prune = time.time()
 
     def new_dir(self) -> Path:

@@ -22,8 +22,10 @@ The load average before and after is printed: on a shared machine other work tak
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -106,6 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     sweep_data = load_data("sst2", n=args.n_sweep)
     sweep_bundle = seeded_classifier(sweep_name, sweep_data.num_labels, device="cpu")
     root = Path(tempfile.mkdtemp(prefix="bench-ray-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # its run folders only serve the equality checks
     load_before = os.getloadavg()
 
     def classify(where: str, cluster=None):

@@ -2,7 +2,11 @@
 on, and the table titles that say where values come from."""
 from __future__ import annotations
 
+import gc
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -138,3 +142,18 @@ def test_disabling_tab_says_which_effects_survive_holm(tmp_path):
     assert "zero, single heads (1 of 2 survive Holm, p < 0.05): L1-H2 -0.2500 [-0.4000, -0.1000]" in message
     message, *_ = WebApp(tmp_path).show_artifacts("Fine-tuning", "tuned", "sst2")
     assert "Holm" not in message
+
+
+def test_the_scratch_folder_goes_with_the_app():
+    scratch = Scratch()
+    download = scratch.new_dir() / "heads_grid.png"
+    download.write_bytes(b"png")
+    root = scratch.root
+    del scratch
+    gc.collect()
+    assert not root.exists()
+    # and at exit of a process that still holds it (an app stopped with Ctrl-C)
+    code = "from app.run_browser import Scratch; s = Scratch(); (s.new_dir() / 'x').write_text('x'); print(s.root)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert not Path(done.stdout.strip()).exists()
