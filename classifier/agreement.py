@@ -212,12 +212,13 @@ def predict_in_batches(classifier: PatternClassifier, maps: list[np.ndarray], pr
     return np.concatenate(parts) if parts else np.empty((0, len(CLASSES)), dtype=np.float32)
 
 
-def baseline_predictions_on(labeled: LabeledSet, training: LabeledSet | None, seed: int = 0) -> dict[str, np.ndarray]:
+def baseline_predictions_on(labeled: LabeledSet, training: LabeledSet | None, seed: int = 0,
+                            progress: bool = False) -> dict[str, np.ndarray]:
     """{baseline: (N,) class indices} for the maps of ``labeled``: the rules always; with the classifier's
     ``training`` set, also every fitted baseline of cross-validation, fitted on that set."""
     if training is None:
         return {"rules": rule_class_indices(labeled.maps)}
-    return held_out_baseline_predictions(training.maps, training.labels, labeled.maps, seed)
+    return held_out_baseline_predictions(training.maps, training.labels, labeled.maps, seed, progress)
 
 
 def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run: RunDir, *,
@@ -232,7 +233,7 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
         scores = score_table(labeled.labels, predicted, n_boot=n_boot, seed=seed)
         confusion = confusion_matrix(labeled.labels, predicted, labels=list(range(len(CLASSES))))
         overlap = training_overlap(labeled, classifier.metadata)
-        predictions = {"cnn": predicted, **baseline_predictions_on(labeled, overlap.training, seed)}
+        predictions = {"cnn": predicted, **baseline_predictions_on(labeled, overlap.training, seed, progress)}
         comparison = baseline_comparison(predictions, labeled.labels, "cnn", n_boot=n_boot, seed=seed)
         files = [run.write_table("evaluation_scores", scores),
                  run.write_table("evaluation_confusion", confusion_table(confusion)),

@@ -20,6 +20,7 @@ from sklearn.preprocessing import StandardScaler
 
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
+from analysis.progress import progress_bar
 from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_difference_interval
 from annotation import preannotate
 from classifier.distill import boosting_classifier, teacher_probabilities
@@ -199,19 +200,34 @@ def teacher_predictions(maps: Sequence[np.ndarray], labels: np.ndarray, folds: l
 
 
 def baseline_predictions(maps: Sequence[np.ndarray], labels: np.ndarray, folds: list[tuple[np.ndarray, np.ndarray]],
-                         tokens: Sequence[list[str] | None] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
-    """{'rules': ..., 'logreg': ..., 'boosting': ..., 'boosting_profile': ...}: (N,) predictions of every baseline."""
-    features = feature_matrix(maps, tokens)
-    return {
-        "rules": rule_class_indices(maps, tokens),
-        "logreg": feature_model_predictions(features, labels, folds, "logreg", seed),
-        "boosting": feature_model_predictions(features, labels, folds, "boosting", seed),
-        "boosting_profile": teacher_predictions(maps, labels, folds, seed),
+                         tokens: Sequence[list[str] | None] | None = None, seed: int = 0,
+                         progress: bool = False) -> dict[str, np.ndarray]:
+    """{'rules': ..., 'logreg': ..., 'boosting': ..., 'boosting_profile': ...}: (N,) predictions of every baseline,
+    with a bar over the five steps (map features, then each baseline) when ``progress``."""
+    bar = progress_bar(5, progress, "baselines", unit="step")
+    steps = {
+        "features": lambda: feature_matrix(maps, tokens),
+        "rules": lambda: rule_class_indices(maps, tokens),
+        "logreg": lambda: feature_model_predictions(found["features"], labels, folds, "logreg", seed),
+        "boosting": lambda: feature_model_predictions(found["features"], labels, folds, "boosting", seed),
+        "boosting_profile": lambda: teacher_predictions(maps, labels, folds, seed),
     }
+    found = {}
+    for name, step in steps.items():
+        if bar is not None:
+            bar.set_postfix_str(name)
+        found[name] = step()
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    found.pop("features")
+    return found
 
 
 def held_out_baseline_predictions(training_maps: Sequence[np.ndarray], training_labels: np.ndarray,
-                                  maps: Sequence[np.ndarray], seed: int = 0) -> dict[str, np.ndarray]:
+                                  maps: Sequence[np.ndarray], seed: int = 0,
+                                  progress: bool = False) -> dict[str, np.ndarray]:
     """Every baseline of :func:`baseline_predictions` fitted on the N training maps (labels (N,)) and applied to M
     other maps: {'rules': (M,), 'logreg': (M,), ...}. The two sets form one train/test split of
     :func:`baseline_predictions`, so each baseline is fitted exactly as in cross-validation; the other maps'
@@ -221,5 +237,5 @@ def held_out_baseline_predictions(training_maps: Sequence[np.ndarray], training_
         raise AttnpatError(f"held-out baselines need training and evaluated maps, got {n} and {len(maps)}")
     labels = np.concatenate([np.asarray(training_labels, dtype=np.int64), np.full(len(maps), -1, dtype=np.int64)])
     split = [(np.arange(n), np.arange(n, n + len(maps)))]
-    found = baseline_predictions([*training_maps, *maps], labels, split, seed=seed)
+    found = baseline_predictions([*training_maps, *maps], labels, split, seed=seed, progress=progress)
     return {name: predicted[n:] for name, predicted in found.items()}

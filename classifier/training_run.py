@@ -104,7 +104,7 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
                                                pool_maps=pool_maps)
         predictions = {"cnn": cnn_probabilities.argmax(1)}
         if baselines:
-            predictions.update(baseline_predictions(data.maps, labels, folds, seed=config.seed))
+            predictions.update(baseline_predictions(data.maps, labels, folds, seed=config.seed, progress=progress))
         agreed = data.agreement == 1 if data.agreement is not None else None
         score_frame, confusion_frame = score_table(predictions, labels, folds, agreed)
         run.write_table("cv_scores", score_frame)

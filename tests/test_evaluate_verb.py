@@ -145,10 +145,11 @@ def test_evaluate_writes_registered_tables_that_agree_with_sklearn(tiny, tmp_pat
     assert set(manifest["vs_baselines"]) == set(versus.index)
 
 
-def test_held_out_baselines_are_fitted_on_the_training_maps_only(tmp_path):
+def test_held_out_baselines_are_fitted_on_the_training_maps_only(tmp_path, capsys):
     training = load_labeled_set(save_tiny_labeled_set(tmp_path / "train", 6, seed=4))
     held_out = load_labeled_set(save_tiny_labeled_set(tmp_path / "held-out", 3, seed=5))
-    found = held_out_baseline_predictions(training.maps, training.labels, held_out.maps, seed=0)
+    found = held_out_baseline_predictions(training.maps, training.labels, held_out.maps, seed=0, progress=True)
+    assert "baselines: 100%" in capsys.readouterr().err  # the fits take ~20 s on v5: a bar says what runs
     assert set(found) == {"rules", "logreg", "boosting", "boosting_profile"}
     assert all(predicted.shape == (len(held_out),) for predicted in found.values())
     np.testing.assert_array_equal(found["rules"], rule_class_indices(held_out.maps))
