@@ -255,14 +255,15 @@ def test_the_held_out_sets_share_no_map_with_a_training_set_or_with_each_other()
     labeled = REPO / "annotation" / "labeled"
     training = set().union(*(load_labeled_set(labeled / name).map_ids for name in ("v2", "v3", "v4", "v5")))
     held_out = {name: set(load_labeled_set(labeled / name).map_ids)
-                for name in ("panel-1", "panel-2", "panel-3", "panel-4", "boundary-2")}
+                for name in ("panel-1", "panel-2", "panel-3", "panel-4", "panel-5", "boundary-2")}
     for name, map_ids in held_out.items():
         assert map_ids and not map_ids & training, name
     names = list(held_out)
     for i, first in enumerate(names):
         for second in names[i + 1:]:
             assert not held_out[first] & held_out[second], (first, second)
-    for name in ("panel-1", "panel-2", "panel-3", "panel-4"):  # three annotators per map; the label is their majority
+    # three annotators per map; the label is their majority
+    for name in ("panel-1", "panel-2", "panel-3", "panel-4", "panel-5"):
         annotations = pd.read_csv(labeled / name / "annotations.csv")
         panel = load_labeled_set(labeled / name)
         annotators = annotations.groupby("map_id").annotator.nunique().reindex(panel.map_ids)
