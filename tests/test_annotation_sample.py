@@ -71,6 +71,16 @@ def test_a_stratified_sample_records_its_settings_and_excludes_a_labeled_set(tmp
         ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="a", log=lambda _: None)
 
 
+def test_a_stratified_sample_smaller_than_asked_says_so(tmp_path):
+    model = save_tiny_model(tmp_path / "tiny", layers=1, heads=2)
+    said = []
+    folder = ensure_sample(tmp_path / "samples", str(model), 10, ["sst2"], seed=1, name="short", stratify_by="rules",
+                           predict=lambda maps, tokens: ["block"] * len(maps), class_shares="block=1,heterogeneous=1",
+                           log=said.append)
+    assert len(read_index(folder)) == 5  # no map is predicted heterogeneous: its 5 are missing
+    assert said[-1].startswith("the sample holds 5 maps, not 10: rules predicted some classes")
+
+
 def synthetic_id(name: str) -> str:
     """A map id (analysis.mapstore grammar) for synthetic map ``name``."""
     return make_map_id("synthetic", "none", name, 0, 0)
