@@ -41,7 +41,7 @@ class Scratch:
         self.root = Path(tempfile.mkdtemp(prefix="attnpat-app-"))
         self.max_age = max_age
         # every app start (and every test that builds one) made a folder that outlived the process
-        self._remove = weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
+        weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
         self._last_prune = time.time()
 
     def new_dir(self) -> Path:
