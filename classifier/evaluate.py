@@ -205,23 +205,24 @@ def baseline_predictions(maps: Sequence[np.ndarray], labels: np.ndarray, folds: 
     """{'rules': ..., 'logreg': ..., 'boosting': ..., 'boosting_profile': ...}: (N,) predictions of every baseline,
     with a bar over the five steps (map features, then each baseline) when ``progress``."""
     bar = progress_bar(5, progress, "baselines", unit="step")
-    steps = {
-        "features": lambda: feature_matrix(maps, tokens),
-        "rules": lambda: rule_class_indices(maps, tokens),
-        "logreg": lambda: feature_model_predictions(found["features"], labels, folds, "logreg", seed),
-        "boosting": lambda: feature_model_predictions(found["features"], labels, folds, "boosting", seed),
-        "boosting_profile": lambda: teacher_predictions(maps, labels, folds, seed),
-    }
-    found = {}
-    for name, step in steps.items():
+
+    def step(name: str, compute):
         if bar is not None:
             bar.set_postfix_str(name)
-        found[name] = step()
+        value = compute()
         if bar is not None:
             bar.update(1)
+        return value
+
+    features = step("features", lambda: feature_matrix(maps, tokens))
+    found = {
+        "rules": step("rules", lambda: rule_class_indices(maps, tokens)),
+        "logreg": step("logreg", lambda: feature_model_predictions(features, labels, folds, "logreg", seed)),
+        "boosting": step("boosting", lambda: feature_model_predictions(features, labels, folds, "boosting", seed)),
+        "boosting_profile": step("boosting_profile", lambda: teacher_predictions(maps, labels, folds, seed)),
+    }
     if bar is not None:
         bar.close()
-    found.pop("features")
     return found
 
 
