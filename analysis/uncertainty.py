@@ -106,6 +106,42 @@ def mcnemar_exact(baseline_correct: np.ndarray, variant_correct: np.ndarray) -> 
     return p[0] if column else p
 
 
+def paired_permutation_p(statistic: Callable[[np.ndarray, np.ndarray], float], baseline: np.ndarray,
+                         variants: np.ndarray, labels: np.ndarray, *, n_perm: int = DEFAULT_BOOTSTRAP,
+                         seed: int = 0) -> np.ndarray:
+    """Two-sided paired permutation test (approximate randomization) of a metric's change, for metrics that are no
+    mean over examples (macro-F1): under the null the two models are exchangeable on every example.
+
+    statistic(predictions (E,), labels (E,)) -> float; baseline: (E,) predictions of the reference model;
+    variants: (E, V) or (E,) predictions of each variant; labels: (E,). Each permutation swaps the two models'
+    predictions on a random half of the examples (the same swaps for every variant). Returns (V,) p-values,
+    (1 + permutations whose |change| reaches the observed one) / (1 + n_perm); 1 where the two never differ.
+    """
+    baseline, variants, labels = np.asarray(baseline), np.asarray(variants), np.asarray(labels)
+    variants = variants[:, None] if variants.ndim == 1 else variants
+    if not len(baseline) or variants.shape[0] != len(baseline) or len(labels) != len(baseline):
+        raise AttnpatError(f"a paired permutation test needs equal example counts, got {len(baseline)} baseline, "
+                           f"{variants.shape[0]} variant and {len(labels)} label rows")
+    rng = np.random.default_rng(seed)
+    swaps = rng.random((n_perm, len(baseline))) < 0.5  # one set of swaps serves every variant
+    p = np.ones(variants.shape[1])
+    for v in range(variants.shape[1]):
+        variant = variants[:, v]
+        differ = np.flatnonzero(variant != baseline)
+        if not len(differ):
+            continue
+        observed = abs(statistic(variant, labels) - statistic(baseline, labels))
+        reached = 0
+        for swap in swaps:
+            moved = differ[swap[differ]]  # swapping equal predictions changes nothing
+            swapped_variant, swapped_baseline = variant.copy(), baseline.copy()
+            swapped_variant[moved], swapped_baseline[moved] = baseline[moved], variant[moved]
+            change = abs(statistic(swapped_variant, labels) - statistic(swapped_baseline, labels))
+            reached += change >= observed - 1e-12  # ties count as reaching it (float noise must not make p smaller)
+        p[v] = (1 + reached) / (1 + n_perm)
+    return p
+
+
 def holm_adjust(p_values: np.ndarray) -> np.ndarray:
     """Holm's step-down adjusted p-values (family-wise error control), same shape as the input."""
     p = np.asarray(p_values, dtype=np.float64)

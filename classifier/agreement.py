@@ -6,7 +6,7 @@ Outputs in the run directory runs/classifier/<labeled set folder name>/:
   evaluation_confusion.csv    true, predicted, count (+ evaluation_confusion.png/svg)
   evaluation_predictions.csv  map_id, label, predicted, p_<class>
   evaluation_vs_baselines.csv model, reference_macro_f1 (the CNN's), model_macro_f1, difference, ci_low, ci_high,
-                              verdict: the CNN against each baseline on these maps (classifier.evaluate
+                              p_value, p_holm, verdict: the CNN against each baseline on these maps (classifier.evaluate
                               .baseline_comparison). The rules need no training; logreg, boosting and boosting_profile
                               (the CNN's distillation teacher) are fitted on the checkpoint's training set, when that
                               set is here and unchanged, exactly as in cross-validation.
@@ -35,6 +35,7 @@ from annotation.dataset import LabeledSet, labeled_set_name, load_labeled_set
 from classifier.evaluate import (
     baseline_comparison,
     comparison_lines,
+    comparison_record,
     confusion_rows_of,
     held_out_baseline_predictions,
     rule_class_indices,
@@ -246,8 +247,7 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
         entry.update(outputs=[path.name for path in files], n_maps=len(labeled), macro_f1=float(found.macro_f1),
                      accuracy=float(found.accuracy), maps_in_training=overlap.in_training,
                      training_set=overlap.training_set,
-                     vs_baselines=comparison.set_index("model")[["difference", "ci_low", "ci_high", "verdict"]]
-                     .to_dict("index"))
+                     vs_baselines=comparison_record(comparison))
     return Evaluation(scores, confusion, overlap, files, len(labeled), comparison)
 
 

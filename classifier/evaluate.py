@@ -21,7 +21,7 @@ from sklearn.preprocessing import StandardScaler
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
-from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_difference_interval
+from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_difference_interval, holm_adjust, paired_permutation_p
 from annotation import preannotate
 from classifier.distill import boosting_classifier, teacher_probabilities
 from classifier.model import prepare_maps
@@ -72,18 +72,23 @@ def score_table(results: dict[str, np.ndarray], labels: np.ndarray, folds: list[
 
 def baseline_comparison(results: dict[str, np.ndarray], labels: np.ndarray, reference: str = "cnn", *,
                         level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> pd.DataFrame:
-    """Is the reference model above each other model? Its macro-F1 minus theirs, with a paired bootstrap interval.
+    """Is the reference model above each other model? Its macro-F1 minus theirs, with a paired bootstrap interval
+    and a paired permutation test.
 
     results: {model name: (N,) out-of-fold predictions}, holding ``reference``; labels: (N,). One row per other
     model: model, reference_macro_f1, model_macro_f1, difference (reference minus model), ci_low, ci_high (paired
-    percentile bootstrap over the maps: every draw resamples the maps once for all models) and verdict: 'above'
-    or 'below' when the interval excludes 0, else 'level'. The predictions are held fixed, so the interval covers
-    which maps were labeled, not the spread between training runs.
+    percentile bootstrap over the maps: every draw resamples the maps once for all models), p_value (two-sided
+    paired permutation test of the macro-F1 difference, analysis.uncertainty.paired_permutation_p), p_holm (Holm's
+    correction across the other models: one family of comparisons) and verdict: 'above' or 'below' when the
+    interval excludes 0 and p_holm < 1 - level, else 'level'. Both must agree because a bootstrap of macro-F1
+    with a class of a few maps can exclude 0 on a handful of differing maps. The predictions are held fixed, so
+    neither covers the spread between training runs.
     """
     if reference not in results:
         raise AttnpatError(f"no predictions of {reference!r} to compare (models: {', '.join(results)})")
     others = [name for name in results if name != reference]
-    columns = ["model", "reference_macro_f1", "model_macro_f1", "difference", "ci_low", "ci_high", "verdict"]
+    columns = ["model", "reference_macro_f1", "model_macro_f1", "difference", "ci_low", "ci_high", "p_value",
+               "p_holm", "verdict"]
     if not others:
         return pd.DataFrame(columns=columns)
     labels = np.asarray(labels)
@@ -92,25 +97,37 @@ def baseline_comparison(results: dict[str, np.ndarray], labels: np.ndarray, refe
     theirs = np.stack([np.asarray(results[name]) for name in others], 1)  # (N, models)
     bounds = -bootstrap_difference_interval(macro_f1, ours, theirs, labels, level=level, n_boot=n_boot,
                                             seed=seed)[:, ::-1]
+    p_values = paired_permutation_p(macro_f1, ours, theirs, labels, n_perm=n_boot, seed=seed)
+    p_holm = holm_adjust(p_values)
     reference_f1 = macro_f1(ours, labels)
     rows = []
-    for name, (low, high) in zip(others, bounds, strict=True):
+    for name, (low, high), p, p_adjusted in zip(others, bounds, p_values, p_holm, strict=True):
         model_f1 = macro_f1(np.asarray(results[name]), labels)
-        verdict = "above" if low > 0 else "below" if high < 0 else "level"
+        significant = p_adjusted < 1 - level
+        verdict = "above" if low > 0 and significant else "below" if high < 0 and significant else "level"
         rows.append({"model": name, "reference_macro_f1": reference_f1, "model_macro_f1": model_f1,
                      "difference": reference_f1 - model_f1, "ci_low": float(low), "ci_high": float(high),
-                     "verdict": verdict})
+                     "p_value": float(p), "p_holm": float(p_adjusted), "verdict": verdict})
     return pd.DataFrame(rows, columns=columns)
+
+
+def comparison_record(comparison: pd.DataFrame) -> dict[str, dict]:
+    """The rows of :func:`baseline_comparison` as {model: {difference, ci_low, ci_high, p_value, p_holm, verdict}},
+    for run manifests and the checkpoint metadata."""
+    return comparison.set_index("model")[["difference", "ci_low", "ci_high", "p_value", "p_holm", "verdict"]] \
+        .to_dict("index")
 
 
 def comparison_text(entry: dict, level: float = 0.95) -> str:
     """One comparison (a row of :func:`baseline_comparison`, or its record in the checkpoint metadata) as text:
-    '+0.037 macro-F1 (95% paired bootstrap +0.013 to +0.060): above' (``level``: the one it was computed at)."""
+    '+0.037 macro-F1 (95% paired bootstrap +0.013 to +0.060; permutation p = 0.004 (Holm)): above' (``level``:
+    the one it was computed at; a checkpoint trained by an earlier version records no p, and its text shows none)."""
     def signed(value: float) -> str:  # rounded first, so that -0.0000001 reads +0.000, not -0.000
         return f"{round(float(value), 3) + 0.0:+.3f}"
 
+    test = f"; permutation p = {entry['p_holm']:.3f} (Holm)" if entry.get("p_holm") is not None else ""
     return (f"{signed(entry['difference'])} macro-F1 ({level:.0%} paired bootstrap {signed(entry['ci_low'])} to "
-            f"{signed(entry['ci_high'])}): {entry['verdict']}")
+            f"{signed(entry['ci_high'])}{test}): {entry['verdict']}")
 
 
 def comparison_lines(comparison: pd.DataFrame, reference: str = "CNN", level: float = 0.95) -> list[str]:

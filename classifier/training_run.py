@@ -4,9 +4,9 @@ Outputs in the run directory runs/classifier/<data name>/:
   cv_scores.csv    model, metric (macro_f1|macro_f1_fold_std|accuracy|f1|macro_f1_agreed), class, value
   cv_confusion.csv model, true, predicted, count   (+ cv_confusion.png/svg for the CNN)
   cv_predictions.csv  map_id, fold, label, [annotators_agreed], <model>... (out-of-fold class), p_<class> (CNN)
-  cv_vs_baselines.csv model, reference_macro_f1 (the CNN's), model_macro_f1, difference, ci_low, ci_high, verdict
-                   (classifier.evaluate.baseline_comparison: is the CNN above each baseline, with a paired interval;
-                   no rows without baselines)
+  cv_vs_baselines.csv model, reference_macro_f1 (the CNN's), model_macro_f1, difference, ci_low, ci_high, p_value,
+                   p_holm, verdict (classifier.evaluate.baseline_comparison: is the CNN above each baseline, with a
+                   paired interval and a paired permutation test; no rows without baselines)
 macro_f1_agreed and annotators_agreed come with labeled sets that keep every annotation (annotations.csv).
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ from classifier.distill import UnlabeledPool
 from classifier.evaluate import (
     baseline_comparison,
     baseline_predictions,
+    comparison_record,
     prediction_table,
     score_table,
     scores,
@@ -131,8 +132,7 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
                 "confusion": cnn["confusion"].tolist(),
                 "baselines_macro_f1": {name: scores(pred, labels)["macro_f1"] for name, pred in predictions.items()
                                        if name != "cnn"},
-                "vs_baselines": comparison.set_index("model")[["difference", "ci_low", "ci_high", "verdict"]]
-                                .to_dict("index"),
+                "vs_baselines": comparison_record(comparison),
             },
             "final_fit": {"epochs": final.epochs, "best_epoch": final.best_epoch,
                           "validation_macro_f1": final.validation_f1},

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
+from sklearn.metrics import f1_score
 from torchvision.transforms.v2 import functional as TF
 
 import classifier.predict as predict
@@ -37,7 +38,15 @@ from classifier.model import (
 )
 from classifier.predict import load_classifier
 from classifier.synthetic import synthetic_dataset, synthetic_map
-from classifier.train import TrainConfig, check_labels, class_weights, fit, predict_images, stratified_folds
+from classifier.train import (
+    TrainConfig,
+    check_labels,
+    class_weights,
+    fit,
+    macro_f1,
+    predict_images,
+    stratified_folds,
+)
 
 METADATA = {"input_size": INPUT_SIZE, "channels": list(CHANNELS), "strides": list(STRIDES),
             "trained_on": "random weights (test)"}
@@ -200,16 +209,45 @@ def test_baseline_comparison_says_above_below_or_level_with_a_paired_interval():
     assert (table.ci_low <= table.difference).all() and (table.difference <= table.ci_high).all()
     assert table.loc["strong", "model_macro_f1"] == 1.0
     assert table.difference.to_numpy() == pytest.approx(table.reference_macro_f1 - table.model_macro_f1)
+    assert (table.p_holm >= table.p_value).all()
+    assert table.loc["weak", "p_holm"] < 0.05 and table.loc["strong", "p_holm"] < 0.05
+    assert table.loc["twin", "p_value"] > 0.05
     assert "CNN vs weak: +" in comparison_lines(table.reset_index())[0]
+    assert "; permutation p = 0.0" in comparison_lines(table.reset_index())[0]
     # identical predictions: a zero difference and interval read as +0.000, never -0.000
     same = baseline_comparison({"cnn": cnn, "copy": cnn.copy()}, labels, "cnn", n_boot=50)
-    assert comparison_lines(same) == ["CNN vs copy: +0.000 macro-F1 (95% paired bootstrap +0.000 to +0.000): level"]
+    assert comparison_lines(same) == [
+        "CNN vs copy: +0.000 macro-F1 (95% paired bootstrap +0.000 to +0.000; permutation p = 1.000 (Holm)): level"]
     assert comparison_lines(pd.DataFrame([{"model": "tiny", "difference": -4e-4, "ci_low": -0.0012, "ci_high": -1e-17,
                                            "verdict": "level"}])) == [
         "CNN vs tiny: +0.000 macro-F1 (95% paired bootstrap -0.001 to +0.000): level"]
     assert baseline_comparison({"cnn": cnn}, labels).empty
     with pytest.raises(AttnpatError, match="no predictions of 'cnn'"):
         baseline_comparison({"weak": cnn}, labels)
+
+
+def test_a_bootstrap_interval_clear_of_0_on_a_handful_of_maps_is_not_enough_for_above():
+    # the CNN alone is right on 5 of 300 maps: nearly every bootstrap draw holds one of them, so the interval
+    # excludes 0, yet all 5 falling the CNN's way has chance 2/32 under the null: the verdict stays 'level'
+    labels = np.repeat(np.arange(5), 60)
+    cnn = labels.copy()
+    other = labels.copy()
+    other[:5] = 1
+    table = baseline_comparison({"cnn": cnn, "other": other}, labels, "cnn", n_boot=1000).iloc[0]
+    assert table.ci_low > 0
+    assert table.p_value == pytest.approx(2 / 32, abs=0.02)
+    assert table.verdict == "level"
+
+
+def test_macro_f1_counts_as_sklearn_does():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n, present = rng.integers(1, 40), rng.integers(1, 6)  # some classes absent from labels, predictions or both
+        labels, predicted = rng.integers(0, present, n), rng.integers(0, 5, n)
+        expected = f1_score(labels, predicted, labels=list(range(5)), average="macro", zero_division=0)
+        assert macro_f1(predicted, labels) == pytest.approx(expected, abs=1e-12)
+    with pytest.raises(AttnpatError, match="3 predictions for 2 labels"):
+        macro_f1(np.zeros(3), np.zeros(2))
 
 
 def test_class_weights_favour_rare_classes():

@@ -193,6 +193,7 @@ def test_train_verb_writes_scores_and_checkpoint(tmp_path, capsys):
     assert (versus.ci_low <= versus.difference).all() and (versus.difference <= versus.ci_high).all()
     recorded = classifier.metadata["cross_validation"]["vs_baselines"]
     assert {name: value["verdict"] for name, value in recorded.items()} == versus.verdict.to_dict()
+    assert {name: value["p_holm"] for name, value in recorded.items()} == pytest.approx(versus.p_holm.to_dict())
     printed = capsys.readouterr().out
     assert "cnn" in printed and "CNN vs boosting_profile: " in printed and "cv_vs_baselines.csv" in printed
 

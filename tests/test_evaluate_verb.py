@@ -143,6 +143,7 @@ def test_evaluate_writes_registered_tables_that_agree_with_sklearn(tiny, tmp_pat
     for line in comparison_lines(versus.reset_index()):
         assert line in out.splitlines()
     assert set(manifest["vs_baselines"]) == set(versus.index)
+    assert ((versus.p_value > 0) & (versus.p_value <= versus.p_holm) & (versus.p_holm <= 1)).all()
 
 
 def test_held_out_baselines_are_fitted_on_the_training_maps_only(tmp_path, capsys):

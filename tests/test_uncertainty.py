@@ -12,6 +12,7 @@ from analysis.uncertainty import (
     bootstrap_statistic_interval,
     holm_adjust,
     mcnemar_exact,
+    paired_permutation_p,
     project_to_simplex,
 )
 
@@ -71,6 +72,29 @@ def test_mcnemar_matches_scipy_binomtest_and_a_hand_case():
     assert p == pytest.approx(2 * (1 + 6) / 2 ** 6)  # by hand: 2 * P(X <= 1), X ~ Bin(6, 1/2)
     both = mcnemar_exact(baseline, np.stack([variant, baseline], 1))
     assert both[0] == pytest.approx(p) and both[1] == 1.0  # no discordant pair
+
+
+def test_the_permutation_test_of_an_accuracy_change_is_the_two_sided_mcnemar_test():
+    # swapping a map the two models disagree on moves the accuracy difference by 2/N and swapping an agreed map
+    # moves nothing, so the permutation distribution is McNemar's Binomial(discordant, 1/2), sign-flipped
+    rng = np.random.default_rng(2)
+    labels = rng.integers(0, 2, 200)
+    baseline = labels.copy()
+    variant = labels.copy()
+    baseline[:12] = 1 - labels[:12]  # the variant alone is right on 12 maps
+    variant[12:16] = 1 - labels[12:16]  # and alone wrong on 4
+    def accuracy(predictions, gold):
+        return float((predictions == gold).mean())
+    p = paired_permutation_p(accuracy, baseline, np.stack([variant, baseline, 1 - baseline], 1), labels,
+                             n_perm=4000, seed=0)
+    exact = mcnemar_exact(baseline == labels, variant == labels)
+    assert exact == pytest.approx(binomtest(4, 16, 0.5).pvalue)  # 0.077
+    assert p[0] == pytest.approx(exact, abs=0.015)
+    assert p[1] == 1.0  # identical predictions: nothing to swap
+    assert p[2] < 0.001  # always wrong where the baseline is right: no swap reaches it but the identity
+    assert paired_permutation_p(accuracy, baseline, variant, labels, n_perm=300).shape == (1,)
+    with pytest.raises(AttnpatError, match="equal example counts"):
+        paired_permutation_p(accuracy, baseline, variant[:10], labels)
 
 
 def test_holm_by_hand():
