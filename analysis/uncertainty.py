@@ -85,6 +85,17 @@ def bootstrap_mean_interval(values: np.ndarray, *, level: float = 0.95, n_boot: 
     return np.percentile(means, [tail, 100 - tail], axis=0).T.reshape(*values.shape[1:], 2)
 
 
+def paired_inputs(baseline: np.ndarray, variants: np.ndarray, labels: np.ndarray,
+                  what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """baseline (E,), variants (E, V) or (E,), labels (E,) as arrays, variants as (E, V); refuses unequal E."""
+    baseline, variants, labels = np.asarray(baseline), np.asarray(variants), np.asarray(labels)
+    variants = variants[:, None] if variants.ndim == 1 else variants
+    if not len(baseline) or variants.shape[0] != len(baseline) or len(labels) != len(baseline):
+        raise AttnpatError(f"{what} needs equal example counts, got {len(baseline)} baseline, "
+                           f"{variants.shape[0]} variant and {len(labels)} label rows")
+    return baseline, variants, labels
+
+
 def mcnemar_exact(baseline_correct: np.ndarray, variant_correct: np.ndarray) -> np.ndarray:
     """Exact two-sided McNemar test of paired correctness, per variant.
 
@@ -117,27 +128,18 @@ def paired_permutation_p(statistic: Callable[[np.ndarray, np.ndarray], float], b
     predictions on a random half of the examples (the same swaps for every variant). Returns (V,) p-values,
     (1 + permutations whose |change| reaches the observed one) / (1 + n_perm); 1 where the two never differ.
     """
-    baseline, variants, labels = np.asarray(baseline), np.asarray(variants), np.asarray(labels)
-    variants = variants[:, None] if variants.ndim == 1 else variants
-    if not len(baseline) or variants.shape[0] != len(baseline) or len(labels) != len(baseline):
-        raise AttnpatError(f"a paired permutation test needs equal example counts, got {len(baseline)} baseline, "
-                           f"{variants.shape[0]} variant and {len(labels)} label rows")
+    baseline, variants, labels = paired_inputs(baseline, variants, labels, "a paired permutation test")
     rng = np.random.default_rng(seed)
     swaps = rng.random((n_perm, len(baseline))) < 0.5  # one set of swaps serves every variant
     p = np.ones(variants.shape[1])
     for v in range(variants.shape[1]):
         variant = variants[:, v]
-        differ = np.flatnonzero(variant != baseline)
-        if not len(differ):
+        if (variant == baseline).all():
             continue
         observed = abs(statistic(variant, labels) - statistic(baseline, labels))
-        reached = 0
-        for swap in swaps:
-            moved = differ[swap[differ]]  # swapping equal predictions changes nothing
-            swapped_variant, swapped_baseline = variant.copy(), baseline.copy()
-            swapped_variant[moved], swapped_baseline[moved] = baseline[moved], variant[moved]
-            change = abs(statistic(swapped_variant, labels) - statistic(swapped_baseline, labels))
-            reached += change >= observed - 1e-12  # ties count as reaching it (float noise must not make p smaller)
+        reached = sum(abs(statistic(np.where(swap, baseline, variant), labels)
+                          - statistic(np.where(swap, variant, baseline), labels)) >= observed - 1e-12
+                      for swap in swaps)  # ties count as reaching it: float noise must not make p smaller
         p[v] = (1 + reached) / (1 + n_perm)
     return p
 
@@ -185,13 +187,7 @@ def bootstrap_difference_interval(statistic: Callable[[np.ndarray, np.ndarray], 
     baseline and all variants alike. Returns (V, 2) bounds of statistic(variant) - statistic(baseline); draws
     where the statistic is undefined (NaN, e.g. a constant correlation) are left out.
     """
-    baseline = np.asarray(baseline)
-    variants = np.asarray(variants)
-    variants = variants[:, None] if variants.ndim == 1 else variants
-    labels = np.asarray(labels)
-    if not len(baseline) or variants.shape[0] != len(baseline) or len(labels) != len(baseline):
-        raise AttnpatError(f"paired bootstrap needs equal example counts, got {len(baseline)} baseline, "
-                           f"{variants.shape[0]} variant and {len(labels)} label rows")
+    baseline, variants, labels = paired_inputs(baseline, variants, labels, "paired bootstrap")
 
     def changes(draw: np.ndarray) -> list[float]:
         reference = statistic(baseline[draw], labels[draw])
