@@ -99,6 +99,10 @@ TABS: tuple[Tab, ...] = (
 
 _TRAIN = f"--data {SHIPPED_LABELED_SET}"
 _EVALUATE = f"--data {HELD_OUT_LABELED_SET}"
+# classifier.evaluate.baseline_comparison, written by train (out-of-fold) and evaluate (held out) alike
+_VS_BASELINES = ("model, reference_macro_f1 (the CNN's), model_macro_f1, difference, ci_low, ci_high (95% paired "
+                 "bootstrap over maps), p_value (paired permutation test), p_holm (Holm across the baselines), "
+                 "verdict (above|below|level: above or below when the interval excludes 0 and p_holm < 0.05)")
 _BASE = "minilm"  # the embedded base model the fine-tuning hints start from
 _PARSE = "--parse {task} --model {model}"  # silver parses of the task's sentences (a CoNLL-U file gives gold ones)
 
@@ -164,17 +168,14 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("cv_confusion", "train", "model, true, predicted, count", "Classifier", figure=True, hint=_TRAIN),
     Artifact("cv_predictions", "train", "map_id, fold, label, [annotators_agreed], <model>... (out-of-fold "
              "predicted class), p_<class> (the CNN's)", "Classifier", hint=_TRAIN),
-    Artifact("cv_vs_baselines", "train", "model, reference_macro_f1 (the CNN's), model_macro_f1, difference, ci_low, "
-             "ci_high (95% paired bootstrap over maps), verdict (above|below|level)", "Classifier", hint=_TRAIN),
+    Artifact("cv_vs_baselines", "train", _VS_BASELINES, "Classifier", hint=_TRAIN),
     # Files that no tab shows
     # The classifier against a labeled set, in runs/classifier/<labeled set>/ (`attnpat evaluate`)
     Artifact("evaluation_scores", "evaluate", "metric (macro_f1|accuracy|precision|recall|f1|support), class, value, "
              "low, high (95% bootstrap interval over maps)", None, hint=_EVALUATE),
     Artifact("evaluation_confusion", "evaluate", "true, predicted, count", None, figure=True, hint=_EVALUATE),
     Artifact("evaluation_predictions", "evaluate", "map_id, label, predicted, p_<class>", None, hint=_EVALUATE),
-    Artifact("evaluation_vs_baselines", "evaluate", "model, reference_macro_f1 (the CNN's), model_macro_f1, "
-             "difference, ci_low, ci_high (95% paired bootstrap over maps), verdict (above|below|level)", None,
-             hint=_EVALUATE),
+    Artifact("evaluation_vs_baselines", "evaluate", _VS_BASELINES, None, hint=_EVALUATE),
     Artifact("classifier", "train", "the trained CNN: classifier.safetensors and its metadata classifier.json",
              None, hint=_TRAIN, kind="checkpoint"),
     Artifact("maps", "extract", "map shards (float16 .npz per example batch; resumable)", None, kind="dir"),

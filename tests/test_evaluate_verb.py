@@ -144,6 +144,8 @@ def test_evaluate_writes_registered_tables_that_agree_with_sklearn(tiny, tmp_pat
         assert line in out.splitlines()
     assert set(manifest["vs_baselines"]) == set(versus.index)
     assert ((versus.p_value > 0) & (versus.p_value <= versus.p_holm) & (versus.p_holm <= 1)).all()
+    described = next(artifact.columns for artifact in ARTIFACTS if artifact.stem == "evaluation_vs_baselines")
+    assert all(column in described for column in ["model", *versus.columns])  # the catalogue names every column
 
 
 def test_held_out_baselines_are_fitted_on_the_training_maps_only(tmp_path, capsys):
