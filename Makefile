@@ -2,6 +2,10 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 LS_VENV := .ls-venv
+# The environments live outside the checkout, one pair per checkout path (as poetry keeps its virtualenvs in a
+# cache folder), linked in as .venv and .ls-venv: grep -r over the source tree does not descend into 8 GB of
+# site-packages. `make setup ENV_HOME=...` puts them elsewhere; a .venv that is a real folder is used as it is.
+ENV_HOME ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/attnpat/envs/$(notdir $(CURDIR))-$(shell printf '%s' '$(CURDIR)' | sha1sum | cut -c1-10)
 BIN := $(VENV)/bin
 PIP_INSTALL := -m pip install -q --disable-pip-version-check --retries 10
 PIP := $(BIN)/python $(PIP_INSTALL)
@@ -11,6 +15,12 @@ LS_PIP := $(LS_VENV)/bin/python $(PIP_INSTALL)
 RESUME := --resume-retries 20
 # The extras are named: a literal comma would split the argument of $(call try,...).
 EXTRAS := dev,ray
+# $(call venv,LINK,NAME): a Python venv reachable as LINK. Kept if LINK/bin/python exists; else made as $(ENV_HOME)/NAME
+# and linked (a link whose target is gone is replaced), or in place where LINK is a real folder or ENV_HOME cannot
+# be written.
+venv = test -x $(1)/bin/python || { if [ -L $(1) ]; then rm $(1); fi; \
+  if [ ! -d $(1) ] && mkdir -p $(ENV_HOME)/$(2) 2>/dev/null && rm -rf $(ENV_HOME)/$(2) \
+    && $(PYTHON) -m venv $(ENV_HOME)/$(2); then ln -s $(ENV_HOME)/$(2) $(1); else $(PYTHON) -m venv $(1); fi; }
 try = for attempt in 1 2 3; do $(1) && break; [ $$attempt -lt 3 ] || exit 1; echo "install failed; retrying ($$attempt/3)"; sleep 20; done
 export GRADIO_ANALYTICS_ENABLED := False
 export TOKENIZERS_PARALLELISM := false
@@ -21,7 +31,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 setup: $(VENV)/.stamp-setup
 
 $(VENV)/.stamp-setup: pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(call venv,$(VENV),venv)
 	$(call try,$(PIP) --upgrade pip)
 	# The only torch/torchvision pair whose torchvision imports on these machines.
 	$(call try,$(PIP) $(RESUME) torch==2.14.1 torchvision==0.29.1)
@@ -38,7 +48,7 @@ $(VENV)/.stamp-setup: pyproject.toml
 label-studio: $(LS_VENV)/.stamp-ls
 
 $(LS_VENV)/.stamp-ls:
-	test -x $(LS_VENV)/bin/python || $(PYTHON) -m venv $(LS_VENV)
+	$(call venv,$(LS_VENV),ls-venv)
 	$(call try,$(LS_PIP) --upgrade pip)
 	$(call try,$(LS_PIP) $(RESUME) label-studio==1.23.2)
 	touch $@
@@ -86,5 +96,7 @@ test: setup label-studio browser
 bench: setup
 	$(BIN)/python bench/run_all.py
 
+# Removes the environments too, where they are linked from.
 clean:
-	rm -rf $(VENV) $(LS_VENV) runs models workspace
+	for env in $(VENV) $(LS_VENV); do if [ -L $$env ]; then rm -rf "$$(readlink -f $$env)"; fi; rm -rf $$env; done
+	rm -rf runs models workspace

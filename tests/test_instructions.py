@@ -1,5 +1,6 @@
 """The guideline and gallery as Label Studio instructions; nothing in the repo points outside it."""
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -52,10 +53,10 @@ def test_a_missing_gallery_image_is_a_one_line_error(tmp_path):
 
 
 def test_nothing_in_the_repo_points_at_the_shared_folder():
-    offenders = []
-    for path in ROOT.rglob("*"):
-        if path.suffix not in {".py", ".md"} or any(part.startswith(".") for part in path.relative_to(ROOT).parts):
-            continue
-        if SHARED in path.read_text(encoding="utf-8", errors="replace"):
-            offenders.append(str(path.relative_to(ROOT)))
-    assert offenders == []
+    """The issue's own check, run as written in the checkout after set-up: the environments are links to folders
+    outside it (Makefile ENV_HOME), which grep -r does not follow, so their site-packages cannot match."""
+    found = subprocess.run(["grep", "-r", SHARED, "--include=*.py", "--include=*.md", "."], cwd=ROOT,
+                           capture_output=True, text=True)
+    assert found.returncode == 1 and found.stdout == "", (
+        f"{found.stdout[:500]}(a .venv or .ls-venv that is a real folder is searched too: remove it and re-run set-up, "
+        "which makes them as links)")
