@@ -96,7 +96,8 @@ test: setup label-studio browser
 bench: setup
 	$(BIN)/python bench/run_all.py
 
-# Removes the environments too, where they are linked from.
+# Removes the environments too, where they are linked from, and the checkout's folder under ENV_HOME once empty.
 clean:
-	for env in $(VENV) $(LS_VENV); do if [ -L $$env ]; then rm -rf "$$(readlink -f $$env)"; fi; rm -rf $$env; done
+	for env in $(VENV) $(LS_VENV); do if [ -L $$env ]; then target="$$(readlink -f $$env)"; rm -rf "$$target"; \
+	  rmdir "$$(dirname "$$target")" 2>/dev/null || true; fi; rm -rf $$env; done
 	rm -rf runs models workspace
