@@ -131,10 +131,15 @@ def annotator_agreement(labeled: LabeledSet) -> np.ndarray | None:
     return np.where(per_map["size"].to_numpy() >= 2, (per_map["nunique"].to_numpy() == 1).astype(float), np.nan)
 
 
+def version_number(name: str) -> int | None:
+    """N for the folder name of a labeled-set version, v<N>; None for any other name."""
+    return int(name[1:]) if name[:1] == "v" and name[1:].isdigit() else None
+
+
 def next_version(base: str | Path) -> Path:
     """The folder for a new version of a labeled set: ``base``/v<N+1>, N the highest version there (v1 first)."""
     base = Path(base)
-    versions = [int(path.name[1:]) for path in base.glob("v*") if path.name[1:].isdigit()]
+    versions = [number for path in base.glob("v*") if (number := version_number(path.name)) is not None]
     return base / f"v{1 + max(versions, default=0)}"
 
 
@@ -143,8 +148,7 @@ def labeled_set_name(folder: str | Path) -> str:
     in front for a version that `annotate pull` wrote (workspace/annotation/labeled/<sample>/v1 -> '<sample>-v1'),
     so the first versions of two samples do not share one run directory; the repository's sets keep their name."""
     folder = Path(folder).resolve()
-    is_version = folder.name[:1] == "v" and folder.name[1:].isdigit()
-    if is_version and folder.parent.name not in ("", "labeled"):
+    if version_number(folder.name) is not None and folder.parent.name not in ("", "labeled"):
         return f"{folder.parent.name}-{folder.name}"
     return folder.name
 
