@@ -176,6 +176,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("evaluation_confusion", "evaluate", "true, predicted, count", None, figure=True, hint=_EVALUATE),
     Artifact("evaluation_predictions", "evaluate", "map_id, label, predicted, p_<class>", None, hint=_EVALUATE),
     Artifact("evaluation_vs_baselines", "evaluate", _VS_BASELINES, None, hint=_EVALUATE),
+    Artifact("evaluation_panel_size", "evaluate", "panel_size, quantile (0.05-0.95), macro_f1: a fresh panel of that "
+             "many maps, drawn as the labeled set's were (--panel-size)", None, hint=_EVALUATE + " --panel-size 270"),
     Artifact("classifier", "train", "the trained CNN: classifier.safetensors and its metadata classifier.json",
              None, hint=_TRAIN, kind="checkpoint"),
     Artifact("maps", "extract", "map shards (float16 .npz per example batch; resumable)", None, kind="dir"),

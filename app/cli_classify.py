@@ -131,6 +131,8 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
 def evaluate(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g. {HELD_OUT_LABELED_SET})"),
              classifier: opt.OptionalPath = typer.Option(None, "--classifier",
                                                          help="checkpoint (default: the shipped one)"),
+             panel_size: int | None = typer.Option(None, "--panel-size", help="also the macro-F1 that a fresh panel "
+                                                   "of this many maps, drawn as these were, would score"),
              runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Score the classifier against a labeled set: macro-F1 with a 95% bootstrap interval over maps, accuracy,
     per-class precision, recall and F1, the confusion matrix; warns when some maps were in its training set."""
@@ -140,7 +142,8 @@ def evaluate(data: str = typer.Option(..., "--data", help=f"labeled-set folder (
 
     labeled = load_labeled_set(data)
     cnn = load_classifier(classifier, bf16=False)  # float32: the scores do not depend on the CPU
-    found = evaluate_labeled_set(labeled, cnn, evaluation_run(data, runs_dir), progress=not quiet)
+    found = evaluate_labeled_set(labeled, cnn, evaluation_run(data, runs_dir), progress=not quiet,
+                                 panel_size=panel_size)
     warning = overlap_warning(found)
     if warning:
         typer.echo(warning, err=True)

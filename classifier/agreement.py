@@ -10,6 +10,8 @@ Outputs in the run directory runs/classifier/<labeled set folder name>/:
                               .baseline_comparison). The rules need no training; logreg, boosting and boosting_profile
                               (the CNN's distillation teacher) are fitted on the checkpoint's training set, when that
                               set is here and unchanged, exactly as in cross-validation.
+  evaluation_panel_size.csv   panel_size, quantile, macro_f1 (with --panel-size): what a fresh panel of that many maps,
+                              drawn as these were, would score (panel_score_quantiles)
 
 Which classes are scored: those present in the labels or the predictions (what sklearn's f1_score does when
 given no class list). A class absent from both has no precision, recall or F1 (an empty cell, never 0 or 1)
@@ -109,6 +111,29 @@ def score_table(labels: np.ndarray, predicted: np.ndarray, *, level: float = 0.9
     return pd.DataFrame(rows)
 
 
+PANEL_QUANTILES = np.round(np.arange(0.05, 1.0, 0.05), 2)
+
+
+def panel_score_quantiles(labels: np.ndarray, predicted: np.ndarray, panel_size: int, *,
+                          n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> pd.DataFrame:
+    """labels, predicted: (N,) class indices. The macro-F1 a fresh panel of ``panel_size`` maps would score, drawn
+    as these N were: ``n_boot`` draws of panel_size maps with replacement (an m-out-of-n bootstrap), each scored as
+    evaluate scores a set (class_scores). Returns panel_size, quantile (0.05, 0.10, ..., 0.95), macro_f1.
+
+    On a small natural panel a rare class has one map or none, so its macro-F1 spreads far wider than the
+    interval of the N maps' own score."""
+    labels, predicted = np.asarray(labels), np.asarray(predicted)
+    if panel_size < 1:
+        raise AttnpatError(f"--panel-size must be at least 1, got {panel_size}")
+    if len(labels) != len(predicted) or not len(labels):
+        raise AttnpatError(f"scoring needs one prediction per labeled map, got {len(predicted)} for {len(labels)}")
+    rng = np.random.default_rng(seed)
+    draws = [rng.integers(0, len(labels), size=panel_size) for _ in range(n_boot)]
+    scores = np.asarray([class_scores(labels[draw], predicted[draw]).macro_f1 for draw in draws])
+    return pd.DataFrame({"panel_size": panel_size, "quantile": PANEL_QUANTILES,
+                         "macro_f1": np.quantile(scores, PANEL_QUANTILES)})
+
+
 def confusion_table(confusion: np.ndarray) -> pd.DataFrame:
     """(K, K) counts (rows: label, columns: predicted) -> true, predicted, count (K * K rows)."""
     return pd.DataFrame(confusion_rows_of(confusion))
@@ -183,6 +208,7 @@ class Evaluation:
     files: list[Path]
     n_maps: int
     comparison: pd.DataFrame
+    panel: pd.DataFrame | None = None  # panel_score_quantiles, with --panel-size
 
     def value(self, metric: str, cls: str = "") -> pd.Series:
         """value, low, high of one row of the scores table."""
@@ -223,9 +249,12 @@ def baseline_predictions_on(labeled: LabeledSet, training: LabeledSet | None, se
 
 
 def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run: RunDir, *,
-                         n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0, progress: bool = True) -> Evaluation:
+                         n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0, progress: bool = True,
+                         panel_size: int | None = None) -> Evaluation:
     """Classify every map of ``labeled``, score the predictions against its labels and write the tables and the
-    confusion figure into ``run``."""
+    confusion figure into ``run``; with ``panel_size``, also what a fresh panel of that size would score."""
+    if panel_size is not None and panel_size < 1:  # before the maps are classified
+        raise AttnpatError(f"--panel-size must be at least 1, got {panel_size}")
     probabilities = predict_in_batches(classifier, labeled.maps, progress)
     predicted = probabilities.argmax(1)
     with run.record("evaluate", data_source=str(labeled.path), data_hash=labeled.data_hash,
@@ -243,12 +272,16 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
                  run.write_table("evaluation_predictions", prediction_table(labeled.map_ids, labeled.labels,
                                                                             probabilities)),
                  run.write_table("evaluation_vs_baselines", comparison)]
+        panel = None
+        if panel_size is not None:
+            panel = panel_score_quantiles(labeled.labels, predicted, panel_size, n_boot=n_boot, seed=seed)
+            files.append(run.write_table("evaluation_panel_size", panel))
         found = scores[scores["class"] == ""].set_index("metric").value
         entry.update(outputs=[path.name for path in files], n_maps=len(labeled), macro_f1=float(found.macro_f1),
                      accuracy=float(found.accuracy), maps_in_training=overlap.in_training,
                      training_set=overlap.training_set,
-                     vs_baselines=comparison_record(comparison))
-    return Evaluation(scores, confusion, overlap, files, len(labeled), comparison)
+                     vs_baselines=comparison_record(comparison), panel_size=panel_size)
+    return Evaluation(scores, confusion, overlap, files, len(labeled), comparison, panel)
 
 
 def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
@@ -264,6 +297,11 @@ def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
     if found.absent:
         lines.append(f"not scored (neither labeled nor predicted): {', '.join(found.absent)}")
     lines += comparison_lines(found.comparison)
+    if found.panel is not None:
+        quantile = found.panel.set_index("quantile").macro_f1
+        lines.append(f"a fresh panel of {int(found.panel.panel_size.iloc[0])} maps drawn like these: macro-F1 "
+                     f"{quantile[0.05]:.3f}-{quantile[0.95]:.3f} in 90% of draws, median {quantile[0.5]:.3f} "
+                     "(evaluation_panel_size.csv)")
     overlap = found.overlap
     if overlap.training is None:
         lines.append("note: the fitted baselines (logreg, boosting, boosting_profile) need the classifier's training "

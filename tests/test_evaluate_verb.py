@@ -16,7 +16,7 @@ from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from annotation.dataset import labeled_set_name, load_labeled_set, write_labeled_folder
 from app.cli import main
-from classifier.agreement import class_scores, score_table, training_folder
+from classifier.agreement import class_scores, panel_score_quantiles, score_table, training_folder
 from classifier.checkpoint import save_checkpoint
 from classifier.distill import teacher_probabilities
 from classifier.evaluate import comparison_lines, held_out_baseline_predictions, rule_class_indices
@@ -98,7 +98,8 @@ def test_interval_contains_the_estimate_and_narrows_with_more_maps():
 
 def test_evaluate_writes_registered_tables_that_agree_with_sklearn(tiny, tmp_path, capsys):
     evaluated, training, checkpoint = tiny
-    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path,
+                                  "--panel-size", 12)
     assert code == 0, err
     run = tmp_path / "classifier" / "panel"
     written = {path.name for path in run.iterdir()}
@@ -146,6 +147,32 @@ def test_evaluate_writes_registered_tables_that_agree_with_sklearn(tiny, tmp_pat
     assert ((versus.p_value > 0) & (versus.p_value <= versus.p_holm) & (versus.p_holm <= 1)).all()
     described = next(artifact.columns for artifact in ARTIFACTS if artifact.stem == "evaluation_vs_baselines")
     assert all(column in described for column in ["model", *versus.columns])  # the catalogue names every column
+
+    # --panel-size: fresh panels of 12 maps drawn from these 30
+    panel_sizes = pd.read_csv(run / "evaluation_panel_size.csv")
+    pd.testing.assert_frame_equal(panel_sizes, panel_score_quantiles(labels.labels, np.array(
+        [CLASSES.index(c) for c in p]), 12), check_dtype=False)
+    quantile = panel_sizes.set_index("quantile").macro_f1
+    assert f"a fresh panel of 12 maps drawn like these: macro-F1 {quantile[0.05]:.3f}-{quantile[0.95]:.3f}" in out
+    assert manifest["panel_size"] == 12
+
+
+def test_a_small_panel_usually_misses_a_rare_class_that_a_large_one_holds():
+    """99 vertical maps found and 1 heterogeneous map missed: the whole set scores (0.995 + 0) / 2. A panel of 10
+    drawn from it holds that map in about 1 draw in 10 and otherwise scores vertical alone (1.0); a panel of
+    1,000 holds it about 10 times over and scores about 0.5."""
+    labels = np.array([0] * 99 + [4])
+    predicted = np.zeros(100, dtype=int)
+    assert class_scores(labels, predicted).macro_f1 == pytest.approx((2 * 99 / 199) / 2)
+    small = panel_score_quantiles(labels, predicted, 10).set_index("quantile").macro_f1
+    large = panel_score_quantiles(labels, predicted, 1000).set_index("quantile").macro_f1
+    assert list(small.index) == pytest.approx(np.arange(0.05, 0.96, 0.05))
+    assert small[0.05] < 0.6 and (small[small.index >= 0.15] == 1.0).all()
+    assert large[0.05] == pytest.approx(0.5, abs=0.01) and large[0.95] < 0.51
+    assert np.all(np.diff(small.to_numpy()) >= 0) and np.all(np.diff(large.to_numpy()) >= 0)
+    assert (panel_score_quantiles(labels, labels, 10).macro_f1 == 1.0).all()  # a perfect classifier, any draw
+    with pytest.raises(AttnpatError, match="--panel-size must be at least 1, got 0"):
+        panel_score_quantiles(labels, predicted, 0)
 
 
 def test_held_out_baselines_are_fitted_on_the_training_maps_only(tmp_path, capsys):
@@ -235,7 +262,8 @@ def test_bad_inputs_are_one_error_line_and_write_nothing(tiny, tmp_path, capsys)
     cases = [(["--data", tmp_path / "missing"], "is not a labeled set"),
              (["--data", tmp_path / "empty"], "is not a labeled set"),
              (["--data", evaluated, "--classifier", tmp_path / "broken.safetensors"], "not a readable safetensors"),
-             (["--data", evaluated, "--classifier", tmp_path / "absent.safetensors"], "not found")]
+             (["--data", evaluated, "--classifier", tmp_path / "absent.safetensors"], "not found"),
+             (["--data", evaluated, "--classifier", checkpoint, "--panel-size", 0], "--panel-size must be at least 1")]
     for argv, message in cases:
         code, out, err = run_evaluate(capsys, *argv, "--runs-dir", tmp_path / "runs")
         assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
