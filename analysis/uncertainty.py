@@ -156,6 +156,22 @@ def holm_adjust(p_values: np.ndarray) -> np.ndarray:
     return adjusted.reshape(p.shape)
 
 
+def bootstrap_draws(statistic: Callable[[np.ndarray], float | np.ndarray], n: int, *, size: int | None = None,
+                    n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> np.ndarray:
+    """A statistic of ``n`` items at ``n_boot`` draws of ``size`` items (default n) with replacement.
+
+    statistic(draw) -> float or (M,) values, draw: a (size,) int index array with repeats. Returns (n_boot,) or
+    (n_boot, M). size < n is an m-out-of-n bootstrap: what a fresh sample of that size would show.
+    """
+    if n < 1:
+        raise AttnpatError(f"a bootstrap needs at least one item, got {n}")
+    if size is not None and size < 1:
+        raise AttnpatError(f"a bootstrap draw needs at least one item, got {size}")
+    rng = np.random.default_rng(seed)
+    return np.asarray([np.asarray(statistic(rng.integers(0, n, size=n if size is None else size)), dtype=np.float64)
+                       for _ in range(n_boot)])
+
+
 def bootstrap_statistic_interval(statistic: Callable[[np.ndarray], float | np.ndarray], n: int, *,
                                  level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> np.ndarray:
     """Percentile bootstrap interval of any statistic of ``n`` items (examples, maps), resampling the items.
@@ -165,11 +181,7 @@ def bootstrap_statistic_interval(statistic: Callable[[np.ndarray], float | np.nd
     statistic, (M, 2) for M values; draws where a value is undefined (NaN, e.g. a class absent from the draw)
     are left out of that value's interval, and a value undefined in every draw gets NaN bounds.
     """
-    if n < 1:
-        raise AttnpatError(f"a bootstrap needs at least one item, got {n}")
-    rng = np.random.default_rng(seed)
-    values = np.asarray([np.asarray(statistic(rng.integers(0, n, size=n)), dtype=np.float64)
-                         for _ in range(n_boot)])  # (n_boot,) or (n_boot, M)
+    values = bootstrap_draws(statistic, n, n_boot=n_boot, seed=seed)  # (n_boot,) or (n_boot, M)
     tail = (1 - level) / 2 * 100
     with warnings.catch_warnings():  # an all-NaN value warns; its NaN bounds say it
         warnings.simplefilter("ignore", RuntimeWarning)

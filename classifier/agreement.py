@@ -32,7 +32,7 @@ from analysis.paths import repo_root, workspace
 from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir
-from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_statistic_interval
+from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_draws, bootstrap_statistic_interval
 from annotation.dataset import LabeledSet, labeled_set_name, load_labeled_set
 from classifier.evaluate import (
     baseline_comparison,
@@ -114,6 +114,11 @@ def score_table(labels: np.ndarray, predicted: np.ndarray, *, level: float = 0.9
 PANEL_QUANTILES = np.round(np.arange(0.05, 1.0, 0.05), 2)
 
 
+def check_panel_size(panel_size: int) -> None:
+    if panel_size < 1:
+        raise AttnpatError(f"--panel-size must be at least 1, got {panel_size}")
+
+
 def panel_score_quantiles(labels: np.ndarray, predicted: np.ndarray, panel_size: int, *,
                           n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> pd.DataFrame:
     """labels, predicted: (N,) class indices. The macro-F1 a fresh panel of ``panel_size`` maps would score, drawn
@@ -123,13 +128,11 @@ def panel_score_quantiles(labels: np.ndarray, predicted: np.ndarray, panel_size:
     On a small natural panel a rare class has one map or none, so its macro-F1 spreads far wider than the
     interval of the N maps' own score."""
     labels, predicted = np.asarray(labels), np.asarray(predicted)
-    if panel_size < 1:
-        raise AttnpatError(f"--panel-size must be at least 1, got {panel_size}")
+    check_panel_size(panel_size)
     if len(labels) != len(predicted) or not len(labels):
         raise AttnpatError(f"scoring needs one prediction per labeled map, got {len(predicted)} for {len(labels)}")
-    rng = np.random.default_rng(seed)
-    draws = [rng.integers(0, len(labels), size=panel_size) for _ in range(n_boot)]
-    scores = np.asarray([class_scores(labels[draw], predicted[draw]).macro_f1 for draw in draws])
+    scores = bootstrap_draws(lambda draw: class_scores(labels[draw], predicted[draw]).macro_f1, len(labels),
+                             size=panel_size, n_boot=n_boot, seed=seed)
     return pd.DataFrame({"panel_size": panel_size, "quantile": PANEL_QUANTILES,
                          "macro_f1": np.quantile(scores, PANEL_QUANTILES)})
 
@@ -253,8 +256,8 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
                          panel_size: int | None = None) -> Evaluation:
     """Classify every map of ``labeled``, score the predictions against its labels and write the tables and the
     confusion figure into ``run``; with ``panel_size``, also what a fresh panel of that size would score."""
-    if panel_size is not None and panel_size < 1:  # before the maps are classified
-        raise AttnpatError(f"--panel-size must be at least 1, got {panel_size}")
+    if panel_size is not None:
+        check_panel_size(panel_size)  # before the maps are classified
     probabilities = predict_in_batches(classifier, labeled.maps, progress)
     predicted = probabilities.argmax(1)
     with run.record("evaluate", data_source=str(labeled.path), data_hash=labeled.data_hash,

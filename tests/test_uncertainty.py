@@ -7,6 +7,7 @@ from analysis.errors import AttnpatError
 from analysis.uncertainty import (
     adjusted_ratios,
     bootstrap_difference_interval,
+    bootstrap_draws,
     bootstrap_mean_interval,
     bootstrap_ratio_interval,
     bootstrap_statistic_interval,
@@ -155,3 +156,16 @@ def test_bootstrap_of_any_statistic_agrees_with_the_mean_bootstrap_and_leaves_ou
     assert bounds.shape == (3, 2) and bounds[1] == pytest.approx([1.0, 1.0]) and np.isnan(bounds[2]).all()
     with pytest.raises(AttnpatError, match="at least one item"):
         bootstrap_statistic_interval(lambda draw: 0.0, 0)
+
+
+def test_bootstrap_draws_of_another_size_draw_that_many_of_the_items():
+    """m-out-of-n: each draw holds ``size`` indices of the n items, and the interval is built on the same draws."""
+    draws = bootstrap_draws(lambda draw: [len(draw), draw.min(), draw.max()], 7, size=50, n_boot=30)
+    assert draws.shape == (30, 3) and (draws[:, 0] == 50).all() and draws[:, 1].min() == 0 and draws[:, 2].max() == 6
+    values = np.random.default_rng(4).random(40)
+    means = bootstrap_draws(lambda draw: values[draw].mean(), 40, n_boot=500, seed=2)
+    np.testing.assert_allclose(np.percentile(means, [2.5, 97.5]), bootstrap_statistic_interval(
+        lambda draw: values[draw].mean(), 40, n_boot=500, seed=2))
+    assert np.std(bootstrap_draws(lambda draw: values[draw].mean(), 40, size=5, n_boot=500)) > 2 * np.std(means)
+    with pytest.raises(AttnpatError, match="a bootstrap draw needs at least one item, got 0"):
+        bootstrap_draws(lambda draw: 0.0, 7, size=0)
