@@ -92,14 +92,20 @@ def class_scores(labels: np.ndarray, predicted: np.ndarray) -> ClassScores:
                        support=np.bincount(labels, minlength=len(CLASSES)), **per_class)
 
 
+def scored_pairs(labels: np.ndarray, predicted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """labels, predicted as (N,) arrays, N >= 1 and the same for both."""
+    labels, predicted = np.asarray(labels), np.asarray(predicted)
+    if len(labels) != len(predicted) or not len(labels):
+        raise AttnpatError(f"scoring needs one prediction per labeled map, got {len(predicted)} for {len(labels)}")
+    return labels, predicted
+
+
 def score_table(labels: np.ndarray, predicted: np.ndarray, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
                 seed: int = 0) -> pd.DataFrame:
     """labels, predicted: (N,) class indices. Returns metric, class, value, low, high: macro_f1 and accuracy
     (class ''), then precision, recall, f1 and support per class; low/high: percentile bootstrap interval over
     maps (resampled N at a time), empty for support and for classes never scored (their values are empty too)."""
-    labels, predicted = np.asarray(labels), np.asarray(predicted)
-    if len(labels) != len(predicted) or not len(labels):
-        raise AttnpatError(f"scoring needs one prediction per labeled map, got {len(predicted)} for {len(labels)}")
+    labels, predicted = scored_pairs(labels, predicted)
     found = class_scores(labels, predicted)
     bounds = bootstrap_statistic_interval(lambda draw: class_scores(labels[draw], predicted[draw]).vector(),
                                           len(labels), level=level, n_boot=n_boot, seed=seed)  # (2 + 3K, 2)
@@ -127,10 +133,8 @@ def panel_score_quantiles(labels: np.ndarray, predicted: np.ndarray, panel_size:
 
     On a small natural panel a rare class has one map or none, so its macro-F1 spreads far wider than the
     interval of the N maps' own score."""
-    labels, predicted = np.asarray(labels), np.asarray(predicted)
     check_panel_size(panel_size)
-    if len(labels) != len(predicted) or not len(labels):
-        raise AttnpatError(f"scoring needs one prediction per labeled map, got {len(predicted)} for {len(labels)}")
+    labels, predicted = scored_pairs(labels, predicted)
     scores = bootstrap_draws(lambda draw: class_scores(labels[draw], predicted[draw]).macro_f1, len(labels),
                              size=panel_size, n_boot=n_boot, seed=seed)
     return pd.DataFrame({"panel_size": panel_size, "quantile": PANEL_QUANTILES,
