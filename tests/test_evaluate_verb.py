@@ -293,8 +293,14 @@ def test_the_held_out_sets_share_no_map_with_a_training_set_or_with_each_other()
     for i, first in enumerate(names):
         for second in names[i + 1:]:
             assert not held_out[first] & held_out[second], (first, second)
+    # panel-5's maps labeled again from the images alone: the same maps, other annotators
+    images_only = load_labeled_set(labeled / "panel-5-images-only")
+    assert set(images_only.map_ids) == held_out["panel-5"]
+    annotators = {name: set(pd.read_csv(labeled / name / "annotations.csv").annotator)
+                  for name in ("panel-5", "panel-5-images-only")}
+    assert len(annotators["panel-5-images-only"]) == 3 and not annotators["panel-5"] & annotators["panel-5-images-only"]
     # three annotators per map; the label is their majority
-    for name in ("panel-1", "panel-2", "panel-3", "panel-4", "panel-5"):
+    for name in ("panel-1", "panel-2", "panel-3", "panel-4", "panel-5", "panel-5-images-only"):
         annotations = pd.read_csv(labeled / name / "annotations.csv")
         panel = load_labeled_set(labeled / name)
         annotators = annotations.groupby("map_id").annotator.nunique().reindex(panel.map_ids)
