@@ -286,7 +286,7 @@ def test_the_held_out_sets_share_no_map_with_a_training_set_or_with_each_other()
     labeled = REPO / "annotation" / "labeled"
     training = set().union(*(load_labeled_set(labeled / name).map_ids for name in ("v2", "v3", "v4", "v5")))
     held_out = {name: set(load_labeled_set(labeled / name).map_ids)
-                for name in ("panel-1", "panel-2", "panel-3", "panel-4", "panel-5", "boundary-2")}
+                for name in ("panel-1", "panel-2", "panel-3", "panel-4", "panel-5", "panel-6", "boundary-2")}
     for name, map_ids in held_out.items():
         assert map_ids and not map_ids & training, name
     names = list(held_out)
@@ -300,7 +300,7 @@ def test_the_held_out_sets_share_no_map_with_a_training_set_or_with_each_other()
                   for name in ("panel-5", "panel-5-images-only")}
     assert len(annotators["panel-5-images-only"]) == 3 and not annotators["panel-5"] & annotators["panel-5-images-only"]
     # three annotators per map; the label is their majority
-    for name in ("panel-1", "panel-2", "panel-3", "panel-4", "panel-5", "panel-5-images-only"):
+    for name in ("panel-1", "panel-2", "panel-3", "panel-4", "panel-5", "panel-6", "panel-5-images-only"):
         annotations = pd.read_csv(labeled / name / "annotations.csv")
         panel = load_labeled_set(labeled / name)
         annotators = annotations.groupby("map_id").annotator.nunique().reindex(panel.map_ids)
