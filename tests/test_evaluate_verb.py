@@ -296,9 +296,9 @@ def test_the_held_out_sets_share_no_map_with_a_training_set_or_with_each_other()
     # panel-5's maps labeled again from the images alone: the same maps, other annotators
     images_only = load_labeled_set(labeled / "panel-5-images-only")
     assert set(images_only.map_ids) == held_out["panel-5"]
-    annotators = {name: set(pd.read_csv(labeled / name / "annotations.csv").annotator)
-                  for name in ("panel-5", "panel-5-images-only")}
-    assert len(annotators["panel-5-images-only"]) == 3 and not annotators["panel-5"] & annotators["panel-5-images-only"]
+    first_panel, second_panel = (set(pd.read_csv(labeled / name / "annotations.csv").annotator)
+                                 for name in ("panel-5", "panel-5-images-only"))
+    assert len(second_panel) == 3 and not first_panel & second_panel
     # three annotators per map; the label is their majority
     for name in ("panel-1", "panel-2", "panel-3", "panel-4", "panel-5", "panel-6", "panel-5-images-only"):
         annotations = pd.read_csv(labeled / name / "annotations.csv")
