@@ -285,8 +285,9 @@ def test_the_shipped_classifier_on_the_held_out_panel(tmp_path, capsys):
 def test_the_held_out_sets_share_no_map_with_a_training_set_or_with_each_other():
     labeled = REPO / "annotation" / "labeled"
     training = set().union(*(load_labeled_set(labeled / name).map_ids for name in ("v2", "v3", "v4", "v5")))
-    held_out = {name: set(load_labeled_set(labeled / name).map_ids)
-                for name in ("panel-1", "panel-2", "panel-3", "panel-4", "panel-5", "panel-6", "panel-7", "boundary-2")}
+    panels = tuple(f"panel-{number}" for number in range(1, 8))
+    relabeled = ("panel-5", "panel-7")  # each also labeled again from the images alone, as <panel>-images-only
+    held_out = {name: set(load_labeled_set(labeled / name).map_ids) for name in (*panels, "boundary-2")}
     for name, map_ids in held_out.items():
         assert map_ids and not map_ids & training, name
     names = list(held_out)
@@ -294,7 +295,7 @@ def test_the_held_out_sets_share_no_map_with_a_training_set_or_with_each_other()
         for second in names[i + 1:]:
             assert not held_out[first] & held_out[second], (first, second)
     # a panel's maps labeled again from the images alone: the same maps, other annotators
-    for panel_name in ("panel-5", "panel-7"):
+    for panel_name in relabeled:
         images_only = f"{panel_name}-images-only"
         assert set(load_labeled_set(labeled / images_only).map_ids) == held_out[panel_name]
         first_panel, second_panel = (set(pd.read_csv(labeled / name / "annotations.csv").annotator)
@@ -302,8 +303,7 @@ def test_the_held_out_sets_share_no_map_with_a_training_set_or_with_each_other()
         assert not first_panel & second_panel
     # three annotators per map, four where the first three split three ways (the report's ties); the label is
     # their strict majority
-    for name in ("panel-1", "panel-2", "panel-3", "panel-4", "panel-5", "panel-6", "panel-7", "panel-5-images-only",
-                 "panel-7-images-only"):
+    for name in (*panels, *(f"{panel_name}-images-only" for panel_name in relabeled)):
         annotations = pd.read_csv(labeled / name / "annotations.csv")
         panel = load_labeled_set(labeled / name)
         settled = json.loads((labeled / name / "pull_report.json").read_text()).get("ties") or []
