@@ -4,6 +4,7 @@ cross-validation scores) both inside the safetensors header and in a readable JS
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -21,11 +22,23 @@ DEFAULT_CHECKPOINT = CHECKPOINT_DIR / "default.safetensors"
 _METADATA_KEY = "attnpat"
 
 
-def save_checkpoint(model: PatternCNN, path: str | Path, metadata: dict) -> Path:
-    """Write ``path`` (.safetensors) and ``path`` with .json; both atomically. Returns the weights path."""
+def checkpoint_path(path: str | Path) -> Path:
+    """``path`` as a Path if a checkpoint can be written there, else a one-line AttnpatError; a long job (train)
+    calls it before it starts, so a mistyped --out does not fail after the work is done."""
     path = Path(path)
     if path.suffix != ".safetensors":
         raise AttnpatError(f"checkpoint path must end in .safetensors, got {path.name}")
+    if path.is_dir():
+        raise AttnpatError(f"cannot write checkpoint {path}: it is a folder")
+    existing = next(parent for parent in path.absolute().parents if parent.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise AttnpatError(f"cannot write checkpoint {path}: {existing} is not a writable folder")
+    return path
+
+
+def save_checkpoint(model: PatternCNN, path: str | Path, metadata: dict) -> Path:
+    """Write ``path`` (.safetensors) and ``path`` with .json; both atomically. Returns the weights path."""
+    path = checkpoint_path(path)
     metadata = {"format": FORMAT, "classes": list(CLASSES), **metadata}
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
     header = {_METADATA_KEY: json.dumps(metadata, default=_plain)}

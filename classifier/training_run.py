@@ -23,7 +23,7 @@ from analysis.mapstore import maps_digest
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir
 from annotation.dataset import annotator_agreement, labeled_set_name, load_labeled_set
-from classifier.checkpoint import save_checkpoint
+from classifier.checkpoint import checkpoint_path, save_checkpoint
 from classifier.distill import UnlabeledPool
 from classifier.evaluate import (
     baseline_comparison,
@@ -96,6 +96,7 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
     Returns the printable summary and the comparison with the baselines (TrainingReport).
     """
     config = config or TrainConfig()
+    out = checkpoint_path(out)  # before the work: a bad --out fails now, not after it
     labels = check_labels(data.labels, config.folds)
     folds = stratified_folds(labels, config.folds, config.seed)
     pool_maps = pool.maps if pool is not None else None

@@ -162,6 +162,27 @@ def test_cli_errors_are_one_line(tmp_path, capsys, checkpoint):
     assert "unknown labels" in errors[2]
 
 
+def test_train_rejects_a_checkpoint_path_it_cannot_write_before_training(tmp_path, capsys, monkeypatch):
+    import classifier.training_run as training_run  # noqa: PLC0415
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained before checking --out")
+
+    monkeypatch.setattr(training_run, "cross_validate_cnn", no_training)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out, reason in ((tmp_path / "cnn", "must end in .safetensors"),
+                        (tmp_path / "folder.safetensors", "it is a folder"),
+                        (blocker / "cnn.safetensors", "not a writable folder")):
+        if reason == "it is a folder":
+            out.mkdir()
+        code = main(["train", "--data", "synthetic:4", "--folds", "2", "--out", str(out), "--runs-dir",
+                     str(tmp_path / "runs"), "-q"])
+        assert code == 2
+        assert reason in capsys.readouterr().err
+    assert not list((tmp_path / "runs").rglob("*.csv"))  # nothing written
+
+
 def test_train_verb_writes_scores_and_checkpoint(tmp_path, capsys):
     out = tmp_path / "cnn.safetensors"
     code = main(["train", "--data", "synthetic:6", "--folds", "2", "--epochs", "2", "--out", str(out),
