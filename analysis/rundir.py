@@ -27,6 +27,21 @@ from analysis.paths import runs_root
 PACKAGES = ("torch", "transformers", "numpy", "scikit-learn", "gradio", "label-studio-sdk", "attnpat")
 
 
+def writable_path(path: str | Path) -> Path:
+    """``path`` as a Path if a file can be written there later (it is not a folder, and its nearest existing parent
+    is a writable folder), else a one-line AttnpatError. Long jobs call it before they start, so a mistyped output
+    path fails at once instead of after the work."""
+    path = Path(path)
+    if path.is_dir():
+        raise AttnpatError(f"cannot write {path}: it is a folder")
+    existing = next(parent for parent in path.absolute().parents if parent.exists())
+    if not existing.is_dir():
+        raise AttnpatError(f"cannot write {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise AttnpatError(f"cannot write {path}: {existing} is not writable")
+    return path
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_path)`` then rename onto ``path``: readers never see a half-written file."""
     path = Path(path)
@@ -183,7 +198,9 @@ class RunDir:
     @contextmanager
     def record(self, analysis: str, bundle=None, data=None, **extra) -> Iterator[dict]:
         """Context manager: yields a dict the analysis fills (n_truncated, outputs, figures...), and writes
-        the manifest entry with timing when the block finishes without error."""
+        the manifest entry with timing when the block finishes without error. A run folder that cannot be
+        written is an AttnpatError before the block runs, not after its work."""
+        writable_path(self.file("manifest.json"))
         started = time.time()
         entry: dict = {"command": shlex.join(sys.argv), "started": _iso(started), **extra}
         if data is not None:

@@ -15,7 +15,7 @@ from analysis.cluster import maybe_ray
 from analysis.errors import AttnpatError
 from analysis.mapkinds import KIND_NOTES
 from analysis.models import load_model
-from analysis.rundir import RunDir
+from analysis.rundir import RunDir, writable_path
 from app import options as opt
 
 
@@ -97,10 +97,14 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
     or rollout classifies those maps instead (into runs/<model>@<kind>/); --ray spreads batches over workers."""
     from classifier.predict import load_classifier  # noqa: PLC0415
 
+    if out is not None and maps is None:
+        raise AttnpatError("--out names the table of --maps; a task's tables go to its run folder (see --runs-dir)")
     cnn = load_classifier(str(classifier) if classifier else None)
     if maps is not None:
         if ray is not None:
             raise AttnpatError("--ray classifies a task's maps as they are computed, not saved map files (--maps)")
+        if out is not None:
+            writable_path(out)  # before the maps are classified
         from classifier.classify import classify_saved_maps, write_map_classes  # noqa: PLC0415
 
         frame = classify_saved_maps(maps, cnn, progress=not quiet)

@@ -4,7 +4,6 @@ cross-validation scores) both inside the safetensors header and in a readable JS
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -13,7 +12,7 @@ from safetensors.torch import save_file
 
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
-from analysis.rundir import atomic_write, atomic_write_json
+from analysis.rundir import atomic_write, atomic_write_json, writable_path
 from classifier.model import PatternCNN
 
 FORMAT = "attnpat-pattern-cnn/1"
@@ -23,17 +22,12 @@ _METADATA_KEY = "attnpat"
 
 
 def checkpoint_path(path: str | Path) -> Path:
-    """``path`` as a Path if a checkpoint can be written there, else a one-line AttnpatError; a long job (train)
-    calls it before it starts, so a mistyped --out does not fail after the work is done."""
+    """``path`` as a Path if a checkpoint can be written there, else a one-line AttnpatError (train calls it before
+    it starts: analysis.rundir.writable_path)."""
     path = Path(path)
     if path.suffix != ".safetensors":
         raise AttnpatError(f"checkpoint path must end in .safetensors, got {path.name}")
-    if path.is_dir():
-        raise AttnpatError(f"cannot write checkpoint {path}: it is a folder")
-    existing = next(parent for parent in path.absolute().parents if parent.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise AttnpatError(f"cannot write checkpoint {path}: {existing} is not a writable folder")
-    return path
+    return writable_path(path)
 
 
 def save_checkpoint(model: PatternCNN, path: str | Path, metadata: dict) -> Path:

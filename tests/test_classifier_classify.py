@@ -173,7 +173,7 @@ def test_train_rejects_a_checkpoint_path_it_cannot_write_before_training(tmp_pat
     blocker.write_text("")
     for out, reason in ((tmp_path / "cnn", "must end in .safetensors"),
                         (tmp_path / "folder.safetensors", "it is a folder"),
-                        (blocker / "cnn.safetensors", "not a writable folder")):
+                        (blocker / "cnn.safetensors", "is a file, not a folder")):
         if reason == "it is a folder":
             out.mkdir()
         code = main(["train", "--data", "synthetic:4", "--folds", "2", "--out", str(out), "--runs-dir",
@@ -181,6 +181,27 @@ def test_train_rejects_a_checkpoint_path_it_cannot_write_before_training(tmp_pat
         assert code == 2
         assert reason in capsys.readouterr().err
     assert not list((tmp_path / "runs").rglob("*.csv"))  # nothing written
+
+
+def test_classify_checks_its_out_before_classifying(tmp_path, capsys, monkeypatch, checkpoint):
+    import classifier.classify as classify_module  # noqa: PLC0415
+
+    def no_classifying(*args, **kwargs):
+        raise AssertionError("classified before checking --out")
+
+    monkeypatch.setattr(classify_module, "classify_saved_maps", no_classifying)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    (tmp_path / "maps").mkdir()
+    assert main(["classify", "--maps", str(tmp_path / "maps"), "--out", str(blocker / "classes.csv"),
+                 "--classifier", str(checkpoint), "-q"]) == 2
+    assert "a-file is a file, not a folder" in capsys.readouterr().err
+    assert main(["classify", "--maps", str(tmp_path / "maps"), "--out", str(tmp_path / "maps"),
+                 "--classifier", str(checkpoint), "-q"]) == 2
+    assert "it is a folder" in capsys.readouterr().err
+    assert main(["classify", "--task", "sst2", "--out", str(tmp_path / "x.csv"), "--classifier", str(checkpoint),
+                 "-q"]) == 2  # --out is the --maps table; without --maps it would be ignored
+    assert "--out names the table of --maps" in capsys.readouterr().err
 
 
 def test_train_verb_writes_scores_and_checkpoint(tmp_path, capsys):

@@ -144,7 +144,8 @@ def test_a_run_directory_blocked_by_a_file_is_one_error_line(tmp_path, capsys, t
     (tmp_path / "runs").write_text("not a folder")
     code, _, err, errors = run_cli(["extract", "--model", tiny_model, "--task", tmp_path / "d.csv",
                                     "--runs-dir", tmp_path / "runs", "-q"], capsys)
-    assert code == 2 and len(errors) == 1 and "not a directory" in errors[0], err
+    assert code == 2 and len(errors) == 1 and "runs is a file, not a folder" in errors[0], err
+    assert (tmp_path / "runs").read_text() == "not a folder"
 
 
 def test_atomic_write_turns_os_errors_into_attnpat_errors(tmp_path):

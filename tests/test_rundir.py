@@ -6,7 +6,7 @@ import pytest
 
 from analysis.errors import AttnpatError
 from analysis.mapstore import SavedMap, read_shard, write_shard
-from analysis.rundir import RunDir, atomic_write, list_runs, long_table, table_to_array
+from analysis.rundir import RunDir, atomic_write, list_runs, long_table, table_to_array, writable_path
 
 
 def test_atomic_write_leaves_nothing_when_the_writer_fails(tmp_path):
@@ -21,6 +21,19 @@ def test_atomic_write_leaves_nothing_when_the_writer_fails(tmp_path):
         atomic_write(target, failing)
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["table.csv"]
+
+
+def test_writable_path_checks_without_writing(tmp_path):
+    nested = tmp_path / "new" / "deeper" / "table.csv"
+    assert writable_path(nested) == nested and not (tmp_path / "new").exists()
+    with pytest.raises(AttnpatError, match="it is a folder"):
+        writable_path(tmp_path)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(AttnpatError, match="is a file, not a folder"):
+        writable_path(tmp_path / "file" / "below" / "table.csv")
+    with pytest.raises(AttnpatError, match="is a file, not a folder"):  # before the analysis, not after it
+        with RunDir("model", "task", tmp_path / "file" / "runs").record("analysis"):
+            raise AssertionError("the analysis ran into a run folder that cannot be written")
 
 
 def test_long_table_round_trip():
