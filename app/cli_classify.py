@@ -50,6 +50,7 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
                                               "classifies from the profile scalars alone (0 = none; below 1)"),
           runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Train the 8-layer CNN on a labeled set: k-fold CV scores vs baselines, then a checkpoint."""
+    from classifier.checkpoint import checkpoint_path  # noqa: PLC0415
     from classifier.evaluate import comparison_lines  # noqa: PLC0415
     from classifier.train import TrainConfig  # noqa: PLC0415
     from classifier.training_run import load_training_data, train_pattern_cnn  # noqa: PLC0415
@@ -61,7 +62,7 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
         raise AttnpatError(f"--image-dropout must be at least 0 and below 1 (got {image_dropout})")
     training = load_training_data(data, seed)
     run = RunDir("classifier", training.name, runs_dir)
-    out = out or run.file("classifier.safetensors")
+    out = checkpoint_path(out or run.file("classifier.safetensors"))  # before the pool is drawn
     config = TrainConfig(max_epochs=epochs, folds=folds, seed=seed, pool_weight=pool_weight, pool_rounds=pool_rounds,
                          class_weight_power=class_weight_power, image_dropout=image_dropout,
                          synthetic_per_class=0 if training.synthetic else synthetic_mix)
