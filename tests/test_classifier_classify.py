@@ -171,11 +171,10 @@ def test_train_rejects_a_checkpoint_path_it_cannot_write_before_training(tmp_pat
     monkeypatch.setattr(training_run, "cross_validate_cnn", no_training)
     blocker = tmp_path / "a-file"
     blocker.write_text("")
+    (tmp_path / "folder.safetensors").mkdir()
     for out, reason in ((tmp_path / "cnn", "must end in .safetensors"),
                         (tmp_path / "folder.safetensors", "it is a folder"),
                         (blocker / "cnn.safetensors", "is a file, not a folder")):
-        if reason == "it is a folder":
-            out.mkdir()
         code = main(["train", "--data", "synthetic:4", "--folds", "2", "--out", str(out), "--runs-dir",
                      str(tmp_path / "runs"), "-q"])
         assert code == 2
