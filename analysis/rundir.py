@@ -38,7 +38,7 @@ def writable_path(path: str | Path) -> Path:
     if not existing.is_dir():
         raise AttnpatError(f"cannot write {path}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise AttnpatError(f"cannot write {path}: {existing} is not writable")
+        raise AttnpatError(f"cannot write {path}: permission denied on {existing}")
     return path
 
 

@@ -1,5 +1,6 @@
 """Run directories: atomic writes, accumulating manifests, long tables; the saved-map format."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ def test_atomic_write_leaves_nothing_when_the_writer_fails(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["table.csv"]
 
 
-def test_writable_path_checks_without_writing(tmp_path):
+def test_writable_path_checks_without_writing(tmp_path, monkeypatch):
     nested = tmp_path / "new" / "deeper" / "table.csv"
     assert writable_path(nested) == nested and not (tmp_path / "new").exists()
     with pytest.raises(AttnpatError, match="it is a folder"):
@@ -34,6 +35,9 @@ def test_writable_path_checks_without_writing(tmp_path):
     with pytest.raises(AttnpatError, match="is a file, not a folder"):  # before the analysis, not after it
         with RunDir("model", "task", tmp_path / "file" / "runs").record("analysis"):
             raise AssertionError("the analysis ran into a run folder that cannot be written")
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # a read-only folder (tests may run as root)
+    with pytest.raises(AttnpatError, match=f"permission denied on {tmp_path}$"):
+        writable_path(tmp_path / "new" / "table.csv")
 
 
 def test_long_table_round_trip():
