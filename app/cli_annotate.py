@@ -82,7 +82,8 @@ def invite() -> None:
 @annotate.command("push")
 def push(model: str = opt.Model, count: int = typer.Option(480, "--count", help="maps to sample"),
          tasks: str = typer.Option("sst2,mrpc,rte,wiki", "--tasks", help="comma-separated tasks to sample from"),
-         seed: int = typer.Option(0, "--seed"), sample: str | None = Sample, project: str | None = Title,
+         seed: int = opt.seed_option("seed for the map sample"), sample: str | None = Sample,
+         project: str | None = Title,
          url: str | None = Url, token: str | None = Token, max_length: int = opt.MaxLength,
          stratify_by: str | None = typer.Option(
              None, "--stratify-by", help="draw maps by predicted class to collect rare patterns: rules, classifier "

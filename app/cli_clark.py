@@ -21,7 +21,7 @@ BroadThreshold = typer.Option(3.8, "--broad-threshold", help="entropy (nats) abo
 PositionThreshold = typer.Option(0.5, "--position-threshold", help="attention above which a head attends to prev/next")
 SpecialThreshold = typer.Option(0.6, "--special-threshold",
                                 help="attention above which a head attends to [CLS]/[SEP]/punct.")
-Seed = typer.Option(0, "--seed", help="random seed (MLM masking, MDS)")
+Seed = opt.seed_option("random seed (MLM masking, MDS)")
 
 
 def register(app: typer.Typer) -> None:

@@ -30,10 +30,10 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
           out: opt.OptionalPath = typer.Option(None, "--out", help="checkpoint .safetensors (default: run "
                                                "dir/classifier.safetensors)"),
           folds: int = typer.Option(5, "--folds", help="stratified cross-validation folds"),
-          epochs: int = typer.Option(100, "--epochs", help="maximum epochs (early stopping ends sooner)"),
-          seed: int = typer.Option(0, "--seed", help="seed for folds, initialisation and batches"),
-          synthetic_mix: int = typer.Option(40, "--synthetic-mix", help="synthetic maps per class added to every "
-                                            "training part (not with --data synthetic)"),
+          epochs: int = typer.Option(100, "--epochs", min=1, help="maximum epochs (early stopping ends sooner)"),
+          seed: int = opt.seed_option("seed for folds, initialisation and batches"),
+          synthetic_mix: int = typer.Option(40, "--synthetic-mix", min=0, help="synthetic maps per class added to "
+                                            "every training part (not with --data synthetic)"),
           baselines: bool = typer.Option(True, "--baselines/--no-baselines",
                                          help="also score the rule and feature baselines"),
           pool: int = typer.Option(2000, "--pool", help="unlabeled maps a teacher labels for the CNN to learn from "

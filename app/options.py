@@ -38,6 +38,12 @@ def batch_size_option(default: int = 32, help: str = "examples per forward pass"
 
 
 BatchSize = batch_size_option()
+
+
+def seed_option(help: str = "random seed"):
+    """A --seed option: 0 or more (numpy, torch's generators and scikit-learn refuse negative seeds, some only after
+    the work), checked before any work starts."""
+    return typer.Option(0, "--seed", min=0, help=help)
 RunsDir = typer.Option(None, "--runs-dir", help="run directory root (default: ./runs or $ATTNPAT_HOME/runs)")
 Split = typer.Option("validation", "--split", help="data split")
 Quiet = typer.Option(False, "--quiet", "-q", help="no progress bar")

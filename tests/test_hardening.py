@@ -439,6 +439,24 @@ def test_a_usage_error_is_one_error_line_not_a_traceback(capsys, argv, message):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv, option, bound", [
+    (["train", "--data", "synthetic:6"], "--seed", "-1"),  # numpy refused it in a traceback
+    (["cluster"], "--seed", "-1"),  # scikit-learn's MDS refused it after the maps were computed
+    (["grad-importance"], "--seed", "-1"),
+    (["finetune", "--task", "sst2"], "--seed", "-1"),
+    (["annotate", "push", "--url", "http://127.0.0.1:9", "--token", "x"], "--seed", "-1"),
+    (["train", "--data", "synthetic:6"], "--epochs", "0"),  # trained nothing and saved a random network
+    (["train", "--data", "synthetic:6"], "--synthetic-mix", "-1"),  # was taken as 0
+])
+def test_a_seed_or_count_out_of_range_is_refused_before_any_work(tmp_path, capsys, monkeypatch, argv, option, bound):
+    monkeypatch.chdir(tmp_path)  # a verb that got through would write its runs or models here
+    runs = ["--runs-dir", tmp_path / "runs"] if argv[0] != "annotate" else []
+    code, _, err, errors = run_cli([*argv, option, bound, *runs], capsys)
+    assert code == 2 and len(errors) == 1 and f"Invalid value for '{option}'" in errors[0], err
+    assert "greater than or equal to" in errors[0] and "Traceback" not in err
+    assert files_under(tmp_path) == []
+
+
 @pytest.mark.parametrize("verb, model", [("extract", "--model"), ("overview", "--model"), ("classify", "--model"),
                                          ("grad-importance", "--model"), ("compare", "--finetuned")])
 def test_batch_size_is_checked_before_any_file_is_written(tmp_path, capsys, tiny_model, verb, model):
