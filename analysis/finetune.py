@@ -316,6 +316,8 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
     """
     recipe = recipe or Recipe()
     recipe.check()
+    if checkpoint_every < 1:  # the step loop takes it modulo: 0 stopped the run in a ZeroDivisionError
+        raise AttnpatError(f"the checkpoint interval must be at least 1 step, got {checkpoint_every}")
     task = task.strip().lower()
     name = name or f"{model_slug(base)}-{task}"
     path = store_path(name)

@@ -55,3 +55,5 @@ def test_bad_input_is_a_one_line_error(workspace, capsys):
     assert "--split-dev" in capsys.readouterr().err
     assert main(["finetune", "--model", "minilm", "--task", "sst2", "--epochs", "0", "-q"]) == 2
     assert "epochs must be at least 1" in capsys.readouterr().err
+    assert main(["finetune", "--model", "minilm", "--task", "sst2", "--checkpoint-every", "0", "-q"]) == 2
+    assert "checkpoint interval must be at least 1 step, got 0" in capsys.readouterr().err
