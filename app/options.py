@@ -41,8 +41,8 @@ BatchSize = batch_size_option()
 
 
 def seed_option(help: str = "random seed"):
-    """A --seed option: 0 or more (numpy, torch's generators and scikit-learn refuse negative seeds, some only after
-    the work), checked before any work starts."""
+    """A --seed option: 0 or more, checked before any work starts (numpy and scikit-learn refuse negative seeds,
+    scikit-learn's MDS only after the maps are computed)."""
     return typer.Option(0, "--seed", min=0, help=help)
 RunsDir = typer.Option(None, "--runs-dir", help="run directory root (default: ./runs or $ATTNPAT_HOME/runs)")
 Split = typer.Option("validation", "--split", help="data split")
