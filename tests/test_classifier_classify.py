@@ -162,13 +162,18 @@ def test_cli_errors_are_one_line(tmp_path, capsys, checkpoint):
     assert "unknown labels" in errors[2]
 
 
+def forbid_before_out_is_checked(monkeypatch, module, name: str) -> None:
+    """Make ``module.name`` fail the test if called: the --out check must stop the verb before that work."""
+    def reached(*args, **kwargs):
+        raise AssertionError(f"{name} ran before --out was checked")
+
+    monkeypatch.setattr(module, name, reached)
+
+
 def test_train_rejects_a_checkpoint_path_it_cannot_write_before_training(tmp_path, capsys, monkeypatch):
     import classifier.training_run as training_run  # noqa: PLC0415
 
-    def no_training(*args, **kwargs):
-        raise AssertionError("trained before checking --out")
-
-    monkeypatch.setattr(training_run, "cross_validate_cnn", no_training)
+    forbid_before_out_is_checked(monkeypatch, training_run, "cross_validate_cnn")
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     (tmp_path / "folder.safetensors").mkdir()
@@ -185,10 +190,7 @@ def test_train_rejects_a_checkpoint_path_it_cannot_write_before_training(tmp_pat
 def test_classify_checks_its_out_before_classifying(tmp_path, capsys, monkeypatch, checkpoint):
     import classifier.classify as classify_module  # noqa: PLC0415
 
-    def no_classifying(*args, **kwargs):
-        raise AssertionError("classified before checking --out")
-
-    monkeypatch.setattr(classify_module, "classify_saved_maps", no_classifying)
+    forbid_before_out_is_checked(monkeypatch, classify_module, "classify_saved_maps")
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     (tmp_path / "maps").mkdir()
