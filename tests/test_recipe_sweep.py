@@ -1,0 +1,70 @@
+"""bench/recipe_sweep.py: its settings parser and the table it builds from fold fits."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis.errors import AttnpatError
+from classifier.train import TrainConfig, macro_f1, stratified_folds
+
+spec = importlib.util.spec_from_file_location("recipe_sweep", Path(__file__).parents[1] / "bench" / "recipe_sweep.py")
+recipe_sweep = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(recipe_sweep)
+
+
+def test_a_setting_is_typed_as_its_train_config_field():
+    assert recipe_sweep.parse_setting("bs32:batch_size=32,pool_weight=2,augment=false") == (
+        "bs32", {"batch_size": 32, "pool_weight": 2.0, "augment": False})
+    name, changes = recipe_sweep.parse_setting("f1:select_on=f1")
+    assert (name, changes) == ("f1", {"select_on": "f1"}) and type(changes["select_on"]) is str
+    assert recipe_sweep.parse_seeds(["0-2", "7", "1"]) == [0, 1, 2, 7]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("bs32", "NAME:field=value"),
+    ("shipped:batch_size=32", "NAME not 'shipped'"),
+    ("x:bogus=1", "'bogus' is not a TrainConfig setting"),
+    ("x:seed=3", "'seed' is not a TrainConfig setting"),  # the fold seed is --seeds'
+    ("x:batch_size=big", "batch_size takes a int"),
+])
+def test_a_bad_setting_is_one_clear_error(text, message):
+    with pytest.raises(AttnpatError, match=message):
+        recipe_sweep.parse_setting(text)
+
+
+def fold_records(name: str, predicted: np.ndarray, labels: np.ndarray, seed: int, folds=None) -> list[dict]:
+    """Fold fits as fit_fold writes them, whose argmax is ``predicted``."""
+    records = []
+    for fold, (_, test) in enumerate(stratified_folds(labels, TrainConfig().folds, seed)):
+        if folds is not None and fold not in folds:
+            continue
+        probabilities = np.eye(5)[predicted[test]] * 0.9 + 0.02
+        records.append({"setting": name, "changes": {}, "seed": seed, "fold": fold, "test": test.tolist(),
+                        "probabilities": probabilities.tolist()})
+    return records
+
+
+def test_the_table_scores_each_complete_setting_against_shipped_and_the_teacher():
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(5), 12)
+    shipped = labels.copy()
+    shipped[rng.choice(60, 12, replace=False)] = rng.integers(0, 5, 12)
+    better = labels.copy()
+    better[rng.choice(60, 3, replace=False)] = 0
+    teacher = labels.copy()
+    teacher[:6] = 4
+    records = (fold_records("shipped", shipped, labels, 3) + fold_records("better", better, labels, 3)
+               + fold_records("unfinished", labels, labels, 3, folds={0, 1, 2, 3}))
+    table = recipe_sweep.sweep_table(records, labels, {3: teacher}).set_index("setting")
+    assert sorted(table.index) == ["better", "shipped"]  # a setting missing a fold has no row
+    assert table.loc["better", "macro_f1"] == pytest.approx(macro_f1(better, labels))
+    assert table.loc["better", "shipped_difference"] == pytest.approx(macro_f1(better, labels)
+                                                                      - macro_f1(shipped, labels))
+    assert table.loc["shipped", "teacher_difference"] == pytest.approx(macro_f1(shipped, labels)
+                                                                       - macro_f1(teacher, labels))
+    low, high = table.loc["better", ["shipped_ci_low", "shipped_ci_high"]]
+    assert low <= table.loc["better", "shipped_difference"] <= high
+    assert np.isnan(table.loc["shipped", "shipped_difference"])
