@@ -7,8 +7,9 @@ against its teacher, over several fold seeds, one fold fit per process.
 Every setting is a name and TrainConfig fields (``name:field=value,field=value``); the shipped recipe (no field
 changed) always runs too, on the same folds. The folds, the unlabeled pool and the seeds of each fit are those of
 ``attnpat train --data D --seed S`` (classifier.train.cross_validate_cnn), so a setting's row for seed S is what
-`attnpat train` would report with that setting. Each finished fold fit is appended to ``<out>.folds.jsonl``: a
-stopped sweep resumes from there, and a changed data set or pool starts a new file instead of mixing them.
+`attnpat train` would report with that setting. Each finished fold fit is appended to
+``<out>.<key>.folds.jsonl``, the key a hash of the labeled set (maps and labels) and the pool: a stopped sweep
+resumes from there, and another labeled set or pool starts another file instead of mixing them.
 
 Output (--out, CSV): setting, seed, macro_f1, then against ``shipped`` and against ``teacher`` (boosting on the
 profile scalars, the CNN's teacher): difference, ci_low, ci_high (95% paired bootstrap over the maps) and p_holm
@@ -18,6 +19,7 @@ The scores depend on the torch build as well as the seed: compare settings measu
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import os
@@ -30,7 +32,6 @@ import pandas as pd
 import torch
 
 from analysis.errors import AttnpatError
-from analysis.mapstore import maps_digest
 from analysis.progress import progress_bar
 from analysis.rundir import save_table, writable_path
 from annotation.dataset import load_labeled_set
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     pool = draw_pool(model_of(labeled.map_ids), args.pool, exclude=labeled.map_ids, progress=True)
     _inputs.update(images=prepare_maps(labeled.maps), labels=labels, pool=prepare_maps(pool.maps))
     # the fold cache is keyed by what the fits saw: another labeled set or pool starts another file
-    inputs_key = maps_digest(labeled.maps, labeled.map_ids + pool.map_ids)[:12]
+    inputs_key = hashlib.sha256(f"{labeled.data_hash} {pool.pool_hash}".encode()).hexdigest()[:12]
     cache = Path(f"{args.out}.{inputs_key}.folds.jsonl")
     records = [json.loads(line) for line in cache.read_text().splitlines()] if cache.exists() else []
     done = {(r["setting"], r["seed"], r["fold"]) for r in records if r["changes"] == settings.get(r["setting"])}
