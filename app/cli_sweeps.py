@@ -7,7 +7,7 @@ from analysis.cluster import maybe_ray
 from analysis.data import load_data
 from analysis.disable import check_mode
 from analysis.errors import AttnpatError
-from analysis.importance import check_pruning_shares, importance_analysis, prune_analysis
+from analysis.importance import check_exponent, check_pruning_shares, importance_analysis, prune_analysis
 from analysis.rundir import RunDir
 from analysis.sweeps import UNITS, classifier_head_note, disable_analysis, seeded_classifier
 from app import options as opt
@@ -84,6 +84,7 @@ def importance(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt 
                quiet: bool = opt.Quiet, ray: opt.OptionalStr = opt.Ray, workers: opt.OptionalInt = opt.Workers,
                ray_dashboard: bool = opt.RayDashboard) -> None:
     """Head importance: mean |d loss / d head gate| over the data (Michel et al.; --ray: batches go to workers)."""
+    check_exponent(exponent)
     bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))
     with maybe_ray(ray, workers, ray_dashboard) as cluster:
         summary = importance_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir),
@@ -110,6 +111,7 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
     """Pruning curve: the task metric as heads are masked in increasing importance order."""
     check_mode(mode)
     check_pruning_shares(step, max_fraction)
+    check_exponent(exponent)
     bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))
     result = prune_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir), step=step,
                             max_fraction=max_fraction, iterative=iterative, mode=mode, by_layer=normalize_layers,

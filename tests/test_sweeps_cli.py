@@ -13,6 +13,7 @@ from analysis.importance import head_importance
 from analysis.models import load_model
 from analysis.stream import encode_examples, iter_batches
 from analysis.sweeps import BASELINE, fast_sweep, head_variants, layer_variants, naive_sweep
+from app import cli_sweeps
 from app.cli import main
 from tests.test_disable import make_bundle
 
@@ -77,6 +78,17 @@ def test_bad_options_give_one_line_errors(argv, message, tiny_model_dir, tmp_pat
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
     assert last.startswith("error:") and message in last
+
+
+@pytest.mark.parametrize("verb, exponent", [("importance", "-1"), ("prune", "0")])
+def test_a_bad_exponent_is_refused_before_the_model_loads(verb, exponent, tiny_model_dir, tmp_path, capsys,
+                                                           monkeypatch):
+    # the exponent is used only once the gradients are summed: checked after, it cost the whole pass over the data
+    monkeypatch.setattr(cli_sweeps, "_load", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    assert main([verb, "--exponent", exponent, "--model", str(tiny_model_dir), "--runs-dir", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == f"error: the normalisation exponent must be positive, got {float(exponent)}"
+    assert not any(tmp_path.iterdir())
 
 
 # ---------------------------------------------------------------- the real embedded MiniLM
