@@ -75,6 +75,12 @@ def head_importance(bundle, batches: Sequence[TokenBatch], *, keep: np.ndarray |
     return (total / count).numpy()
 
 
+def check_exponent(exponent: float) -> None:
+    """The per-layer norm's exponent: callers check it before the gradients are computed, not after."""
+    if exponent <= 0:
+        raise AttnpatError(f"the normalisation exponent must be positive, got {exponent}")
+
+
 def normalize_by_layer(importance: np.ndarray, exponent: float = 2.0) -> np.ndarray:
     """Divide each layer's scores by their L-``exponent`` norm (bertology's default exponent 2). (L, H) -> (L, H)."""
     check_exponent(exponent)
@@ -96,12 +102,6 @@ def normalized_importance(raw: np.ndarray, *, by_layer: bool = True, exponent: f
 
 
 # ---------------------------------------------------------------- pruning
-
-def check_exponent(exponent: float) -> None:
-    """The per-layer norm's exponent: callers check it before the gradients are computed, not after."""
-    if exponent <= 0:
-        raise AttnpatError(f"the normalisation exponent must be positive, got {exponent}")
-
 
 def check_pruning_shares(step: float, max_fraction: float) -> None:
     if not 0 < step <= 1:
