@@ -102,7 +102,8 @@ def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
             base: str | None = typer.Option(None, "--base", help="also analyse this model (default: the "
                                                "fine-tuned model's base from the model store)"),
             no_base: bool = typer.Option(False, "--no-base", help="analyse --model only"),
-            top: int = typer.Option(10, "--top", help="show the N tokens the last layer's [CLS] attends to most"),
+            top: int = typer.Option(10, "--top", min=1,
+                                    help="show the N tokens the last layer's [CLS] attends to most"),
             split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
             map_kind: str = opt.MapKind, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
