@@ -448,6 +448,7 @@ def test_a_usage_error_is_one_error_line_not_a_traceback(capsys, argv, message):
     (["train", "--data", "synthetic:6"], "--epochs", "0"),  # trained nothing and saved a random network
     (["train", "--data", "synthetic:6"], "--synthetic-mix", "-1"),  # was taken as 0
     (["special", "--task", "sst2"], "--top", "0"),  # listed no tokens; -1 listed all but the last
+    (["probe-dep", "--parse", "sst2"], "--min-count", "-1"),
 ])
 def test_a_seed_or_count_out_of_range_is_refused_before_any_work(tmp_path, capsys, monkeypatch, argv, option, bound):
     monkeypatch.chdir(tmp_path)  # a verb that got through would write its runs or models here
