@@ -41,6 +41,7 @@ from classifier.model import prepare_maps
 from classifier.train import TrainConfig, fit_with_pool, macro_f1, predict_images, stratified_folds
 
 SHIPPED = "shipped"
+BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 _inputs: dict = {}  # filled before the worker processes fork: images, labels, pool images
 
 
@@ -58,17 +59,19 @@ def parse_setting(text: str) -> tuple[str, dict]:
             raise AttnpatError(f"--set '{text}': '{field}' is not a TrainConfig setting ({', '.join(types)})")
         kind = types[field]
         try:
-            changes[field] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
-        except ValueError:
+            changes[field] = BOOLEANS[value.lower()] if kind is bool else kind(value)
+        except (KeyError, ValueError):
             raise AttnpatError(f"--set '{text}': {field} takes a {kind.__name__}, got '{value}'") from None
     return name, changes
 
 
 def parse_seeds(items: list[str]) -> list[int]:
-    """['0-3', '7'] -> [0, 1, 2, 3, 7]."""
+    """['0-3', '7'] -> [0, 1, 2, 3, 7]; fold seeds are 0 or more, a range runs upwards."""
     seeds = []
     for item in items:
         low, _, high = item.partition("-")
+        if not low.isdigit() or not (high or low).isdigit() or int(high or low) < int(low):
+            raise AttnpatError(f"--seeds '{item}': use fold seeds 0 or more, one (7) or a range (0-4)")
         seeds += list(range(int(low), int(high or low) + 1))
     return sorted(set(seeds))
 
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             raise AttnpatError("--workers and --pool must be at least 1")
         writable_path(args.out)  # before the work
         labeled = load_labeled_set(args.data)
-    except (AttnpatError, ValueError) as error:
+    except AttnpatError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     labels = np.asarray(labeled.labels, dtype=np.int64)

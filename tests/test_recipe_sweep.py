@@ -23,12 +23,19 @@ def test_a_setting_is_typed_as_its_train_config_field():
     assert recipe_sweep.parse_seeds(["0-2", "7", "1"]) == [0, 1, 2, 7]
 
 
+@pytest.mark.parametrize("item", ["-1", "4-2", "a", "1-b"])
+def test_a_bad_fold_seed_is_one_clear_error(item):
+    with pytest.raises(AttnpatError, match="use fold seeds 0 or more"):
+        recipe_sweep.parse_seeds([item])
+
+
 @pytest.mark.parametrize("text, message", [
     ("bs32", "NAME:field=value"),
     ("shipped:batch_size=32", "NAME not 'shipped'"),
     ("x:bogus=1", "'bogus' is not a TrainConfig setting"),
     ("x:seed=3", "'seed' is not a TrainConfig setting"),  # the fold seed is --seeds'
     ("x:batch_size=big", "batch_size takes a int"),
+    ("x:augment=maybe", "augment takes a bool"),
 ])
 def test_a_bad_setting_is_one_clear_error(text, message):
     with pytest.raises(AttnpatError, match=message):
