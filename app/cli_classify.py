@@ -17,6 +17,7 @@ from analysis.mapkinds import KIND_NOTES
 from analysis.models import load_model
 from analysis.rundir import RunDir, writable_path
 from app import options as opt
+from classifier import SYNTHETIC_MIX
 
 
 def register(app: typer.Typer) -> None:
@@ -32,8 +33,9 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
           folds: int = typer.Option(5, "--folds", help="stratified cross-validation folds"),
           epochs: int = typer.Option(100, "--epochs", min=1, help="maximum epochs (early stopping ends sooner)"),
           seed: int = opt.seed_option("seed for folds, initialisation and batches"),
-          synthetic_mix: int = typer.Option(40, "--synthetic-mix", min=0, help="synthetic maps per class added to "
-                                            "every training part (not with --data synthetic)"),
+          synthetic_mix: int = typer.Option(SYNTHETIC_MIX, "--synthetic-mix", min=0,
+                                            help="synthetic maps per class added to every training part (not with "
+                                                 "--data synthetic)"),
           baselines: bool = typer.Option(True, "--baselines/--no-baselines",
                                          help="also score the rule and feature baselines"),
           pool: int = typer.Option(2000, "--pool", help="unlabeled maps a teacher labels for the CNN to learn from "

@@ -5,16 +5,16 @@ against its teacher, over several fold seeds, one fold fit per process.
     .venv/bin/python bench/recipe_sweep.py --set bs32:batch_size=32 --seeds 0-9 --workers 16 --out sweep.csv
 
 Every setting is a name and TrainConfig fields (``name:field=value,field=value``); the shipped recipe (no field
-changed) always runs too, on the same folds. The folds, the unlabeled pool and the seeds of each fit are those of
-``attnpat train --data D --seed S`` (classifier.train.cross_validate_cnn), so a setting's row for seed S is what
-`attnpat train` would report with that setting. Each finished fold fit is appended to
-``<out>.<key>.folds.jsonl``, the key a hash of the labeled set (maps and labels) and the pool: a stopped sweep
-resumes from there, and another labeled set or pool starts another file instead of mixing them.
+changed) always runs too, on the same folds. The folds, the unlabeled pool, the synthetic maps and the seeds of each
+fit are those of ``attnpat train --data D --seed S`` (classifier.train.cross_validate_cnn), so a setting's row for
+seed S is what `attnpat train` would report with that setting. Each finished fold fit is appended to
+``<out>.<key>.folds.jsonl``, the key a hash of the labeled set (maps and labels), the pool and the synthetic mix:
+a stopped sweep resumes from there, and other inputs start another file instead of mixing them.
 
 Output (--out, CSV): setting, seed, macro_f1, then against ``shipped`` and against ``teacher`` (boosting on the
 profile scalars, the CNN's teacher): difference, ci_low, ci_high (95% paired bootstrap over the maps) and p_holm
 (paired permutation test, Holm-corrected over the two), from classifier.evaluate.baseline_comparison.
-The scores depend on the torch build as well as the seed: compare settings measured on one machine.
+A seed's scores repeat exactly on one machine; another torch build can move them, so compare rows of one machine.
 """
 from __future__ import annotations
 
@@ -35,14 +35,18 @@ from analysis.errors import AttnpatError
 from analysis.progress import progress_bar
 from analysis.rundir import save_table, writable_path
 from annotation.dataset import load_labeled_set
+from classifier import SYNTHETIC_MIX
 from classifier.distill import draw_pool, model_of
 from classifier.evaluate import baseline_comparison, teacher_predictions
 from classifier.model import prepare_maps
-from classifier.train import TrainConfig, fit_with_pool, macro_f1, predict_images, stratified_folds
+from classifier.train import TrainConfig, fit_with_pool, macro_f1, predict_images, stratified_folds, synthetic_extra
 
 SHIPPED = "shipped"
+# the sweep holds these: the fold seed is --seeds', the synthetic maps --synthetic-mix', and every setting shares the
+# folds and the prepared images
+FIXED = ("seed", "synthetic_per_class", "folds", "input_size")
 BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-_inputs: dict = {}  # filled before the worker processes fork: images, labels, pool images
+_inputs: dict = {}  # filled before the worker processes fork: images, labels, pool images, synthetic mix
 
 
 def parse_setting(text: str) -> tuple[str, dict]:
@@ -51,12 +55,13 @@ def parse_setting(text: str) -> tuple[str, dict]:
     name, _, assignments = text.partition(":")
     if not name or not assignments or name == SHIPPED:
         raise AttnpatError(f"--set '{text}': use NAME:field=value[,field=value] (NAME not '{SHIPPED}')")
-    types = {f.name: type(getattr(TrainConfig(), f.name)) for f in fields(TrainConfig) if f.name != "seed"}
+    types = {f.name: type(getattr(TrainConfig(), f.name)) for f in fields(TrainConfig) if f.name not in FIXED}
     changes = {}
     for assignment in assignments.split(","):
         field, _, value = assignment.partition("=")
         if field not in types:
-            raise AttnpatError(f"--set '{text}': '{field}' is not a TrainConfig setting ({', '.join(types)})")
+            raise AttnpatError(f"--set '{text}': '{field}' is not a TrainConfig setting the sweep varies "
+                               f"({', '.join(types)})")
         kind = types[field]
         try:
             changes[field] = BOOLEANS[value.lower()] if kind is bool else kind(value)
@@ -81,9 +86,9 @@ def fit_fold(job: tuple[str, dict, int, int]) -> dict:
     name, changes, seed, fold = job
     torch.set_num_threads(1)
     images, labels, pool = _inputs["images"], _inputs["labels"], _inputs["pool"]
-    config = replace(TrainConfig(seed=seed), **changes)
+    config = replace(TrainConfig(seed=seed, synthetic_per_class=_inputs["synthetic_mix"]), **changes)
     train, test = stratified_folds(labels, config.folds, seed)[fold]
-    result = fit_with_pool(images[train], labels[train], config, seed + fold, None, pool)
+    result = fit_with_pool(images[train], labels[train], config, seed + fold, synthetic_extra(config), pool)
     return {"setting": name, "changes": changes, "seed": seed, "fold": fold, "test": test.tolist(),
             "probabilities": predict_images(result.model, images[test]).numpy().round(6).tolist()}
 
@@ -118,14 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME:FIELD=VALUE,...")
     parser.add_argument("--seeds", nargs="+", default=["0-2"], help="fold seeds, e.g. 0-4 7")
     parser.add_argument("--pool", type=int, default=2000, help="unlabeled maps the teacher labels (attnpat train's)")
+    parser.add_argument("--synthetic-mix", type=int, default=SYNTHETIC_MIX,
+                        help="synthetic maps per class added to every training part, in every row (attnpat train's)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default="recipe_sweep.csv")
     args = parser.parse_args(argv)
     try:
         settings = dict([(SHIPPED, {})] + [parse_setting(text) for text in args.settings])
         seeds = parse_seeds(args.seeds)
-        if args.workers < 1 or args.pool < 1:
-            raise AttnpatError("--workers and --pool must be at least 1")
+        if args.workers < 1 or args.pool < 1 or args.synthetic_mix < 0:
+            raise AttnpatError("--workers and --pool must be at least 1 and --synthetic-mix at least 0")
         writable_path(args.out)  # before the work
         labeled = load_labeled_set(args.data)
     except AttnpatError as error:
@@ -133,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     labels = np.asarray(labeled.labels, dtype=np.int64)
     pool = draw_pool(model_of(labeled.map_ids), args.pool, exclude=labeled.map_ids, progress=True)
-    _inputs.update(images=prepare_maps(labeled.maps), labels=labels, pool=prepare_maps(pool.maps))
-    # the fold cache is keyed by what the fits saw: another labeled set or pool starts another file
-    inputs_key = hashlib.sha256(f"{labeled.data_hash} {pool.pool_hash}".encode()).hexdigest()[:12]
+    _inputs.update(images=prepare_maps(labeled.maps), labels=labels, pool=prepare_maps(pool.maps),
+                   synthetic_mix=args.synthetic_mix)
+    # the fold cache is keyed by what every fit saw: another labeled set, pool or mix starts another file
+    key = f"{labeled.data_hash} {pool.pool_hash} {args.synthetic_mix}"
+    inputs_key = hashlib.sha256(key.encode()).hexdigest()[:12]
     cache = Path(f"{args.out}.{inputs_key}.folds.jsonl")
     records = [json.loads(line) for line in cache.read_text().splitlines()] if cache.exists() else []
     done = {(r["setting"], r["seed"], r["fold"]) for r in records if r["changes"] == settings.get(r["setting"])}

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from analysis.errors import AttnpatError
-from classifier.train import TrainConfig, macro_f1, stratified_folds
+from classifier.model import prepare_maps
+from classifier.synthetic import synthetic_dataset
+from classifier.train import TrainConfig, cross_validate_cnn, macro_f1, stratified_folds
 
 spec = importlib.util.spec_from_file_location("recipe_sweep", Path(__file__).parents[1] / "bench" / "recipe_sweep.py")
 recipe_sweep = importlib.util.module_from_spec(spec)
@@ -34,6 +36,8 @@ def test_a_bad_fold_seed_is_one_clear_error(item):
     ("shipped:batch_size=32", "NAME not 'shipped'"),
     ("x:bogus=1", "'bogus' is not a TrainConfig setting"),
     ("x:seed=3", "'seed' is not a TrainConfig setting"),  # the fold seed is --seeds'
+    ("x:folds=3", "'folds' is not a TrainConfig setting"),  # every setting is scored on the same folds
+    ("x:input_size=48", "'input_size' is not a TrainConfig setting"),  # the images are prepared once
     ("x:batch_size=big", "batch_size takes a int"),
     ("x:augment=maybe", "augment takes a bool"),
 ])
@@ -75,3 +79,20 @@ def test_the_table_scores_each_complete_setting_against_shipped_and_the_teacher(
     low, high = table.loc["better", ["shipped_ci_low", "shipped_ci_high"]]
     assert low <= table.loc["better", "shipped_difference"] <= high
     assert np.isnan(table.loc["shipped", "shipped_difference"])
+
+
+def test_a_fold_fit_is_the_fold_of_attnpat_trains_cross_validation(monkeypatch):
+    # the sweep's rows are comparable with `attnpat train` only if each fold fit is the same fit, synthetic maps and
+    # pool included
+    maps, labels = synthetic_dataset(6, np.random.default_rng(1))
+    pool_maps, _ = synthetic_dataset(3, np.random.default_rng(2))
+    monkeypatch.setattr(recipe_sweep, "_inputs", {"images": prepare_maps(maps), "labels": labels,
+                                                  "pool": prepare_maps(pool_maps), "synthetic_mix": 2})
+    changes = {"max_epochs": 2, "batch_size": 16}
+    expected = cross_validate_cnn(maps, labels, TrainConfig(seed=4, synthetic_per_class=2, **changes),
+                                  stratified_folds(labels, 5, 4), pool_maps=pool_maps)
+    found = np.full_like(expected, np.nan)
+    for fold in range(5):
+        record = recipe_sweep.fit_fold(("x", changes, 4, fold))
+        found[record["test"]] = record["probabilities"]
+    assert np.allclose(found, expected, atol=1e-5)
