@@ -1,17 +1,18 @@
-"""Sweep: the pattern CNN's cross-validated macro-F1 under other training settings, against the shipped recipe and
+"""Sweep: the pattern CNN's cross-validated macro-F1 under other training settings, against the base recipe and
 against its teacher, over several fold seeds, one fold fit per process.
 
     .venv/bin/python bench/recipe_sweep.py --set bs32:batch_size=32 --set poolw2:pool_weight=2 --seeds 0 1 2
     .venv/bin/python bench/recipe_sweep.py --set bs32:batch_size=32 --seeds 0-9 --workers 16 --out sweep.csv
 
-Every setting is a name and TrainConfig fields (``name:field=value,field=value``); the shipped recipe (no field
-changed) always runs too, on the same folds. The folds, the unlabeled pool, the synthetic maps and the seeds of each
-fit are those of ``attnpat train --data D --seed S`` (classifier.train.cross_validate_cnn), so a setting's row for
-seed S is what `attnpat train` would report with that setting. Each finished fold fit is appended to
-``<out>.<key>.folds.jsonl``, the key a hash of the labeled set (maps and labels), the pool and the synthetic mix:
-a stopped sweep resumes from there, and other inputs start another file instead of mixing them.
+Every setting is a name and TrainConfig fields (``name:field=value,field=value``); the base recipe (no field
+changed: with the default --synthetic-mix, the shipped recipe) always runs too, on the same folds. The folds, the
+unlabeled pool, the synthetic maps and the seeds of each fit are those of ``attnpat train --data D --seed S``
+(classifier.train.cross_validate_cnn), so a setting's row for seed S is what `attnpat train` would report with that
+setting. Each finished fold fit is appended to ``<out>.<key>.folds.jsonl``, the key a hash of the labeled set (maps
+and labels), the pool and the synthetic mix: a stopped sweep resumes from there, and other inputs start another
+file instead of mixing them.
 
-Output (--out, CSV): setting, seed, macro_f1, then against ``shipped`` and against ``teacher`` (boosting on the
+Output (--out, CSV): setting, seed, macro_f1, then against ``base`` and against ``teacher`` (boosting on the
 profile scalars, the CNN's teacher): difference, ci_low, ci_high (95% paired bootstrap over the maps) and p_holm
 (paired permutation test, Holm-corrected over the two), from classifier.evaluate.baseline_comparison.
 A seed's scores repeat exactly on one machine; another torch build can move them, so compare rows of one machine.
@@ -41,7 +42,7 @@ from classifier.evaluate import baseline_comparison, teacher_predictions
 from classifier.model import prepare_maps
 from classifier.train import TrainConfig, fit_with_pool, macro_f1, predict_images, stratified_folds, synthetic_extra
 
-SHIPPED = "shipped"
+BASE = "base"
 # the sweep holds these: the fold seed is --seeds', the synthetic maps --synthetic-mix', and every setting shares the
 # folds and the prepared images
 FIXED = ("seed", "synthetic_per_class", "folds", "input_size")
@@ -53,8 +54,8 @@ def parse_setting(text: str) -> tuple[str, dict]:
     """'bs32:batch_size=32,pool_weight=2' -> ('bs32', {'batch_size': 32, 'pool_weight': 2.0}), typed as the
     TrainConfig field is; an unknown field or a value of the wrong type is an AttnpatError."""
     name, _, assignments = text.partition(":")
-    if not name or not assignments or name == SHIPPED:
-        raise AttnpatError(f"--set '{text}': use NAME:field=value[,field=value] (NAME not '{SHIPPED}')")
+    if not name or not assignments or name == BASE:
+        raise AttnpatError(f"--set '{text}': use NAME:field=value[,field=value] (NAME not '{BASE}')")
     types = {f.name: type(getattr(TrainConfig(), f.name)) for f in fields(TrainConfig) if f.name not in FIXED}
     changes = {}
     for assignment in assignments.split(","):
@@ -104,10 +105,10 @@ def sweep_table(records: list[dict], labels: np.ndarray, teacher: dict[int, np.n
     complete = {key for key, done in folds.items() if len(done) == TrainConfig().folds}
     rows = []
     for name, seed in sorted(complete):
-        if (SHIPPED, seed) not in complete:
+        if (BASE, seed) not in complete:
             continue
         row = {"setting": name, "seed": seed, "macro_f1": macro_f1(predicted[(name, seed)], labels)}
-        others = {"teacher": teacher[seed]} if name == SHIPPED else {SHIPPED: predicted[(SHIPPED, seed)],
+        others = {"teacher": teacher[seed]} if name == BASE else {BASE: predicted[(BASE, seed)],
                                                                       "teacher": teacher[seed]}
         comparison = baseline_comparison({name: predicted[(name, seed)], **others}, labels, name, seed=seed)
         for other in comparison.itertuples():
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="recipe_sweep.csv")
     args = parser.parse_args(argv)
     try:
-        settings = dict([(SHIPPED, {})] + [parse_setting(text) for text in args.settings])
+        settings = dict([(BASE, {})] + [parse_setting(text) for text in args.settings])
         seeds = parse_seeds(args.seeds)
         if args.workers < 1 or args.pool < 1 or args.synthetic_mix < 0:
             raise AttnpatError("--workers and --pool must be at least 1 and --synthetic-mix at least 0")

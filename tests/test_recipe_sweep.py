@@ -33,7 +33,7 @@ def test_a_bad_fold_seed_is_one_clear_error(item):
 
 @pytest.mark.parametrize("text, message", [
     ("bs32", "NAME:field=value"),
-    ("shipped:batch_size=32", "NAME not 'shipped'"),
+    ("base:batch_size=32", "NAME not 'base'"),
     ("x:bogus=1", "'bogus' is not a TrainConfig setting"),
     ("x:seed=3", "'seed' is not a TrainConfig setting"),  # the fold seed is --seeds'
     ("x:folds=3", "'folds' is not a TrainConfig setting"),  # every setting is scored on the same folds
@@ -58,27 +58,27 @@ def fold_records(name: str, predicted: np.ndarray, labels: np.ndarray, seed: int
     return records
 
 
-def test_the_table_scores_each_complete_setting_against_shipped_and_the_teacher():
+def test_the_table_scores_each_complete_setting_against_the_base_and_the_teacher():
     rng = np.random.default_rng(0)
     labels = np.repeat(np.arange(5), 12)
-    shipped = labels.copy()
-    shipped[rng.choice(60, 12, replace=False)] = rng.integers(0, 5, 12)
+    base = labels.copy()
+    base[rng.choice(60, 12, replace=False)] = rng.integers(0, 5, 12)
     better = labels.copy()
     better[rng.choice(60, 3, replace=False)] = 0
     teacher = labels.copy()
     teacher[:6] = 4
-    records = (fold_records("shipped", shipped, labels, 3) + fold_records("better", better, labels, 3)
+    records = (fold_records("base", base, labels, 3) + fold_records("better", better, labels, 3)
                + fold_records("unfinished", labels, labels, 3, folds={0, 1, 2, 3}))
     table = recipe_sweep.sweep_table(records, labels, {3: teacher}).set_index("setting")
-    assert sorted(table.index) == ["better", "shipped"]  # a setting missing a fold has no row
+    assert sorted(table.index) == ["base", "better"]  # a setting missing a fold has no row
     assert table.loc["better", "macro_f1"] == pytest.approx(macro_f1(better, labels))
-    assert table.loc["better", "shipped_difference"] == pytest.approx(macro_f1(better, labels)
-                                                                      - macro_f1(shipped, labels))
-    assert table.loc["shipped", "teacher_difference"] == pytest.approx(macro_f1(shipped, labels)
+    assert table.loc["better", "base_difference"] == pytest.approx(macro_f1(better, labels)
+                                                                      - macro_f1(base, labels))
+    assert table.loc["base", "teacher_difference"] == pytest.approx(macro_f1(base, labels)
                                                                        - macro_f1(teacher, labels))
-    low, high = table.loc["better", ["shipped_ci_low", "shipped_ci_high"]]
-    assert low <= table.loc["better", "shipped_difference"] <= high
-    assert np.isnan(table.loc["shipped", "shipped_difference"])
+    low, high = table.loc["better", ["base_ci_low", "base_ci_high"]]
+    assert low <= table.loc["better", "base_difference"] <= high
+    assert np.isnan(table.loc["base", "base_difference"])
 
 
 def test_a_fold_fit_is_the_fold_of_attnpat_trains_cross_validation(monkeypatch):
