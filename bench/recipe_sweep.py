@@ -34,7 +34,7 @@ import torch
 
 from analysis.errors import AttnpatError
 from analysis.progress import progress_bar
-from analysis.rundir import save_table, writable_path
+from analysis.rundir import atomic_write_text, save_table, writable_path
 from annotation.dataset import load_labeled_set
 from classifier import SYNTHETIC_MIX
 from classifier.distill import draw_pool, model_of
@@ -94,6 +94,22 @@ def fit_fold(job: tuple[str, dict, int, int]) -> dict:
             "probabilities": predict_images(result.model, images[test]).numpy().round(6).tolist()}
 
 
+def read_fold_cache(path: Path) -> list[dict]:
+    """The fold fits appended to ``path`` so far. A line cut off when a sweep was stopped is dropped, and the file
+    rewritten without it, so the next fit appended starts a line of its own."""
+    if not path.exists():
+        return []
+    records, cut = [], False
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            cut = True
+    if cut:
+        atomic_write_text(path, "".join(json.dumps(record) + "\n" for record in records))
+    return records
+
+
 def sweep_table(records: list[dict], labels: np.ndarray, teacher: dict[int, np.ndarray]) -> pd.DataFrame:
     """One row per (setting, seed) whose folds are all in ``records`` (fold fits of :func:`fit_fold`)."""
     predicted: dict[tuple[str, int], np.ndarray] = {}
@@ -147,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     key = f"{labeled.data_hash} {pool.pool_hash} {args.synthetic_mix}"
     inputs_key = hashlib.sha256(key.encode()).hexdigest()[:12]
     cache = Path(f"{args.out}.{inputs_key}.folds.jsonl")
-    records = [json.loads(line) for line in cache.read_text().splitlines()] if cache.exists() else []
+    records = read_fold_cache(cache)
     done = {(r["setting"], r["seed"], r["fold"]) for r in records if r["changes"] == settings.get(r["setting"])}
     records = [r for r in records if (r["setting"], r["seed"], r["fold"]) in done]
     jobs = [(name, changes, seed, fold) for seed in seeds for name, changes in settings.items()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -96,3 +97,14 @@ def test_a_fold_fit_is_the_fold_of_attnpat_trains_cross_validation(monkeypatch):
         record = recipe_sweep.fit_fold(("x", changes, 4, fold))
         found[record["test"]] = record["probabilities"]
     assert np.allclose(found, expected, atol=1e-5)
+
+
+def test_a_fold_cut_off_by_a_stop_is_dropped_and_the_cache_stays_appendable(tmp_path):
+    cache = tmp_path / "sweep.csv.key.folds.jsonl"
+    assert recipe_sweep.read_fold_cache(cache) == []
+    whole = [{"setting": "base", "fold": 0}, {"setting": "base", "fold": 1}]
+    cache.write_text("".join(json.dumps(record) + "\n" for record in whole) + '{"setting": "ba')
+    assert recipe_sweep.read_fold_cache(cache) == whole
+    with cache.open("a") as appended:  # as the sweep goes on after a resume
+        appended.write(json.dumps({"setting": "base", "fold": 2}) + "\n")
+    assert [record["fold"] for record in recipe_sweep.read_fold_cache(cache)] == [0, 1, 2]
