@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,13 +123,20 @@ def annotator_agreement(labeled: LabeledSet) -> np.ndarray | None:
     path = labeled.path / "annotations.csv" if labeled.path is not None else None
     if path is None or not path.is_file():
         return None
-    try:
-        annotations = pd.read_csv(path, dtype={"map_id": str, "label": str})
-        grouped = annotations.groupby("map_id")["label"].agg(["size", "nunique"])
-    except Exception as exc:
-        raise AttnpatError(f"{path} is not a readable annotations table (map_id, label): {exc}") from exc
+    grouped = read_annotations(path).groupby("map_id")["label"].agg(["size", "nunique"])
     per_map = grouped.reindex(labeled.map_ids)  # maps nobody annotated: NaN counts
     return np.where(per_map["size"].to_numpy() >= 2, (per_map["nunique"].to_numpy() == 1).astype(float), np.nan)
+
+
+def read_annotations(path: Path) -> pd.DataFrame:
+    """A labeled set's annotations.csv: one row per single annotation, with at least map_id and label (str)."""
+    try:
+        annotations = pd.read_csv(path, dtype={"map_id": str, "label": str})
+    except Exception as exc:
+        raise AttnpatError(f"{path} is not a readable annotations table (map_id, label): {_first_line(exc)}") from exc
+    if not {"map_id", "label"} <= set(annotations.columns):
+        raise AttnpatError(f"{path} needs map_id and label columns")
+    return annotations
 
 
 def version_number(name: str) -> int | None:
@@ -163,6 +171,10 @@ def merge_labeled_sets(folders: list[str | Path], out: str | Path) -> LabeledSet
     """
     if len(folders) < 2:
         raise AttnpatError("merging needs at least two labeled sets")
+    resolved = [Path(folder).resolve() for folder in folders]
+    if len(set(resolved)) < len(resolved):
+        raise AttnpatError("a labeled set is named twice; each map's annotations would count twice")
+    check_labeled_out(Path(out), inputs=folders)
     rows, maps, tokens, annotations, seen = [], {}, {}, [], {}
     for folder in map(Path, folders):
         labeled = load_labeled_set(folder)
@@ -178,17 +190,37 @@ def merge_labeled_sets(folders: list[str | Path], out: str | Path) -> LabeledSet
             source = row.get("source") if isinstance(row.get("source"), str) else f"{folder.parent.name}/{folder.name}"
             rows.append({**row, "source": source})
         if (folder / "annotations.csv").is_file():
-            annotations.extend(pd.read_csv(folder / "annotations.csv").to_dict("records"))
+            annotations.extend(read_annotations(folder / "annotations.csv").to_dict("records"))
+    # the same annotation reached through two sets (one merged from the other) counts once
+    annotations = list({tuple(sorted(record.items(), key=lambda item: item[0])): record
+                        for record in annotations}.values())
     summary = {"merged_from": [str(folder) for folder in folders], "labeled": len(rows),
                "class_counts": {name: sum(r["label"] == name for r in rows) for name in CLASSES}}
     write_labeled_folder(Path(out), rows, maps, annotations, summary, tokens)
     return load_labeled_set(out)
 
 
+def check_labeled_out(out: Path, inputs: Sequence[str | Path] = ()) -> None:
+    """Refuse an output folder whose replacement would delete something else: an existing path that is not a
+    folder, a non-empty folder without labels.csv (not a labeled set), or a folder that is or holds one of
+    ``inputs``. An existing labeled set is replaced whole, as the verbs that write one say."""
+    target = out.resolve()
+    for folder in map(Path, inputs):
+        if folder.resolve() == target or target in folder.resolve().parents:
+            raise AttnpatError(f"--out {out} would replace the input set {folder}; name a new folder")
+    if out.exists() and not out.is_dir():
+        raise AttnpatError(f"--out {out} is a file, not a labeled-set folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "labels.csv").is_file():
+        raise AttnpatError(f"--out {out} is a folder with other files in it (no labels.csv); "
+                           "name a new folder or an earlier labeled set to replace")
+
+
 def write_labeled_folder(out: Path, rows: list[dict], maps: dict[str, np.ndarray], annotations: list[dict],
                          summary: dict, tokens: dict[str, list[str]] | None = None) -> Path:
     """Write the labeled set (maps.npz, labels.csv), annotations.csv and pull_report.json into a temporary
-    sibling folder, then rename it onto ``out`` (replacing an older folder of that name)."""
+    sibling folder, then rename it onto ``out`` (replacing an older labeled set of that name; anything else
+    there is refused: :func:`check_labeled_out`)."""
+    check_labeled_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial"))
     os.chmod(staging, 0o755)  # mkdtemp makes it private; the labeled set is an ordinary folder

@@ -25,7 +25,7 @@ from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
 from analysis.rendering import cue_text
 from analysis.rundir import atomic_write_json, read_json
-from annotation.dataset import fleiss_kappa, write_labeled_folder
+from annotation.dataset import check_labeled_out, fleiss_kappa, write_labeled_folder
 from annotation.instructions import GALLERY, instructions_html
 from annotation.preannotate import preannotate
 from annotation.sample import read_index
@@ -222,7 +222,7 @@ def read_export(path: str | Path) -> dict[str, dict]:
         tasks = json.loads(path.read_text(encoding="utf-8-sig"))
     except OSError as exc:
         raise AttnpatError(f"cannot read the Label Studio export {path}: {exc.strerror or type(exc).__name__}") from exc
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: bad UTF-8, bad JSON, an integer over 4300 digits
         raise AttnpatError(f"{path} is not a Label Studio JSON export ({type(exc).__name__})") from exc
     return check_export(tasks)
 
@@ -374,8 +374,13 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
     export: a Label Studio JSON export file to read instead of the server (annotators are then named by id).
     """
     sample, out = Path(sample), Path(out)
+    check_labeled_out(out)
     rows = {row["map_id"]: row for row in read_index(sample)}
     maps = read_single_maps(sample / "maps.npz")
+    unmapped = [map_id for map_id in rows if map_id not in maps]
+    if unmapped:
+        raise AttnpatError(f"{sample / 'index.jsonl'} lists {len(unmapped)} maps that {sample / 'maps.npz'} lacks "
+                           f"(first: {unmapped[0]}); delete the sample folder to draw it again")
     title = title or f"attnpat patterns: {sample.name}"
     if export is not None:
         project_id, tasks, names, url = None, read_export(export), {}, f"file:{Path(export).resolve()}"

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 
-from analysis.data import json_lines
+from analysis.data import ALL_TASKS, json_lines
 from analysis.errors import AttnpatError
 from analysis.mapstore import iter_map_groups, make_map_id, write_single_maps
 from analysis.models import load_model, model_slug
@@ -75,6 +75,10 @@ def write_sample(folder: str | Path, maps: Sequence[SampledMap], *, render: bool
     return folder
 
 
+# what push and pull read from each index.jsonl row (index_row writes them, and the tokens)
+INDEX_FIELDS = frozenset({"map_id", "image", "task", "example_id", "layer", "head", "n", "tokens"})
+
+
 def read_index(folder: str | Path) -> list[dict]:
     path = Path(folder) / "index.jsonl"
     if not path.is_file():
@@ -83,8 +87,9 @@ def read_index(folder: str | Path) -> list[dict]:
     text = path.read_text(encoding="utf-8", errors="replace")
     for number, row in json_lines(text, lambda number, reason: f"{path} line {number} is damaged ({reason}); "
                                                                "delete the sample folder to draw it again"):
-        if not isinstance(row, dict) or not {"map_id", "image"} <= set(row):
-            raise AttnpatError(f"{path} line {number} is not a sample row (map_id, image, ...)")
+        if not isinstance(row, dict) or not INDEX_FIELDS <= set(row):
+            raise AttnpatError(f"{path} line {number} is not a sample row ({', '.join(sorted(INDEX_FIELDS))}); "
+                               "delete the sample folder to draw it again")
         rows.append(row)
     return rows
 
@@ -124,7 +129,8 @@ def sample_saved_maps(path: str | Path, n_maps: int, seed: int = 0,
 def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str], seed: int = 0,
                   name: str | None = None, max_length: int = 128, log=print, *, stratify_by: str | None = None,
                   predict: Predictor | None = None, class_shares: str | None = None,
-                  exclude: Sequence[str | Path] = (), maps: str | Path | None = None) -> Path:
+                  exclude: Sequence[str | Path] = (), maps: str | Path | None = None,
+                  before_drawing: Callable[[], object] | None = None) -> Path:
     """The sample folder for these settings, made (or finished) if needed. A folder made with other
     settings is never overwritten: that raises AttnpatError.
 
@@ -132,8 +138,21 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
     or, with ``stratify_by`` (the predictor's name, recorded in sample.json) and ``predict``, by predicted
     class with ``class_shares`` (analysis.sampling.sample_maps_by_prediction). exclude: labeled-set or
     sample folders whose maps are never drawn again, however the sample is drawn. maps: map files written by
-    `attnpat extract` to draw from instead of a model (:func:`sample_saved_maps`).
+    `attnpat extract` to draw from instead of a model (:func:`sample_saved_maps`). before_drawing: called once the
+    settings are checked, before any map is drawn (push checks its server there).
     """
+    if count < 1:
+        raise AttnpatError(f"--count {count}: a sample needs 1 map or more")
+    if name is not None and (Path(name).name != name or name in ("", ".", "..")):
+        raise AttnpatError(f"--sample '{name}' must be a plain folder name (no '/', not '..')")
+    if class_shares and not stratify_by:
+        raise AttnpatError("--class-shares needs --stratify-by (the shares are of predicted classes)")
+    if maps is None:
+        if not tasks:
+            raise AttnpatError("--tasks names no task")
+        unknown = [task for task in tasks if task.strip().lower() not in ALL_TASKS]
+        if unknown:
+            raise AttnpatError(f"unknown task '{unknown[0]}'; known tasks: {', '.join(ALL_TASKS)}")
     # Recorded for every stratified sample (as before), and for the others when given, so older samples drawn
     # without it keep their settings.
     excluded_folders = {"exclude": [str(path) for path in exclude]} if exclude else {}
@@ -154,12 +173,15 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
     settings_file = folder / "sample.json"
     if settings_file.is_file():
         previous = read_json(settings_file, "the sample's settings", "delete the sample folder to draw it again")
-        if {k: previous.get(k) for k in settings} != settings:
+        # a sample whose drawing never finished holds no maps yet: new settings may replace it
+        if {k: previous.get(k) for k in settings} != settings and (folder / "index.jsonl").is_file():
             raise AttnpatError(f"sample '{name}' was made with other settings ({previous}); choose --sample")
         if (folder / "index.jsonl").is_file() and (folder / "maps.npz").is_file():
             index = read_index(folder)
             if all((folder / row["image"]).is_file() for row in index):
                 return folder
+    if before_drawing is not None:
+        before_drawing()
     excluded = set().union(*(_map_ids_in(path) for path in exclude)) if exclude else set()
     if maps is not None:
         log(f"sampling {count} maps from {maps} into {folder}")

@@ -16,6 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
 
@@ -74,8 +75,12 @@ def load_credentials(root: Path | None = None) -> Credentials | None:
     if not path.is_file():
         return None
     try:
-        return Credentials(**json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as exc:
+        credentials = Credentials(**json.loads(path.read_text(encoding="utf-8")))
+        if not all(isinstance(value, str) for value in (credentials.url, credentials.token)) or not all(
+                value is None or isinstance(value, str) for value in (credentials.email, credentials.password)):
+            raise TypeError("a field that is not text")
+        return credentials
+    except (OSError, ValueError, TypeError, RecursionError) as exc:
         raise AttnpatError(f"the stored Label Studio credentials {path} are unreadable ({type(exc).__name__}); "
                            "delete the file and run `attnpat annotate serve` again") from exc
 
@@ -85,6 +90,8 @@ def resolve_credentials(url: str | None = None, token: str | None = None, root: 
     stored ones of `attnpat annotate serve`. A URL without a token uses the stored token only when the
     stored credentials are for that URL; otherwise the error says what is missing."""
     url = (url or os.environ.get("LABEL_STUDIO_URL") or "").rstrip("/") or None
+    if url:
+        check_url(url)
     token = token or os.environ.get("LABEL_STUDIO_API_KEY")
     stored = load_credentials(root)
     if url and token:
@@ -99,6 +106,17 @@ def resolve_credentials(url: str | None = None, token: str | None = None, root: 
     raise AttnpatError("no Label Studio credentials: run `attnpat annotate serve`, or give --url and --token")
 
 
+def check_url(url: str) -> None:
+    """An AttnpatError unless ``url`` is an http(s) URL with a host and a valid port, such as http://127.0.0.1:8080."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # a port out of range or not a number raises ValueError
+    except ValueError as exc:
+        raise AttnpatError(f"--url {url} is not a valid URL ({exc})") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise AttnpatError(f"--url {url}: give the server's full address, e.g. http://127.0.0.1:{port or DEFAULT_PORT}")
+
+
 def health(url: str, timeout: float = 3.0) -> bool:
     try:
         return requests.get(f"{url.rstrip('/')}/health", timeout=timeout).status_code == 200
@@ -111,12 +129,31 @@ def _pid_file(root: Path | None) -> Path:
 
 
 def running_pid(root: Path | None = None) -> int | None:
+    """The pid of the Label Studio that :func:`serve` started, or None: no pid file, a damaged one, or a pid that
+    is no longer that server. serve writes "PID PORT EXECUTABLE"; the pid counts only while it is alive, leads
+    its own process group (serve starts a new session) and, where /proc shows command lines, runs that
+    executable. A pid reused by another program is then never signalled by :func:`stop`."""
     path = _pid_file(root)
     if not path.is_file():
         return None
-    pid = int(path.read_text().split()[0])
+    fields = path.read_text(encoding="utf-8", errors="replace").split(maxsplit=2)
+    if not fields or not fields[0].isdigit() or int(fields[0]) <= 1:
+        return None
+    pid = int(fields[0])
+    executable = fields[2].strip() if len(fields) == 3 else "label-studio"
     try:
         os.kill(pid, 0)
+        if os.getpgid(pid) != pid:
+            return None
+    except OSError:
+        return None
+    command_line = Path(f"/proc/{pid}/cmdline")
+    try:
+        arguments = command_line.read_bytes().decode(errors="replace").split("\0")
+        if not any(arg == executable or Path(arg).name == Path(executable).name for arg in arguments):
+            return None
+    except FileNotFoundError:
+        pass  # no /proc (macOS): the process-group check above is what there is
     except OSError:
         return None
     return pid
@@ -154,7 +191,7 @@ def serve(port: int = DEFAULT_PORT, host: str = "127.0.0.1", root: Path | None =
         process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL,
                                    start_new_session=True)  # outlives this command: `attnpat annotate stop` ends it
-    atomic_write(_pid_file(root), lambda tmp: tmp.write_text(f"{process.pid} {port}\n"))
+    atomic_write(_pid_file(root), lambda tmp: tmp.write_text(f"{process.pid} {port} {command[0]}\n"))
     log(f"starting Label Studio on {url} (first start runs migrations; log: {log_path})")
     deadline = time.time() + timeout
     while not health(url):

@@ -104,7 +104,7 @@ def push(model: str = opt.Model, count: int = typer.Option(480, "--count", help=
     """Sample maps (stratified over tasks, layers, heads, examples, or by predicted class), render them, and
     import them as tasks with pre-annotations. Rerunning never duplicates a task and finishes an interrupted push."""
     # imported here on purpose: the Label Studio SDK and the CNN (torchvision) take seconds to load
-    from annotation.labelstudio import PanelSettings  # noqa: PLC0415
+    from annotation.labelstudio import PanelSettings, connect  # noqa: PLC0415
     from annotation.labelstudio import push as push_tasks  # noqa: PLC0415
     from classifier.predict import pattern_predictor  # noqa: PLC0415
 
@@ -113,7 +113,9 @@ def push(model: str = opt.Model, count: int = typer.Option(480, "--count", help=
     folder = ensure_sample(_samples_dir(), model, count, [t.strip() for t in tasks.split(",") if t.strip()], seed,
                            sample, max_length, log=typer.echo, stratify_by=stratify_by,
                            class_shares=class_shares, exclude=exclude, maps=maps,
-                           predict=pattern_predictor(stratify_by) if stratify_by else None)
+                           predict=pattern_predictor(stratify_by) if stratify_by else None,
+                           # a server that is down or a wrong token is found before any map is drawn
+                           before_drawing=lambda: connect(credentials))
     report = push_tasks(credentials, folder, project, _state_file(), log=typer.echo, panel=panel)
     typer.echo(f"project {report.project_id} ({'created' if report.created_project else 'reused'}): "
                f"{report.pushed} new tasks, {report.already_there} already there, {report.total} in the sample; "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -107,8 +108,16 @@ def test_merging_labeled_sets_keeps_every_map_once_and_refuses_conflicts(tmp_pat
         assert np.array_equal(attn, {**maps_a, **maps_b}[map_id])
     assert list(load_labeled_set(tmp_path / "both").rows[0].keys()).count("source") == 1
     assert {row["source"] for row in merged.rows} == {f"{tmp_path.name}/one", f"{tmp_path.name}/two"}
-    # the same map with the same label in two sets is kept once
-    assert len(merge_labeled_sets([tmp_path / "one", tmp_path / "one"], tmp_path / "again")) == 5
+    # the same map with the same label in two sets is kept once, and so is each annotation
+    shutil.copytree(tmp_path / "one", tmp_path / "copy")
+    pd.DataFrame({"map_id": [synthetic_id("a0")] * 2, "label": ["vertical"] * 2, "annotator": ["x", "y"],
+                  "labeled_at": ["t", "t"]}).to_csv(tmp_path / "one" / "annotations.csv", index=False)
+    shutil.copy(tmp_path / "one" / "annotations.csv", tmp_path / "copy" / "annotations.csv")
+    assert len(merge_labeled_sets([tmp_path / "one", tmp_path / "copy"], tmp_path / "again")) == 5
+    assert len(pd.read_csv(tmp_path / "again" / "annotations.csv")) == 2
+    # one set named twice would count its annotations twice: refused
+    with pytest.raises(AttnpatError, match="named twice"):
+        merge_labeled_sets([tmp_path / "one", tmp_path / "one"], tmp_path / "twice")
     # the same map id with another label is an error, and nothing is written
     write_set(tmp_path / "clash", {synthetic_id("a0"): CLASSES[1], **{synthetic_id(f"c{k}"): CLASSES[k]
                                                                      for k in range(5)}}, seed=1)
