@@ -241,6 +241,9 @@ def png_as_svg(png_path: Path, svg_path: Path, width: int, height: int) -> Path:
 
 # ---------------------------------------------------------------- figures for tables that came without one
 
+MAX_GRID_SIDE = 256  # more layers or heads than any BERT-family model has (the largest have 48 and 64)
+
+
 def layer_head_figure(frame, title: str = ""):
     """Heatmaps of a long layer x head table (columns layer, head, <key>, value): one panel per key value.
 
@@ -251,8 +254,16 @@ def layer_head_figure(frame, title: str = ""):
     if columns[:2] != ["layer", "head"] or "value" not in columns or len(columns) != 4 or frame.empty:
         return None
     key = [c for c in columns if c not in {"layer", "head", "value"}][0]
+    try:
+        layer_index, head_index = frame.layer.to_numpy(float), frame["head"].to_numpy(float)
+        frame.value.to_numpy(float)
+    except (TypeError, ValueError):  # a damaged or foreign table: text where numbers belong
+        return None
+    for index in (layer_index, head_index):
+        if not np.isfinite(index).all() or (index % 1).any() or index.min() < 0 or index.max() >= MAX_GRID_SIDE:
+            return None  # not layer/head indices: a figure of that size would exhaust memory
     names = list(dict.fromkeys(frame[key]))[:12]
-    layers, heads = int(frame.layer.max()) + 1, int(frame["head"].max()) + 1
+    layers, heads = int(layer_index.max()) + 1, int(head_index.max()) + 1
     ncols = min(3, len(names))
     nrows = -(-len(names) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * (0.3 * heads + 1.6), nrows * (0.3 * layers + 1.2)),

@@ -201,6 +201,7 @@ class RunDir:
         the manifest entry with timing when the block finishes without error. A run folder that cannot be
         written is an AttnpatError before the block runs, not after its work."""
         writable_path(self.file("manifest.json"))
+        self.manifest()  # a damaged manifest is an error now, before the analysis writes its tables
         started = time.time()
         entry: dict = {"command": shlex.join(sys.argv), "started": _iso(started), **extra}
         if data is not None:
@@ -230,8 +231,10 @@ def list_runs(root: str | Path | None = None) -> list[dict]:
     runs = []
     for manifest_path in sorted(root.glob("*/*/manifest.json")):
         try:
-            manifest = json.loads(manifest_path.read_text())
-        except json.JSONDecodeError:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):  # ValueError: bad UTF-8 or JSON
+            manifest = None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("analyses", {}), dict):
             manifest = {"error": "unreadable manifest"}
         runs.append({"model": manifest_path.parent.parent.name, "task": manifest_path.parent.name,
                      "path": str(manifest_path.parent), "manifest": manifest})

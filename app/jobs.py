@@ -93,7 +93,7 @@ class BatchJobs:
             raise AttnpatError(f"unknown task {task!r}; choose one of: {', '.join(ALL_TASKS)}")
         try:
             count = int(n)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: infinity
             raise AttnpatError(f"the number of examples must be a whole number, got {n!r}") from None
         if not 1 <= count <= 1_000_000 or count != float(n):
             raise AttnpatError(f"the number of examples must be a whole number from 1 to 1000000, got {n}")

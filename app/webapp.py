@@ -58,6 +58,11 @@ def run_hints(stems, model: str, task: str) -> str:
 
 # ---------------------------------------------------------------- the app
 
+def _natural(text: str) -> tuple:
+    """Sort key: whole numbers by value, before any other text (a manifest may hold either)."""
+    return (not text.isdigit(), int(text) if text.isdigit() else 0, text)
+
+
 def _message(text: str, kind: str = "info") -> str:
     """A status line: "**error:** ..." for problems (plain words: headless browsers often lack emoji fonts)."""
     prefix = {"error": "**error:** ", "info": "**note:** ", "ok": ""}[kind]
@@ -217,7 +222,7 @@ class WebApp:
         if tab == DISABLING_TAB and folder is not None:
             try:
                 message += "".join(f"  \n{line}" for line in significance_lines(folder))
-            except (ValueError, KeyError) as exc:  # a damaged table: its own artifact view reports it
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a damaged table: its view reports it
                 log.warning("no significance line for %s: %s", folder, exc)
         if problems:
             message += "  \n" + _message("; ".join(problems), "error")
@@ -252,9 +257,11 @@ class WebApp:
         for run in self.runs.runs():
             manifest = run["manifest"]
             analyses = manifest.get("analyses", {})
-            sizes = {entry.get("data", {}).get("n_examples") for entry in analyses.values() if isinstance(entry, dict)}
+            sizes = {entry["data"].get("n_examples") for entry in analyses.values()
+                     if isinstance(entry, dict) and isinstance(entry.get("data"), dict)
+                     and isinstance(entry["data"].get("n_examples"), int | str)}
             rows.append({"model": run["model"], "task": run["task"], "analyses": ", ".join(sorted(analyses)),
-                         "examples": ", ".join(str(s) for s in sorted(s for s in sizes if s is not None)),
+                         "examples": ", ".join(sorted({str(s) for s in sizes if s is not None}, key=_natural)),
                          "updated": manifest.get("updated", ""), "path": run["path"]})
         frame = pd.DataFrame(rows, columns=["model", "task", "analyses", "examples", "updated", "path"])
         names = [f"{row['model']}/{row['task']}" for row in rows]
@@ -263,7 +270,7 @@ class WebApp:
 
     def manifest(self, name) -> str:
         """The picked run's manifest.json as indented JSON text ("model/task" names the run)."""
-        if not name or name.count("/") != 1:
+        if not isinstance(name, str) or name.count("/") != 1:
             return json.dumps({"message": "pick a run"})
         model, task = name.split("/")
         for run in self.runs.runs():

@@ -211,7 +211,8 @@ def test_job_arguments_are_validated(tmp_path):
     assert argv[argv.index("--runs-dir") + 1] == str(tmp_path)
     for bad in [("rm", "minilm", "sst2", 8), ("overview", "--help", "sst2", 8), ("overview", "minilm", "nope", 8),
                 ("overview", "minilm", "sst2", 0), ("overview", "minilm", "sst2", 2.5), ("overview", "", "sst2", 8),
-                ("overview", "minilm", "sst2", "many")]:
+                ("overview", "minilm", "sst2", "many"), ("overview", "minilm", "sst2", float("inf")),
+                ("overview", "minilm", "sst2", float("nan"))]:
         with pytest.raises(AttnpatError):
             jobs.arguments(*bad)
 
