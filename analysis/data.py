@@ -354,6 +354,17 @@ def _find_column(path: Path, records: list[_Record], wanted: str) -> str | None:
     return folded[0] if folded else None
 
 
+def check_unicode(text: str, where: str) -> str:
+    """``text`` unchanged, or an AttnpatError when it holds a lone surrogate (JSON's "\\ud800" escapes allow
+    one): no tokenizer takes such a string, and it cannot be written as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise AttnpatError(f"{where}: the text holds an invalid character ({ascii(exc.object[exc.start:exc.end])}, "
+                           f"a lone surrogate) at position {exc.start}") from None
+    return text
+
+
 def _text_value(path: Path, record: _Record, column: str, what: str) -> str | None:
     """A text cell: a string, None when absent, null or empty."""
     value = record.fields.get(column)
@@ -361,7 +372,7 @@ def _text_value(path: Path, record: _Record, column: str, what: str) -> str | No
         return None
     if not isinstance(value, str):
         raise AttnpatError(f"{path.name} line {record.line}: {what} must be a string, got {type(value).__name__}")
-    return value if value.strip() else None
+    return check_unicode(value, f"{path.name} line {record.line}") if value.strip() else None
 
 
 _NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
@@ -456,7 +467,7 @@ def load_file(path: str | Path, text_column: str | None = None, pair_column: str
                                f"got {type(text_value).__name__}")
         if text_value is None or not text_value.strip():
             raise AttnpatError(f"{path.name} line {record.line}: empty text")
-        texts.append(text_value)
+        texts.append(check_unicode(text_value, f"{path.name} line {record.line}"))
         pairs.append(_text_value(path, record, columns["text_pair"], "text_pair") if columns["text_pair"] else None)
         labels.append(_label_value(path, record, columns["label"]))
     labels, names = _label_ids(labels)

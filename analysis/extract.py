@@ -9,6 +9,7 @@ import pandas as pd
 from analysis.data import TaskData
 from analysis.distributed import extract_shards
 from analysis.errors import AttnpatError
+from analysis.mapkinds import DEFAULT_MAP_KIND
 from analysis.mapstore import FORMAT, SavedMap, write_shard
 from analysis.rundir import RunDir, atomic_write_json, long_table, read_json
 from analysis.stats import HeadMeans, attention_to, mean_entropy
@@ -28,11 +29,14 @@ def extract_maps(bundle, data: TaskData, out_dir: str | Path, *, max_length: int
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     settings = {"format": FORMAT, "model": bundle.name, "revision": bundle.revision, "task": data.task,
                 "split": data.split,
-                "source": data.source, "n_examples": len(encoded), "max_length": max_length, "shard_size": shard_size}
+                "source": data.source, "n_examples": len(encoded), "max_length": max_length, "shard_size": shard_size,
+                "map_kind": getattr(bundle, "map_kind", DEFAULT_MAP_KIND)}
     index_path = out_dir / "index.json"
     if index_path.is_file():
         previous = read_json(index_path, "the extraction index", "delete the maps folder or choose another --out")
-        if not isinstance(previous, dict) or {k: previous.get(k) for k in settings} != settings:
+        # folders extracted before the map kind was recorded hold attention weights
+        if not isinstance(previous, dict) or {k: previous.get(k, DEFAULT_MAP_KIND if k == "map_kind" else None)
+                                              for k in settings} != settings:
             raise AttnpatError(f"{out_dir} holds maps made with other settings; choose another --out")
     atomic_write_json(index_path, {**settings, "complete": False})
     groups = length_sorted_batches(encoded, shard_size)

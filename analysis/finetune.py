@@ -25,7 +25,7 @@ from transformers import get_linear_schedule_with_warmup
 from analysis.data import GLUE_TASKS, Example, TaskData, load_data
 from analysis.errors import AttnpatError
 from analysis.metrics import METRICS, metric_name, task_metric
-from analysis.models import _store_meta, load_model, model_slug, resolve_model
+from analysis.models import EMBEDDED_ALIASES, _store_meta, load_model, model_slug, resolve_model
 from analysis.paths import model_store
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir, atomic_write, atomic_write_json
@@ -49,7 +49,7 @@ class Recipe:
     seed: int = 0
 
     def check(self) -> None:
-        if self.learning_rate <= 0:
+        if not 0 < self.learning_rate < float("inf"):  # also refuses NaN
             raise AttnpatError(f"learning rate must be positive, got {self.learning_rate}")
         if self.epochs < 1:
             raise AttnpatError(f"epochs must be at least 1, got {self.epochs}")
@@ -275,6 +275,8 @@ def evaluate(bundle, data: TaskData, *, num_labels: int, max_length: int = DEFAU
 def store_path(name: str) -> Path:
     if not name or "/" in name or name.startswith("."):
         raise AttnpatError(f"model-store names are plain folder names, got '{name}'")
+    if name in EMBEDDED_ALIASES:  # --model <name> would still load the embedded model, never this one
+        raise AttnpatError(f"'{name}' is the embedded model's name; choose another --name")
     return model_store() / name
 
 

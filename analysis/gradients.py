@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from analysis.data import TaskData
 from analysis.errors import AttnpatError, check_choice
 from analysis.figures import close
-from analysis.models import load_config, load_model, resolve_model
+from analysis.models import check_head_labels, load_config, load_model, resolve_model
 from analysis.rundir import RunDir
 from analysis.stream import (
     DEFAULT_MAX_LENGTH,
@@ -169,6 +169,8 @@ def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_lengt
 def grad_importance(bundle, data: TaskData, run: RunDir, objective: str, *, max_length: int = DEFAULT_MAX_LENGTH,
                     batch_size: int = 8, progress: bool = True, mask_probability: float = 0.15, seed: int = 0):
     """Compute and write grad_importance.csv (layer, target, value) and grad_importance.png/svg."""
+    if objective == "task":
+        check_head_labels(bundle.name, data.num_labels, int(bundle.model.config.num_labels))
     with run.record("grad_importance", bundle, data, objective=OBJECTIVES[objective], max_length=max_length,
                     mask_probability=mask_probability if objective == "mlm" else None, seed=seed) as entry:
         values, n_truncated = compute_grad_importance(

@@ -77,8 +77,8 @@ def head_importance(bundle, batches: Sequence[TokenBatch], *, keep: np.ndarray |
 
 def check_exponent(exponent: float) -> None:
     """The per-layer norm's exponent: callers check it before the gradients are computed, not after."""
-    if exponent <= 0:
-        raise AttnpatError(f"the normalisation exponent must be positive, got {exponent}")
+    if not 0 < exponent < float("inf"):  # also refuses NaN, for which every comparison is false
+        raise AttnpatError(f"the normalisation exponent must be a positive number, got {exponent}")
 
 
 def normalize_by_layer(importance: np.ndarray, exponent: float = 2.0) -> np.ndarray:

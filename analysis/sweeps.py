@@ -50,7 +50,7 @@ from analysis.disable import (
 from analysis.errors import AttnpatError, check_choice
 from analysis.figures import close, head_heatmap
 from analysis.metrics import metric_name, task_metric
-from analysis.models import load_model
+from analysis.models import check_head_labels, load_model
 from analysis.progress import progress_bar
 from analysis.rundir import atomic_write_json, long_table
 from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, TokenBatch, collate, iter_batches
@@ -565,6 +565,7 @@ def layer_delta_figure(table, *, metric: str, baseline: dict[str, float], task: 
 def seeded_classifier(name: str, num_labels: int, device=None):
     """The model as a sequence classifier with ``num_labels`` outputs. A head that the checkpoint lacks is
     initialised after torch.manual_seed(0), so reruns, resumed sweeps and benchmarks see the same head."""
+    check_head_labels(name, num_labels)
     torch.manual_seed(0)
     return load_model(name, kind="classifier", num_labels=num_labels, device=device)
 

@@ -1,6 +1,7 @@
 """Clark et al. (2019) verbs: surface, grad-importance, cluster, probe-dep, probe-coref."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -33,7 +34,12 @@ def register(app: typer.Typer) -> None:
 
 
 def _thresholds(broad: float, position: float, special: float):
-
+    """Clark's thresholds, checked: entropy a finite number of nats, the two shares within [0, 1]."""
+    if not 0 <= broad < math.inf:
+        raise AttnpatError(f"--broad-threshold is an entropy in nats, 0 or more; got {broad}")
+    for option, share in (("--position-threshold", position), ("--special-threshold", special)):
+        if not 0 <= share <= 1:
+            raise AttnpatError(f"{option} is a share of attention between 0 and 1; got {share}")
     return LabelThresholds(broad=broad, position=position, special=special)
 
 
@@ -44,10 +50,10 @@ def surface(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Per-head attention to prev/next/same token, [CLS], [SEP], '.', ',' and entropy; head labels (Clark Fig. 2, 4)."""
+    thresholds = _thresholds(broad_threshold, position_threshold, special_threshold)
     data = load_data(task, split, n, text_column=text_column, label_column=label_column)
     bundle = load_model(model, map_kind=map_kind)
     run = RunDir(bundle.slug, data.task, runs_dir)
-    thresholds = _thresholds(broad_threshold, position_threshold, special_threshold)
     table = surface_statistics(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet,
                                thresholds=thresholds)
     per_layer = table.pivot_table(index="layer", columns="metric", values="value", aggfunc="mean")
@@ -93,11 +99,12 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
     # imported here on purpose: scikit-learn (the MDS) takes seconds to load and only this verb needs it
     from analysis.clustering import head_clusters  # noqa: PLC0415
 
+    thresholds = _thresholds(broad_threshold, position_threshold, special_threshold)
     data = load_data(task, split, n, text_column=text_column, label_column=label_column)
     bundle = load_model(model)
     run = RunDir(bundle.slug, data.task, runs_dir)
     clusters = head_clusters(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet,
-                             thresholds=_thresholds(broad_threshold, position_threshold, special_threshold), seed=seed)
+                             thresholds=thresholds, seed=seed)
     counts = clusters.behaviour.value_counts()
     typer.echo(f"{len(clusters)} heads embedded; behaviours: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     typer.echo(f"table and figure: {run.file('clusters.csv')}")

@@ -6,6 +6,7 @@ which no other verb needs.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -57,7 +58,7 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
     from classifier.train import TrainConfig  # noqa: PLC0415
     from classifier.training_run import load_training_data, train_pattern_cnn  # noqa: PLC0415
 
-    if pool < 0 or pool_weight < 0 or pool_rounds < 1 or class_weight_power < 0:
+    if pool < 0 or not 0 <= pool_weight < math.inf or pool_rounds < 1 or not 0 <= class_weight_power < math.inf:
         raise AttnpatError(f"--pool, --pool-weight and --class-weight-power must be 0 or more and --pool-rounds at "
                            f"least 1 (got {pool}, {pool_weight}, {class_weight_power}, {pool_rounds})")
     if not 0 <= image_dropout < 1:

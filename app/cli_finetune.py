@@ -77,6 +77,13 @@ def compare(base: str = typer.Option("minilm", "--base", help="the model before 
     data = load_data(task, split, n, text_column=text_column, label_column=label_column)
     base_bundle, tuned_bundle = load_model(base), load_model(finetuned)
     run = RunDir(tuned_bundle.slug, data.task, runs_dir)
+    if patterns:
+        # the classifier package loads torchvision and the CNN (seconds): only when the transitions are wanted;
+        # loaded before the cosine tables are written, so a bad --classifier leaves nothing behind
+        from classifier.predict import load_classifier  # noqa: PLC0415
+        from classifier.transitions import write_transitions  # noqa: PLC0415
+
+        pattern_classifier = load_classifier(str(classifier) if classifier else None)
     values = write_cosine(base_bundle, tuned_bundle, data, run, modes=modes, max_length=max_length,
                           batch_size=batch_size, progress="comparing" if not quiet else False)
     typer.echo(f"{base} vs {finetuned} on {data.task} ({len(data.examples)} {data.split} examples); "
@@ -86,12 +93,7 @@ def compare(base: str = typer.Option("minilm", "--base", help="the model before 
         typer.echo(f"{layer + 1:>5} " + " ".join(f"{array[layer].mean():>15.3f}" for array in values.values()))
     typer.echo(f"per-head table and heatmap: {run.file('cosine.csv')}, {run.file('cosine.png')}")
     if patterns:
-        # the classifier package loads torchvision and the CNN (seconds): only when the transitions are wanted
-        from classifier.predict import load_classifier  # noqa: PLC0415
-        from classifier.transitions import write_transitions  # noqa: PLC0415
-
-        counts = write_transitions(base_bundle, tuned_bundle, data, run,
-                                   load_classifier(str(classifier) if classifier else None), max_length=max_length,
+        counts = write_transitions(base_bundle, tuned_bundle, data, run, pattern_classifier, max_length=max_length,
                                    batch_size=batch_size, progress="classifying" if not quiet else False)
         typer.echo(f"pattern class kept by {counts.trace() / max(counts.sum(), 1):.1%} of {counts.sum()} maps "
                    f"(heads x examples); matrix: {run.file('pattern_transitions.csv')}, "
@@ -114,9 +116,10 @@ def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
     base = None if no_base else base or bundle.meta.get("base_model")
     if base and base != model:
         names.append(base)
+    # every model loads before the first table is written: a bad --base leaves no half-done run behind
+    bundles = {name: bundle if name == model else load_model(name, map_kind=map_kind) for name in names}
     tagger = spacy_tagger()
-    for name in names:
-        current = bundle if name == model else load_model(name, map_kind=map_kind)
+    for name, current in bundles.items():
         run = RunDir(current.slug, data.task, runs_dir)
         stats = write_special(current, data, run, max_length=max_length, batch_size=batch_size, tagger=tagger,
                               progress=f"{name}" if not quiet else False, top=top)

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analysis.data import Example
+from analysis.data import Example, check_unicode
 from analysis.errors import AttnpatError
 from analysis.figures import GridLayout, grid_image
 from analysis.mapkinds import KIND_NOTES
@@ -101,6 +101,9 @@ def live_example(text: str, text_pair: str | None = None) -> Example:
     pair = (text_pair or "").strip() or None
     if not text:
         raise AttnpatError("enter a sentence first (the text box is empty)")
+    check_unicode(text, "the sentence")
+    if pair is not None:
+        check_unicode(pair, "the second sentence")
     if len(text) + len(pair or "") > MAX_LIVE_CHARS:
         raise AttnpatError(f"the input is too long for the live view ({len(text) + len(pair or '')} characters, "
                            f"at most {MAX_LIVE_CHARS}); use a batch job from the Runs tab")

@@ -120,9 +120,12 @@ def score_table(labels: np.ndarray, predicted: np.ndarray, *, level: float = 0.9
 PANEL_QUANTILES = np.round(np.arange(0.05, 1.0, 0.05), 2)
 
 
+MAX_PANEL_SIZE = 10_000  # far past any panel of annotators; the draws' time and memory grow with the size
+
+
 def check_panel_size(panel_size: int) -> None:
-    if panel_size < 1:
-        raise AttnpatError(f"--panel-size must be at least 1, got {panel_size}")
+    if not 1 <= panel_size <= MAX_PANEL_SIZE:
+        raise AttnpatError(f"--panel-size must be at least 1 and at most {MAX_PANEL_SIZE}, got {panel_size}")
 
 
 def panel_score_quantiles(labels: np.ndarray, predicted: np.ndarray, panel_size: int, *,

@@ -171,7 +171,7 @@ def test_a_small_panel_usually_misses_a_rare_class_that_a_large_one_holds():
     assert large[0.05] == pytest.approx(0.5, abs=0.01) and large[0.95] < 0.51
     assert np.all(np.diff(small.to_numpy()) >= 0) and np.all(np.diff(large.to_numpy()) >= 0)
     assert (panel_score_quantiles(labels, labels, 10).macro_f1 == 1.0).all()  # a perfect classifier, any draw
-    with pytest.raises(AttnpatError, match="--panel-size must be at least 1, got 0"):
+    with pytest.raises(AttnpatError, match="--panel-size must be at least 1 and at most 10000, got 0"):
         panel_score_quantiles(labels, predicted, 0)
 
 

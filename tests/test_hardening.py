@@ -24,7 +24,7 @@ from analysis.rundir import RunDir, atomic_write_text
 from annotation import labelstudio as ls
 from annotation import server
 from annotation.dataset import load_labeled_set
-from annotation.sample import read_index
+from annotation.sample import ensure_sample, read_index
 from annotation.server import (
     Credentials,
     _moved_port,
@@ -37,7 +37,7 @@ from app.cli import main
 from app.webapp import WebApp, launch
 from classifier.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
 from tests.conftest import free_port
-from tests.tiny import save_tiny_model
+from tests.tiny import save_tiny_labeled_set, save_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -504,11 +504,16 @@ def test_damaged_state_files_are_one_error_or_recomputed(tmp_path, capsys, tiny_
 
 
 def test_a_damaged_sample_index_names_its_line(tmp_path):
-    (tmp_path / "index.jsonl").write_text('{"map_id": "m:t:e:L0H0", "image": "a.png"}\n\n{"map_id": \n')
+    row = json.dumps({"map_id": "m:t:e:L0H0", "image": "a.png", "task": "t", "example_id": "e", "layer": 0,
+                      "head": 0, "n": 2, "tokens": ["a", "b"]})
+    (tmp_path / "index.jsonl").write_text(f'{row}\n\n{{"map_id": \n')
     with pytest.raises(AttnpatError, match="index.jsonl line 3 is damaged"):
         read_index(tmp_path)
-    (tmp_path / "index.jsonl").write_text('{"map_id": "m:t:e:L0H0", "image": "a.png"}\n[1, 2]\n')
+    (tmp_path / "index.jsonl").write_text(f"{row}\n[1, 2]\n")
     with pytest.raises(AttnpatError, match="line 2 is not a sample row"):
+        read_index(tmp_path)
+    (tmp_path / "index.jsonl").write_text(f"{row}\n" + '{"map_id": "m:t:e:L0H1", "image": "b.png"}\n')
+    with pytest.raises(AttnpatError, match="line 2 is not a sample row .*example_id"):
         read_index(tmp_path)
 
 
@@ -531,3 +536,244 @@ def test_column_options_reach_every_verb_that_reads_a_task(tmp_path, capsys, tin
     records = [record for manifest in runs.glob("*/*/manifest.json")
                for record in json.loads(manifest.read_text())["analyses"].values() if "data" in record]
     assert records and all(record["data"]["columns"] == {"text": "Review", "label": "Stars"} for record in records)
+
+
+# ------------------------------------------------------------------ found by probing every verb and the app again
+
+def test_merge_and_pull_never_replace_a_folder_that_is_not_a_labeled_set(tmp_path, capsys):
+    save_tiny_labeled_set(tmp_path / "sets" / "a", 2, seed=1, task="a")
+    save_tiny_labeled_set(tmp_path / "sets" / "b", 2, seed=2, task="b")
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "notes.txt").write_text("keep me")
+    (tmp_path / "afile").write_text("keep me too")
+    sets = [tmp_path / "sets" / "a", tmp_path / "sets" / "b"]
+    for out, why in ((tmp_path / "precious", "other files in it"), (tmp_path / "afile", "is a file"),
+                     (tmp_path / "sets", "would replace the input set"),
+                     (tmp_path / "sets" / "a", "would replace the input set")):
+        before = files_under(tmp_path)
+        code, _, err, errors = run_cli(["annotate", "merge", *sets, "--out", out], capsys)
+        assert code == 2 and len(errors) == 1 and why in errors[0] and "Traceback" not in err, err
+        assert files_under(tmp_path) == before
+    assert (tmp_path / "precious" / "notes.txt").read_text() == "keep me"
+    # an earlier labeled set of that name is replaced, as the verb says
+    assert run_cli(["annotate", "merge", *sets, "--out", tmp_path / "merged"], capsys)[0] == 0
+    assert run_cli(["annotate", "merge", *sets, "--out", tmp_path / "merged"], capsys)[0] == 0
+    # pull checks its --out before it reads anything
+    with pytest.raises(AttnpatError, match="other files in it"):
+        ls.pull(None, tmp_path / "no-sample", tmp_path / "precious", export=tmp_path / "no-export.json")
+
+
+def test_a_damaged_annotations_table_in_a_merged_set_is_one_error_line(tmp_path, capsys):
+    save_tiny_labeled_set(tmp_path / "a", 2, seed=1, task="a")
+    save_tiny_labeled_set(tmp_path / "b", 2, seed=2, task="b")
+    for content in (b"", b"\xff\xfe\x00\x01binary", b"who,what\n1,2\n"):
+        (tmp_path / "b" / "annotations.csv").write_bytes(content)
+        code, _, err, errors = run_cli(["annotate", "merge", tmp_path / "a", tmp_path / "b", "--out",
+                                        tmp_path / "m"], capsys)
+        assert code == 2 and len(errors) == 1 and "annotations" in errors[0] and "Traceback" not in err, err
+        assert not (tmp_path / "m").exists()
+
+
+def test_stop_signals_only_the_server_it_started(tmp_path):
+    import subprocess  # noqa: PLC0415
+
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        pid_file = server._pid_file(tmp_path)
+        pid_file.parent.mkdir(parents=True, exist_ok=True)
+        for content in (f"{bystander.pid} 8080 /opt/ls/bin/label-studio\n", f"{bystander.pid} 8080\n", "0 8080\n",
+                        "1 8080\n", "abc\n", "", "-5 8080\n"):
+            pid_file.write_text(content)
+            assert server.running_pid(tmp_path) is None, content
+            assert server.status(tmp_path)["running"] is False
+            assert server.stop(tmp_path) is False and not pid_file.exists()
+        assert bystander.poll() is None  # still running: never signalled
+        # the pid of a process running the recorded executable counts
+        pid_file.write_text(f"{bystander.pid} 8080 sleep\n")
+        assert server.running_pid(tmp_path) == bystander.pid
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+@pytest.mark.parametrize("stored", [{"url": 5, "token": 7}, [1, 2], {"url": "http://127.0.0.1:8080"},
+                                    {"url": "http://127.0.0.1:8080", "token": "t", "email": 3}])
+def test_stored_credentials_of_the_wrong_shape_are_one_error(tmp_path, stored):
+    credentials_file(tmp_path).parent.mkdir(parents=True, exist_ok=True)
+    credentials_file(tmp_path).write_text(json.dumps(stored))
+    with pytest.raises(AttnpatError, match="credentials .* are unreadable"):
+        server.load_credentials(tmp_path)
+
+
+@pytest.mark.parametrize("url, why", [("localhost:8080", "full address"), ("http://[::1", "not a valid URL"),
+                                      ("http://127.0.0.1:99999", "not a valid URL"),
+                                      ("ftp://127.0.0.1", "full address")])
+def test_a_malformed_server_url_is_named(tmp_path, url, why):
+    with pytest.raises(AttnpatError, match=why):
+        resolve_credentials(url, "token", root=tmp_path)
+
+
+def test_push_checks_its_options_before_it_draws_or_writes(tmp_path):
+    def refuse_network():
+        raise AssertionError("the server was contacted before the options were checked")
+
+    for count, tasks, name, shares, why in ((0, ["sst2"], None, None, "--count 0"),
+                                            (-1, ["sst2"], None, None, "--count -1"),
+                                            (4, ["nope"], None, None, "unknown task 'nope'"),
+                                            (4, [], None, None, "names no task"),
+                                            (4, ["sst2"], "../escaped", None, "plain folder name"),
+                                            (4, ["sst2"], None, "block=1", "needs --stratify-by")):
+        with pytest.raises(AttnpatError, match=why):
+            ensure_sample(tmp_path / "samples", "minilm", count, tasks, 0, name, class_shares=shares,
+                          before_drawing=refuse_network)
+    assert files_under(tmp_path) == []
+    # the server is checked after the options and before any map is drawn or any file written
+    with pytest.raises(AttnpatError, match="server down"):
+        ensure_sample(tmp_path / "samples", "minilm", 4, ["sst2"], 0, "s",
+                      before_drawing=lambda: (_ for _ in ()).throw(AttnpatError("server down")))
+    assert files_under(tmp_path) == []
+
+
+def test_pull_names_a_sample_index_that_lacks_fields_or_maps(tmp_path):
+    sample = tmp_path / "sample"
+    sample.mkdir()
+    write_single_maps(sample / "maps.npz", {"m:t:e:L0H0": np.full((3, 3), 1 / 3, dtype=np.float32)})
+    (sample / "index.jsonl").write_text('{"map_id": "m:t:e:L0H0", "image": "a.png"}\n')
+    with pytest.raises(AttnpatError, match="line 1 is not a sample row"):
+        ls.pull(None, sample, tmp_path / "out", export=tmp_path / "x.json")
+    row = {"image": "a.png", "task": "t", "example_id": "e", "layer": 0, "head": 0, "n": 3, "tokens": ["a"] * 3}
+    (sample / "index.jsonl").write_text(json.dumps({"map_id": "m:t:e:L0H1", **row}) + "\n")
+    with pytest.raises(AttnpatError, match="lists 1 maps that .*maps.npz lacks"):
+        ls.pull(None, sample, tmp_path / "out", export=tmp_path / "x.json")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_export_with_a_huge_integer_is_one_error(tmp_path):
+    (tmp_path / "export.json").write_text('[{"id": ' + "9" * 5000 + "}]")
+    with pytest.raises(AttnpatError, match="is not a Label Studio JSON export"):
+        ls.read_export(tmp_path / "export.json")
+
+
+@pytest.mark.parametrize("manifest", [b'{"x": "\xe9"}', b"[1, 2]", b"null", b'{"analyses": [1]}',
+                                      b'{"analyses": {"a": {"data": [1]}, "b": {"data": {"n_examples": [3]}}}}',
+                                      None])
+def test_one_damaged_manifest_does_not_break_the_runs_tab(tmp_path, manifest):
+    good = RunDir("minilm", "sst2", tmp_path)
+    with good.record("overview") as entry:
+        entry["outputs"] = []
+    bad = tmp_path / "minilm" / "rte" / "manifest.json"
+    bad.parent.mkdir(parents=True)
+    bad.mkdir() if manifest is None else bad.write_bytes(manifest)
+    web = WebApp(tmp_path)
+    table, _ = web.runs_table()
+    assert sorted(table.task) == ["rte", "sst2"]
+    assert json.loads(web.manifest("minilm/sst2"))["analyses"]
+    shown = json.loads(web.manifest("minilm/rte"))
+    assert shown == {"error": "unreadable manifest"} or "analyses" in shown
+
+
+@pytest.mark.parametrize("rows", ["abc,0,x,1.0", ",0,x,1.0", "-5,0,x,1.0", "1.5,0,x,1.0", "0,0,x,abc",
+                                  "100000000,0,x,1.0", "5000,5000,x,1.0"])
+def test_a_damaged_layer_head_table_is_shown_as_a_table_not_drawn(tmp_path, rows):
+    folder = tmp_path / "minilm" / "sst2"
+    folder.mkdir(parents=True)
+    (folder / "overview.csv").write_text(f"layer,head,metric,value\n0,0,x,2.0\n{rows}\n")
+    message, *_ = WebApp(tmp_path).show_artifacts("Surface and clusters", "minilm", "sst2")
+    assert isinstance(message, str)
+    import pandas as pd  # noqa: PLC0415
+
+    from analysis.figures import layer_head_figure  # noqa: PLC0415
+    assert layer_head_figure(pd.read_csv(folder / "overview.csv")) is None
+
+
+def test_a_damaged_disabling_table_leaves_the_tab_working(tmp_path):
+    folder = tmp_path / "minilm" / "sst2"
+    folder.mkdir(parents=True)
+    (folder / "disable_heads.csv").write_text("layer,head,metric,value\n0,0,,1.0\n0,0,1,0.01\n")
+    (folder / "disable_layers.csv").write_text("layer,mode,p_holm,delta\nx,uniform,abc,1\n")
+    message, *_ = WebApp(tmp_path).show_artifacts("Disabling", "minilm", "sst2")
+    assert isinstance(message, str) and "minilm/sst2" in message
+
+
+def test_a_lone_surrogate_in_the_text_is_one_error(tmp_path, capsys, tiny_model):
+    for line in ('{"text": "good \\ud800 film", "label": 1}', '{"text": "ok", "text_pair": "\\udfff", "label": 0}'):
+        (tmp_path / "s.jsonl").write_text(line + "\n")
+        code, _, err, errors = run_cli(["overview", "--model", tiny_model, "--task", tmp_path / "s.jsonl",
+                                        "--runs-dir", tmp_path / "runs", "-q"], capsys)
+        assert code == 2 and len(errors) == 1 and "lone surrogate" in errors[0] and "Traceback" not in err
+    assert files_under(tmp_path / "runs") == []
+    from app.explore import live_example  # noqa: PLC0415
+    with pytest.raises(AttnpatError, match="lone surrogate"):
+        live_example("abc\ud800")
+
+
+def test_a_conllu_file_with_too_few_columns_is_one_error(tmp_path, capsys, tiny_model):
+    (tmp_path / "few.conllu").write_text("1\tThe\tthe\n2\tcat\tcat\n\n")
+    code, _, err, errors = run_cli(["probe-dep", tmp_path / "few.conllu", "--model", tiny_model, "--runs-dir",
+                                    tmp_path / "runs", "-q"], capsys)
+    assert code == 2 and len(errors) == 1 and "lacks the HEAD column" in errors[0] and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["finetune", "--task", "sst2", "--n", "4", "--lr", "nan"], "learning rate must be positive"),
+    (["finetune", "--task", "sst2", "--n", "4", "--device", "bogus"], "--device bogus"),
+    (["finetune", "--task", "sst2", "--n", "4", "--name", "minilm"], "embedded model's name"),
+    (["importance", "--task", "sst2", "--n", "2", "--exponent", "nan"], "exponent must be a positive number"),
+    (["importance", "--task", "sst2", "--n", "2", "--exponent", "inf"], "exponent must be a positive number"),
+    (["surface", "--task", "sst2", "--n", "2", "--broad-threshold", "nan"], "--broad-threshold"),
+    (["surface", "--task", "sst2", "--n", "2", "--position-threshold", "-1"], "--position-threshold"),
+    (["cluster", "--task", "sst2", "--n", "2", "--special-threshold", "5"], "--special-threshold"),
+    (["train", "--data", "annotation/labeled/v5", "--class-weight-power", "nan"], "--class-weight-power"),
+    (["evaluate", "--data", "annotation/labeled/panel-4", "--panel-size", "100000000"], "at most 10000")])
+def test_more_out_of_range_options_are_refused_before_any_work(tmp_path, capsys, monkeypatch, argv, why):
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path / "home"))
+    code, _, err, errors = run_cli([*argv, "--runs-dir", tmp_path / "runs"], capsys)
+    assert code == 2 and len(errors) == 1 and why in errors[0] and "Traceback" not in err, err
+    assert files_under(tmp_path / "runs") == [] and files_under(tmp_path / "home") == []
+
+
+def test_a_failing_option_of_compare_or_special_leaves_no_half_run(tmp_path, capsys, tiny_model):
+    (tmp_path / "bad.safetensors").write_bytes(b"not a checkpoint")
+    runs = tmp_path / "runs"
+    for argv in (["compare", "--base", tiny_model, "--finetuned", tiny_model, "--classifier",
+                  tmp_path / "bad.safetensors"],
+                 ["special", "--model", tiny_model, "--base", "no-such-model"]):
+        code, _, err, errors = run_cli([*argv, "--task", "sst2", "--n", "2", "--runs-dir", runs, "-q"], capsys)
+        assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
+        assert files_under(runs) == []
+
+
+def test_an_analysis_refuses_a_damaged_manifest_before_it_writes_a_table(tmp_path, capsys, tiny_model):
+    folder = RunDir(Path(tiny_model).name, "sst2", tmp_path).path
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text("[1, 2]")
+    code, _, _, errors = run_cli(["overview", "--model", tiny_model, "--task", "sst2", "--n", "2", "--runs-dir",
+                                  tmp_path, "-q"], capsys)
+    assert code == 2 and "not a run manifest" in errors[0]
+    assert files_under(folder) == ["manifest.json"]
+
+
+def test_extract_does_not_resume_into_maps_of_another_kind(tmp_path, capsys, tiny_model):
+    out = tmp_path / "maps"
+    base = ["extract", "--model", tiny_model, "--task", "sst2", "--n", "2", "--out", out, "--runs-dir", tmp_path, "-q"]
+    assert run_cli(base, capsys)[0] == 0
+    code, _, _, errors = run_cli([*base, "--map-kind", "norm"], capsys)
+    assert code == 2 and "other settings" in errors[0]
+
+
+def test_a_model_whose_config_asks_for_layers_its_weights_lack_is_refused(tmp_path, capsys):
+    folder = save_tiny_model(tmp_path / "m", layers=2)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    code, _, err, errors = run_cli(["overview", "--model", folder, "--task", "sst2", "--n", "2", "--runs-dir",
+                                    tmp_path / "runs", "-q"], capsys)
+    assert code == 2 and "config and weights disagree" in errors[0] and "Traceback" not in err
+
+
+def test_a_trained_head_must_fit_the_datas_labels(tmp_path, capsys, tiny_model):
+    (tmp_path / "five.jsonl").write_text('{"text": "good film", "label": 0}\n{"text": "bad film", "label": 5}\n')
+    for verb in (["grad-importance"], ["importance"], ["disable", "--unit", "layer"]):
+        code, _, err, errors = run_cli([*verb, "--model", tiny_model, "--task", tmp_path / "five.jsonl",
+                                        "--runs-dir", tmp_path / "runs", "-q"], capsys)
+        assert code == 2 and len(errors) == 1 and "classifier with 2 outputs" in errors[0], err
+    assert files_under(tmp_path / "runs") == []

@@ -87,7 +87,7 @@ def test_a_bad_exponent_is_refused_before_the_model_loads(verb, exponent, tiny_m
     monkeypatch.setattr(cli_sweeps, "_load", lambda *a, **k: pytest.fail("the model loaded before the check"))
     assert main([verb, "--exponent", exponent, "--model", str(tiny_model_dir), "--runs-dir", str(tmp_path)]) == 2
     error = capsys.readouterr().err.strip()
-    assert error == f"error: the normalisation exponent must be positive, got {float(exponent)}"
+    assert error == f"error: the normalisation exponent must be a positive number, got {float(exponent)}"
     assert not any(tmp_path.iterdir())
 
 
