@@ -632,6 +632,15 @@ def test_push_checks_its_options_before_it_draws_or_writes(tmp_path):
         ensure_sample(tmp_path / "samples", "minilm", 4, ["sst2"], 0, "s",
                       before_drawing=lambda: (_ for _ in ()).throw(AttnpatError("server down")))
     assert files_under(tmp_path) == []
+    # settings of a sample whose drawing never finished (no index.jsonl) do not block a corrected rerun
+    (tmp_path / "samples" / "s").mkdir(parents=True)
+    (tmp_path / "samples" / "s" / "sample.json").write_text(json.dumps({"model": "minilm", "tasks": ["nope"]}))
+    with pytest.raises(AttnpatError, match="server down"):
+        ensure_sample(tmp_path / "samples", "minilm", 4, ["sst2"], 0, "s",
+                      before_drawing=lambda: (_ for _ in ()).throw(AttnpatError("server down")))
+    (tmp_path / "samples" / "s" / "index.jsonl").write_text("")
+    with pytest.raises(AttnpatError, match="was made with other settings"):
+        ensure_sample(tmp_path / "samples", "minilm", 4, ["sst2"], 0, "s", before_drawing=refuse_network)
 
 
 def test_pull_names_a_sample_index_that_lacks_fields_or_maps(tmp_path):
