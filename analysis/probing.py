@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analysis.data import Example, TaskData, load_data, package_dir
+from analysis.data import Example, TaskData, file_task_name, load_data, package_dir
 from analysis.errors import AttnpatError, check_choice
 from analysis.figures import close, head_heatmap
 from analysis.parsing import GOLD_PARSES, PIPELINE_NAME, SILVER_PARSES, parse_texts, require_pipeline
@@ -117,7 +117,9 @@ def dependency_data(path: str | Path, n: int | None = None) -> tuple[TaskData, l
     """The sentences as pre-split examples (the tokenizer sees the CoNLL-U words), plus the parses."""
     sentences = read_conllu(path, n)
     examples = [Example(s.id, " ".join(s.words), words=s.words) for s in sentences]
-    return TaskData(Path(path).stem, "file", f"conllu:{path}", examples), sentences
+    # named as any user file's run folder (<stem>-<hash>): never a built-in task's folder, one folder per content
+    task = file_task_name(path, Path(path).read_bytes())
+    return TaskData(task, "file", f"conllu:{path}", examples), sentences
 
 
 def silver_dependency_data(task: str, split: str = "validation", n: int | None = None,
@@ -277,7 +279,8 @@ def probe_dependency(bundle, source: str | Path, run_root: str | Path | None = N
                      batch_size: int = 32, progress: bool = True, min_count: int = 1):
     """Probe gold trees from a CoNLL-U file (``source`` a path), or with ``parse`` the silver trees of a task
     or user file's sentences (``source`` e.g. "wiki", "sst2", "reviews.jsonl"); write probing_dependency.csv,
-    probing_dependency_heads.csv and probing_dependency.png/svg into runs/<model>/<file stem or task>/.
+    probing_dependency_heads.csv and probing_dependency.png/svg into runs/<model>/<task>/ (a file's
+    folder is <file stem>-<8 hex digits of its sha256>, as for every user file).
     Returns (table, run directory)."""
     if parse:
         data, sentences = silver_dependency_data(str(source), split, n)

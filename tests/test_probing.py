@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from analysis.data import file_task_name
 from analysis.errors import AttnpatError
 from analysis.models import embedded_model_path
 from analysis.parsing import GOLD_PARSES
@@ -208,10 +209,13 @@ def test_cli_probes_on_minilm(tmp_path, capsys):
     assert main(["probe-dep", str(FIXTURE), "--quiet", "--runs-dir", runs]) == 0
     out = capsys.readouterr().out
     assert "relation" in out and "nsubj" in out
-    table = pd.read_csv(tmp_path / "minilm" / "tiny" / "probing_dependency.csv")
+    # a CoNLL-U file's run folder is named as every user file's: <stem>-<8 hex digits of its content's sha256>
+    folder = tmp_path / "minilm" / file_task_name(FIXTURE, FIXTURE.read_bytes())
+    assert folder.name.startswith("tiny-") and len(folder.name) == len("tiny-") + 8
+    table = pd.read_csv(folder / "probing_dependency.csv")
     assert table.relation.iloc[0] == "all" and table.accuracy.between(0, 1).all()
     assert set(table.parses) == {GOLD_PARSES} and GOLD_PARSES in out
-    heads = pd.read_csv(tmp_path / "minilm" / "tiny" / "probing_dependency_heads.csv")
+    heads = pd.read_csv(folder / "probing_dependency_heads.csv")
     assert len(heads) == table.shape[0] * 2 * 72
     assert np.isclose(heads.groupby("relation").accuracy.max().loc["all"], table.accuracy.iloc[0])
 
