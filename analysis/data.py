@@ -410,6 +410,9 @@ def _label_ids(labels: list) -> tuple[list, tuple[str, ...] | None]:
     return [None if label is None else ids[str(label)] for label in labels], names
 
 
+MAX_CLASSES = 1000
+
+
 def _label_kind(labels: list, names: tuple[str, ...] | None) -> tuple[int | None, str | None]:
     """(num_labels, metric) of a user file: class names or non-negative integers are classes (accuracy);
     any other numbers are regression scores (one output, Pearson/Spearman); no labels, no metric."""
@@ -419,6 +422,9 @@ def _label_kind(labels: list, names: tuple[str, ...] | None) -> tuple[int | None
     if names is not None:
         return len(names), "accuracy"
     if all(isinstance(label, int) and label >= 0 for label in present):
+        if max(present) >= MAX_CLASSES:  # e.g. ids in the label column: a head that size would exhaust memory
+            raise AttnpatError(f"label {max(present)} is a class id past {MAX_CLASSES} classes (ids run 0..K-1); "
+                               "whole numbers are read as class ids (a score column holds some non-whole value)")
         return max(max(present) + 1, 2), "accuracy"
     return 1, "pearson_spearman"
 
@@ -438,7 +444,8 @@ def load_file(path: str | Path, text_column: str | None = None, pair_column: str
     if suffix not in FILE_SUFFIXES:
         raise AttnpatError(f"{path.name}: unsupported file type '{suffix}' (use .jsonl, .csv or .tsv)")
     if not path.is_file():
-        raise AttnpatError(f"data file {path} does not exist")
+        raise AttnpatError(f"data file {path} " + ("is a folder, not a file" if path.is_dir() else
+                                                    "is not a regular file" if path.exists() else "does not exist"))
     try:
         content = path.read_bytes()
     except OSError as exc:
@@ -473,7 +480,10 @@ def load_file(path: str | Path, text_column: str | None = None, pair_column: str
     labels, names = _label_ids(labels)
     examples = [Example(f"{path.stem}-{position}", text_value, pair, label)
                 for position, (text_value, pair, label) in enumerate(zip(texts, pairs, labels))]
-    num_labels, metric = _label_kind(labels, names)
+    try:
+        num_labels, metric = _label_kind(labels, names)
+    except AttnpatError as exc:
+        raise AttnpatError(f"{path.name}: {exc}") from None
     return TaskData(file_task_name(path, content), "file", f"file:{path.resolve()}", examples[:n] if n else examples,
                     num_labels=num_labels, metric=metric, label_names=names,
                     digest=hashlib.sha256(content).hexdigest(),

@@ -12,7 +12,8 @@ class AttnpatError(Exception):
 def os_error_message(exc: OSError, doing: str = "") -> str:
     """One line for an OS error: what failed, on which path, and why (e.g. 'cannot write runs/x: permission denied')."""
     reason = (exc.strerror or type(exc).__name__).lower()
-    target = " ".join(str(name) for name in (exc.filename, exc.filename2) if name is not None)
+    # a failed rename names its temporary source and its destination: the destination is the user's path
+    target = str(exc.filename2 if exc.filename2 is not None else exc.filename or "")
     return " ".join(part for part in (doing, target) if part) + f": {reason}" if (doing or target) else reason
 
 

@@ -163,7 +163,8 @@ def resolve_model(name: str) -> ModelSource:
             raise AttnpatError(f"{name} is a folder without config.json, not a Hugging Face model")
         return ModelSource(name, "local", str(local.resolve()), offline=True)
     if local.suffix or name.startswith(("/", "./", "../")):
-        raise AttnpatError(f"model path {name} does not exist")
+        raise AttnpatError(f"model path {name} " + ("is a file, not a model folder" if local.exists() else
+                                                    "does not exist"))
     return ModelSource(name, "hub", name, offline=False)
 
 

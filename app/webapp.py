@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -504,6 +505,10 @@ def launch(host: str = "127.0.0.1", port: int = 7860, runs_dir: str | Path | Non
     """Serve the app on host:port (offline: no analytics, no share link). Returns (demo, web) when not blocking."""
     if not 0 < int(port) < 65536:
         raise AttnpatError(f"port must be between 1 and 65535, got {port}")
+    try:  # before the models load; an unknown host would otherwise surface as a port error after them
+        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise AttnpatError(f"--host {host} is not a host name or address ({exc})") from exc
     # Live inputs are small: one thread per request, several requests in parallel, beats every request
     # fighting over all cores (bench/bench_explore.py: 0.1-0.3 s with 1 thread vs 2+ s with 2 on a busy machine).
     torch.set_num_threads(1)

@@ -17,8 +17,9 @@ import pytest
 from gradio_client import Client
 
 from analysis.data import ALL_TASKS, load_data, load_file
-from analysis.errors import AttnpatError
+from analysis.errors import AttnpatError, os_error_message
 from analysis.mapstore import read_maps, read_single_maps, write_single_maps
+from analysis.models import load_model
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir, atomic_write_text
 from annotation import labelstudio as ls
@@ -786,3 +787,33 @@ def test_a_trained_head_must_fit_the_datas_labels(tmp_path, capsys, tiny_model):
                                         "--runs-dir", tmp_path / "runs", "-q"], capsys)
         assert code == 2 and len(errors) == 1 and "classifier with 2 outputs" in errors[0], err
     assert files_under(tmp_path / "runs") == []
+
+
+def test_a_failed_rename_names_the_users_path_not_the_temporary_file():
+    exc = IsADirectoryError(21, "Is a directory", "/r/.x.csv.abc.tmp.csv", None, "/r/x.csv")
+    assert os_error_message(exc, "cannot write") == "cannot write /r/x.csv: is a directory"
+    assert os_error_message(PermissionError(13, "Permission denied", "/r/y.csv"), "cannot read") == \
+        "cannot read /r/y.csv: permission denied"
+
+
+def test_wrong_kinds_of_path_and_label_ids_past_any_task_are_named(tmp_path):
+    (tmp_path / "d.jsonl").mkdir()
+    with pytest.raises(AttnpatError, match="d.jsonl is a folder, not a file"):
+        load_file(tmp_path / "d.jsonl")
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(AttnpatError, match="is a file, not a model folder"):
+        load_model(str(tmp_path / "weights.bin"))
+    (tmp_path / "ids.jsonl").write_text('{"text": "a b", "label": 0}\n{"text": "c d", "label": 1000000000000}\n')
+    with pytest.raises(AttnpatError, match="ids.jsonl: label 1000000000000 is a class id past 1000 classes"):
+        load_file(tmp_path / "ids.jsonl")
+
+
+def test_an_unknown_host_is_named_before_the_app_loads_anything(tmp_path, monkeypatch):
+    import app.webapp  # noqa: PLC0415
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the app was built before the host was checked")
+
+    monkeypatch.setattr(app.webapp, "build_app", must_not_run)
+    with pytest.raises(AttnpatError, match="--host 999.1.1.1 is not a host name or address"):
+        launch("999.1.1.1", free_port(), tmp_path, block=False, warm=True)
