@@ -127,10 +127,11 @@ def check_device(device: torch.device | str | None) -> torch.device:
         device = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise AttnpatError(f"--device {device}: not a device (use cpu or cuda)") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise AttnpatError(f"--device {device}: no CUDA GPU is available here")
-    if device.type not in ("cpu", "cuda", "mps"):
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if device.type not in available:
         raise AttnpatError(f"--device {device}: use cpu or cuda")
+    if not available[device.type]:
+        raise AttnpatError(f"--device {device}: no such device is available here")
     return device
 
 
