@@ -258,11 +258,11 @@ class WebApp:
         for run in self.runs.runs():
             manifest = run["manifest"]
             analyses = manifest.get("analyses", {})
-            sizes = {entry["data"].get("n_examples") for entry in analyses.values()
+            sizes = {str(entry["data"]["n_examples"]) for entry in analyses.values()
                      if isinstance(entry, dict) and isinstance(entry.get("data"), dict)
                      and isinstance(entry["data"].get("n_examples"), int | str)}
             rows.append({"model": run["model"], "task": run["task"], "analyses": ", ".join(sorted(analyses)),
-                         "examples": ", ".join(sorted({str(s) for s in sizes if s is not None}, key=_natural)),
+                         "examples": ", ".join(sorted(sizes, key=_natural)),
                          "updated": manifest.get("updated", ""), "path": run["path"]})
         frame = pd.DataFrame(rows, columns=["model", "task", "analyses", "examples", "updated", "path"])
         names = [f"{row['model']}/{row['task']}" for row in rows]
