@@ -108,9 +108,11 @@ _PARSE = "--parse {task} --model {model}"  # silver parses of the task's sentenc
 
 ARTIFACTS: tuple[Artifact, ...] = (
     # Pattern ratios (Kovaleva Figure 2); runs/<model>/all/ holds the per-task comparison
-    Artifact("pattern_ratios_by_task", "classify", "task, class, count, fraction", "Pattern ratios", figure=True,
+    Artifact("pattern_ratios_by_task", "classify", "task, class, count, fraction, ci_low, ci_high (95% bootstrap over "
+             "examples), adjusted (for the classifier's confusion matrix)", "Pattern ratios", figure=True,
              folder="all", hint="--model {model} --task all"),
-    Artifact("pattern_ratios", "classify", "class, count, fraction  (stacked bar)", "Pattern ratios", figure=True),
+    Artifact("pattern_ratios", "classify", "class, count, fraction, ci_low, ci_high, adjusted  (stacked bar with "
+             "the intervals)", "Pattern ratios", figure=True),
     Artifact("patterns", "classify", "layer, head, class, count, fraction  (per-head class heatmap)",
              "Pattern ratios", figure=True),
     # Weight against norm maps (Kobayashi et al. 2020), in the weight run folder; each kind's own classification
@@ -153,9 +155,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("grad_importance", "grad-importance", "layer, target (sep|punct|other), value", "Surface and clusters",
              figure=True),
     Artifact("probing_dependency", "probe-dep", "relation, direction, best_layer, best_head, accuracy, "
-             "baseline_offset, baseline_accuracy, count", "Surface and clusters", figure=True,
-             hint=_PARSE),
-    Artifact("probing_dependency_heads", "probe-dep", "layer, head, direction, relation, accuracy, count",
+             "baseline_offset, baseline_accuracy, count, parses (gold or silver, and from what)",
+             "Surface and clusters", figure=True, hint=_PARSE),
+    Artifact("probing_dependency_heads", "probe-dep", "layer, head, direction, relation, accuracy, count, parses",
              "Surface and clusters", hint=_PARSE),
     Artifact("probing_coref", "probe-coref", "layer, head, metric (accuracy|accuracy_ci_low|accuracy_ci_high), "
              "value", "Surface and clusters",
@@ -176,8 +178,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("evaluation_confusion", "evaluate", "true, predicted, count", None, figure=True, hint=_EVALUATE),
     Artifact("evaluation_predictions", "evaluate", "map_id, label, predicted, p_<class>", None, hint=_EVALUATE),
     Artifact("evaluation_vs_baselines", "evaluate", _VS_BASELINES, None, hint=_EVALUATE),
-    Artifact("evaluation_panel_size", "evaluate", "panel_size, quantile (0.05-0.95), macro_f1: a fresh panel of that "
-             "many maps, drawn as the labeled set's were (--panel-size)", None, hint=_EVALUATE + " --panel-size 270"),
+    Artifact("evaluation_panel_size", "evaluate", "panel_size, quantile (0.05-0.95), macro_f1  (a fresh panel of that "
+             "many maps, drawn as the labeled set's were: --panel-size)", None, hint=_EVALUATE + " --panel-size 270"),
     Artifact("classifier", "train", "the trained CNN: classifier.safetensors and its metadata classifier.json",
              None, hint=_TRAIN, kind="checkpoint"),
     Artifact("maps", "extract", "map shards (float16 .npz per example batch; resumable)", None, kind="dir"),

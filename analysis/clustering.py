@@ -106,8 +106,7 @@ def head_clusters(bundle, data: TaskData, run: RunDir, *, max_length: int = DEFA
         fig = cluster_figure(clusters)
         run.write_figure("clusters", fig)
         close(fig)
-        entry.update(n_truncated=n_truncated,
-                     outputs=["clusters.csv", "head_distances.csv", "clusters.png", "clusters.svg"])
+        entry.update(n_truncated=n_truncated)
     return clusters
 
 

@@ -174,9 +174,8 @@ def write_cosine(base, finetuned, data, run, *, modes: Sequence[str] = MODES, ma
                   for mode in modes}
         fig = cosine_figure({titles[name]: array for name, array in values.items()},
                             title=f"{base.name} vs {finetuned.name} on {data.task}: per-head cosine similarity")
-        figures = run.write_figure("cosine", fig)
+        run.write_figure("cosine", fig)
         close(fig)
-        entry.update(outputs=[str(run.file("cosine.csv"))] + [str(f) for f in figures],
-                     mean={name: float(np.nanmean(array)) for name, array in values.items()},
+        entry.update(mean={name: float(np.nanmean(array)) for name, array in values.items()},
                      interval="percentile bootstrap 95% interval of each head's mean over the examples")
     return values

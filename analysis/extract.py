@@ -11,7 +11,7 @@ from analysis.distributed import extract_shards
 from analysis.errors import AttnpatError
 from analysis.mapkinds import DEFAULT_MAP_KIND
 from analysis.mapstore import FORMAT, SavedMap, write_shard
-from analysis.rundir import RunDir, atomic_write_json, long_table, read_json
+from analysis.rundir import RunDir, atomic_write_json, locked, long_table, read_json
 from analysis.stats import HeadMeans, attention_to, mean_entropy
 from analysis.stream import DEFAULT_MAX_LENGTH, encode_examples, length_sorted_batches, stream_maps, token_roles
 
@@ -26,6 +26,14 @@ def extract_maps(bundle, data: TaskData, out_dir: str | Path, *, max_length: int
     shard on its workers.
     """
     out_dir = Path(out_dir)
+    # one writer per maps folder, whichever run folder records it (--out may be shared)
+    with locked(out_dir / ".lock", f"the maps folder {out_dir}"):
+        return _extract_maps(bundle, data, out_dir, max_length=max_length, batch_size=batch_size,
+                             shard_size=shard_size, progress=progress, cluster=cluster)
+
+
+def _extract_maps(bundle, data: TaskData, out_dir: Path, *, max_length: int, batch_size: int, shard_size: int,
+                  progress: bool, cluster) -> dict:
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     settings = {"format": FORMAT, "model": bundle.name, "revision": bundle.revision, "task": data.task,
                 "split": data.split,
@@ -101,6 +109,6 @@ def write_overview(bundle, data: TaskData, run: RunDir, **kwargs):
     with run.record("overview", bundle, data) as entry:
         values, n_truncated = layer_overview(bundle, data, **kwargs)
         run.write_table("overview", long_table(values))
-        entry.update(n_truncated=n_truncated, outputs=["overview.csv"])
+        entry.update(n_truncated=n_truncated)
     return pd.DataFrame({"layer": np.arange(values["to_cls"].shape[0]),
                          **{name: array.mean(1) for name, array in values.items()}})

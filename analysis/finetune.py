@@ -25,10 +25,10 @@ from transformers import get_linear_schedule_with_warmup
 from analysis.data import GLUE_TASKS, Example, TaskData, load_data
 from analysis.errors import AttnpatError
 from analysis.metrics import METRICS, metric_name, task_metric
-from analysis.models import EMBEDDED_ALIASES, _store_meta, load_model, model_slug, resolve_model
+from analysis.models import EMBEDDED_ALIASES, _store_meta, load_model, model_slug, quiet_transformers, resolve_model
 from analysis.paths import model_store
 from analysis.progress import progress_bar
-from analysis.rundir import RunDir, atomic_write, atomic_write_json
+from analysis.rundir import RunDir, atomic_write, atomic_write_json, locked
 from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, encode_examples, iter_batches
 
 CHECKPOINT_DIR = ".checkpoint"
@@ -94,8 +94,9 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
             raise AttnpatError(f"a train share of {train_share} leaves nothing to train or evaluate on "
                                f"({len(order)} dev examples)")
         train_ids, eval_ids = sorted(order[:cut]), sorted(order[cut:])
-        note = f"--split-dev: trained on {len(train_ids)} dev examples (share {train_share}, seed {seed}), " \
-               f"evaluated on the other {len(eval_ids)}"
+        # the training share, not what was trained on: --n may sample it further
+        note = f"--split-dev: the dev set split into {len(train_ids)} training examples (share {train_share}, " \
+               f"seed {seed}) and {len(eval_ids)} held out for evaluation"
         train = TaskData(task, "validation[train-share]", dev.source, [dev.examples[i] for i in train_ids],
                          dev.num_labels, dev.metric, [note])
         evaluation = TaskData(task, "validation[held-out]", dev.source, [dev.examples[i] for i in eval_ids],
@@ -289,8 +290,9 @@ def write_store(bundle, path: Path, meta: dict) -> None:
     is never found by name (analysis.models.resolve_model looks for config.json)."""
     staging = path / ".staging"
     shutil.rmtree(staging, ignore_errors=True)
-    bundle.model.save_pretrained(staging)
-    bundle.tokenizer.save_pretrained(staging)
+    with quiet_transformers():  # no "Writing model shards" bar under attnpat's own
+        bundle.model.save_pretrained(staging)
+        bundle.tokenizer.save_pretrained(staging)
     atomic_write_json(staging / META_FILE, meta)
     files = sorted(staging.iterdir(), key=lambda file: file.name == "config.json")
     for file in files:
@@ -323,19 +325,21 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
     task = task.strip().lower()
     name = name or f"{model_slug(base)}-{task}"
     path = store_path(name)
-    if is_finished(path) and not force:
-        meta = _store_meta(resolve_model(name))
-        return {**meta, "path": str(path), "skipped": True}
-    if force:
-        shutil.rmtree(path, ignore_errors=True)
-    run = RunDir(name, task, runs_dir)
-    with run.record("finetune", store=str(path)) as entry:
-        meta = _train_into_store(base, task, path, recipe, split_dev=split_dev, train_share=train_share,
-                                 n_train=n_train, checkpoint_every=checkpoint_every, progress=progress,
-                                 device=device, allow_hub=allow_hub, on_step=on_step)
-        run.write_table("finetune_eval", eval_table(meta))
-        entry.update(split=meta["split"], recipe=meta["recipe"], metric=meta["metric"],
-                     metric_value=meta["metric_value"], outputs=[str(run.file("finetune_eval.csv"))])
+    # one fine-tune per store name at a time (its checkpoint and staging folder are shared), whatever its task
+    with locked(path.parent / f".{path.name}.lock", f"the model store entry {path}"):
+        if is_finished(path) and not force:
+            meta = _store_meta(resolve_model(name))
+            return {**meta, "path": str(path), "skipped": True}
+        if force:
+            shutil.rmtree(path, ignore_errors=True)
+        run = RunDir(name, task, runs_dir)
+        with run.record("finetune", store=str(path)) as entry:
+            meta = _train_into_store(base, task, path, recipe, split_dev=split_dev, train_share=train_share,
+                                     n_train=n_train, checkpoint_every=checkpoint_every, progress=progress,
+                                     device=device, allow_hub=allow_hub, on_step=on_step)
+            run.write_table("finetune_eval", eval_table(meta))
+            entry.update(split=meta["split"], recipe=meta["recipe"], metric=meta["metric"],
+                         metric_value=meta["metric_value"])
     return meta
 
 

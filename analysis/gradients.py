@@ -170,6 +170,11 @@ def grad_importance(bundle, data: TaskData, run: RunDir, objective: str, *, max_
                     batch_size: int = 8, progress: bool = True, mask_probability: float = 0.15, seed: int = 0):
     """Compute and write grad_importance.csv (layer, target, value) and grad_importance.png/svg."""
     if objective == "task":
+        if data.num_labels is None or any(example.label is None for example in data.examples):
+            # before any work: the MLM loss is not available, and the default task (wiki) has no labels
+            raise AttnpatError(f"'{bundle.name}' has no masked-language-model head, so its gradients are taken on its "
+                               f"task loss, which needs labelled examples; {data.task} has examples without labels: "
+                               "use the labelled task the model was fine-tuned on (e.g. --task sst2)")
         check_head_labels(bundle.name, data.num_labels, int(bundle.model.config.num_labels))
     with run.record("grad_importance", bundle, data, objective=OBJECTIVES[objective], max_length=max_length,
                     mask_probability=mask_probability if objective == "mlm" else None, seed=seed) as entry:
@@ -182,8 +187,7 @@ def grad_importance(bundle, data: TaskData, run: RunDir, objective: str, *, max_
         fig = grad_figure(values, OBJECTIVES[objective])
         run.write_figure("grad_importance", fig)
         close(fig)
-        entry.update(n_truncated=n_truncated,
-                     outputs=["grad_importance.csv", "grad_importance.png", "grad_importance.svg"])
+        entry.update(n_truncated=n_truncated)
     return table
 
 

@@ -10,6 +10,8 @@ import hashlib
 import os
 import re
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -253,43 +255,53 @@ def load_model(
     config = load_config(source)
     kwargs = dict(attn_implementation="eager", output_loading_info=True, **_offline_kwargs(source))
     meta = _store_meta(source)
-    hf_logging.set_verbosity_error()  # "some weights were not initialised" is expected for fresh heads
-    hf_logging.disable_progress_bar()  # a "Loading weights" bar per load is noise; our own bars show progress
     try:
-        if kind == "base":
-            model, info = AutoModel.from_pretrained(source.path, **kwargs)
-        elif kind == "mlm":
-            model, info = AutoModelForMaskedLM.from_pretrained(source.path, **kwargs)
-            if any("predictions" in key or "lm_head" in key for key in info.get("missing_keys", [])):
-                raise AttnpatError(
-                    f"model '{name}' has no masked-language-model head, so the MLM loss is unavailable "
-                    "(use a fine-tuned classifier's task loss instead)"
-                )
-        elif kind == "classifier":
-            if num_labels is not None and getattr(config, "num_labels", None) != num_labels:
-                kwargs["num_labels"] = num_labels
-                kwargs["ignore_mismatched_sizes"] = True
-            model, info = AutoModelForSequenceClassification.from_pretrained(source.path, **kwargs)
-        else:
-            raise AttnpatError(f"unknown model kind {kind!r}")
-        # a config with more layers than the weights hold would fill the rest with random weights, silently
-        untrained = [key for key in info.get("missing_keys", []) if ENCODER_LAYER_KEY.search(key)]
-        if untrained:
-            raise AttnpatError(f"model '{name}': its weights lack {len(untrained)} encoder-layer tensors that its "
-                               f"config asks for (first: {sorted(untrained)[0]}); the config and weights disagree")
-        tokenizer = AutoTokenizer.from_pretrained(source.path, **_offline_kwargs(source))
+        with quiet_transformers():
+            if kind == "base":
+                model, info = AutoModel.from_pretrained(source.path, **kwargs)
+            elif kind == "mlm":
+                model, info = AutoModelForMaskedLM.from_pretrained(source.path, **kwargs)
+                if any("predictions" in key or "lm_head" in key for key in info.get("missing_keys", [])):
+                    raise AttnpatError(
+                        f"model '{name}' has no masked-language-model head, so the MLM loss is unavailable "
+                        "(use a fine-tuned classifier's task loss instead)"
+                    )
+            elif kind == "classifier":
+                if num_labels is not None and getattr(config, "num_labels", None) != num_labels:
+                    kwargs["num_labels"] = num_labels
+                    kwargs["ignore_mismatched_sizes"] = True
+                model, info = AutoModelForSequenceClassification.from_pretrained(source.path, **kwargs)
+            else:
+                raise AttnpatError(f"unknown model kind {kind!r}")
+            # a config with more layers than the weights hold would fill the rest with random weights, silently
+            untrained = [key for key in info.get("missing_keys", []) if ENCODER_LAYER_KEY.search(key)]
+            if untrained:
+                raise AttnpatError(f"model '{name}': its weights lack {len(untrained)} encoder-layer tensors that "
+                                   f"its config asks for (first: {sorted(untrained)[0]}); the config and weights "
+                                   "disagree")
+            tokenizer = AutoTokenizer.from_pretrained(source.path, **_offline_kwargs(source))
     except AttnpatError:
         raise
     except Exception as exc:
         raise AttnpatError(f"could not load model '{name}' ({type(exc).__name__}: {str(exc)[:200]})") from exc
-    finally:
-        hf_logging.set_verbosity_warning()
-        hf_logging.enable_progress_bar()
     if not getattr(tokenizer, "is_fast", False):
         raise AttnpatError(f"model '{name}' has no fast tokenizer; word-level maps need one")
     model.to(device).eval()
     revision = getattr(model.config, "_commit_hash", None) or _weights_fingerprint(source.path)
     return EncoderBundle(name, source, model, tokenizer, device, revision, meta, map_kind)
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' own log lines and bars off for the block: "some weights were not initialised" is expected for
+    fresh heads, and a "Loading weights" or "Writing model shards" bar per call is noise beside attnpat's bars."""
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity_warning()
+        hf_logging.enable_progress_bar()
 
 
 def _read_meta(folder: Path) -> dict:

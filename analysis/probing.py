@@ -123,14 +123,14 @@ def dependency_data(path: str | Path, n: int | None = None) -> tuple[TaskData, l
 
 
 def silver_dependency_data(task: str, split: str = "validation", n: int | None = None,
-                           nlp=None) -> tuple[TaskData, list[DepSentence]]:
+                           nlp=None, text_column: str | None = None) -> tuple[TaskData, list[DepSentence]]:
     """A task's or user file's sentences parsed by the English pipeline (silver parses), as pre-split examples
     plus their parses. Both segments of a pair are parsed; sentences of one word are skipped; ``n`` keeps
-    the first n sentences."""
+    the first n sentences; ``text_column`` names a user file's text column."""
     nlp = nlp or require_pipeline()
     if n is not None and n < 1:
         raise AttnpatError(f"--n must be positive, got {n}")
-    data = load_data(task, split)
+    data = load_data(task, split, text_column=text_column)
     texts = [(f"{example.id}.{segment}", text) for example in data.examples
              for segment, text in enumerate((example.text, example.text_pair)) if text and str(text).strip()]
     sentences: list[DepSentence] = []
@@ -145,7 +145,7 @@ def silver_dependency_data(task: str, split: str = "validation", n: int | None =
         raise AttnpatError(f"{task}: no sentence of two or more words to parse")
     examples = [Example(s.id, " ".join(s.words), words=s.words) for s in sentences]
     return TaskData(data.task, data.split, f"{data.source}, parsed by {PIPELINE_NAME}", examples,
-                    notes=[*data.notes, SILVER_PARSES]), sentences
+                    notes=[*data.notes, SILVER_PARSES], digest=data.digest, columns=data.columns), sentences
 
 
 def predict_heads(word_maps: torch.Tensor, direction: str) -> torch.Tensor:
@@ -276,14 +276,15 @@ def dependency_head_table(scores: DependencyScores, min_count: int = 1, parses: 
 
 def probe_dependency(bundle, source: str | Path, run_root: str | Path | None = None, *, parse: bool = False,
                      split: str = "validation", n: int | None = None, max_length: int = DEFAULT_MAX_LENGTH,
-                     batch_size: int = 32, progress: bool = True, min_count: int = 1):
+                     batch_size: int = 32, progress: bool = True, min_count: int = 1,
+                     text_column: str | None = None):
     """Probe gold trees from a CoNLL-U file (``source`` a path), or with ``parse`` the silver trees of a task
     or user file's sentences (``source`` e.g. "wiki", "sst2", "reviews.jsonl"); write probing_dependency.csv,
     probing_dependency_heads.csv and probing_dependency.png/svg into runs/<model>/<task>/ (a file's
-    folder is <file stem>-<8 hex digits of its sha256>, as for every user file).
-    Returns (table, run directory)."""
+    folder is <file stem>-<8 hex digits of its sha256>, as for every user file; ``text_column`` names its text
+    column). Returns (table, run directory)."""
     if parse:
-        data, sentences = silver_dependency_data(str(source), split, n)
+        data, sentences = silver_dependency_data(str(source), split, n, text_column=text_column)
         parses = SILVER_PARSES
     else:
         data, sentences = dependency_data(source, n)
@@ -303,9 +304,7 @@ def probe_dependency(bundle, source: str | Path, run_root: str | Path | None = N
                            label="accuracy")
         run.write_figure("probing_dependency", fig)
         close(fig)
-        entry.update(**summary, n_sentences=len(sentences),
-                     outputs=["probing_dependency.csv", "probing_dependency_heads.csv", "probing_dependency.png",
-                              "probing_dependency.svg"])
+        entry.update(**summary, n_sentences=len(sentences))
     return table, run
 
 
@@ -485,7 +484,5 @@ def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = N
         run.write_figure("probing_coref", fig)
         close(fig)
         entry.update(n_items=len(items), n_skipped_lines=skipped, n_unscored=unscored,
-                     interval="percentile bootstrap 95% interval over the sentences (ci_low, ci_high)",
-                     outputs=["probing_coref.csv", "probing_coref_baselines.csv", "probing_coref.png",
-                              "probing_coref.svg"])
+                     interval="percentile bootstrap 95% interval over the sentences (ci_low, ci_high)")
     return coref_table(accuracy, baselines, bundle.name), per_head, run

@@ -5,7 +5,10 @@ runs/<model-slug>/<task>/manifest.json, <analysis>.csv (long tables: layer, head
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import logging
 import os
 import platform
 import shlex
@@ -25,6 +28,11 @@ from analysis.errors import AttnpatError, os_error_message
 from analysis.paths import runs_root
 
 PACKAGES = ("torch", "transformers", "numpy", "scikit-learn", "gradio", "label-studio-sdk", "attnpat")
+# Advisory lock files (present only while held): a run folder's .lock guards its read-merge-write updates (the
+# manifest, tables that several modes share); .lock-<analysis> is held while that analysis runs.
+LOCK_FILE = ".lock"
+
+log = logging.getLogger(__name__)
 
 
 def writable_path(path: str | Path) -> Path:
@@ -72,6 +80,67 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 def atomic_write_json(path: str | Path, data) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, default=_json_default) + "\n")
+
+
+@contextmanager
+def locked(path: str | Path, what: str, wait: bool = False) -> Iterator[None]:
+    """Hold an exclusive advisory lock on the file ``path`` for the block; the file exists only while it is held
+    (with the folders made for it, when they are left empty), so a failed command leaves nothing behind. The
+    lock dies with its process, even on SIGKILL (a killed holder leaves an unlocked file that the next one takes).
+
+    wait=False: when another process holds it, one AttnpatError saying that ``what`` is being written by that
+    process (its pid), so a second writer of the same output stops before any work instead of mixing its
+    results with the first one's. wait=True: block until it is free (for short read-merge-write updates).
+    On a file system without locks the block runs unlocked."""
+    path = Path(path)
+    made = [folder for folder in path.parents if not folder.exists()]  # deepest first
+    while True:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held for the block)
+        except FileExistsError as exc:
+            raise AttnpatError(f"cannot write {path}: {exc.filename} is a file, not a folder") from exc
+        except OSError as exc:
+            raise AttnpatError(os_error_message(exc, "cannot lock")) from exc
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip()
+            handle.close()
+            raise AttnpatError(f"{what} is being written by another attnpat process"
+                               f"{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to finish, "
+                               "or write somewhere else") from None
+        except OSError as exc:
+            handle.close()
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise AttnpatError(os_error_message(exc, "cannot lock")) from exc
+            log.warning("no file locks on %s (%s): two writers at once are not detected", path, exc.strerror)
+            try:
+                yield
+            finally:
+                path.unlink(missing_ok=True)
+            return
+        try:  # the holder before us may have removed the file after we opened it: then lock the new one
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        handle.close()
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # while still held: a process that opened it meanwhile sees the change
+        handle.close()
+        for folder in made:
+            try:
+                folder.rmdir()  # only if empty: the block wrote nothing there
+            except OSError:
+                break
 
 
 def read_json(path: str | Path, what: str, remedy: str = "delete it to start over"):
@@ -165,6 +234,7 @@ class RunDir:
         self.path = self.root / model_slug / task
         self.model_slug = model_slug
         self.task = task
+        self._written: list[str] | None = None  # inside record(): the files written so far, for its "outputs"
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -184,10 +254,20 @@ class RunDir:
         return manifest
 
     def write_table(self, name: str, frame) -> Path:
-        return save_table(frame, self.file(f"{name}.csv"))
+        return self._note(save_table(frame, self.file(f"{name}.csv")))
 
     def write_figure(self, name: str, fig) -> list[Path]:
-        return save_figure(fig, self.file(name))
+        return [self._note(path) for path in save_figure(fig, self.file(name))]
+
+    def _note(self, path: Path) -> Path:
+        if self._written is not None:
+            self._written.append(path.name)
+        return path
+
+    def _output_name(self, output) -> str:
+        """A file of this run folder by its name; anything else (e.g. an --out folder elsewhere) as given."""
+        path = Path(output)
+        return path.name if path.parent == self.path or not path.parent.parts else str(output)
 
     def read_table(self, name: str):
         path = self.file(f"{name}.csv")
@@ -197,18 +277,40 @@ class RunDir:
 
     @contextmanager
     def record(self, analysis: str, bundle=None, data=None, **extra) -> Iterator[dict]:
-        """Context manager: yields a dict the analysis fills (n_truncated, outputs, figures...), and writes
-        the manifest entry with timing when the block finishes without error. A run folder that cannot be
-        written is an AttnpatError before the block runs, not after its work."""
+        """Context manager: yields a dict the analysis fills (n_truncated, figures...), and writes the manifest
+        entry with timing when the block finishes without error. Its "outputs" are the files written through
+        write_table / write_figure in the block, plus any the analysis lists itself (a checkpoint, a maps
+        folder). A run folder that cannot be written is an AttnpatError before the block runs, not after its
+        work."""
         writable_path(self.file("manifest.json"))
         self.manifest()  # a damaged manifest is an error now, before the analysis writes its tables
-        started = time.time()
-        entry: dict = {"command": shlex.join(sys.argv), "started": _iso(started), **extra}
-        if data is not None:
-            entry["data"] = data.manifest()
-        yield entry
-        finished = time.time()
-        entry.update(finished=_iso(finished), elapsed_seconds=round(finished - started, 3))
+        # one process per analysis and run folder: a second would overwrite the first one's tables mid-run
+        with locked(self.file(f"{LOCK_FILE}-{analysis}"), f"{analysis} in {self.path}"):
+            started = time.time()
+            entry: dict = {"command": shlex.join(sys.argv), "started": _iso(started), **extra}
+            if data is not None:
+                entry["data"] = data.manifest()
+            self._written = []
+            try:
+                yield entry
+                written = self._written
+            finally:
+                self._written = None
+            listed = [self._output_name(output) for output in entry.get("outputs", [])]
+            entry["outputs"] = list(dict.fromkeys(written + listed))
+            finished = time.time()
+            entry.update(finished=_iso(finished), elapsed_seconds=round(finished - started, 3))
+            with self.updating():
+                self._add_to_manifest(analysis, entry, bundle, finished)
+
+    @contextmanager
+    def updating(self) -> Iterator[None]:
+        """The run folder's short lock, for a read-merge-write of a file that other analyses may update at the
+        same time (the manifest; a table that several modes share)."""
+        with locked(self.file(LOCK_FILE), str(self.path), wait=True):
+            yield
+
+    def _add_to_manifest(self, analysis: str, entry: dict, bundle, finished: float) -> None:
         manifest = self.manifest()
         if bundle is not None:
             manifest["model"] = {"name": bundle.name, "source": bundle.source.kind, "path": bundle.source.path,

@@ -227,14 +227,12 @@ def write_special(bundle, data, run, *, max_length: int = DEFAULT_MAX_LENGTH, ba
         fig = panel_heatmaps({"attention to [CLS]": heads["to_cls"], "attention to [SEP]": heads["to_sep"]},
                              title=f"{bundle.name} on {data.task}: mean attention to special tokens",
                              label="mean attention", cmap="Blues", vmin=0.0, vmax=1.0)
-        figures = run.write_figure("special_tokens", fig)
+        run.write_figure("special_tokens", fig)
         close(fig)
         run.write_table("cls_last_layer", stats["cls_tally"].table())
         run.write_table("linguistic", linguistic_table(heads))
         entry.update(n_truncated=stats["n_truncated"], feature_counts=stats["counts"], unavailable=stats["unavailable"],
-                     tagger=PIPELINE_NAME if tagger is not None else None, negation_words=sorted(NEGATION_WORDS),
-                     outputs=[str(run.file(f"{name}.csv")) for name in ("special_tokens", "cls_last_layer",
-                                                                          "linguistic")] + [str(f) for f in figures])
+                     tagger=PIPELINE_NAME if tagger is not None else None, negation_words=sorted(NEGATION_WORDS))
     # tokens seen once dominate a raw ranking; the printed summary keeps the ones that recur
     stats["top_cls_tokens"] = stats["cls_tally"].table(min_count=min_count).head(top)
     return stats

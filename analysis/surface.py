@@ -160,9 +160,7 @@ def surface_statistics(bundle, data: TaskData, run: RunDir, max_length: int = DE
             run.write_figure(name, fig)
             close(fig)
         entry.update(n_truncated=n_truncated, uniform_entropy=uniform,
-                     label_counts={label: int((labels == label).sum()) for label in (*HEAD_LABELS, OTHER_LABEL)},
-                     outputs=["surface.csv", "head_labels.csv", "surface.png", "surface.svg",
-                              "surface_entropy.png", "surface_entropy.svg"])
+                     label_counts={label: int((labels == label).sum()) for label in (*HEAD_LABELS, OTHER_LABEL)})
     return table
 
 

@@ -399,7 +399,9 @@ def run_sweep(bundle, data, variants: Sequence[Variant], mode: str, store: Sweep
     """
     labels = task_labels(data)
     metric = metric_name(data.metric or data.task)
-    done = {name: record for name, record in store.results().items() if "predictions" in record}
+    # a record of another example count (a store mixed by an older attnpat) is computed again, not stacked
+    done = {name: record for name, record in store.results().items()
+            if len(record.get("predictions", ())) == len(labels)}
 
     def persist(name: str, logits: torch.Tensor) -> None:
         predicted = predictions(logits)
@@ -632,8 +634,9 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
             columns = {f"{mode}_delta": deltas, f"{mode}_metric": absolute,
                        **{f"{mode}_{'delta_' if name.startswith('ci') else ''}{name}": values.reshape(L, H)
                           for name, values in stats.items()}}
-            old = _read_optional(run, "disable_heads")
-            run.write_table("disable_heads", merge_mode_rows(old, long_table(columns), "metric", list(columns)))
+            with run.updating():  # the other mode's rows may be merged in at the same time
+                old = _read_optional(run, "disable_heads")
+                run.write_table("disable_heads", merge_mode_rows(old, long_table(columns), "metric", list(columns)))
             fig = head_delta_figure(deltas, mode=mode, metric=metric, baseline=metrics[BASELINE], task=data.task,
                                     model=bundle.name, significant=stats["p_holm"].reshape(L, H) < ALPHA)
             summary["outputs"] += [str(p) for p in run.write_figure("disable_heads", fig)]
@@ -647,8 +650,9 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
             new = pd.DataFrame({"layer": np.arange(L), "mode": mode, "metric": deltas + metrics[BASELINE],
                                 "delta": deltas, **stats})
             summary["significant"]["layers"] = significant_effects([(layer,) for layer in range(L)], deltas, stats)
-            table = merge_mode_rows(_read_optional(run, "disable_layers"), new, "mode", [mode])
-            run.write_table("disable_layers", table)
+            with run.updating():
+                table = merge_mode_rows(_read_optional(run, "disable_layers"), new, "mode", [mode])
+                run.write_table("disable_layers", table)
             baselines = {m: float((rows["metric"] - rows["delta"]).iloc[0]) for m, rows in table.groupby("mode")}
             fig = layer_delta_figure(table, metric=metric, baseline=baselines, task=data.task, model=bundle.name)
             summary["outputs"] += [str(p) for p in run.write_figure("disable_layers", fig)]

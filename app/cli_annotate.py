@@ -7,6 +7,7 @@ import typer
 
 from analysis.errors import AttnpatError
 from analysis.paths import annotation_root
+from analysis.rundir import locked
 from annotation.dataset import merge_labeled_sets, next_version
 from annotation.sample import ensure_sample
 from annotation.server import credentials_file, invite_link, load_credentials, resolve_credentials
@@ -110,13 +111,15 @@ def push(model: str = opt.Model, count: int = typer.Option(480, "--count", help=
 
     panel = PanelSettings(annotators, blind)  # checked before anything is sampled
     credentials = _credentials(url, token)
-    folder = ensure_sample(_samples_dir(), model, count, [t.strip() for t in tasks.split(",") if t.strip()], seed,
-                           sample, max_length, log=typer.echo, stratify_by=stratify_by,
-                           class_shares=class_shares, exclude=exclude, maps=maps,
-                           predict=pattern_predictor(stratify_by) if stratify_by else None,
-                           # a server that is down or a wrong token is found before any map is drawn
-                           before_drawing=lambda: connect(credentials))
-    report = push_tasks(credentials, folder, project, _state_file(), log=typer.echo, panel=panel)
+    # one push per workspace at a time: two would draw into one sample folder and create a project twice
+    with locked(annotation_root() / ".push.lock", f"annotate push in {annotation_root()}"):
+        folder = ensure_sample(_samples_dir(), model, count, [t.strip() for t in tasks.split(",") if t.strip()],
+                               seed, sample, max_length, log=typer.echo, stratify_by=stratify_by,
+                               class_shares=class_shares, exclude=exclude, maps=maps,
+                               predict=pattern_predictor(stratify_by) if stratify_by else None,
+                               # a server that is down or a wrong token is found before any map is drawn
+                               before_drawing=lambda: connect(credentials))
+        report = push_tasks(credentials, folder, project, _state_file(), log=typer.echo, panel=panel)
     typer.echo(f"project {report.project_id} ({'created' if report.created_project else 'reused'}): "
                f"{report.pushed} new tasks, {report.already_there} already there, {report.total} in the sample; "
                f"open {credentials.url}/projects/{report.project_id}")

@@ -117,15 +117,18 @@ def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U fi
               model: str = opt.Model, n: opt.OptionalInt = opt.n_option(None, "first N sentences"),
               split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
               min_count: int = typer.Option(1, "--min-count", min=1, help="list relations seen at least this often"),
+              text_column: opt.OptionalStr = opt.TextColumn,
               runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Which head finds each word's syntactic head? Best head per relation vs offset baselines (Clark Table 1)."""
     if (conllu_file is None) == (parse is None):
         raise AttnpatError("give a CoNLL-U file (gold parses) or --parse TASK (silver parses), not both or neither")
+    if text_column is not None and parse is None:
+        raise AttnpatError("--text-column names a data file's column for --parse; a CoNLL-U file has none")
     source = parse if parse is not None else conllu_file
     bundle = load_model(model)
     table, run = probe_dependency(bundle, source, runs_dir, parse=parse is not None, split=split, n=n,
                                   max_length=max_length, batch_size=batch_size, progress=not quiet,
-                                  min_count=min_count)
+                                  min_count=min_count, text_column=text_column)
     entry = run.manifest()["analyses"]["probing_dependency"]
     typer.echo(f"{bundle.name} on {run.task} ({entry['n_sentences']} sentences, {entry['parses']}); "
                "heads layer-head, 0-indexed")

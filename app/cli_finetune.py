@@ -20,7 +20,12 @@ def register(app: typer.Typer) -> None:
     app.command("special")(special)
 
 
-def finetune(model: str = opt.Model, task: str = opt.Task,
+GlueTask = typer.Option("sst2", "--task", "-t",
+                        help=f"a GLUE task: {', '.join(ft.GLUE_TASKS)} (offline: sst2, and mrpc and rte with "
+                             "--split-dev; the others from the hub)")
+
+
+def finetune(model: str = opt.Model, task: str = GlueTask,
              name: str | None = typer.Option(None, "--name", help="model-store name (default: <model>-<task>)"),
              learning_rate: float = typer.Option(2e-5, "--lr", help="peak learning rate"),
              batch_size: int = opt.batch_size_option(32, "training batch size"),

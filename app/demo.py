@@ -21,7 +21,7 @@ import pandas as pd
 
 from analysis.errors import AttnpatError
 from analysis.paths import model_store, repo_root, runs_root
-from analysis.rundir import atomic_write_json
+from analysis.rundir import atomic_write_json, locked
 
 BASE = "minilm"
 TASK = "sst2"
@@ -189,29 +189,32 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
     packages = {name: _version(name) for name in INPUT_PACKAGES}
     extra = ["--runs-dir", str(root)] + (["-q"] if quiet else [])
     records, started = [], time.time()
-    for number, step in enumerate(steps, 1):
-        state = read_state(root)
-        fingerprint = step_fingerprint(step, packages)
-        echo(f"\n[{number}/{len(steps)}] {step.title}\n$ {step.command}")
-        if not force and state.get(step.command) == fingerprint and outputs_exist(step, root):
-            echo(f"[{number}/{len(steps)}] skipped: outputs exist and inputs are unchanged (--force reruns it); "
-                 f"total {duration(time.time() - started)}")
-            records.append({"title": step.title, "command": step.command, "status": "skipped", "seconds": 0.0})
-            continue
-        step_started = time.time()
-        argv = list(step.argv)
-        if step.verb == "finetune" and (model_store() / sizes.name / "config.json").is_file() and (
-                force or not outputs_exist(step, root)):
-            argv.append("--force")  # a finished model whose run record is gone (or --force): train it again
-        code = run_command(argv + extra)
-        if code != 0:
-            raise AttnpatError(f"demo step `{step.command}` failed (exit {code}); see the message above")
-        seconds = time.time() - step_started
-        state = read_state(root)
-        state[step.command] = step_fingerprint(step, packages)  # a fine-tune changes its model's fingerprint
-        atomic_write_json(root / STATE_FILE, state)
-        echo(f"[{number}/{len(steps)}] done in {duration(seconds)}; total {duration(time.time() - started)}")
-        records.append({"title": step.title, "command": step.command, "status": "run", "seconds": round(seconds, 1)})
+    # one demo per runs folder: two would share its state file and run the same steps into the same folders
+    with locked(root / ".demo.lock", f"the demo in {root}"):
+        for number, step in enumerate(steps, 1):
+            state = read_state(root)
+            fingerprint = step_fingerprint(step, packages)
+            echo(f"\n[{number}/{len(steps)}] {step.title}\n$ {step.command}")
+            if not force and state.get(step.command) == fingerprint and outputs_exist(step, root):
+                echo(f"[{number}/{len(steps)}] skipped: outputs exist and inputs are unchanged (--force reruns it); "
+                     f"total {duration(time.time() - started)}")
+                records.append({"title": step.title, "command": step.command, "status": "skipped", "seconds": 0.0})
+                continue
+            step_started = time.time()
+            argv = list(step.argv)
+            if step.verb == "finetune" and (model_store() / sizes.name / "config.json").is_file() and (
+                    force or not outputs_exist(step, root)):
+                argv.append("--force")  # a finished model whose run record is gone (or --force): train it again
+            code = run_command(argv + extra)
+            if code != 0:
+                raise AttnpatError(f"demo step `{step.command}` failed (exit {code}); see the message above")
+            seconds = time.time() - step_started
+            state = read_state(root)
+            state[step.command] = step_fingerprint(step, packages)  # a fine-tune changes its model's fingerprint
+            atomic_write_json(root / STATE_FILE, state)
+            echo(f"[{number}/{len(steps)}] done in {duration(seconds)}; total {duration(time.time() - started)}")
+            records.append({"title": step.title, "command": step.command, "status": "run",
+                            "seconds": round(seconds, 1)})
     return records
 
 

@@ -1,4 +1,5 @@
-"""Run every benchmark in bench/ one after another (each prints its own figures and targets).
+"""Run every benchmark in bench/ (the bench_*.py scripts) one after another; each prints its own figures and
+targets. bench/recipe_sweep.py, a training-recipe sweep of an hour or more, runs only on its own.
 
     .venv/bin/python bench/run_all.py            # what `make bench` runs
     .venv/bin/python bench/run_all.py sweeps     # only bench_sweeps.py
@@ -15,6 +16,14 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     here = Path(__file__).resolve().parent
     scripts = sorted(here.glob("bench_*.py"))
+    names = [script.stem.removeprefix("bench_") for script in scripts]
+    if argv in (["-h"], ["--help"]):
+        print(__doc__.strip() + f"\n\nbenchmarks: {', '.join(names)}")
+        return 0
+    unknown = [name for name in argv if name not in names]
+    if unknown:  # a typo would otherwise run nothing and exit 0
+        print(f"error: unknown benchmark {', '.join(unknown)} (benchmarks: {', '.join(names)})", file=sys.stderr)
+        return 2
     if argv:
         scripts = [s for s in scripts if s.stem.removeprefix("bench_") in argv]
     failed = []

@@ -287,7 +287,7 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
             panel = panel_score_quantiles(labeled.labels, predicted, panel_size, n_boot=n_boot, seed=seed)
             files.append(run.write_table("evaluation_panel_size", panel))
         found = scores[scores["class"] == ""].set_index("metric").value
-        entry.update(outputs=[path.name for path in files], n_maps=len(labeled), macro_f1=float(found.macro_f1),
+        entry.update(n_maps=len(labeled), macro_f1=float(found.macro_f1),
                      accuracy=float(found.accuracy), maps_in_training=overlap.in_training,
                      training_set=overlap.training_set,
                      vs_baselines=comparison_record(comparison), panel_size=panel_size)

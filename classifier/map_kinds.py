@@ -102,8 +102,7 @@ def compare_map_kinds(bundle, data: TaskData, classifier: PatternClassifier, *, 
         fig = map_kinds_figure(table, kinds, f"{bundle.name} on {data.task}: {' vs '.join(kinds)} maps")
         run.write_figure(TABLE, fig)
         close(fig)
-        entry.update(outputs=[f"{TABLE}.csv", f"{TABLE}.png", f"{TABLE}.svg"],
-                     run_folders={kind: str(RunDir(with_map_kind(bundle, kind).slug, data.task, root).path)
+        entry.update(run_folders={kind: str(RunDir(with_map_kind(bundle, kind).slug, data.task, root).path)
                                   for kind in kinds})
     return table
 

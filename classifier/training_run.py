@@ -148,7 +148,6 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
                                 "synthetic task only; retrain on a labeled set with: "
                                 "attnpat train --data <labeled set>")
         path = save_checkpoint(final.model, out, metadata)
-        entry.update(outputs=["cv_scores.csv", "cv_confusion.csv", "cv_confusion.png", "cv_predictions.csv",
-                              "cv_vs_baselines.csv", str(path)],
-                     cnn_macro_f1=cnn["macro_f1"])
+        # the checkpoint is saved beside the tables, not through the run folder's writers
+        entry.update(outputs=[str(path), str(path.with_suffix(".json"))], cnn_macro_f1=cnn["macro_f1"])
     return TrainingReport(wide_summary(score_frame), comparison)

@@ -115,8 +115,7 @@ def write_transitions(base, finetuned, data, run, classifier: PatternClassifier,
         run.write_table(TABLE, transition_table(counts))
         fig = transition_figure(counts, f"{base.name} -> {finetuned.name} on {data.task}: pattern class of each "
                                 f"head's map ({len(data.examples)} examples)")
-        figures = run.write_figure(TABLE, fig)
+        run.write_figure(TABLE, fig)
         close(fig)
-        entry.update(n_maps=int(counts.sum()), unchanged=float(np.trace(counts) / max(int(counts.sum()), 1)),
-                     outputs=[str(run.file(f"{TABLE}.csv"))] + [str(path) for path in figures])
+        entry.update(n_maps=int(counts.sum()), unchanged=float(np.trace(counts) / max(int(counts.sum()), 1)))
     return counts

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from analysis.errors import AttnpatError
+from analysis.rundir import locked
 from app import demo
 
 
@@ -99,3 +100,14 @@ def test_full_sizes_cover_the_issue(workspace):
             "surface", "cluster", "probe-coref"} <= set(steps)
     assert int(steps["disable"].argv[steps["disable"].argv.index("--n") + 1]) >= 400
     assert steps["compare"].argv[-2:] == ("--mode", "both") and "--parse" in steps["probe-dep"].argv
+
+
+def test_a_second_demo_on_the_same_runs_folder_stops_before_any_step(workspace):
+    runs = workspace / "runs"
+    fake = FakeCommands(runs, demo.QUICK)
+    with locked(runs / ".demo.lock", "held"):  # stands for a demo running in another process
+        with pytest.raises(AttnpatError, match=f"the demo in {runs} is being written by another attnpat process"):
+            demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
+    assert fake.calls == [] and not (runs / demo.STATE_FILE).exists()
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
+    assert fake.calls and not (runs / ".demo.lock").exists()

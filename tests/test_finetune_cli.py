@@ -22,8 +22,11 @@ def test_finetune_compare_special_verbs(workspace, capsys):
     args = ["finetune", "--model", base, "--task", "rte", "--split-dev", "--train-share", "0.2", "--n", "24",
             "--epochs", "1", "--batch-size", "8", "--lr", "1e-3", "--name", "tiny-rte", "-q"]
     assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "--split-dev: trained on" in out and "saved as 'tiny-rte'" in out
+    out, err = capsys.readouterr()
+    # the split's share (55 of RTE's 277) and what --n trained on (24) are told apart
+    assert "24 train examples" in out and "--split-dev: the dev set split into 55 training examples" in out
+    assert "saved as 'tiny-rte'" in out
+    assert "Writing model shards" not in err and "Loading weights" not in err  # -q: no bar but attnpat's own
     meta = json.loads((workspace / "models" / "tiny-rte" / "attnpat.json").read_text())
     assert meta["split"]["train_share"] == 0.2 and meta["steps"] == 3 and meta["base_model"] == base
     evaluation = pd.read_csv(workspace / "runs" / "tiny-rte" / "rte" / "finetune_eval.csv")

@@ -7,6 +7,7 @@ import json
 import shlex
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -19,9 +20,9 @@ from gradio_client import Client
 from analysis.data import ALL_TASKS, load_data, load_file
 from analysis.errors import AttnpatError, os_error_message
 from analysis.mapstore import read_maps, read_single_maps, write_single_maps
-from analysis.models import load_model
+from analysis.models import load_model, model_slug
 from analysis.patterns import CLASSES
-from analysis.rundir import RunDir, atomic_write_text
+from analysis.rundir import RunDir, atomic_write_text, locked
 from annotation import labelstudio as ls
 from annotation import server
 from annotation.dataset import load_labeled_set
@@ -817,3 +818,76 @@ def test_an_unknown_host_is_named_before_the_app_loads_anything(tmp_path, monkey
     monkeypatch.setattr(app.webapp, "build_app", must_not_run)
     with pytest.raises(AttnpatError, match="--host 999.1.1.1 is not a host name or address"):
         launch("999.1.1.1", free_port(), tmp_path, block=False, warm=True)
+
+
+# ------------------------------------------------------------------ found by checking the docs' commands
+
+def test_grad_importance_on_unlabelled_text_says_which_task_to_use(tmp_path, capsys, tiny_model):
+    """A model without an MLM head takes its gradients on its task loss; the default task (wiki) has no labels."""
+    runs = tmp_path / "runs"
+    code, _, err, errors = run_cli(["grad-importance", "--model", tiny_model, "--n", "4", "--runs-dir", runs, "-q"],
+                                   capsys)
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert "no masked-language-model head" in errors[0] and "wiki has examples without labels" in errors[0]
+    assert "--task sst2" in errors[0] and not runs.exists()
+    code, _, err, _ = run_cli(["grad-importance", "--model", tiny_model, "--task", "sst2", "--n", "4",
+                               "--runs-dir", runs, "-q"], capsys)
+    assert code == 0 and len(list(runs.glob("*/sst2/grad_importance.csv"))) == 1, err
+
+
+def test_probe_dep_parse_takes_a_files_text_column(tmp_path, capsys, tiny_model):
+    (tmp_path / "r.tsv").write_text("Review\tStars\nthe film was great fun\tgood\na dull and slow story\tbad\n")
+    runs = tmp_path / "runs"
+    code, _, err, _ = run_cli(["probe-dep", "--parse", tmp_path / "r.tsv", "--text-column", "review", "--model",
+                               tiny_model, "--runs-dir", runs, "-q"], capsys)
+    assert code == 0, err
+    (manifest,) = runs.glob("*/r-*/manifest.json")
+    data = json.loads(manifest.read_text())["analyses"]["probing_dependency"]["data"]
+    assert data["columns"] == {"text": "Review"} and len(data["sha256"]) == 64
+    code, _, err, errors = run_cli(["probe-dep", tmp_path / "gold.conllu", "--text-column", "review", "--model",
+                                    tiny_model, "--runs-dir", tmp_path / "other", "-q"], capsys)
+    assert code == 2 and "a CoNLL-U file has none" in errors[0] and not (tmp_path / "other").exists()
+
+
+def test_the_benchmark_runner_refuses_an_unknown_name_instead_of_running_nothing():
+    runner = Path(__file__).resolve().parent.parent / "bench" / "run_all.py"
+    typo = subprocess.run([sys.executable, runner, "sweps"], capture_output=True, text=True, timeout=60)
+    assert typo.returncode == 2 and "unknown benchmark sweps" in typo.stderr and "sweeps" in typo.stderr
+    assert "===" not in typo.stdout  # nothing ran
+    usage = subprocess.run([sys.executable, runner, "--help"], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0 and "benchmarks: classify" in usage.stdout and "===" not in usage.stdout
+
+
+# ------------------------------------------------------------------ two writers at once (found by a probing helper)
+
+def test_a_second_writer_of_a_maps_folder_or_a_store_model_stops_before_any_work(tmp_path, capsys, tiny_model,
+                                                                                 monkeypatch):
+    """Held locks stand for another process running: flock locks belong to an open file, so this process's own
+    lock blocks a second open of it as another process's would."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    maps = tmp_path / "maps"
+    with locked(maps / ".lock", "held"):
+        code, _, err, errors = run_cli(["extract", "--model", tiny_model, "--task", "sst2", "--n", "2", "--out", maps,
+                                        "--runs-dir", tmp_path / "runs", "-q"], capsys)
+        assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
+        assert f"the maps folder {maps} is being written by another attnpat process" in errors[0]
+        assert sorted(path.name for path in maps.iterdir()) == [".lock"]  # no index, no shard
+    with locked(tmp_path / "models" / ".tiny-rte.lock", "held"):
+        code, _, err, errors = run_cli(["finetune", "--model", tiny_model, "--task", "rte", "--split-dev", "--n", "4",
+                                        "--epochs", "1", "--name", "tiny-rte", "-q"], capsys)
+        assert code == 2 and "the model store entry" in errors[0] and "another attnpat process" in errors[0], err
+        assert not (tmp_path / "models" / "tiny-rte").exists()
+    run = RunDir(model_slug(str(tiny_model)), "sst2", tmp_path / "runs")
+    with locked(run.file(".lock-overview"), "held"):  # the lock RunDir.record takes for `overview`
+        code, _, err, errors = run_cli(["overview", "--model", tiny_model, "--task", "sst2", "--n", "2",
+                                        "--runs-dir", tmp_path / "runs", "-q"], capsys)
+        assert code == 2 and "overview in" in errors[0] and "another attnpat process" in errors[0], err
+    with locked(tmp_path / "workspace" / "annotation" / ".push.lock", "held"):
+        code, _, err, errors = run_cli(["annotate", "push", "--url", "http://127.0.0.1:9", "--token", "t", "--count",
+                                        "4", "--tasks", "sst2"], capsys)
+        assert code == 2 and "annotate push in" in errors[0] and "another attnpat process" in errors[0], err
+        assert not (tmp_path / "workspace" / "annotation" / "samples").exists()
+    # free again: both run, and no lock file is left
+    assert run_cli(["extract", "--model", tiny_model, "--task", "sst2", "--n", "2", "--out", maps,
+                    "--runs-dir", tmp_path / "runs", "-q"], capsys)[0] == 0
+    assert not list(tmp_path.rglob(".lock*"))

@@ -1,13 +1,24 @@
 """Run directories: atomic writes, accumulating manifests, long tables; the saved-map format."""
 import json
+import multiprocessing
 import os
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analysis.errors import AttnpatError
+from analysis.figures import close, head_heatmap
 from analysis.mapstore import SavedMap, read_shard, write_shard
-from analysis.rundir import RunDir, atomic_write, list_runs, long_table, table_to_array, writable_path
+from analysis.rundir import (
+    RunDir,
+    atomic_write,
+    list_runs,
+    locked,
+    long_table,
+    table_to_array,
+    writable_path,
+)
 
 
 def test_atomic_write_leaves_nothing_when_the_writer_fails(tmp_path):
@@ -63,6 +74,74 @@ def test_manifest_accumulates_analyses_and_skips_failed_ones(tmp_path):
     assert manifest["analyses"]["first"]["outputs"] == ["a.csv"] and "numpy" in manifest["packages"]
     assert [r["task"] for r in list_runs(tmp_path)] == ["sst2"]
 
+
+
+def test_a_records_outputs_are_the_files_written_through_the_run_folder(tmp_path):
+    run = RunDir("m", "sst2", tmp_path)
+    run.write_table("before", pd.DataFrame({"a": [1]}))  # outside any record: belongs to none
+    with run.record("analysis") as entry:
+        run.write_table("scores", pd.DataFrame({"a": [1]}))
+        fig = head_heatmap(np.zeros((2, 3)), title="scores")
+        run.write_figure("scores", fig)
+        close(fig)
+        entry["outputs"] = [str(run.file("scores.csv")), str(tmp_path / "elsewhere" / "maps")]
+    with run.record("nothing"):
+        pass
+    analyses = json.loads(run.file("manifest.json").read_text())["analyses"]
+    assert analyses["analysis"]["outputs"] == ["scores.csv", "scores.png", "scores.svg",
+                                               str(tmp_path / "elsewhere" / "maps")]
+    assert analyses["nothing"]["outputs"] == []
+
+
+def test_a_second_writer_is_refused_while_the_lock_is_held_and_nothing_is_left_after(tmp_path):
+    path = tmp_path / "new" / "folder" / ".lock-x"
+    with locked(path, "x in the folder"):
+        assert path.read_text().strip() == str(os.getpid())
+        # flock locks belong to an open file, so a second open in this process stands for a second process
+        with pytest.raises(AttnpatError, match=rf"^x in the folder is being written by another attnpat process "
+                                               rf"\(pid {os.getpid()}\); wait for it to finish"):
+            with locked(path, "x in the folder"):
+                raise AssertionError("two writers held the lock")
+        with locked(tmp_path / "new" / "folder" / ".lock-y", "y"):  # another lock file is another lock
+            pass
+    assert not (tmp_path / "new").exists()  # the lock file, and the folders made for it
+    with locked(path, "x"):  # free again
+        (tmp_path / "new" / "folder" / "table.csv").write_text("kept")
+    assert sorted(p.name for p in (tmp_path / "new" / "folder").iterdir()) == ["table.csv"]
+
+
+def test_one_process_per_analysis_and_run_folder(tmp_path):
+    run = RunDir("m", "sst2", tmp_path)
+    with run.record("classify"):
+        with pytest.raises(AttnpatError, match=r"classify in .*m/sst2 is being written by another attnpat process"):
+            with RunDir("m", "sst2", tmp_path).record("classify"):
+                raise AssertionError("two classify runs wrote one folder")
+        with RunDir("m", "sst2", tmp_path).record("overview"):  # another analysis of the same folder may run
+            pass
+    assert set(json.loads(run.file("manifest.json").read_text())["analyses"]) == {"classify", "overview"}
+    with pytest.raises(ValueError), RunDir("m", "rte", tmp_path).record("overview"):
+        raise ValueError("bad input found inside the analysis")
+    assert not (tmp_path / "m" / "rte").exists()  # a failed analysis leaves no folder behind
+
+
+def _record_many(root: str, who: str, count: int) -> None:
+    for i in range(count):
+        with RunDir("m", "sst2", root).record(f"{who}-{i}"):
+            pass
+
+
+def test_concurrent_analyses_never_lose_each_others_manifest_entries(tmp_path):
+    """The manifest is read, merged and written under the run folder's lock (before, the later writer dropped
+    the entry the earlier one had just added)."""
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_record_many, args=(str(tmp_path), who, 25)) for who in ("a", "b", "c")]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert [worker.exitcode for worker in workers] == [0, 0, 0]
+    analyses = json.loads((tmp_path / "m" / "sst2" / "manifest.json").read_text())["analyses"]
+    assert len(analyses) == 75 and not list((tmp_path / "m" / "sst2").glob(".lock*"))
 
 def test_saved_maps_round_trip_any_lengths(tmp_path):
     rng = np.random.default_rng(0)

@@ -198,6 +198,22 @@ def test_changed_configuration_discards_stored_results(tmp_path):
     assert other.discarded == 4 and other.results() == {}
 
 
+
+def test_records_of_another_example_count_are_recomputed_not_stacked(tmp_path):
+    """A store mixed by two sweeps of different --n (an older attnpat ran them at once) repairs itself."""
+    bundle = make_bundle()
+    data = tiny_data()
+    variants = layer_variants(3, 4)
+    fingerprint = sweep_fingerprint(bundle, data, "zero", "layer", 128)
+    clean = run_sweep(bundle, data, variants, "zero", SweepStore(tmp_path / "clean", fingerprint), batch_size=4)
+    store = SweepStore(tmp_path / "mixed", fingerprint)
+    store.save(variants[0].name, {"metric": 0.0, "metric_name": "accuracy", "n": 3, "predictions": [0, 1, 0]})
+    recomputed = []
+    mixed = run_sweep(bundle, data, variants, "zero", store, batch_size=4,
+                      on_variant=lambda name, value: recomputed.append(name))
+    assert mixed == clean and variants[0].name in recomputed
+    assert store.predictions([variant.name for variant in variants]).shape == (len(data.examples), len(variants))
+
 def test_sweep_metrics_match_predictions_of_the_naive_loop(tmp_path):
     bundle = make_bundle(seed=3)
     data = tiny_data(20)

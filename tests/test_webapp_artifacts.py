@@ -2,6 +2,8 @@
 command the CLI accepts, and the app builds its run tabs from it."""
 from __future__ import annotations
 
+import json
+import re
 import shlex
 from pathlib import Path
 
@@ -51,6 +53,36 @@ def test_tabs_show_each_registered_artifact_once():
                                                for paper in ("Kovaleva", "Clark", "Michel"))
 
 
+def header_pattern(columns: str) -> re.Pattern:
+    """The CSV header an artifact's ``columns`` text describes: names separated by ", " before a two-space note,
+    each name's own "(...)" a note; "[name]" optional; "<x>" any one name; "<x>..." or "p_<class>" one or more."""
+    items, depth, current = [], 0, ""
+    for char in columns.split("  (")[0]:
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            items, current = items + [current], ""
+        else:
+            current += char
+    pattern = ""
+    for item in (part.strip() for part in items + [current]):
+        name = re.sub(r"\s*\(.*\)$", "", item)
+        optional, name = name.startswith("["), name.strip("[]")
+        repeated, name = name.endswith("...") or "<class>" in name, name.removesuffix("...")
+        one = re.sub(r"<[^>]+>", "[^,]+", re.escape(name).replace("\\<", "<").replace("\\>", ">"))
+        one = f"{one}(?:,{one})*" if repeated else one
+        one = f",{one}" if pattern else one
+        pattern += f"(?:{one})?" if optional else one
+    return re.compile(pattern + r"\Z")
+
+
+def test_header_patterns_read_the_registry_notation():
+    assert header_pattern("layer, head, metric (a|b), value").match("layer,head,metric,value")
+    assert not header_pattern("layer, head, metric (a|b), value").match("layer,head,metric,value,extra")
+    cv = header_pattern("map_id, label, [agreed], <model>... (note, with comma), p_<class>  (trailing note)")
+    assert cv.match("map_id,label,cnn,rules,p_a,p_b") and cv.match("map_id,label,agreed,cnn,p_a")
+    assert not cv.match("map_id,label") and not cv.match("label,map_id,cnn,p_a")
+
+
 def test_listed_matches_files_and_patterns():
     assert listed("cosine.png") and listed("surface_entropy.svg") and listed("manifest.json")
     assert listed(".sweep-zero-layer") and listed("classifier.json") and listed("maps")
@@ -84,7 +116,7 @@ def test_every_file_the_analyses_write_on_a_tiny_model_is_registered(tmp_path, m
         ["compare", "--base", model, "--finetuned", "tiny-rte", "--task", "rte", "--n", "4", *common],
         ["train", "--data", "synthetic:4", "--folds", "2", "--epochs", "1", "--no-baselines", "--pool", "0",
          *common],
-        ["evaluate", "--data", str(save_tiny_labeled_set(tmp_path / "labeled", 2)),
+        ["evaluate", "--data", str(save_tiny_labeled_set(tmp_path / "labeled", 2)), "--panel-size", "4",
          "--classifier", str(tmp_path / "runs" / "classifier" / "synthetic-4" / "classifier.safetensors"), *common],
     ]
     for argv in runs:
@@ -97,3 +129,19 @@ def test_every_file_the_analyses_write_on_a_tiny_model_is_registered(tmp_path, m
     for entry in ARTIFACTS:
         if entry.tab is not None:
             assert set(entry.files()) <= written, entry.stem
+    # every table's header is the registry's column list
+    for entry in ARTIFACTS:
+        if entry.table and entry.kind == "file":
+            tables = list((tmp_path / "runs").glob(f"*/*/{entry.stem}.csv"))
+            assert tables, entry.stem
+            for table in tables:
+                header = table.read_text(encoding="utf-8").splitlines()[0]
+                assert header_pattern(entry.columns).match(header), (entry.stem, header, entry.columns)
+    # each run folder's manifest names every file its analyses wrote there, and only files that exist
+    for manifest_path in (tmp_path / "runs").glob("*/*/manifest.json"):
+        folder = manifest_path.parent
+        named = {output for record in json.loads(manifest_path.read_text())["analyses"].values()
+                 for output in record["outputs"]}
+        assert all((folder / name).exists() for name in named if "/" not in name), folder
+        files = {path.name for path in folder.iterdir() if path.is_file() and path.name != "manifest.json"}
+        assert files <= named, (folder, sorted(files - named))
