@@ -27,7 +27,7 @@ def extract_maps(bundle, data: TaskData, out_dir: str | Path, *, max_length: int
     """
     out_dir = Path(out_dir)
     # one writer per maps folder, whichever run folder records it (--out may be shared)
-    with locked(out_dir / ".lock", f"the maps folder {out_dir}"):
+    with locked(out_dir / ".maps.lock", f"the maps folder {out_dir}"):  # not .lock: --out may be a run folder
         return _extract_maps(bundle, data, out_dir, max_length=max_length, batch_size=batch_size,
                              shard_size=shard_size, progress=progress, cluster=cluster)
 

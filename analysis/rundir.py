@@ -84,9 +84,9 @@ def atomic_write_json(path: str | Path, data) -> Path:
 
 @contextmanager
 def locked(path: str | Path, what: str, wait: bool = False) -> Iterator[None]:
-    """Hold an exclusive advisory lock on the file ``path`` for the block; the file exists only while it is held
-    (with the folders made for it, when they are left empty), so a failed command leaves nothing behind. The
-    lock dies with its process, even on SIGKILL (a killed holder leaves an unlocked file that the next one takes).
+    """Hold an exclusive advisory lock on the file ``path`` for the block. The file is removed when the block ends
+    (with the folders made for it, when they are left empty), so a failed command leaves nothing behind. The lock
+    dies with its process: a holder killed by SIGKILL leaves an unlocked file that the next process takes.
 
     wait=False: when another process holds it, one AttnpatError saying that ``what`` is being written by that
     process (its pid), so a second writer of the same output stops before any work instead of mixing its
@@ -94,12 +94,18 @@ def locked(path: str | Path, what: str, wait: bool = False) -> Iterator[None]:
     On a file system without locks the block runs unlocked."""
     path = Path(path)
     made = [folder for folder in path.parents if not folder.exists()]  # deepest first
+    attempts = 0
     while True:
+        attempts += 1
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held for the block)
         except FileExistsError as exc:
             raise AttnpatError(f"cannot write {path}: {exc.filename} is a file, not a folder") from exc
+        except FileNotFoundError as exc:
+            if attempts < 10:  # another holder removed the folder, left empty, between our mkdir and open
+                continue
+            raise AttnpatError(os_error_message(exc, "cannot lock")) from exc
         except OSError as exc:
             raise AttnpatError(os_error_message(exc, "cannot lock")) from exc
         try:
@@ -260,14 +266,15 @@ class RunDir:
         return [self._note(path) for path in save_figure(fig, self.file(name))]
 
     def _note(self, path: Path) -> Path:
-        if self._written is not None:
+        if self._written is not None:  # the innermost record's (an outer one's outputs are its own files)
             self._written.append(path.name)
         return path
 
     def _output_name(self, output) -> str:
-        """A file of this run folder by its name; anything else (e.g. an --out folder elsewhere) as given."""
-        path = Path(output)
-        return path.name if path.parent == self.path or not path.parent.parts else str(output)
+        """A path an analysis names (relative to the working folder, as a command-line path is): a file of this
+        run folder by its name, anything else (e.g. an --out folder elsewhere) by its full path."""
+        path = Path(output).absolute()
+        return path.name if path.parent == self.path.absolute() else str(path)
 
     def read_table(self, name: str):
         path = self.file(f"{name}.csv")
@@ -290,12 +297,12 @@ class RunDir:
             entry: dict = {"command": shlex.join(sys.argv), "started": _iso(started), **extra}
             if data is not None:
                 entry["data"] = data.manifest()
-            self._written = []
+            outer, self._written = self._written, []
             try:
                 yield entry
                 written = self._written
             finally:
-                self._written = None
+                self._written = outer
             listed = [self._output_name(output) for output in entry.get("outputs", [])]
             entry["outputs"] = list(dict.fromkeys(written + listed))
             finished = time.time()

@@ -650,13 +650,13 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
             new = pd.DataFrame({"layer": np.arange(L), "mode": mode, "metric": deltas + metrics[BASELINE],
                                 "delta": deltas, **stats})
             summary["significant"]["layers"] = significant_effects([(layer,) for layer in range(L)], deltas, stats)
-            with run.updating():
+            with run.updating():  # the figure too: it draws every mode's rows of the merged table
                 table = merge_mode_rows(_read_optional(run, "disable_layers"), new, "mode", [mode])
                 run.write_table("disable_layers", table)
-            baselines = {m: float((rows["metric"] - rows["delta"]).iloc[0]) for m, rows in table.groupby("mode")}
-            fig = layer_delta_figure(table, metric=metric, baseline=baselines, task=data.task, model=bundle.name)
-            summary["outputs"] += [str(p) for p in run.write_figure("disable_layers", fig)]
-            close(fig)
+                baselines = {m: float((rows["metric"] - rows["delta"]).iloc[0]) for m, rows in table.groupby("mode")}
+                fig = layer_delta_figure(table, metric=metric, baseline=baselines, task=data.task, model=bundle.name)
+                summary["outputs"] += [str(p) for p in run.write_figure("disable_layers", fig)]
+                close(fig)
             summary["layer_deltas"] = [float(d) for d in deltas]
             summary["outputs"].append(str(run.file("disable_layers.csv")))
     if metric not in CLASS_METRICS:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 
 import typer
@@ -36,8 +37,18 @@ def _register_all() -> None:
 _register_all()
 
 
+class Terminated(BaseException):
+    """SIGTERM (a job stopped from the web app, `kill`): raised so that cleanup runs as for Ctrl-C."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, print AttnpatError as one line on stderr and exit 2."""
+    if argv is None:  # the console script: SIGTERM ends it as Ctrl-C would (locks released, temporary files removed)
+        signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         app(args=with_ray_default(sys.argv[1:] if argv is None else list(argv)), standalone_mode=False)
     except AttnpatError as exc:
@@ -57,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return _exit(130, argv)
+    except Terminated:
+        print("terminated; rerun the same command to resume", file=sys.stderr)
+        return _exit(128 + signal.SIGTERM, argv)
     return _exit(0, argv)
 
 

@@ -52,9 +52,11 @@ def run_to_end(argv, home: Path, timeout: float = 600) -> subprocess.CompletedPr
     return done
 
 
-def kill_midway(argv, home: Path, started_work, rng: random.Random, jitter: float, timeout: float = 600) -> float:
-    """Start the verb, wait until ``started_work()`` is true, wait a random 0..jitter s more, then SIGKILL it by
-    its process id. Returns the delay after the marker. Fails if the verb ended on its own first."""
+def kill_midway(argv, home: Path, started_work, rng: random.Random, jitter: float, timeout: float = 600,
+                sig: int = signal.SIGKILL) -> float:
+    """Start the verb, wait until ``started_work()`` is true, wait a random 0..jitter s more, then send it ``sig``
+    (SIGKILL) by its process id. Returns the delay after the marker. Fails if the verb ended on its own first;
+    after SIGTERM, unless it said so and exited with 143 (128 + SIGTERM) once its cleanup ran."""
     home.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(command(argv), env=verb_env(home), cwd=home, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
@@ -67,13 +69,17 @@ def kill_midway(argv, home: Path, started_work, rng: random.Random, jitter: floa
         delay = rng.uniform(0, jitter)
         time.sleep(delay)
         assert process.poll() is None, f"the verb finished before the kill (seed {SEED}); give it more work"
-        os.kill(process.pid, signal.SIGKILL)
+        os.kill(process.pid, sig)
         process.wait(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert process.returncode == -signal.SIGKILL
+    if sig == signal.SIGKILL:
+        assert process.returncode == -signal.SIGKILL
+    else:
+        stderr = process.stderr.read()
+        assert process.returncode == 128 + sig and "terminated; rerun the same command to resume" in stderr, stderr
     return delay
 
 
@@ -110,6 +116,19 @@ def test_extract_killed_and_rerun_writes_the_same_maps(tmp_path, models):
     assert index["complete"] and 0 < index["resumed_shards"] < 10
     assert {k: v for k, v in index.items() if k != "resumed_shards"} == \
         {k: v for k, v in clean_index.items() if k != "resumed_shards"}
+
+
+def test_extract_terminated_releases_its_locks_and_leaves_no_temporary_file(tmp_path, models):
+    """SIGTERM (the web app's Stop, `kill`) ends a verb as Ctrl-C does: its lock files and temporary files are
+    removed, so the folder holds only finished shards, and a rerun completes."""
+    rng = random.Random(SEED + 5)
+    argv = ["extract", "--model", models["base"], "--task", "sst2", "--n", "640", "--batch-size", "8", "-q"]
+    run = tmp_path / "runs" / "base" / "sst2"
+    kill_midway(argv, tmp_path, lambda: len(list((run / "maps").glob("shard-*.npz"))) >= 1, rng, 0.3,
+                sig=signal.SIGTERM)
+    assert not list(run.rglob(".*lock*")) and leftovers(tmp_path) == []
+    run_to_end(argv, tmp_path)
+    assert json.loads((run / "maps" / "index.json").read_text())["complete"]
 
 
 # ---------------------------------------------------------------- disable

@@ -866,12 +866,12 @@ def test_a_second_writer_of_a_maps_folder_or_a_store_model_stops_before_any_work
     lock blocks a second open of it as another process's would."""
     monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
     maps = tmp_path / "maps"
-    with locked(maps / ".lock", "held"):
+    with locked(maps / ".maps.lock", "held"):
         code, _, err, errors = run_cli(["extract", "--model", tiny_model, "--task", "sst2", "--n", "2", "--out", maps,
                                         "--runs-dir", tmp_path / "runs", "-q"], capsys)
         assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
         assert f"the maps folder {maps} is being written by another attnpat process" in errors[0]
-        assert sorted(path.name for path in maps.iterdir()) == [".lock"]  # no index, no shard
+        assert sorted(path.name for path in maps.iterdir()) == [".maps.lock"]  # no index, no shard
     with locked(tmp_path / "models" / ".tiny-rte.lock", "held"):
         code, _, err, errors = run_cli(["finetune", "--model", tiny_model, "--task", "rte", "--split-dev", "--n", "4",
                                         "--epochs", "1", "--name", "tiny-rte", "-q"], capsys)
@@ -890,4 +890,4 @@ def test_a_second_writer_of_a_maps_folder_or_a_store_model_stops_before_any_work
     # free again: both run, and no lock file is left
     assert run_cli(["extract", "--model", tiny_model, "--task", "sst2", "--n", "2", "--out", maps,
                     "--runs-dir", tmp_path / "runs", "-q"], capsys)[0] == 0
-    assert not list(tmp_path.rglob(".lock*"))
+    assert not list(tmp_path.rglob(".*lock*"))

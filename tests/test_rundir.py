@@ -63,7 +63,7 @@ def test_long_table_round_trip():
 def test_manifest_accumulates_analyses_and_skips_failed_ones(tmp_path):
     run = RunDir("m", "sst2", tmp_path)
     with run.record("first") as entry:
-        entry["outputs"] = ["a.csv"]
+        entry["outputs"] = [str(run.file("a.csv"))]
     with pytest.raises(ValueError):
         with run.record("second"):
             raise ValueError("boom")
@@ -91,6 +91,23 @@ def test_a_records_outputs_are_the_files_written_through_the_run_folder(tmp_path
     assert analyses["analysis"]["outputs"] == ["scores.csv", "scores.png", "scores.svg",
                                                str(tmp_path / "elsewhere" / "maps")]
     assert analyses["nothing"]["outputs"] == []
+    # a record nested in another on the same RunDir: each lists its own files
+    with run.record("outer"):
+        with run.record("inner"):
+            run.write_table("inner", pd.DataFrame({"a": [1]}))
+        run.write_table("outer", pd.DataFrame({"a": [1]}))
+    analyses = json.loads(run.file("manifest.json").read_text())["analyses"]
+    assert analyses["inner"]["outputs"] == ["inner.csv"] and analyses["outer"]["outputs"] == ["outer.csv"]
+
+
+def test_an_output_outside_the_run_folder_is_recorded_by_its_full_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = RunDir("m", "sst2", "runs")  # a relative runs root, as --runs-dir runs gives
+    with run.record("extract") as entry:
+        run.write_table("here", pd.DataFrame({"a": [1]}))
+        entry["outputs"] = ["maps", str(run.file("here.csv"))]  # `--out maps`: relative to the working folder
+    outputs = json.loads(run.file("manifest.json").read_text())["analyses"]["extract"]["outputs"]
+    assert outputs == ["here.csv", str(tmp_path / "maps")]
 
 
 def test_a_second_writer_is_refused_while_the_lock_is_held_and_nothing_is_left_after(tmp_path):

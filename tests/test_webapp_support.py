@@ -50,7 +50,7 @@ def populate_runs(root: Path, model_dir: Path) -> dict:
     write_overview(bundle, data, run, progress=False)
     rng = np.random.default_rng(0)
     classes = ["vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous"]
-    with run.record("classify", bundle, data) as entry:
+    with run.record("classify", bundle, data):
         rows = [{"layer": layer, "head": head, "class": name, "count": int(c), "fraction": c / 8}
                 for layer in range(2) for head in range(4) for name, c in zip(classes, rng.multinomial(8, [0.2] * 5))]
         run.write_table("patterns", pd.DataFrame(rows))
@@ -59,15 +59,13 @@ def populate_runs(root: Path, model_dir: Path) -> dict:
         close(fig)
         run.write_table("pattern_ratios", pd.DataFrame({"class": classes, "count": [3, 2, 1, 1, 1],
                                                         "fraction": [0.375, 0.25, 0.125, 0.125, 0.125]}))
-        entry.update(outputs=["patterns.csv", "pattern_ratios.csv"])
     by_task = pd.DataFrame({"task": ["sst2"] * 5, "class": classes, "count": [3, 2, 1, 1, 1],
                             "fraction": [0.375, 0.25, 0.125, 0.125, 0.125]})
     RunDir(bundle.slug, "all", root).write_table("pattern_ratios_by_task", by_task)
-    with run.record("sweeps", bundle, data) as entry:
+    with run.record("sweeps", bundle, data):
         run.write_table("disable_heads", long_table({"uniform_delta": rng.normal(size=(2, 4))}))
         run.write_table("pruning", pd.DataFrame({"fraction_pruned": [0.0, 0.5], "n_pruned": [0, 4],
                                                  "metric": [0.9, 0.7]}))
-        entry.update(outputs=["disable_heads.csv", "pruning.csv"])
     (run.path / "surface.csv").write_text("layer,head,metric\nnot,a,table\n\"unclosed\n")  # a broken file
     return {"model": bundle.slug, "task": "sst2"}
 
