@@ -1,4 +1,8 @@
 """The one error type users see: a clear, one-line message, no traceback."""
+import signal
+
+# The exit status of a command that SIGTERM stopped after its cleanup ran (app.cli.main), as a shell reports it.
+TERMINATED_EXIT = 128 + signal.SIGTERM
 
 
 class AttnpatError(Exception):

@@ -28,7 +28,7 @@ from analysis.errors import AttnpatError, os_error_message
 from analysis.paths import runs_root
 
 PACKAGES = ("torch", "transformers", "numpy", "scikit-learn", "gradio", "label-studio-sdk", "attnpat")
-# Advisory lock files (present only while held): a run folder's .lock guards its read-merge-write updates (the
+# Advisory lock files (removed when released): a run folder's .lock guards its read-merge-write updates (the
 # manifest, tables that several modes share); .lock-<analysis> is held while that analysis runs.
 LOCK_FILE = ".lock"
 
@@ -118,15 +118,11 @@ def locked(path: str | Path, what: str, wait: bool = False) -> Iterator[None]:
                                f"{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to finish, "
                                "or write somewhere else") from None
         except OSError as exc:
-            handle.close()
             if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                raise AttnpatError(os_error_message(exc, "cannot lock")) from exc
+                handle.close()
+                raise AttnpatError(os_error_message(exc, f"cannot lock {path}")) from exc  # flock names no file
             log.warning("no file locks on %s (%s): two writers at once are not detected", path, exc.strerror)
-            try:
-                yield
-            finally:
-                path.unlink(missing_ok=True)
-            return
+            break
         try:  # the holder before us may have removed the file after we opened it: then lock the new one
             if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
                 break

@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from analysis.errors import AttnpatError, os_error_message
+from analysis.errors import TERMINATED_EXIT, AttnpatError, os_error_message
 from app.options import with_ray_default
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return _exit(130, argv)
     except Terminated:
         print("terminated; rerun the same command to resume", file=sys.stderr)
-        return _exit(128 + signal.SIGTERM, argv)
+        return _exit(TERMINATED_EXIT, argv)
     return _exit(0, argv)
 
 

@@ -7,6 +7,7 @@ import codecs
 import inspect
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis.data import ALL_TASKS
-from analysis.errors import AttnpatError
+from analysis.errors import TERMINATED_EXIT, AttnpatError
 
 # Verbs the Runs tab may start (only those the installed CLI really has are offered); verbs that need
 # more than model, task and n (compare, probe-dep, train) are left to the command line.
@@ -64,8 +65,8 @@ class Job:
             return f"running for {time.time() - self.started:.0f} s: `{command}`"
         if code == 0:
             return f"finished in {(self.finished or time.time()) - self.started:.0f} s: `{command}`"
-        if code < 0:
-            return f"stopped (signal {-code}): `{command}`"
+        if code < 0 or code == TERMINATED_EXIT:  # killed, or stopped by SIGTERM after cleaning up (app.cli)
+            return f"stopped (signal {-code if code < 0 else signal.SIGTERM}): `{command}`"
         return f"failed (exit status {code}): `{command}`; see the log"
 
 

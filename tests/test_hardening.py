@@ -18,7 +18,7 @@ import pytest
 from gradio_client import Client
 
 from analysis.data import ALL_TASKS, load_data, load_file
-from analysis.errors import AttnpatError, os_error_message
+from analysis.errors import TERMINATED_EXIT, AttnpatError, os_error_message
 from analysis.mapstore import read_maps, read_single_maps, write_single_maps
 from analysis.models import load_model, model_slug
 from analysis.patterns import CLASSES
@@ -36,6 +36,7 @@ from annotation.server import (
     server_dir,
 )
 from app.cli import main
+from app.jobs import Job
 from app.webapp import WebApp, launch
 from classifier.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
 from tests.conftest import free_port
@@ -891,3 +892,20 @@ def test_a_second_writer_of_a_maps_folder_or_a_store_model_stops_before_any_work
     assert run_cli(["extract", "--model", tiny_model, "--task", "sst2", "--n", "2", "--out", maps,
                     "--runs-dir", tmp_path / "runs", "-q"], capsys)[0] == 0
     assert not list(tmp_path.rglob(".*lock*"))
+
+
+def test_a_job_stopped_by_sigterm_after_its_cleanup_reads_as_stopped_not_failed():
+    """Since a verb catches SIGTERM to release its locks, it exits with 143 instead of dying by the signal."""
+    class Finished:
+        def __init__(self, code):
+            self.code = code
+
+        def poll(self):
+            return self.code
+
+    def status(code):
+        return Job(["overview"], Finished(code)).status()
+
+    assert status(TERMINATED_EXIT).startswith("stopped (signal 15)") and status(-15).startswith("stopped (signal 15)")
+    assert status(-9).startswith("stopped (signal 9)") and status(2).startswith("failed (exit status 2)")
+    assert status(0).startswith("finished")

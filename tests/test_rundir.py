@@ -1,4 +1,6 @@
 """Run directories: atomic writes, accumulating manifests, long tables; the saved-map format."""
+import errno
+import fcntl
 import json
 import multiprocessing
 import os
@@ -126,6 +128,21 @@ def test_a_second_writer_is_refused_while_the_lock_is_held_and_nothing_is_left_a
         (tmp_path / "new" / "folder" / "table.csv").write_text("kept")
     assert sorted(p.name for p in (tmp_path / "new" / "folder").iterdir()) == ["table.csv"]
 
+
+
+def test_a_file_system_without_locks_runs_the_block_unlocked_and_says_so(tmp_path, monkeypatch, caplog):
+    def no_locks(handle, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    ran = []
+    with locked(tmp_path / "nfs" / ".lock-x", "x"):
+        ran.append(True)
+    assert ran and "two writers at once are not detected" in caplog.text and not (tmp_path / "nfs").exists()
+    monkeypatch.setattr(fcntl, "flock", lambda handle, operation: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
+    with pytest.raises(AttnpatError, match="cannot lock .*i/o"):
+        with locked(tmp_path / ".lock-y", "y"):
+            raise AssertionError("ran without a lock after an I/O error")
 
 def test_one_process_per_analysis_and_run_folder(tmp_path):
     run = RunDir("m", "sst2", tmp_path)
