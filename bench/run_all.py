@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
         print(f"error: unknown benchmark {', '.join(unknown)} (benchmarks: {', '.join(names)})", file=sys.stderr)
         return 2
     if argv:
-        scripts = [s for s in scripts if s.stem.removeprefix("bench_") in argv]
+        scripts = [script for script, name in zip(scripts, names, strict=True) if name in argv]
     failed = []
     for script in scripts:
         print(f"\n=== {script.name}", flush=True)
