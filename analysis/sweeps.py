@@ -48,11 +48,11 @@ from analysis.disable import (
     stacked_gates,
 )
 from analysis.errors import AttnpatError, check_choice
-from analysis.figures import close, head_heatmap
+from analysis.figures import close, panel_heatmaps
 from analysis.metrics import metric_name, task_metric
 from analysis.models import check_head_labels, load_model
 from analysis.progress import progress_bar
-from analysis.rundir import atomic_write_json, long_table
+from analysis.rundir import atomic_write_json, long_table, table_to_array
 from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, TokenBatch, collate, iter_batches
 from analysis.uncertainty import bootstrap_difference_interval, bootstrap_mean_interval, holm_adjust, mcnemar_exact
 
@@ -515,18 +515,32 @@ def merge_mode_rows(old, new, column: str, keep_values: Sequence[str]):
 
 # ---------------------------------------------------------------- figures
 
-def head_delta_figure(deltas: np.ndarray, *, mode: str, metric: str, baseline: float, task: str, model: str,
-                      significant: np.ndarray | None = None):
-    """Kovaleva Figure 8: the layer x head heatmap of metric changes (1-indexed axes). significant: (L, H) bool,
-    heads whose change survives Holm's correction, outlined and starred."""
-    fig = head_heatmap(deltas * 100, title=f"{model} on {task}: {metric} change (points) with one head disabled "
-                       f"({mode}); baseline {baseline:.3f}", cmap="RdBu", center=0.0, label=f"{metric} change x 100")
-    if significant is not None:
-        ax = fig.axes[0]
-        for layer, head in zip(*np.nonzero(significant)):
+def head_delta_figure(table, *, metric: str, task: str, model: str):
+    """Kovaleva Figure 8: layer x head heatmaps of metric changes (1-indexed axes), one panel per disabling mode.
+
+    table: the long disable_heads rows (layer, head, metric, value) with ``<mode>_delta`` and ``<mode>_metric``
+    per mode, optionally ``<mode>_p_holm``: heads whose change survives Holm's correction are outlined and starred.
+    Every panel shares one colour scale, symmetric around 0, so the modes compare by eye."""
+    modes = sorted(name[:-len("_delta")] for name in table["metric"].unique() if name.endswith("_delta"))
+    if not modes:
+        raise AttnpatError("the disable_heads table has no <mode>_delta rows to draw")
+    deltas = {mode: table_to_array(table, f"{mode}_delta") * 100 for mode in modes}
+    baselines = {mode: float(np.nanmean(table_to_array(table, f"{mode}_metric") - deltas[mode] / 100))
+                 for mode in modes}
+    spread = max(float(np.nanmax(np.abs(values))) for values in deltas.values()) or 1.0
+    p_holm = {mode: table_to_array(table, f"{mode}_p_holm") for mode in modes
+              if f"{mode}_p_holm" in set(table["metric"])}
+    tested = [mode for mode, values in p_holm.items() if not np.isnan(values).all()]  # score metrics: no test
+    fig = panel_heatmaps({f"{mode} (baseline {baselines[mode]:.3f})": deltas[mode] for mode in modes},
+                         title=f"{model} on {task}: {metric} change (points) with one head disabled"
+                               + (f"   (outlined *: Holm-adjusted p < {ALPHA})" if tested else ""),
+                         label=f"{metric} change x 100", cmap="RdBu", vmin=-spread, vmax=spread)
+    for ax, mode in zip(fig.axes[:len(modes)], modes):  # the panels come first, their colorbars after
+        if mode not in tested:
+            continue
+        for layer, head in zip(*np.nonzero(p_holm[mode] < ALPHA)):
             ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="black", lw=1.6))
             ax.text(head, layer, "*", ha="center", va="center", fontsize=11, fontweight="bold")
-        ax.set_xlabel(ax.get_xlabel() + f"   (outlined *: Holm-adjusted p < {ALPHA})", fontsize=7)
     return fig
 
 
@@ -634,13 +648,13 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
             columns = {f"{mode}_delta": deltas, f"{mode}_metric": absolute,
                        **{f"{mode}_{'delta_' if name.startswith('ci') else ''}{name}": values.reshape(L, H)
                           for name, values in stats.items()}}
-            with run.updating():  # the other mode's rows may be merged in at the same time
-                old = _read_optional(run, "disable_heads")
-                run.write_table("disable_heads", merge_mode_rows(old, long_table(columns), "metric", list(columns)))
-            fig = head_delta_figure(deltas, mode=mode, metric=metric, baseline=metrics[BASELINE], task=data.task,
-                                    model=bundle.name, significant=stats["p_holm"].reshape(L, H) < ALPHA)
-            summary["outputs"] += [str(p) for p in run.write_figure("disable_heads", fig)]
-            close(fig)
+            with run.updating():  # the figure too: it draws every mode's rows of the merged table
+                table = merge_mode_rows(_read_optional(run, "disable_heads"), long_table(columns), "metric",
+                                        list(columns))
+                run.write_table("disable_heads", table)
+                fig = head_delta_figure(table, metric=metric, task=data.task, model=bundle.name)
+                summary["outputs"] += [str(p) for p in run.write_figure("disable_heads", fig)]
+                close(fig)
             summary.update(extreme_heads(deltas))
             summary["significant"]["heads"] = significant_effects(
                 [(layer, head) for layer in range(L) for head in range(H)], deltas.ravel(), stats)

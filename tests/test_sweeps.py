@@ -1,6 +1,7 @@
 """The sweep engine (analysis.sweeps): fast equals naive, exact baseline, resume after an interruption."""
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
@@ -28,6 +29,7 @@ from analysis.sweeps import (
     extreme_heads,
     fast_sweep,
     forward_from,
+    head_delta_figure,
     head_variants,
     layer_variants,
     naive_sweep,
@@ -252,6 +254,15 @@ def test_disable_analysis_writes_tables_and_figures_for_both_modes(tmp_path):
     uniform_abs = heads[heads.metric == "uniform_metric"].value.to_numpy()
     baseline = summary["baseline"]
     assert np.allclose(uniform_abs - uniform, baseline)
+    # the heads figure draws both modes of the merged table, not only the last mode run
+    figure = head_delta_figure(heads, metric="accuracy", task="sst2", model="tiny")
+    panels = figure.axes[:2]
+    assert [ax.get_title().split(" (")[0] for ax in panels] == ["uniform", "zero"]
+    for ax, mode in zip(panels, ("uniform", "zero")):
+        starred = sum(text.get_text() == "*" for text in ax.texts)
+        assert starred == int((table_to_array(heads, f"{mode}_p_holm") < 0.05).sum())
+        assert np.allclose(ax.images[0].get_array(), table_to_array(heads, f"{mode}_delta") * 100)
+    plt.close(figure)
 
 
 def test_interrupted_disable_analysis_writes_the_same_tables_as_an_uninterrupted_one(tmp_path):
