@@ -3,9 +3,10 @@
 The distance between heads i and j is the Jensen-Shannon divergence (nats) between their attention
 distributions for the same query token, averaged over an example's real query rows and then over
 examples. Like Clark's head_distances.py, every row is smoothed first, p' = (1 - 0.001) p + 0.001 / n
-(n = the example's real length), so no log sees a zero. Clark sums over tokens and documents instead of
-averaging; that only rescales the matrix. The matrix is embedded in 2-D with metric MDS (scikit-learn)
-and each head is coloured by its surface-statistics label (analysis.surface.head_labels).
+(n = the example's real length), so no log sees a zero. Clark sums over tokens and documents instead, which
+weighs long inputs more: a mere rescaling only when every input has one length. On wiki inputs of 50-128 tokens
+the two matrices correlate at Pearson 0.9994 (16 inputs). The matrix is embedded in 2-D with metric MDS
+(scikit-learn) and each head is coloured by its surface-statistics label (analysis.surface.head_labels).
 """
 from __future__ import annotations
 
