@@ -3,6 +3,7 @@ import signal
 
 # The exit status of a command that SIGTERM stopped after its cleanup ran (app.cli.main), as a shell reports it.
 TERMINATED_EXIT = 128 + signal.SIGTERM
+INTERRUPTED_EXIT = 128 + signal.SIGINT  # Ctrl-C
 
 
 class AttnpatError(Exception):

@@ -330,8 +330,8 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
         if is_finished(path) and not force:
             meta = _store_meta(resolve_model(name))
             return {**meta, "path": str(path), "skipped": True}
-        if force:
-            shutil.rmtree(path, ignore_errors=True)
+        if force:  # train afresh; the finished model stays usable (the web app's Explore) until the new one lands
+            shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
         run = RunDir(name, task, runs_dir)
         with run.record("finetune", store=str(path)) as entry:
             meta = _train_into_store(base, task, path, recipe, split_dev=split_dev, train_share=train_share,

@@ -184,6 +184,23 @@ def _weights_fingerprint(path: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def model_files_stamp(name: str) -> tuple | None:
+    """What changes when a store or local model is rewritten (``finetune --force``): name, size and modification
+    time of its config and weight files. None for the embedded model and hub ids, which do not change under a
+    running process, and for a name that does not resolve."""
+    try:
+        source = resolve_model(name)
+    except AttnpatError:
+        return None
+    if source.kind not in ("store", "local"):
+        return None
+    try:
+        return tuple((file.name, stat.st_size, stat.st_mtime_ns) for file in sorted(Path(source.path).iterdir())
+                     if file.suffix in {".json", ".safetensors", ".bin"} and (stat := file.stat()))
+    except OSError:  # being rewritten this moment: a stamp no loaded model has
+        return ("unreadable",)
+
+
 def _offline_kwargs(source: ModelSource) -> dict:
     return {"local_files_only": True} if source.offline else {}
 

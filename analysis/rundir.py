@@ -12,6 +12,8 @@ import logging
 import os
 import platform
 import shlex
+import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -31,6 +33,7 @@ PACKAGES = ("torch", "transformers", "numpy", "scikit-learn", "gradio", "label-s
 # Advisory lock files (removed when released): a run folder's .lock guards its read-merge-write updates (the
 # manifest, tables that several modes share); .lock-<analysis> is held while that analysis runs.
 LOCK_FILE = ".lock"
+STAGING = ".staging"  # .staging-<analysis>/: a running analysis's tables and figures (RunDir.record)
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +148,17 @@ def locked(path: str | Path, what: str, wait: bool = False) -> Iterator[None]:
                 break
 
 
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back for a short block that must not stop halfway (they are delivered after it)."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def read_json(path: str | Path, what: str, remedy: str = "delete it to start over"):
     """A JSON file attnpat wrote (a manifest, an index, a state file). A damaged one (cut off, edited,
     not UTF-8) or an unreadable one is one AttnpatError saying what it is and what to do."""
@@ -237,9 +251,18 @@ class RunDir:
         self.model_slug = model_slug
         self.task = task
         self._written: list[str] | None = None  # inside record(): the files written so far, for its "outputs"
+        self._staging: list[Path] = []  # inside record(): its staging folders, innermost last
 
     def file(self, name: str) -> Path:
+        """Where ``name`` lives in the run folder (inside a record, once the analysis has finished)."""
         return self.path / name
+
+    def current(self, name: str) -> Path:
+        """The file ``name`` as this process sees it now: inside a record, the staged copy it wrote, if any."""
+        for staging in reversed(self._staging):
+            if (staging / name).is_file():
+                return staging / name
+        return self.file(name)
 
     def manifest(self) -> dict:
         path = self.file("manifest.json")
@@ -255,16 +278,23 @@ class RunDir:
             raise AttnpatError(f"{path} is not a run manifest (a JSON object)")
         return manifest
 
-    def write_table(self, name: str, frame) -> Path:
-        return self._note(save_table(frame, self.file(f"{name}.csv")))
+    def write_table(self, name: str, frame, merged: bool = False) -> Path:
+        """Write ``<name>.csv``; inside a record it is staged and lands when the analysis finishes. merged: a
+        table that several analyses merge their rows into (under :meth:`updating`), written in place at once so
+        that the next merge sees it. Returns the path where it lands."""
+        return self._note(save_table(frame, self._destination(f"{name}.csv", merged)))
 
-    def write_figure(self, name: str, fig) -> list[Path]:
-        return [self._note(path) for path in save_figure(fig, self.file(name))]
+    def write_figure(self, name: str, fig, merged: bool = False) -> list[Path]:
+        """Write ``<name>.png`` and ``<name>.svg``, staged (or not: merged) as write_table's tables are."""
+        return [self._note(path) for path in save_figure(fig, self._destination(name, merged))]
+
+    def _destination(self, name: str, merged: bool) -> Path:
+        return self._staging[-1] / name if self._staging and not merged else self.file(name)
 
     def _note(self, path: Path) -> Path:
         if self._written is not None:  # the innermost record's (an outer one's outputs are its own files)
             self._written.append(path.name)
-        return path
+        return self.file(path.name)
 
     def _output_name(self, output) -> str:
         """A path an analysis names (relative to the working folder, as a command-line path is): a file of this
@@ -273,7 +303,7 @@ class RunDir:
         return path.name if path.parent == self.path.absolute() else str(path)
 
     def read_table(self, name: str):
-        path = self.file(f"{name}.csv")
+        path = self.current(f"{name}.csv")
         if not path.is_file():
             raise AttnpatError(f"no {name} table in {self.path}; run the analysis first")
         return pd.read_csv(path)
@@ -284,27 +314,39 @@ class RunDir:
         entry with timing when the block finishes without error. Its "outputs" are the files written through
         write_table / write_figure in the block, plus any the analysis lists itself (a checkpoint, a maps
         folder). A run folder that cannot be written is an AttnpatError before the block runs, not after its
-        work."""
+        work.
+
+        The block's tables and figures are staged in ``.staging-<analysis>/`` and moved into the run folder
+        together with its manifest entry when the block finishes; a failed or stopped analysis leaves the
+        folder as it was, never its new tables beside the figures or the manifest entry of an older run."""
         writable_path(self.file("manifest.json"))
         self.manifest()  # a damaged manifest is an error now, before the analysis writes its tables
         # one process per analysis and run folder: a second would overwrite the first one's tables mid-run
         with locked(self.file(f"{LOCK_FILE}-{analysis}"), f"{analysis} in {self.path}"):
+            staging = self.file(f"{STAGING}-{analysis}")
+            shutil.rmtree(staging, ignore_errors=True)  # a killed run's (we hold its lock, so nobody uses it)
             started = time.time()
-            entry: dict = {"command": shlex.join(sys.argv), "started": _iso(started), **extra}
+            entry: dict = {"command": command_line(), "started": _iso(started), **extra}
             if data is not None:
                 entry["data"] = data.manifest()
             outer, self._written = self._written, []
+            self._staging.append(staging)
             try:
                 yield entry
                 written = self._written
+                listed = [self._output_name(output) for output in entry.get("outputs", [])]
+                entry["outputs"] = list(dict.fromkeys(written + listed))
+                finished = time.time()
+                entry.update(finished=_iso(finished), elapsed_seconds=round(finished - started, 3))
+                with self.updating(), signals_held():  # a stop now would leave half the files moved
+                    for name in dict.fromkeys(written):
+                        if (staging / name).is_file():  # a merged table is in place already
+                            os.replace(staging / name, self.file(name))
+                    self._add_to_manifest(analysis, entry, bundle, finished)
             finally:
                 self._written = outer
-            listed = [self._output_name(output) for output in entry.get("outputs", [])]
-            entry["outputs"] = list(dict.fromkeys(written + listed))
-            finished = time.time()
-            entry.update(finished=_iso(finished), elapsed_seconds=round(finished - started, 3))
-            with self.updating():
-                self._add_to_manifest(analysis, entry, bundle, finished)
+                self._staging.pop()
+                shutil.rmtree(staging, ignore_errors=True)
 
     @contextmanager
     def updating(self) -> Iterator[None]:
@@ -324,6 +366,16 @@ class RunDir:
         manifest.setdefault("analyses", {})[analysis] = entry
         manifest["updated"] = _iso(finished)
         atomic_write_json(self.file("manifest.json"), manifest)
+
+
+def command_line() -> str:
+    """This process's command as a user would type it again: `attnpat verb ...` also for `python -m app.cli`
+    (how the web app starts its jobs), whose argv[0] is the module's file."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if Path(sys.argv[0]).name == "attnpat" or getattr(spec, "name", None) == "app.cli":
+        return shlex.join(["attnpat", *sys.argv[1:]])
+    return shlex.join(sys.argv)
 
 
 def _iso(timestamp: float) -> str:

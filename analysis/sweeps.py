@@ -651,9 +651,9 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
             with run.updating():  # the figure too: it draws every mode's rows of the merged table
                 table = merge_mode_rows(_read_optional(run, "disable_heads"), long_table(columns), "metric",
                                         list(columns))
-                run.write_table("disable_heads", table)
+                run.write_table("disable_heads", table, merged=True)
                 fig = head_delta_figure(table, metric=metric, task=data.task, model=bundle.name)
-                summary["outputs"] += [str(p) for p in run.write_figure("disable_heads", fig)]
+                summary["outputs"] += [str(p) for p in run.write_figure("disable_heads", fig, merged=True)]
                 close(fig)
             summary.update(extreme_heads(deltas))
             summary["significant"]["heads"] = significant_effects(
@@ -666,10 +666,10 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
             summary["significant"]["layers"] = significant_effects([(layer,) for layer in range(L)], deltas, stats)
             with run.updating():  # the figure too: it draws every mode's rows of the merged table
                 table = merge_mode_rows(_read_optional(run, "disable_layers"), new, "mode", [mode])
-                run.write_table("disable_layers", table)
+                run.write_table("disable_layers", table, merged=True)
                 baselines = {m: float((rows["metric"] - rows["delta"]).iloc[0]) for m, rows in table.groupby("mode")}
                 fig = layer_delta_figure(table, metric=metric, baseline=baselines, task=data.task, model=bundle.name)
-                summary["outputs"] += [str(p) for p in run.write_figure("disable_layers", fig)]
+                summary["outputs"] += [str(p) for p in run.write_figure("disable_layers", fig, merged=True)]
                 close(fig)
             summary["layer_deltas"] = [float(d) for d in deltas]
             summary["outputs"].append(str(run.file("disable_layers.csv")))

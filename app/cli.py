@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from analysis.errors import TERMINATED_EXIT, AttnpatError, os_error_message
+from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, os_error_message
 from app.options import with_ray_default
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -50,7 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the console script: SIGTERM ends it as Ctrl-C would (locks released, temporary files removed)
         signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        app(args=with_ray_default(sys.argv[1:] if argv is None else list(argv)), standalone_mode=False)
+        # typer turns Ctrl-C into Exit(130) and, outside standalone mode, returns that code instead of raising
+        returned = app(args=with_ray_default(sys.argv[1:] if argv is None else list(argv)), standalone_mode=False)
+        if returned == INTERRUPTED_EXIT:
+            raise KeyboardInterrupt
     except AttnpatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return _exit(2, argv)
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return _exit(2, argv)
     except typer.Abort:
         print("aborted", file=sys.stderr)
-        return _exit(130, argv)
+        return _exit(INTERRUPTED_EXIT, argv)
     except typer.TyperException as exc:  # a usage error (unknown option, bad value): one line too
         message = _usage_message(exc)
         if message:  # none when a group was called without a verb: its help was shown
@@ -67,11 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         return _exit(getattr(exc, "exit_code", 2), argv)
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
-        return _exit(130, argv)
+        return _exit(INTERRUPTED_EXIT, argv)
     except Terminated:
         print("terminated; rerun the same command to resume", file=sys.stderr)
         return _exit(TERMINATED_EXIT, argv)
-    return _exit(0, argv)
+    if argv is None:  # the work is done and recorded: a Stop while the interpreter shuts down would misreport it
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return _exit(returned if isinstance(returned, int) else 0, argv)
 
 
 def _usage_message(exc: typer.TyperException) -> str:

@@ -21,7 +21,7 @@ from analysis.data import Example, check_unicode
 from analysis.errors import AttnpatError
 from analysis.figures import GridLayout, grid_image
 from analysis.mapkinds import KIND_NOTES
-from analysis.models import load_model, with_map_kind
+from analysis.models import load_model, model_files_stamp, with_map_kind
 from analysis.patterns import CLASSES
 from analysis.stream import Encoded, encode_examples, stream_maps, to_word_level, word_groups
 from classifier.predict import load_classifier
@@ -37,15 +37,18 @@ class ModelCache:
     """Loaded EncoderBundles by name (least recently used dropped beyond ``capacity``); thread-safe.
 
     ``loader`` is analysis.models.load_model unless a test passes its own. ``allowed`` (when given) returns
-    the names a client may ask for; any other name is refused before anything is loaded.
+    the names a client may ask for; any other name is refused before anything is loaded. ``stamp`` (name ->
+    hashable) tells when a model's files were rewritten (a store model fine-tuned again): the cached bundle
+    is then loaded afresh.
     """
 
     def __init__(self, capacity: int = 2, loader: Callable | None = None,
-                 allowed: Callable[[], Iterable[str]] | None = None):
+                 allowed: Callable[[], Iterable[str]] | None = None, stamp: Callable[[str], object] | None = None):
         self.capacity = capacity
         self.loader = loader or load_model
         self.allowed = allowed
-        self._bundles: OrderedDict[str, object] = OrderedDict()
+        self.stamp = stamp or model_files_stamp
+        self._bundles: OrderedDict[str, tuple[object, object]] = OrderedDict()  # name -> (bundle, its stamp)
         self._loading: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -58,18 +61,20 @@ class ModelCache:
             if name not in offered:  # a client may send any string; only listed models are loaded
                 raise AttnpatError(f"model {ascii(name[:100])} is not one this app offers ({', '.join(offered)}); "
                                    "start it with `attnpat app --allow-any-model` to load any model")
+        stamp = self.stamp(name)
         with self._lock:
-            if name in self._bundles:
+            if name in self._bundles and self._bundles[name][1] == stamp:
                 self._bundles.move_to_end(name)
-                return self._bundles[name]
+                return self._bundles[name][0]
             loading = self._loading.setdefault(name, threading.Lock())
         with loading:  # one load per name: sessions asking for the same model wait for one load, others go on
             with self._lock:
-                if name in self._bundles:
-                    return self._bundles[name]
+                if name in self._bundles and self._bundles[name][1] == stamp:
+                    return self._bundles[name][0]
             bundle = self.loader(name)
             with self._lock:
-                self._bundles[name] = bundle
+                self._bundles[name] = (bundle, stamp)
+                self._bundles.move_to_end(name)
                 while len(self._bundles) > self.capacity:
                     self._bundles.popitem(last=False)
                 self._loading.pop(name, None)
@@ -77,7 +82,7 @@ class ModelCache:
 
     def loaded(self) -> list:
         with self._lock:
-            return list(self._bundles.values())
+            return [bundle for bundle, _ in self._bundles.values()]
 
 
 # ---------------------------------------------------------------- maps of one input

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis.data import ALL_TASKS
-from analysis.errors import TERMINATED_EXIT, AttnpatError
+from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError
 
 # Verbs the Runs tab may start (only those the installed CLI really has are offered); verbs that need
 # more than model, task and n (compare, probe-dep, train) are left to the command line.
@@ -65,9 +65,16 @@ class Job:
             return f"running for {time.time() - self.started:.0f} s: `{command}`"
         if code == 0:
             return f"finished in {(self.finished or time.time()) - self.started:.0f} s: `{command}`"
-        if code < 0 or code == TERMINATED_EXIT:  # killed, or stopped by SIGTERM after cleaning up (app.cli)
-            return f"stopped (signal {-code if code < 0 else signal.SIGTERM}): `{command}`"
+        if self.stopped:
+            number = -code if code < 0 else {TERMINATED_EXIT: signal.SIGTERM, INTERRUPTED_EXIT: signal.SIGINT}[code]
+            return f"stopped (signal {number}): `{command}`"
         return f"failed (exit status {code}): `{command}`; see the log"
+
+    @property
+    def stopped(self) -> bool:
+        """Ended by a signal: killed, or stopped by SIGTERM or Ctrl-C after cleaning up (app.cli's exit codes)."""
+        code = self.returncode
+        return code is not None and (code < 0 or code in (TERMINATED_EXIT, INTERRUPTED_EXIT))
 
 
 class BatchJobs:

@@ -302,7 +302,7 @@ class WebApp:
             time.sleep(0.5)
         code = job.returncode
         table, picker, chosen = self.runs_and_pick(picked)
-        yield (job.log_text(), _message(job.status(), "ok" if code == 0 else ("info" if code < 0 else "error")),
+        yield (job.log_text(), _message(job.status(), "ok" if code == 0 else ("info" if job.stopped else "error")),
                table, picker, self.manifest(chosen))
 
     def stop_job(self):
@@ -454,7 +454,9 @@ class WebApp:
             manifest = gr.Code(label="manifest.json", language="json", interactive=False, max_lines=24,
                                elem_id="runs-manifest")
             gr.Markdown("#### Start a batch job\nRuns `attnpat <verb> --model ... --task ... --n ...` into this "
-                        "app's run directory, one job at a time.")
+                        "app's run directory, one job at a time for the whole app: every browser on it sees, "
+                        "watches and may stop the running job. Options the form lacks (`--force`, `--out`, ...) "
+                        "are the terminal's: `attnpat <verb> --help`.")
             verbs = list(cli_verbs())
             with gr.Row():
                 verb = gr.Dropdown(verbs, value=verbs[0] if verbs else None, label="job", elem_id="job-verb")

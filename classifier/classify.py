@@ -163,7 +163,7 @@ def classify_task(bundle, data: TaskData, classifier: PatternClassifier, run: Ru
               head_class_figure(counts, f"{bundle.name} on {data.task}: most frequent pattern per head"))
         _save(run, "pattern_ratios", ratio_figure({data.task: ratios}, f"{bundle.name}: pattern ratios"))
         entry.update(n_truncated=sum(item.truncated for item in encoded), n_maps=int(counts.sum()),
-                     table_digests={name: _file_digest(run.file(name)) for name in TABLES})
+                     table_digests={name: _file_digest(run.current(name)) for name in TABLES})
     return patterns
 
 

@@ -58,8 +58,10 @@ def kill_midway(argv, home: Path, started_work, rng: random.Random, jitter: floa
     (SIGKILL) by its process id. Returns the delay after the marker. Fails if the verb ended on its own first;
     after SIGTERM, unless it said so and exited with 143 (128 + SIGTERM) once its cleanup ran."""
     home.mkdir(parents=True, exist_ok=True)
+    # Ctrl-C as in a terminal, even when this test runs in the background (where SIGINT is ignored and inherited)
     process = subprocess.Popen(command(argv), env=verb_env(home), cwd=home, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + timeout
     try:
         while not started_work():
@@ -78,8 +80,9 @@ def kill_midway(argv, home: Path, started_work, rng: random.Random, jitter: floa
     if sig == signal.SIGKILL:
         assert process.returncode == -signal.SIGKILL
     else:
+        said = "interrupted" if sig == signal.SIGINT else "terminated"
         stderr = process.stderr.read()
-        assert process.returncode == 128 + sig and "terminated; rerun the same command to resume" in stderr, stderr
+        assert process.returncode == 128 + sig and f"{said}; rerun the same command to resume" in stderr, stderr
     return delay
 
 
@@ -118,14 +121,15 @@ def test_extract_killed_and_rerun_writes_the_same_maps(tmp_path, models):
         {k: v for k, v in clean_index.items() if k != "resumed_shards"}
 
 
-def test_extract_terminated_releases_its_locks_and_leaves_no_temporary_file(tmp_path, models):
-    """SIGTERM (the web app's Stop, `kill`) ends a verb as Ctrl-C does: its lock files and temporary files are
-    removed, so the folder holds only finished shards, and a rerun completes."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_extract_stopped_releases_its_locks_and_leaves_no_temporary_file(tmp_path, models, sig):
+    """SIGTERM (the web app's Stop, `kill`) ends a verb as Ctrl-C does: it says so and exits 143 (Ctrl-C: 130,
+    not 0), its lock files and temporary files are removed, so the folder holds only finished shards, and a
+    rerun completes."""
     rng = random.Random(SEED + 5)
     argv = ["extract", "--model", models["base"], "--task", "sst2", "--n", "640", "--batch-size", "8", "-q"]
     run = tmp_path / "runs" / "base" / "sst2"
-    kill_midway(argv, tmp_path, lambda: len(list((run / "maps").glob("shard-*.npz"))) >= 1, rng, 0.3,
-                sig=signal.SIGTERM)
+    kill_midway(argv, tmp_path, lambda: len(list((run / "maps").glob("shard-*.npz"))) >= 1, rng, 0.3, sig=sig)
     assert not list(run.rglob(".*lock*")) and leftovers(tmp_path) == []
     run_to_end(argv, tmp_path)
     assert json.loads((run / "maps" / "index.json").read_text())["complete"]

@@ -131,5 +131,14 @@ def test_finetune_writes_a_loadable_store_model_and_skips_when_done(tokenizer, t
     again = ft.finetune(str(base), "rte", name="tiny-rte", recipe=recipe, split_dev=True, n_train=48,
                         progress=False, allow_hub=False)
     assert again["skipped"] and again["metric_value"] == written["metric_value"]
+    # --force trains afresh, and the finished model stays loadable until the new one replaces it
+    seen = []
+    forced = ft.finetune(str(base), "rte", name="tiny-rte", recipe=ft.Recipe(learning_rate=1e-3, batch_size=16,
+                                                                             epochs=2, max_length=64),
+                         split_dev=True, n_train=48, progress=False, allow_hub=False, force=True,
+                         on_step=lambda step, loss: seen.append(load_model("tiny-rte", kind="classifier",
+                                                                           device="cpu").meta["steps"]))
+    assert not forced["skipped"] and forced["resumed_from_step"] == 0 and seen == [3] * 6
+    assert json.loads((store / "attnpat.json").read_text())["steps"] == 6 and not (store / ".checkpoint").exists()
     with pytest.raises(AttnpatError, match="plain folder names"):
         ft.finetune(str(base), "rte", name="../escape", recipe=recipe, split_dev=True, allow_hub=False)

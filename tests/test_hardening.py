@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 from gradio_client import Client
 
 from analysis.data import ALL_TASKS, load_data, load_file
-from analysis.errors import TERMINATED_EXIT, AttnpatError, os_error_message
+from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, os_error_message
 from analysis.mapstore import read_maps, read_single_maps, write_single_maps
 from analysis.models import load_model, model_slug
 from analysis.patterns import CLASSES
@@ -239,6 +240,16 @@ def test_the_manifest_command_is_shell_quoted(tmp_path, monkeypatch):
         pass
     command = run.manifest()["analyses"]["extract"]["command"]
     assert shlex.split(command) == argv
+    # the console script's full path, or the module file of `python -m app.cli` (the web app's jobs): `attnpat`
+    monkeypatch.setattr(sys, "argv", ["/home/u/.venv/bin/attnpat", *argv[1:]])
+    with run.record("extract"):
+        pass
+    assert shlex.split(run.manifest()["analyses"]["extract"]["command"]) == argv
+    monkeypatch.setattr(sys, "argv", ["/srv/attnpat/app/cli.py", *argv[1:]])
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", types.SimpleNamespace(name="app.cli"), raising=False)
+    with run.record("extract"):
+        pass
+    assert shlex.split(run.manifest()["analyses"]["extract"]["command"]) == argv
 
 
 def test_a_checkpoints_json_metadata_is_checked_not_ignored(tmp_path):
@@ -581,6 +592,11 @@ def test_stop_signals_only_the_server_it_started(tmp_path):
     import subprocess  # noqa: PLC0415
 
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    command_line = Path(f"/proc/{bystander.pid}/cmdline")
+    deadline = time.monotonic() + 10
+    while command_line.exists() and not command_line.read_bytes().startswith(b"sleep") \
+            and time.monotonic() < deadline:  # the child runs Python until its exec, on a busy machine a while
+        time.sleep(0.01)
     try:
         pid_file = server._pid_file(tmp_path)
         pid_file.parent.mkdir(parents=True, exist_ok=True)
@@ -894,8 +910,9 @@ def test_a_second_writer_of_a_maps_folder_or_a_store_model_stops_before_any_work
     assert not list(tmp_path.rglob(".*lock*"))
 
 
-def test_a_job_stopped_by_sigterm_after_its_cleanup_reads_as_stopped_not_failed():
-    """Since a verb catches SIGTERM to release its locks, it exits with 143 instead of dying by the signal."""
+def test_a_job_stopped_by_sigterm_or_ctrl_c_after_its_cleanup_reads_as_stopped_not_failed():
+    """Since a verb catches SIGTERM and Ctrl-C to release its locks, it exits with 143 or 130 instead of dying by
+    the signal."""
     class Finished:
         def __init__(self, code):
             self.code = code
@@ -908,4 +925,7 @@ def test_a_job_stopped_by_sigterm_after_its_cleanup_reads_as_stopped_not_failed(
 
     assert status(TERMINATED_EXIT).startswith("stopped (signal 15)") and status(-15).startswith("stopped (signal 15)")
     assert status(-9).startswith("stopped (signal 9)") and status(2).startswith("failed (exit status 2)")
+    assert status(INTERRUPTED_EXIT).startswith("stopped (signal 2)")
+    assert [Job(["overview"], Finished(code)).stopped for code in (TERMINATED_EXIT, INTERRUPTED_EXIT, -9, 0, 1, 2)] \
+        == [True, True, True, False, False, False]
     assert status(0).startswith("finished")

@@ -102,6 +102,35 @@ def test_a_records_outputs_are_the_files_written_through_the_run_folder(tmp_path
     assert analyses["inner"]["outputs"] == ["inner.csv"] and analyses["outer"]["outputs"] == ["outer.csv"]
 
 
+def test_an_analysis_that_fails_midway_leaves_the_previous_run_whole(tmp_path):
+    """Tables and figures are staged until the analysis finishes: a run stopped after writing its new table (the
+    web app's Stop, Ctrl-C) must not leave that table beside the older run's figure and manifest entry."""
+    run = RunDir("m", "sst2", tmp_path)
+
+    def analysis(value: int, fail: bool) -> None:
+        with run.record("surface", n=value):
+            run.write_table("surface", pd.DataFrame({"value": [value]}))
+            assert not run.file("surface.csv").is_file() or pd.read_csv(run.file("surface.csv")).value[0] != value
+            assert run.read_table("surface").value[0] == value  # its own staged table, read back
+            fig = head_heatmap(np.full((1, 1), value), title=str(value))
+            run.write_figure("surface", fig)
+            close(fig)
+            if fail:
+                raise KeyboardInterrupt
+
+    analysis(200, fail=False)
+    before = {name: run.file(name).read_bytes() for name in ("surface.csv", "surface.png", "manifest.json")}
+    with pytest.raises(KeyboardInterrupt):
+        analysis(16, fail=True)
+    assert {name: run.file(name).read_bytes() for name in before} == before
+    assert sorted(p.name for p in run.path.iterdir()) == ["manifest.json", "surface.csv", "surface.png", "surface.svg"]
+    (run.path / ".staging-surface").mkdir()  # what a killed run (SIGKILL) leaves: cleared by the next one
+    (run.path / ".staging-surface" / "surface.csv").write_text("value\n999\n")
+    analysis(16, fail=False)
+    assert run.read_table("surface").value[0] == 16 and not (run.path / ".staging-surface").exists()
+    assert json.loads(run.file("manifest.json").read_text())["analyses"]["surface"]["n"] == 16
+
+
 def test_an_output_outside_the_run_folder_is_recorded_by_its_full_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = RunDir("m", "sst2", "runs")  # a relative runs root, as --runs-dir runs gives

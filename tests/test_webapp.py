@@ -175,6 +175,24 @@ def test_model_cache_loads_each_model_once_and_reports_unknown_ones():
         cache.get(" ")
 
 
+def test_model_cache_reloads_a_model_whose_files_were_rewritten(tmp_path):
+    """A store model fine-tuned again (`finetune --force`) while the app runs: Explore must show the new weights,
+    not the ones it loaded before."""
+    folder = tiny_model_dir(tmp_path / "model")
+    cache = ModelCache(capacity=2)
+    first = cache.get(str(folder))
+    assert cache.get(str(folder)) is first  # unchanged files: the cached bundle
+    rewritten = load_model(str(folder), device="cpu")
+    with torch.no_grad():
+        rewritten.model.embeddings.word_embeddings.weight.mul_(2.0)
+    rewritten.model.save_pretrained(folder)
+    second = cache.get(str(folder))
+    assert second is not first and second.revision != first.revision
+    assert torch.equal(second.model.embeddings.word_embeddings.weight,
+                       rewritten.model.embeddings.word_embeddings.weight)
+    assert cache.get(str(folder)) is second and len(cache.loaded()) == 1
+
+
 def test_explorer_classifies_every_head_like_the_classifier(tiny, tiny_dir):
     explorer = LiveExplorer(ModelCache(loader=lambda name: tiny), classifier_loader=random_classifier)
     view = explorer.explore(str(tiny_dir), SENTENCE)
