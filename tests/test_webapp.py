@@ -374,6 +374,9 @@ def test_a_running_job_can_be_stopped(client, server):
     deadline = time.time() + 60
     while not any("running" in output[1] for output in job.outputs()) and time.time() < deadline:
         time.sleep(0.2)
+    # one job at a time for the whole app: a second start (from any browser) is refused with one line
+    _, refused, *_ = client.predict("overview", server[2], "mrpc", 4, "", api_name="/start_job")
+    assert is_error(refused) and "a job is already running" in refused and "wait for it or stop it" in refused
     assert "job stopped" in client.predict(api_name="/stop_job")
     log, status, *_ = job.result(timeout=60)
     assert is_error(status) is False and status.startswith("**note:** stopped (signal")
