@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from analysis.errors import AttnpatError
 from analysis.models import hub_reachable
+from analysis.paths import display_name
 
 
 @dataclass(frozen=True)
@@ -272,7 +273,7 @@ def file_task_name(path: str | Path, content: bytes) -> str:
     The '-' and the hash keep it apart from every built-in task name (sst2, wiki...), and two different
     files with one name never share a run directory.
     """
-    return f"{Path(path).stem}-{hashlib.sha256(content).hexdigest()[:8]}"
+    return f"{display_name(Path(path).stem)}-{hashlib.sha256(content).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,16 @@ from pathlib import Path
 
 
 def workspace() -> Path:
-    return Path(os.environ.get("ATTNPAT_HOME", ".")).resolve()
+    """$ATTNPAT_HOME (a leading ~ is the user's home, as a shell would read it unquoted), else the current folder."""
+    return Path(os.environ.get("ATTNPAT_HOME", ".")).expanduser().resolve()
+
+
+def display_name(name: str) -> str:
+    """A file or folder name as text every writer takes (figure titles, CSV cells, the terminal): the bytes of
+    a name that is not UTF-8, which reach Python as lone surrogates, become U+FFFD."""
+    if name.isascii():
+        return name
+    return "".join("\ufffd" if "\ud800" <= char <= "\udfff" else char for char in name)
 
 
 def runs_root() -> Path:

@@ -17,6 +17,7 @@ import signal
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -53,6 +54,18 @@ def writable_path(path: str | Path) -> Path:
     return path
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it: the only way, and so done once per process)."""
+    global _UMASK
+    if _UMASK is None:
+        _UMASK = os.umask(0o022)
+        os.umask(_UMASK)
+    return _UMASK
+
+
+_UMASK: int | None = None
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_path)`` then rename onto ``path``: readers never see a half-written file."""
     path = Path(path)
@@ -61,11 +74,11 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
     except FileExistsError as exc:  # mkdir met a file where a folder should be
         raise AttnpatError(f"cannot write {path}: {exc.filename} is a file, not a folder") from exc
-    except OSError as exc:  # a read-only or full disk...: one line, not a traceback
-        raise AttnpatError(os_error_message(exc, "cannot write")) from exc
+    except OSError as exc:  # a read-only or full disk...: one line naming the user's path, not the temporary one
+        raise AttnpatError(f"cannot write {path}: {(exc.strerror or type(exc).__name__).lower()}") from exc
     os.close(fd)
     try:
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are ordinary files (a writer may still narrow this)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files, as the umask wants
         write(Path(tmp))
         os.replace(tmp, path)
     except BaseException as exc:
@@ -109,6 +122,10 @@ def locked(path: str | Path, what: str, wait: bool = False) -> Iterator[None]:
             if attempts < 10:  # another holder removed the folder, left empty, between our mkdir and open
                 continue
             raise AttnpatError(os_error_message(exc, "cannot lock")) from exc
+        except PermissionError as exc:  # another user's lock file, in a folder we share
+            if attempts < 10 and _remove_stale_lock(path, what, wait):
+                continue
+            raise AttnpatError(os_error_message(exc, "cannot lock")) from exc
         except OSError as exc:
             raise AttnpatError(os_error_message(exc, "cannot lock")) from exc
         try:
@@ -117,9 +134,7 @@ def locked(path: str | Path, what: str, wait: bool = False) -> Iterator[None]:
             handle.seek(0)
             holder = handle.read().strip()
             handle.close()
-            raise AttnpatError(f"{what} is being written by another attnpat process"
-                               f"{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to finish, "
-                               "or write somewhere else") from None
+            raise _held_by_another(what, holder) from None
         except OSError as exc:
             if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 handle.close()
@@ -146,6 +161,38 @@ def locked(path: str | Path, what: str, wait: bool = False) -> Iterator[None]:
                 folder.rmdir()  # only if empty: the block wrote nothing there
             except OSError:
                 break
+
+
+def _held_by_another(what: str, holder: str) -> AttnpatError:
+    """The one line a second writer gets; ``holder``: the lock file's content, the first writer's pid."""
+    return AttnpatError(f"{what} is being written by another attnpat process"
+                        f"{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to finish, "
+                        "or write somewhere else")
+
+
+def _remove_stale_lock(path: Path, what: str, wait: bool) -> bool:
+    """A lock file we may not write (another user's, left by a killed run, or held by their running one): when no
+    process holds it, remove it and return True so the caller makes its own; when one does, the usual error
+    naming it (wait=True: wait for it first). False when it cannot even be read or removed."""
+    try:
+        handle = open(path, encoding="utf-8")  # noqa: SIM115 (flock needs no write access)
+    except OSError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = handle.read().strip()
+            raise _held_by_another(what, holder) from None
+        except OSError:
+            return False
+        try:
+            path.unlink()  # unheld: stale (its process is gone); the folder is ours to write
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+    return True
 
 
 @contextmanager
@@ -187,9 +234,11 @@ def save_figure(fig, stem: str | Path, formats: tuple[str, ...] = ("png", "svg")
     """Save a matplotlib figure as stem.png and stem.svg, atomically."""
     stem = Path(stem)
     written = []
-    for fmt in formats:
-        written.append(atomic_write(stem.with_suffix(f".{fmt}"),
-                                    lambda tmp, fmt=fmt: fig.savefig(tmp, format=fmt, dpi=130, bbox_inches="tight")))
+    with warnings.catch_warnings():  # a CJK file name in a title: boxes, not a screenful of warnings
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font")
+        for fmt in formats:
+            written.append(atomic_write(stem.with_suffix(f".{fmt}"), lambda tmp, fmt=fmt: fig.savefig(
+                tmp, format=fmt, dpi=130, bbox_inches="tight")))
     return written
 
 
@@ -246,7 +295,7 @@ class RunDir:
     """
 
     def __init__(self, model_slug: str, task: str, root: str | Path | None = None):
-        self.root = Path(root) if root is not None else runs_root()
+        self.root = Path(root).expanduser() if root is not None else runs_root()  # a quoted "~/runs" too
         self.path = self.root / model_slug / task
         self.model_slug = model_slug
         self.task = task

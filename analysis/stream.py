@@ -132,6 +132,11 @@ def encode_examples(tokenizer, examples: Sequence[Example], max_length: int = DE
         full = tokenizer(*args, truncation=False, verbose=False, **kwargs)
         enc = tokenizer(*args, truncation=True, max_length=max_length, **kwargs)
         ids = enc["input_ids"]
+        untruncated = full.sequence_ids()
+        for part, name in ((0, "text"), (1, "text pair")):  # zero-width or direction marks only: no token
+            if (part == 0 or example.text_pair is not None) and part not in untruncated:
+                raise AttnpatError(f"example {example.id} has a {name} that gives no token (only spaces or "
+                                   "invisible characters)")
         encoded.append(Encoded(
             index=index,
             example_id=example.id,

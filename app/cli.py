@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, print AttnpatError as one line on stderr and exit 2."""
     if argv is None:  # the console script: SIGTERM ends it as Ctrl-C would (locks released, temporary files removed)
         signal.signal(signal.SIGTERM, _raise_terminated)
+        for stream in (sys.stdout, sys.stderr):  # a path the terminal's encoding lacks prints escaped, not a crash
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(errors="backslashreplace")
     try:
         # typer turns Ctrl-C into Exit(130) and, outside standalone mode, returns that code instead of raising
         returned = app(args=with_ray_default(sys.argv[1:] if argv is None else list(argv)), standalone_mode=False)

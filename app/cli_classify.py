@@ -107,12 +107,16 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
     if maps is not None:
         if ray is not None:
             raise AttnpatError("--ray classifies a task's maps as they are computed, not saved map files (--maps)")
-        if out is not None:
-            writable_path(out)  # before the maps are classified
+        folder = maps if maps.is_dir() else maps.parent
+        try:
+            if maps.exists():  # (else classify_saved_maps says the maps are missing)
+                writable_path(out or folder / "map_classes.csv")  # before the maps are classified
+        except AttnpatError as exc:
+            raise AttnpatError(f"{exc}; write the table elsewhere with --out FILE.csv" if out is None else str(exc)) \
+                from None
         from classifier.classify import classify_saved_maps, write_map_classes  # noqa: PLC0415
 
         frame = classify_saved_maps(maps, cnn, progress=not quiet)
-        folder = maps if maps.is_dir() else maps.parent
         path = write_map_classes(frame, out or folder / "map_classes.csv")
         typer.echo(f"classified {len(frame)} maps; predicted classes: "
                    + ", ".join(f"{cls} {count}" for cls, count in frame.predicted.value_counts().items()))

@@ -28,7 +28,7 @@ import pandas as pd
 from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
 
 from analysis.errors import AttnpatError
-from analysis.paths import repo_root, workspace
+from analysis.paths import display_name, repo_root, workspace
 from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir
@@ -275,10 +275,10 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
         overlap = training_overlap(labeled, classifier.metadata)
         predictions = {"cnn": predicted, **baseline_predictions_on(labeled, overlap.training, seed, progress)}
         comparison = baseline_comparison(predictions, labeled.labels, "cnn", n_boot=n_boot, seed=seed)
+        title = f"CNN against {display_name(Path(labeled.path or '.').name)} ({len(labeled)} maps)"
         files = [run.write_table("evaluation_scores", scores),
                  run.write_table("evaluation_confusion", confusion_table(confusion)),
-                 *write_confusion_figure(run, "evaluation_confusion", confusion,
-                                         f"CNN against {Path(labeled.path or '.').name} ({len(labeled)} maps)"),
+                 *write_confusion_figure(run, "evaluation_confusion", confusion, title),
                  run.write_table("evaluation_predictions", prediction_table(labeled.map_ids, labeled.labels,
                                                                             probabilities)),
                  run.write_table("evaluation_vs_baselines", comparison)]

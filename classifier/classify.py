@@ -23,10 +23,10 @@ from matplotlib.patches import Patch
 from analysis.data import GLUE_TASKS, TaskData, available_tasks, load_data
 from analysis.errors import AttnpatError
 from analysis.figures import close, label_head_axes  # importing analysis.figures selects the Agg backend
-from analysis.mapstore import iter_map_groups
+from analysis.mapstore import iter_map_groups, shard_files
 from analysis.patterns import CLASS_COLOURS, CLASSES
 from analysis.progress import progress_bar
-from analysis.rundir import RunDir, save_table
+from analysis.rundir import RunDir, list_runs, save_table
 from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps
 from analysis.uncertainty import adjusted_ratios, bootstrap_ratio_interval
 from classifier.model import IMAGE_CHANNELS, PROFILE_FEATURES, resize_maps, write_inputs
@@ -214,6 +214,7 @@ def classify_saved_maps(path: str | Path, classifier: PatternClassifier, progres
     labels.csv), predicted, p_<class>...
     """
     frames, images, map_ids = [], [], []
+    shard_files(path)  # a missing or empty path: one error line before a progress bar is drawn
     bar = progress_bar(None, bool(progress), "classify", unit="maps", unit_scale=True)
 
     def flush() -> None:
@@ -335,8 +336,29 @@ def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, 
                 classify_task(bundle, data, classifier, run, batch_size=batch_size, progress=progress,
                               max_length=max_length, cluster=cluster, **computed)
             ratios[data.task] = run.read_table("pattern_ratios")
-    compare_tasks(bundle.slug, bundle.name, ratios, root)
+    digest = classify_settings(bundle, runs[0][0], classifier, max_length)["classifier_digest"]
+    compare_tasks(bundle.slug, bundle.name, {**classified_elsewhere(bundle.slug, digest, set(ratios), root), **ratios},
+                  root)
     return ratios
+
+
+def classified_elsewhere(model_slug: str, classifier_digest: str, skip: set[str],
+                         root: str | Path | None = None) -> dict:
+    """{task: pattern_ratios frame} of the model's other run folders that this same classifier classified (their
+    manifests' classify settings), so that classifying one task keeps the others in the per-task comparison."""
+    found = {}
+    for run_folder in list_runs(root):
+        classify = ((run_folder["manifest"].get("analyses") or {}).get("classify") or {})
+        settings = classify.get("settings") if isinstance(classify, dict) else None
+        task = run_folder["task"]
+        if (run_folder["model"] != model_slug or task in skip or task == ALL_TASKS_DIR
+                or not isinstance(settings, dict) or settings.get("classifier_digest") != classifier_digest):
+            continue
+        try:
+            found[task] = RunDir(model_slug, task, root).read_table("pattern_ratios")
+        except (AttnpatError, OSError, ValueError):  # removed or damaged since: left out of the comparison
+            continue
+    return dict(sorted(found.items()))
 
 
 def _tasks_ahead(cluster, bundle, classifier: PatternClassifier, datas: list[TaskData], **options):

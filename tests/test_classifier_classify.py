@@ -1,6 +1,7 @@
 """Batch classification of every head: tables, figures, saved map files, the CLI, the real MiniLM."""
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -114,6 +115,13 @@ def test_all_tasks_comparison(bundle, checkpoint, tmp_path):
     assert set(table.task) == {"sst2", "rte"}
     assert (table.groupby("task")["count"].sum() == 3 * LAYERS * HEADS).all()
     assert (tmp_path / bundle.slug / "all" / "pattern_ratios_by_task.svg").is_file()
+    # classifying one task again keeps the others this classifier made in the comparison (before, only sst2 was left)
+    classify_tasks(bundle, ["sst2"], load_classifier(checkpoint), n=2, batch_size=4, root=tmp_path, progress=False)
+    again = pd.read_csv(tmp_path / bundle.slug / "all" / "pattern_ratios_by_task.csv")
+    counts = again.groupby("task")["count"].sum()
+    assert counts.to_dict() == {"rte": 3 * LAYERS * HEADS, "sst2": 2 * LAYERS * HEADS}
+    pd.testing.assert_frame_equal(again[again.task == "rte"].reset_index(drop=True),
+                                  table[table.task == "rte"].reset_index(drop=True))
 
 
 def test_saved_map_files_one_row_per_map(bundle, checkpoint, tmp_path):
@@ -203,6 +211,15 @@ def test_classify_checks_its_out_before_classifying(tmp_path, capsys, monkeypatc
     assert main(["classify", "--task", "sst2", "--out", str(tmp_path / "x.csv"), "--classifier", str(checkpoint),
                  "-q"]) == 2  # --out is the --maps table; without --maps it would be ignored
     assert "--out names the table of --maps" in capsys.readouterr().err
+    # a read-only maps folder without --out: its default table cannot be written, said before the work
+    import analysis.rundir as rundir_module  # noqa: PLC0415
+
+    readable = rundir_module.os.access
+    monkeypatch.setattr(rundir_module.os, "access", lambda path, mode: readable(path, mode) and not (
+        mode & rundir_module.os.W_OK and Path(path) == tmp_path / "maps"))  # as for a non-root user
+    assert main(["classify", "--maps", str(tmp_path / "maps"), "--classifier", str(checkpoint), "-q"]) == 2
+    error = capsys.readouterr().err
+    assert "permission denied on" in error and "--out FILE.csv" in error, error
 
 
 def test_train_verb_writes_scores_and_checkpoint(tmp_path, capsys):

@@ -4,6 +4,7 @@ One test (at least) per numbered item of the hardening issue; the fuzz tests of 
 tests/test_fuzz_inputs.py and the kill-and-resume tests in tests/test_fault_resume.py.
 """
 import json
+import os
 import shlex
 import shutil
 import socket
@@ -140,6 +141,7 @@ def test_a_read_only_run_directory_is_one_error_line(tmp_path, capsys, tiny_mode
     code, _, err, errors = run_cli(["overview", "--model", tiny_model, "--task", tmp_path / "d.csv",
                                     "--runs-dir", runs, "-q"], capsys)
     assert code == 2 and len(errors) == 1 and "permission denied" in errors[0], err
+    assert ".tmp" not in errors[0]  # the user's path, not the temporary name of the write
     assert "Traceback" not in err and files_under(runs) == []
 
 
@@ -929,3 +931,45 @@ def test_a_job_stopped_by_sigterm_or_ctrl_c_after_its_cleanup_reads_as_stopped_n
     assert [Job(["overview"], Finished(code)).stopped for code in (TERMINATED_EXIT, INTERRUPTED_EXIT, -9, 0, 1, 2)] \
         == [True, True, True, False, False, False]
     assert status(0).startswith("finished")
+
+
+def test_a_path_the_terminals_encoding_lacks_prints_escaped_not_a_traceback(tmp_path, tiny_model):
+    """stdout in latin-1 (PYTHONIOENCODING, an old terminal) and a run folder under 数据: the verb finishes
+    with exit 0 and prints the path escaped (before, a UnicodeEncodeError traceback and exit 1 after the work)."""
+    home = tmp_path / "数据"
+    env = {**os.environ, "ATTNPAT_HOME": str(home), "PYTHONIOENCODING": "latin-1", "HF_HUB_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "overview", "--model", str(tiny_model), "--task", "sst2",
+                           "--n", "2", "-q"], env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr.decode(errors="replace")[-2000:]
+    assert b"\\u6570\\u636e" in done.stdout
+    assert (home / "runs" / tiny_model.name / "sst2" / "overview.csv").is_file()
+
+
+def test_a_data_file_name_that_is_not_utf8_is_drawn_escaped(tmp_path, tiny_model):
+    """A file name with a latin-1 byte reaches Python as a lone surrogate, which matplotlib refuses: the task is
+    named with U+FFFD in its place (before, a TypeError traceback from the figure, exit 1)."""
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9"))
+    folder.mkdir()
+    data = folder / os.fsdecode(b"r\xe9views.csv")
+    data.write_text("text,label\na fine film,1\na dull film,0\n")
+    env = {**os.environ, "ATTNPAT_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "classify", "--model", str(tiny_model), "--task",
+                           str(data), "-q"], env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr.decode(errors="replace")[-2000:]
+    (folder,) = (tmp_path / "home" / "runs" / tiny_model.name).glob("r*views-*")
+    assert folder.name.startswith("r\ufffdviews-") and (folder / "pattern_ratios.svg").is_file()
+
+
+@pytest.mark.parametrize("text, pair, which", [("\u200b\u200b", None, "text"), ("\ufeff", None, "text"),
+                                                ("fine", "\u202e", "text pair")])
+def test_text_of_invisible_characters_only_is_refused_like_empty_text(tmp_path, capsys, tiny_model, text, pair,
+                                                                      which):
+    """Zero-width spaces, a byte-order mark or a direction mark alone give no token: one error line, as blank text
+    does (before, the maps of [CLS] [SEP] alone were classified and counted)."""
+    rows = [{"text": "a real sentence"}, {"text": text, **({"text_pair": pair} if pair else {})}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    code, _, err, errors = run_cli(["overview", "--model", tiny_model, "--task", tmp_path / "d.jsonl",
+                                    "--runs-dir", tmp_path / "runs", "-q"], capsys)
+    assert code == 2 and len(errors) == 1 and f"has a {which} that gives no token" in errors[0], err
+    assert files_under(tmp_path / "runs") == []

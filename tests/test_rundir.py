@@ -4,6 +4,8 @@ import fcntl
 import json
 import multiprocessing
 import os
+import stat
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,6 +14,7 @@ import pytest
 from analysis.errors import AttnpatError
 from analysis.figures import close, head_heatmap
 from analysis.mapstore import SavedMap, read_shard, write_shard
+from analysis.paths import runs_root
 from analysis.rundir import (
     RunDir,
     atomic_write,
@@ -35,6 +38,30 @@ def test_atomic_write_leaves_nothing_when_the_writer_fails(tmp_path):
         atomic_write(target, failing)
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["table.csv"]
+
+
+@pytest.mark.parametrize("umask, mode", [(0o077, 0o600), (0o002, 0o664), (0o022, 0o644)])
+def test_written_files_follow_the_umask(tmp_path, monkeypatch, umask, mode):
+    """Private results stay private under umask 077, and a group can edit them under 002 (before: always 0644)."""
+    import analysis.rundir as rundir_module  # noqa: PLC0415
+
+    previous = os.umask(umask)
+    try:
+        monkeypatch.setattr(rundir_module, "_UMASK", None)
+        path = atomic_write(tmp_path / "table.csv", lambda tmp: tmp.write_text("a\n1\n"))
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+
+
+def test_a_tilde_in_attnpat_home_or_the_runs_folder_is_the_home_folder(tmp_path, monkeypatch):
+    """`ATTNPAT_HOME="~/attn"` or `--runs-dir "~/runs"` (quoted, so no shell expands it) mean the home folder,
+    not a folder named ~ in the current one."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ATTNPAT_HOME", "~/attn data")
+    assert runs_root() == tmp_path / "home" / "attn data" / "runs"
+    assert RunDir("m", "sst2", "~/runs").path == tmp_path / "home" / "runs" / "m" / "sst2"
 
 
 def test_writable_path_checks_without_writing(tmp_path, monkeypatch):
@@ -157,6 +184,34 @@ def test_a_second_writer_is_refused_while_the_lock_is_held_and_nothing_is_left_a
         (tmp_path / "new" / "folder" / "table.csv").write_text("kept")
     assert sorted(p.name for p in (tmp_path / "new" / "folder").iterdir()) == ["table.csv"]
 
+
+
+def test_another_users_lock_file_is_taken_over_when_stale_and_named_when_held(tmp_path, monkeypatch):
+    """In a folder shared by a group, a lock file left by another user's killed run cannot be opened for writing
+    (its mode follows that user's umask): an unheld one is removed and replaced, a held one names its process
+    (before, `cannot lock ...: permission denied` blocked everyone else for good)."""
+    import analysis.rundir as rundir_module  # noqa: PLC0415
+
+    path = tmp_path / ".lock-surface"
+
+    def as_another_user(file, mode="r", *args, **kwargs):  # tests may run as root, which writes anything
+        if Path(file) == path and mode != "r" and path.exists() and path.read_text() == "4242\n":
+            raise PermissionError(13, "Permission denied", str(file))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(rundir_module, "open", as_another_user, raising=False)
+    path.write_text("4242\n")  # stale: its process is gone
+    with locked(path, "surface in the folder"):
+        assert path.read_text().strip() == str(os.getpid())
+    assert not path.exists()
+    path.write_text("4242\n")
+    with open(path) as holder:  # a second open file stands for the other user's running process
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with pytest.raises(AttnpatError, match=r"^surface in the folder is being written by another attnpat "
+                                               r"process \(pid 4242\)"):
+            with locked(path, "surface in the folder"):
+                raise AssertionError("two writers held the lock")
+    assert path.read_text() == "4242\n"  # a held lock is never removed
 
 
 def test_a_file_system_without_locks_runs_the_block_unlocked_and_says_so(tmp_path, monkeypatch, caplog):
