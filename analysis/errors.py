@@ -6,6 +6,10 @@ TERMINATED_EXIT = 128 + signal.SIGTERM
 INTERRUPTED_EXIT = 128 + signal.SIGINT  # Ctrl-C
 
 
+class Terminated(BaseException):
+    """SIGTERM (a job stopped from the web app, `kill`): raised so that cleanup runs as for Ctrl-C."""
+
+
 class AttnpatError(Exception):
     """A user-facing error. The CLI prints ``error: <message>`` and exits 2; the app shows the message."""
 

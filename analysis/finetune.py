@@ -32,6 +32,7 @@ from analysis.rundir import RunDir, atomic_write, atomic_write_json, locked
 from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, encode_examples, iter_batches
 
 CHECKPOINT_DIR = ".checkpoint"
+FORCE_PENDING = ".force-pending"  # a --force run is training a replacement (finetune)
 STATE_FILE = "state.pt"
 META_FILE = "attnpat.json"
 
@@ -282,7 +283,8 @@ def store_path(name: str) -> Path:
 
 
 def is_finished(path: Path) -> bool:
-    return (path / "config.json").is_file() and (path / META_FILE).is_file()
+    """A complete store model that no `--force` run is replacing (an interrupted one resumes on any rerun)."""
+    return (path / "config.json").is_file() and (path / META_FILE).is_file() and not (path / FORCE_PENDING).exists()
 
 
 def write_store(bundle, path: Path, meta: dict) -> None:
@@ -332,6 +334,8 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
             return {**meta, "path": str(path), "skipped": True}
         if force:  # train afresh; the finished model stays usable (the web app's Explore) until the new one lands
             shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
+            path.mkdir(parents=True, exist_ok=True)
+            (path / FORCE_PENDING).touch()
         run = RunDir(name, task, runs_dir)
         with run.record("finetune", store=str(path)) as entry:
             meta = _train_into_store(base, task, path, recipe, split_dev=split_dev, train_share=train_share,
@@ -372,4 +376,5 @@ def _train_into_store(base: str, task: str, path: Path, recipe: Recipe, *, split
     }
     write_store(bundle, path, meta)
     shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
+    (path / FORCE_PENDING).unlink(missing_ok=True)
     return {**meta, "path": str(path), "skipped": False, "losses": result.losses}

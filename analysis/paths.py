@@ -22,8 +22,10 @@ def display_name(name: str) -> str:
     return "".join("\ufffd" if "\ud800" <= char <= "\udfff" else char for char in name)
 
 
-def runs_root() -> Path:
-    return workspace() / "runs"
+def runs_root(root: str | Path | None = None) -> Path:
+    """The runs folder: ``root`` when given (a leading ~ is the home folder, also when quoted, as in
+    `--runs-dir "~/runs"`), else <workspace>/runs."""
+    return Path(root).expanduser() if root is not None else workspace() / "runs"
 
 
 def model_store() -> Path:

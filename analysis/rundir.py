@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -34,7 +35,7 @@ PACKAGES = ("torch", "transformers", "numpy", "scikit-learn", "gradio", "label-s
 # Advisory lock files (removed when released): a run folder's .lock guards its read-merge-write updates (the
 # manifest, tables that several modes share); .lock-<analysis> is held while that analysis runs.
 LOCK_FILE = ".lock"
-STAGING = ".staging"  # .staging-<analysis>/: a running analysis's tables and figures (RunDir.record)
+STAGING = ".staging"  # .staging-<analysis>-<random>/: a running analysis's tables and figures (RunDir.record)
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +56,16 @@ def writable_path(path: str | Path) -> Path:
 
 
 def _umask() -> int:
-    """The process's umask (read by setting it: the only way, and so done once per process)."""
+    """The process's umask: from /proc (Linux), else read by setting it (once per process, since another
+    thread creating a file in that instant would get the interim mask)."""
     global _UMASK
     if _UMASK is None:
-        _UMASK = os.umask(0o022)
-        os.umask(_UMASK)
+        try:
+            status = Path("/proc/self/status").read_text(encoding="ascii", errors="replace")
+            _UMASK = int(next(line.split()[1] for line in status.splitlines() if line.startswith("Umask:")), 8)
+        except (OSError, StopIteration, IndexError, ValueError):
+            _UMASK = os.umask(0o022)
+            os.umask(_UMASK)
     return _UMASK
 
 
@@ -187,7 +193,8 @@ def _remove_stale_lock(path: Path, what: str, wait: bool) -> bool:
         except OSError:
             return False
         try:
-            path.unlink()  # unheld: stale (its process is gone); the folder is ours to write
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:  # still the file we hold, not a new one
+                path.unlink()  # unheld: stale (its process is gone); the folder is ours to write
         except FileNotFoundError:
             pass
         except OSError:
@@ -197,13 +204,26 @@ def _remove_stale_lock(path: Path, what: str, wait: bool) -> bool:
 
 @contextmanager
 def signals_held() -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM back for a short block that must not stop halfway (they are delivered after it)."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    """Hold Ctrl-C and SIGTERM back for a short block that must not stop halfway: they are delivered after it.
+
+    Python runs signal handlers in the main thread whichever thread the kernel picked (numpy's and tqdm's
+    threads included), so the handlers are swapped for ones that only remember the signal; a thread mask would
+    not do. Elsewhere than in the main thread, where handlers cannot be set, the block just runs."""
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {number: signal.getsignal(number) for number in held}
+    if threading.current_thread() is not threading.main_thread() or None in previous.values():
+        yield
+        return
+    arrived: list[int] = []
+    for number in held:
+        signal.signal(number, lambda number, frame: arrived.append(number))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number in dict.fromkeys(arrived):
+            signal.raise_signal(number)
 
 
 def read_json(path: str | Path, what: str, remedy: str = "delete it to start over"):
@@ -295,7 +315,7 @@ class RunDir:
     """
 
     def __init__(self, model_slug: str, task: str, root: str | Path | None = None):
-        self.root = Path(root).expanduser() if root is not None else runs_root()  # a quoted "~/runs" too
+        self.root = runs_root(root)
         self.path = self.root / model_slug / task
         self.model_slug = model_slug
         self.task = task
@@ -331,14 +351,29 @@ class RunDir:
         """Write ``<name>.csv``; inside a record it is staged and lands when the analysis finishes. merged: a
         table that several analyses merge their rows into (under :meth:`updating`), written in place at once so
         that the next merge sees it. Returns the path where it lands."""
-        return self._note(save_table(frame, self._destination(f"{name}.csv", merged)))
+        with self._named_as_landing():
+            return self._note(save_table(frame, self._destination(f"{name}.csv", merged)))
 
     def write_figure(self, name: str, fig, merged: bool = False) -> list[Path]:
         """Write ``<name>.png`` and ``<name>.svg``, staged (or not: merged) as write_table's tables are."""
-        return [self._note(path) for path in save_figure(fig, self._destination(name, merged))]
+        with self._named_as_landing():
+            return [self._note(path) for path in save_figure(fig, self._destination(name, merged))]
 
     def _destination(self, name: str, merged: bool) -> Path:
         return self._staging[-1] / name if self._staging and not merged else self.file(name)
+
+    @contextmanager
+    def _named_as_landing(self) -> Iterator[None]:
+        """A failed staged write (disk full...) names the file where it would land, not its staging copy."""
+        try:
+            yield
+        except AttnpatError as exc:
+            message = str(exc)
+            for staging in self._staging:
+                message = message.replace(str(staging), str(self.path))
+            if message == str(exc):
+                raise
+            raise AttnpatError(message) from exc
 
     def _note(self, path: Path) -> Path:
         if self._written is not None:  # the innermost record's (an outer one's outputs are its own files)
@@ -372,8 +407,12 @@ class RunDir:
         self.manifest()  # a damaged manifest is an error now, before the analysis writes its tables
         # one process per analysis and run folder: a second would overwrite the first one's tables mid-run
         with locked(self.file(f"{LOCK_FILE}-{analysis}"), f"{analysis} in {self.path}"):
-            staging = self.file(f"{STAGING}-{analysis}")
-            shutil.rmtree(staging, ignore_errors=True)  # a killed run's (we hold its lock, so nobody uses it)
+            for stale in self.path.glob(f"{STAGING}-{analysis}-*"):  # killed runs' (we hold the analysis's lock)
+                shutil.rmtree(stale, ignore_errors=True)  # another user's may stay: ours has its own name
+            try:
+                staging = Path(tempfile.mkdtemp(dir=self.path, prefix=f"{STAGING}-{analysis}-"))
+            except OSError as exc:
+                raise AttnpatError(os_error_message(exc, f"cannot write in {self.path}")) from exc
             started = time.time()
             entry: dict = {"command": command_line(), "started": _iso(started), **extra}
             if data is not None:
@@ -387,11 +426,15 @@ class RunDir:
                 entry["outputs"] = list(dict.fromkeys(written + listed))
                 finished = time.time()
                 entry.update(finished=_iso(finished), elapsed_seconds=round(finished - started, 3))
-                with self.updating(), signals_held():  # a stop now would leave half the files moved
-                    for name in dict.fromkeys(written):
-                        if (staging / name).is_file():  # a merged table is in place already
-                            os.replace(staging / name, self.file(name))
-                    self._add_to_manifest(analysis, entry, bundle, finished)
+                with self.updating():
+                    # everything written first, so that only renames remain, with a stop held back for them
+                    atomic_write_json(staging / "manifest.json", self._merged_manifest(analysis, entry, bundle,
+                                                                                       finished))
+                    with signals_held():
+                        for name in dict.fromkeys(written):
+                            if (staging / name).is_file():  # a merged table is in place already
+                                os.replace(staging / name, self.file(name))
+                        os.replace(staging / "manifest.json", self.file("manifest.json"))
             finally:
                 self._written = outer
                 self._staging.pop()
@@ -404,7 +447,8 @@ class RunDir:
         with locked(self.file(LOCK_FILE), str(self.path), wait=True):
             yield
 
-    def _add_to_manifest(self, analysis: str, entry: dict, bundle, finished: float) -> None:
+    def _merged_manifest(self, analysis: str, entry: dict, bundle, finished: float) -> dict:
+        """The manifest with ``entry`` recorded for ``analysis`` (read under :meth:`updating`)."""
         manifest = self.manifest()
         if bundle is not None:
             manifest["model"] = {"name": bundle.name, "source": bundle.source.kind, "path": bundle.source.path,
@@ -414,7 +458,7 @@ class RunDir:
         manifest["packages"] = package_versions()
         manifest.setdefault("analyses", {})[analysis] = entry
         manifest["updated"] = _iso(finished)
-        atomic_write_json(self.file("manifest.json"), manifest)
+        return manifest
 
 
 def command_line() -> str:
@@ -433,7 +477,7 @@ def _iso(timestamp: float) -> str:
 
 def list_runs(root: str | Path | None = None) -> list[dict]:
     """Every run directory under ``root``: model slug, task, path and manifest."""
-    root = Path(root) if root is not None else runs_root()
+    root = runs_root(root)
     runs = []
     for manifest_path in sorted(root.glob("*/*/manifest.json")):
         try:

@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, os_error_message
+from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, Terminated, os_error_message
 from app.options import with_ray_default
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -35,10 +35,6 @@ def _register_all() -> None:
 
 
 _register_all()
-
-
-class Terminated(BaseException):
-    """SIGTERM (a job stopped from the web app, `kill`): raised so that cleanup runs as for Ctrl-C."""
 
 
 def _raise_terminated(signum, frame):

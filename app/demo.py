@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.errors import AttnpatError
+from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, Terminated
 from analysis.paths import model_store, repo_root, runs_root
 from analysis.rundir import atomic_write_json, locked
 
@@ -181,7 +181,7 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
     """Run the steps (``only``: these verbs) through ``run_command(argv) -> exit code``; skip the ones whose
     outputs exist and whose inputs are unchanged, unless ``force``. Returns one record per step (title,
     command, status run|skipped, seconds)."""
-    root = Path(runs_dir) if runs_dir is not None else runs_root()
+    root = runs_root(runs_dir)
     steps = [step for step in pipeline(sizes) if not only or step.verb in only]
     unknown = set(only or ()) - {step.verb for step in pipeline(sizes)}
     if unknown:
@@ -206,6 +206,8 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
                     force or not outputs_exist(step, root)):
                 argv.append("--force")  # a finished model whose run record is gone (or --force): train it again
             code = run_command(argv + extra)
+            if code in (INTERRUPTED_EXIT, TERMINATED_EXIT):  # the step was stopped: so is the demo (130, 143)
+                raise KeyboardInterrupt if code == INTERRUPTED_EXIT else Terminated
             if code != 0:
                 raise AttnpatError(f"demo step `{step.command}` failed (exit {code}); see the message above")
             seconds = time.time() - step_started
@@ -295,7 +297,7 @@ def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
 
 def tab_summary(runs_dir: Path | None = None, sizes: Sizes = FULL) -> list[str]:
     """One line per app tab saying what it now shows; a tab whose results are missing says which."""
-    root = Path(runs_dir) if runs_dir is not None else runs_root()
+    root = runs_root(runs_dir)
     lines = []
     for tab, describe in _tab_lines(root, sizes).items():
         try:

@@ -82,7 +82,7 @@ class RunBrowser:
     """Reads runs/<model-slug>/<task>/ for the run tabs; draws a heatmap for a layer x head CSV without figure."""
 
     def __init__(self, runs_dir: str | Path | None, scratch: Scratch):
-        self.root = Path(runs_dir) if runs_dir is not None else runs_root()
+        self.root = runs_root(runs_dir)
         self.scratch = scratch
 
     def runs(self) -> list[dict]:

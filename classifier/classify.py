@@ -336,23 +336,24 @@ def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, 
                 classify_task(bundle, data, classifier, run, batch_size=batch_size, progress=progress,
                               max_length=max_length, cluster=cluster, **computed)
             ratios[data.task] = run.read_table("pattern_ratios")
-    digest = classify_settings(bundle, runs[0][0], classifier, max_length)["classifier_digest"]
-    compare_tasks(bundle.slug, bundle.name, {**classified_elsewhere(bundle.slug, digest, set(ratios), root), **ratios},
-                  root)
+    settings = classify_settings(bundle, runs[0][0], classifier, max_length)
+    compare_tasks(bundle.slug, bundle.name,
+                  {**classified_elsewhere(bundle.slug, settings, set(ratios), root), **ratios}, root)
     return ratios
 
 
-def classified_elsewhere(model_slug: str, classifier_digest: str, skip: set[str],
-                         root: str | Path | None = None) -> dict:
-    """{task: pattern_ratios frame} of the model's other run folders that this same classifier classified (their
-    manifests' classify settings), so that classifying one task keeps the others in the per-task comparison."""
+def classified_elsewhere(model_slug: str, settings: dict, skip: set[str], root: str | Path | None = None) -> dict:
+    """{task: pattern_ratios frame} of the model's other run folders classified with these ``settings`` (model
+    revision, length limit, classifier; any data), so that classifying one task keeps the others in the per-task
+    comparison, and a table made otherwise never joins it."""
+    wanted = {key: value for key, value in settings.items() if key != "data"}
     found = {}
     for run_folder in list_runs(root):
         classify = ((run_folder["manifest"].get("analyses") or {}).get("classify") or {})
-        settings = classify.get("settings") if isinstance(classify, dict) else None
+        made = classify.get("settings") if isinstance(classify, dict) else None
         task = run_folder["task"]
-        if (run_folder["model"] != model_slug or task in skip or task == ALL_TASKS_DIR
-                or not isinstance(settings, dict) or settings.get("classifier_digest") != classifier_digest):
+        if (run_folder["model"] != model_slug or task in skip or task == ALL_TASKS_DIR or not isinstance(made, dict)
+                or {key: value for key, value in made.items() if key != "data"} != wanted):
             continue
         try:
             found[task] = RunDir(model_slug, task, root).read_table("pattern_ratios")

@@ -122,6 +122,10 @@ def test_all_tasks_comparison(bundle, checkpoint, tmp_path):
     assert counts.to_dict() == {"rte": 3 * LAYERS * HEADS, "sst2": 2 * LAYERS * HEADS}
     pd.testing.assert_frame_equal(again[again.task == "rte"].reset_index(drop=True),
                                   table[table.task == "rte"].reset_index(drop=True))
+    # a task classified with other settings (another length limit) never joins it
+    classify_tasks(bundle, ["sst2"], load_classifier(checkpoint), n=2, batch_size=4, root=tmp_path, progress=False,
+                   max_length=32)
+    assert set(pd.read_csv(tmp_path / bundle.slug / "all" / "pattern_ratios_by_task.csv").task) == {"sst2"}
 
 
 def test_saved_map_files_one_row_per_map(bundle, checkpoint, tmp_path):

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from analysis.errors import AttnpatError
+from analysis.errors import AttnpatError, Terminated
 from analysis.rundir import locked
 from app import demo
 
@@ -91,6 +91,12 @@ def test_force_and_only(workspace):
 def test_a_failing_step_stops_the_demo_with_one_line(workspace):
     with pytest.raises(AttnpatError, match="demo step `attnpat finetune .*` failed \\(exit 2\\)"):
         demo.run_pipeline(lambda argv: 2, sizes=demo.QUICK, runs_dir=workspace / "runs", echo=lambda line: None)
+    assert not (workspace / "runs" / demo.STATE_FILE).exists()
+    # a step stopped by Ctrl-C (130) or SIGTERM (143) stops the demo as such, not as a failed step (exit 2)
+    with pytest.raises(KeyboardInterrupt):
+        demo.run_pipeline(lambda argv: 130, sizes=demo.QUICK, runs_dir=workspace / "runs", echo=lambda line: None)
+    with pytest.raises(Terminated):
+        demo.run_pipeline(lambda argv: 143, sizes=demo.QUICK, runs_dir=workspace / "runs", echo=lambda line: None)
     assert not (workspace / "runs" / demo.STATE_FILE).exists()
 
 

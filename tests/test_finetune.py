@@ -140,5 +140,20 @@ def test_finetune_writes_a_loadable_store_model_and_skips_when_done(tokenizer, t
                                                                            device="cpu").meta["steps"]))
     assert not forced["skipped"] and forced["resumed_from_step"] == 0 and seen == [3] * 6
     assert json.loads((store / "attnpat.json").read_text())["steps"] == 6 and not (store / ".checkpoint").exists()
+    # a --force run stopped midway is not done: a rerun without --force resumes it from its checkpoint
+    longer = ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=3, max_length=64)
+
+    def stop_at_four(step, loss):
+        if step == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ft.finetune(str(base), "rte", name="tiny-rte", recipe=longer, split_dev=True, n_train=48, progress=False,
+                    allow_hub=False, force=True, checkpoint_every=1, on_step=stop_at_four)
+    assert load_model("tiny-rte", kind="classifier", device="cpu").meta["steps"] == 6  # the old model meanwhile
+    resumed = ft.finetune(str(base), "rte", name="tiny-rte", recipe=longer, split_dev=True, n_train=48,
+                          progress=False, allow_hub=False)
+    assert not resumed["skipped"] and resumed["resumed_from_step"] == 4 and resumed["steps"] == 9
+    assert not (store / ".force-pending").exists() and not (store / ".checkpoint").exists()
     with pytest.raises(AttnpatError, match="plain folder names"):
         ft.finetune(str(base), "rte", name="../escape", recipe=recipe, split_dev=True, allow_hub=False)

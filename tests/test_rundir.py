@@ -4,7 +4,9 @@ import fcntl
 import json
 import multiprocessing
 import os
+import signal
 import stat
+import time
 from pathlib import Path
 
 import numpy as np
@@ -151,11 +153,55 @@ def test_an_analysis_that_fails_midway_leaves_the_previous_run_whole(tmp_path):
         analysis(16, fail=True)
     assert {name: run.file(name).read_bytes() for name in before} == before
     assert sorted(p.name for p in run.path.iterdir()) == ["manifest.json", "surface.csv", "surface.png", "surface.svg"]
-    (run.path / ".staging-surface").mkdir()  # what a killed run (SIGKILL) leaves: cleared by the next one
-    (run.path / ".staging-surface" / "surface.csv").write_text("value\n999\n")
+    (run.path / ".staging-surface-killed").mkdir()  # what a killed run (SIGKILL) leaves: cleared by the next one
+    (run.path / ".staging-surface-killed" / "surface.csv").write_text("value\n999\n")
     analysis(16, fail=False)
-    assert run.read_table("surface").value[0] == 16 and not (run.path / ".staging-surface").exists()
+    assert run.read_table("surface").value[0] == 16 and not list(run.path.glob(".staging*"))
     assert json.loads(run.file("manifest.json").read_text())["analyses"]["surface"]["n"] == 16
+
+
+def test_a_manifest_that_cannot_be_written_leaves_the_tables_as_they_were(tmp_path, monkeypatch):
+    """The manifest is written before any staged table moves in (a full disk fails there), so a failure leaves
+    the old tables with the old manifest, not new tables with it."""
+    import analysis.rundir as rundir_module  # noqa: PLC0415
+
+    run = RunDir("m", "sst2", tmp_path)
+    with run.record("surface", n=1):
+        run.write_table("surface", pd.DataFrame({"value": [1]}))
+    real = rundir_module.atomic_write_json
+
+    def disk_full(path, data):
+        raise AttnpatError(f"cannot write {path}: no space left on device")
+
+    monkeypatch.setattr(rundir_module, "atomic_write_json", disk_full)
+    with pytest.raises(AttnpatError, match="no space left"):
+        with run.record("surface", n=2):
+            run.write_table("surface", pd.DataFrame({"value": [2]}))
+    monkeypatch.setattr(rundir_module, "atomic_write_json", real)
+    assert run.read_table("surface").value[0] == 1 and run.manifest()["analyses"]["surface"]["n"] == 1
+    assert not list(run.path.glob(".staging*"))
+
+
+def test_signals_held_back_for_a_block_arrive_after_it_even_with_other_threads(tmp_path):
+    """Ctrl-C while the staged files move in: the move finishes, then the interrupt comes. Other threads (numpy's,
+    tqdm's) must not let it through: a thread mask alone did."""
+    import threading  # noqa: PLC0415
+
+    from analysis.rundir import signals_held  # noqa: PLC0415
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    finished = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with signals_held():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)  # the signal arrives (in whichever thread) while the block runs
+                finished.append(True)
+    finally:
+        stop.set()
+    assert finished == [True]
 
 
 def test_an_output_outside_the_run_folder_is_recorded_by_its_full_path(tmp_path, monkeypatch):

@@ -32,6 +32,7 @@ from analysis.sweeps import (
     head_delta_figure,
     head_variants,
     layer_variants,
+    merge_mode_rows,
     naive_sweep,
     recompute_share,
     run_sweep,
@@ -259,9 +260,25 @@ def test_disable_analysis_writes_tables_and_figures_for_both_modes(tmp_path):
     panels = figure.axes[:2]
     assert [ax.get_title().split(" (")[0] for ax in panels] == ["uniform", "zero"]
     for ax, mode in zip(panels, ("uniform", "zero")):
-        starred = sum(text.get_text() == "*" for text in ax.texts)
-        assert starred == int((table_to_array(heads, f"{mode}_p_holm") < 0.05).sum())
         assert np.allclose(ax.images[0].get_array(), table_to_array(heads, f"{mode}_delta") * 100)
+    plt.close(figure)
+
+
+def test_the_heads_figure_stars_each_modes_surviving_heads_in_its_own_panel():
+    rng = np.random.default_rng(0)
+    p_holm = {"uniform": np.full((3, 4), 0.5), "zero": np.full((3, 4), 0.5)}
+    p_holm["uniform"][0, 1] = p_holm["uniform"][2, 3] = 0.01
+    p_holm["zero"][1, 0] = 0.001
+    table = merge_mode_rows(long_table({"uniform_delta": rng.normal(size=(3, 4)), "uniform_metric": np.ones((3, 4)),
+                                        "uniform_p_holm": p_holm["uniform"]}),
+                            long_table({"zero_delta": rng.normal(size=(3, 4)), "zero_metric": np.ones((3, 4)),
+                                        "zero_p_holm": p_holm["zero"]}), "metric",
+                            ["zero_delta", "zero_metric", "zero_p_holm"])
+    figure = head_delta_figure(table, metric="accuracy", task="sst2", model="m")
+    for ax, mode in zip(figure.axes[:2], ("uniform", "zero")):
+        starred = {(round(text.get_position()[1]), round(text.get_position()[0])) for text in ax.texts
+                   if text.get_text() == "*"}
+        assert starred == {tuple(int(i) for i in cell) for cell in np.argwhere(p_holm[mode] < 0.05)}
     plt.close(figure)
 
 
