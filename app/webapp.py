@@ -462,7 +462,8 @@ class WebApp:
                 verb = gr.Dropdown(verbs, value=verbs[0] if verbs else None, label="job", elem_id="job-verb")
                 model = gr.Textbox(value=DEFAULT_MODEL, label="model", elem_id="job-model")
                 task = gr.Dropdown(list(ALL_TASKS), value="sst2", label="task", elem_id="job-task")
-                count = gr.Number(value=32, precision=0, minimum=1, label="examples (n)", elem_id="job-n")
+                # no precision: gradio would round 1.5 to 2 unseen; BatchJobs.arguments refuses it in one line
+                count = gr.Number(value=32, minimum=1, step=1, label="examples (n)", elem_id="job-n")
             with gr.Row():
                 start = gr.Button("Start job", variant="primary", elem_id="job-start")
                 watch = gr.Button("Watch progress", elem_id="job-watch")

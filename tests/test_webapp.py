@@ -349,6 +349,8 @@ def test_job_endpoints_reject_bad_jobs(client):
         client.predict("rm", "minilm", "sst2", 4, "", api_name="/start_job")
     log, status, *_ = client.predict("overview", "-rf", "sst2", 4, "", api_name="/start_job")
     assert is_error(status) and "not a model name" in status
+    log, status, *_ = client.predict("overview", "minilm", "sst2", 1.5, "", api_name="/start_job")
+    assert is_error(status) and "whole number" in status  # not rounded to 2 and run
     assert "no job" in client.predict(api_name="/stop_job")
 
 
