@@ -195,7 +195,7 @@ def finetune_encoder(bundle, examples: Sequence[Example], recipe: Recipe, checkp
     state = load_checkpoint(checkpoint)
     if state is not None:
         if state["recipe"] != asdict(recipe) or state["n_examples"] != len(examples):
-            raise AttnpatError(f"the checkpoint in {checkpoint.parent} was made with other settings "
+            raise CheckpointMismatch(f"the checkpoint in {checkpoint.parent} was made with other settings "
                                f"({state['recipe']}, {state['n_examples']} examples); rerun with --force to restart")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -282,6 +282,10 @@ def store_path(name: str) -> Path:
     return model_store() / name
 
 
+class CheckpointMismatch(AttnpatError):
+    """A fine-tuning checkpoint made with other settings than the run that found it."""
+
+
 def is_finished(path: Path) -> bool:
     """A complete store model that no `--force` run is replacing (an interrupted one resumes on any rerun)."""
     return (path / "config.json").is_file() and (path / META_FILE).is_file() and not (path / FORCE_PENDING).exists()
@@ -334,16 +338,20 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
             return {**meta, "path": str(path), "skipped": True}
         if force:  # train afresh; the finished model stays usable (the web app's Explore) until the new one lands
             shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
-            path.mkdir(parents=True, exist_ok=True)
-            (path / FORCE_PENDING).touch()
         run = RunDir(name, task, runs_dir)
-        with run.record("finetune", store=str(path)) as entry:
-            meta = _train_into_store(base, task, path, recipe, split_dev=split_dev, train_share=train_share,
-                                     n_train=n_train, checkpoint_every=checkpoint_every, progress=progress,
-                                     device=device, allow_hub=allow_hub, on_step=on_step)
-            run.write_table("finetune_eval", eval_table(meta))
-            entry.update(split=meta["split"], recipe=meta["recipe"], metric=meta["metric"],
-                         metric_value=meta["metric_value"])
+        try:
+            with run.record("finetune", store=str(path)) as entry:
+                meta = _train_into_store(base, task, path, recipe, split_dev=split_dev, train_share=train_share,
+                                         n_train=n_train, checkpoint_every=checkpoint_every, progress=progress,
+                                         device=device, allow_hub=allow_hub, on_step=on_step)
+                run.write_table("finetune_eval", eval_table(meta))
+                entry.update(split=meta["split"], recipe=meta["recipe"], metric=meta["metric"],
+                             metric_value=meta["metric_value"])
+        except CheckpointMismatch:
+            if force or not (path / META_FILE).is_file():
+                raise
+            # a stopped --force run with other settings left its checkpoint: the finished model still stands
+            return {**_store_meta(resolve_model(name)), "path": str(path), "skipped": True}
     return meta
 
 
@@ -357,6 +365,8 @@ def _train_into_store(base: str, task: str, path: Path, recipe: Recipe, *, split
     torch.manual_seed(recipe.seed)  # the fresh classification head's initialisation
     bundle = load_model(base, kind="classifier", num_labels=num_labels, device=device)
     path.mkdir(parents=True, exist_ok=True)
+    if (path / "config.json").is_file():  # replacing a finished model: not done again until the new one lands
+        (path / FORCE_PENDING).touch()
     checkpoint = path / CHECKPOINT_DIR / STATE_FILE
     result = finetune_encoder(bundle, train.examples, recipe, checkpoint, num_labels=num_labels,
                               checkpoint_every=checkpoint_every, progress=progress, on_step=on_step)

@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from analysis.errors import AttnpatError
+
 
 def workspace() -> Path:
     """$ATTNPAT_HOME (a leading ~ is the user's home, as a shell would read it unquoted), else the current folder."""
-    return Path(os.environ.get("ATTNPAT_HOME", ".")).expanduser().resolve()
+    return expand_home(os.environ.get("ATTNPAT_HOME", ".")).resolve()
 
 
 def display_name(name: str) -> str:
@@ -25,7 +27,15 @@ def display_name(name: str) -> str:
 def runs_root(root: str | Path | None = None) -> Path:
     """The runs folder: ``root`` when given (a leading ~ is the home folder, also when quoted, as in
     `--runs-dir "~/runs"`), else <workspace>/runs."""
-    return Path(root).expanduser() if root is not None else workspace() / "runs"
+    return expand_home(root) if root is not None else workspace() / "runs"
+
+
+def expand_home(path: str | Path) -> Path:
+    """``path`` with a leading ~ or ~user made the home folder; an unknown user is one AttnpatError."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError as exc:  # ~nosuchuser
+        raise AttnpatError(f"cannot expand {str(path).split('/')[0]} in {path}: no such user's home") from exc
 
 
 def model_store() -> Path:

@@ -215,13 +215,19 @@ def signals_held() -> Iterator[None]:
         yield
         return
     arrived: list[int] = []
-    for number in held:
-        signal.signal(number, lambda number, frame: arrived.append(number))
-    try:
+    try:  # installing runs pending handlers: one may raise here, and every handler must still be restored
+        for number in held:
+            signal.signal(number, lambda number, frame: arrived.append(number))
         yield
     finally:
+        raised = None
         for number, handler in previous.items():
-            signal.signal(number, handler)
+            try:
+                signal.signal(number, handler)
+            except BaseException as exc:  # a signal landing between two restores: restore the rest first
+                raised = raised or exc
+        if raised is not None:
+            raise raised
         for number in dict.fromkeys(arrived):
             signal.raise_signal(number)
 
@@ -407,7 +413,7 @@ class RunDir:
         self.manifest()  # a damaged manifest is an error now, before the analysis writes its tables
         # one process per analysis and run folder: a second would overwrite the first one's tables mid-run
         with locked(self.file(f"{LOCK_FILE}-{analysis}"), f"{analysis} in {self.path}"):
-            for stale in self.path.glob(f"{STAGING}-{analysis}-*"):  # killed runs' (we hold the analysis's lock)
+            for stale in self.path.glob(f"{STAGING}-{analysis}-{'?' * 8}"):  # killed runs' (mkdtemp's 8 letters)
                 shutil.rmtree(stale, ignore_errors=True)  # another user's may stay: ours has its own name
             try:
                 staging = Path(tempfile.mkdtemp(dir=self.path, prefix=f"{STAGING}-{analysis}-"))
@@ -428,8 +434,9 @@ class RunDir:
                 entry.update(finished=_iso(finished), elapsed_seconds=round(finished - started, 3))
                 with self.updating():
                     # everything written first, so that only renames remain, with a stop held back for them
-                    atomic_write_json(staging / "manifest.json", self._merged_manifest(analysis, entry, bundle,
-                                                                                       finished))
+                    with self._named_as_landing():
+                        atomic_write_json(staging / "manifest.json",
+                                          self._merged_manifest(analysis, entry, bundle, finished))
                     with signals_held():
                         for name in dict.fromkeys(written):
                             if (staging / name).is_file():  # a merged table is in place already

@@ -181,6 +181,8 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
     """Run the steps (``only``: these verbs) through ``run_command(argv) -> exit code``; skip the ones whose
     outputs exist and whose inputs are unchanged, unless ``force``. Returns one record per step (title,
     command, status run|skipped, seconds)."""
+    from analysis.finetune import is_finished as finished_model  # noqa: PLC0415 (torch training, for one step)
+
     root = runs_root(runs_dir)
     steps = [step for step in pipeline(sizes) if not only or step.verb in only]
     unknown = set(only or ()) - {step.verb for step in pipeline(sizes)}
@@ -202,7 +204,7 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
                 continue
             step_started = time.time()
             argv = list(step.argv)
-            if step.verb == "finetune" and (model_store() / sizes.name / "config.json").is_file() and (
+            if step.verb == "finetune" and finished_model(model_store() / sizes.name) and (
                     force or not outputs_exist(step, root)):
                 argv.append("--force")  # a finished model whose run record is gone (or --force): train it again
             code = run_command(argv + extra)

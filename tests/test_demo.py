@@ -74,6 +74,12 @@ def test_missing_outputs_or_a_new_model_rerun_what_depends_on_them(workspace):
     demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
     assert fake.calls[0][0] == "finetune" and "--force" in fake.calls[0]
     assert verbs(fake.calls) == ["finetune", "compare", "special", "disable", "importance", "prune"]
+    # that retraining stopped midway (its model marked pending): the rerun resumes it, without --force
+    fake.calls.clear()
+    os.remove(runs / demo.QUICK.name / "sst2" / "finetune_eval.csv")
+    (workspace / "models" / demo.QUICK.name / ".force-pending").touch()
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None, only=["finetune"])
+    assert fake.calls[0][0] == "finetune" and "--force" not in fake.calls[0]
 
 
 def test_force_and_only(workspace):

@@ -143,17 +143,33 @@ def test_finetune_writes_a_loadable_store_model_and_skips_when_done(tokenizer, t
     # a --force run stopped midway is not done: a rerun without --force resumes it from its checkpoint
     longer = ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=3, max_length=64)
 
-    def stop_at_four(step, loss):
-        if step == 4:
-            raise KeyboardInterrupt
+    def stop_at(last_step):
+        def stop(step, loss):
+            if step == last_step:
+                raise KeyboardInterrupt
+        return stop
 
     with pytest.raises(KeyboardInterrupt):
         ft.finetune(str(base), "rte", name="tiny-rte", recipe=longer, split_dev=True, n_train=48, progress=False,
-                    allow_hub=False, force=True, checkpoint_every=1, on_step=stop_at_four)
+                    allow_hub=False, force=True, checkpoint_every=1, on_step=stop_at(4))
     assert load_model("tiny-rte", kind="classifier", device="cpu").meta["steps"] == 6  # the old model meanwhile
     resumed = ft.finetune(str(base), "rte", name="tiny-rte", recipe=longer, split_dev=True, n_train=48,
                           progress=False, allow_hub=False)
     assert not resumed["skipped"] and resumed["resumed_from_step"] == 4 and resumed["steps"] == 9
     assert not (store / ".force-pending").exists() and not (store / ".checkpoint").exists()
+    # a --force run that fails before training (an unwritable run folder) leaves the model finished
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(AttnpatError, match="is a file, not a folder"):
+        ft.finetune(str(base), "rte", name="tiny-rte", recipe=longer, split_dev=True, n_train=48, progress=False,
+                    allow_hub=False, force=True, runs_dir=tmp_path / "a-file" / "runs")
+    assert ft.is_finished(store)
+    # a stopped --force run of other settings, then the plain command of the finished model's settings: skipped
+    with pytest.raises(KeyboardInterrupt):
+        ft.finetune(str(base), "rte", name="tiny-rte", recipe=recipe, split_dev=True, n_train=48, progress=False,
+                    allow_hub=False, force=True, checkpoint_every=1, on_step=stop_at(2))
+    assert not ft.is_finished(store)
+    skipped = ft.finetune(str(base), "rte", name="tiny-rte", recipe=longer, split_dev=True, n_train=24,
+                          progress=False, allow_hub=False)
+    assert skipped["skipped"] and skipped["steps"] == 9  # the finished model stands
     with pytest.raises(AttnpatError, match="plain folder names"):
         ft.finetune(str(base), "rte", name="../escape", recipe=recipe, split_dev=True, allow_hub=False)

@@ -64,6 +64,8 @@ def test_a_tilde_in_attnpat_home_or_the_runs_folder_is_the_home_folder(tmp_path,
     monkeypatch.setenv("ATTNPAT_HOME", "~/attn data")
     assert runs_root() == tmp_path / "home" / "attn data" / "runs"
     assert RunDir("m", "sst2", "~/runs").path == tmp_path / "home" / "runs" / "m" / "sst2"
+    with pytest.raises(AttnpatError, match="cannot expand ~nosuchuser"):
+        RunDir("m", "sst2", "~nosuchuser/runs")
 
 
 def test_writable_path_checks_without_writing(tmp_path, monkeypatch):
@@ -153,8 +155,8 @@ def test_an_analysis_that_fails_midway_leaves_the_previous_run_whole(tmp_path):
         analysis(16, fail=True)
     assert {name: run.file(name).read_bytes() for name in before} == before
     assert sorted(p.name for p in run.path.iterdir()) == ["manifest.json", "surface.csv", "surface.png", "surface.svg"]
-    (run.path / ".staging-surface-killed").mkdir()  # what a killed run (SIGKILL) leaves: cleared by the next one
-    (run.path / ".staging-surface-killed" / "surface.csv").write_text("value\n999\n")
+    (run.path / ".staging-surface-killed00").mkdir()  # what a killed run (SIGKILL) leaves: cleared by the next one
+    (run.path / ".staging-surface-killed00" / "surface.csv").write_text("value\n999\n")
     analysis(16, fail=False)
     assert run.read_table("surface").value[0] == 16 and not list(run.path.glob(".staging*"))
     assert json.loads(run.file("manifest.json").read_text())["analyses"]["surface"]["n"] == 16
@@ -202,6 +204,7 @@ def test_signals_held_back_for_a_block_arrive_after_it_even_with_other_threads(t
     finally:
         stop.set()
     assert finished == [True]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
 def test_an_output_outside_the_run_folder_is_recorded_by_its_full_path(tmp_path, monkeypatch):
