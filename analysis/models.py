@@ -171,16 +171,20 @@ def resolve_model(name: str) -> ModelSource:
     return ModelSource(name, "hub", name, offline=False)
 
 
+def _model_files(path: str) -> list[Path]:
+    """A local model folder's config and weight files, sorted: what its revision and its stamp are made of."""
+    return [file for file in sorted(Path(path).iterdir())
+            if file.suffix in {".json", ".safetensors", ".bin"} and file.is_file()]
+
+
 def _weights_fingerprint(path: str) -> str:
     """sha256 over config and weight files (first 16 hex digits): the revision of a local model."""
     digest = hashlib.sha256()
-    root = Path(path)
-    for file in sorted(root.iterdir()):
-        if file.suffix in {".json", ".safetensors", ".bin"} and file.is_file():
-            digest.update(file.name.encode())
-            with open(file, "rb") as handle:
-                for chunk in iter(lambda: handle.read(1 << 22), b""):
-                    digest.update(chunk)
+    for file in _model_files(path):
+        digest.update(file.name.encode())
+        with open(file, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(chunk)
     return digest.hexdigest()[:16]
 
 
@@ -195,8 +199,8 @@ def model_files_stamp(name: str) -> tuple | None:
     if source.kind not in ("store", "local"):
         return None
     try:
-        return tuple((file.name, stat.st_size, stat.st_mtime_ns) for file in sorted(Path(source.path).iterdir())
-                     if file.suffix in {".json", ".safetensors", ".bin"} and (stat := file.stat()))
+        return tuple((file.name, stat.st_size, stat.st_mtime_ns) for file in _model_files(source.path)
+                     if (stat := file.stat()))
     except OSError:  # being rewritten this moment: a stamp no loaded model has
         return ("unreadable",)
 

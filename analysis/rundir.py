@@ -148,7 +148,7 @@ def locked(path: str | Path, what: str, wait: bool = False) -> Iterator[None]:
             log.warning("no file locks on %s (%s): two writers at once are not detected", path, exc.strerror)
             break
         try:  # the holder before us may have removed the file after we opened it: then lock the new one
-            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+            if _is_open_file(path, handle):
                 break
         except FileNotFoundError:
             pass
@@ -167,6 +167,12 @@ def locked(path: str | Path, what: str, wait: bool = False) -> Iterator[None]:
                 folder.rmdir()  # only if empty: the block wrote nothing there
             except OSError:
                 break
+
+
+def _is_open_file(path: Path, handle) -> bool:
+    """Whether ``path`` still names the file ``handle`` has open (not one made anew since; FileNotFoundError when
+    it is gone)."""
+    return os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
 
 
 def _held_by_another(what: str, holder: str) -> AttnpatError:
@@ -193,7 +199,7 @@ def _remove_stale_lock(path: Path, what: str, wait: bool) -> bool:
         except OSError:
             return False
         try:
-            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:  # still the file we hold, not a new one
+            if _is_open_file(path, handle):  # still the file we hold, not a new one
                 path.unlink()  # unheld: stale (its process is gone); the folder is ours to write
         except FileNotFoundError:
             pass
