@@ -10,6 +10,16 @@ class Terminated(BaseException):
     """SIGTERM (a job stopped from the web app, `kill`): raised so that cleanup runs as for Ctrl-C."""
 
 
+class StepStopped(BaseException):
+    """A verb run inside another (a demo step) was stopped by Ctrl-C or SIGTERM and has printed its stop line:
+    the outer command exits with the same code (130 or 143) and says nothing more. Not a KeyboardInterrupt,
+    which click would turn into an abort of its own."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
 class AttnpatError(Exception):
     """A user-facing error. The CLI prints ``error: <message>`` and exits 2; the app shows the message."""
 

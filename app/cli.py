@@ -13,7 +13,8 @@ import sys
 
 import typer
 
-from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, Terminated, os_error_message
+from analysis.errors import (INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, StepStopped, Terminated,
+                             os_error_message)
 from app.options import with_ray_default
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -67,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         if message:  # none when a group was called without a verb: its help was shown
             print(f"error: {message}", file=sys.stderr)
         return _exit(getattr(exc, "exit_code", 2), argv)
+    except StepStopped as exc:  # the stopped step has printed its stop line
+        return _exit(exc.code, argv)
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return _exit(INTERRUPTED_EXIT, argv)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, Terminated
+from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, StepStopped
 from analysis.paths import model_store, repo_root, runs_root
 from analysis.rundir import atomic_write_json, locked
 
@@ -208,8 +208,8 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
                     force or not outputs_exist(step, root)):
                 argv.append("--force")  # a finished model whose run record is gone (or --force): train it again
             code = run_command(argv + extra)
-            if code in (INTERRUPTED_EXIT, TERMINATED_EXIT):  # the step was stopped: so is the demo (130, 143)
-                raise KeyboardInterrupt if code == INTERRUPTED_EXIT else Terminated
+            if code in (INTERRUPTED_EXIT, TERMINATED_EXIT):  # the step was stopped and said so: so is the demo
+                raise StepStopped(code)
             if code != 0:
                 raise AttnpatError(f"demo step `{step.command}` failed (exit {code}); see the message above")
             seconds = time.time() - step_started

@@ -194,14 +194,17 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def compare_tasks(model_slug: str, model_name: str, ratios: dict, root: str | Path | None = None):
+def compare_tasks(bundle, ratios: dict, settings: dict, root: str | Path | None = None):
     """Write runs/<model>/all/pattern_ratios_by_task.csv (task, class, count, fraction [, ci_low, ci_high,
-    adjusted]) and its grouped bars with intervals."""
+    adjusted]) and its grouped bars with intervals, with a manifest naming the tasks and the classification
+    ``settings`` they share (their data aside)."""
     frame = pd.concat([table.assign(task=task) for task, table in ratios.items()], ignore_index=True)
     frame = frame[["task"] + [column for column in frame.columns if column != "task"]]
-    run = RunDir(model_slug, ALL_TASKS_DIR, root)
-    run.write_table("pattern_ratios_by_task", frame)
-    _save(run, "pattern_ratios_by_task", ratio_figure(ratios, f"{model_name}: pattern ratios per task"))
+    run = RunDir(bundle.slug, ALL_TASKS_DIR, root)
+    shared = {key: value for key, value in settings.items() if key != "data"}
+    with run.record("classify", bundle, tasks=list(ratios), settings=shared):
+        run.write_table("pattern_ratios_by_task", frame)
+        _save(run, "pattern_ratios_by_task", ratio_figure(ratios, f"{bundle.name}: pattern ratios per task"))
     return frame
 
 
@@ -337,8 +340,7 @@ def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, 
                               max_length=max_length, cluster=cluster, **computed)
             ratios[data.task] = run.read_table("pattern_ratios")
     settings = classify_settings(bundle, runs[0][0], classifier, max_length)
-    compare_tasks(bundle.slug, bundle.name,
-                  {**classified_elsewhere(bundle.slug, settings, set(ratios), root), **ratios}, root)
+    compare_tasks(bundle, {**classified_elsewhere(bundle.slug, settings, set(ratios), root), **ratios}, settings, root)
     return ratios
 
 

@@ -115,6 +115,12 @@ def test_all_tasks_comparison(bundle, checkpoint, tmp_path):
     assert set(table.task) == {"sst2", "rte"}
     assert (table.groupby("task")["count"].sum() == 3 * LAYERS * HEADS).all()
     assert (tmp_path / bundle.slug / "all" / "pattern_ratios_by_task.svg").is_file()
+    # the comparison's folder has a manifest: its tasks, and the settings they share
+    entry = RunDir(bundle.slug, "all", tmp_path).manifest()["analyses"]["classify"]
+    assert sorted(entry["tasks"]) == ["rte", "sst2"]
+    sst2 = RunDir(bundle.slug, "sst2", tmp_path).manifest()["analyses"]["classify"]["settings"]
+    assert entry["settings"] == {key: value for key, value in sst2.items() if key != "data"}
+    assert set(entry["outputs"]) >= {"pattern_ratios_by_task.csv", "pattern_ratios_by_task.svg"}
     # classifying one task again keeps the others this classifier made in the comparison (before, only sst2 was left)
     classify_tasks(bundle, ["sst2"], load_classifier(checkpoint), n=2, batch_size=4, root=tmp_path, progress=False)
     again = pd.read_csv(tmp_path / bundle.slug / "all" / "pattern_ratios_by_task.csv")
