@@ -13,8 +13,7 @@ import sys
 
 import typer
 
-from analysis.errors import (INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, StepStopped, Terminated,
-                             os_error_message)
+from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, StepStopped, Terminated, os_error_message
 from app.options import with_ray_default
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")

@@ -7,7 +7,8 @@ import pytest
 
 from analysis.errors import AttnpatError, StepStopped, Terminated
 from analysis.rundir import locked
-from app import demo
+from app import cli_core, demo
+from app.cli import main
 
 
 @pytest.fixture
@@ -101,7 +102,8 @@ def test_a_failing_step_stops_the_demo_with_one_line(workspace):
     # a step stopped by Ctrl-C (130) or SIGTERM (143) stops the demo as such, not as a failed step (exit 2)
     for code in (130, 143):
         with pytest.raises(StepStopped) as stopped:
-            demo.run_pipeline(lambda argv: code, sizes=demo.QUICK, runs_dir=workspace / "runs", echo=lambda line: None)
+            demo.run_pipeline(lambda argv, code=code: code, sizes=demo.QUICK, runs_dir=workspace / "runs",
+                              echo=lambda line: None)
         assert stopped.value.code == code
     assert not (workspace / "runs" / demo.STATE_FILE).exists()
 
@@ -110,13 +112,10 @@ def test_a_failing_step_stops_the_demo_with_one_line(workspace):
                                                     (Terminated, 143, "terminated")])
 def test_a_stopped_demo_step_says_so_once(workspace, monkeypatch, capsys, stop, code, line):
     """The stopped step prints its stop line; `attnpat demo` then exits with the step's code, silently."""
-    import app.cli_core
-    from app.cli import main
-
     def stopped(*args, **kwargs):
         raise stop()
 
-    monkeypatch.setattr(app.cli_core, "load_model", stopped)
+    monkeypatch.setattr(cli_core, "load_model", stopped)
     assert main(["demo", "--no-app", "--quick", "--only", "overview", "--runs-dir", str(workspace / "runs")]) == code
     assert capsys.readouterr().err.count(f"{line}; rerun the same command to resume") == 1
 
