@@ -73,6 +73,15 @@ class TaskData:
     digest: str | None = None  # sha256 of a user file's bytes
     columns: dict[str, str] | None = None  # role (text, text_pair, label) -> a user file's column
 
+    def examples_digest(self) -> str:
+        """sha256 over every example's id, texts and label: what a stored per-example result was computed on
+        (a data file's columns or rows may change while its path and example count stay)."""
+        digest = hashlib.sha256()
+        for example in self.examples:
+            digest.update(json.dumps([example.id, example.text, example.text_pair, example.label, example.words],
+                                     default=str).encode())
+        return digest.hexdigest()
+
     def manifest(self) -> dict:
         record = {"task": self.task, "split": self.split, "source": self.source, "n_examples": len(self.examples),
                   "notes": self.notes}

@@ -6,8 +6,10 @@ and example. The loss is the masked-language-model loss (BERT's pre-training obj
 has an MLM head; otherwise the task loss of a fine-tuned classifier. Each example's loss is its own (mean
 over its masked tokens), summed over the batch, so the gradients do not depend on the batch size.
 
-MLM masking: 15% of each example's real non-special tokens (at least one) are replaced by [MASK], with a
-seeded generator; BERT's 80/10/10 mask/random/keep split is not used (every chosen token is [MASK]).
+MLM masking: 15% of each example's real non-special tokens (at least one) are replaced by [MASK], drawn from
+the example's own generator (seeded by the seed and the example's position in the data, so the same tokens
+are masked whatever the batch size); BERT's 80/10/10 mask/random/keep split is not used (every chosen token
+is [MASK]).
 With eager attention the returned attention tensors are the ones used in the forward pass (dropout is
 the identity in eval mode), so their gradients are exact; tests check this against a perturbation.
 """
@@ -58,19 +60,32 @@ def load_gradient_model(name: str, device=None):
         ) from mlm_error
 
 
+def example_generator(seed: int, index: int) -> torch.Generator:
+    """The random generator of the example at position ``index`` of the data: the same in any batch."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, index]).generate_state(1)[0]))
+
+
 def mask_tokens(input_ids: torch.Tensor, maskable: torch.Tensor, mask_id: int, probability: float,
-                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+                generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose MLM targets: each maskable token with ``probability``, at least one per example.
 
-    input_ids: (B, T) long; maskable: (B, T) bool (real, non-special). Returns (masked input_ids (B, T),
-    labels (B, T) with -100 where not masked).
+    input_ids: (B, T) long; maskable: (B, T) bool (real, non-special); generators: one per row
+    (:func:`example_generator`), each drawing over its row up to the last maskable token only, so that the padded
+    width does not change the draw. Returns (masked input_ids (B, T), labels (B, T) with -100 where not masked).
     """
     if not 0 < probability <= 1:
         raise AttnpatError(f"mask probability must be in (0, 1], got {probability}")
-    chosen = (torch.rand(input_ids.shape, generator=generator) < probability) & maskable
-    for row in torch.nonzero(~chosen.any(1) & maskable.any(1)).flatten().tolist():
+    if len(generators) != input_ids.shape[0]:
+        raise ValueError(f"{len(generators)} generators for {input_ids.shape[0]} rows")
+    chosen = torch.zeros_like(maskable)
+    for row, generator in enumerate(generators):
         candidates = torch.nonzero(maskable[row]).flatten()
-        chosen[row, candidates[torch.randint(len(candidates), (1,), generator=generator)]] = True
+        if len(candidates) == 0:
+            continue
+        width = int(candidates[-1]) + 1
+        chosen[row, :width] = (torch.rand(width, generator=generator) < probability) & maskable[row, :width]
+        if not chosen[row].any():
+            chosen[row, candidates[torch.randint(len(candidates), (1,), generator=generator)]] = True
     labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
     return torch.where(chosen, torch.full_like(input_ids, mask_id), input_ids), labels
 
@@ -142,7 +157,6 @@ def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_lengt
     if objective == "mlm" and tokenizer.mask_token_id is None:
         raise AttnpatError(f"model '{bundle.name}' has no [MASK] token, so the MLM loss is unavailable")
     encoded = encode_examples(tokenizer, data.examples, max_length)
-    generator = torch.Generator().manual_seed(seed)
     sums = {target: torch.zeros(bundle.num_layers, dtype=torch.float64) for target in GRAD_TARGETS}
     counts = {target: 0.0 for target in GRAD_TARGETS}
     bar = tqdm(total=len(encoded), desc="gradients", unit="ex", dynamic_ncols=True, disable=not progress)
@@ -153,7 +167,7 @@ def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_lengt
         if objective == "mlm":
             maskable = roles["real"] & ~roles["cls"] & ~roles["sep"]
             masked_ids, mlm_labels = mask_tokens(batch.input_ids, maskable, tokenizer.mask_token_id,
-                                                 mask_probability, generator)
+                                                 mask_probability, [example_generator(seed, i) for i in batch.indices])
             batch = replace(batch, input_ids=masked_ids)
         grads = attention_gradients(bundle.model, batch, objective, bundle.device, mlm_labels)
         for target, (total, count) in gradient_by_key_type(grads, key_types(roles), roles["real"]).items():

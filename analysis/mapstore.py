@@ -275,9 +275,16 @@ def write_single_maps(path: str | Path, maps: dict[str, np.ndarray],
 
 
 def read_single_maps(path: str | Path) -> dict[str, np.ndarray]:
-    """map_id -> (n, n) float32 map, for every head of every group in a map file (or in every map file of a folder)."""
-    return {map_id: attn for group in iter_map_groups(path)
-            for map_id, attn in zip(group.map_ids, group.attn, strict=True)}
+    """map_id -> (n, n) float32 map, for every head of every group in a map file (or in every map file of a folder).
+    A map id found twice with other values (two files of a folder that disagree) is an error, not the last one."""
+    found: dict[str, np.ndarray] = {}
+    for group in iter_map_groups(path):
+        for map_id, attn in zip(group.map_ids, group.attn, strict=True):
+            if map_id in found and not np.array_equal(found[map_id], attn):
+                raise AttnpatError(f"map {map_id} is in {path} twice with different values; remove the file "
+                                   "that holds the wrong one")
+            found[map_id] = attn
+    return found
 
 
 def write_shard(path: str | Path, maps: list[SavedMap]) -> Path:

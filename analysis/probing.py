@@ -418,20 +418,13 @@ def coref_baseline_choices(items: list[CorefItem]) -> dict[str, np.ndarray]:
             for name, choose in choosers.items()}
 
 
-def coref_accuracy(bundle, items: list[CorefItem], *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
-                   progress: bool = True) -> tuple[np.ndarray, int]:
-    """(L, H) antecedent-selection accuracy of every head, and how many items were not scored (truncated)."""
-    choices, unscored = coref_choices(bundle, items, max_length=max_length, batch_size=batch_size,
-                                      progress=progress)
-    return choices.mean(0), unscored
-
-
 def coref_choices(bundle, items: list[CorefItem], *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
-                  progress: bool = True) -> tuple[np.ndarray, int]:
-    """(S, L, H) bool: whether each head picks the gold antecedent of each scored item (stream order), and how
-    many items were not scored (truncated)."""
+                  progress: bool = True) -> tuple[np.ndarray, list[int]]:
+    """(S, L, H) bool: whether each head picks the gold antecedent of each scored item, and the S scored items'
+    indices into ``items`` in the same order; an item whose pronoun or candidates were truncated away is not
+    scored."""
     examples = [Example(item.id, " ".join(item.words), words=item.words) for item in items]
-    choices = []
+    choices, scored = [], []
     for map_batch in stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size,
                                  progress="coreference probe" if progress else False):
         for i, encoded in enumerate(map_batch.batch.items):
@@ -442,9 +435,10 @@ def coref_choices(bundle, items: list[CorefItem], *, max_length: int = DEFAULT_M
                 continue
             rows = word_maps[..., position[item.pronoun], :]
             choices.append(antecedent_choices(rows, position[item.antecedent], position[item.distractor]).numpy())
+            scored.append(encoded.index)
     if not choices:
         raise AttnpatError("no WinoBias sentence fits in the maximum length; raise --max-length")
-    return np.stack(choices), len(items) - len(choices)
+    return np.stack(choices), scored
 
 
 def coref_table(accuracy: np.ndarray, baselines: dict[str, float], model_name: str):
@@ -465,10 +459,11 @@ def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = N
                     notes=["[MASK] filled with the pro-stereotyped pronoun", f"{skipped} lines not parsed"])
     run = RunDir(bundle.slug, WINOBIAS_TASK, run_root)
     with run.record("probing_coref", bundle, data, max_length=max_length) as entry:
-        choices, unscored = coref_choices(bundle, items, max_length=max_length, batch_size=batch_size,
-                                          progress=progress)
+        choices, scored = coref_choices(bundle, items, max_length=max_length, batch_size=batch_size,
+                                        progress=progress)
         accuracy, interval = choices.mean(0), bootstrap_mean_interval(choices.astype(float))  # (L, H), (L, H, 2)
-        baseline_choices = coref_baseline_choices(items)
+        unscored = len(items) - len(scored)
+        baseline_choices = coref_baseline_choices([items[k] for k in scored])  # the sentences the heads had
         baselines = {name: float(right.mean()) for name, right in baseline_choices.items()}
         baseline_interval = bootstrap_mean_interval(np.stack(list(baseline_choices.values()), 1).astype(float))
         per_head = long_table({"accuracy": accuracy, "accuracy_ci_low": interval[..., 0],

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from analysis.disable import (
+    MODES,
     check_mode,
     encoder_layers,
     first_changed_layer,
@@ -425,10 +426,10 @@ def run_sweep(bundle, data, variants: Sequence[Variant], mode: str, store: Sweep
 
 
 def sweep_fingerprint(bundle, data, mode: str, unit: str, max_length: int) -> dict:
-    """What a sweep's stored results depend on."""
-    return {"model": bundle.name, "revision": bundle.revision, "task": data.task, "split": data.split,
-            "source": data.source, "n": len(data.examples), "mode": mode, "unit": unit, "max_length": max_length,
-            "first_ids": [example.id for example in data.examples[:3]]}
+    """What a sweep's stored results depend on: the model, the settings and every example's text and label
+    (the same data file read with another label or text column gives other results)."""
+    return {"model": bundle.name, "revision": bundle.revision, "data": data.manifest(),
+            "examples": data.examples_digest(), "mode": mode, "unit": unit, "max_length": max_length}
 
 
 # ---------------------------------------------------------------- tables
@@ -511,6 +512,31 @@ def merge_mode_rows(old, new, column: str, keep_values: Sequence[str]):
     if old is None or old.empty or column not in old.columns:
         return new
     return pd.concat([old[~old[column].isin(list(keep_values))], new], ignore_index=True)
+
+
+def sweep_inputs(bundle, data, max_length: int) -> dict:
+    """What a disabling table's rows were computed on (model, revision, every example, length limit), as
+    recorded in its manifest entry: two modes' rows share a table only when these are equal."""
+    inputs = {key: value for key, value in sweep_fingerprint(bundle, data, "", "", max_length).items()
+              if key not in ("mode", "unit")}
+    return json.loads(json.dumps(inputs, default=str))
+
+
+def modes_made_otherwise(manifest: dict, mode: str, inputs: dict) -> list[str]:
+    """The other disabling modes whose manifest entry records other :func:`sweep_inputs` than ``inputs`` (other
+    data, another model revision or length limit, or none recorded): their rows leave the merged tables."""
+    analyses = manifest.get("analyses") or {}
+    return [other for other in MODES if other != mode
+            and (analyses.get(f"disable_{other}") or {}).get("inputs") != inputs]
+
+
+def without_modes(table, modes: Sequence[str], unit: str):
+    """``table`` (a disable_heads or disable_layers frame, or None) without the rows of ``modes``."""
+    if table is None or not modes:
+        return table
+    if unit == "head":
+        return table[~table["metric"].str.startswith(tuple(f"{mode}_" for mode in modes))]
+    return table[~table["mode"].isin(list(modes))]
 
 
 # ---------------------------------------------------------------- figures
@@ -611,13 +637,15 @@ def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_
     check_mode(mode)
     units = list(units)
     with run.record(f"disable_{mode}", bundle, data, mode=mode, units=units, max_length=max_length,
+                    inputs=sweep_inputs(bundle, data, max_length),
                     model_note=classifier_head_note(bundle, data.task)) as entry:
         if cluster is not None:
             entry["cluster"] = cluster.manifest()
         summary = _disable_sweeps(bundle, data, run, mode=mode, units=units, max_length=max_length,
                                   batch_size=batch_size, progress=progress, on_variant=on_variant, cluster=cluster)
         entry.update({key: summary[key] for key in ("baseline", "metric_name", "outputs", "best", "worst",
-                                                    "layer_deltas", "significant", "tests") if key in summary})
+                                                    "layer_deltas", "significant", "tests", "dropped_modes")
+                      if key in summary})
     return summary
 
 
@@ -630,6 +658,12 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
     summary: dict = {"metric_name": metric, "mode": mode, "outputs": [],
                      "model_note": classifier_head_note(bundle, data.task), "tests": significance_note(metric),
                      "significant": {}}
+    # another mode's rows stay in the shared tables only when they were computed on the same inputs
+    manifest = run.manifest()
+    dropped = modes_made_otherwise(manifest, mode, sweep_inputs(bundle, data, max_length))
+    recorded = [other for other in dropped if f"disable_{other}" in (manifest.get("analyses") or {})]
+    if recorded:
+        summary["dropped_modes"] = recorded
     for unit in units:
         variants = unit_variants(unit, L, H)
         store = SweepStore(run.file(f".sweep-{mode}-{unit}"), sweep_fingerprint(bundle, data, mode, unit, max_length))
@@ -649,8 +683,8 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
                        **{f"{mode}_{'delta_' if name.startswith('ci') else ''}{name}": values.reshape(L, H)
                           for name, values in stats.items()}}
             with run.updating():  # the figure too: it draws every mode's rows of the merged table
-                table = merge_mode_rows(_read_optional(run, "disable_heads"), long_table(columns), "metric",
-                                        list(columns))
+                old = without_modes(_read_optional(run, "disable_heads"), dropped, unit)
+                table = merge_mode_rows(old, long_table(columns), "metric", list(columns))
                 run.write_table("disable_heads", table, merged=True)
                 fig = head_delta_figure(table, metric=metric, task=data.task, model=bundle.name)
                 summary["outputs"] += [str(p) for p in run.write_figure("disable_heads", fig, merged=True)]
@@ -665,7 +699,8 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
                                 "delta": deltas, **stats})
             summary["significant"]["layers"] = significant_effects([(layer,) for layer in range(L)], deltas, stats)
             with run.updating():  # the figure too: it draws every mode's rows of the merged table
-                table = merge_mode_rows(_read_optional(run, "disable_layers"), new, "mode", [mode])
+                table = merge_mode_rows(without_modes(_read_optional(run, "disable_layers"), dropped, unit), new,
+                                        "mode", [mode])
                 run.write_table("disable_layers", table, merged=True)
                 baselines = {m: float((rows["metric"] - rows["delta"]).iloc[0]) for m, rows in table.groupby("mode")}
                 fig = layer_delta_figure(table, metric=metric, baseline=baselines, task=data.task, model=bundle.name)

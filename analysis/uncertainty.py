@@ -16,18 +16,20 @@ DEFAULT_BOOTSTRAP = 1000
 
 
 def bootstrap_ratio_interval(counts: np.ndarray, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
-                             seed: int = 0) -> np.ndarray:
+                             seed: int = 0, chunk: int = 50) -> np.ndarray:
     """Percentile bootstrap interval of class ratios, resampling examples.
 
     counts: (E, K) how many maps of example e fall in class k (each example contributes all its heads).
-    Returns (K, 2) lower and upper bounds of each class's share of all maps.
+    Returns (K, 2) lower and upper bounds of each class's share of all maps. The draws are made ``chunk`` at a
+    time (the same draws as all at once), so memory stays about chunk x E x K values.
     """
     counts = np.asarray(counts, dtype=np.float64)
     if counts.ndim != 2 or counts.shape[0] == 0:
         raise AttnpatError(f"bootstrap needs (examples, classes) counts, got shape {counts.shape}")
     rng = np.random.default_rng(seed)
-    draws = rng.integers(0, counts.shape[0], size=(n_boot, counts.shape[0]))
-    totals = counts[draws].sum(1)  # (n_boot, K)
+    totals = np.concatenate([  # (n_boot, K)
+        counts[rng.integers(0, counts.shape[0], size=(min(chunk, n_boot - start), counts.shape[0]))].sum(1)
+        for start in range(0, n_boot, chunk)])
     shares = totals / np.maximum(totals.sum(1, keepdims=True), 1)
     tail = (1 - level) / 2 * 100
     return np.percentile(shares, [tail, 100 - tail], axis=0).T
@@ -48,7 +50,8 @@ def adjusted_ratios(observed: np.ndarray, confusion: np.ndarray) -> np.ndarray:
 
     observed: (K,) predicted class shares (sum 1); confusion: (K, K) counts, rows = true class, columns =
     predicted (e.g. the classifier's cross-validated confusion matrix). With M[i, j] = P(predicted j | true i),
-    observed = M.T @ true; the least-squares solution is projected onto the simplex (clipped, renormalised).
+    observed = M.T @ true; the least-squares solution is projected onto the simplex (the nearest shares, in
+    Euclidean distance, that are non-negative and sum to 1; equal to the solution when none of it is negative).
     Returns (K,) estimated true shares.
     """
     observed = np.asarray(observed, dtype=np.float64)

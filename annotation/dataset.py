@@ -129,9 +129,11 @@ def annotator_agreement(labeled: LabeledSet) -> np.ndarray | None:
 
 
 def read_annotations(path: Path) -> pd.DataFrame:
-    """A labeled set's annotations.csv: one row per single annotation, with at least map_id and label (str)."""
+    """A labeled set's annotations.csv: one row per single annotation, with at least map_id and label. Every
+    cell is read as text, a blank one as "": an annotator id reads the same whatever the other rows hold, so the
+    same annotation read from two sets compares equal."""
     try:
-        annotations = pd.read_csv(path, dtype={"map_id": str, "label": str})
+        annotations = pd.read_csv(path, dtype=str, keep_default_na=False)
     except Exception as exc:
         raise AttnpatError(f"{path} is not a readable annotations table (map_id, label): {_first_line(exc)}") from exc
     if not {"map_id", "label"} <= set(annotations.columns):

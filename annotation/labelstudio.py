@@ -302,7 +302,9 @@ def _read_state(path: Path | None) -> dict:
 @dataclass
 class PullReport:
     """What a pull found. drafts / skipped / unknown / hash_mismatch list map ids (unknown: with the label);
-    ties: maps whose annotators split evenly (the earliest annotation's label was kept)."""
+    no_choice: annotations submitted without a class; repeated: maps where one annotator submitted twice (their
+    latest annotation counts, once); ties: maps whose annotators split evenly (the earliest annotation's label
+    was kept)."""
 
     folder: Path
     labeled: int
@@ -313,6 +315,8 @@ class PullReport:
     unlabeled: int = 0
     hash_mismatch: list = field(default_factory=list)
     ties: list = field(default_factory=list)
+    no_choice: list = field(default_factory=list)
+    repeated: list = field(default_factory=list)
     prediction_agreement: float | None = None
     kappa: float | None = None
     kappa_maps: int = 0
@@ -325,6 +329,18 @@ def _choice(annotation: dict) -> str | None:
         if choices:
             return choices[0]
     return None
+
+
+def _created(annotation: dict) -> tuple[datetime, int]:
+    """An annotation's order: its creation time, parsed ('...:05Z' comes before '...:05.250Z', which text order
+    reverses; a missing or odd time first), then its id."""
+    try:
+        when = datetime.fromisoformat(str(annotation.get("created_at")))
+    except ValueError:
+        when = datetime.min
+    when = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    number = annotation.get("id")
+    return when, number if isinstance(number, int) else 0
 
 
 def _user_names(client, url: str) -> dict[int, str]:
@@ -401,17 +417,22 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
         # Label Studio shows a task's drafts only to their author; draft_exists covers everyone's.
         if task.get("drafts") or task.get("draft_exists"):
             report.drafts.append(map_id)
-        annotations = []
-        for annotation in sorted(task.get("annotations") or [],
-                                 key=lambda a: (str(a.get("created_at")), a.get("id") or 0)):
+        latest = {}  # annotator -> (order, annotation): one vote each, their latest
+        for annotation in sorted(task.get("annotations") or [], key=_created):
             label = _choice(annotation)
             if annotation.get("was_cancelled"):
                 report.skipped.append(map_id)
+            elif label is None:
+                report.no_choice.append(map_id)
             elif label not in CLASSES:
                 report.unknown.append(f"{map_id}: {label!r}")
             else:
-                annotations.append({"map_id": map_id, "label": label, "annotator": _annotator(annotation, names),
-                                    "labeled_at": str(annotation.get("created_at"))})
+                annotator = _annotator(annotation, names)
+                if annotator in latest and map_id not in report.repeated:
+                    report.repeated.append(map_id)
+                latest[annotator] = (_created(annotation), {"map_id": map_id, "label": label, "annotator": annotator,
+                                                            "labeled_at": str(annotation.get("created_at"))})
+        annotations = [record for _, record in sorted(latest.values(), key=lambda kept: kept[0])]
         if not annotations:
             report.unlabeled += 1
             continue
@@ -430,7 +451,7 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
         row = rows[map_id]
         final_rows.append({"map_id": map_id, "label": final,
                            "annotator": "+".join(sorted({a["annotator"] for a in annotations})),
-                           "labeled_at": max(a["labeled_at"] for a in annotations),
+                           "labeled_at": annotations[-1]["labeled_at"],
                            "task": row["task"], "example_id": row["example_id"], "layer": row["layer"],
                            "head": row["head"], "n": row["n"], "prediction": prediction,
                            "n_annotations": len(labels)})

@@ -151,6 +151,8 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
                    f"with several annotators ({report.n_annotators} annotators)")
     for name, items in (("drafts (not submitted)", report.drafts), ("skipped", report.skipped),
                         ("unknown labels or maps", report.unknown), ("maps changed since push", report.hash_mismatch),
+                        ("annotations submitted without a class", report.no_choice),
+                        ("maps one annotator labeled twice (their latest label counts)", report.repeated),
                         ("ties between annotators (earliest label kept)", report.ties)):
         if items:
             typer.echo(f"{name}: {len(items)} (first: {items[0]})")

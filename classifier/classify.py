@@ -108,7 +108,7 @@ def ratio_table(counts: np.ndarray, per_example: np.ndarray | None = None, confu
     counts: (L, H, 5) -> class, count, fraction (share of all the task's maps, as classified); with
     per_example (E, 5) also ci_low, ci_high (percentile bootstrap over examples, ``level``); with confusion
     (5, 5, the classifier's cross-validated true x predicted counts) also adjusted (adjusted classify-and-count,
-    clipped to the simplex).
+    projected onto the simplex).
     """
     per_class = counts.reshape(-1, counts.shape[-1]).sum(0)
     total = max(int(per_class.sum()), 1)

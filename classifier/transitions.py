@@ -67,12 +67,18 @@ def pattern_transitions(base, finetuned, examples: Sequence[Example], classifier
     return counts
 
 
+def shares_of_base(counts: np.ndarray) -> np.ndarray:
+    """(5, 5) counts -> each cell's share of its row (the base class's maps); 0 in a row with no maps."""
+    counts = np.asarray(counts)
+    rows = counts.sum(1, keepdims=True)
+    return np.divide(counts, rows, out=np.zeros(counts.shape), where=rows > 0)
+
+
 def transition_table(counts: np.ndarray) -> pd.DataFrame:
     """(5, 5) counts -> base_class, finetuned_class, count, fraction (of all maps), fraction_of_base (of the
     maps whose base class is that row's; 0 for a class the base model never shows)."""
     counts = np.asarray(counts, dtype=np.int64)
-    rows = counts.sum(1, keepdims=True)
-    of_base = np.divide(counts, rows, out=np.zeros(counts.shape), where=rows > 0)
+    of_base = shares_of_base(counts)
     base, tuned = np.meshgrid(np.arange(len(CLASSES)), np.arange(len(CLASSES)), indexing="ij")
     names = np.asarray(CLASSES)
     return pd.DataFrame({"base_class": names[base.ravel()], "finetuned_class": names[tuned.ravel()],
@@ -84,7 +90,7 @@ def transition_figure(counts: np.ndarray, title: str):
     """The matrix as a heatmap: colour = share of the base class's maps (row), text = count and that share."""
     counts = np.asarray(counts)
     rows = counts.sum(1, keepdims=True)
-    of_base = np.divide(counts, rows, out=np.zeros(counts.shape), where=rows > 0)
+    of_base = shares_of_base(counts)
     fig, ax = plt.subplots(figsize=(5.6, 4.6))
     image = ax.imshow(of_base, cmap="Blues", vmin=0, vmax=1)
     for i in range(counts.shape[0]):

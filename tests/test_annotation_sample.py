@@ -115,6 +115,17 @@ def test_merging_labeled_sets_keeps_every_map_once_and_refuses_conflicts(tmp_pat
     shutil.copy(tmp_path / "one" / "annotations.csv", tmp_path / "copy" / "annotations.csv")
     assert len(merge_labeled_sets([tmp_path / "one", tmp_path / "copy"], tmp_path / "again")) == 5
     assert len(pd.read_csv(tmp_path / "again" / "annotations.csv")) == 2
+    # ... also when a set reached through a merge is merged again, with numeric annotator ids (read as numbers
+    # alone, as text beside e-mail addresses) and blank cells (NaN never equals NaN)
+    pd.DataFrame({"map_id": [synthetic_id("a0"), synthetic_id("a1")], "label": ["vertical", "diagonal"],
+                  "annotator": ["7", ""], "labeled_at": ["", "t"]}).to_csv(tmp_path / "one" / "annotations.csv",
+                                                                           index=False)
+    pd.DataFrame({"map_id": [synthetic_id("b0")], "label": [second[synthetic_id("b0")]], "annotator": ["a@b.org"],
+                  "labeled_at": ["t"]}).to_csv(tmp_path / "two" / "annotations.csv", index=False)
+    merge_labeled_sets([tmp_path / "one", tmp_path / "two"], tmp_path / "both")
+    twice = merge_labeled_sets([tmp_path / "both", tmp_path / "one"], tmp_path / "twice-reached")
+    assert len(pd.read_csv(tmp_path / "twice-reached" / "annotations.csv")) == 3
+    assert np.isnan(annotator_agreement(twice)).all()  # one label per map: no agreement to count
     # one set named twice would count its annotations twice: refused
     with pytest.raises(AttnpatError, match="named twice"):
         merge_labeled_sets([tmp_path / "one", tmp_path / "one"], tmp_path / "twice")

@@ -11,6 +11,7 @@ from transformers import (
     BertForSequenceClassification,
     BertModel,
 )
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 from analysis.clustering import head_clusters, head_js_divergences, js_divergence, mds_embedding, smooth
 from analysis.data import Example, TaskData, load_data
@@ -18,6 +19,7 @@ from analysis.errors import AttnpatError
 from analysis.gradients import (
     attention_gradients,
     compute_grad_importance,
+    example_generator,
     gradient_by_key_type,
     load_gradient_model,
     mask_tokens,
@@ -101,13 +103,18 @@ def test_mask_tokens_masks_only_maskable_and_at_least_one():
     maskable = torch.zeros(2, 10, dtype=torch.bool)
     maskable[0, 1:9] = True
     maskable[1, 1:3] = True
-    masked, labels = mask_tokens(ids, maskable, 103, 0.01, torch.Generator().manual_seed(0))
+    masked, labels = mask_tokens(ids, maskable, 103, 0.01, [example_generator(0, i) for i in range(2)])
     chosen = labels != -100
     assert (chosen <= maskable).all() and chosen.any(1).all()
     assert torch.equal(masked[chosen], torch.full((int(chosen.sum()),), 103))
     assert torch.equal(masked[~chosen], ids[~chosen]) and torch.equal(labels[chosen], ids[chosen])
     with pytest.raises(AttnpatError):
-        mask_tokens(ids, maskable, 103, 0.0, torch.Generator())
+        mask_tokens(ids, maskable, 103, 0.0, [torch.Generator()] * 2)
+    # a row's draw is its own: the same row padded wider, or beside other rows, gets the same tokens masked
+    wide = torch.cat([ids, ids], 1)
+    alone, _ = mask_tokens(wide[1:], torch.cat([maskable[1:], torch.zeros(1, 10, dtype=torch.bool)], 1), 103, 0.5,
+                           [example_generator(0, 1)])
+    assert torch.equal(alone[0, :10], masked[1])
 
 
 def _perturbed_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -127,7 +134,7 @@ def test_attention_gradients_predict_the_loss_change(tokenizer):
     model = BertForMaskedLM(tiny_config()).double().eval()
     batch = next(iter_batches(wrap_bundle(model), SENTENCES[:2], batch_size=2))
     masked, labels = mask_tokens(batch.input_ids, batch.attention_mask.bool(), tokenizer.mask_token_id, 0.3,
-                                 torch.Generator().manual_seed(1))
+                                 [example_generator(1, i) for i in range(2)])
     batch.input_ids = masked
     grads = attention_gradients(model, batch, "mlm", torch.device("cpu"), labels)
     assert grads.shape == (2, 2, 4, *batch.input_ids.shape[1:2] * 2)
@@ -138,11 +145,16 @@ def test_attention_gradients_predict_the_loss_change(tokenizer):
         out = model(**batch.model_inputs())
         return float(per_example_mlm_loss(out.logits, labels).sum())
 
+    unperturbed = loss()
+
     AttentionInterface.register("attnpat_test_perturbed", _perturbed_eager)
+    # the eager mask for that name too: without it padded keys are not masked as the eager model masks them
+    AttentionMaskInterface.register("attnpat_test_perturbed", ALL_MASK_ATTENTION_FUNCTIONS["eager"])
     model.set_attn_implementation("attnpat_test_perturbed")
     try:
         direction = torch.randn(2, 4, *grads.shape[-2:], dtype=torch.float64) * batch.attention_mask[:, None, None, :]
         eps = 1e-5
+        assert loss() == pytest.approx(unperturbed, abs=1e-12)  # the test's attention is the eager one
         PERTURBATION[1] = eps * direction
         plus = loss()
         PERTURBATION[1] = -eps * direction
@@ -151,7 +163,7 @@ def test_attention_gradients_predict_the_loss_change(tokenizer):
         PERTURBATION.clear()
         model.set_attn_implementation("eager")
     predicted = float((grads[:, 1].double() * direction).sum())
-    assert (plus - minus) / (2 * eps) == pytest.approx(predicted, rel=1e-3)
+    assert (plus - minus) / (2 * eps) == pytest.approx(predicted, rel=1e-5)
 
 
 def test_gradient_by_key_type_averages_over_the_right_weights():
@@ -189,6 +201,15 @@ def test_grad_importance_is_batch_size_independent(tokenizer):
     alone, _ = compute_grad_importance(bundle, data, "task", progress=False, batch_size=1)
     for target in together:
         assert np.allclose(together[target], alone[target], rtol=1e-4)
+    # the MLM loss too: each example's masked tokens are its own, whatever the batch around it
+    mlm = wrap_bundle(BertForMaskedLM(tiny_config()))
+    together, _ = compute_grad_importance(mlm, data, "mlm", progress=False, batch_size=3, mask_probability=0.3)
+    alone, _ = compute_grad_importance(mlm, data, "mlm", progress=False, batch_size=1, mask_probability=0.3)
+    other_seed, _ = compute_grad_importance(mlm, data, "mlm", progress=False, batch_size=1, mask_probability=0.3,
+                                            seed=5)
+    for target in together:
+        assert np.allclose(together[target], alone[target], rtol=1e-4)
+    assert not all(np.allclose(other_seed[target], alone[target], rtol=1e-4) for target in alone)
 
 
 def test_gradient_importance_unavailable_for_minilm_says_so():

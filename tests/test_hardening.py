@@ -415,6 +415,34 @@ def test_pull_reads_a_label_studio_export_file(tmp_path, synthetic_sample):
     assert {map_id: CLASSES[label] for map_id, label in zip(labeled.map_ids, labeled.labels)} == labels
 
 
+def test_pull_counts_each_annotator_once_orders_by_time_and_reports_an_empty_choice(tmp_path, synthetic_sample):
+    """One user's second annotation tab replaces their first (one vote each); a tie goes to the earliest
+    annotation by time, not by text ('...:05Z' is earlier than '...:05.250Z'); a submission with no class is
+    reported as such, not as an unknown label."""
+    sample = synthetic_sample("votes", 3)
+    ids = [row["map_id"] for row in read_index(sample)]
+    tasks = _export_of(sample, {})
+
+    def vote(number, user, when, label):
+        return {"id": number, "completed_by": user, "created_at": when, "was_cancelled": False,
+                "result": [{"value": {"choices": [label]}}] if label else []}
+
+    tasks[0]["annotations"] = [vote(1, 7, "2026-01-01T00:00:01Z", "block"), vote(2, 7, "2026-01-01T00:00:02Z",
+                                                                             "vertical")]
+    tasks[1]["annotations"] = [vote(4, 8, "2026-01-01T00:00:05.250Z", "block"),
+                               vote(3, 9, "2026-01-01T00:00:05Z", "diagonal")]
+    tasks[2]["annotations"] = [vote(5, 8, "2026-01-01T00:00:06Z", None)]
+    (tmp_path / "export.json").write_text(json.dumps(tasks))
+    report = ls.pull(None, sample, tmp_path / "labeled", export=tmp_path / "export.json")
+    rows = {row["map_id"]: row for row in load_labeled_set(tmp_path / "labeled").rows}
+    assert rows[ids[0]]["label"] == "vertical" and rows[ids[0]]["n_annotations"] == 1
+    assert report.repeated == [ids[0]] and report.kappa_maps == 1
+    assert rows[ids[1]]["label"] == "diagonal" and report.ties == [ids[1]]
+    assert rows[ids[1]]["labeled_at"] == "2026-01-01T00:00:05.250Z"
+    assert report.no_choice == [ids[2]] and report.unknown == [] and report.unlabeled == 1
+    assert len((tmp_path / "labeled" / "annotations.csv").read_text().splitlines()) == 1 + 3
+
+
 @pytest.mark.parametrize("mangle, message", [
     (lambda tasks: {"tasks": tasks}, "is a JSON list of tasks, got dict"),
     (lambda tasks: tasks[:2] + ["oops"], "task 3 is not a task"),

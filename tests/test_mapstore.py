@@ -85,6 +85,18 @@ def test_extract_shards_are_float16_and_read_back_as_examples(tmp_path):
     assert [g.map_ids[-1] for g in iter_map_groups(tmp_path)] == ["tiny:sst2:ex0:L1H1", "tiny:sst2:ex1:L1H1"]
 
 
+def test_a_map_id_twice_in_a_folder_must_hold_the_same_map(tmp_path):
+    rng = np.random.default_rng(5)
+    map_id = make_map_id("m", "t", "e", 0, 0)
+    first = random_maps(rng, 4, 4)
+    write_single_maps(tmp_path / "a.npz", {map_id: first})
+    write_single_maps(tmp_path / "b.npz", {map_id: first})
+    assert np.array_equal(read_single_maps(tmp_path)[map_id], first)  # a copy of the same map is one map
+    write_single_maps(tmp_path / "b.npz", {map_id: random_maps(rng, 4, 4)})
+    with pytest.raises(AttnpatError, match="twice with different values"):
+        read_single_maps(tmp_path)
+
+
 def test_earlier_layouts_and_foreign_files(tmp_path):
     rng = np.random.default_rng(2)
     ids = [make_map_id("m", "t", "e", 0, h) for h in range(2)]

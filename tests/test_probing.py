@@ -20,12 +20,14 @@ from analysis.probing import (
     antecedent_choices,
     coref_baseline_choices,
     coref_baselines,
+    coref_choices,
     dependency_data,
     dependency_table,
     load_winobias,
     offset_predictions,
     parse_winobias,
     predict_heads,
+    probe_coref,
     read_conllu,
     score_sentence,
     word_level_maps,
@@ -33,6 +35,7 @@ from analysis.probing import (
 from analysis.rundir import table_to_array
 from analysis.stream import MapBatch, collate, encode_examples
 from app.cli import main
+from tests.tiny import tiny_bundle
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny.conllu"
 
@@ -199,6 +202,21 @@ def test_antecedent_choice_and_baselines():
     assert baselines["nearest mention"] == pytest.approx(2 / 3)
     assert baselines["first mention"] == pytest.approx(1 / 3)
     assert baselines["string match"] == baselines["nearest mention"]  # no candidate is spelled like "she"
+
+
+def test_coref_baselines_are_scored_on_the_sentences_the_heads_were(tmp_path):
+    """With --max-length cutting some sentences short, heads are scored on the sentences that keep the pronoun
+    and both candidates; the baselines on the same ones, not on every sentence."""
+    bundle = tiny_bundle(tmp_path / "tiny")
+    items, _ = load_winobias(40)
+    choices, scored = coref_choices(bundle, items, max_length=10, batch_size=8, progress=False)
+    assert 0 < len(scored) < len(items) and len(choices) == len(scored) == len(set(scored))
+    _, _, run = probe_coref(bundle, tmp_path / "runs", n=40, max_length=10, batch_size=8, progress=False)
+    assert run.manifest()["analyses"]["probing_coref"]["n_unscored"] == len(items) - len(scored)
+    table = pd.read_csv(run.file("probing_coref_baselines.csv")).set_index("baseline")["accuracy"]
+    expected = coref_baselines([items[k] for k in scored])
+    assert table.to_dict() == pytest.approx(expected)
+    assert expected != pytest.approx(coref_baselines(items))  # the test tells the two apart
 
 
 # ---------------------------------------------------------------- real embedded model

@@ -1,6 +1,8 @@
 """The sweep engine (analysis.sweeps): fast equals naive, exact baseline, resume after an interruption."""
 from __future__ import annotations
 
+import dataclasses
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -199,6 +201,14 @@ def test_changed_configuration_discards_stored_results(tmp_path):
     assert len(SweepStore(tmp_path, sweep_fingerprint(bundle, data, "zero", "layer", 128)).results()) == 4
     other = SweepStore(tmp_path, sweep_fingerprint(bundle, tiny_data(6), "zero", "layer", 128))
     assert other.discarded == 4 and other.results() == {}
+    # the same examples with other labels (a data file read with another --label-column): its results are others
+    run_sweep(bundle, data, layer_variants(3, 4), "zero", SweepStore(tmp_path, sweep_fingerprint(
+        bundle, data, "zero", "layer", 128)), batch_size=4)
+    relabeled = dataclasses.replace(data, examples=[dataclasses.replace(example, label=1 - example.label)
+                                                    for example in data.examples])
+    assert [example.id for example in relabeled.examples] == [example.id for example in data.examples]
+    again = SweepStore(tmp_path, sweep_fingerprint(bundle, relabeled, "zero", "layer", 128))
+    assert again.discarded == 4 and again.results() == {}
 
 
 
@@ -262,6 +272,24 @@ def test_disable_analysis_writes_tables_and_figures_for_both_modes(tmp_path):
     for ax, mode in zip(panels, ("uniform", "zero")):
         assert np.allclose(ax.images[0].get_array(), table_to_array(heads, f"{mode}_delta") * 100)
     plt.close(figure)
+
+
+def test_modes_share_the_tables_only_when_run_on_the_same_inputs(tmp_path):
+    """A zero sweep on 8 examples next to a uniform one on 6: the tables would compare the two modes on other
+    data, so the uniform rows leave them (and the run says so); rerunning uniform on the 8 brings them back."""
+    bundle = make_bundle()
+    run = RunDir("tiny", "sst2", tmp_path)
+    disable_analysis(bundle, tiny_data(6), run, mode="uniform", units=["head", "layer"], batch_size=4)
+    summary = disable_analysis(bundle, tiny_data(8), run, mode="zero", units=["head", "layer"], batch_size=4)
+    assert summary["dropped_modes"] == ["uniform"]
+    assert run.manifest()["analyses"]["disable_zero"]["dropped_modes"] == ["uniform"]
+    heads, layers = pd.read_csv(run.file("disable_heads.csv")), pd.read_csv(run.file("disable_layers.csv"))
+    assert {name.split("_")[0] for name in heads["metric"]} == {"zero"} and set(layers["mode"]) == {"zero"}
+    summary = disable_analysis(bundle, tiny_data(8), run, mode="uniform", units=["head", "layer"], batch_size=4)
+    assert "dropped_modes" not in summary
+    heads, layers = pd.read_csv(run.file("disable_heads.csv")), pd.read_csv(run.file("disable_layers.csv"))
+    assert {name.split("_")[0] for name in heads["metric"]} == {"uniform", "zero"}
+    assert set(layers["mode"]) == {"uniform", "zero"}
 
 
 def test_the_heads_figure_stars_each_modes_surviving_heads_in_its_own_panel():

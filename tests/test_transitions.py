@@ -109,3 +109,7 @@ def test_transition_table_of_a_class_the_base_never_shows():
     counts[0, 1] = 3
     table = transition_table(counts)
     assert table["fraction_of_base"].max() == 1.0 and table["fraction"].sum() == pytest.approx(1.0)
+    # the classes the base model never shows get 0, not NaN (max() above skips NaN)
+    assert table["fraction_of_base"].notna().all()
+    absent = table[table["base_class"] != table["base_class"].iloc[1]]
+    assert (absent["fraction_of_base"] == 0).all() and len(absent) == 20

@@ -169,3 +169,11 @@ def test_bootstrap_draws_of_another_size_draw_that_many_of_the_items():
     assert np.std(bootstrap_draws(lambda draw: values[draw].mean(), 40, size=5, n_boot=500)) > 2 * np.std(means)
     with pytest.raises(AttnpatError, match="a bootstrap draw needs at least one item, got 0"):
         bootstrap_draws(lambda draw: 0.0, 7, size=0)
+
+
+def test_ratio_bootstrap_in_chunks_makes_the_same_draws_as_all_at_once():
+    """Memory stays chunk x examples x classes; the interval is the same for any chunk size."""
+    counts = np.random.default_rng(4).integers(0, 6, size=(301, 5))
+    whole = bootstrap_ratio_interval(counts, n_boot=230, seed=2, chunk=230)
+    for chunk in (1, 7, 50):
+        assert np.array_equal(bootstrap_ratio_interval(counts, n_boot=230, seed=2, chunk=chunk), whole)
