@@ -428,10 +428,12 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
                 report.unknown.append(f"{map_id}: {label!r}")
             else:
                 annotator = _annotator(annotation, names)
-                if annotator in latest and map_id not in report.repeated:
+                # an annotation that names no user is its own voter: it cannot be told to repeat anyone
+                voter = annotator if annotation.get("completed_by") is not None else ("unnamed", len(latest))
+                if voter in latest and map_id not in report.repeated:
                     report.repeated.append(map_id)
-                latest[annotator] = (_created(annotation), {"map_id": map_id, "label": label, "annotator": annotator,
-                                                            "labeled_at": str(annotation.get("created_at"))})
+                latest[voter] = (_created(annotation), {"map_id": map_id, "label": label, "annotator": annotator,
+                                                        "labeled_at": str(annotation.get("created_at"))})
         annotations = [record for _, record in sorted(latest.values(), key=lambda kept: kept[0])]
         if not annotations:
             report.unlabeled += 1
