@@ -405,7 +405,7 @@ class RunDir:
         return pd.read_csv(path)
 
     @contextmanager
-    def record(self, analysis: str, bundle=None, data=None, **extra) -> Iterator[dict]:
+    def record(self, analysis: str, bundle=None, data=None, *, wait: bool = False, **extra) -> Iterator[dict]:
         """Context manager: yields a dict the analysis fills (n_truncated, figures...), and writes the manifest
         entry with timing when the block finishes without error. Its "outputs" are the files written through
         write_table / write_figure in the block, plus any the analysis lists itself (a checkpoint, a maps
@@ -414,11 +414,14 @@ class RunDir:
 
         The block's tables and figures are staged in ``.staging-<analysis>/`` and moved into the run folder
         together with its manifest entry when the block finishes; a failed or stopped analysis leaves the
-        folder as it was, never its new tables beside the figures or the manifest entry of an older run."""
+        folder as it was, never its new tables beside the figures or the manifest entry of an older run.
+
+        wait: when another process records the same analysis here, wait for it (a short update that several
+        commands make in turn) instead of stopping with an error."""
         writable_path(self.file("manifest.json"))
         self.manifest()  # a damaged manifest is an error now, before the analysis writes its tables
         # one process per analysis and run folder: a second would overwrite the first one's tables mid-run
-        with locked(self.file(f"{LOCK_FILE}-{analysis}"), f"{analysis} in {self.path}"):
+        with locked(self.file(f"{LOCK_FILE}-{analysis}"), f"{analysis} in {self.path}", wait=wait):
             for stale in self.path.glob(f"{STAGING}-{analysis}-{'?' * 8}"):  # killed runs' (mkdtemp's 8 letters)
                 shutil.rmtree(stale, ignore_errors=True)  # another user's may stay: ours has its own name
             try:

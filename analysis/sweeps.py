@@ -516,18 +516,33 @@ def merge_mode_rows(old, new, column: str, keep_values: Sequence[str]):
 
 def sweep_inputs(bundle, data, max_length: int) -> dict:
     """What a disabling table's rows were computed on (model, revision, every example, length limit), as
-    recorded in its manifest entry: two modes' rows share a table only when these are equal."""
+    recorded per unit in the mode's manifest entry: two modes' rows share a table only when these are equal."""
     inputs = {key: value for key, value in sweep_fingerprint(bundle, data, "", "", max_length).items()
               if key not in ("mode", "unit")}
     return json.loads(json.dumps(inputs, default=str))
 
 
-def modes_made_otherwise(manifest: dict, mode: str, inputs: dict) -> list[str]:
-    """The other disabling modes whose manifest entry records other :func:`sweep_inputs` than ``inputs`` (other
-    data, another model revision or length limit, or none recorded): their rows leave the merged tables."""
-    analyses = manifest.get("analyses") or {}
-    return [other for other in MODES if other != mode
-            and (analyses.get(f"disable_{other}") or {}).get("inputs") != inputs]
+def recorded_inputs(manifest: dict, mode: str) -> dict:
+    """{unit: sweep_inputs} that ``mode``'s manifest entry records for its rows ({} for none, or for an entry
+    written before they were recorded)."""
+    entry = (manifest.get("analyses") or {}).get(f"disable_{mode}") or {}
+    inputs = entry.get("inputs") if isinstance(entry, dict) else None
+    return {unit: value for unit, value in inputs.items() if unit in UNITS} if isinstance(inputs, dict) else {}
+
+
+def modes_made_otherwise(manifest: dict, mode: str, unit: str, inputs: dict) -> list[str]:
+    """The other disabling modes whose rows of ``unit`` were computed on other :func:`sweep_inputs` than
+    ``inputs`` (other data, another model revision or length limit, or not recorded): they leave the tables."""
+    return [other for other in MODES if other != mode and recorded_inputs(manifest, other).get(unit) != inputs]
+
+
+def modes_in(table, unit: str) -> set[str]:
+    """The disabling modes with rows in ``table`` (a disable_heads or disable_layers frame, or None)."""
+    if table is None or table.empty:
+        return set()
+    if unit == "head":
+        return {mode for mode in MODES if table["metric"].str.startswith(f"{mode}_").any()}
+    return set(table["mode"]) & set(MODES)
 
 
 def without_modes(table, modes: Sequence[str], unit: str):
@@ -636,9 +651,11 @@ def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_
     :func:`run_sweep` (recorded in the manifest)."""
     check_mode(mode)
     units = list(units)
+    current = sweep_inputs(bundle, data, max_length)
+    # per unit: this mode's rows of a unit not run now stay in the tables, with what they were computed on
+    inputs = {**recorded_inputs(run.manifest(), mode), **{unit: current for unit in units}}
     with run.record(f"disable_{mode}", bundle, data, mode=mode, units=units, max_length=max_length,
-                    inputs=sweep_inputs(bundle, data, max_length),
-                    model_note=classifier_head_note(bundle, data.task)) as entry:
+                    inputs=inputs, model_note=classifier_head_note(bundle, data.task)) as entry:
         if cluster is not None:
             entry["cluster"] = cluster.manifest()
         summary = _disable_sweeps(bundle, data, run, mode=mode, units=units, max_length=max_length,
@@ -659,11 +676,16 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
                      "model_note": classifier_head_note(bundle, data.task), "tests": significance_note(metric),
                      "significant": {}}
     # another mode's rows stay in the shared tables only when they were computed on the same inputs
-    manifest = run.manifest()
-    dropped = modes_made_otherwise(manifest, mode, sweep_inputs(bundle, data, max_length))
-    recorded = [other for other in dropped if f"disable_{other}" in (manifest.get("analyses") or {})]
-    if recorded:
-        summary["dropped_modes"] = recorded
+    manifest, current = run.manifest(), sweep_inputs(bundle, data, max_length)
+
+    def merge_with(stem: str, unit: str):
+        """The table's rows that stay: other modes' rows of ``unit`` computed on the same inputs."""
+        old = _read_optional(run, stem)
+        dropped = sorted(modes_in(old, unit) & set(modes_made_otherwise(manifest, mode, unit, current)))
+        if dropped:
+            summary.setdefault("dropped_modes", {})[unit] = dropped
+        return without_modes(old, dropped, unit)
+
     for unit in units:
         variants = unit_variants(unit, L, H)
         store = SweepStore(run.file(f".sweep-{mode}-{unit}"), sweep_fingerprint(bundle, data, mode, unit, max_length))
@@ -683,8 +705,8 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
                        **{f"{mode}_{'delta_' if name.startswith('ci') else ''}{name}": values.reshape(L, H)
                           for name, values in stats.items()}}
             with run.updating():  # the figure too: it draws every mode's rows of the merged table
-                old = without_modes(_read_optional(run, "disable_heads"), dropped, unit)
-                table = merge_mode_rows(old, long_table(columns), "metric", list(columns))
+                table = merge_mode_rows(merge_with("disable_heads", unit), long_table(columns), "metric",
+                                        list(columns))
                 run.write_table("disable_heads", table, merged=True)
                 fig = head_delta_figure(table, metric=metric, task=data.task, model=bundle.name)
                 summary["outputs"] += [str(p) for p in run.write_figure("disable_heads", fig, merged=True)]
@@ -699,8 +721,7 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
                                 "delta": deltas, **stats})
             summary["significant"]["layers"] = significant_effects([(layer,) for layer in range(L)], deltas, stats)
             with run.updating():  # the figure too: it draws every mode's rows of the merged table
-                table = merge_mode_rows(without_modes(_read_optional(run, "disable_layers"), dropped, unit), new,
-                                        "mode", [mode])
+                table = merge_mode_rows(merge_with("disable_layers", unit), new, "mode", [mode])
                 run.write_table("disable_layers", table, merged=True)
                 baselines = {m: float((rows["metric"] - rows["delta"]).iloc[0]) for m, rows in table.groupby("mode")}
                 fig = layer_delta_figure(table, metric=metric, baseline=baselines, task=data.task, model=bundle.name)

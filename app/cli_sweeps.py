@@ -73,9 +73,11 @@ def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
         name = _head if unit == "heads" else (lambda e: f"layer {e['layer'] + 1}")
         found = "; ".join(f"{name(e)} {e['delta']:+.4f} [{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]" for e in rows)
         typer.echo(f"{unit} whose change survives Holm (p < 0.05; 95% bootstrap interval): {found or 'none'}")
-    for other in summary.get("dropped_modes", []):
-        typer.echo(f"note: the tables no longer hold the {other} rows, made on other data or another model "
-                   f"revision or --max-length; rerun with --mode {other} to add them back", err=True)
+    for unit, others in summary.get("dropped_modes", {}).items():
+        for other in others:
+            typer.echo(f"note: disable_{unit}s no longer holds the {other} rows: they were made on other inputs "
+                       f"(data, model revision or --max-length), or by an attnpat that did not record them; rerun "
+                       f"with --mode {other} --unit {unit} on these inputs to add them back", err=True)
     typer.echo("wrote " + ", ".join(summary["outputs"]))
 
 

@@ -1,9 +1,10 @@
 """The demo pipeline behind `attnpat demo`: every app tab filled from the embedded MiniLM and packaged data.
 
 Each step is an ordinary `attnpat` command run in-process, so the demo shows exactly what a user would type.
-A step is skipped when its outputs exist and its inputs are unchanged: its command, the fingerprints of
-the models it reads (package version of the embedded model, attnpat.json of a fine-tuned one) and the
-versions of the data and pipeline packages are hashed into ``<runs>/.demo-state.json`` after it succeeds.
+A step is skipped when its inputs are unchanged and its outputs are the ones it wrote: its command, the
+fingerprints of the models it reads (package version of the embedded model, attnpat.json of a fine-tuned one)
+and the versions of the data and pipeline packages are hashed into ``<runs>/.demo-state.json`` after it
+succeeds, with the sha256 of each output file (a command run by hand into the same folder changes them).
 The fine-tune resumes from its checkpoint when killed (analysis.finetune), so a rerun continues it.
 """
 from __future__ import annotations
@@ -159,7 +160,23 @@ def outputs_exist(step: Step, root: Path) -> bool:
     return all((root / output).is_file() for output in step.outputs)
 
 
-def read_state(root: Path) -> dict[str, str]:
+def output_digests(step: Step, root: Path) -> dict[str, str]:
+    """{output: sha256} of the step's output files (small tables and a model's attnpat.json)."""
+    return {output: hashlib.sha256((root / output).read_bytes()).hexdigest() for output in step.outputs}
+
+
+def is_current(step: Step, recorded, fingerprint: str, root: Path) -> bool:
+    """True when the step's recorded state has these inputs and its outputs are still the files it wrote
+    (a state of an earlier attnpat, the fingerprint alone, only needs them to exist)."""
+    if not outputs_exist(step, root):
+        return False
+    if isinstance(recorded, str):
+        return recorded == fingerprint
+    return (isinstance(recorded, dict) and recorded.get("inputs") == fingerprint
+            and recorded.get("outputs") == output_digests(step, root))
+
+
+def read_state(root: Path) -> dict:
     path = root / STATE_FILE
     try:
         state = json.loads(path.read_text()) if path.is_file() else {}
@@ -197,7 +214,7 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
             state = read_state(root)
             fingerprint = step_fingerprint(step, packages)
             echo(f"\n[{number}/{len(steps)}] {step.title}\n$ {step.command}")
-            if not force and state.get(step.command) == fingerprint and outputs_exist(step, root):
+            if not force and is_current(step, state.get(step.command), fingerprint, root):
                 echo(f"[{number}/{len(steps)}] skipped: outputs exist and inputs are unchanged (--force reruns it); "
                      f"total {duration(time.time() - started)}")
                 records.append({"title": step.title, "command": step.command, "status": "skipped", "seconds": 0.0})
@@ -214,7 +231,8 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
                 raise AttnpatError(f"demo step `{step.command}` failed (exit {code}); see the message above")
             seconds = time.time() - step_started
             state = read_state(root)
-            state[step.command] = step_fingerprint(step, packages)  # a fine-tune changes its model's fingerprint
+            state[step.command] = {"inputs": step_fingerprint(step, packages),  # a fine-tune changes its model's
+                                   "outputs": output_digests(step, root)}
             atomic_write_json(root / STATE_FILE, state)
             echo(f"[{number}/{len(steps)}] done in {duration(seconds)}; total {duration(time.time() - started)}")
             records.append({"title": step.title, "command": step.command, "status": "run",

@@ -196,13 +196,17 @@ def _file_digest(path: Path) -> str:
 
 def compare_tasks(bundle, ratios: dict, settings: dict, root: str | Path | None = None):
     """Write runs/<model>/all/pattern_ratios_by_task.csv (task, class, count, fraction [, ci_low, ci_high,
-    adjusted]) and its grouped bars with intervals, with a manifest naming the tasks and the classification
-    ``settings`` they share (their data aside)."""
-    frame = pd.concat([table.assign(task=task) for task, table in ratios.items()], ignore_index=True)
-    frame = frame[["task"] + [column for column in frame.columns if column != "task"]]
+    adjusted]) over ``ratios`` ({task: pattern_ratios frame}) and the model's other tasks classified with the same
+    ``settings`` (their data aside), and its grouped bars with intervals, with a manifest naming the tasks and
+    those settings. Two commands classifying tasks of one model update it in turn, each joining the other's."""
     run = RunDir(bundle.slug, ALL_TASKS_DIR, root)
     shared = {key: value for key, value in settings.items() if key != "data"}
-    with run.record("classify", bundle, tasks=list(ratios), settings=shared):
+    with run.record("classify", bundle, wait=True, settings=shared) as entry:
+        # read under the folder's lock: a task another command finished meanwhile is joined, not lost
+        ratios = {**classified_elsewhere(bundle.slug, settings, set(ratios), root), **ratios}
+        entry["tasks"] = list(ratios)
+        frame = pd.concat([table.assign(task=task) for task, table in ratios.items()], ignore_index=True)
+        frame = frame[["task"] + [column for column in frame.columns if column != "task"]]
         run.write_table("pattern_ratios_by_task", frame)
         _save(run, "pattern_ratios_by_task", ratio_figure(ratios, f"{bundle.name}: pattern ratios per task"))
     return frame
@@ -340,7 +344,7 @@ def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, 
                               max_length=max_length, cluster=cluster, **computed)
             ratios[data.task] = run.read_table("pattern_ratios")
     settings = classify_settings(bundle, runs[0][0], classifier, max_length)
-    compare_tasks(bundle, {**classified_elsewhere(bundle.slug, settings, set(ratios), root), **ratios}, settings, root)
+    compare_tasks(bundle, ratios, settings, root)
     return ratios
 
 

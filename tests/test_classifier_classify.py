@@ -1,6 +1,7 @@
 """Batch classification of every head: tables, figures, saved map files, the CLI, the real MiniLM."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,7 +14,7 @@ from analysis.data import load_data
 from analysis.extract import extract_maps
 from analysis.models import load_model
 from analysis.patterns import CLASSES
-from analysis.rundir import RunDir
+from analysis.rundir import LOCK_FILE, RunDir, locked
 from analysis.sampling import sample_maps
 from analysis.stream import stream_maps
 from annotation.dataset import load_labeled_set, save_labeled_set
@@ -132,6 +133,31 @@ def test_all_tasks_comparison(bundle, checkpoint, tmp_path):
     classify_tasks(bundle, ["sst2"], load_classifier(checkpoint), n=2, batch_size=4, root=tmp_path, progress=False,
                    max_length=32)
     assert set(pd.read_csv(tmp_path / bundle.slug / "all" / "pattern_ratios_by_task.csv").task) == {"sst2"}
+
+
+def test_the_per_task_comparison_waits_for_another_command_writing_it(bundle, checkpoint, tmp_path):
+    """Two commands classifying tasks of one model: the second waits for the first's comparison, then joins it
+    (before, it stopped with an error after its own classification was done)."""
+    comparison = RunDir(bundle.slug, "all", tmp_path)
+    held, release = threading.Event(), threading.Event()
+
+    def other_command():
+        with locked(comparison.file(f"{LOCK_FILE}-classify"), "the other command"):
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=other_command)
+    holder.start()
+    assert held.wait(10)
+    timer = threading.Timer(1.0, release.set)
+    timer.start()
+    try:
+        classify_tasks(bundle, ["sst2"], load_classifier(checkpoint), n=2, batch_size=4, root=tmp_path,
+                       progress=False)
+    finally:
+        release.set()
+        holder.join()
+    assert set(pd.read_csv(comparison.file("pattern_ratios_by_task.csv")).task) == {"sst2"}
 
 
 def test_saved_map_files_one_row_per_map(bundle, checkpoint, tmp_path):

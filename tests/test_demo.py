@@ -68,6 +68,18 @@ def test_missing_outputs_or_a_new_model_rerun_what_depends_on_them(workspace):
     os.remove(runs / "minilm" / "wiki" / "probing_dependency.csv")
     demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
     assert verbs(fake.calls) == ["probe-dep"]
+    # an output rewritten by a command run by hand (another --n into the same folder): that step reruns
+    fake.calls.clear()
+    (runs / "minilm" / "wiki" / "clusters.csv").write_text("made by hand\n")
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
+    assert verbs(fake.calls) == ["cluster"]
+    # a state written by an earlier attnpat (the inputs' fingerprint alone) still skips a step whose outputs exist
+    state = json.loads((runs / demo.STATE_FILE).read_text())
+    json_state = {command: recorded["inputs"] for command, recorded in state.items()}
+    (runs / demo.STATE_FILE).write_text(json.dumps(json_state))
+    fake.calls.clear()
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
+    assert fake.calls == []
 
     # the fine-tuned model's run record is gone: it is trained again (--force), and every step reading it reruns
     fake.calls.clear()

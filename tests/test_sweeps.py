@@ -281,8 +281,8 @@ def test_modes_share_the_tables_only_when_run_on_the_same_inputs(tmp_path):
     run = RunDir("tiny", "sst2", tmp_path)
     disable_analysis(bundle, tiny_data(6), run, mode="uniform", units=["head", "layer"], batch_size=4)
     summary = disable_analysis(bundle, tiny_data(8), run, mode="zero", units=["head", "layer"], batch_size=4)
-    assert summary["dropped_modes"] == ["uniform"]
-    assert run.manifest()["analyses"]["disable_zero"]["dropped_modes"] == ["uniform"]
+    assert summary["dropped_modes"] == {"head": ["uniform"], "layer": ["uniform"]}
+    assert run.manifest()["analyses"]["disable_zero"]["dropped_modes"] == summary["dropped_modes"]
     heads, layers = pd.read_csv(run.file("disable_heads.csv")), pd.read_csv(run.file("disable_layers.csv"))
     assert {name.split("_")[0] for name in heads["metric"]} == {"zero"} and set(layers["mode"]) == {"zero"}
     summary = disable_analysis(bundle, tiny_data(8), run, mode="uniform", units=["head", "layer"], batch_size=4)
@@ -290,6 +290,23 @@ def test_modes_share_the_tables_only_when_run_on_the_same_inputs(tmp_path):
     heads, layers = pd.read_csv(run.file("disable_heads.csv")), pd.read_csv(run.file("disable_layers.csv"))
     assert {name.split("_")[0] for name in heads["metric"]} == {"uniform", "zero"}
     assert set(layers["mode"]) == {"uniform", "zero"}
+
+
+def test_each_unit_keeps_the_inputs_its_rows_were_computed_on(tmp_path):
+    """uniform heads on 6 examples, uniform layers on 8, then zero heads on 8: the uniform head rows were made
+    on 6 and leave disable_heads; the uniform layer rows (8) stay beside zero's layers when those run on 8."""
+    bundle = make_bundle()
+    run = RunDir("tiny", "sst2", tmp_path)
+    disable_analysis(bundle, tiny_data(6), run, mode="uniform", units=["head"], batch_size=4)
+    disable_analysis(bundle, tiny_data(8), run, mode="uniform", units=["layer"], batch_size=4)
+    recorded = run.manifest()["analyses"]["disable_uniform"]["inputs"]
+    assert recorded["head"]["data"]["n_examples"] == 6 and recorded["layer"]["data"]["n_examples"] == 8
+    summary = disable_analysis(bundle, tiny_data(8), run, mode="zero", units=["head"], batch_size=4)
+    assert summary["dropped_modes"] == {"head": ["uniform"]}
+    assert {name.split("_")[0] for name in pd.read_csv(run.file("disable_heads.csv"))["metric"]} == {"zero"}
+    summary = disable_analysis(bundle, tiny_data(8), run, mode="zero", units=["layer"], batch_size=4)
+    assert "dropped_modes" not in summary
+    assert set(pd.read_csv(run.file("disable_layers.csv"))["mode"]) == {"uniform", "zero"}
 
 
 def test_the_heads_figure_stars_each_modes_surviving_heads_in_its_own_panel():
