@@ -183,6 +183,13 @@ def check_export(tasks) -> dict[str, dict]:
             raise AttnpatError(f"{where}: map_id and map_sha256 must be strings")
         if map_id in checked:
             raise AttnpatError(f"{where}: map {ascii(map_id[:80])} is in two tasks")
+        predictions = task.get("predictions")
+        if isinstance(predictions, list) and predictions and all(type(item) is int for item in predictions):
+            # Label Studio's JSON export lists a task's predictions by id and nests each one in the annotations
+            # made from it; the API gives the objects themselves
+            nested = {item["prediction"].get("id"): item["prediction"] for item in _objects(
+                task.get("annotations"), f"{where}: annotations") if isinstance(item.get("prediction"), dict)}
+            task = {**task, "predictions": [nested[number] for number in predictions if number in nested]}
         for key in ("annotations", "predictions", "drafts"):
             for item in _objects(task.get(key), f"{where}: {key}"):
                 _check_result(item, f"{where}: {key}")

@@ -415,6 +415,28 @@ def test_pull_reads_a_label_studio_export_file(tmp_path, synthetic_sample):
     assert {map_id: CLASSES[label] for map_id, label in zip(labeled.map_ids, labeled.labels)} == labels
 
 
+def test_pull_reads_label_studio_1_23s_own_export_with_predictions_by_id(tmp_path, synthetic_sample):
+    """Label Studio's Export > JSON lists a task's predictions as ids and nests each prediction in the
+    annotations made from it (before: 'predictions must be a list of objects')."""
+    sample = synthetic_sample("export-ids", 6)
+    labels = {row["map_id"]: CLASSES[k % len(CLASSES)] for k, row in enumerate(read_index(sample))}
+    tasks = _export_of(sample, labels)
+    for k, task in enumerate(tasks):
+        guess = CLASSES[0] if k % 2 else labels[task["data"]["map_id"]]
+        prediction = {"id": 100 + k, "model_version": "attnpat-rules-v1", "score": 0.7, "task": task["id"],
+                      "result": [{"from_name": "pattern", "to_name": "image", "type": "choices",
+                                  "value": {"choices": [guess]}}]}
+        task["predictions"] = [100 + k]
+        task["annotations"][0]["prediction"] = prediction
+    tasks[5]["annotations"][0].pop("prediction")  # an id whose prediction no annotation carries: not compared
+    (tmp_path / "export.json").write_text(json.dumps(tasks))
+    report = ls.pull(None, sample, tmp_path / "labeled", export=tmp_path / "export.json")
+    assert report.labeled == 6
+    right = [labels[task["data"]["map_id"]] == (CLASSES[0] if k % 2 else labels[task["data"]["map_id"]])
+             for k, task in enumerate(tasks[:5])]
+    assert report.prediction_agreement == pytest.approx(sum(right) / 5)
+
+
 def test_pull_counts_each_annotator_once_orders_by_time_and_reports_an_empty_choice(tmp_path, synthetic_sample):
     """One user's second annotation tab replaces their first (one vote each); a tie goes to the earliest
     annotation by time, not by text ('...:05Z' is earlier than '...:05.250Z'); a submission with no class is
