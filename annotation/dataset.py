@@ -23,6 +23,7 @@ import pandas as pd
 
 from analysis.errors import AttnpatError
 from analysis.mapstore import maps_digest, read_maps, write_single_maps
+from analysis.paths import repo_root
 from analysis.patterns import CLASSES
 from analysis.rundir import atomic_write_text, save_table
 
@@ -81,6 +82,11 @@ def load_labeled_set(folder: str | Path) -> LabeledSet:
     """Read a labeled set; unknown labels and labels without maps raise AttnpatError. A class may be absent (a
     test panel in natural proportions can lack a rare class); training checks its classes itself (check_labels)."""
     folder = Path(folder)
+    shipped = repo_root() / folder
+    if not folder.is_absolute() and not folder.exists() and (shipped / "labels.csv").is_file():
+        folder = shipped  # a set shipped in the repository (annotation/labeled/...), named from another folder
+    if not folder.exists():
+        raise AttnpatError(f"{folder} does not exist (a labeled set is a folder with labels.csv and maps.npz)")
     if not (folder / "labels.csv").is_file() or not (folder / "maps.npz").is_file():
         raise AttnpatError(f"{folder} is not a labeled set (needs labels.csv and maps.npz)")
     try:
@@ -191,8 +197,8 @@ def merge_labeled_sets(folders: list[str | Path], out: str | Path) -> LabeledSet
             maps[map_id] = attn
             source = row.get("source") if isinstance(row.get("source"), str) else f"{folder.parent.name}/{folder.name}"
             rows.append({**row, "source": source})
-        if (folder / "annotations.csv").is_file():
-            annotations.extend(read_annotations(folder / "annotations.csv").to_dict("records"))
+        if (labeled.path / "annotations.csv").is_file():
+            annotations.extend(read_annotations(labeled.path / "annotations.csv").to_dict("records"))
     # the same annotation reached through two sets (one merged from the other) counts once
     annotations = list({tuple(sorted(record.items(), key=lambda item: item[0])): record
                         for record in annotations}.values())

@@ -92,8 +92,8 @@ def push(model: str = opt.Model, count: int = typer.Option(480, "--count", help=
          class_shares: str | None = typer.Option(
              None, "--class-shares", help="with --stratify-by: share of maps per predicted class, e.g. "
              "block=3,heterogeneous=3,diagonal=2,vertical=1,vertical+diagonal=1 (default: equal)"),
-         exclude: list[Path] = typer.Option([], "--exclude", help="labeled set or sample whose maps are not drawn "
-                                            "again (repeatable)"),
+         exclude: list[Path] = typer.Option([], "--exclude", help="labeled set or sample, or a folder of them "
+                                            "(e.g. annotation/labeled), whose maps are not drawn again (repeatable)"),
          maps: Path | None = typer.Option(None, "--maps", help="draw the sample from map files written by "
                                           "`attnpat extract` instead of the model"),
          annotators: int | None = typer.Option(None, "--annotators", help="different people who label each task "

@@ -22,7 +22,8 @@ BroadThreshold = typer.Option(3.8, "--broad-threshold", help="entropy (nats) abo
 PositionThreshold = typer.Option(0.5, "--position-threshold", help="attention above which a head attends to prev/next")
 SpecialThreshold = typer.Option(0.6, "--special-threshold",
                                 help="attention above which a head attends to [CLS]/[SEP]/punct.")
-Seed = opt.seed_option("random seed (MLM masking, MDS)")
+MaskSeed = opt.seed_option("random seed of the MLM masking (each example's own draw)")
+MdsSeed = opt.seed_option("random seed of the MDS embedding")
 
 
 def register(app: typer.Typer) -> None:
@@ -73,7 +74,7 @@ def grad_importance(model: str = opt.Model, task: str = WikiTask,
                     mask_probability: float = typer.Option(0.15, "--mask-probability",
                                                            help="MLM: share of tokens masked"),
                     text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
-                    seed: int = Seed, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
+                    seed: int = MaskSeed, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Gradient of the MLM loss (or a fine-tuned classifier's task loss) w.r.t. attention to [SEP], '.'/',' and
     other tokens, per layer (Clark Fig. 5)."""
     bundle, objective = load_gradient_model(model)
@@ -93,7 +94,7 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
             split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
             broad_threshold: float = BroadThreshold, position_threshold: float = PositionThreshold,
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
-            special_threshold: float = SpecialThreshold, seed: int = Seed, runs_dir: opt.OptionalPath = opt.RunsDir,
+            special_threshold: float = SpecialThreshold, seed: int = MdsSeed, runs_dir: opt.OptionalPath = opt.RunsDir,
             quiet: bool = opt.Quiet) -> None:
     """Jensen-Shannon divergences between heads and their 2-D MDS embedding, coloured by behaviour (Clark Fig. 6)."""
     # imported here on purpose: scikit-learn (the MDS) takes seconds to load and only this verb needs it

@@ -13,6 +13,7 @@ import pytest
 
 from analysis.errors import AttnpatError
 from analysis.mapstore import iter_map_groups, make_map_id, parse_map_id, read_single_maps
+from analysis.paths import repo_root
 from analysis.patterns import CLASSES
 from analysis.sampling import parse_class_shares, plan_cells, sample_maps_by_prediction
 from annotation.dataset import annotator_agreement, load_labeled_set, merge_labeled_sets, save_labeled_set
@@ -148,7 +149,7 @@ def test_merge_and_class_share_errors_on_the_command_line(tmp_path, capsys, monk
     assert main(["annotate", "merge", str(tmp_path / "one"), str(tmp_path / "nowhere"), "--out",
                  str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error:") and "\n" not in err and "is not a labeled set" in err
+    assert err.startswith("error:") and "\n" not in err and "nowhere does not exist" in err
     assert not (tmp_path / "bad").exists()
     assert main(["annotate", "push", "--stratify-by", "rules", "--class-shares", "spiral=1", "--url",
                  "http://127.0.0.1:9", "--token", "x", "--sample", "s"]) == 2
@@ -237,3 +238,15 @@ def test_planned_cells_move_past_excluded_ones_and_say_when_none_is_left():
     assert {(layer, head) for _, layer, head in cells} == {(0, 0), (0, 1)}
     with pytest.raises(AttnpatError, match="ask for fewer maps"):
         plan_cells(1, 2, 4, 3, random.Random(0), lambda example, layer, head: head == 0)
+
+
+def test_a_shipped_set_is_found_from_any_folder(tmp_path, monkeypatch):
+    """The docs name shipped sets by their repository path (annotation/labeled/panel-4): it works from any
+    working folder; a path that exists there is taken as given, and a missing one says it does not exist."""
+    monkeypatch.chdir(tmp_path)
+    shipped = load_labeled_set("annotation/labeled/panel-4")
+    assert shipped.path == repo_root() / "annotation" / "labeled" / "panel-4" and len(shipped) == 270
+    write_set(tmp_path / "annotation" / "labeled" / "panel-4", {synthetic_id(f"own{k}"): CLASSES[k] for k in range(5)})
+    assert len(load_labeled_set("annotation/labeled/panel-4")) == 5  # the user's own folder of that name
+    with pytest.raises(AttnpatError, match="annotation/labeled/nope does not exist"):
+        load_labeled_set("annotation/labeled/nope")

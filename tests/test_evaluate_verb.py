@@ -259,7 +259,7 @@ def test_bad_inputs_are_one_error_line_and_write_nothing(tiny, tmp_path, capsys)
     evaluated, _, checkpoint = tiny
     (tmp_path / "empty").mkdir()
     (tmp_path / "broken.safetensors").write_bytes(b"not a checkpoint")
-    cases = [(["--data", tmp_path / "missing"], "is not a labeled set"),
+    cases = [(["--data", tmp_path / "missing"], "missing does not exist"),
              (["--data", tmp_path / "empty"], "is not a labeled set"),
              (["--data", evaluated, "--classifier", tmp_path / "broken.safetensors"], "not a readable safetensors"),
              (["--data", evaluated, "--classifier", tmp_path / "absent.safetensors"], "not found"),

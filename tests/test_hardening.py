@@ -101,7 +101,13 @@ def test_label_and_text_columns_are_options(tmp_path, capsys, tiny_model):
                                   "--label-column", "grade", "--runs-dir", runs, "-q"], capsys)
     assert code == 2 and len(errors) == 1 and "no 'grade' column" in errors[0]
     code, _, _, errors = run_cli(["extract", "--task", "sst2", "--text-column", "x", "--runs-dir", runs], capsys)
-    assert code == 2 and "only apply to a data file" in errors[0]
+    assert code == 2 and "--text-column applies only to a data file" in errors[0]
+    code, _, _, errors = run_cli(["extract", "--task", "sst2", "--text-column", "x", "--label-column", "y",
+                                  "--runs-dir", runs], capsys)
+    assert code == 2 and "--text-column, --label-column apply only to a data file" in errors[0]
+    # a path that is no data file is named as given (before: lowercased, and called an unknown task)
+    code, _, _, errors = run_cli(["extract", "--task", str(tmp_path / "Notes.MD"), "--runs-dir", runs], capsys)
+    assert code == 2 and f"{tmp_path / 'Notes.MD'} is not a data file (.jsonl, .csv or .tsv) nor a task" in errors[0]
 
 
 # ------------------------------------------------------------------ 2. a user file named like a built-in task
