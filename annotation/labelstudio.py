@@ -310,7 +310,7 @@ def _read_state(path: Path | None) -> dict:
 class PullReport:
     """What a pull found. drafts / skipped / unknown / hash_mismatch list map ids (unknown: with the label);
     no_choice: annotations submitted without a class; repeated: maps where one annotator submitted twice (their
-    latest annotation counts, once); ties: maps whose annotators split evenly (the earliest annotation's label
+    latest annotation counts, once; a later skip or empty one withdraws their label); ties: maps whose annotators split evenly (the earliest annotation's label
     was kept)."""
 
     folder: Path
@@ -424,9 +424,14 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
         # Label Studio shows a task's drafts only to their author; draft_exists covers everyone's.
         if task.get("drafts") or task.get("draft_exists"):
             report.drafts.append(map_id)
-        latest = {}  # annotator -> (order, annotation): one vote each, their latest
+        latest = {}  # voter -> (order, annotation or None): each annotator's last word, a skip included
         for annotation in sorted(task.get("annotations") or [], key=_created):
-            label = _choice(annotation)
+            label, annotator = _choice(annotation), _annotator(annotation, names)
+            # an annotation that names no user is its own voter: it cannot be told to repeat anyone
+            voter = annotator if annotation.get("completed_by") is not None else ("unnamed", len(latest))
+            if voter in latest and map_id not in report.repeated:
+                report.repeated.append(map_id)
+            record = None
             if annotation.get("was_cancelled"):
                 report.skipped.append(map_id)
             elif label is None:
@@ -434,14 +439,11 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
             elif label not in CLASSES:
                 report.unknown.append(f"{map_id}: {label!r}")
             else:
-                annotator = _annotator(annotation, names)
-                # an annotation that names no user is its own voter: it cannot be told to repeat anyone
-                voter = annotator if annotation.get("completed_by") is not None else ("unnamed", len(latest))
-                if voter in latest and map_id not in report.repeated:
-                    report.repeated.append(map_id)
-                latest[voter] = (_created(annotation), {"map_id": map_id, "label": label, "annotator": annotator,
-                                                        "labeled_at": str(annotation.get("created_at"))})
-        annotations = [record for _, record in sorted(latest.values(), key=lambda kept: kept[0])]
+                record = {"map_id": map_id, "label": label, "annotator": annotator,
+                          "labeled_at": str(annotation.get("created_at"))}
+            latest[voter] = (_created(annotation), record)
+        annotations = [record for _, record in sorted(latest.values(), key=lambda kept: kept[0])
+                       if record is not None]
         if not annotations:
             report.unlabeled += 1
             continue

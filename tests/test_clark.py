@@ -110,11 +110,15 @@ def test_mask_tokens_masks_only_maskable_and_at_least_one():
     assert torch.equal(masked[~chosen], ids[~chosen]) and torch.equal(labels[chosen], ids[chosen])
     with pytest.raises(AttnpatError):
         mask_tokens(ids, maskable, 103, 0.0, [torch.Generator()] * 2)
-    # a row's draw is its own: the same row padded wider, or beside other rows, gets the same tokens masked
-    wide = torch.cat([ids, ids], 1)
-    alone, _ = mask_tokens(wide[1:], torch.cat([maskable[1:], torch.zeros(1, 10, dtype=torch.bool)], 1), 103, 0.5,
-                           [example_generator(0, 1)])
-    assert torch.equal(alone[0, :10], masked[1])
+    # a row's draw is its own: the same row padded wider, alone or beside another row, gets the same tokens masked
+    wide_ids = torch.cat([ids, ids], 1)
+    wide_maskable = torch.cat([maskable, torch.zeros(2, 10, dtype=torch.bool)], 1)
+    for seed in range(20):
+        beside, _ = mask_tokens(ids, maskable, 103, 0.5, [example_generator(seed, i) for i in range(2)])
+        for row in range(2):
+            alone, _ = mask_tokens(wide_ids[row:row + 1], wide_maskable[row:row + 1], 103, 0.5,
+                                   [example_generator(seed, row)])
+            assert torch.equal(alone[0, :10], beside[row]) and torch.equal(alone[0, 10:], wide_ids[row, 10:])
 
 
 def _perturbed_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

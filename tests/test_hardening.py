@@ -447,7 +447,7 @@ def test_pull_counts_each_annotator_once_orders_by_time_and_reports_an_empty_cho
     """One user's second annotation tab replaces their first (one vote each); a tie goes to the earliest
     annotation by time, not by text ('...:05Z' is earlier than '...:05.250Z'); a submission with no class is
     reported as such, not as an unknown label."""
-    sample = synthetic_sample("votes", 4)
+    sample = synthetic_sample("votes", 5)
     ids = [row["map_id"] for row in read_index(sample)]
     tasks = _export_of(sample, {})
 
@@ -462,16 +462,21 @@ def test_pull_counts_each_annotator_once_orders_by_time_and_reports_an_empty_cho
     tasks[2]["annotations"] = [vote(5, 8, "2026-01-01T00:00:06Z", None)]
     tasks[3]["annotations"] = [{**vote(6, None, "2026-01-01T00:00:07", "block"), "completed_by": None},
                                {**vote(7, None, "2026-01-01T00:00:08+00:00", "block"), "completed_by": None}]
+    # user 7 labels, then skips: the skip is their last word; user 8's label stands alone
+    tasks[4]["annotations"] = [vote(8, 7, "2026-01-01T00:00:09Z", "diagonal"), vote(10, 8, "2026-01-01T00:00:11Z",
+                                                                                 "block"),
+                               {**vote(9, 7, "2026-01-01T00:00:10Z", None), "was_cancelled": True}]
     (tmp_path / "export.json").write_text(json.dumps(tasks))
     report = ls.pull(None, sample, tmp_path / "labeled", export=tmp_path / "export.json")
     rows = {row["map_id"]: row for row in load_labeled_set(tmp_path / "labeled").rows}
+    assert rows[ids[4]]["label"] == "block" and rows[ids[4]]["n_annotations"] == 1 and ids[4] in report.skipped
     assert rows[ids[0]]["label"] == "vertical" and rows[ids[0]]["n_annotations"] == 1
-    assert report.repeated == [ids[0]] and report.kappa_maps == 2  # maps 1 and 3 have two voters
+    assert report.repeated == [ids[0], ids[4]] and report.kappa_maps == 2  # maps 1 and 3 have two voters
     assert rows[ids[1]]["label"] == "diagonal" and report.ties == [ids[1]]
     assert rows[ids[1]]["labeled_at"] == "2026-01-01T00:00:05.250Z"
     assert report.no_choice == [ids[2]] and report.unknown == [] and report.unlabeled == 1
     assert rows[ids[3]]["n_annotations"] == 2  # annotations naming no user are not one user's repeats
-    assert len((tmp_path / "labeled" / "annotations.csv").read_text().splitlines()) == 1 + 5
+    assert len((tmp_path / "labeled" / "annotations.csv").read_text().splitlines()) == 1 + 6
 
 
 @pytest.mark.parametrize("mangle, message", [
