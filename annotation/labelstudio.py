@@ -310,8 +310,8 @@ def _read_state(path: Path | None) -> dict:
 class PullReport:
     """What a pull found. drafts / skipped / unknown / hash_mismatch list map ids (unknown: with the label);
     no_choice: annotations submitted without a class; repeated: maps where one annotator submitted twice (their
-    latest annotation counts, once; a later skip or empty one withdraws their label); ties: maps whose annotators split evenly (the earliest annotation's label
-    was kept)."""
+    latest annotation counts, once; a later skip or empty one withdraws their label); ties: maps whose
+    annotators split evenly (the earliest annotation's label was kept)."""
 
     folder: Path
     labeled: int
