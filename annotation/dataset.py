@@ -78,13 +78,21 @@ def save_labeled_set(folder: str | Path, rows: list[dict], maps: dict[str, np.nd
     return folder
 
 
+def labeled_set_folder(folder: str | Path) -> Path:
+    """``folder`` as given, or, when it is a relative path found neither here nor above here (no '..'), the set
+    of that path shipped in the repository (the docs name them so: annotation/labeled/panel-4)."""
+    folder = Path(folder)
+    shipped = repo_root() / folder
+    if (not folder.is_absolute() and ".." not in folder.parts and not folder.exists()
+            and (shipped / "labels.csv").is_file()):
+        return shipped
+    return folder
+
+
 def load_labeled_set(folder: str | Path) -> LabeledSet:
     """Read a labeled set; unknown labels and labels without maps raise AttnpatError. A class may be absent (a
     test panel in natural proportions can lack a rare class); training checks its classes itself (check_labels)."""
-    folder = Path(folder)
-    shipped = repo_root() / folder
-    if not folder.is_absolute() and not folder.exists() and (shipped / "labels.csv").is_file():
-        folder = shipped  # a set shipped in the repository (annotation/labeled/...), named from another folder
+    folder = labeled_set_folder(folder)
     if not folder.exists():
         raise AttnpatError(f"{folder} does not exist (a labeled set is a folder with labels.csv and maps.npz)")
     if not (folder / "labels.csv").is_file() or not (folder / "maps.npz").is_file():
@@ -179,7 +187,8 @@ def merge_labeled_sets(folders: list[str | Path], out: str | Path) -> LabeledSet
     """
     if len(folders) < 2:
         raise AttnpatError("merging needs at least two labeled sets")
-    resolved = [Path(folder).resolve() for folder in folders]
+    folders = [labeled_set_folder(folder) for folder in folders]  # the folders read, also shipped sets
+    resolved = [folder.resolve() for folder in folders]
     if len(set(resolved)) < len(resolved):
         raise AttnpatError("a labeled set is named twice; each map's annotations would count twice")
     check_labeled_out(Path(out), inputs=folders)

@@ -230,6 +230,9 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
             if code != 0:
                 raise AttnpatError(f"demo step `{step.command}` failed (exit {code}); see the message above")
             seconds = time.time() - step_started
+            missing = [output for output in step.outputs if not (root / output).is_file()]
+            if missing:  # e.g. a store model of another base, whose `special` writes elsewhere
+                raise AttnpatError(f"demo step `{step.command}` finished without writing {missing[0]}")
             state = read_state(root)
             state[step.command] = {"inputs": step_fingerprint(step, packages),  # a fine-tune changes its model's
                                    "outputs": output_digests(step, root)}

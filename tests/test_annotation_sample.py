@@ -250,3 +250,23 @@ def test_a_shipped_set_is_found_from_any_folder(tmp_path, monkeypatch):
     assert len(load_labeled_set("annotation/labeled/panel-4")) == 5  # the user's own folder of that name
     with pytest.raises(AttnpatError, match="annotation/labeled/nope does not exist"):
         load_labeled_set("annotation/labeled/nope")
+
+
+def test_merge_never_replaces_a_shipped_input_set_named_two_ways(tmp_path, monkeypatch):
+    """An input found through the repository fallback is the folder checked against --out and against the
+    other inputs (a copy of the repository here, so the shipped sets are never at risk)."""
+    repository = tmp_path / "repo"
+    write_set(repository / "annotation" / "labeled" / "a", {synthetic_id(f"a{k}"): CLASSES[k] for k in range(5)})
+    write_set(tmp_path / "b", {synthetic_id(f"b{k}"): CLASSES[k] for k in range(5)}, seed=2)
+    monkeypatch.setattr("annotation.dataset.repo_root", lambda: repository)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    shipped = repository / "annotation" / "labeled" / "a"
+    (shipped / "CARD.md").write_text("a card merge would not write\n")
+    before = sorted(path.name for path in shipped.iterdir())
+    with pytest.raises(AttnpatError, match="would replace the input set"):
+        merge_labeled_sets(["annotation/labeled/a", tmp_path / "b"], shipped)
+    with pytest.raises(AttnpatError, match="named twice"):
+        merge_labeled_sets(["annotation/labeled/a", shipped], tmp_path / "out")
+    assert sorted(path.name for path in shipped.iterdir()) == before
+    assert len(merge_labeled_sets(["annotation/labeled/a", tmp_path / "b"], tmp_path / "out")) == 10

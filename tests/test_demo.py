@@ -107,6 +107,12 @@ def test_force_and_only(workspace):
         demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, only=["train"], echo=lambda line: None)
 
 
+def test_a_step_that_writes_no_output_is_one_error_line(workspace):
+    with pytest.raises(AttnpatError, match="demo step `attnpat finetune .*` finished without writing"):
+        demo.run_pipeline(lambda argv: 0, sizes=demo.QUICK, runs_dir=workspace / "runs", echo=lambda line: None)
+    assert not (workspace / "runs" / demo.STATE_FILE).exists()
+
+
 def test_a_failing_step_stops_the_demo_with_one_line(workspace):
     with pytest.raises(AttnpatError, match="demo step `attnpat finetune .*` failed \\(exit 2\\)"):
         demo.run_pipeline(lambda argv: 2, sizes=demo.QUICK, runs_dir=workspace / "runs", echo=lambda line: None)
