@@ -651,15 +651,16 @@ def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_
     :func:`run_sweep` (recorded in the manifest)."""
     check_mode(mode)
     units = list(units)
-    current = sweep_inputs(bundle, data, max_length)
+    manifest, current = run.manifest(), sweep_inputs(bundle, data, max_length)
     # per unit: this mode's rows of a unit not run now stay in the tables, with what they were computed on
-    inputs = {**recorded_inputs(run.manifest(), mode), **{unit: current for unit in units}}
+    inputs = {**recorded_inputs(manifest, mode), **{unit: current for unit in units}}
     with run.record(f"disable_{mode}", bundle, data, mode=mode, units=units, max_length=max_length,
                     inputs=inputs, model_note=classifier_head_note(bundle, data.task)) as entry:
         if cluster is not None:
             entry["cluster"] = cluster.manifest()
         summary = _disable_sweeps(bundle, data, run, mode=mode, units=units, max_length=max_length,
-                                  batch_size=batch_size, progress=progress, on_variant=on_variant, cluster=cluster)
+                                  batch_size=batch_size, progress=progress, on_variant=on_variant, cluster=cluster,
+                                  manifest=manifest, inputs=current)
         entry.update({key: summary[key] for key in ("baseline", "metric_name", "outputs", "best", "worst",
                                                     "layer_deltas", "significant", "tests", "dropped_modes")
                       if key in summary})
@@ -667,7 +668,10 @@ def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_
 
 
 def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_length: int, batch_size: int,
-                    progress: bool, on_variant: Callable[[str, float], None] | None, cluster=None) -> dict:
+                    progress: bool, on_variant: Callable[[str, float], None] | None, cluster=None,
+                    manifest: dict, inputs: dict) -> dict:
+    """The sweeps of :func:`disable_analysis`; ``manifest``: the run folder's before it, ``inputs``: this run's
+    :func:`sweep_inputs`."""
     check_mode(mode)
     labels = task_labels(data)  # fail before any work when the task has no labels
     metric = metric_name(data.metric or data.task)
@@ -675,13 +679,10 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
     summary: dict = {"metric_name": metric, "mode": mode, "outputs": [],
                      "model_note": classifier_head_note(bundle, data.task), "tests": significance_note(metric),
                      "significant": {}}
-    # another mode's rows stay in the shared tables only when they were computed on the same inputs
-    manifest, current = run.manifest(), sweep_inputs(bundle, data, max_length)
-
     def merge_with(stem: str, unit: str):
         """The table's rows that stay: other modes' rows of ``unit`` computed on the same inputs."""
         old = _read_optional(run, stem)
-        dropped = sorted(modes_in(old, unit) & set(modes_made_otherwise(manifest, mode, unit, current)))
+        dropped = sorted(modes_in(old, unit) & set(modes_made_otherwise(manifest, mode, unit, inputs)))
         if dropped:
             summary.setdefault("dropped_modes", {})[unit] = dropped
         return without_modes(old, dropped, unit)

@@ -156,8 +156,12 @@ def step_fingerprint(step: Step, packages: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def missing_outputs(step: Step, root: Path) -> list[str]:
+    return [output for output in step.outputs if not (root / output).is_file()]
+
+
 def outputs_exist(step: Step, root: Path) -> bool:
-    return all((root / output).is_file() for output in step.outputs)
+    return not missing_outputs(step, root)
 
 
 def output_digests(step: Step, root: Path) -> dict[str, str]:
@@ -230,7 +234,7 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
             if code != 0:
                 raise AttnpatError(f"demo step `{step.command}` failed (exit {code}); see the message above")
             seconds = time.time() - step_started
-            missing = [output for output in step.outputs if not (root / output).is_file()]
+            missing = missing_outputs(step, root)
             if missing:  # e.g. a store model of another base, whose `special` writes elsewhere
                 raise AttnpatError(f"demo step `{step.command}` finished without writing {missing[0]}")
             state = read_state(root)

@@ -200,8 +200,7 @@ def compare_tasks(bundle, ratios: dict, settings: dict, root: str | Path | None 
     ``settings`` (their data aside), and its grouped bars with intervals, with a manifest naming the tasks and
     those settings. Two commands classifying tasks of one model update it in turn, each joining the other's."""
     run = RunDir(bundle.slug, ALL_TASKS_DIR, root)
-    shared = {key: value for key, value in settings.items() if key != "data"}
-    with run.record("classify", bundle, wait=True, settings=shared) as entry:
+    with run.record("classify", bundle, wait=True, settings=shared_settings(settings)) as entry:
         # read under the folder's lock: a task another command finished meanwhile is joined, not lost
         ratios = {**classified_elsewhere(bundle.slug, settings, set(ratios), root), **ratios}
         entry["tasks"] = list(ratios)
@@ -348,18 +347,23 @@ def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, 
     return ratios
 
 
+def shared_settings(settings: dict) -> dict:
+    """The :func:`classify_settings` that tasks compared side by side share: all but their data."""
+    return {key: value for key, value in settings.items() if key != "data"}
+
+
 def classified_elsewhere(model_slug: str, settings: dict, skip: set[str], root: str | Path | None = None) -> dict:
     """{task: pattern_ratios frame} of the model's other run folders classified with these ``settings`` (model
     revision, length limit, classifier; any data), so that classifying one task keeps the others in the per-task
     comparison, and a table made otherwise never joins it."""
-    wanted = {key: value for key, value in settings.items() if key != "data"}
+    wanted = shared_settings(settings)
     found = {}
     for run_folder in list_runs(root):
         classify = ((run_folder["manifest"].get("analyses") or {}).get("classify") or {})
         made = classify.get("settings") if isinstance(classify, dict) else None
         task = run_folder["task"]
         if (run_folder["model"] != model_slug or task in skip or task == ALL_TASKS_DIR or not isinstance(made, dict)
-                or {key: value for key, value in made.items() if key != "data"} != wanted):
+                or shared_settings(made) != wanted):
             continue
         try:
             found[task] = RunDir(model_slug, task, root).read_table("pattern_ratios")
