@@ -425,7 +425,9 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
         if task.get("drafts") or task.get("draft_exists"):
             report.drafts.append(map_id)
         latest = {}  # voter -> (order, annotation or None): each annotator's last word, a skip included
-        for annotation in sorted(task.get("annotations") or [], key=_created):
+        ordered = sorted(((_created(annotation), annotation) for annotation in task.get("annotations") or []),
+                         key=lambda pair: pair[0])
+        for order, annotation in ordered:
             label, annotator = _choice(annotation), _annotator(annotation, names)
             # an annotation that names no user is its own voter: it cannot be told to repeat anyone
             voter = annotator if annotation.get("completed_by") is not None else ("unnamed", len(latest))
@@ -441,7 +443,7 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
             else:
                 record = {"map_id": map_id, "label": label, "annotator": annotator,
                           "labeled_at": str(annotation.get("created_at"))}
-            latest[voter] = (_created(annotation), record)
+            latest[voter] = (order, record)
         annotations = [record for _, record in sorted(latest.values(), key=lambda kept: kept[0])
                        if record is not None]
         if not annotations:
