@@ -49,7 +49,7 @@ class Artifact:
     verb: the `attnpat` verb that writes it; tab: the app tab that shows it (None: not shown, e.g. the map
     shards); hint: the verb's arguments, with {model} and {task} filled in by the tab; folder: a fixed task
     folder that holds it whatever task is picked; kind: "dir" for a folder (its stem may be a glob pattern),
-    "checkpoint" for <stem>.safetensors with its <stem>.json metadata.
+    "checkpoint" for <stem>.safetensors with its <stem>.json metadata, "json" for <stem>.json.
     """
 
     stem: str
@@ -68,6 +68,8 @@ class Artifact:
             return (self.stem,)
         if self.kind == "checkpoint":
             return (f"{self.stem}.safetensors", f"{self.stem}.json")
+        if self.kind == "json":
+            return (f"{self.stem}.json",)
         return ((f"{self.stem}.csv",) if self.table else ()) + ((f"{self.stem}.png", f"{self.stem}.svg")
                                                                    if self.figure else ())
 
@@ -184,6 +186,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
              None, hint=_TRAIN, kind="checkpoint"),
     Artifact("maps", "extract", "map shards (float16 .npz per example batch; resumable)", None, kind="dir"),
     Artifact(".sweep-*", "disable", "resume state of a disabling sweep: .sweep-<mode>-<unit>/", None, kind="dir"),
+    Artifact(".disable-inputs", "disable", "what each disabling mode's rows of disable_heads / disable_layers were "
+             "computed on: {mode: {unit: model, revision, data, max_length}}", None, kind="json"),
 )
 
 def kind_folder(model_slug: str, kind: str) -> str:

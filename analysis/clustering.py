@@ -10,6 +10,8 @@ the two matrices correlate at Pearson 0.9994 (16 inputs). The matrix is embedded
 """
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -92,7 +94,8 @@ def head_clusters(bundle, data: TaskData, run: RunDir, *, max_length: int = DEFA
                   progress: bool = True, thresholds: LabelThresholds = DEFAULT_THRESHOLDS, seed: int = 0):
     """Write clusters.csv (layer, head, x, y, behaviour), head_distances.csv and clusters.png/svg; return clusters."""
     layers, heads = bundle.num_layers, bundle.num_heads
-    with run.record("clusters", bundle, data, max_length=max_length, smoothing=SMOOTHING, seed=seed) as entry:
+    with run.record("clusters", bundle, data, max_length=max_length, smoothing=SMOOTHING, seed=seed,
+                    thresholds=asdict(thresholds)) as entry:
         distances, labels, n_truncated = compute_head_distances(
             bundle, data, max_length=max_length, batch_size=batch_size, progress=progress, thresholds=thresholds)
         points = mds_embedding(distances, seed)

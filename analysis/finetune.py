@@ -10,6 +10,7 @@ Store layout: ``models/<NAME>/`` holds the Hugging Face model + tokenizer and ``
 """
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import time
@@ -25,7 +26,15 @@ from transformers import get_linear_schedule_with_warmup
 from analysis.data import GLUE_TASKS, Example, TaskData, load_data
 from analysis.errors import AttnpatError
 from analysis.metrics import METRICS, metric_name, task_metric
-from analysis.models import EMBEDDED_ALIASES, _store_meta, load_model, model_slug, quiet_transformers, resolve_model
+from analysis.models import (
+    EMBEDDED_ALIASES,
+    FETCHED_ALIASES,
+    _store_meta,
+    load_model,
+    model_slug,
+    quiet_transformers,
+    resolve_model,
+)
 from analysis.paths import model_store
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir, atomic_write, atomic_write_json, locked
@@ -155,6 +164,28 @@ def load_checkpoint(path: Path) -> dict | None:
         raise AttnpatError(f"the checkpoint {path} is unreadable ({type(exc).__name__}); rerun with --force") from exc
 
 
+def _settings_text(made_with: dict) -> str:
+    """A checkpoint's settings as one line: its recipe, example count and identity (base, task...)."""
+    identity = made_with.get("identity") or {}
+    parts = [f"{made_with.get('recipe')}", f"{made_with.get('n_examples')} examples"]
+    parts += [f"{key} {identity[key]}" for key in ("base_model", "task") if key in identity]
+    return ", ".join(parts) if identity else ", ".join(parts) + ", no record of its base model and task"
+
+
+def base_reference(bundle, base: str) -> str:
+    """The base model as a later command can load it from anywhere: a local folder as its absolute path (typed
+    as ``./bert``, it would not load from another folder), an alias, store name or hub id as given."""
+    return bundle.source.path if bundle.source.kind == "local" else base
+
+
+def training_identity(bundle, base: str, task: str, num_labels: int, train) -> dict:
+    """What a fine-tuning run is besides its recipe: the base (:func:`base_reference`) and its revision, the
+    task, the label count and a digest of the training examples (``train``: TaskData). A checkpoint of another
+    run (another base under the same store name, another --split-dev share) is never resumed."""
+    return {"base_model": base_reference(bundle, base), "base_revision": bundle.revision, "task": task,
+            "num_labels": num_labels, "examples": train.examples_digest()}
+
+
 def _rng_state() -> dict:
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -172,11 +203,14 @@ def _set_rng_state(state: dict) -> None:
 
 def finetune_encoder(bundle, examples: Sequence[Example], recipe: Recipe, checkpoint: Path, *, num_labels: int,
                      checkpoint_every: int = 50, progress: bool = True,
-                     on_step: Callable[[int, float], None] | None = None) -> TrainResult:
+                     on_step: Callable[[int, float], None] | None = None,
+                     identity: dict | None = None) -> TrainResult:
     """Train ``bundle.model`` (a sequence classifier) in place, resuming from ``checkpoint`` when it exists.
 
     The checkpoint (model, optimizer, scheduler, RNG, step) is written every ``checkpoint_every`` steps and
-    at each epoch end. ``on_step(step, loss)`` is called after every optimizer step.
+    at each epoch end. ``on_step(step, loss)`` is called after every optimizer step. ``identity``: what else the
+    run is (base model and revision, task, the training examples' digest: :func:`training_identity`); a
+    checkpoint is resumed only when it was made with the same recipe, example count and identity.
     """
     recipe.check()
     model, device = bundle.model, bundle.device
@@ -194,10 +228,15 @@ def finetune_encoder(bundle, examples: Sequence[Example], recipe: Recipe, checkp
     step, elapsed = 0, 0.0
     state = load_checkpoint(checkpoint)
     if state is not None:
-        if state["recipe"] != asdict(recipe) or state["n_examples"] != len(examples):
+        made_with = {key: state.get(key) for key in ("recipe", "n_examples", "identity")}
+        if made_with != {"recipe": asdict(recipe), "n_examples": len(examples), "identity": identity}:
             raise CheckpointMismatch(f"the checkpoint in {checkpoint.parent} was made with other settings "
-                               f"({state['recipe']}, {state['n_examples']} examples); rerun with --force to restart")
-        model.load_state_dict(state["model"])
+                                     f"({_settings_text(made_with)}); rerun with --force to restart")
+        try:
+            model.load_state_dict(state["model"])
+        except (RuntimeError, KeyError, ValueError) as exc:  # another architecture or head size
+            raise CheckpointMismatch(f"the checkpoint in {checkpoint.parent} does not fit this model "
+                                     f"({type(exc).__name__}); rerun with --force to restart") from exc
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         _set_rng_state(state["rng"])
@@ -210,7 +249,7 @@ def finetune_encoder(bundle, examples: Sequence[Example], recipe: Recipe, checkp
         save_checkpoint(checkpoint, {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "rng": _rng_state(), "step": step, "train_seconds": elapsed + time.time() - started,
-            "recipe": asdict(recipe), "n_examples": len(examples),
+            "recipe": asdict(recipe), "n_examples": len(examples), "identity": identity,
         })
 
     bar = progress_bar(total_steps, progress, "fine-tuning", unit="step", initial=step)
@@ -279,7 +318,41 @@ def store_path(name: str) -> Path:
         raise AttnpatError(f"model-store names are plain folder names, got '{name}'")
     if name in EMBEDDED_ALIASES:  # --model <name> would still load the embedded model, never this one
         raise AttnpatError(f"'{name}' is the embedded model's name; choose another --name")
-    return model_store() / name
+    path = model_store() / name
+    if name in FETCHED_ALIASES or "fetched" in _read_meta(path):  # --force would overwrite the fetched model
+        raise AttnpatError(f"'{name}' is the name of a fetched model (`attnpat models fetch`); choose another --name")
+    return path
+
+
+def _read_meta(path: Path) -> dict:
+    """A store folder's attnpat.json, or {} when it has none (or an unreadable one: resolve_model reports it)."""
+    try:
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _made_otherwise(meta: dict, base: str, task: str) -> str | None:
+    """Why the finished store model ``meta`` is not a fine-tune of ``base`` on ``task`` (None when it is, or
+    cannot be told: a base recorded as a relative path by an older attnpat, from another folder)."""
+    if meta.get("task") not in (None, task):
+        return f"it was fine-tuned on {meta['task']}, not {task}"
+    stored = meta.get("base_model")
+    if not stored:
+        return None
+    try:
+        requested = resolve_model(base)
+    except AttnpatError:
+        return None  # the request itself fails later, with its own message
+    if requested.kind == "local":
+        stored_path = Path(stored).expanduser()
+        if not stored_path.is_absolute() and not stored_path.is_dir():
+            return None
+        same = stored_path.is_dir() and stored_path.resolve() == Path(requested.path)
+    else:
+        same = stored == base
+    return None if same else f"it was fine-tuned from {stored}, not {base}"
 
 
 class CheckpointMismatch(AttnpatError):
@@ -335,6 +408,10 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
     with locked(path.parent / f".{path.name}.lock", f"the model store entry {path}"):
         if is_finished(path) and not force:
             meta = _store_meta(resolve_model(name))
+            other = _made_otherwise(meta, base, task)
+            if other:
+                raise AttnpatError(f"the model store already holds '{name}' and {other}; choose another --name, "
+                                   "or --force to replace it")
             return {**meta, "path": str(path), "skipped": True}
         if force:  # train afresh; the finished model stays usable (the web app's Explore) until the new one lands
             shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
@@ -369,11 +446,13 @@ def _train_into_store(base: str, task: str, path: Path, recipe: Recipe, *, split
         (path / FORCE_PENDING).touch()
     checkpoint = path / CHECKPOINT_DIR / STATE_FILE
     result = finetune_encoder(bundle, train.examples, recipe, checkpoint, num_labels=num_labels,
-                              checkpoint_every=checkpoint_every, progress=progress, on_step=on_step)
+                              checkpoint_every=checkpoint_every, progress=progress, on_step=on_step,
+                              identity=training_identity(bundle, base, task, num_labels, train))
     eval_started = time.time()
     scores = evaluate(bundle, evaluation, num_labels=num_labels, max_length=recipe.max_length)
     meta = {
-        "base_model": base, "base_revision": bundle.revision, "task": task, "num_labels": num_labels,
+        "base_model": base_reference(bundle, base), "base_revision": bundle.revision, "task": task,
+        "num_labels": num_labels,
         "metric": scores["metric"], "metric_value": scores["value"], "scores": scores["scores"],
         "split": split_info, "epochs": recipe.epochs, "learning_rate": recipe.learning_rate,
         "batch_size": recipe.batch_size, "max_length": recipe.max_length, "recipe": asdict(recipe),

@@ -15,6 +15,7 @@ Shapes: ``B`` batch, ``L`` layers, ``H`` heads, ``T`` padded length, ``d`` head 
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -111,10 +112,17 @@ def attention_parts(model: nn.Module) -> list[tuple[nn.Module, nn.Linear]]:
 @contextmanager
 def captured_values(model: nn.Module) -> Iterator[list]:
     """Record each layer's value-projection output (B, T, H*d) during a forward pass: yields the list filled
-    in layer order (cleared at the start of each pass by the caller)."""
+    in layer order (cleared at the start of each pass by the caller). Only passes run by this thread are
+    recorded: the web app serves several requests on one model at once, and another request's pass would
+    otherwise add its values to this list."""
     seen: list = []
-    handles = [value.register_forward_hook(lambda module, args, output: seen.append(output))
-               for value, _ in attention_parts(model)]
+    owner = threading.get_ident()
+
+    def record(module, args, output) -> None:
+        if threading.get_ident() == owner:
+            seen.append(output)
+
+    handles = [value.register_forward_hook(record) for value, _ in attention_parts(model)]
     try:
         yield seen
     finally:

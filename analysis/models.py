@@ -152,6 +152,14 @@ def resolve_model(name: str) -> ModelSource:
     if not name or not name.strip():
         raise AttnpatError("empty model name; use --model minilm for the embedded all-MiniLM-L6-v2")
     name = name.strip()
+    try:
+        return _resolve_model(name)
+    except OSError as exc:  # a name too long for a file name, a folder that cannot be read...
+        raise AttnpatError(f"could not look for model '{name[:80]}{'...' if len(name) > 80 else ''}' "
+                           f"({(exc.strerror or type(exc).__name__).lower()})") from exc
+
+
+def _resolve_model(name: str) -> ModelSource:
     if name in EMBEDDED_ALIASES:
         return ModelSource(name, "embedded", embedded_model_path(), offline=True)
     stored = model_store() / name

@@ -135,7 +135,10 @@ def locked(path: str | Path, what: str, wait: bool = False) -> Iterator[None]:
         except OSError as exc:
             raise AttnpatError(os_error_message(exc, "cannot lock")) from exc
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            if wait:
+                _wait_for_lock(handle, what)
+            else:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip()
@@ -167,6 +170,29 @@ def locked(path: str | Path, what: str, wait: bool = False) -> Iterator[None]:
                 folder.rmdir()  # only if empty: the block wrote nothing there
             except OSError:
                 break
+
+
+WAIT_NOTE_SECONDS = 5.0  # a wait longer than the usual read-merge-write says on stderr whom it waits for
+
+
+def _wait_for_lock(handle, what: str) -> None:
+    """Take the exclusive lock on the open file ``handle``, blocking; when it is still held after
+    WAIT_NOTE_SECONDS, one line on stderr names the holder (its pid), so a command stuck behind a stopped or
+    hung one does not sit silent."""
+    deadline = time.monotonic() + WAIT_NOTE_SECONDS
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+    handle.seek(0)
+    holder = handle.read().strip()
+    by = f" (pid {holder})" if holder.isdigit() else ""
+    print(f"waiting: {what} is being written by another attnpat process{by}", file=sys.stderr, flush=True)
+    fcntl.flock(handle, fcntl.LOCK_EX)
 
 
 def _is_open_file(path: Path, handle) -> bool:
@@ -332,6 +358,7 @@ class RunDir:
         self.model_slug = model_slug
         self.task = task
         self._written: list[str] | None = None  # inside record(): the files written so far, for its "outputs"
+        self._retired: list[str] = []  # inside record(): files of an earlier run that this one does not write
         self._staging: list[Path] = []  # inside record(): its staging folders, innermost last
 
     def file(self, name: str) -> Path:
@@ -387,6 +414,12 @@ class RunDir:
                 raise
             raise AttnpatError(message) from exc
 
+    def retire(self, *names: str) -> None:
+        """Inside a record: files an earlier run of the analysis wrote that this run does not (an optional output
+        not asked for this time). They are removed when the run lands, with its own files, so the folder never
+        holds a table of the earlier run beside this one's manifest entry; a failed run leaves them."""
+        self._retired.extend(names)
+
     def _note(self, path: Path) -> Path:
         if self._written is not None:  # the innermost record's (an outer one's outputs are its own files)
             self._written.append(path.name)
@@ -433,6 +466,7 @@ class RunDir:
             if data is not None:
                 entry["data"] = data.manifest()
             outer, self._written = self._written, []
+            outer_retired, self._retired = self._retired, []
             self._staging.append(staging)
             try:
                 yield entry
@@ -450,9 +484,14 @@ class RunDir:
                         for name in dict.fromkeys(written):
                             if (staging / name).is_file():  # a merged table is in place already
                                 os.replace(staging / name, self.file(name))
+                        for name in sorted(set(self._retired) - set(written)):
+                            try:
+                                self.file(name).unlink(missing_ok=True)
+                            except OSError as exc:  # the run's own files have landed: a warning, not a failure
+                                log.warning("could not remove %s, left by an earlier run: %s", self.file(name), exc)
                         os.replace(staging / "manifest.json", self.file("manifest.json"))
             finally:
-                self._written = outer
+                self._written, self._retired = outer, outer_retired
                 self._staging.pop()
                 shutil.rmtree(staging, ignore_errors=True)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import string
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -274,18 +275,18 @@ def token_roles(tokenizer, input_ids: torch.Tensor, attention_mask: torch.Tensor
     }
 
 
-_TOKEN_TEXT_CACHE: dict[int, dict[int, str]] = {}
+# keyed by the tokenizer object itself, held weakly: an id() key would be reused by the next tokenizer made
+# after one is freed, which then read the old vocabulary's punctuation ids
+_TOKEN_TEXT_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _token_texts(tokenizer) -> dict[int, str]:
     """Vocabulary id -> surface text without word-boundary markers (##, Ġ, ▁); cached per tokenizer."""
-    key = id(tokenizer)
-    if key not in _TOKEN_TEXT_CACHE:
-        texts = {}
-        for token, index in tokenizer.get_vocab().items():
-            texts[index] = token.lstrip("Ġ▁").removeprefix("##")
-        _TOKEN_TEXT_CACHE[key] = texts
-    return _TOKEN_TEXT_CACHE[key]
+    texts = _TOKEN_TEXT_CACHE.get(tokenizer)
+    if texts is None:
+        texts = {index: token.lstrip("Ġ▁").removeprefix("##") for token, index in tokenizer.get_vocab().items()}
+        _TOKEN_TEXT_CACHE[tokenizer] = texts
+    return texts
 
 
 # ---------------------------------------------------------------- word-level maps

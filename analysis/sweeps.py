@@ -59,6 +59,7 @@ from analysis.uncertainty import bootstrap_difference_interval, bootstrap_mean_i
 
 BASELINE = "baseline"
 UNITS = ("head", "layer")
+TABLE_INPUTS = ".disable-inputs.json"  # beside the disabling tables: what each mode's rows were computed on
 ALPHA = 0.05  # family-wise error rate of the Holm-corrected tests
 # Metrics over class predictions, where each example is right or wrong (McNemar applies); the others are
 # correlations over scores (STS-B), where only the bootstrap interval is given.
@@ -530,10 +531,38 @@ def recorded_inputs(manifest: dict, mode: str) -> dict:
     return {unit: value for unit, value in inputs.items() if unit in UNITS} if isinstance(inputs, dict) else {}
 
 
-def modes_made_otherwise(manifest: dict, mode: str, unit: str, inputs: dict) -> list[str]:
+def table_inputs(run) -> dict:
+    """{mode: {unit: sweep_inputs}}: what each mode's rows in the disabling tables of ``run`` were computed on.
+    Written beside the tables, under the same lock and just after them (:func:`record_table_inputs`), so it
+    describes the rows a merge reads even while another mode's run has not yet landed its manifest entry; for a
+    mode with no record there (a folder from before it was kept), its manifest entry's ``inputs``. Read it under
+    ``run.updating()``."""
+    path = run.file(TABLE_INPUTS)
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        stored = {}  # unreadable: every other mode's rows count as made on unknown inputs, and leave
+    stored = stored if isinstance(stored, dict) else {}
+    manifest = run.manifest()
+    return {mode: stored[mode] if isinstance(stored.get(mode), dict) else recorded_inputs(manifest, mode)
+            for mode in MODES}
+
+
+def record_table_inputs(run, known: dict, mode: str, unit: str, inputs: dict, dropped: Sequence[str]) -> None:
+    """After ``mode``'s rows of ``unit`` are written: they were made on ``inputs``, and ``dropped`` modes have no
+    rows of ``unit`` left. ``known``: :func:`table_inputs` as read for the merge (under the same lock)."""
+    known = {other: dict(units) for other, units in known.items()}
+    known[mode][unit] = inputs
+    for other in dropped:
+        known[other].pop(unit, None)
+    atomic_write_json(run.file(TABLE_INPUTS), known)
+
+
+def modes_made_otherwise(known: dict, mode: str, unit: str, inputs: dict) -> list[str]:
     """The other disabling modes whose rows of ``unit`` were computed on other :func:`sweep_inputs` than
-    ``inputs`` (other data, another model revision or length limit, or not recorded): they leave the tables."""
-    return [other for other in MODES if other != mode and recorded_inputs(manifest, other).get(unit) != inputs]
+    ``inputs`` (other data, another model revision or length limit, or not recorded), by ``known``
+    (:func:`table_inputs`): they leave the tables."""
+    return [other for other in MODES if other != mode and (known.get(other) or {}).get(unit) != inputs]
 
 
 def modes_in(table, unit: str) -> set[str]:
@@ -651,16 +680,18 @@ def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_
     :func:`run_sweep` (recorded in the manifest)."""
     check_mode(mode)
     units = list(units)
-    manifest, current = run.manifest(), sweep_inputs(bundle, data, max_length)
-    # per unit: this mode's rows of a unit not run now stay in the tables, with what they were computed on
-    inputs = {**recorded_inputs(manifest, mode), **{unit: current for unit in units}}
+    current = sweep_inputs(bundle, data, max_length)
     with run.record(f"disable_{mode}", bundle, data, mode=mode, units=units, max_length=max_length,
-                    inputs=inputs, model_note=classifier_head_note(bundle, data.task)) as entry:
+                    model_note=classifier_head_note(bundle, data.task)) as entry:
+        # per unit: this mode's rows of a unit not run now stay in the tables, with what they were computed on
+        # (read once this mode's lock is held: no other run of it can change them now)
+        with run.updating():
+            entry["inputs"] = {**table_inputs(run)[mode], **{unit: current for unit in units}}
         if cluster is not None:
             entry["cluster"] = cluster.manifest()
         summary = _disable_sweeps(bundle, data, run, mode=mode, units=units, max_length=max_length,
                                   batch_size=batch_size, progress=progress, on_variant=on_variant, cluster=cluster,
-                                  manifest=manifest, inputs=current)
+                                  inputs=current)
         entry.update({key: summary[key] for key in ("baseline", "metric_name", "outputs", "best", "worst",
                                                     "layer_deltas", "significant", "tests", "dropped_modes")
                       if key in summary})
@@ -669,9 +700,8 @@ def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_
 
 def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_length: int, batch_size: int,
                     progress: bool, on_variant: Callable[[str, float], None] | None, cluster=None,
-                    manifest: dict, inputs: dict) -> dict:
-    """The sweeps of :func:`disable_analysis`; ``manifest``: the run folder's before it, ``inputs``: this run's
-    :func:`sweep_inputs`."""
+                    inputs: dict) -> dict:
+    """The sweeps of :func:`disable_analysis`; ``inputs``: this run's :func:`sweep_inputs`."""
     check_mode(mode)
     labels = task_labels(data)  # fail before any work when the task has no labels
     metric = metric_name(data.metric or data.task)
@@ -679,13 +709,19 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
     summary: dict = {"metric_name": metric, "mode": mode, "outputs": [],
                      "model_note": classifier_head_note(bundle, data.task), "tests": significance_note(metric),
                      "significant": {}}
-    def merge_with(stem: str, unit: str):
-        """The table's rows that stay: other modes' rows of ``unit`` computed on the same inputs."""
-        old = _read_optional(run, stem)
-        dropped = sorted(modes_in(old, unit) & set(modes_made_otherwise(manifest, mode, unit, inputs)))
-        if dropped:
-            summary.setdefault("dropped_modes", {})[unit] = dropped
-        return without_modes(old, dropped, unit)
+    @contextmanager
+    def merging(stem: str, unit: str):
+        """Under the run folder's lock: yields the table's rows that stay (other modes' rows of ``unit`` computed
+        on the same inputs, judged by what the folder says now, not when this run started: another mode may
+        have landed meanwhile); after the block has written the table, records what its rows were made on."""
+        with run.updating():
+            old, known = _read_optional(run, stem), table_inputs(run)
+            dropped = sorted(modes_in(old, unit) & set(modes_made_otherwise(known, mode, unit, inputs)))
+            if dropped:
+                summary.setdefault("dropped_modes", {})[unit] = dropped
+            yield without_modes(old, dropped, unit)
+            record_table_inputs(run, known, mode, unit, inputs, dropped)
+        summary["outputs"].append(str(run.file(TABLE_INPUTS)))
 
     for unit in units:
         variants = unit_variants(unit, L, H)
@@ -705,9 +741,8 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
             columns = {f"{mode}_delta": deltas, f"{mode}_metric": absolute,
                        **{f"{mode}_{'delta_' if name.startswith('ci') else ''}{name}": values.reshape(L, H)
                           for name, values in stats.items()}}
-            with run.updating():  # the figure too: it draws every mode's rows of the merged table
-                table = merge_mode_rows(merge_with("disable_heads", unit), long_table(columns), "metric",
-                                        list(columns))
+            with merging("disable_heads", unit) as kept:  # the figure too: it draws every mode's rows
+                table = merge_mode_rows(kept, long_table(columns), "metric", list(columns))
                 run.write_table("disable_heads", table, merged=True)
                 fig = head_delta_figure(table, metric=metric, task=data.task, model=bundle.name)
                 summary["outputs"] += [str(p) for p in run.write_figure("disable_heads", fig, merged=True)]
@@ -721,8 +756,8 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
             new = pd.DataFrame({"layer": np.arange(L), "mode": mode, "metric": deltas + metrics[BASELINE],
                                 "delta": deltas, **stats})
             summary["significant"]["layers"] = significant_effects([(layer,) for layer in range(L)], deltas, stats)
-            with run.updating():  # the figure too: it draws every mode's rows of the merged table
-                table = merge_mode_rows(merge_with("disable_layers", unit), new, "mode", [mode])
+            with merging("disable_layers", unit) as kept:  # the figure too: it draws every mode's rows
+                table = merge_mode_rows(kept, new, "mode", [mode])
                 run.write_table("disable_layers", table, merged=True)
                 baselines = {m: float((rows["metric"] - rows["delta"]).iloc[0]) for m, rows in table.groupby("mode")}
                 fig = layer_delta_figure(table, metric=metric, baseline=baselines, task=data.task, model=bundle.name)

@@ -8,7 +8,7 @@ from analysis import finetune as ft
 from analysis.compare import MODES, write_cosine
 from analysis.data import load_data
 from analysis.errors import AttnpatError
-from analysis.models import load_model
+from analysis.models import DEFAULT_MODEL, load_model
 from analysis.rundir import RunDir
 from analysis.special import spacy_tagger, write_special
 from app import options as opt
@@ -60,7 +60,8 @@ def finetune(model: str = opt.Model, task: str = GlueTask,
     typer.echo(f"saved as '{store_name}' ({meta['path']}); use --model {store_name} with any command")
 
 
-def compare(base: str = typer.Option("minilm", "--base", help="the model before fine-tuning"),
+def compare(base: str | None = typer.Option(None, "--base", help="the model before fine-tuning (default: the "
+                                            "fine-tuned model's base from the model store, else minilm)"),
             finetuned: str = typer.Option(..., "--finetuned", help="the fine-tuned model (model-store name or path)"),
             task: str = opt.Task,
             n: int = opt.n_option(1000, "compare on the first N dev examples (the paper: up to 1000)"),
@@ -80,7 +81,9 @@ def compare(base: str = typer.Option("minilm", "--base", help="the model before 
     if any(m not in MODES for m in modes):
         raise AttnpatError(f"unknown --mode '{mode}'; use cropped, padded or both")
     data = load_data(task, split, n, text_column=text_column, label_column=label_column)
-    base_bundle, tuned_bundle = load_model(base), load_model(finetuned)
+    tuned_bundle = load_model(finetuned)
+    base = base or tuned_bundle.meta.get("base_model") or DEFAULT_MODEL
+    base_bundle = load_model(base)
     run = RunDir(tuned_bundle.slug, data.task, runs_dir)
     if patterns:
         # the classifier package loads torchvision and the CNN (seconds): only when the transitions are wanted;

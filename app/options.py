@@ -40,10 +40,13 @@ def batch_size_option(default: int = 32, help: str = "examples per forward pass"
 BatchSize = batch_size_option()
 
 
+MAX_SEED = 2**32 - 1  # numpy's legacy seeding and scikit-learn's random_state take 0 to 2**32 - 1
+
+
 def seed_option(help: str = "random seed"):
-    """A --seed option: 0 or more, checked before any work starts (numpy and scikit-learn refuse negative seeds,
+    """A --seed option: 0 to MAX_SEED, checked before any work starts (numpy and scikit-learn refuse other seeds,
     scikit-learn's MDS only after the maps are computed)."""
-    return typer.Option(0, "--seed", min=0, help=help)
+    return typer.Option(0, "--seed", min=0, max=MAX_SEED, help=help)
 RunsDir = typer.Option(None, "--runs-dir", help="run directory root (default: ./runs or $ATTNPAT_HOME/runs)")
 Split = typer.Option("validation", "--split", help="data split")
 Quiet = typer.Option(False, "--quiet", "-q", help="no progress bar")

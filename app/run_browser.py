@@ -49,7 +49,11 @@ class Scratch:
         if now - self._last_prune > 60:
             self._last_prune = now
             for folder in self.root.glob("req-*"):
-                if now - folder.stat().st_mtime > self.max_age:
+                try:
+                    stale = now - folder.stat().st_mtime > self.max_age
+                except FileNotFoundError:  # another request's prune took it first
+                    continue
+                if stale:
                     shutil.rmtree(folder, ignore_errors=True)
         folder = self.root / f"req-{uuid.uuid4().hex}"
         folder.mkdir(parents=True)
@@ -57,7 +61,7 @@ class Scratch:
 
     def figures_dir(self) -> Path:
         folder = self.root / "figures"
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)  # the scratch root itself may have been removed (a /tmp cleaner)
         return folder
 
 
@@ -133,6 +137,9 @@ class RunBrowser:
                 view.table = pd.read_csv(view.csv)
             except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
                 view.error = f"{view.csv.name} is not a readable CSV ({type(exc).__name__})"
+                view.table = None
+            except OSError as exc:  # permission denied, removed meanwhile...
+                view.error = f"{view.csv.name} cannot be read ({(exc.strerror or type(exc).__name__).lower()})"
                 view.table = None
         if view.png is None and view.table is not None:
             view.png, view.svg = self.derived_figure(view)

@@ -196,6 +196,9 @@ class WebApp:
             except AttnpatError as exc:
                 problems.append(str(exc))
                 view = None
+            except OSError as exc:  # a folder or file that cannot be read, a scratch folder that cannot be written
+                problems.append(f"{slug_label(stem)} cannot be shown ({(exc.strerror or type(exc).__name__).lower()})")
+                view = None
             if view is None or not view.found:
                 missing.append(stem)
                 outputs += self._artifact_outputs(None)
@@ -223,7 +226,8 @@ class WebApp:
         if tab == DISABLING_TAB and folder is not None:
             try:
                 message += "".join(f"  \n{line}" for line in significance_lines(folder))
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:  # a damaged table: its view reports it
+            except (ValueError, KeyError, TypeError, AttributeError, OverflowError, OSError) as exc:
+                # a damaged or unreadable table: its view reports it
                 log.warning("no significance line for %s: %s", folder, exc)
         if problems:
             message += "  \n" + _message("; ".join(problems), "error")
@@ -516,13 +520,17 @@ def launch(host: str = "127.0.0.1", port: int = 7860, runs_dir: str | Path | Non
     # fighting over all cores (bench/bench_explore.py: 0.1-0.3 s with 1 thread vs 2+ s with 2 on a busy machine).
     torch.set_num_threads(1)
     demo, web = build_app(runs_dir, explorer, allow_any_model=allow_any_model)
-    if warm:
-        warm_up(web)
     demo.queue(default_concurrency_limit=8, max_size=256)
     try:
-        demo.launch(server_name=host, server_port=int(port), share=False, prevent_thread_lock=not block,
+        demo.launch(server_name=host, server_port=int(port), share=False, prevent_thread_lock=True,
                     allowed_paths=[str(web.runs.root.resolve()), str(web.scratch.root)], quiet=quiet,
                     ssr_mode=False, show_error=True)
     except OSError as exc:
         raise AttnpatError(f"cannot serve on {host}:{port} ({exc}); pick another --port") from exc
+    # the warm-up starts once the port is ours: a failed launch exiting while a thread is inside torch's model
+    # loading aborted the interpreter (SIGABRT, exit 134) instead of the one-line error
+    if warm:
+        warm_up(web)
+    if block:
+        demo.block_thread()
     return demo, web

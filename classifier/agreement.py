@@ -16,7 +16,9 @@ Outputs in the run directory runs/classifier/<labeled set folder name>/:
 Which classes are scored: those present in the labels or the predictions (what sklearn's f1_score does when
 given no class list). A class absent from both has no precision, recall or F1 (an empty cell, never 0 or 1)
 and does not enter macro-F1; a class present on one side only scores 0 there (zero_division=0: labeled maps
-never predicted, or predictions never right). Each bootstrap draw applies the same rule to its own maps.
+never predicted, or predictions never right). Each bootstrap draw applies the same rule to its own maps, and
+evaluation_vs_baselines.csv scores every model by it (classifier.train.macro_f1), so its reference_macro_f1 is the
+macro-F1 printed and in evaluation_scores.csv.
 """
 from __future__ import annotations
 
@@ -286,6 +288,8 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
         if panel_size is not None:
             panel = panel_score_quantiles(labeled.labels, predicted, panel_size, n_boot=n_boot, seed=seed)
             files.append(run.write_table("evaluation_panel_size", panel))
+        else:  # an earlier run's, made with --panel-size (perhaps of another checkpoint), leaves with it
+            run.retire("evaluation_panel_size.csv")
         found = scores[scores["class"] == ""].set_index("metric").value
         entry.update(n_maps=len(labeled), macro_f1=float(found.macro_f1),
                      accuracy=float(found.accuracy), maps_in_training=overlap.in_training,

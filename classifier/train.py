@@ -107,9 +107,11 @@ def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np
 
 
 def macro_f1(predicted: np.ndarray, labels: np.ndarray) -> float:
-    """Unweighted mean of the 5 classes' F1 (a class absent from both counts 0), as sklearn's
-    f1_score(average="macro", labels=range(5), zero_division=0) gives it; counted with one bincount, since the
-    bootstrap and permutation tests of classifier.evaluate call it thousands of times."""
+    """Unweighted mean of F1 over the classes present in the labels or the predictions (a class absent from both
+    does not enter it), as sklearn's f1_score(average="macro", zero_division=0) gives it with no class list, and
+    as classifier.agreement scores a labeled set: one definition for cross-validation, `evaluate` and every
+    comparison with a baseline. Counted with one bincount, since the bootstrap and permutation tests of
+    classifier.evaluate call it thousands of times."""
     k = len(CLASSES)
     predicted, labels = np.asarray(predicted, dtype=np.int64), np.asarray(labels, dtype=np.int64)
     if predicted.shape != labels.shape:
@@ -117,8 +119,8 @@ def macro_f1(predicted: np.ndarray, labels: np.ndarray) -> float:
     confusion = np.bincount(labels * k + predicted, minlength=k * k).reshape(k, k)
     true_positive = np.diag(confusion)
     denominator = confusion.sum(0) + confusion.sum(1)  # predicted + labeled maps of each class
-    f1 = np.divide(2 * true_positive, denominator, out=np.zeros(k), where=denominator > 0)
-    return float(f1.mean())
+    present = denominator > 0
+    return float((2 * true_positive[present] / denominator[present]).mean())
 
 
 def predict_images(model: nn.Module, images: torch.Tensor, batch_size: int = 2048) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Clark et al. analyses: JS divergence and clustering, gradient importance, the surface pass and the CLI verbs."""
 import math
+from dataclasses import asdict
 
 import numpy as np
 import pandas as pd
@@ -13,7 +14,14 @@ from transformers import (
 )
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-from analysis.clustering import head_clusters, head_js_divergences, js_divergence, mds_embedding, smooth
+from analysis.clustering import (
+    DEFAULT_THRESHOLDS,
+    head_clusters,
+    head_js_divergences,
+    js_divergence,
+    mds_embedding,
+    smooth,
+)
 from analysis.data import Example, TaskData, load_data
 from analysis.errors import AttnpatError
 from analysis.gradients import (
@@ -93,7 +101,8 @@ def test_head_clusters_on_a_tiny_model_write_the_tables(tokenizer, tmp_path):
     assert (distances.query("layer == other_layer and head == other_head").value == 0).all()
     for suffix in ("png", "svg"):
         assert run.file(f"clusters.{suffix}").stat().st_size > 0
-    assert "clusters" in run.manifest()["analyses"]
+    # the thresholds behind the behaviour column are recorded, as surface records them
+    assert run.manifest()["analyses"]["clusters"]["thresholds"] == asdict(DEFAULT_THRESHOLDS)
 
 
 # ---------------------------------------------------------------- gradient importance

@@ -18,6 +18,7 @@ from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from analysis.stats import PROFILE_NAMES, map_profile_batch_last
 from annotation.dataset import load_labeled_set
+from classifier.agreement import class_scores
 from classifier.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint
 from classifier.evaluate import baseline_comparison, comparison_lines, score_table, wide_summary
 from classifier.model import (
@@ -239,12 +240,29 @@ def test_a_bootstrap_interval_clear_of_0_on_a_handful_of_maps_is_not_enough_for_
     assert table.verdict == "level"
 
 
+def test_the_comparison_scores_each_model_as_the_evaluation_does_when_a_class_is_missing():
+    """A held-out panel with no heterogeneous map, and a baseline that predicts some: the CNN's figure in the
+    comparison is the one `evaluate` prints (classes in the labels or its predictions), and the baseline's is
+    sklearn's macro-F1 of its own predictions (before, every model was averaged over all 5 classes: the CNN's
+    0.928 on panel-3 showed as 0.743 beside the printed 0.928)."""
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 4, 60)  # no heterogeneous (class 4) labeled
+    cnn = np.where(rng.random(60) < 0.8, labels, rng.integers(0, 4, 60))
+    rules = np.where(rng.random(60) < 0.6, labels, rng.integers(0, 5, 60))
+    assert 4 in rules and 4 not in cnn
+    row = baseline_comparison({"cnn": cnn, "rules": rules}, labels, "cnn", n_boot=200).iloc[0]
+    assert row.reference_macro_f1 == pytest.approx(class_scores(labels, cnn).macro_f1, abs=1e-12)
+    assert row.reference_macro_f1 == pytest.approx(f1_score(labels, cnn, average="macro"), abs=1e-12)
+    assert row.model_macro_f1 == pytest.approx(f1_score(labels, rules, average="macro"), abs=1e-12)
+    assert row.difference == pytest.approx(row.reference_macro_f1 - row.model_macro_f1)
+
+
 def test_macro_f1_counts_as_sklearn_does():
     rng = np.random.default_rng(0)
     for _ in range(300):
         n, present = rng.integers(1, 40), rng.integers(1, 6)  # some classes absent from labels, predictions or both
         labels, predicted = rng.integers(0, present, n), rng.integers(0, 5, n)
-        expected = f1_score(labels, predicted, labels=list(range(5)), average="macro", zero_division=0)
+        expected = f1_score(labels, predicted, average="macro", zero_division=0)
         assert macro_f1(predicted, labels) == pytest.approx(expected, abs=1e-12)
     with pytest.raises(AttnpatError, match="3 predictions for 2 labels"):
         macro_f1(np.zeros(3), np.zeros(2))

@@ -156,6 +156,18 @@ def test_evaluate_writes_registered_tables_that_agree_with_sklearn(tiny, tmp_pat
     assert f"a fresh panel of 12 maps drawn like these: macro-F1 {quantile[0.05]:.3f}-{quantile[0.95]:.3f}" in out
     assert manifest["panel_size"] == 12
 
+    # a rerun without --panel-size takes the earlier run's panel table away with it (it may describe another
+    # checkpoint); one that fails leaves the folder as it was
+    before = sorted(path.name for path in run.iterdir())
+    code, _, err = run_evaluate(capsys, "--data", evaluated, "--classifier", tmp_path / "none.safetensors",
+                                "--runs-dir", tmp_path)
+    assert code != 0 and sorted(path.name for path in run.iterdir()) == before
+    code, _, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0, err
+    assert not (run / "evaluation_panel_size.csv").exists()
+    assert sorted(path.name for path in run.iterdir()) == sorted(set(before) - {"evaluation_panel_size.csv"})
+    assert json.loads((run / "manifest.json").read_text())["analyses"]["evaluate"]["panel_size"] is None
+
 
 def test_a_small_panel_usually_misses_a_rare_class_that_a_large_one_holds():
     """99 vertical maps found and 1 heterogeneous map missed: the whole set scores (0.995 + 0) / 2. A panel of 10

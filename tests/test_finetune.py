@@ -1,5 +1,6 @@
 """Fine-tuning: the loss falls, an interrupted run resumes where it stopped, the model store is complete."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -173,3 +174,79 @@ def test_finetune_writes_a_loadable_store_model_and_skips_when_done(tokenizer, t
     assert skipped["skipped"] and skipped["steps"] == 9  # the finished model stands
     with pytest.raises(AttnpatError, match="plain folder names"):
         ft.finetune(str(base), "rte", name="../escape", recipe=recipe, split_dev=True, allow_hub=False)
+
+
+def _save_base(folder, tokenizer, seed=0, **config):
+    torch.manual_seed(seed)
+    BertForSequenceClassification(tiny_config(num_labels=2, **config)).bert.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_checkpoint_of_another_base_task_or_split_is_not_resumed(tokenizer, tmp_path, monkeypatch):
+    """A run stopped under one store name, then the same name asked of another base, task or training share:
+    before, the other run's weights were resumed and saved under the new base's name (the recipe and example
+    count alone were compared); a checkpoint of another architecture was a load_state_dict traceback."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    base_a, base_b = _save_base(tmp_path / "a", tokenizer), _save_base(tmp_path / "b", tokenizer, seed=1)
+    deeper = _save_base(tmp_path / "deeper", tokenizer, layers=3)
+    recipe = ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=2, max_length=32)
+
+    def stop(step, loss):
+        if step == 2:
+            raise KeyboardInterrupt
+
+    common = dict(name="x", recipe=recipe, n_train=48, progress=False, allow_hub=False, checkpoint_every=1)
+    with pytest.raises(KeyboardInterrupt):
+        ft.finetune(str(base_a), "rte", split_dev=True, on_step=stop, **common)
+    state = torch.load(tmp_path / "models" / "x" / ".checkpoint" / "state.pt", weights_only=False)
+    assert state["identity"]["base_model"] == str(base_a.resolve()) and state["identity"]["task"] == "rte"
+    for base, task, extra in ((base_b, "rte", {"split_dev": True}), (base_a, "mrpc", {"split_dev": True}),
+                              (base_a, "rte", {"split_dev": True, "train_share": 0.3}), (deeper, "rte",
+                                                                                          {"split_dev": True})):
+        with pytest.raises(ft.CheckpointMismatch, match=r"other settings .*base_model .*/a, task rte\).*--force"):
+            ft.finetune(str(base), task, **extra, **common)
+    resumed = ft.finetune(str(base_a), "rte", split_dev=True, **common)
+    assert resumed["resumed_from_step"] == 2 and resumed["base_model"] == str(base_a.resolve())
+
+    # the same checks without an identity: a head of another size is one error, not a traceback
+    checkpoint = tmp_path / "two" / "state.pt"
+    ft.finetune_encoder(tiny_classifier(), toy_examples(16), ft.Recipe(batch_size=8, epochs=1, max_length=16),
+                        checkpoint, num_labels=2, checkpoint_every=1, progress=False)
+    with pytest.raises(ft.CheckpointMismatch, match="does not fit this model"):
+        ft.finetune_encoder(tiny_classifier(num_labels=3), toy_examples(16),
+                            ft.Recipe(batch_size=8, epochs=1, max_length=16), checkpoint, num_labels=3,
+                            progress=False)
+
+
+def test_a_finished_model_of_another_base_or_task_is_not_taken_for_the_one_asked(tokenizer, tmp_path, monkeypatch):
+    """Two bases whose folders share a name get one default store name (<slug>-<task>); --name can also name a
+    model of another task. Before, the second command printed "already fine-tuned" and kept the other model."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    first = _save_base(tmp_path / "one" / "base", tokenizer)
+    second = _save_base(tmp_path / "two" / "base", tokenizer, seed=1)
+    recipe = ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=1, max_length=32)
+    common = dict(recipe=recipe, n_train=16, progress=False, allow_hub=False, split_dev=True)
+    made = ft.finetune(str(first), "rte", **common)
+    assert Path(made["path"]).name == "base-rte" and not made["skipped"]
+    with pytest.raises(AttnpatError, match=r"already holds 'base-rte' and it was fine-tuned from .*/one/base, not "
+                                           r".*/two/base; choose another --name, or --force"):
+        ft.finetune(str(second), "rte", **common)
+    with pytest.raises(AttnpatError, match="it was fine-tuned on rte, not mrpc"):
+        ft.finetune(str(first), "mrpc", name="base-rte", **common)
+    monkeypatch.chdir(tmp_path / "one")  # the same base typed as a relative path is the same base
+    assert ft.finetune("./base", "rte", **common)["skipped"]
+    assert ft.finetune(str(second), "rte", name="second-rte", **common)["base_model"] == str(second.resolve())
+
+
+def test_a_fetched_models_name_is_refused_as_a_store_name(tmp_path, monkeypatch):
+    """`--name mpnet` crashed on the fetched model's metadata, and with --force replaced it."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    with pytest.raises(AttnpatError, match="'mpnet' is the name of a fetched model"):
+        ft.store_path("mpnet")
+    fetched = tmp_path / "models" / "my-copy"
+    fetched.mkdir(parents=True)
+    (fetched / "attnpat.json").write_text(json.dumps({"fetched": {"alias": "mpnet"}}))
+    with pytest.raises(AttnpatError, match="'my-copy' is the name of a fetched model"):
+        ft.finetune("minilm", "sst2", name="my-copy", force=True, progress=False, allow_hub=False)
+    assert ft.store_path("mine") == tmp_path / "models" / "mine"

@@ -36,6 +36,12 @@ def test_finetune_compare_special_verbs(workspace, capsys):
     assert main(["compare", "--base", base, "--finetuned", "tiny-rte", "--task", "rte", "--n", "6",
                  "--max-length", "48", "-q"]) == 0
     assert "pattern class kept by" in capsys.readouterr().out
+    # with no --base, the fine-tuned model's recorded base (before: minilm, whatever the model was made from)
+    assert main(["compare", "--finetuned", "tiny-rte", "--task", "rte", "--n", "6", "--max-length", "48",
+                 "--no-patterns", "-q"]) == 0
+    assert capsys.readouterr().out.startswith(f"{base} vs tiny-rte on rte")
+    assert json.loads((workspace / "runs" / "tiny-rte" / "rte" / "manifest.json").read_text())[
+        "analyses"]["compare"]["base_model"] == base
     cosine = pd.read_csv(workspace / "runs" / "tiny-rte" / "rte" / "cosine.csv")
     assert len(cosine) == 3 * 2 * 2 * 4 and cosine.value.between(-1, 1.000001).all()  # 2 modes x (mean, ci)
     transitions = pd.read_csv(workspace / "runs" / "tiny-rte" / "rte" / "pattern_transitions.csv")
@@ -44,7 +50,7 @@ def test_finetune_compare_special_verbs(workspace, capsys):
     assert main(["special", "--model", "tiny-rte", "--task", "rte", "--n", "6", "-q"]) == 0
     out = capsys.readouterr().out
     if spacy_tagger() is None:
-        assert "noun: unavailable (no tagger installed)" in out
+        assert "noun: unavailable: the English tagger and parser" in out
     assert "negation:" in out and "last layer's [CLS] attends most to" in out
     for slug in ("tiny-rte", "tiny"):  # the fine-tuned model and its base (from the store metadata)
         assert (workspace / "runs" / slug / "rte" / "special_tokens.csv").is_file()

@@ -522,6 +522,8 @@ def test_a_usage_error_is_one_error_line_not_a_traceback(capsys, argv, message):
 @pytest.mark.parametrize("argv, option, bound", [
     (["train", "--data", "synthetic:6"], "--seed", "-1"),  # numpy refused it in a traceback
     (["cluster"], "--seed", "-1"),  # scikit-learn's MDS refused it after the maps were computed
+    (["cluster"], "--seed", str(2**32)),  # ... and this one too, in a traceback
+    (["train", "--data", "synthetic:6"], "--seed", str(2**32)),  # numpy: "Seed must be between 0 and 2**32 - 1"
     (["grad-importance"], "--seed", "-1"),
     (["finetune", "--task", "sst2"], "--seed", "-1"),
     (["annotate", "push", "--url", "http://127.0.0.1:9", "--token", "x"], "--seed", "-1"),
@@ -535,7 +537,8 @@ def test_a_seed_or_count_out_of_range_is_refused_before_any_work(tmp_path, capsy
     runs = ["--runs-dir", tmp_path / "runs"] if argv[0] != "annotate" else []
     code, _, err, errors = run_cli([*argv, option, bound, *runs], capsys)
     assert code == 2 and len(errors) == 1 and f"Invalid value for '{option}'" in errors[0], err
-    assert "greater than or equal to" in errors[0] and "Traceback" not in err
+    side = "less than or equal to" if bound == str(2**32) else "greater than or equal to"
+    assert side in errors[0] and "Traceback" not in err
     assert files_under(tmp_path) == []
 
 

@@ -3,6 +3,7 @@ definition computed head by head, attention rollout against a per-example refere
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pandas as pd
@@ -13,7 +14,7 @@ from transformers import AlbertConfig, AlbertModel, DistilBertConfig, DistilBert
 from analysis.artifacts import artifact, kind_folder, split_kind_folder
 from analysis.data import Example, load_data
 from analysis.errors import AttnpatError
-from analysis.mapkinds import attention_parts, renormalise_rows, rollout_maps
+from analysis.mapkinds import attention_parts, captured_values, renormalise_rows, rollout_maps
 from analysis.mapstore import iter_saved_maps
 from analysis.models import load_model, with_map_kind
 from analysis.stream import stream_maps, token_roles
@@ -68,6 +69,43 @@ def kobayashi_reference(bundle, text: str) -> np.ndarray:
             layer_maps.append(norms / norms.sum(-1, keepdim=True))
         maps.append(torch.stack(layer_maps))
     return torch.stack(maps).numpy()
+
+
+def test_norm_maps_record_only_their_own_threads_forward_passes(bert):
+    """The web app runs several Explore requests on one model at once: a weight request's forward pass in
+    another thread, while a norm request holds its hooks, must not add its values to the norm request's (before:
+    'captured 12 value projections for 6 layers' for every norm request under load)."""
+    alone = next(iter(stream_maps(with_map_kind(bert, "norm"), examples(), batch_size=3))).attentions
+    inputs = bert.tokenizer(TEXTS[0], return_tensors="pt")
+    with captured_values(bert.model) as values:
+        other = threading.Thread(target=lambda: bert.model(**inputs, output_attentions=True))
+        other.start()
+        other.join()
+        assert values == []
+        with torch.no_grad():
+            bert.model(**inputs, output_attentions=True)
+        assert len(values) == bert.num_layers
+    failures, results = [], []
+
+    def norm_request():
+        try:
+            results.append(next(iter(stream_maps(with_map_kind(bert, "norm"), examples(), batch_size=3))).attentions)
+        except Exception as exc:  # noqa: BLE001 (collected for the assertion below)
+            failures.append(exc)
+
+    def weight_requests():
+        for _ in range(20):
+            next(iter(stream_maps(bert, examples(), batch_size=3)))
+
+    threads = [threading.Thread(target=norm_request) for _ in range(4)] + [threading.Thread(target=weight_requests)
+                                                                          for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == [] and len(results) == 4
+    for result in results:
+        torch.testing.assert_close(result, alone)
 
 
 @pytest.mark.parametrize("family", ["bert", "mpnet", "distilbert"])

@@ -67,3 +67,12 @@ def test_classifier_kind_gets_a_fresh_head_of_the_requested_size(tmp_path):
 def test_model_slugs_are_file_system_safe():
     assert model_slug("google/electra-small-discriminator") == "google__electra-small-discriminator"
     assert model_slug("/abs/path/my-model") == "my-model"
+
+
+def test_a_name_too_long_for_a_file_name_is_one_error_line():
+    """With --allow-any-model the web app passes any name: 400 characters was "unexpected error: OSError: [Errno
+    36] File name too long" with a traceback in the log."""
+    with pytest.raises(AttnpatError, match=r"^could not look for model 'a{80}\.\.\.' \(file name too long\)$"):
+        resolve_model("a" * 400)
+    with pytest.raises(AttnpatError, match="could not look for model"):
+        load_model("./" + "b" * 300)

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import signal
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis import rundir
 from analysis.errors import AttnpatError
 from analysis.figures import close, head_heatmap
 from analysis.mapstore import SavedMap, read_shard, write_shard
@@ -328,3 +330,53 @@ def test_saved_maps_round_trip_any_lengths(tmp_path):
         read_shard(tmp_path / "bad.npz")
     with pytest.raises(AttnpatError, match="expected"):
         write_shard(tmp_path / "x.npz", [SavedMap("e", np.ones((2, 4, 3, 3)), ["a", "b"], np.zeros(2), "tiny", "sst2")])
+
+
+def test_a_writer_that_waits_long_names_the_holder_once_then_goes_on(tmp_path, monkeypatch, capsys):
+    """wait=True (a short read-merge-write): a wait under WAIT_NOTE_SECONDS is silent; a longer one prints one
+    line naming the holder's pid (so a command behind a stopped one does not sit silent), then takes the lock."""
+    path = tmp_path / ".lock"
+
+    def waits_behind_a_holder(hold_seconds: float) -> list[str]:
+        order = []
+
+        def second():
+            with locked(path, "the table in runs/x", wait=True):
+                order.append("second")
+
+        with locked(path, "the table in runs/x"):
+            thread = threading.Thread(target=second)
+            thread.start()
+            time.sleep(hold_seconds)
+            order.append("first released")
+        thread.join(10)
+        return order
+
+    assert waits_behind_a_holder(0.3) == ["first released", "second"]
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(rundir, "WAIT_NOTE_SECONDS", 0.2)
+    assert waits_behind_a_holder(1.0) == ["first released", "second"]
+    assert capsys.readouterr().err == (f"waiting: the table in runs/x is being written by another attnpat process "
+                                       f"(pid {os.getpid()})\n")
+    assert not path.exists()
+
+
+def test_a_retired_file_leaves_when_the_run_lands_and_stays_when_it_fails(tmp_path):
+    """An optional output an earlier run wrote and this one does not (evaluate without --panel-size): removed with
+    the landing, so it never stands beside a manifest entry that did not make it; kept when the run fails, and
+    kept when the run writes it after all."""
+    run = RunDir("m", "t", tmp_path)
+    with run.record("x"):
+        run.write_table("main", pd.DataFrame({"a": [1]}))
+        run.write_table("optional", pd.DataFrame({"a": [2]}))
+    with pytest.raises(RuntimeError):
+        with run.record("x"):
+            run.retire("optional.csv")
+            run.write_table("main", pd.DataFrame({"a": [3]}))
+            raise RuntimeError("stopped")
+    assert run.file("optional.csv").is_file() and pd.read_csv(run.file("main.csv")).a.tolist() == [1]
+    with run.record("x"):
+        run.retire("optional.csv", "main.csv")  # main is written again: it stays
+        run.write_table("main", pd.DataFrame({"a": [4]}))
+    assert not run.file("optional.csv").exists() and pd.read_csv(run.file("main.csv")).a.tolist() == [4]
+    assert run.manifest()["analyses"]["x"]["outputs"] == ["main.csv"]

@@ -1,11 +1,12 @@
 """The map stream: batching/padding invariance, exactness against a manual recomputation, word-level maps."""
+import gc
 import math
 import platform
 
 import numpy as np
 import pytest
 import torch
-from transformers import BertModel
+from transformers import BertModel, BertTokenizer
 
 import analysis.stream as stream_module
 from analysis.data import Example
@@ -171,3 +172,24 @@ def test_empty_text_is_a_clear_error(bundle, text, pair):
 def test_maximum_length_beyond_the_model_is_refused(bundle):
     with pytest.raises(AttnpatError, match="exceeds"):
         encode_examples(bundle.tokenizer, examples(), max_length=100_000)
+
+
+def test_token_roles_follow_each_tokenizer_even_when_python_reuses_an_id(tmp_path):
+    """Tokenizers made and freed one after another (a long-lived process loading models in turn): Python hands a
+    freed tokenizer's id to the next one, so a cache keyed by id() gave a new vocabulary the old one's period
+    and comma ids. Each tokenizer's roles must come from its own vocabulary."""
+    vocabularies = {}
+    for name, order in (("a", ["hello", ".", ",", "world"]), ("b", ["world", ",", ".", "hello"])):
+        path = tmp_path / f"{name}.txt"
+        path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *order]) + "\n")
+        vocabularies[name] = path
+    for trial in range(40):
+        tokenizer = BertTokenizer(vocab=str(vocabularies["ab"[(trial // 3) % 2]]))
+        encoded = tokenizer("hello, world.", return_tensors="pt")
+        roles = token_roles(tokenizer, encoded["input_ids"], encoded["attention_mask"])
+        assert tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist()) == [
+            "[CLS]", "hello", ",", "world", ".", "[SEP]"]
+        assert roles["period"][0].tolist() == [False, False, False, False, True, False], trial
+        assert roles["comma"][0].tolist() == [False, False, True, False, False, False], trial
+        del tokenizer, encoded, roles
+        gc.collect()

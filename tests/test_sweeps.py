@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -24,6 +25,7 @@ from analysis.rundir import RunDir, long_table, table_to_array
 from analysis.stream import encode_examples, iter_batches
 from analysis.sweeps import (
     BASELINE,
+    TABLE_INPUTS,
     SweepStore,
     Variant,
     disable_analysis,
@@ -444,3 +446,57 @@ def test_a_score_metric_gets_intervals_but_no_test(tmp_path):
     assert layers["p_mcnemar"].isna().all() and layers["p_holm"].isna().all()
     assert (layers["ci_low"] <= layers["delta"] + 1e-9).all() and (layers["delta"] <= layers["ci_high"] + 1e-9).all()
     assert significance_lines(run.path) == []
+
+
+def test_a_mode_that_lands_during_another_modes_sweep_keeps_its_rows(tmp_path):
+    """uniform on 6 examples, then zero on 8; while zero sweeps, uniform reruns on 8 and lands. Zero's merge must
+    judge uniform's rows by what they are computed on when it merges (8, the same as zero's), not by what the
+    run folder said when zero started (6): they stay in both tables, and nothing is reported dropped."""
+    bundle = make_bundle()
+    run = RunDir("tiny", "sst2", tmp_path)
+    disable_analysis(bundle, tiny_data(6), run, mode="uniform", units=["head", "layer"], batch_size=4)
+    landed = []
+
+    def land_uniform_once(name, value):
+        if not landed:
+            landed.append(disable_analysis(bundle, tiny_data(8), run, mode="uniform", units=["head", "layer"],
+                                           batch_size=4))
+
+    summary = disable_analysis(bundle, tiny_data(8), run, mode="zero", units=["head", "layer"], batch_size=4,
+                               on_variant=land_uniform_once)
+    assert landed and "dropped_modes" not in summary
+    heads, layers = pd.read_csv(run.file("disable_heads.csv")), pd.read_csv(run.file("disable_layers.csv"))
+    assert {name.split("_")[0] for name in heads["metric"]} == {"uniform", "zero"}
+    assert set(layers["mode"]) == {"uniform", "zero"}
+    # and the other way: rows that land on other inputs during the sweep leave the tables when it merges
+    run = RunDir("tiny", "sst2", tmp_path / "second")
+    disable_analysis(bundle, tiny_data(8), run, mode="uniform", units=["head", "layer"], batch_size=4)
+    landed.clear()
+
+    def land_uniform_on_six_once(name, value):
+        if not landed:
+            landed.append(disable_analysis(bundle, tiny_data(6), run, mode="uniform", units=["head", "layer"],
+                                           batch_size=4))
+
+    summary = disable_analysis(bundle, tiny_data(8), run, mode="zero", units=["head", "layer"], batch_size=4,
+                               on_variant=land_uniform_on_six_once)
+    assert summary["dropped_modes"] == {"head": ["uniform"], "layer": ["uniform"]}
+    heads, layers = pd.read_csv(run.file("disable_heads.csv")), pd.read_csv(run.file("disable_layers.csv"))
+    assert {name.split("_")[0] for name in heads["metric"]} == {"zero"} and set(layers["mode"]) == {"zero"}
+
+
+def test_a_folder_without_the_table_inputs_file_falls_back_to_the_manifest(tmp_path):
+    """Run folders written before .disable-inputs.json was kept: each mode's manifest entry says what its rows
+    were made on (uniform on 8 stays beside zero on 8; in another folder, uniform on 6 leaves)."""
+    bundle = make_bundle()
+    for n_uniform, stays in ((8, True), (6, False)):
+        run = RunDir("tiny", "sst2", tmp_path / str(n_uniform))
+        disable_analysis(bundle, tiny_data(n_uniform), run, mode="uniform", units=["layer"], batch_size=4)
+        recorded = json.loads(run.file(TABLE_INPUTS).read_text())
+        assert recorded["uniform"]["layer"] == run.manifest()["analyses"]["disable_uniform"]["inputs"]["layer"]
+        run.file(TABLE_INPUTS).unlink()
+        summary = disable_analysis(bundle, tiny_data(8), run, mode="zero", units=["layer"], batch_size=4)
+        assert ("dropped_modes" not in summary) == stays
+        assert set(pd.read_csv(run.file("disable_layers.csv"))["mode"]) == ({"uniform", "zero"} if stays else {"zero"})
+        assert set(json.loads(run.file(TABLE_INPUTS).read_text())) == {"uniform", "zero"}
+        assert ("layer" in json.loads(run.file(TABLE_INPUTS).read_text())["uniform"]) == stays

@@ -3,6 +3,8 @@ and jobs, every endpoint through gradio_client, and 20 concurrent clients."""
 from __future__ import annotations
 
 import json
+import shutil
+import socket
 import threading
 import time
 from pathlib import Path
@@ -14,9 +16,11 @@ import torch
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 from PIL import Image
-from test_webapp_support import SENTENCE, populate_runs, random_classifier, serve, tiny_model_dir
+from test_webapp_support import SENTENCE, free_port, populate_runs, random_classifier, serve, tiny_model_dir
 from typer.testing import CliRunner
 
+import app.run_browser as run_browser
+import app.webapp as webapp
 from analysis.artifacts import tab_artifacts
 from analysis.data import Example, load_data
 from analysis.errors import AttnpatError
@@ -28,6 +32,7 @@ from analysis.stream import stream_maps
 from app.cli import app
 from app.explore import LiveExplorer, ModelCache, drop_positions, sentence_maps, view_maps
 from app.jobs import BatchJobs, cli_verbs
+from app.webapp import WebApp
 
 
 @pytest.fixture(scope="module")
@@ -425,3 +430,66 @@ def test_cli_app_verb_is_registered():
     result = CliRunner().invoke(app, ["app", "--help"])
     assert result.exit_code == 0 and "--host" in result.output and "--port" in result.output
     assert "--share" not in result.output
+
+
+def _disabling_run(root: Path) -> Path:
+    """runs/m/sst2 with a disable_heads table and no figure of its own (the tab draws one into its scratch)."""
+    folder = root / "m" / "sst2"
+    folder.mkdir(parents=True)
+    rows = [{"layer": layer, "head": head, "metric": f"uniform_{name}", "value": value}
+            for layer in range(2) for head in range(3)
+            for name, value in (("delta", 0.01 * (layer - head)), ("delta_ci_low", -0.1), ("delta_ci_high", 0.1),
+                                ("p_holm", 0.5))]
+    pd.DataFrame(rows).to_csv(folder / "disable_heads.csv", index=False)
+    return folder
+
+
+def test_a_run_tab_survives_a_removed_scratch_folder_and_reports_unreadable_or_damaged_tables(tmp_path,
+                                                                                                 monkeypatch):
+    """Each failure is the tab's error line, never an exception that blanks the tab (before: the scratch folder
+    removed by a /tmp cleaner, a table the server may not read, or an infinite layer index each raised)."""
+    folder = _disabling_run(tmp_path / "runs")
+    web = WebApp(tmp_path / "runs")
+    shutil.rmtree(web.scratch.root)
+    outputs = web.show_artifacts("Disabling", "m", "sst2")
+    files = outputs[5]  # the first artifact's downloads: its CSV and the heatmap drawn from it
+    assert not is_error(outputs[0]) and any(f.endswith(".png") and Path(f).is_file() for f in files)
+
+    real_read_csv = pd.read_csv
+
+    def denied(path, *args, **kwargs):
+        if Path(path).name == "disable_heads.csv":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read_csv(path, *args, **kwargs)
+
+    monkeypatch.setattr(run_browser.pd, "read_csv", denied)
+    message = web.show_artifacts("Disabling", "m", "sst2")[0]
+    assert "**error:** disable_heads.csv cannot be read (permission denied)" in message
+    monkeypatch.setattr(run_browser.pd, "read_csv", real_read_csv)
+
+    table = real_read_csv(folder / "disable_heads.csv")
+    table["layer"] = table["layer"].astype(float)
+    table.loc[0, "layer"] = float("inf")
+    table.to_csv(folder / "disable_heads.csv", index=False)
+    message = web.show_artifacts("Disabling", "m", "sst2")[0]
+    assert isinstance(message, str)  # the tab is drawn; the damaged table says so in its own view
+
+
+def test_a_port_in_use_is_one_error_and_loads_no_model(tmp_path, monkeypatch):
+    """The warm-up (a model load in a thread) starts only once the port is served: a failed launch that exited
+    while torch was loading aborted the interpreter (exit 134) instead of giving the one-line error."""
+    warmed = []
+    monkeypatch.setattr(webapp, "warm_up", lambda web: warmed.append(web))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(AttnpatError, match=rf"^cannot serve on 127.0.0.1:{port} .*pick another --port"):
+            webapp.launch("127.0.0.1", port, tmp_path / "runs", block=False, quiet=True)
+    assert warmed == []
+    port = free_port()
+    demo, _ = webapp.launch("127.0.0.1", port, tmp_path / "runs", block=False, quiet=True)
+    try:
+        assert len(warmed) == 1
+    finally:
+        demo.close()
