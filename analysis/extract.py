@@ -10,7 +10,7 @@ from analysis.data import TaskData
 from analysis.distributed import extract_shards
 from analysis.errors import AttnpatError
 from analysis.mapkinds import DEFAULT_MAP_KIND
-from analysis.mapstore import FORMAT, SavedMap, write_shard
+from analysis.mapstore import FORMAT, SavedMap, is_whole_map_file, write_shard
 from analysis.rundir import RunDir, atomic_write_json, locked, long_table, read_json
 from analysis.stats import HeadMeans, attention_to, mean_entropy
 from analysis.stream import DEFAULT_MAX_LENGTH, encode_examples, length_sorted_batches, stream_maps, token_roles
@@ -48,7 +48,10 @@ def _extract_maps(bundle, data: TaskData, out_dir: Path, *, max_length: int, bat
             raise AttnpatError(f"{out_dir} holds maps made with other settings; choose another --out")
     atomic_write_json(index_path, {**settings, "complete": False})
     groups = length_sorted_batches(encoded, shard_size)
-    missing = [k for k in range(len(groups)) if not (out_dir / f"shard-{k:05d}.npz").is_file()]
+    present = [k for k in range(len(groups)) if (out_dir / f"shard-{k:05d}.npz").is_file()]
+    # a shard damaged since it was written (cut short by a full disk or a stopped copy) is computed again
+    damaged = [k for k in present if not is_whole_map_file(out_dir / f"shard-{k:05d}.npz")]
+    missing = sorted(set(range(len(groups))) - set(present) | set(damaged))
     if cluster is not None:
         extract_shards(cluster, bundle, data, {out_dir / f"shard-{k:05d}.npz": groups[k] for k in missing},
                        batch_size=batch_size, max_length=max_length, progress=progress)
@@ -67,7 +70,7 @@ def _extract_maps(bundle, data: TaskData, out_dir: Path, *, max_length: int, bat
             if len(pending[k]) == len(groups[k]):
                 write_shard(out_dir / f"shard-{k:05d}.npz", pending.pop(k))
     summary = {**settings, "complete": True, "n_shards": len(groups), "n_truncated": sum(e.truncated for e in encoded),
-               "resumed_shards": len(groups) - len(missing)}
+               "resumed_shards": len(groups) - len(missing), "damaged_shards": len(damaged)}
     atomic_write_json(index_path, summary)
     return summary
 

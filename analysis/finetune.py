@@ -333,6 +333,15 @@ def _read_meta(path: Path) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
+def _check_same_model(meta: dict, name: str, base: str, task: str) -> None:
+    """An AttnpatError when the finished store model ``name`` (its attnpat.json ``meta``) is not a fine-tune of
+    ``base`` on ``task``: it is kept, never handed back as the one asked for."""
+    other = _made_otherwise(meta, base, task)
+    if other:
+        raise AttnpatError(f"the model store already holds '{name}' and {other}; choose another --name, "
+                           "or --force to replace it")
+
+
 def _made_otherwise(meta: dict, base: str, task: str) -> str | None:
     """Why the finished store model ``meta`` is not a fine-tune of ``base`` on ``task`` (None when it is, or
     cannot be told: a base recorded as a relative path by an older attnpat, from another folder)."""
@@ -345,14 +354,14 @@ def _made_otherwise(meta: dict, base: str, task: str) -> str | None:
         requested = resolve_model(base)
     except AttnpatError:
         return None  # the request itself fails later, with its own message
-    if requested.kind == "local":
-        stored_path = Path(stored).expanduser()
-        if not stored_path.is_absolute() and not stored_path.is_dir():
-            return None
-        same = stored_path.is_dir() and stored_path.resolve() == Path(requested.path)
-    else:
-        same = stored == base
-    return None if same else f"it was fine-tuned from {stored}, not {base}"
+    stored_path = Path(stored).expanduser()
+    if stored_path.is_dir():  # a folder (recorded absolute since bases are; or relative, found from here)
+        stored = str(stored_path.resolve())
+    elif stored.startswith((".", "~")):  # a relative folder recorded by an older attnpat, not found from here
+        return None
+    # else an absolute folder (perhaps moved since), an alias, a store name or a hub id: compared as recorded
+    asked = requested.path if requested.kind == "local" else base
+    return None if stored == asked else f"it was fine-tuned from {meta['base_model']}, not {base}"
 
 
 class CheckpointMismatch(AttnpatError):
@@ -408,10 +417,7 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
     with locked(path.parent / f".{path.name}.lock", f"the model store entry {path}"):
         if is_finished(path) and not force:
             meta = _store_meta(resolve_model(name))
-            other = _made_otherwise(meta, base, task)
-            if other:
-                raise AttnpatError(f"the model store already holds '{name}' and {other}; choose another --name, "
-                                   "or --force to replace it")
+            _check_same_model(meta, name, base, task)
             return {**meta, "path": str(path), "skipped": True}
         if force:  # train afresh; the finished model stays usable (the web app's Explore) until the new one lands
             shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
@@ -427,8 +433,11 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
         except CheckpointMismatch:
             if force or not (path / META_FILE).is_file():
                 raise
-            # a stopped --force run with other settings left its checkpoint: the finished model still stands
-            return {**_store_meta(resolve_model(name)), "path": str(path), "skipped": True}
+            # a stopped --force run with other settings left its checkpoint: the finished model still stands,
+            # if it is the one asked for
+            meta = _store_meta(resolve_model(name))
+            _check_same_model(meta, name, base, task)
+            return {**meta, "path": str(path), "skipped": True}
     return meta
 
 

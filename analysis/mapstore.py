@@ -297,6 +297,18 @@ def write_shard(path: str | Path, maps: list[SavedMap]) -> Path:
     return write_maps(path, [item.group() for item in maps], np.float16)
 
 
+def is_whole_map_file(path: str | Path) -> bool:
+    """Whether ``path`` is a map file whose zip directory is intact and names every array of the format: cheap
+    (the directory sits at the file's end; no map is read), and enough to catch a file cut short by a full disk,
+    a copy stopped midway or a hand edit. Map files are written atomically, so attnpat itself never leaves one."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return False
+    return {"format.npy", "example_ids.npy", "lengths.npy", "attn.npy"} <= names
+
+
 def read_shard(path: str | Path) -> list[SavedMap]:
     """The whole examples of one map file (every group must hold every head of its example)."""
     return [SavedMap(group.example_id, group.grid(), group.tokens or [], group.token_type_ids, group.model,

@@ -541,18 +541,23 @@ def table_inputs(run) -> dict:
     try:
         stored = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        stored = {}  # unreadable: every other mode's rows count as made on unknown inputs, and leave
+        stored = {}  # unreadable (damaged by hand): as for a folder without it, the manifest entries say
     stored = stored if isinstance(stored, dict) else {}
     manifest = run.manifest()
     return {mode: stored[mode] if isinstance(stored.get(mode), dict) else recorded_inputs(manifest, mode)
             for mode in MODES}
 
 
-def record_table_inputs(run, known: dict, mode: str, unit: str, inputs: dict, dropped: Sequence[str]) -> None:
-    """After ``mode``'s rows of ``unit`` are written: they were made on ``inputs``, and ``dropped`` modes have no
-    rows of ``unit`` left. ``known``: :func:`table_inputs` as read for the merge (under the same lock)."""
+def record_table_inputs(run, known: dict, mode: str, unit: str, inputs: dict | None,
+                        dropped: Sequence[str]) -> None:
+    """``mode``'s rows of ``unit`` were made on ``inputs`` (None: unknown, before they are written), and
+    ``dropped`` modes have no rows of ``unit`` left. ``known``: :func:`table_inputs` as read for the merge (under
+    the same lock)."""
     known = {other: dict(units) for other, units in known.items()}
-    known[mode][unit] = inputs
+    if inputs is None:
+        known[mode].pop(unit, None)
+    else:
+        known[mode][unit] = inputs
     for other in dropped:
         known[other].pop(unit, None)
     atomic_write_json(run.file(TABLE_INPUTS), known)
@@ -719,6 +724,9 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
             dropped = sorted(modes_in(old, unit) & set(modes_made_otherwise(known, mode, unit, inputs)))
             if dropped:
                 summary.setdefault("dropped_modes", {})[unit] = dropped
+            # first: this mode's rows of the unit count as made on unknown inputs, so that a run stopped after
+            # the table is written (while its figure is drawn) leaves rows that other modes drop, never keep
+            record_table_inputs(run, known, mode, unit, None, dropped)
             yield without_modes(old, dropped, unit)
             record_table_inputs(run, known, mode, unit, inputs, dropped)
         summary["outputs"].append(str(run.file(TABLE_INPUTS)))

@@ -55,6 +55,9 @@ def extract(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
         summary = write_maps(bundle, data, RunDir(bundle.slug, data.task, runs_dir), out, max_length=max_length,
                              batch_size=batch_size, progress=not quiet, cluster=cluster)
     out = summary["out"]
+    if summary.get("damaged_shards"):
+        typer.echo(f"note: {summary['damaged_shards']} shard(s) in {out} were damaged (not a whole map file) and "
+                   "were computed again")
     typer.echo(f"saved maps of {summary['n_examples']} examples ({summary['n_truncated']} truncated to "
                f"{max_length} tokens) in {summary['n_shards']} shards under {out}")
 

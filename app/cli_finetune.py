@@ -118,6 +118,8 @@ def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
             map_kind: str = opt.MapKind, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Attention to [CLS]/[SEP], the last layer's [CLS] row and to linguistic features (Kovaleva Fig. 6-7, 4.4)."""
+    if no_base and base:
+        raise AttnpatError("--base and --no-base together: give one (--no-base analyses --model alone)")
     data = load_data(task, split, n, text_column=text_column, label_column=label_column)
     bundle = load_model(model, map_kind=map_kind)
     names = [model]

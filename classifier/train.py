@@ -120,6 +120,8 @@ def macro_f1(predicted: np.ndarray, labels: np.ndarray) -> float:
     true_positive = np.diag(confusion)
     denominator = confusion.sum(0) + confusion.sum(1)  # predicted + labeled maps of each class
     present = denominator > 0
+    if not present.any():  # no maps at all: nothing scored
+        return 0.0
     return float((2 * true_positive[present] / denominator[present]).mean())
 
 

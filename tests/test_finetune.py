@@ -237,6 +237,29 @@ def test_a_finished_model_of_another_base_or_task_is_not_taken_for_the_one_asked
     monkeypatch.chdir(tmp_path / "one")  # the same base typed as a relative path is the same base
     assert ft.finetune("./base", "rte", **common)["skipped"]
     assert ft.finetune(str(second), "rte", name="second-rte", **common)["base_model"] == str(second.resolve())
+    # a model recorded from an alias (or hub id) is not a fine-tune of a local folder, nor the other way round
+    store = tmp_path / "models" / "base-rte"
+    meta = json.loads((store / "attnpat.json").read_text())
+    (store / "attnpat.json").write_text(json.dumps({**meta, "base_model": "minilm"}))
+    with pytest.raises(AttnpatError, match="it was fine-tuned from minilm, not ./base"):
+        ft.finetune("./base", "rte", **common)
+    (store / "attnpat.json").write_text(json.dumps(meta))
+    # a stopped --force run left a checkpoint of other settings: the finished model is handed back only when it
+    # is the one asked for
+    with pytest.raises(KeyboardInterrupt):
+        ft.finetune(str(first), "rte", force=True, checkpoint_every=1, on_step=_stop_at(1),
+                    **{**common, "n_train": 32})
+    assert not ft.is_finished(store) and (store / ".checkpoint").is_dir()
+    assert ft.finetune(str(first), "rte", **common)["skipped"]
+    with pytest.raises(AttnpatError, match=r"already holds 'base-rte' and it was fine-tuned from .*/one/base"):
+        ft.finetune(str(second), "rte", name="base-rte", **common)
+
+
+def _stop_at(last_step):
+    def stop(step, loss):
+        if step == last_step:
+            raise KeyboardInterrupt
+    return stop
 
 
 def test_a_fetched_models_name_is_refused_as_a_store_name(tmp_path, monkeypatch):

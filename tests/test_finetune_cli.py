@@ -66,3 +66,5 @@ def test_bad_input_is_a_one_line_error(workspace, capsys):
     assert "epochs must be at least 1" in capsys.readouterr().err
     assert main(["finetune", "--model", "minilm", "--task", "sst2", "--checkpoint-every", "0", "-q"]) == 2
     assert "checkpoint interval must be at least 1 step, got 0" in capsys.readouterr().err
+    assert main(["special", "--model", "minilm", "--task", "sst2", "--no-base", "--base", "minilm", "-q"]) == 2
+    assert "--base and --no-base together" in capsys.readouterr().err  # before, --base was ignored silently

@@ -21,7 +21,7 @@ from gradio_client import Client
 
 from analysis.data import ALL_TASKS, load_data, load_file
 from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, os_error_message
-from analysis.mapstore import read_maps, read_single_maps, write_single_maps
+from analysis.mapstore import is_whole_map_file, read_maps, read_shard, read_single_maps, write_single_maps
 from analysis.models import load_model, model_slug
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir, atomic_write_text, locked
@@ -524,6 +524,7 @@ def test_a_usage_error_is_one_error_line_not_a_traceback(capsys, argv, message):
     (["cluster"], "--seed", "-1"),  # scikit-learn's MDS refused it after the maps were computed
     (["cluster"], "--seed", str(2**32)),  # ... and this one too, in a traceback
     (["train", "--data", "synthetic:6"], "--seed", str(2**32)),  # numpy: "Seed must be between 0 and 2**32 - 1"
+    (["train", "--data", "synthetic:6"], "--seed", str(2**32 - 1)),  # its fold seeds (seed + k) went past that
     (["grad-importance"], "--seed", "-1"),
     (["finetune", "--task", "sst2"], "--seed", "-1"),
     (["annotate", "push", "--url", "http://127.0.0.1:9", "--token", "x"], "--seed", "-1"),
@@ -537,7 +538,7 @@ def test_a_seed_or_count_out_of_range_is_refused_before_any_work(tmp_path, capsy
     runs = ["--runs-dir", tmp_path / "runs"] if argv[0] != "annotate" else []
     code, _, err, errors = run_cli([*argv, option, bound, *runs], capsys)
     assert code == 2 and len(errors) == 1 and f"Invalid value for '{option}'" in errors[0], err
-    side = "less than or equal to" if bound == str(2**32) else "greater than or equal to"
+    side = "less than or equal to 2147483647" if int(bound) > 0 else "greater than or equal to"
     assert side in errors[0] and "Traceback" not in err
     assert files_under(tmp_path) == []
 
@@ -1040,3 +1041,25 @@ def test_text_of_invisible_characters_only_is_refused_like_empty_text(tmp_path, 
                                     "--runs-dir", tmp_path / "runs", "-q"], capsys)
     assert code == 2 and len(errors) == 1 and f"has a {which} that gives no token" in errors[0], err
     assert files_under(tmp_path / "runs") == []
+
+
+def test_extract_computes_a_damaged_shard_again_instead_of_trusting_it(tmp_path, capsys, tiny_model):
+    """A shard cut short after it was written (a full disk, a stopped copy): the rerun said "saved maps" and kept
+    it, and every later reader failed on it. It is now computed again, and the command says so."""
+    out = tmp_path / "maps"
+    base = ["extract", "--model", tiny_model, "--task", "sst2", "--n", "6", "--out", out, "--runs-dir", tmp_path,
+            "-q"]
+    assert run_cli(base, capsys)[0] == 0
+    shards = sorted(out.glob("shard-*.npz"))
+    whole = {path.name: read_shard(path) for path in shards}
+    damaged = shards[0]
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    assert not is_whole_map_file(damaged) and all(is_whole_map_file(path) for path in shards[1:])
+    code, out_text, err, _ = run_cli(base, capsys)
+    assert code == 0 and f"note: 1 shard(s) in {out} were damaged" in out_text, err
+    again = read_shard(damaged)
+    assert [item.example_id for item in again] == [item.example_id for item in whole[damaged.name]]
+    for new, old in zip(again, whole[damaged.name], strict=True):
+        np.testing.assert_array_equal(new.attn, old.attn)
+    index = json.loads((out / "index.json").read_text())
+    assert index["complete"] and index["damaged_shards"] == 1 and index["resumed_shards"] == len(shards) - 1

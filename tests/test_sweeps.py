@@ -500,3 +500,26 @@ def test_a_folder_without_the_table_inputs_file_falls_back_to_the_manifest(tmp_p
         assert set(pd.read_csv(run.file("disable_layers.csv"))["mode"]) == ({"uniform", "zero"} if stays else {"zero"})
         assert set(json.loads(run.file(TABLE_INPUTS).read_text())) == {"uniform", "zero"}
         assert ("layer" in json.loads(run.file(TABLE_INPUTS).read_text())["uniform"]) == stays
+
+
+def test_a_run_stopped_between_its_table_and_its_figure_leaves_rows_other_modes_drop(tmp_path, monkeypatch):
+    """The merged table is written in place before its figure is drawn: a run stopped in between (Ctrl-C, a full
+    disk) has its new rows in the table. Those rows count as made on unknown inputs until the run records them,
+    so the next mode's merge drops them instead of keeping rows of other data beside its own."""
+    bundle = make_bundle()
+    run = RunDir("tiny", "sst2", tmp_path)
+    disable_analysis(bundle, tiny_data(6), run, mode="uniform", units=["layer"], batch_size=4)
+    disable_analysis(bundle, tiny_data(6), run, mode="zero", units=["layer"], batch_size=4)
+    real_write_figure = RunDir.write_figure
+
+    def full_disk(self, name, fig, merged=False):
+        raise AttnpatError(f"cannot write {name}.png: no space left on device")
+
+    monkeypatch.setattr(RunDir, "write_figure", full_disk)
+    with pytest.raises(AttnpatError, match="no space left"):
+        disable_analysis(bundle, tiny_data(8), run, mode="uniform", units=["layer"], batch_size=4)
+    monkeypatch.setattr(RunDir, "write_figure", real_write_figure)
+    assert set(pd.read_csv(run.file("disable_layers.csv"))["mode"]) == {"uniform"}  # zero's rows left (6 vs 8)
+    summary = disable_analysis(bundle, tiny_data(6), run, mode="zero", units=["layer"], batch_size=4)
+    assert summary["dropped_modes"] == {"layer": ["uniform"]}
+    assert set(pd.read_csv(run.file("disable_layers.csv"))["mode"]) == {"zero"}
