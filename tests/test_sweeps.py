@@ -448,41 +448,29 @@ def test_a_score_metric_gets_intervals_but_no_test(tmp_path):
     assert significance_lines(run.path) == []
 
 
-def test_a_mode_that_lands_during_another_modes_sweep_keeps_its_rows(tmp_path):
-    """uniform on 6 examples, then zero on 8; while zero sweeps, uniform reruns on 8 and lands. Zero's merge must
-    judge uniform's rows by what they are computed on when it merges (8, the same as zero's), not by what the
-    run folder said when zero started (6): they stay in both tables, and nothing is reported dropped."""
+@pytest.mark.parametrize("first, landing, kept", [(6, 8, {"uniform", "zero"}), (8, 6, {"zero"})])
+def test_a_mode_that_lands_during_another_modes_sweep_is_judged_as_it_landed(tmp_path, first, landing, kept):
+    """uniform on ``first`` examples, then zero on 8; while zero sweeps, uniform reruns on ``landing`` examples
+    and lands. Zero's merge judges uniform's rows by what they are computed on when it merges, not by what the
+    run folder said when zero started: rows rerun on zero's 8 stay in both tables (before, they were dropped),
+    rows rerun on 6 leave them (before, they were kept beside zero's)."""
     bundle = make_bundle()
     run = RunDir("tiny", "sst2", tmp_path)
-    disable_analysis(bundle, tiny_data(6), run, mode="uniform", units=["head", "layer"], batch_size=4)
+    disable_analysis(bundle, tiny_data(first), run, mode="uniform", units=["head", "layer"], batch_size=4)
     landed = []
 
     def land_uniform_once(name, value):
         if not landed:
-            landed.append(disable_analysis(bundle, tiny_data(8), run, mode="uniform", units=["head", "layer"],
-                                           batch_size=4))
+            landed.append(disable_analysis(bundle, tiny_data(landing), run, mode="uniform",
+                                           units=["head", "layer"], batch_size=4))
 
     summary = disable_analysis(bundle, tiny_data(8), run, mode="zero", units=["head", "layer"], batch_size=4,
                                on_variant=land_uniform_once)
-    assert landed and "dropped_modes" not in summary
+    assert landed
+    dropped = {} if "uniform" in kept else {"head": ["uniform"], "layer": ["uniform"]}
+    assert summary.get("dropped_modes", {}) == dropped
     heads, layers = pd.read_csv(run.file("disable_heads.csv")), pd.read_csv(run.file("disable_layers.csv"))
-    assert {name.split("_")[0] for name in heads["metric"]} == {"uniform", "zero"}
-    assert set(layers["mode"]) == {"uniform", "zero"}
-    # and the other way: rows that land on other inputs during the sweep leave the tables when it merges
-    run = RunDir("tiny", "sst2", tmp_path / "second")
-    disable_analysis(bundle, tiny_data(8), run, mode="uniform", units=["head", "layer"], batch_size=4)
-    landed.clear()
-
-    def land_uniform_on_six_once(name, value):
-        if not landed:
-            landed.append(disable_analysis(bundle, tiny_data(6), run, mode="uniform", units=["head", "layer"],
-                                           batch_size=4))
-
-    summary = disable_analysis(bundle, tiny_data(8), run, mode="zero", units=["head", "layer"], batch_size=4,
-                               on_variant=land_uniform_on_six_once)
-    assert summary["dropped_modes"] == {"head": ["uniform"], "layer": ["uniform"]}
-    heads, layers = pd.read_csv(run.file("disable_heads.csv")), pd.read_csv(run.file("disable_layers.csv"))
-    assert {name.split("_")[0] for name in heads["metric"]} == {"zero"} and set(layers["mode"]) == {"zero"}
+    assert {name.split("_")[0] for name in heads["metric"]} == kept and set(layers["mode"]) == kept
 
 
 def test_a_folder_without_the_table_inputs_file_falls_back_to_the_manifest(tmp_path):
