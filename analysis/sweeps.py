@@ -533,8 +533,9 @@ def recorded_inputs(manifest: dict, mode: str) -> dict:
 
 def table_inputs(run) -> dict:
     """{mode: {unit: sweep_inputs}}: what each mode's rows in the disabling tables of ``run`` were computed on.
-    Written beside the tables, under the same lock and just after them (:func:`record_table_inputs`), so it
-    describes the rows a merge reads even while another mode's run has not yet landed its manifest entry; for a
+    Written beside the tables under the same lock, around each table write (:func:`record_table_inputs`: the
+    writer's rows as unknown before, as made on its inputs after), so it describes the rows a merge reads even
+    while another mode's run has not yet landed its manifest entry; for a
     mode with no record there (a folder from before it was kept), its manifest entry's ``inputs``. Read it under
     ``run.updating()``."""
     path = run.file(TABLE_INPUTS)
