@@ -26,6 +26,7 @@ from analysis.rundir import long_table
 from analysis.stats import HeadMeans
 from analysis.stream import (
     DEFAULT_MAX_LENGTH,
+    Encoded,
     TokenBatch,
     encode_examples,
     forward_attentions,
@@ -106,7 +107,7 @@ def check_same_shape(bundle_a, bundle_b) -> None:
 
 def head_cosines(base, finetuned, examples: Sequence[Example], *, modes: Sequence[str] = MODES,
                  max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 16, progress: bool | str = False,
-                 per_example: bool = False):
+                 per_example: bool = False, encoded: Sequence[Encoded] | None = None):
     """Mean per-head cosine between two models' maps over ``examples``: {"cosine_<mode>": (L, H)}.
 
     One forward pass per model and batch serves every mode: with 'padded' requested the batch is padded to
@@ -118,7 +119,8 @@ def head_cosines(base, finetuned, examples: Sequence[Example], *, modes: Sequenc
     unknown = [mode for mode in modes if mode not in MODES]
     if unknown or not modes:
         raise AttnpatError(f"unknown cosine mode(s) {unknown or modes}; use {' or '.join(MODES)}")
-    encoded = encode_examples(base.tokenizer, examples, max_length)
+    if encoded is None:
+        encoded = encode_examples(base.tokenizer, examples, max_length)
     pad_id = base.tokenizer.pad_token_id if base.tokenizer.pad_token_id is not None else 0
     means = HeadMeans()
     examples_cosines: dict[str, list[np.ndarray]] = {}
@@ -167,8 +169,10 @@ def write_cosine(base, finetuned, data, run, *, modes: Sequence[str] = MODES, ma
     (cosine_<mode>_ci_low / _ci_high). Returns {"cosine_<mode>": (L, H)} means."""
     with run.record("compare", finetuned, data, base_model=base.name, base_revision=base.revision,
                     modes=list(modes), max_length=max_length) as entry:
+        encoded = encode_examples(base.tokenizer, data.examples, max_length)
         values, per_example = head_cosines(base, finetuned, data.examples, modes=modes, max_length=max_length,
-                                           batch_size=batch_size, progress=progress, per_example=True)
+                                           batch_size=batch_size, progress=progress, per_example=True,
+                                           encoded=encoded)
         run.write_table("cosine", long_table({**values, **cosine_intervals(per_example)}))
         titles = {f"cosine_{mode}": f"{mode} ({'real tokens' if mode == 'cropped' else f'padded to {max_length}'})"
                   for mode in modes}
@@ -176,6 +180,7 @@ def write_cosine(base, finetuned, data, run, *, modes: Sequence[str] = MODES, ma
                             title=f"{base.name} vs {finetuned.name} on {data.task}: per-head cosine similarity")
         run.write_figure("cosine", fig)
         close(fig)
-        entry.update(mean={name: float(np.nanmean(array)) for name, array in values.items()},
+        entry.update(n_truncated=sum(item.truncated for item in encoded),
+                     mean={name: float(np.nanmean(array)) for name, array in values.items()},
                      interval="percentile bootstrap 95% interval of each head's mean over the examples")
     return values

@@ -383,8 +383,15 @@ def write_store(bundle, path: Path, meta: dict) -> None:
         bundle.tokenizer.save_pretrained(staging)
     atomic_write_json(staging / META_FILE, meta)
     files = sorted(staging.iterdir(), key=lambda file: file.name == "config.json")
-    for file in files:
+    new_names = {file.name for file in files}
+    for file in files[:-1]:
         file.replace(path / file.name)
+    # files of the model replaced (--force) that the new one lacks: a tokenizer file of another base, a .bin
+    # beside the new .safetensors; gone before config.json makes the new model whole
+    for old in path.iterdir():
+        if old.is_file() and not old.name.startswith(".") and old.name not in new_names:
+            old.unlink()
+    files[-1].replace(path / files[-1].name)
     staging.rmdir()
 
 
@@ -422,6 +429,7 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
         if force:  # train afresh; the finished model stays usable (the web app's Explore) until the new one lands
             shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
         run = RunDir(name, task, runs_dir)
+        made_here = not path.exists()
         try:
             with run.record("finetune", store=str(path)) as entry:
                 meta = _train_into_store(base, task, path, recipe, split_dev=split_dev, train_share=train_share,
@@ -438,6 +446,11 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
             meta = _store_meta(resolve_model(name))
             _check_same_model(meta, name, base, task)
             return {**meta, "path": str(path), "skipped": True}
+        except BaseException:
+            # failed before its first checkpoint (a bad --max-length, an unknown base...): no empty store folder
+            if made_here and path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+            raise
     return meta
 
 

@@ -89,6 +89,10 @@ def test_minilm_with_itself_writes_the_cosine_table(tmp_path):
     assert (run.path / "cosine.png").is_file() and (run.path / "cosine.svg").is_file()
     entry = run.manifest()["analyses"]["compare"]
     assert entry["base_model"] == "minilm" and entry["data"]["n_examples"] == 12
+    # inputs cut to --max-length are counted, as every other verb's manifest counts them
+    cmp.write_cosine(bundle, bundle, data, run, max_length=16, batch_size=6, modes=("cropped",))
+    longer = sum(len(bundle.tokenizer(example.text)["input_ids"]) > 16 for example in data.examples)
+    assert run.manifest()["analyses"]["compare"]["n_truncated"] == longer > 0
 
 
 def test_cosine_intervals_bootstrap_the_per_example_cosines(tokenizer, tmp_path):

@@ -273,3 +273,30 @@ def test_a_fetched_models_name_is_refused_as_a_store_name(tmp_path, monkeypatch)
     with pytest.raises(AttnpatError, match="'my-copy' is the name of a fetched model"):
         ft.finetune("minilm", "sst2", name="my-copy", force=True, progress=False, allow_hub=False)
     assert ft.store_path("mine") == tmp_path / "models" / "mine"
+
+
+def test_a_replaced_model_keeps_none_of_the_old_files_and_a_failed_first_run_leaves_no_folder(tokenizer, tmp_path,
+                                                                                               monkeypatch):
+    """--force replaces a store model file by file: files the old model had and the new one lacks (another base's
+    tokenizer files, a .bin beside the new .safetensors) were left, and loaded beside the new ones. A run that
+    failed before its first checkpoint left an empty models/<name>/."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    base = _save_base(tmp_path / "base", tokenizer)
+    recipe = ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=1, max_length=32)
+    common = dict(name="m", recipe=recipe, n_train=16, progress=False, allow_hub=False, split_dev=True)
+    ft.finetune(str(base), "rte", **common)
+    store = tmp_path / "models" / "m"
+    written = sorted(path.name for path in store.iterdir())
+    (store / "pytorch_model.bin").write_bytes(b"old weights")
+    (store / "vocab-of-another-base.txt").write_text("[PAD]\n")
+    ft.finetune(str(base), "rte", force=True, **common)
+    assert sorted(path.name for path in store.iterdir()) == written
+    assert load_model("m", kind="classifier", device="cpu").meta["task"] == "rte"
+
+    def fail(*args, **kwargs):  # as --max-length 2 does, after the store folder is made
+        raise AttnpatError("max_length 2 leaves no room for the text")
+
+    monkeypatch.setattr(ft, "finetune_encoder", fail)
+    with pytest.raises(AttnpatError, match="no room"):
+        ft.finetune(str(base), "rte", **{**common, "name": "never"})
+    assert not (tmp_path / "models" / "never").exists() and store.is_dir()
