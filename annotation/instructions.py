@@ -40,12 +40,13 @@ def instructions_html(guideline: Path = GUIDELINE, gallery: Path = GALLERY, imag
         if not path.is_file():
             raise AttnpatError(f"labeling instructions need {path}, which is missing")
     renderer = MarkdownIt("commonmark").enable("table")
-    # The guideline links the gallery's README; inside Label Studio the gallery follows on the same page.
-    guideline_text = guideline.read_text(encoding="utf-8").replace("(gallery/README.md)", "(#reference-gallery)")
+    # The guideline links the gallery's README and the gallery the guideline; inside Label Studio they share
+    # one page, and its sanitiser strips the id attributes an in-page link would need: the links become words.
+    guideline_text = re.sub(r"\[([^\]]+)\]\(gallery/README\.md\)", r"\1 (below)",
+                            guideline.read_text(encoding="utf-8"))
     gallery_text = _link_images(gallery.read_text(encoding="utf-8"), gallery.parent, image_url)
-    gallery_text = gallery_text.replace("](../guideline.md)", "](#labeling-guideline)")
+    gallery_text = re.sub(r"\[([^\]]+)\]\(\.\./guideline\.md\)", r"\1 (above)", gallery_text)
     if image_url is None:
         gallery_text += ("\n\n*This server cannot show the gallery's images; they are in attnpat's "
                          "`annotation/gallery/` folder.*\n")
-    return ('<a id="labeling-guideline"></a>' + renderer.render(guideline_text) + '<hr id="reference-gallery"/>'
-            + renderer.render(gallery_text))
+    return renderer.render(guideline_text) + "<hr/>" + renderer.render(gallery_text)

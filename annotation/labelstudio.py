@@ -109,14 +109,7 @@ def ensure_project(client, url: str, title: str, project_id: int | None = None,
                    panel: PanelSettings = PanelSettings()) -> tuple[int, bool]:
     """Reuse the project (by id, else by title) or create it, then bring its instructions and ``panel``
     settings up to date. Returns (id, created)."""
-    found = None
-    if project_id is not None:
-        try:
-            _call(url, lambda: client.projects.get(id=project_id), "project")
-            found = project_id
-        except AttnpatError as exc:
-            if "404" not in str(exc):
-                raise
+    found = _titled_project(client, url, project_id, title)
     if found is None:
         found = next((project.id for project in _call(url, lambda: list(client.projects.list()), "project list")
                       if project.title == title), None)
@@ -367,21 +360,33 @@ def _annotator(annotation: dict, names: dict[int, str]) -> str:
     return names.get(user_id, str(user_id))
 
 
-def resolve_project(client, url: str, title: str, state: dict) -> int:
-    """The id of the pushed project (from the state file, else by title); AttnpatError when it is gone."""
-    project_id = state.get("projects", {}).get(title)
+def _titled_project(client, url: str, project_id: int | None, title: str) -> int | None:
+    """``project_id`` when the server holds a project of that id titled ``title``, else None. The state file
+    remembers ids, and another server (another --url) may hold an unrelated project under the same id."""
     if project_id is None:
-        found = [p.id for p in _call(url, lambda: list(client.projects.list()), "project list") if p.title == title]
-        if not found:
-            raise AttnpatError(f"no project '{title}' on {url}; push the sample first")
-        project_id = found[0]
+        return None
     try:
-        _call(url, lambda: client.projects.get(id=project_id), "project")
+        project = _call(url, lambda: client.projects.get(id=project_id), "project")
     except AttnpatError as exc:
         if "404" not in str(exc):
             raise
-        raise AttnpatError(f"project {project_id} ('{title}') is gone from {url}; push again to recreate it "
-                           "(annotations made there are lost with it)") from exc
+        return None
+    return project_id if getattr(project, "title", None) == title else None
+
+
+def resolve_project(client, url: str, title: str, state: dict) -> int:
+    """The id of the pushed project (from the state file when the server holds it under ``title``, else by
+    title); AttnpatError when it is gone."""
+    remembered = state.get("projects", {}).get(title)
+    project_id = _titled_project(client, url, remembered, title)
+    if project_id is None:
+        found = [p.id for p in _call(url, lambda: list(client.projects.list()), "project list") if p.title == title]
+        if found:
+            return found[0]
+        if remembered is not None:
+            raise AttnpatError(f"project {remembered} ('{title}') is gone from {url}; push again to recreate it "
+                               "(annotations made there are lost with it)")
+        raise AttnpatError(f"no project '{title}' on {url}; push the sample first")
     return project_id
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import asdict
@@ -174,8 +175,11 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
     if settings_file.is_file():
         previous = read_json(settings_file, "the sample's settings", "delete the sample folder to draw it again")
         # a sample whose drawing never finished holds no maps yet: new settings may replace it
-        if {k: previous.get(k) for k in settings} != settings and (folder / "index.jsonl").is_file():
-            raise AttnpatError(f"sample '{name}' was made with other settings ({previous}); choose --sample")
+        if {k: previous.get(k) for k in settings} != settings:
+            if (folder / "index.jsonl").is_file():
+                raise AttnpatError(f"sample '{name}' was made with other settings ({previous}); choose --sample")
+            # its images were rendered from maps of the old settings: kept, they would be pushed for new maps
+            shutil.rmtree(folder / "png", ignore_errors=True)
         if (folder / "index.jsonl").is_file() and (folder / "maps.npz").is_file():
             index = read_index(folder)
             if all((folder / row["image"]).is_file() for row in index):

@@ -22,7 +22,7 @@ import requests
 
 from analysis.errors import AttnpatError
 from analysis.paths import annotation_root, repo_root
-from analysis.rundir import atomic_write
+from analysis.rundir import atomic_write, locked
 
 DEFAULT_PORT = 8080
 GALLERY_ROOT = Path(__file__).resolve().parent  # the folder that holds gallery/
@@ -82,7 +82,8 @@ def load_credentials(root: Path | None = None) -> Credentials | None:
         return credentials
     except (OSError, ValueError, TypeError, RecursionError) as exc:
         raise AttnpatError(f"the stored Label Studio credentials {path} are unreadable ({type(exc).__name__}); "
-                           "delete the file and run `attnpat annotate serve` again") from exc
+                           "delete the file and run `attnpat annotate serve` again (it sets a new admin "
+                           "password)") from exc
 
 
 def resolve_credentials(url: str | None = None, token: str | None = None, root: Path | None = None) -> Credentials:
@@ -97,6 +98,9 @@ def resolve_credentials(url: str | None = None, token: str | None = None, root: 
     if url and token:
         return Credentials(url, token)
     if stored and (not url or url == stored.url):
+        if not (token or stored.token):
+            raise AttnpatError("Label Studio's first start did not finish (no token stored): run "
+                               "`attnpat annotate serve` again")
         return Credentials(stored.url, token or stored.token)
     if url and stored:
         raise AttnpatError(f"--url {url} needs --token (or $LABEL_STUDIO_API_KEY): the stored credentials are "
@@ -150,7 +154,9 @@ def running_pid(root: Path | None = None) -> int | None:
     command_line = Path(f"/proc/{pid}/cmdline")
     try:
         arguments = command_line.read_bytes().decode(errors="replace").split("\0")
-        if not any(arg == executable or Path(arg).name == Path(executable).name for arg in arguments):
+        # that executable (by its full path: another checkout's Label Studio is not ours) on this data folder
+        ours = [executable, "--data-dir", str(server_dir(root) / "data")]
+        if executable not in arguments or not _holds_in_order(arguments, ours[1:]):
             return None
     except FileNotFoundError:
         pass  # no /proc (macOS): the process-group check above is what there is
@@ -159,31 +165,78 @@ def running_pid(root: Path | None = None) -> int | None:
     return pid
 
 
+def _holds_in_order(arguments: list[str], pair: list[str]) -> bool:
+    """Whether ``arguments`` hold ``pair`` (an option and its value) side by side."""
+    return any(arguments[i:i + len(pair)] == pair for i in range(len(arguments)))
+
+
 def serve(port: int = DEFAULT_PORT, host: str = "127.0.0.1", root: Path | None = None,
           timeout: float = 420.0, log=print, label_studio: str | Path | None = None) -> Credentials:
     """Start Label Studio in the background (or reuse the running one), create the admin user, obtain a
     personal access token, store credentials (0600) and return them. The first start runs database
-    migrations and takes a minute or more. label_studio: the executable (see :func:`label_studio_bin`)."""
+    migrations and takes a minute or more. label_studio: the executable (see :func:`label_studio_bin`).
+    One serve per folder at a time: a second one at the same moment would start a second server."""
     root = server_dir(root)
+    with locked(root / ".serve.lock", f"annotate serve in {root}"):
+        return _serve(port, host, root, timeout, log, label_studio)
+
+
+def _serve(port: int, host: str, root: Path, timeout: float, log, label_studio) -> Credentials:
     url = f"http://{host}:{port}"
     stored = load_credentials(root)
-    if running_pid(root) and stored and health(stored.url):
+    running = _running_url(root, host, stored)
+    if running and stored and stored.url == running and stored.token:
         return stored
-    if health(url):
-        raise AttnpatError(f"port {port} already serves another Label Studio; choose --port or stop it")
-    if port_in_use(host, port):  # Label Studio would silently move to the next free port
-        raise AttnpatError(f"port {port} is in use by another program; choose another with --port")
-    root.mkdir(parents=True, exist_ok=True)
+    executable = str(label_studio_bin(label_studio))
     email = stored.email if stored and stored.email else ADMIN_EMAIL
     password = stored.password if stored and stored.password else secrets.token_urlsafe(16)
+    if running:  # ours, without a token: a serve stopped before it had one, or credentials deleted since
+        url = running
+    else:
+        if health(url):
+            raise AttnpatError(f"port {port} already serves another Label Studio; choose --port or stop it")
+        if port_in_use(host, port):  # Label Studio would silently move to the next free port
+            raise AttnpatError(f"port {port} is in use by another program; choose another with --port")
+        root.mkdir(parents=True, exist_ok=True)
+        # the admin login is saved before the server that creates it starts: a serve stopped meanwhile
+        # (Ctrl-C during the first start's migrations) must not leave an admin whose password nobody knows
+        save_credentials(Credentials(url, "", email, password), root)
+        _start(url, host, port, root, timeout, log, executable, email, password)
+    token = stored.token if stored and stored.url == url and stored.token and token_works(url, stored.token) \
+        else None
+    if token is None:
+        try:
+            token = personal_access_token(url, email, password)
+        except AttnpatError as exc:
+            if "could not log in" not in str(exc):
+                raise
+            # the saved password is not the admin's (credentials lost or damaged since the admin was made):
+            # set it, as `label-studio reset_password` does, and log in again
+            reset_admin_password(root, email, password, executable)
+            token = personal_access_token(url, email, password)
+    credentials = Credentials(url, token, email, password)
+    save_credentials(credentials, root)
+    return credentials
+
+
+def _running_url(root: Path, host: str, stored: Credentials | None) -> str | None:
+    """The URL of the server :func:`serve` started in ``root`` when it is running and answers, else None."""
+    if running_pid(root) is None:
+        return None
+    fields = _pid_file(root).read_text(encoding="utf-8", errors="replace").split()
+    url = stored.url if stored else f"http://{host}:{fields[1]}" if len(fields) > 1 and fields[1].isdigit() else None
+    return url if url and health(url) else None
+
+
+def _start(url: str, host: str, port: int, root: Path, timeout: float, log, executable: str, email: str,
+           password: str) -> None:
+    """Start the server process (its own session, so it outlives this command) and wait until it answers."""
     # The admin login goes through the environment (readable by this user only), never argv (any user's `ps`).
-    env = {**os.environ, **OFFLINE_ENV, "LABEL_STUDIO_BASE_DATA_DIR": str(root / "data"),
-           "LABEL_STUDIO_USERNAME": email, "LABEL_STUDIO_PASSWORD": password,
+    env = {**_server_env(root), "LABEL_STUDIO_USERNAME": email, "LABEL_STUDIO_PASSWORD": password,
            # The guideline's gallery images are served from the package (to logged-in annotators only):
            # Label Studio strips data: URIs from a project's instructions.
            "LOCAL_FILES_SERVING_ENABLED": "true", "LOCAL_FILES_DOCUMENT_ROOT": str(GALLERY_ROOT)}
-    command = [str(label_studio_bin(label_studio)), "start", "--no-browser", "--internal-host", host,
-               "--port", str(port),
+    command = [executable, "start", "--no-browser", "--internal-host", host, "--port", str(port),
                "--data-dir", str(root / "data")]
     log_path = root / "server.log"
     log_start = log_path.stat().st_size if log_path.is_file() else 0
@@ -207,10 +260,21 @@ def serve(port: int = DEFAULT_PORT, host: str = "127.0.0.1", root: Path | None =
             stop(root)
             raise AttnpatError(f"Label Studio did not answer on {url} within {timeout:.0f} s; see {log_path}")
         time.sleep(2)
-    token = stored.token if stored and stored.url == url and token_works(url, stored.token) else None
-    credentials = Credentials(url, token or personal_access_token(url, email, password), email, password)
-    save_credentials(credentials, root)
-    return credentials
+
+
+def _server_env(root: Path) -> dict:
+    return {**os.environ, **OFFLINE_ENV, "LABEL_STUDIO_BASE_DATA_DIR": str(root / "data")}
+
+
+def reset_admin_password(root: Path, email: str, password: str, executable: str) -> None:
+    """Set the admin's password in the server's database with `label-studio reset_password`, the password given
+    on its standard input (never in argv, which any user's `ps` shows)."""
+    try:
+        subprocess.run([executable, "reset_password", "--username", email, "--data-dir", str(root / "data")],
+                       input=f"{password}\n", text=True, env=_server_env(root), capture_output=True, timeout=300,
+                       start_new_session=True, check=False)  # no terminal: getpass reads the standard input
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise AttnpatError(f"could not reset the Label Studio admin's password ({type(exc).__name__})") from exc
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -23,7 +23,7 @@ Url = typer.Option(None, "--url", help="Label Studio URL (default: the server st
 Token = typer.Option(None, "--token", help="API token (default: stored credentials, or $LABEL_STUDIO_API_KEY)")
 Sample = typer.Option(None, "--sample", help="sample name (default: <model>-n<count>-s<seed>)")
 Title = typer.Option(None, "--project", help="project title (default: 'attnpat patterns: <sample>')")
-Port = typer.Option(8080, "--port", help="port on 127.0.0.1")
+Port = typer.Option(8080, "--port", min=1, max=65535, help="port on 127.0.0.1")
 
 
 def register(app: typer.Typer) -> None:
@@ -137,6 +137,9 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
     # imported here on purpose: the Label Studio SDK loads in seconds; only push and pull need it
     from annotation.labelstudio import pull as pull_labels  # noqa: PLC0415
 
+    # a name, as push takes it: a path would put the labeled set inside the sample folder
+    if Path(sample).name != sample or sample in ("", ".", ".."):
+        raise AttnpatError(f"--sample '{sample}' must be a sample's name (no '/', not '..')")
     folder = _samples_dir() / sample
     if not folder.is_dir():
         raise AttnpatError(f"no sample '{sample}' in {_samples_dir()}")

@@ -270,3 +270,22 @@ def test_merge_never_replaces_a_shipped_input_set_named_two_ways(tmp_path, monke
         merge_labeled_sets(["annotation/labeled/a", shipped], tmp_path / "out")
     assert sorted(path.name for path in shipped.iterdir()) == before
     assert len(merge_labeled_sets(["annotation/labeled/a", tmp_path / "b"], tmp_path / "out")) == 10
+
+
+def test_an_unfinished_sample_redrawn_with_other_settings_renders_its_images_anew(tmp_path):
+    """A drawing stopped after its images but before index.jsonl may be drawn again with other settings (another
+    --max-length, seed...). Its old images were kept and pushed for the new maps of the same names."""
+    model = save_tiny_model(tmp_path / "tiny", layers=2, heads=3, hidden=24)
+    extracted = tmp_path / "maps"
+    assert main(["extract", "--model", str(model), "--task", "sst2", "--n", "3", "--out", str(extracted),
+                 "--runs-dir", str(tmp_path / "runs"), "-q"]) == 0
+    folder = ensure_sample(tmp_path / "samples", "minilm", 12, [], seed=4, name="s", maps=extracted,
+                           log=lambda _: None)
+    (folder / "index.jsonl").unlink()  # stopped between the images and the index
+    for image in (folder / "png").iterdir():
+        image.write_bytes(b"an image of the old settings")
+    ensure_sample(tmp_path / "samples", "minilm", 10, [], seed=5, name="s", maps=extracted, log=lambda _: None)
+    index = read_index(folder)
+    assert sorted(path.name for path in (folder / "png").iterdir()) == sorted(Path(row["image"]).name
+                                                                              for row in index)
+    assert all((folder / row["image"]).read_bytes().startswith(b"\x89PNG") for row in index)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import socket
@@ -23,6 +24,7 @@ from analysis.errors import AttnpatError
 from analysis.mapstore import read_single_maps
 from analysis.patterns import CLASSES
 from annotation import labelstudio as ls
+from annotation import server
 from annotation.dataset import load_labeled_set
 from annotation.sample import read_index
 from annotation.server import Credentials, add_annotator, personal_access_token, serve, status, token_works
@@ -414,3 +416,51 @@ def test_pull_cut_off_midway_leaves_nothing_and_a_rerun_gets_everything(label_st
     assert pulled.labeled == 5 and pulled.class_counts == {name: 1 for name in CLASSES}
     assert sorted(load_labeled_set(out).map_ids) == sorted(tasks)
     assert set(pd.read_csv(out / "labels.csv").annotator) == {label_studio.email}
+
+
+def test_a_remembered_project_id_of_another_title_is_not_reused(label_studio, synthetic_sample, annotate_task,
+                                                                 tmp_path):
+    """The push state remembers project ids by title; on another server (another --url) that id may be an
+    unrelated project. Before, the push imported its maps into that project and overwrote its instructions."""
+    sample, state = synthetic_sample("stranger", 3), tmp_path / "projects.json"
+    client = ls.connect(label_studio)
+    stranger = client.projects.create(title=f"team NER project {uuid.uuid4().hex[:6]}", label_config=ls.LABEL_CONFIG,
+                                      expert_instruction="the team's own instructions")
+    title = f"attnpat patterns: {sample.name}"
+    state.write_text(json.dumps({"projects": {title: stranger.id}}))
+    pushed = ls.push(label_studio, sample, state_file=state, progress=False, log=lambda m: None)
+    assert pushed.created_project and pushed.project_id != stranger.id and pushed.pushed == 3
+    assert sum(count_tasks(label_studio, stranger.id).values()) == 0
+    assert client.projects.get(id=stranger.id).expert_instruction == "the team's own instructions"
+    assert json.loads(state.read_text())["projects"][title] == pushed.project_id
+    # pull reads the project by its title too, when the state names a stranger
+    for task in tasks_by_map(label_studio, pushed.project_id).values():
+        annotate_task(client, task["id"], "vertical")
+    state.write_text(json.dumps({"projects": {title: stranger.id}}))
+    assert ls.pull(label_studio, sample, tmp_path / "labeled", state_file=state).labeled == 3
+
+
+def test_serve_recovers_its_admin_after_lost_credentials_or_a_stopped_first_start(tmp_path):
+    """A serve stopped during the first start (the server, detached, made the admin) and credentials deleted as
+    the damaged-file error advises both left a running server whose admin password nobody knew: every later
+    serve failed ("port already serves another Label Studio", then "could not log in"). The admin login is now
+    saved before the server starts, a running server of this folder is ours even without a token, and a
+    password that does not log in is set anew (`label-studio reset_password`, fed on standard input)."""
+    from tests.conftest import free_port  # noqa: PLC0415
+
+    root, port = tmp_path / "ls", free_port()
+    try:
+        first = serve(port=port, root=root, timeout=600, log=lambda message: None)
+        assert token_works(first.url, first.token)
+        # as a serve stopped before it had its token leaves them: the login saved, no token
+        server.save_credentials(Credentials(first.url, "", first.email, first.password), root)
+        with pytest.raises(AttnpatError, match="first start did not finish"):
+            server.resolve_credentials(root=root)
+        again = serve(port=port, root=root, timeout=600, log=lambda message: None)
+        assert again.password == first.password and token_works(again.url, again.token)
+        server.credentials_file(root).unlink()  # as the damaged-credentials error says to do
+        recovered = serve(port=port, root=root, timeout=600, log=lambda message: None)
+        assert recovered.password != first.password and token_works(recovered.url, recovered.token)
+        assert server.status(root)["running"]
+    finally:
+        server.stop(root)

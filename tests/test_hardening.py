@@ -512,6 +512,8 @@ def test_a_damaged_credentials_file_is_one_error(tmp_path, monkeypatch):
     (["nosuchverb"], "No such command 'nosuchverb'"),
     (["extract", "--n", "abc"], "Invalid value for '--n'"),
     (["annotate", "pull"], "Missing option '--sample'"),
+    (["annotate", "serve", "--port", "99999"], "Invalid value for '--port'"),  # was an OverflowError traceback
+    (["annotate", "serve", "--port", "0"], "Invalid value for '--port'"),  # started on 8080, waited on :0
 ])
 def test_a_usage_error_is_one_error_line_not_a_traceback(capsys, argv, message):
     code, _, err, errors = run_cli(argv, capsys)
@@ -661,10 +663,12 @@ def test_a_damaged_annotations_table_in_a_merged_set_is_one_error_line(tmp_path,
 def test_stop_signals_only_the_server_it_started(tmp_path):
     import subprocess  # noqa: PLC0415
 
-    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    # stands for a Label Studio: an executable given by its full path, run on a data folder
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--data-dir",
+                                  str(tmp_path / "data")], start_new_session=True)
     command_line = Path(f"/proc/{bystander.pid}/cmdline")
     deadline = time.monotonic() + 10
-    while command_line.exists() and not command_line.read_bytes().startswith(b"sleep") \
+    while command_line.exists() and b"--data-dir" not in command_line.read_bytes() \
             and time.monotonic() < deadline:  # the child runs Python until its exec, on a busy machine a while
         time.sleep(0.01)
     try:
@@ -677,8 +681,15 @@ def test_stop_signals_only_the_server_it_started(tmp_path):
             assert server.status(tmp_path)["running"] is False
             assert server.stop(tmp_path) is False and not pid_file.exists()
         assert bystander.poll() is None  # still running: never signalled
-        # the pid of a process running the recorded executable counts
-        pid_file.write_text(f"{bystander.pid} 8080 sleep\n")
+        # another checkout's Label Studio (same name, another path), or one on another data folder, is not ours
+        pid_file.write_text(f"{bystander.pid} 8080 /other/checkout/bin/{Path(sys.executable).name}\n")
+        assert server.running_pid(tmp_path) is None
+        elsewhere = server._pid_file(tmp_path / "elsewhere")
+        elsewhere.parent.mkdir(parents=True)
+        elsewhere.write_text(f"{bystander.pid} 8080 {sys.executable}\n")
+        assert server.running_pid(tmp_path / "elsewhere") is None
+        # the pid of a process running the recorded executable on this folder's data counts
+        pid_file.write_text(f"{bystander.pid} 8080 {sys.executable}\n")
         assert server.running_pid(tmp_path) == bystander.pid
     finally:
         bystander.kill()
@@ -1063,3 +1074,25 @@ def test_extract_computes_a_damaged_shard_again_instead_of_trusting_it(tmp_path,
         np.testing.assert_array_equal(new.attn, old.attn)
     index = json.loads((out / "index.json").read_text())
     assert index["complete"] and index["damaged_shards"] == 1 and index["resumed_shards"] == len(shards) - 1
+
+
+def test_pull_takes_a_sample_name_not_a_path(tmp_path, capsys, monkeypatch):
+    """`annotate pull --sample ../samples/s` (or an absolute path) wrote the labeled set inside the sample folder;
+    push refuses such names, and pull now does too, before it reads anything."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    samples = tmp_path / "workspace" / "annotation" / "samples"
+    (samples / "s").mkdir(parents=True)
+    for name in ("../samples/s", str(samples / "s"), ".."):
+        code, _, err, errors = run_cli(["annotate", "pull", "--sample", name, "--url", "http://127.0.0.1:9",
+                                        "--token", "t"], capsys)
+        assert code == 2 and errors == [f"error: --sample '{name}' must be a sample's name (no '/', not '..')"], err
+    assert files_under(tmp_path) == []
+
+
+def test_a_second_serve_at_the_same_moment_stops_before_starting_a_server(tmp_path):
+    """Two `annotate serve` at once both started a server (Label Studio moved the second to the next port) and
+    the pid file kept only one: the other ran on, orphaned. One serve per folder now holds its lock."""
+    with locked(server.server_dir(tmp_path) / ".serve.lock", "held"):
+        with pytest.raises(AttnpatError, match=r"^annotate serve in .* is being written by another attnpat process"):
+            server.serve(port=9, root=tmp_path, log=lambda message: None)
+    assert not server._pid_file(tmp_path).exists()

@@ -20,6 +20,9 @@ def test_instructions_carry_the_guideline_and_every_gallery_image():
     assert html.count('src="/served/') == len(linked)
     text_only = instructions_html()
     assert "<img" not in text_only and "annotation/gallery/" in text_only
+    # Label Studio strips id attributes, so in-page links went nowhere: the guideline and gallery name each other
+    # in words, and no link points inside the page or at a file the server does not serve
+    assert not re.findall(r'href="(#|[^"]*\.md)', html) and "(below)" in html and "(above)" in html
 
 
 def test_gallery_covers_every_class_three_times_and_every_boundary_twice():
