@@ -28,9 +28,14 @@ class AttnpatError(Exception):
         super().__init__(" ".join(str(message).split()))
 
 
+def os_error_reason(exc: OSError) -> str:
+    """Why an OS error happened, in lower case: 'permission denied', 'file name too long'."""
+    return (exc.strerror or type(exc).__name__).lower()
+
+
 def os_error_message(exc: OSError, doing: str = "") -> str:
     """One line for an OS error: what failed, on which path, and why (e.g. 'cannot write runs/x: permission denied')."""
-    reason = (exc.strerror or type(exc).__name__).lower()
+    reason = os_error_reason(exc)
     # a failed rename names its temporary source and its destination: the destination is the user's path
     target = str(exc.filename2 if exc.filename2 is not None else exc.filename or "")
     return " ".join(part for part in (doing, target) if part) + f": {reason}" if (doing or target) else reason

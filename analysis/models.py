@@ -27,7 +27,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from analysis.artifacts import kind_folder
-from analysis.errors import AttnpatError
+from analysis.errors import AttnpatError, os_error_reason
 from analysis.fetch import FETCHABLE
 from analysis.mapkinds import DEFAULT_MAP_KIND, check_map_kind
 from analysis.paths import model_store
@@ -156,7 +156,7 @@ def resolve_model(name: str) -> ModelSource:
         return _resolve_model(name)
     except OSError as exc:  # a name too long for a file name, a folder that cannot be read...
         raise AttnpatError(f"could not look for model '{name[:80]}{'...' if len(name) > 80 else ''}' "
-                           f"({(exc.strerror or type(exc).__name__).lower()})") from exc
+                           f"({os_error_reason(exc)})") from exc
 
 
 def _resolve_model(name: str) -> ModelSource:

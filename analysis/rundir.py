@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.errors import AttnpatError, os_error_message
+from analysis.errors import AttnpatError, os_error_message, os_error_reason
 from analysis.paths import runs_root
 
 PACKAGES = ("torch", "transformers", "numpy", "scikit-learn", "gradio", "label-studio-sdk", "attnpat")
@@ -81,7 +81,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     except FileExistsError as exc:  # mkdir met a file where a folder should be
         raise AttnpatError(f"cannot write {path}: {exc.filename} is a file, not a folder") from exc
     except OSError as exc:  # a read-only or full disk...: one line naming the user's path, not the temporary one
-        raise AttnpatError(f"cannot write {path}: {(exc.strerror or type(exc).__name__).lower()}") from exc
+        raise AttnpatError(f"cannot write {path}: {os_error_reason(exc)}") from exc
     os.close(fd)
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files, as the umask wants

@@ -111,8 +111,7 @@ def ensure_project(client, url: str, title: str, project_id: int | None = None,
     settings up to date. Returns (id, created)."""
     found = _titled_project(client, url, project_id, title)
     if found is None:
-        found = next((project.id for project in _call(url, lambda: list(client.projects.list()), "project list")
-                      if project.title == title), None)
+        found = _project_by_title(client, url, title)
     created = found is None
     if created:
         found = _call(url, lambda: client.projects.create(title=title, label_config=LABEL_CONFIG,
@@ -374,15 +373,21 @@ def _titled_project(client, url: str, project_id: int | None, title: str) -> int
     return project_id if getattr(project, "title", None) == title else None
 
 
+def _project_by_title(client, url: str, title: str) -> int | None:
+    """The id of the first project titled ``title`` on the server, or None."""
+    return next((project.id for project in _call(url, lambda: list(client.projects.list()), "project list")
+                 if project.title == title), None)
+
+
 def resolve_project(client, url: str, title: str, state: dict) -> int:
     """The id of the pushed project (from the state file when the server holds it under ``title``, else by
     title); AttnpatError when it is gone."""
     remembered = state.get("projects", {}).get(title)
     project_id = _titled_project(client, url, remembered, title)
     if project_id is None:
-        found = [p.id for p in _call(url, lambda: list(client.projects.list()), "project list") if p.title == title]
-        if found:
-            return found[0]
+        project_id = _project_by_title(client, url, title)
+        if project_id is not None:
+            return project_id
         if remembered is not None:
             raise AttnpatError(f"project {remembered} ('{title}') is gone from {url}; push again to recreate it "
                                "(annotations made there are lost with it)")

@@ -136,7 +136,7 @@ def running_pid(root: Path | None = None) -> int | None:
     """The pid of the Label Studio that :func:`serve` started, or None: no pid file, a damaged one, or a pid that
     is no longer that server. serve writes "PID PORT EXECUTABLE"; the pid counts only while it is alive, leads
     its own process group (serve starts a new session) and, where /proc shows command lines, runs that
-    executable. A pid reused by another program is then never signalled by :func:`stop`."""
+    executable on this folder's data. A pid reused by another program is then never signalled by :func:`stop`."""
     path = _pid_file(root)
     if not path.is_file():
         return None
@@ -155,19 +155,14 @@ def running_pid(root: Path | None = None) -> int | None:
     try:
         arguments = command_line.read_bytes().decode(errors="replace").split("\0")
         # that executable (by its full path: another checkout's Label Studio is not ours) on this data folder
-        ours = [executable, "--data-dir", str(server_dir(root) / "data")]
-        if executable not in arguments or not _holds_in_order(arguments, ours[1:]):
+        data_option = ["--data-dir", str(server_dir(root) / "data")]
+        if executable not in arguments or not any(arguments[i:i + 2] == data_option for i in range(len(arguments))):
             return None
     except FileNotFoundError:
         pass  # no /proc (macOS): the process-group check above is what there is
     except OSError:
         return None
     return pid
-
-
-def _holds_in_order(arguments: list[str], pair: list[str]) -> bool:
-    """Whether ``arguments`` hold ``pair`` (an option and its value) side by side."""
-    return any(arguments[i:i + len(pair)] == pair for i in range(len(arguments)))
 
 
 def serve(port: int = DEFAULT_PORT, host: str = "127.0.0.1", root: Path | None = None,

@@ -19,7 +19,7 @@ import pandas as pd
 
 from analysis.artifacts import Tab, tab_artifacts
 from analysis.artifacts import artifact as registered
-from analysis.errors import AttnpatError
+from analysis.errors import AttnpatError, os_error_reason
 from analysis.figures import close, layer_head_figure
 from analysis.paths import runs_root
 from analysis.rundir import list_runs, save_figure
@@ -139,7 +139,7 @@ class RunBrowser:
                 view.error = f"{view.csv.name} is not a readable CSV ({type(exc).__name__})"
                 view.table = None
             except OSError as exc:  # permission denied, removed meanwhile...
-                view.error = f"{view.csv.name} cannot be read ({(exc.strerror or type(exc).__name__).lower()})"
+                view.error = f"{view.csv.name} cannot be read ({os_error_reason(exc)})"
                 view.table = None
         if view.png is None and view.table is not None:
             view.png, view.svg = self.derived_figure(view)

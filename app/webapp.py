@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from analysis.artifacts import SHIPPED_LABELED_SET, TABS, hints, tab_artifacts  # noqa: E402
 from analysis.artifacts import tab as tab_spec  # noqa: E402
 from analysis.data import ALL_TASKS  # noqa: E402
-from analysis.errors import AttnpatError  # noqa: E402
+from analysis.errors import AttnpatError, os_error_reason  # noqa: E402
 from analysis.figures import GridLayout, close, map_figure, png_as_svg  # noqa: E402
 from analysis.mapkinds import KIND_NOTES, MAP_KINDS  # noqa: E402
 from analysis.models import DEFAULT_MODEL, EMBEDDED_ALIASES, list_store  # noqa: E402
@@ -197,7 +197,7 @@ class WebApp:
                 problems.append(str(exc))
                 view = None
             except OSError as exc:  # a folder or file that cannot be read, a scratch folder that cannot be written
-                problems.append(f"{slug_label(stem)} cannot be shown ({(exc.strerror or type(exc).__name__).lower()})")
+                problems.append(f"{slug_label(stem)} cannot be shown ({os_error_reason(exc)})")
                 view = None
             if view is None or not view.found:
                 missing.append(stem)
