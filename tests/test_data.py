@@ -21,14 +21,19 @@ def test_offline_glue_validation_splits_are_complete(task, size, pair):
 def test_sst2_offline_train_excludes_every_dev_sentence():
     train, removed = sst2_offline_train()
     dev = {normalise_sentence(e.text) for e in load_data("sst2", allow_hub=False).examples}
-    assert removed == 732
-    assert not dev & {normalise_sentence(e.text) for e in train}
+    assert removed == 816  # 732 snippets equal to a dev sentence, 84 that hold one among other sentences
+    train_keys = [normalise_sentence(e.text) for e in train]
+    assert not dev & set(train_keys)
+    # SST split snippets into sentences: a dev sentence must not survive inside a longer snippet either
+    inside = [key for key in dev if len(key) >= 10 and any(key in train_key for train_key in train_keys)]
+    assert inside == []
+    assert normalise_sentence("it 's a cookie-cutter movie , a cut-and-paste job .") in dev
     assert {e.label for e in train} == {0, 1} and len(train) > 9000
 
 
 def test_sst2_train_is_served_offline_with_a_note():
     data = load_data("sst2", split="train", n=10, allow_hub=False)
-    assert len(data.examples) == 10 and "732" in data.notes[0]
+    assert len(data.examples) == 10 and "816" in data.notes[0]
 
 
 def test_wiki_segments_are_two_consecutive_parts_of_one_passage():
@@ -79,3 +84,52 @@ def test_bad_user_files_are_clear_errors(tmp_path):
         load_file(tmp_path / "data.xml")
     with pytest.raises(AttnpatError, match="does not exist"):
         load_file(tmp_path / "missing.csv")
+
+
+def test_a_header_naming_a_column_twice_is_one_error(tmp_path):
+    (tmp_path / "dup.csv").write_text("text,text,label\na,b,1\nc,d,0\n")
+    with pytest.raises(AttnpatError, match="dup.csv: the header names 'text' more than once"):
+        load_file(tmp_path / "dup.csv")
+
+
+def test_tsv_cells_are_literal_quotes_included(tmp_path):
+    # GLUE-style TSV: a quote opens no multi-line cell, and a quoted sentence keeps its quotes
+    (tmp_path / "q.tsv").write_text('text\tlabel\n"quoted start\t1\nnormal row\t0\nother" end\t1\n'
+                                    '"The film is great," she said.\t1\n')
+    rows = [(e.text, e.label) for e in load_file(tmp_path / "q.tsv").examples]
+    assert rows == [('"quoted start', 1), ("normal row", 0), ('other" end', 1), ('"The film is great," she said.', 1)]
+
+
+def test_a_text_longer_than_the_csv_modules_default_field_limit_loads(tmp_path):
+    long_text = "word " * 40_000  # 200,000 characters; the csv module refuses 131,072 by default
+    (tmp_path / "huge.csv").write_text(f"text,label\n{long_text},1\n")
+    assert load_file(tmp_path / "huge.csv").examples[0].text == long_text
+
+
+@pytest.mark.parametrize("missing", ["NA", "nan", "None", "null", "n/a"])
+def test_spreadsheet_spellings_of_an_empty_label_are_no_label(tmp_path, missing):
+    (tmp_path / "na.csv").write_text(f"text,label\na,1\nb,0\nc,{missing}\nd,1\n")
+    data = load_file(tmp_path / "na.csv")
+    assert [e.label for e in data.examples] == [1, 0, None, 1]
+    assert (data.num_labels, data.label_names) == (2, None)
+
+
+def test_a_label_column_mixing_numbers_and_names_is_one_error(tmp_path):
+    # read as names, 10 would sort before 2 and every id would move
+    (tmp_path / "mixed.csv").write_text("text,label\n" + "".join(f"t{i},{i}\n" for i in range(11)) + "x,unsure\n")
+    with pytest.raises(AttnpatError, match="mixed.csv: the label column mixes numbers \\(0\\) and class names"):
+        load_file(tmp_path / "mixed.csv")
+
+
+def test_more_class_names_than_classes_allowed_is_one_error(tmp_path):
+    (tmp_path / "ids.csv").write_text("text,label\n" + "".join(f"t,id-{i}\n" for i in range(1001)))
+    with pytest.raises(AttnpatError, match="1001 class names, more than 1000 classes"):
+        load_file(tmp_path / "ids.csv")
+
+
+def test_a_split_that_a_data_file_or_wiki_does_not_have_is_one_error(tmp_path):
+    (tmp_path / "d.csv").write_text("text,label\nhello,1\n")
+    with pytest.raises(AttnpatError, match="--split train applies to a task; a data file is read whole"):
+        load_data(str(tmp_path / "d.csv"), split="train")
+    with pytest.raises(AttnpatError, match="wiki has one split, validation"):
+        load_data("wiki", split="train")
