@@ -730,7 +730,8 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
             record_table_inputs(run, known, mode, unit, None, dropped)
             yield without_modes(old, dropped, unit)
             record_table_inputs(run, known, mode, unit, inputs, dropped)
-        summary["outputs"].append(str(run.file(TABLE_INPUTS)))
+        if str(run.file(TABLE_INPUTS)) not in summary["outputs"]:  # one record for both units
+            summary["outputs"].append(str(run.file(TABLE_INPUTS)))
 
     for unit in units:
         variants = unit_variants(unit, L, H)

@@ -254,6 +254,7 @@ def test_disable_analysis_writes_tables_and_figures_for_both_modes(tmp_path):
     for mode in ("uniform", "zero"):
         summary = disable_analysis(bundle, data, run, mode=mode, units=["head", "layer"], batch_size=4)
         assert len(summary["best"]) == 5 and summary["best"][0]["delta"] >= summary["worst"][0]["delta"]
+        assert len(summary["outputs"]) == len(set(summary["outputs"])) == 7  # 2 tables, 4 figure files, 1 sidecar
     heads = pd.read_csv(run.file("disable_heads.csv"))
     assert set(heads["metric"]) == {f"{mode}_{name}" for mode in ("uniform", "zero") for name in
                                     ("delta", "metric", "delta_ci_low", "delta_ci_high", "p_mcnemar", "p_holm")}
