@@ -165,21 +165,27 @@ def running_pid(root: Path | None = None) -> int | None:
     return pid
 
 
-def serve(port: int = DEFAULT_PORT, host: str = "127.0.0.1", root: Path | None = None,
+def serve(port: int | None = None, host: str = "127.0.0.1", root: Path | None = None,
           timeout: float = 420.0, log=print, label_studio: str | Path | None = None) -> Credentials:
     """Start Label Studio in the background (or reuse the running one), create the admin user, obtain a
     personal access token, store credentials (0600) and return them. The first start runs database
     migrations and takes a minute or more. label_studio: the executable (see :func:`label_studio_bin`).
+    port: None reuses the running server wherever it serves, else starts on DEFAULT_PORT; a port that the
+    running server does not serve on is an error (the folder's one server stays where it is).
     One serve per folder at a time: a second one at the same moment would start a second server."""
     root = server_dir(root)
     with locked(root / ".serve.lock", f"annotate serve in {root}"):
         return _serve(port, host, root, timeout, log, label_studio)
 
 
-def _serve(port: int, host: str, root: Path, timeout: float, log, label_studio) -> Credentials:
-    url = f"http://{host}:{port}"
+def _serve(port: int | None, host: str, root: Path, timeout: float, log, label_studio) -> Credentials:
     stored = load_credentials(root)
     running = _running_url(root, host, stored)
+    if running and port is not None and urlsplit(running).port != port:
+        raise AttnpatError(f"this workspace's Label Studio already serves on {running}; "
+                           f"`attnpat annotate stop` first to serve it on port {port}")
+    port = DEFAULT_PORT if port is None else port
+    url = f"http://{host}:{port}"
     if running and stored and stored.url == running and stored.token:
         return stored
     executable = str(label_studio_bin(label_studio))

@@ -23,7 +23,8 @@ Url = typer.Option(None, "--url", help="Label Studio URL (default: the server st
 Token = typer.Option(None, "--token", help="API token (default: stored credentials, or $LABEL_STUDIO_API_KEY)")
 Sample = typer.Option(None, "--sample", help="sample name (default: <model>-n<count>-s<seed>)")
 Title = typer.Option(None, "--project", help="project title (default: 'attnpat patterns: <sample>')")
-Port = typer.Option(8080, "--port", min=1, max=65535, help="port on 127.0.0.1")
+Port = typer.Option(None, "--port", min=1, max=65535,
+                    help="port on 127.0.0.1 (default: the running server's, else 8080)")
 
 
 def register(app: typer.Typer) -> None:
@@ -46,7 +47,7 @@ def _state_file() -> Path:
 
 
 @annotate.command("serve")
-def serve(port: int = Port,
+def serve(port: int | None = Port,
           label_studio: Path | None = typer.Option(None, "--label-studio", help="the label-studio executable "
                                                    "(default: $ATTNPAT_LABEL_STUDIO, else the set-up's "
                                                    ".ls-venv/bin/label-studio)")) -> None:

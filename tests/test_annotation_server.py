@@ -84,6 +84,14 @@ def test_server_credentials_and_status(label_studio):
     # serving again while it runs reuses the server and its stored token
     again = serve(port=int(label_studio.url.rsplit(":", 1)[1]), root=label_studio.root)
     assert again.token == label_studio.token
+    assert serve(root=label_studio.root).url == label_studio.url  # no --port: wherever it serves
+    # another --port is refused, not answered with the server on the first one
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        other = probe.getsockname()[1]
+    with pytest.raises(AttnpatError, match=f"already serves on {label_studio.url}; `attnpat annotate stop` first "
+                                           f"to serve it on port {other}"):
+        serve(port=other, root=label_studio.root)
     assert ls.connect(label_studio).users.whoami().email == label_studio.email
 
 
