@@ -116,6 +116,8 @@ def check_pruning_shares(step: float, max_fraction: float) -> None:
         raise AttnpatError(f"the pruning step must be a share of heads in (0, 1], got {step}")
     if not 0 < max_fraction <= 1:
         raise AttnpatError(f"the largest pruned share must be in (0, 1], got {max_fraction}")
+    if max_fraction < step:  # no step fits under the cap: the curve would hold the unpruned model alone
+        raise AttnpatError(f"the largest pruned share ({max_fraction}) must be at least one step ({step})")
 
 
 def pruning_counts(total_heads: int, step: float, max_fraction: float = 1.0) -> list[int]:
