@@ -87,7 +87,7 @@ def read_conllu(path: str | Path, n: int | None = None) -> list[DepSentence]:
         raise AttnpatError(f"CoNLL-U file {path} does not exist")
     sentences = []
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:  # a byte-order mark (Windows editors) is dropped
             for number, tokenlist in enumerate(conllu.parse_incr(handle)):
                 words = [token for token in tokenlist if isinstance(token["id"], int)]
                 if not words:

@@ -56,6 +56,12 @@ def test_read_conllu_skips_multiword_tokens_and_keeps_relations():
     assert len(read_conllu(FIXTURE, n=2)) == 2
 
 
+def test_a_conllu_file_with_a_byte_order_mark_reads_as_without(tmp_path):
+    marked = tmp_path / "marked.conllu"
+    marked.write_bytes(b"\xef\xbb\xbf" + FIXTURE.read_bytes())
+    assert read_conllu(marked) == read_conllu(FIXTURE)
+
+
 def test_read_conllu_rejects_bad_files(tmp_path):
     with pytest.raises(AttnpatError, match="does not exist"):
         read_conllu(tmp_path / "missing.conllu")
