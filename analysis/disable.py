@@ -151,17 +151,19 @@ def gated_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
 
 def gate_weights(gating: _Gate | None, weights: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """Uniform-mode gates on attention weights (N, H, Q, K): ``g * softmax + (1 - g) / n_real``; else unchanged."""
-    if gating is None or gating.mode != "uniform":
+    gate = None if gating is None else gating.of("uniform")
+    if gate is None:
         return weights
-    gate = _gate_view(gating.gate, weights.shape[0], weights.shape[1], weights)
+    gate = _gate_view(gate, weights.shape[0], weights.shape[1], weights)
     return gate * weights + (1 - gate) * uniform_weights(attention_mask, weights)
 
 
 def gate_context(gating: _Gate | None, context: torch.Tensor) -> torch.Tensor:
     """Zero-mode gates on the per-head context (N, H, Q, d): multiplied by ``g``; else unchanged."""
-    if gating is None or gating.mode != "zero":
+    gate = None if gating is None else gating.of("zero")
+    if gate is None:
         return context
-    return context * _gate_view(gating.gate, context.shape[0], context.shape[1], context)
+    return context * _gate_view(gate, context.shape[0], context.shape[1], context)
 
 
 def gated_mpnet_forward(module: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -197,10 +199,21 @@ def gated_mpnet_forward(module: nn.Module, hidden_states: torch.Tensor, attentio
 # ---------------------------------------------------------------- INSTALL: attach gates to a model
 
 class _Gate:
-    __slots__ = ("gate", "mode")
+    """A module's gate of one mode; ``outer`` is the gate an enclosing :func:`head_gates` block attached, so
+    gates of both modes can apply at once (importance under uniform pruning: pruned heads uniform, a zero-mode
+    gradient gate on every head)."""
 
-    def __init__(self, gate: torch.Tensor, mode: str):
-        self.gate, self.mode = gate, mode
+    __slots__ = ("gate", "mode", "outer")
+
+    def __init__(self, gate: torch.Tensor, mode: str, outer: _Gate | None = None):
+        self.gate, self.mode, self.outer = gate, mode, outer
+
+    def of(self, mode: str) -> torch.Tensor | None:
+        """The innermost gate of ``mode`` on the module, or None."""
+        gating = self
+        while gating is not None and gating.mode != mode:
+            gating = gating.outer
+        return None if gating is None else gating.gate
 
 
 # Gate of each module inside a gated layer (keyed weakly: a freed model leaves nothing behind).
@@ -293,7 +306,8 @@ def gated(model: nn.Module) -> Iterator[None]:
 def head_gates(model: nn.Module, gates: Mapping[int, torch.Tensor], mode: str) -> Iterator[None]:
     """Attach gates {layer: (H,) or (N, H)} to the model's layers for the duration of the block.
 
-    The model must be inside :func:`gated`. Gates may require grad (head importance).
+    The model must be inside :func:`gated`. Gates may require grad (head importance). Blocks nest: a gate of
+    the other mode from an enclosing block still applies, one of the same mode is replaced for the block.
     """
     check_mode(mode)
     layers = encoder_layers(model)
@@ -307,9 +321,13 @@ def head_gates(model: nn.Module, gates: Mapping[int, torch.Tensor], mode: str) -
                 raise AttnpatError(f"gates for layer {layer} must be (heads,) or (rows, heads) with {heads} heads, "
                                    f"got {tuple(gate.shape)}")
             for module in layers[layer].modules():
-                _GATES[module] = _Gate(gate, mode)
-                attached.append(module)
+                outer = _GATES.get(module)
+                _GATES[module] = _Gate(gate, mode, outer)
+                attached.append((module, outer))
         yield
     finally:
-        for module in attached:
-            _GATES.pop(module, None)
+        for module, outer in reversed(attached):
+            if outer is None:
+                _GATES.pop(module, None)
+            else:
+                _GATES[module] = outer

@@ -6,7 +6,8 @@ one backward pass gives every example's own gradient (rows of a batch do not int
 
 Pruning: heads are masked (gate 0) in increasing importance order, a share of all heads per step, and the
 task metric is measured after each step; ``iterative`` recomputes importance with the current mask before
-each step (bertology's prune_heads loop). Metrics come from the fast sweep engine (analysis.sweeps).
+each step (bertology's prune_heads loop), the pruned heads masked as the curve masks them. Metrics come from
+the fast sweep engine (analysis.sweeps).
 
 Shapes: ``L`` layers, ``H`` heads, ``B`` batch rows, ``N`` examples.
 """
@@ -20,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analysis.disable import check_mode, gated, head_gates, keep_mask
+from analysis.disable import check_mode, gated, head_gates, keep_mask, mask_gates
 from analysis.errors import AttnpatError
 from analysis.figures import close, head_heatmap
 from analysis.metrics import metric_name, task_metric
@@ -39,32 +40,39 @@ def example_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def gate_gradients(model: torch.nn.Module, batch: TokenBatch, device: torch.device,
-                   keep: np.ndarray) -> torch.Tensor:
+                   keep: np.ndarray, mode: str = "zero") -> torch.Tensor:
     """|dL(x)/d gate| for every example x of the batch: (B, L, H).
 
-    Gates start at ``keep`` (L, H) (1 = head on, 0 = pruned), one row per example.
+    Gates start at ``keep`` (L, H) (1 = head on, 0 = pruned), one row per example. With ``mode`` uniform the
+    pruned heads are uniform-masked, as the pruning curve masks them, and every gate starts at 1 (a pruned
+    head's gate scales its uniform output).
     """
     if batch.labels is None:
         raise AttnpatError("head importance needs labelled examples")
     rows = len(batch.items)
-    gates = torch.tensor(keep, dtype=torch.float32, device=device).expand(rows, -1, -1).clone().requires_grad_(True)
-    with torch.enable_grad(), head_gates(model, {layer: gates[:, layer] for layer in range(keep.shape[0])}, "zero"):
+    start = keep if mode == "zero" else np.ones_like(keep)
+    gates = torch.tensor(start, dtype=torch.float32, device=device).expand(rows, -1, -1).clone().requires_grad_(True)
+    pruned = mask_gates(keep) if mode == "uniform" else {}
+    with (torch.enable_grad(), head_gates(model, pruned, "uniform"),
+          head_gates(model, {layer: gates[:, layer] for layer in range(keep.shape[0])}, "zero")):
         logits = model(**batch.model_inputs(device)).logits
         loss = example_losses(logits, batch.labels.to(device)).sum()
         (gradient,) = torch.autograd.grad(loss, gates)
     return gradient.abs().detach()
 
 
-def head_importance(bundle, batches: Sequence[TokenBatch], *, keep: np.ndarray | None = None,
+def head_importance(bundle, batches: Sequence[TokenBatch], *, keep: np.ndarray | None = None, mode: str = "zero",
                     progress: bool | str = False) -> np.ndarray:
-    """Raw importance (L, H): the mean over examples of |dL(x)/d gate_h| (Michel et al. eq. 2)."""
+    """Raw importance (L, H): the mean over examples of |dL(x)/d gate_h| (Michel et al. eq. 2), with the heads
+    ``keep`` prunes masked in ``mode`` (analysis.disable)."""
+    check_mode(mode)
     keep = keep_mask(bundle.num_layers, bundle.num_heads) if keep is None else np.asarray(keep, dtype=np.float32)
     total = torch.zeros(keep.shape, dtype=torch.float64)
     count = 0
     bar = progress_bar(sum(len(batch.items) for batch in batches), progress, "importance")
     with gated(bundle.model):
         for batch in batches:
-            total += gate_gradients(bundle.model, batch, bundle.device, keep).sum(0).double().cpu()
+            total += gate_gradients(bundle.model, batch, bundle.device, keep, mode).sum(0).double().cpu()
             count += len(batch.items)
             if bar is not None:
                 bar.update(len(batch.items))
@@ -108,6 +116,8 @@ def check_pruning_shares(step: float, max_fraction: float) -> None:
         raise AttnpatError(f"the pruning step must be a share of heads in (0, 1], got {step}")
     if not 0 < max_fraction <= 1:
         raise AttnpatError(f"the largest pruned share must be in (0, 1], got {max_fraction}")
+    if max_fraction < step:  # no step fits under the cap: the curve would hold the unpruned model alone
+        raise AttnpatError(f"the largest pruned share ({max_fraction}) must be at least one step ({step})")
 
 
 def pruning_counts(total_heads: int, step: float, max_fraction: float = 1.0) -> list[int]:
@@ -252,7 +262,7 @@ def _prune(bundle, data, run, *, step: float, max_fraction: float, iterative: bo
     counts = pruning_counts(bundle.num_layers * bundle.num_heads, step, max_fraction)
 
     def score(keep: np.ndarray) -> np.ndarray:
-        raw = head_importance(bundle, batches, keep=keep)
+        raw = head_importance(bundle, batches, keep=keep, mode=mode)  # pruned heads masked as the curve masks them
         return normalized_importance(raw, by_layer=by_layer, exponent=exponent, global_minmax=global_minmax)
 
     shape = (bundle.num_layers, bundle.num_heads)

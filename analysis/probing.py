@@ -9,7 +9,8 @@ attention to itself is ignored. Accuracy per relation and overall ("all"); the r
 word to attend to and is not scored (Clark counted it as always wrong). Relations are the CoNLL-U DEPREL
 as written (subtypes such as nmod:poss kept); Clark's special case for possessive 's is not applied.
 Baselines predict the word a fixed offset away (-3..-1, +1..+3); an offset that leaves the sentence is
-wrong. Words lost to truncation, and words whose gold head was lost, are not scored (counted in the manifest).
+wrong. Words lost to truncation (wholly or in part), and words whose gold head was lost, are not scored
+(counted in the manifest).
 The trees come from a CoNLL-U file (gold parses) or from parsing a task's or a user file's sentences with
 the offline English pipeline (analysis.parsing: silver parses, labelled so in every table and figure).
 
@@ -53,14 +54,15 @@ def word_level_maps(map_batch: MapBatch, i: int) -> tuple[torch.Tensor, np.ndarr
     """Example i's word-level maps over its words only, and which words they are.
 
     Returns (maps (L, H, W, W), word_ids (W,) 0-indexed positions in Example.words); words that have no
-    token (truncated away) are absent. Rows no longer sum to 1 once [CLS] and [SEP] are dropped.
+    token, or lost some of their pieces, to truncation are absent (a word's rest would stand for all of it).
+    Rows no longer sum to 1 once [CLS] and [SEP] are dropped.
     """
     item = map_batch.batch.items[i]
     groups, _ = word_groups(item)
     maps = to_word_level(map_batch.example_maps(i), groups)
     group_of: dict[int, int] = {}
-    for group, word in zip(groups, item.word_ids):
-        if word is not None:
+    for group, word, sequence in zip(groups, item.word_ids, item.sequence_ids):
+        if word is not None and (sequence, word) not in item.cut_words:
             group_of.setdefault(word, int(group))
     word_ids = np.array(sorted(group_of), dtype=int)
     rows = torch.tensor([group_of[w] for w in word_ids], dtype=torch.long)
@@ -87,7 +89,7 @@ def read_conllu(path: str | Path, n: int | None = None) -> list[DepSentence]:
         raise AttnpatError(f"CoNLL-U file {path} does not exist")
     sentences = []
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:  # a byte-order mark (Windows editors) is dropped
             for number, tokenlist in enumerate(conllu.parse_incr(handle)):
                 words = [token for token in tokenlist if isinstance(token["id"], int)]
                 if not words:

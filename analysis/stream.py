@@ -11,6 +11,7 @@ import ctypes
 import functools
 import string
 import weakref
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -46,7 +47,8 @@ def reuse_freed_memory() -> bool:
 
 @dataclass
 class Encoded:
-    """One tokenised example (unpadded). ``word_ids[t]`` = word index of token t (None for special tokens)."""
+    """One tokenised example (unpadded). ``word_ids[t]`` = word index of token t (None for special tokens);
+    ``cut_words``: the (sequence id, word index) of words truncation cut part-way (some of their pieces kept)."""
 
     index: int
     example_id: str
@@ -56,6 +58,7 @@ class Encoded:
     word_ids: list[int | None]
     sequence_ids: list[int | None]
     truncated: bool
+    cut_words: frozenset[tuple[int, int]] = frozenset()
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -147,8 +150,16 @@ def encode_examples(tokenizer, examples: Sequence[Example], max_length: int = DE
             word_ids=enc.word_ids(),
             sequence_ids=enc.sequence_ids(),
             truncated=len(full["input_ids"]) > len(ids),
+            cut_words=cut_words(full, enc),
         ))
     return encoded
+
+
+def cut_words(full, enc) -> frozenset[tuple[int, int]]:
+    """(sequence id, word index) of the words of which ``enc`` (truncated) keeps fewer pieces than ``full``."""
+    pieces = Counter(zip(full.sequence_ids(), full.word_ids(), strict=True))
+    kept = Counter(zip(enc.sequence_ids(), enc.word_ids(), strict=True))
+    return frozenset(key for key, count in kept.items() if key[1] is not None and count < pieces[key])
 
 
 def check_batch_size(batch_size: int) -> int:

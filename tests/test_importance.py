@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis.disable import gated, head_gates, keep_mask
+from analysis import importance
+from analysis.disable import gated, head_gates, keep_mask, mask_gates
 from analysis.errors import AttnpatError
 from analysis.importance import (
     example_losses,
@@ -63,6 +64,55 @@ def test_importance_under_a_mask_differs_and_needs_labels():
     batches[0].labels = None
     with pytest.raises(AttnpatError, match="labelled"):
         head_importance(bundle, batches)
+
+
+def loss_with_scaled_head(bundle, batch, keep, layer: int, head: int, value: float) -> float:
+    """The loss with ``keep``'s pruned heads uniform-masked and head (layer, head)'s context output scaled by
+    ``value`` through a forward hook (not the zero-mode gate under test)."""
+    size = 32 // 4
+    attention = bundle.model.bert.encoder.layer[layer].attention.self
+
+    def scale(module, args, out):
+        context = out[0].clone()
+        context[..., head * size:(head + 1) * size] *= value
+        return (context, *out[1:])
+
+    handle = attention.register_forward_hook(scale)
+    try:
+        with torch.no_grad(), gated(bundle.model), head_gates(bundle.model, mask_gates(keep), "uniform"):
+            logits = bundle.model(**batch.model_inputs()).logits
+    finally:
+        handle.remove()
+    return float(example_losses(logits, batch.labels).sum())
+
+
+def test_importance_under_uniform_pruning_is_the_gradient_of_the_uniform_masked_model(monkeypatch, tmp_path):
+    bundle = make_bundle()
+    data = tiny_data(6)
+    batches = list(iter_batches(bundle, data.examples, batch_size=3))
+    singles = list(iter_batches(bundle, data.examples, batch_size=1))
+    keep = keep_mask(3, 4, [(0, 1), (1, 2)])
+    uniform = head_importance(bundle, batches, keep=keep, mode="uniform")
+    # kept heads, one after a pruned head in its layer, and a pruned head (its gate scales its uniform output)
+    for layer, head in [(1, 0), (2, 3), (0, 1)]:
+        step = 1e-3
+        per_example = [abs(loss_with_scaled_head(bundle, single, keep, layer, head, 1 + step)
+                           - loss_with_scaled_head(bundle, single, keep, layer, head, 1 - step)) / (2 * step)
+                       for single in singles]
+        assert uniform[layer, head] == pytest.approx(np.mean(per_example), rel=2e-2, abs=1e-4)
+    zero = head_importance(bundle, batches, keep=keep, mode="zero")
+    assert not np.allclose(uniform[keep > 0], zero[keep > 0], rtol=1e-2)
+    # iterative pruning under uniform masking scores every step with the pruned heads uniform-masked
+    modes = []
+
+    def spy(*args, **kwargs):
+        modes.append(kwargs.get("mode"))
+        return head_importance(*args, **kwargs)
+
+    monkeypatch.setattr(importance, "head_importance", spy)
+    prune_analysis(bundle, data, RunDir("tiny", "sst2", tmp_path), step=0.25, iterative=True,
+                   mode="uniform", batch_size=4)
+    assert modes == ["uniform"] * 4
 
 
 def test_normalisations():

@@ -22,6 +22,7 @@ from analysis.probing import (
     coref_baselines,
     coref_choices,
     dependency_data,
+    dependency_scores,
     dependency_table,
     load_winobias,
     offset_predictions,
@@ -54,6 +55,12 @@ def test_read_conllu_skips_multiword_tokens_and_keeps_relations():
     assert sentences[0].heads == (2, 3, 0, 6, 6, 3, 3)
     assert sentences[1].relations == ("nsubj", "root", "advmod", "punct")
     assert len(read_conllu(FIXTURE, n=2)) == 2
+
+
+def test_a_conllu_file_with_a_byte_order_mark_reads_as_without(tmp_path):
+    marked = tmp_path / "marked.conllu"
+    marked.write_bytes(b"\xef\xbb\xbf" + FIXTURE.read_bytes())
+    assert read_conllu(marked) == read_conllu(FIXTURE)
 
 
 def test_read_conllu_rejects_bad_files(tmp_path):
@@ -163,6 +170,27 @@ def test_truncated_words_are_not_scored(tokenizer):
     _, scored = score_sentence(word_maps, word_ids, sentences[0])
     # The->cat and cat->sat are scorable; sat is the root; words 4-7 were cut off
     assert scored.tolist() == [True, True, False, False, False, False, False]
+
+
+def test_a_word_cut_part_way_by_truncation_is_not_scored(tmp_path):
+    # max length 5 keeps [CLS] the anti ##dis [SEP]: two of the long word's eight pieces would stand for all of it
+    treebank = tmp_path / "cut.conllu"
+    treebank.write_text("1\tThe\tthe\tDET\t_\t_\t2\tdet\t_\t_\n"
+                        "2\tantidisestablishmentarianism\t_\tNOUN\t_\t_\t3\tnsubj\t_\t_\n"
+                        "3\tgrew\tgrow\tVERB\t_\t_\t0\troot\t_\t_\n\n"
+                        "1\tDogs\tdog\tNOUN\t_\t_\t2\tnsubj\t_\t_\n2\tbark\tbark\tVERB\t_\t_\t0\troot\t_\t_\n"
+                        "3\tloudly\tloudly\tADV\t_\t_\t2\tadvmod\t_\t_\n4\t.\t.\tPUNCT\t_\t_\t2\tpunct\t_\t_\n\n")
+    data, sentences = dependency_data(treebank)
+    bundle = tiny_bundle(tmp_path / "tiny")
+    encoded = encode_examples(bundle.tokenizer, data.examples, max_length=5)
+    assert encoded[0].tokens == ["[CLS]", "the", "anti", "##dis", "[SEP]"]
+    map_batch = MapBatch(torch.full((1, 1, 1, 5, 5), 0.2), collate(encoded[:1], 0))
+    word_maps, word_ids = word_level_maps(map_batch, 0)
+    assert word_ids.tolist() == [0] and word_maps.shape == (1, 1, 1, 1)
+    scores, summary = dependency_scores(bundle, data, sentences, max_length=5, batch_size=2, progress=False)
+    # only the second sentence's complete words count: The->antidis... and antidis...->grew are not scored
+    assert dict(scores.counts) == {ALL_RELATIONS: 2, "nsubj": 1, "advmod": 1}
+    assert summary["n_scored_words"] == 2 and summary["n_unscored_words"] == 3
 
 
 # ---------------------------------------------------------------- coreference

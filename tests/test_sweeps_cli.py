@@ -91,6 +91,17 @@ def test_a_bad_exponent_is_refused_before_the_model_loads(verb, exponent, tiny_m
     assert not any(tmp_path.iterdir())
 
 
+def test_a_largest_share_below_one_step_is_refused_before_the_model_loads(tiny_model_dir, tmp_path, capsys,
+                                                                          monkeypatch):
+    # no step fits under such a cap: the run pruned nothing and wrote a one-point curve without a word
+    monkeypatch.setattr(cli_sweeps, "_load", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    assert main(["prune", "--step", "0.1", "--max-fraction", "0.05", "--model", str(tiny_model_dir),
+                 "--runs-dir", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == "error: the largest pruned share (0.05) must be at least one step (0.1)"
+    assert not any(tmp_path.iterdir())
+
+
 # ---------------------------------------------------------------- the real embedded MiniLM
 
 @pytest.fixture(scope="module")
