@@ -192,9 +192,14 @@ def fit(images: torch.Tensor, labels: np.ndarray, config: TrainConfig, seed: int
             batch = order[start:start + config.batch_size]
             if len(batch) < 2:  # BatchNorm needs two samples
                 continue
+            if not sample_weights[batch].any():  # only pool maps of weight 0: nothing to learn (the loss is 0/0)
+                continue
             inputs = augment(train_images[batch], generator) if config.augment else train_images[batch]
             per_map = -(targets[batch] * weights * torch.log_softmax(model(inputs), 1)).sum(1)
             loss = (per_map * sample_weights[batch]).sum() / sample_weights[batch].sum()
+            if not torch.isfinite(loss):  # NaN weights would never beat the best epoch: epoch 0's would be saved
+                raise AttnpatError(f"training diverged: the loss became {loss.item()} in epoch {epoch}; no network "
+                                   "is saved (check --class-weight-power and --pool-weight)")
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()

@@ -10,6 +10,7 @@ import torch
 from sklearn.metrics import f1_score
 
 import classifier.train as train
+from analysis.errors import AttnpatError
 from analysis.mapstore import maps_digest
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir
@@ -153,3 +154,23 @@ def test_train_verb_defaults_are_the_training_configs_defaults():
                                    ("pool_weight", "pool_weight"), ("pool_rounds", "pool_rounds"),
                                    ("class_weight_power", "class_weight_power"), ("image_dropout", "image_dropout")):
         assert options[verb_name] == getattr(config, config_name), verb_name
+
+
+def test_a_pool_of_weight_0_is_ignored_not_turned_into_nan_weights():
+    """Batches of pool maps only (weight sum 0) were a 0/0 loss: NaN weights, never better than epoch 0, whose
+    untrained network was then returned as the result."""
+    maps, labels = synthetic_dataset(4, np.random.default_rng(0), lengths=(6, 12))
+    pool_maps, _ = synthetic_dataset(40, np.random.default_rng(1), lengths=(6, 12))
+    pool = (prepare_maps(pool_maps), np.full((len(pool_maps), len(CLASSES)), 1.0 / len(CLASSES)))
+    result = fit(prepare_maps(maps), labels, TrainConfig(max_epochs=3, batch_size=8, pool_weight=0), seed=0, pool=pool)
+    assert result.best_epoch >= 1
+    assert all(torch.isfinite(tensor).all() for tensor in result.model.state_dict().values()
+               if tensor.is_floating_point())
+
+
+def test_a_loss_that_is_not_finite_stops_training_with_one_line():
+    maps, labels = synthetic_dataset(4, np.random.default_rng(0), lengths=(6, 12))
+    pool_maps, _ = synthetic_dataset(2, np.random.default_rng(1), lengths=(6, 12))
+    pool = (prepare_maps(pool_maps), np.full((len(pool_maps), len(CLASSES)), np.nan))
+    with pytest.raises(AttnpatError, match="training diverged: the loss became nan in epoch 1"):
+        fit(prepare_maps(maps), labels, TrainConfig(max_epochs=3, batch_size=64), seed=0, pool=pool)
