@@ -59,17 +59,22 @@ class FitResult:
     validation_f1: float
 
 
-def check_labels(labels: np.ndarray, folds: int = 2) -> np.ndarray:
-    """labels: (N,) int indices into CLASSES. Every class must appear at least ``folds`` times."""
+def check_labels(labels: np.ndarray, folds: int = 1) -> np.ndarray:
+    """labels: (N,) int indices into CLASSES. Every class must appear at least ``folds`` times and twice in every
+    fold's training part (``folds`` 1: the whole set is the training part), so the early-stopping split gets one."""
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.size == 0:
         raise AttnpatError("the training set is empty")
     if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0 or labels.max() >= len(CLASSES):
         raise AttnpatError(f"labels must be class indices 0..{len(CLASSES) - 1} ({', '.join(CLASSES)})")
     counts = np.bincount(labels, minlength=len(CLASSES))
-    scarce = [f"{CLASSES[i]} ({counts[i]})" for i in range(len(CLASSES)) if counts[i] < folds]
+    # a fold's training part keeps n - ceil(n / folds) of a class's n maps: 2 folds need 4 to keep 2 (3 keep 1)
+    need = 4 if folds == 2 else max(folds, 2)
+    scarce = [f"{CLASSES[i]} ({counts[i]})" for i in range(len(CLASSES)) if counts[i] < need]
     if scarce:
-        raise AttnpatError(f"every class needs at least {folds} labeled maps; too few: {', '.join(scarce)}")
+        split = (f"{folds}-fold cross-validation and its early-stopping splits" if folds > 1
+                 else "an early-stopping split")
+        raise AttnpatError(f"every class needs at least {need} labeled maps for {split}; too few: {', '.join(scarce)}")
     return labels.astype(np.int64)
 
 

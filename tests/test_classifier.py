@@ -154,11 +154,11 @@ def test_training_is_reproducible_with_a_seed():
 
 
 def test_scores_on_the_maps_annotators_agreed_on():
-    labels = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 4])
+    labels = np.repeat(np.arange(5), 4)  # 2 folds need 4 maps per class (check_labels)
     predicted = labels.copy()
-    predicted[[1, 3]] = 4  # both errors fall on maps the annotators disagreed about
+    predicted[[1, 2, 5]] = 4  # every error falls on a map the annotators disagreed about
     agreed = np.ones(len(labels), bool)
-    agreed[[1, 3]] = False
+    agreed[[1, 2, 5]] = False
     folds = stratified_folds(labels, 2, seed=0)
     frame, _ = score_table({"model": predicted}, labels, folds, agreed)
     value = frame.set_index("metric").value

@@ -300,3 +300,17 @@ def test_real_minilm_with_the_shipped_classifier(tmp_path):
                              progress=False)
     assert patterns["count"].sum() == 3 * 6 * 12
     assert (patterns.groupby(["layer", "head"])["count"].sum() == 3).all()
+
+
+def test_train_needs_enough_maps_per_class_for_the_folds_and_early_stopping(tmp_path, capsys):
+    """2 maps per class in 2 folds left 1 per class in a fold's training part, none for its early-stopping split:
+    a torch.cat traceback after the work began."""
+    for count in (2, 3):
+        assert main(["train", "--data", f"synthetic:{count}", "--folds", "2", "--epochs", "2", "--no-baselines",
+                     "--runs-dir", str(tmp_path), "-q"]) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and error.startswith(
+            "error: every class needs at least 4 labeled maps for 2-fold cross-validation"), error
+    assert not any(tmp_path.iterdir())  # nothing written
+    assert main(["train", "--data", "synthetic:4", "--folds", "2", "--epochs", "1", "--no-baselines",
+                 "--runs-dir", str(tmp_path), "-q"]) == 0
