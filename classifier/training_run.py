@@ -11,6 +11,7 @@ macro_f1_agreed and annotators_agreed come with labeled sets that keep every ann
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -89,19 +90,24 @@ class TrainingReport:
 
 
 def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: TrainConfig | None = None, *,
-                     baselines: bool = True, progress: bool = True, pool: UnlabeledPool | None = None):
+                     baselines: bool = True, progress: bool = True,
+                     pool: UnlabeledPool | Callable[[], UnlabeledPool] | None = None):
     """Cross-validate the CNN (and baselines) on the same folds, write the tables, train and save the final model.
 
-    pool: unlabeled maps a teacher labels for the CNN (classifier.distill); the baselines never see it.
+    pool: unlabeled maps a teacher labels for the CNN (classifier.distill), or a function that draws them, called
+    once the inputs are checked and the run folder is locked (drawing takes a minute); the baselines never see it.
     Returns the printable summary and the comparison with the baselines (TrainingReport).
     """
     config = config or TrainConfig()
     out = checkpoint_path(out)  # before the work: a bad --out fails now, not after it
     labels = check_labels(data.labels, config.folds)
     folds = stratified_folds(labels, config.folds, config.seed)
-    pool_maps = pool.maps if pool is not None else None
-    with run.record("train", folds=config.folds, seed=config.seed, data_source=data.source,
-                    pool=pool.spec if pool is not None else None) as entry:
+    with run.record("train", folds=config.folds, seed=config.seed, data_source=data.source, pool=None) as entry:
+        if callable(pool):
+            pool = pool()
+        if pool is not None:
+            entry["pool"] = pool.spec
+        pool_maps = pool.maps if pool is not None else None
         cnn_probabilities = cross_validate_cnn(data.maps, labels, config, folds, progress=progress,
                                                pool_maps=pool_maps)
         predictions = {"cnn": cnn_probabilities.argmax(1)}
