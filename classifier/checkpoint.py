@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
@@ -36,7 +36,8 @@ def save_checkpoint(model: PatternCNN, path: str | Path, metadata: dict) -> Path
     metadata = {"format": FORMAT, "classes": list(CLASSES), **metadata}
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
     header = {_METADATA_KEY: json.dumps(metadata, default=_plain)}
-    atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=header))
+    # the bytes into atomic_write's file: save_file would replace it with a 0600 one, unlike every other output
+    atomic_write(path, lambda tmp: tmp.write_bytes(save(state, metadata=header)))
     atomic_write_json(path.with_suffix(".json"), metadata)
     return path
 

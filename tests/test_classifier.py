@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -529,3 +531,11 @@ def test_profile_scalars_are_encoded_piecewise_linearly_with_fitted_edges(tmp_pa
     model.fit_profile_edges(images)
     path = save_checkpoint(model, tmp_path / "fitted.safetensors", METADATA)
     assert torch.equal(load_classifier(path, bf16=False).model.profile_edges, model.profile_edges)
+
+
+def test_a_checkpoint_gets_the_mode_the_umask_gives_every_output(random_checkpoint):
+    """safetensors' save_file made its own 0600 file in place of atomic_write's, unlike the .json and the tables."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for path in (random_checkpoint, random_checkpoint.with_suffix(".json")):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path
