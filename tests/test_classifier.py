@@ -539,3 +539,21 @@ def test_a_checkpoint_gets_the_mode_the_umask_gives_every_output(random_checkpoi
     os.umask(umask)
     for path in (random_checkpoint, random_checkpoint.with_suffix(".json")):
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path
+
+
+def test_a_checkpoint_lands_whole_or_not_at_all(random_checkpoint, monkeypatch):
+    """The weights were renamed into place before the .json was written: a stop or a failure in between left new
+    weights beside the old .json (which load_checkpoint then refuses as disagreeing)."""
+    before = {path: path.read_bytes() for path in (random_checkpoint, random_checkpoint.with_suffix(".json"))}
+
+    def stopped(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", stopped)
+    torch.manual_seed(1)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(PatternCNN().eval(), random_checkpoint, {**METADATA, "trained_on": "other weights"})
+    monkeypatch.undo()
+    assert {path: path.read_bytes() for path in before} == before
+    assert sorted(path.name for path in random_checkpoint.parent.iterdir()) == sorted(path.name for path in before)
+    assert load_classifier(random_checkpoint).metadata["trained_on"] == "random weights (test)"

@@ -314,3 +314,17 @@ def test_train_needs_enough_maps_per_class_for_the_folds_and_early_stopping(tmp_
     assert not any(tmp_path.iterdir())  # nothing written
     assert main(["train", "--data", "synthetic:4", "--folds", "2", "--epochs", "1", "--no-baselines",
                  "--runs-dir", str(tmp_path), "-q"]) == 0
+
+
+def test_train_checks_the_checkpoints_json_path_before_training(tmp_path, capsys, monkeypatch):
+    """Only the .safetensors path was checked: a .json path that could not be written failed after all the work,
+    leaving the new weights without it."""
+    import classifier.training_run as training_run  # noqa: PLC0415
+
+    forbid_before_out_is_checked(monkeypatch, training_run, "cross_validate_cnn")
+    out = tmp_path / "cnn.safetensors"
+    out.with_suffix(".json").mkdir()
+    assert main(["train", "--data", "synthetic:4", "--folds", "2", "--out", str(out), "--runs-dir",
+                 str(tmp_path / "runs"), "-q"]) == 2
+    assert "cnn.json: it is a folder" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "runs").exists()
