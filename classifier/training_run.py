@@ -154,6 +154,9 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
                                 "synthetic task only; retrain on a labeled set with: "
                                 "attnpat train --data <labeled set>")
         path = save_checkpoint(final.model, out, metadata)
+        default = run.file("classifier.safetensors")
+        if path.absolute() != default.absolute():  # an earlier run's checkpoint there would disagree with these tables
+            run.retire(default.name, default.with_suffix(".json").name)
         # the checkpoint is saved beside the tables, not through the run folder's writers
         entry.update(outputs=[str(path), str(path.with_suffix(".json"))], cnn_macro_f1=cnn["macro_f1"])
     return TrainingReport(wide_summary(score_frame), comparison)

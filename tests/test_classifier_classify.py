@@ -328,3 +328,20 @@ def test_train_checks_the_checkpoints_json_path_before_training(tmp_path, capsys
                  str(tmp_path / "runs"), "-q"]) == 2
     assert "cnn.json: it is a folder" in capsys.readouterr().err
     assert not out.exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_rerun_with_out_elsewhere_retires_the_run_folders_old_checkpoint(tmp_path):
+    """The run folder kept the first run's classifier.safetensors beside the second run's tables."""
+    folder = tmp_path / "runs" / "classifier" / "synthetic-4"
+    command = ["train", "--data", "synthetic:4", "--folds", "2", "--epochs", "1", "--no-baselines", "--runs-dir",
+               str(tmp_path / "runs"), "-q"]
+    assert main(command) == 0
+    assert (folder / "classifier.safetensors").is_file() and (folder / "classifier.json").is_file()
+    out = tmp_path / "elsewhere.safetensors"
+    assert main([*command, "--seed", "1", "--out", str(out)]) == 0
+    assert not (folder / "classifier.safetensors").exists() and not (folder / "classifier.json").exists()
+    assert out.is_file() and out.with_suffix(".json").is_file()
+    outputs = RunDir("classifier", "synthetic-4", tmp_path / "runs").manifest()["analyses"]["train"]["outputs"]
+    assert str(out) in outputs and "classifier.safetensors" not in outputs
+    assert main(command) == 0  # back to the default: it is written, not retired
+    assert (folder / "classifier.safetensors").is_file() and (folder / "classifier.json").is_file()
