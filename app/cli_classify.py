@@ -75,7 +75,7 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
 
         def unlabeled():  # drawn once train_pattern_cnn has checked the labels and folds and locked the run folder
             return draw_pool(pool_model or model_of(training.map_ids), pool, exclude=training.map_ids,
-                             progress=not quiet)
+                             progress=not quiet, option="--pool-model")
     report = train_pattern_cnn(training, out, run, config, baselines=baselines, progress=not quiet, pool=unlabeled)
     typer.echo(f"{len(training.labels)} maps from {training.source}; {folds}-fold cross-validation "
                "(out-of-fold scores):")

@@ -206,3 +206,14 @@ def test_train_checks_labels_folds_run_folder_and_lock_before_the_pool_is_drawn(
                      "-q"]) == 2
     assert "is being written by another attnpat process" in capsys.readouterr().err
     assert not out.exists() and not list(runs.rglob("*.csv"))
+
+
+def test_a_pool_model_that_cannot_load_offline_names_the_pool_option(tmp_path, capsys, monkeypatch):
+    """The advice named --model, an option train does not have."""
+    monkeypatch.setattr("analysis.models.hub_reachable", lambda timeout=3.0: False)
+    labeled = save_tiny_labeled_set(tmp_path / "set", 4)
+    assert main(["train", "--data", str(labeled), "--folds", "2", "--pool", "4", "--pool-model",
+                 "nobody/not-a-cached-model", "--runs-dir", str(tmp_path / "runs"), "-q"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "offline, use --pool-model minilm" in error, error
+    assert not list((tmp_path / "runs").rglob("*.csv"))
