@@ -434,8 +434,9 @@ class RunDir:
 
     def retire(self, *names: str) -> None:
         """Inside a record: files an earlier run of the analysis wrote that this run does not (an optional output
-        not asked for this time). They are removed when the run lands, with its own files, so the folder never
-        holds a table of the earlier run beside this one's manifest entry; a failed run leaves them."""
+        not asked for this time), or folders (a resumable run's finished parts). They are removed when the run lands,
+        with its own files, so the folder never holds a table of the earlier run beside this one's manifest entry;
+        a failed run leaves them."""
         self._retired.extend(names)
 
     def _note(self, path: Path) -> Path:
@@ -504,7 +505,10 @@ class RunDir:
                                 os.replace(staging / name, self.file(name))
                         for name in sorted(set(self._retired) - set(written)):
                             try:
-                                self.file(name).unlink(missing_ok=True)
+                                if self.file(name).is_dir():
+                                    shutil.rmtree(self.file(name))
+                                else:
+                                    self.file(name).unlink(missing_ok=True)
                             except OSError as exc:  # the run's own files have landed: a warning, not a failure
                                 log.warning("could not remove %s, left by an earlier run: %s", self.file(name), exc)
                         os.replace(staging / "manifest.json", self.file("manifest.json"))

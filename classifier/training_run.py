@@ -47,6 +47,7 @@ from classifier.train import (
 )
 
 SYNTHETIC_PREFIX = "synthetic"
+RESUME_FOLDER = ".resume-train"  # in the run folder: the finished folds of a run not yet landed
 
 
 @dataclass
@@ -108,8 +109,10 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
         if pool is not None:
             entry["pool"] = pool.spec
         pool_maps = pool.maps if pool is not None else None
+        # finished folds are kept here, so that a stopped run resumes; the folder goes when this run lands
+        run.retire(RESUME_FOLDER)
         cnn_probabilities = cross_validate_cnn(data.maps, labels, config, folds, progress=progress,
-                                               pool_maps=pool_maps)
+                                               pool_maps=pool_maps, resume=run.file(RESUME_FOLDER))
         predictions = {"cnn": cnn_probabilities.argmax(1)}
         if baselines:
             predictions.update(baseline_predictions(data.maps, labels, folds, seed=config.seed, progress=progress))

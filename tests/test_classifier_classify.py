@@ -345,3 +345,42 @@ def test_a_rerun_with_out_elsewhere_retires_the_run_folders_old_checkpoint(tmp_p
     assert str(out) in outputs and "classifier.safetensors" not in outputs
     assert main(command) == 0  # back to the default: it is written, not retired
     assert (folder / "classifier.safetensors").is_file() and (folder / "classifier.json").is_file()
+
+
+def test_a_stopped_train_resumes_after_its_finished_folds_with_the_same_result(tmp_path, capsys, monkeypatch):
+    """Each finished fold's out-of-fold probabilities are kept in the run folder: a rerun does not train it again
+    and ends with the tables and weights of a run never stopped (before, the rerun started from scratch)."""
+    import classifier.train as train_module  # noqa: PLC0415
+    from classifier.training_run import RESUME_FOLDER  # noqa: PLC0415
+
+    real_fit, seeds = train_module.fit_with_pool, []
+
+    def recording_fit(images, labels, config, seed, *args, **kwargs):
+        seeds.append(seed)
+        if stop_at is not None and len(seeds) == stop_at:
+            raise KeyboardInterrupt  # Ctrl-C while the fold trains
+        return real_fit(images, labels, config, seed, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "fit_with_pool", recording_fit)
+    command = ["train", "--data", "synthetic:4", "--folds", "3", "--epochs", "2", "--seed", "5", "--no-baselines",
+               "-q"]
+    stop_at = None
+    assert main([*command, "--runs-dir", str(tmp_path / "whole")]) == 0
+    assert seeds == [5, 6, 7, 5]  # three folds (seed + fold) and the final fit
+    seeds.clear()
+    stop_at = 3  # after folds 0 and 1
+    assert main([*command, "--runs-dir", str(tmp_path / "stopped")]) == 130
+    assert "interrupted; rerun the same command to resume" in capsys.readouterr().err
+    folder = tmp_path / "stopped" / "classifier" / "synthetic-4"
+    assert len(list((folder / RESUME_FOLDER).glob("fold-*.npy"))) == 2 and not (folder / "cv_scores.csv").exists()
+    seeds.clear()
+    stop_at = None
+    assert main([*command, "--runs-dir", str(tmp_path / "stopped")]) == 0
+    assert seeds == [7, 5]  # only fold 2 and the final fit
+    assert not (folder / RESUME_FOLDER).exists()  # gone with the run's landing
+    whole = tmp_path / "whole" / "classifier" / "synthetic-4"
+    for name in ("cv_scores.csv", "cv_confusion.csv", "cv_predictions.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(folder / name), pd.read_csv(whole / name))
+    resumed = load_classifier(folder / "classifier.safetensors", bf16=False).model.state_dict()
+    for key, value in load_classifier(whole / "classifier.safetensors", bf16=False).model.state_dict().items():
+        assert torch.equal(value, resumed[key]), key
