@@ -235,9 +235,10 @@ def check_head_labels(name: str, num_labels: int | None, trained_labels: int | N
                            f"{trained_labels - 1}")
 
 
-def load_config(source: ModelSource):
+def load_config(source: ModelSource, option: str = "--model"):
     """Read and check the config. Hub ids are tried in the local HF cache first; the hub is contacted only
-    when reachable, so an offline machine fails in seconds instead of retrying."""
+    when reachable, so an offline machine fails in seconds instead of retrying. ``option``: the verb's option that
+    named the model, for the error's advice."""
     try:
         try:
             config = AutoConfig.from_pretrained(source.path, local_files_only=True)
@@ -252,7 +253,7 @@ def load_config(source: ModelSource):
             aliases = ", ".join(EMBEDDED_ALIASES)
             raise AttnpatError(
                 f"could not load model '{source.name}' from the Hugging Face hub or a local path "
-                f"({type(exc).__name__}); offline, use --model {aliases} (the embedded all-MiniLM-L6-v2)"
+                f"({type(exc).__name__}); offline, use {option} {aliases} (the embedded all-MiniLM-L6-v2)"
             ) from exc
         raise AttnpatError(f"could not read the model config at {source.path}: {exc}") from exc
     model_type = getattr(config, "model_type", "?")
@@ -271,17 +272,19 @@ def load_model(
     num_labels: int | None = None,
     device: torch.device | str | None = None,
     map_kind: str = DEFAULT_MAP_KIND,
+    option: str = "--model",
 ) -> EncoderBundle:
     """Load an encoder with eager attention.
 
     kind: "base" (AutoModel), "mlm" (AutoModelForMaskedLM; fails clearly when the checkpoint has no MLM
     head), "classifier" (AutoModelForSequenceClassification; ``num_labels`` sets a fresh head's size).
     map_kind: the maps its stream yields (analysis.mapkinds), checked before anything loads.
+    option: the verb's option that named the model (``--pool-model``...), for the advice of an error.
     """
     check_map_kind(map_kind)
     device = check_device(device)
     source = resolve_model(name)
-    config = load_config(source)
+    config = load_config(source, option)
     kwargs = dict(attn_implementation="eager", output_loading_info=True, **_offline_kwargs(source))
     meta = _store_meta(source)
     try:

@@ -20,7 +20,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -74,26 +74,39 @@ _UMASK: int | None = None
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_path)`` then rename onto ``path``: readers never see a half-written file."""
-    path = Path(path)
+    return atomic_write_together({Path(path): write})[0]
+
+
+def atomic_write_together(writes: dict[Path, Callable[[Path], None]]) -> list[Path]:
+    """:func:`atomic_write` for files that belong together (a checkpoint's weights and its .json): every temporary
+    file is written first, then all are renamed with Ctrl-C and SIGTERM held back (for more than one file), so a
+    failed write or a stop never leaves one new file beside the others' old versions. Returns the paths."""
+    temporaries: list[Path] = []
+    path = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
-    except FileExistsError as exc:  # mkdir met a file where a folder should be
-        raise AttnpatError(f"cannot write {path}: {exc.filename} is a file, not a folder") from exc
-    except OSError as exc:  # a read-only or full disk...: one line naming the user's path, not the temporary one
-        raise AttnpatError(f"cannot write {path}: {os_error_reason(exc)}") from exc
-    os.close(fd)
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files, as the umask wants
-        write(Path(tmp))
-        os.replace(tmp, path)
+        for path, write in writes.items():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
+            except FileExistsError as exc:  # mkdir met a file where a folder should be
+                raise AttnpatError(f"cannot write {path}: {exc.filename} is a file, not a folder") from exc
+            except OSError as exc:  # a read-only or full disk...: one line naming the user's path, not the temporary
+                raise AttnpatError(f"cannot write {path}: {os_error_reason(exc)}") from exc
+            temporaries.append(Path(tmp))
+            os.close(fd)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files, as the umask wants
+            write(Path(tmp))
+        with signals_held() if len(writes) > 1 else nullcontext():
+            for path, tmp in zip(writes, temporaries, strict=True):
+                os.replace(tmp, path)
     except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
+        for tmp in temporaries:
+            tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError):
             raise AttnpatError(os_error_message(exc, f"cannot write {path}" if exc.filename is None
                                                 else "cannot write")) from exc
         raise
-    return path
+    return list(writes)
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -101,7 +114,12 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 
 def atomic_write_json(path: str | Path, data) -> Path:
-    return atomic_write_text(path, json.dumps(data, indent=2, default=_json_default) + "\n")
+    return atomic_write_text(path, json_text(data))
+
+
+def json_text(data) -> str:
+    """``data`` as the JSON text attnpat writes (indented, numpy values and paths as plain ones)."""
+    return json.dumps(data, indent=2, default=_json_default) + "\n"
 
 
 @contextmanager
@@ -416,8 +434,9 @@ class RunDir:
 
     def retire(self, *names: str) -> None:
         """Inside a record: files an earlier run of the analysis wrote that this run does not (an optional output
-        not asked for this time). They are removed when the run lands, with its own files, so the folder never
-        holds a table of the earlier run beside this one's manifest entry; a failed run leaves them."""
+        not asked for this time), or folders (a resumable run's finished parts). They are removed when the run lands,
+        with its own files, so the folder never holds a table of the earlier run beside this one's manifest entry;
+        a failed run leaves them."""
         self._retired.extend(names)
 
     def _note(self, path: Path) -> Path:
@@ -486,7 +505,10 @@ class RunDir:
                                 os.replace(staging / name, self.file(name))
                         for name in sorted(set(self._retired) - set(written)):
                             try:
-                                self.file(name).unlink(missing_ok=True)
+                                if self.file(name).is_dir():
+                                    shutil.rmtree(self.file(name))
+                                else:
+                                    self.file(name).unlink(missing_ok=True)
                             except OSError as exc:  # the run's own files have landed: a warning, not a failure
                                 log.warning("could not remove %s, left by an earlier run: %s", self.file(name), exc)
                         os.replace(staging / "manifest.json", self.file("manifest.json"))

@@ -73,8 +73,9 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
     if pool and not training.synthetic:
         from classifier.distill import draw_pool, model_of  # noqa: PLC0415
 
-        unlabeled = draw_pool(pool_model or model_of(training.map_ids), pool, exclude=training.map_ids,
-                              progress=not quiet)
+        def unlabeled():  # drawn once train_pattern_cnn has checked the labels and folds and locked the run folder
+            return draw_pool(pool_model or model_of(training.map_ids), pool, exclude=training.map_ids,
+                             progress=not quiet, option="--pool-model")
     report = train_pattern_cnn(training, out, run, config, baselines=baselines, progress=not quiet, pool=unlabeled)
     typer.echo(f"{len(training.labels)} maps from {training.source}; {folds}-fold cross-validation "
                "(out-of-fold scores):")

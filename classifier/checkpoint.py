@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
-from analysis.rundir import atomic_write, atomic_write_json, writable_path
+from analysis.rundir import atomic_write_together, json_text, writable_path
 from classifier.model import PatternCNN
 
 FORMAT = "attnpat-pattern-cnn/1"
@@ -22,22 +22,26 @@ _METADATA_KEY = "attnpat"
 
 
 def checkpoint_path(path: str | Path) -> Path:
-    """``path`` as a Path if a checkpoint can be written there, else a one-line AttnpatError (train calls it before
-    it starts: analysis.rundir.writable_path)."""
+    """``path`` as a Path if a checkpoint, and the .json beside it, can be written there, else a one-line
+    AttnpatError (train calls it before it starts: analysis.rundir.writable_path)."""
     path = Path(path)
     if path.suffix != ".safetensors":
         raise AttnpatError(f"checkpoint path must end in .safetensors, got {path.name}")
+    writable_path(path.with_suffix(".json"))
     return writable_path(path)
 
 
 def save_checkpoint(model: PatternCNN, path: str | Path, metadata: dict) -> Path:
-    """Write ``path`` (.safetensors) and ``path`` with .json; both atomically. Returns the weights path."""
+    """Write ``path`` (.safetensors) and ``path`` with .json; both atomically, and together: new weights never land
+    beside an older .json. Returns the weights path."""
     path = checkpoint_path(path)
     metadata = {"format": FORMAT, "classes": list(CLASSES), **metadata}
     state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
     header = {_METADATA_KEY: json.dumps(metadata, default=_plain)}
-    atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=header))
-    atomic_write_json(path.with_suffix(".json"), metadata)
+    text = json_text(metadata)
+    # the bytes into the temporary file: save_file would replace it with a 0600 one, unlike every other output
+    atomic_write_together({path: lambda tmp: tmp.write_bytes(save(state, metadata=header)),
+                           path.with_suffix(".json"): lambda tmp: tmp.write_text(text, encoding="utf-8")})
     return path
 
 

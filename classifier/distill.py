@@ -69,12 +69,13 @@ def model_of(map_ids: Sequence[str]) -> str:
 
 
 def draw_pool(model: str, size: int, exclude: Sequence[str] = (), *, tasks: Sequence[str] = DEFAULT_POOL_TASKS,
-              seed: int = POOL_SEED, progress: bool = False) -> UnlabeledPool:
+              seed: int = POOL_SEED, progress: bool = False, option: str = "--pool-model") -> UnlabeledPool:
     """``size`` maps of ``model`` (stratified over tasks, layers, heads and examples, as annotation samples are),
-    none of them in ``exclude`` (the labeled map ids). Deterministic for a model, size and seed."""
+    none of them in ``exclude`` (the labeled map ids). Deterministic for a model, size and seed. ``option``: the
+    caller's option that names the model, for the advice of a loading error."""
     if size < 1:
         raise AttnpatError(f"the unlabeled pool needs at least one map, got {size}")
-    bundle = load_model(model, device="cpu")
+    bundle = load_model(model, device="cpu", option=option)
     excluded = set(exclude)
     bar = progress_bar(size + len(excluded), progress, "unlabeled pool", unit="maps")
     maps, map_ids = [], []

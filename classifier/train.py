@@ -6,8 +6,11 @@ runs deterministic ops on the CPU, so the same data and seed give the same score
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -17,6 +20,7 @@ from torch import nn
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
+from analysis.rundir import atomic_write
 from analysis.stats import PROFILE_NAMES
 from classifier.distill import teacher_probabilities
 from classifier.model import CHANNELS, IMAGE_CHANNELS, INPUT_SIZE, PROFILE_BINS, STRIDES, PatternCNN, prepare_maps
@@ -59,17 +63,22 @@ class FitResult:
     validation_f1: float
 
 
-def check_labels(labels: np.ndarray, folds: int = 2) -> np.ndarray:
-    """labels: (N,) int indices into CLASSES. Every class must appear at least ``folds`` times."""
+def check_labels(labels: np.ndarray, folds: int = 1) -> np.ndarray:
+    """labels: (N,) int indices into CLASSES. Every class must appear at least ``folds`` times and twice in every
+    fold's training part (``folds`` 1: the whole set is the training part), so the early-stopping split gets one."""
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.size == 0:
         raise AttnpatError("the training set is empty")
     if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0 or labels.max() >= len(CLASSES):
         raise AttnpatError(f"labels must be class indices 0..{len(CLASSES) - 1} ({', '.join(CLASSES)})")
     counts = np.bincount(labels, minlength=len(CLASSES))
-    scarce = [f"{CLASSES[i]} ({counts[i]})" for i in range(len(CLASSES)) if counts[i] < folds]
+    # a fold's training part keeps n - ceil(n / folds) of a class's n maps: 2 folds need 4 to keep 2 (3 keep 1)
+    need = 4 if folds == 2 else max(folds, 2)
+    scarce = [f"{CLASSES[i]} ({counts[i]})" for i in range(len(CLASSES)) if counts[i] < need]
     if scarce:
-        raise AttnpatError(f"every class needs at least {folds} labeled maps; too few: {', '.join(scarce)}")
+        split = (f"{folds}-fold cross-validation and its early-stopping splits" if folds > 1
+                 else "an early-stopping split")
+        raise AttnpatError(f"every class needs at least {need} labeled maps for {split}; too few: {', '.join(scarce)}")
     return labels.astype(np.int64)
 
 
@@ -192,9 +201,14 @@ def fit(images: torch.Tensor, labels: np.ndarray, config: TrainConfig, seed: int
             batch = order[start:start + config.batch_size]
             if len(batch) < 2:  # BatchNorm needs two samples
                 continue
+            if not sample_weights[batch].any():  # only pool maps of weight 0: nothing to learn (the loss is 0/0)
+                continue
             inputs = augment(train_images[batch], generator) if config.augment else train_images[batch]
             per_map = -(targets[batch] * weights * torch.log_softmax(model(inputs), 1)).sum(1)
             loss = (per_map * sample_weights[batch]).sum() / sample_weights[batch].sum()
+            if not torch.isfinite(loss):  # NaN weights would never beat the best epoch: epoch 0's would be saved
+                raise AttnpatError(f"training diverged: the loss became {loss.item()} in epoch {epoch}; no network "
+                                   "is saved (check --class-weight-power and --pool-weight)")
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
@@ -226,25 +240,62 @@ def stratified_folds(labels: np.ndarray, folds: int, seed: int) -> list[tuple[np
 
 def cross_validate_cnn(maps: Sequence[np.ndarray], labels: np.ndarray, config: TrainConfig,
                        folds: list[tuple[np.ndarray, np.ndarray]], progress: bool = False,
-                       pool_maps: Sequence[np.ndarray] | None = None) -> np.ndarray:
+                       pool_maps: Sequence[np.ndarray] | None = None, resume: Path | None = None) -> np.ndarray:
     """Out-of-fold class probabilities (N, 5) of the CNN: each fold's test maps predicted by a CNN trained
     without them (argmax(1) gives the predicted classes).
 
     pool_maps: unlabeled maps; each fold's teacher labels them from that fold's training maps only.
+    resume: a folder keeping each finished fold's probabilities under a digest of everything they depend on (the
+    maps, labels, config, pool and fold); a fold found there is not trained again. Every fit seeds its own random
+    numbers, so a run resumed there gives the probabilities of one never stopped.
     """
     images = prepare_maps(maps, config.input_size)
     extra = synthetic_extra(config)
     pool_images = prepare_maps(pool_maps, config.input_size) if pool_maps else None
+    digest = _inputs_digest(images, labels, config, pool_images) if resume is not None else None
     probabilities = np.full((len(labels), len(CLASSES)), np.nan)
     bar = progress_bar(len(folds), bool(progress), "cnn folds", unit="it")
     for k, (train_idx, test_idx) in enumerate(folds):
-        result = fit_with_pool(images[train_idx], labels[train_idx], config, config.seed + k, extra, pool_images)
-        probabilities[test_idx] = predict_images(result.model, images[test_idx]).numpy()
+        kept = None
+        if resume is not None:
+            fold = hashlib.sha256(f"{digest} fold {k}".encode())
+            fold.update(np.ascontiguousarray(train_idx, dtype=np.int64).tobytes())
+            fold.update(np.ascontiguousarray(test_idx, dtype=np.int64).tobytes())
+            kept = resume / f"fold-{k}-{fold.hexdigest()[:16]}.npy"
+        found = _read_fold(kept, (len(test_idx), len(CLASSES)))
+        if found is None:
+            result = fit_with_pool(images[train_idx], labels[train_idx], config, config.seed + k, extra, pool_images)
+            found = predict_images(result.model, images[test_idx]).numpy()
+            if kept is not None:
+                atomic_write(kept, lambda tmp, found=found: np.save(tmp, found))  # tmp ends in .npy: kept as named
+        probabilities[test_idx] = found
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
     return probabilities
+
+
+def _inputs_digest(images: torch.Tensor, labels: np.ndarray, config: TrainConfig,
+                   pool_images: torch.Tensor | None) -> str:
+    """sha256 over what a fold's probabilities depend on besides the fold: the prepared maps, labels, config, pool."""
+    digest = hashlib.sha256(json.dumps(asdict(config), sort_keys=True).encode())
+    for array in (images.numpy(), np.asarray(labels, dtype=np.int64),
+                  pool_images.numpy() if pool_images is not None else np.zeros(0)):
+        digest.update(str(array.shape).encode())
+        digest.update(np.ascontiguousarray(array))
+    return digest.hexdigest()
+
+
+def _read_fold(path: Path | None, shape: tuple[int, int]) -> np.ndarray | None:
+    """A finished fold's kept probabilities, or None (none kept, or a file that is not them: the fold is refit)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        found = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    return found if found.shape == shape and found.dtype == np.float32 else None
 
 
 def train_final(maps: Sequence[np.ndarray], labels: np.ndarray, config: TrainConfig,

@@ -11,6 +11,7 @@ macro_f1_agreed and annotators_agreed come with labeled sets that keep every ann
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,6 +47,7 @@ from classifier.train import (
 )
 
 SYNTHETIC_PREFIX = "synthetic"
+RESUME_FOLDER = ".resume-train"  # in the run folder: the finished folds of a run not yet landed
 
 
 @dataclass
@@ -89,21 +91,28 @@ class TrainingReport:
 
 
 def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: TrainConfig | None = None, *,
-                     baselines: bool = True, progress: bool = True, pool: UnlabeledPool | None = None):
+                     baselines: bool = True, progress: bool = True,
+                     pool: UnlabeledPool | Callable[[], UnlabeledPool] | None = None):
     """Cross-validate the CNN (and baselines) on the same folds, write the tables, train and save the final model.
 
-    pool: unlabeled maps a teacher labels for the CNN (classifier.distill); the baselines never see it.
+    pool: unlabeled maps a teacher labels for the CNN (classifier.distill), or a function that draws them, called
+    once the inputs are checked and the run folder is locked (drawing takes a minute); the baselines never see it.
     Returns the printable summary and the comparison with the baselines (TrainingReport).
     """
     config = config or TrainConfig()
     out = checkpoint_path(out)  # before the work: a bad --out fails now, not after it
     labels = check_labels(data.labels, config.folds)
     folds = stratified_folds(labels, config.folds, config.seed)
-    pool_maps = pool.maps if pool is not None else None
-    with run.record("train", folds=config.folds, seed=config.seed, data_source=data.source,
-                    pool=pool.spec if pool is not None else None) as entry:
+    with run.record("train", folds=config.folds, seed=config.seed, data_source=data.source, pool=None) as entry:
+        if callable(pool):
+            pool = pool()
+        if pool is not None:
+            entry["pool"] = pool.spec
+        pool_maps = pool.maps if pool is not None else None
+        # finished folds are kept here, so that a stopped run resumes; the folder goes when this run lands
+        run.retire(RESUME_FOLDER)
         cnn_probabilities = cross_validate_cnn(data.maps, labels, config, folds, progress=progress,
-                                               pool_maps=pool_maps)
+                                               pool_maps=pool_maps, resume=run.file(RESUME_FOLDER))
         predictions = {"cnn": cnn_probabilities.argmax(1)}
         if baselines:
             predictions.update(baseline_predictions(data.maps, labels, folds, seed=config.seed, progress=progress))
@@ -148,6 +157,9 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
                                 "synthetic task only; retrain on a labeled set with: "
                                 "attnpat train --data <labeled set>")
         path = save_checkpoint(final.model, out, metadata)
+        default = run.file("classifier.safetensors")
+        if path.absolute() != default.absolute():  # an earlier run's checkpoint there would disagree with these tables
+            run.retire(default.name, default.with_suffix(".json").name)
         # the checkpoint is saved beside the tables, not through the run folder's writers
         entry.update(outputs=[str(path), str(path.with_suffix(".json"))], cnn_macro_f1=cnn["macro_f1"])
     return TrainingReport(wide_summary(score_frame), comparison)

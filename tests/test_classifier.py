@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -154,11 +156,11 @@ def test_training_is_reproducible_with_a_seed():
 
 
 def test_scores_on_the_maps_annotators_agreed_on():
-    labels = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 4])
+    labels = np.repeat(np.arange(5), 4)  # 2 folds need 4 maps per class (check_labels)
     predicted = labels.copy()
-    predicted[[1, 3]] = 4  # both errors fall on maps the annotators disagreed about
+    predicted[[1, 2, 5]] = 4  # every error falls on a map the annotators disagreed about
     agreed = np.ones(len(labels), bool)
-    agreed[[1, 3]] = False
+    agreed[[1, 2, 5]] = False
     folds = stratified_folds(labels, 2, seed=0)
     frame, _ = score_table({"model": predicted}, labels, folds, agreed)
     value = frame.set_index("metric").value
@@ -529,3 +531,29 @@ def test_profile_scalars_are_encoded_piecewise_linearly_with_fitted_edges(tmp_pa
     model.fit_profile_edges(images)
     path = save_checkpoint(model, tmp_path / "fitted.safetensors", METADATA)
     assert torch.equal(load_classifier(path, bf16=False).model.profile_edges, model.profile_edges)
+
+
+def test_a_checkpoint_gets_the_mode_the_umask_gives_every_output(random_checkpoint):
+    """safetensors' save_file made its own 0600 file in place of atomic_write's, unlike the .json and the tables."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for path in (random_checkpoint, random_checkpoint.with_suffix(".json")):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path
+
+
+def test_a_checkpoint_lands_whole_or_not_at_all(random_checkpoint, monkeypatch):
+    """The weights were renamed into place before the .json was written: a stop or a failure in between left new
+    weights beside the old .json (which load_checkpoint then refuses as disagreeing)."""
+    before = {path: path.read_bytes() for path in (random_checkpoint, random_checkpoint.with_suffix(".json"))}
+
+    def stopped(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", stopped)
+    torch.manual_seed(1)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(PatternCNN().eval(), random_checkpoint, {**METADATA, "trained_on": "other weights"})
+    monkeypatch.undo()
+    assert {path: path.read_bytes() for path in before} == before
+    assert sorted(path.name for path in random_checkpoint.parent.iterdir()) == sorted(path.name for path in before)
+    assert load_classifier(random_checkpoint).metadata["trained_on"] == "random weights (test)"

@@ -300,3 +300,87 @@ def test_real_minilm_with_the_shipped_classifier(tmp_path):
                              progress=False)
     assert patterns["count"].sum() == 3 * 6 * 12
     assert (patterns.groupby(["layer", "head"])["count"].sum() == 3).all()
+
+
+def test_train_needs_enough_maps_per_class_for_the_folds_and_early_stopping(tmp_path, capsys):
+    """2 maps per class in 2 folds left 1 per class in a fold's training part, none for its early-stopping split:
+    a torch.cat traceback after the work began."""
+    for count in (2, 3):
+        assert main(["train", "--data", f"synthetic:{count}", "--folds", "2", "--epochs", "2", "--no-baselines",
+                     "--runs-dir", str(tmp_path), "-q"]) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and error.startswith(
+            "error: every class needs at least 4 labeled maps for 2-fold cross-validation"), error
+    assert not any(tmp_path.iterdir())  # nothing written
+    assert main(["train", "--data", "synthetic:4", "--folds", "2", "--epochs", "1", "--no-baselines",
+                 "--runs-dir", str(tmp_path), "-q"]) == 0
+
+
+def test_train_checks_the_checkpoints_json_path_before_training(tmp_path, capsys, monkeypatch):
+    """Only the .safetensors path was checked: a .json path that could not be written failed after all the work,
+    leaving the new weights without it."""
+    import classifier.training_run as training_run  # noqa: PLC0415
+
+    forbid_before_out_is_checked(monkeypatch, training_run, "cross_validate_cnn")
+    out = tmp_path / "cnn.safetensors"
+    out.with_suffix(".json").mkdir()
+    assert main(["train", "--data", "synthetic:4", "--folds", "2", "--out", str(out), "--runs-dir",
+                 str(tmp_path / "runs"), "-q"]) == 2
+    assert "cnn.json: it is a folder" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_rerun_with_out_elsewhere_retires_the_run_folders_old_checkpoint(tmp_path):
+    """The run folder kept the first run's classifier.safetensors beside the second run's tables."""
+    folder = tmp_path / "runs" / "classifier" / "synthetic-4"
+    command = ["train", "--data", "synthetic:4", "--folds", "2", "--epochs", "1", "--no-baselines", "--runs-dir",
+               str(tmp_path / "runs"), "-q"]
+    assert main(command) == 0
+    assert (folder / "classifier.safetensors").is_file() and (folder / "classifier.json").is_file()
+    out = tmp_path / "elsewhere.safetensors"
+    assert main([*command, "--seed", "1", "--out", str(out)]) == 0
+    assert not (folder / "classifier.safetensors").exists() and not (folder / "classifier.json").exists()
+    assert out.is_file() and out.with_suffix(".json").is_file()
+    outputs = RunDir("classifier", "synthetic-4", tmp_path / "runs").manifest()["analyses"]["train"]["outputs"]
+    assert str(out) in outputs and "classifier.safetensors" not in outputs
+    assert main(command) == 0  # back to the default: it is written, not retired
+    assert (folder / "classifier.safetensors").is_file() and (folder / "classifier.json").is_file()
+
+
+def test_a_stopped_train_resumes_after_its_finished_folds_with_the_same_result(tmp_path, capsys, monkeypatch):
+    """Each finished fold's out-of-fold probabilities are kept in the run folder: a rerun does not train it again
+    and ends with the tables and weights of a run never stopped (before, the rerun started from scratch)."""
+    import classifier.train as train_module  # noqa: PLC0415
+    from classifier.training_run import RESUME_FOLDER  # noqa: PLC0415
+
+    real_fit, seeds = train_module.fit_with_pool, []
+
+    def recording_fit(images, labels, config, seed, *args, **kwargs):
+        seeds.append(seed)
+        if stop_at is not None and len(seeds) == stop_at:
+            raise KeyboardInterrupt  # Ctrl-C while the fold trains
+        return real_fit(images, labels, config, seed, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "fit_with_pool", recording_fit)
+    command = ["train", "--data", "synthetic:4", "--folds", "3", "--epochs", "2", "--seed", "5", "--no-baselines",
+               "-q"]
+    stop_at = None
+    assert main([*command, "--runs-dir", str(tmp_path / "whole")]) == 0
+    assert seeds == [5, 6, 7, 5]  # three folds (seed + fold) and the final fit
+    seeds.clear()
+    stop_at = 3  # after folds 0 and 1
+    assert main([*command, "--runs-dir", str(tmp_path / "stopped")]) == 130
+    assert "interrupted; rerun the same command to resume" in capsys.readouterr().err
+    folder = tmp_path / "stopped" / "classifier" / "synthetic-4"
+    assert len(list((folder / RESUME_FOLDER).glob("fold-*.npy"))) == 2 and not (folder / "cv_scores.csv").exists()
+    seeds.clear()
+    stop_at = None
+    assert main([*command, "--runs-dir", str(tmp_path / "stopped")]) == 0
+    assert seeds == [7, 5]  # only fold 2 and the final fit
+    assert not (folder / RESUME_FOLDER).exists()  # gone with the run's landing
+    whole = tmp_path / "whole" / "classifier" / "synthetic-4"
+    for name in ("cv_scores.csv", "cv_confusion.csv", "cv_predictions.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(folder / name), pd.read_csv(whole / name))
+    resumed = load_classifier(folder / "classifier.safetensors", bf16=False).model.state_dict()
+    for key, value in load_classifier(whole / "classifier.safetensors", bf16=False).model.state_dict().items():
+        assert torch.equal(value, resumed[key]), key

@@ -10,9 +10,10 @@ import torch
 from sklearn.metrics import f1_score
 
 import classifier.train as train
+from analysis.errors import AttnpatError
 from analysis.mapstore import maps_digest
 from analysis.patterns import CLASSES
-from analysis.rundir import RunDir
+from analysis.rundir import RunDir, locked
 from app.cli import main
 from app.cli_classify import train as train_verb
 from classifier.distill import UnlabeledPool, draw_pool, model_of, teacher_probabilities
@@ -21,6 +22,7 @@ from classifier.predict import load_classifier
 from classifier.synthetic import synthetic_dataset
 from classifier.train import TrainConfig, cross_validate_cnn, fit, predict_images, stratified_folds
 from classifier.training_run import TrainingData, train_pattern_cnn
+from tests.tiny import save_tiny_labeled_set
 
 
 def test_teacher_predicts_every_class_as_probabilities():
@@ -153,3 +155,65 @@ def test_train_verb_defaults_are_the_training_configs_defaults():
                                    ("pool_weight", "pool_weight"), ("pool_rounds", "pool_rounds"),
                                    ("class_weight_power", "class_weight_power"), ("image_dropout", "image_dropout")):
         assert options[verb_name] == getattr(config, config_name), verb_name
+
+
+def test_a_pool_of_weight_0_is_ignored_not_turned_into_nan_weights():
+    """Batches of pool maps only (weight sum 0) were a 0/0 loss: NaN weights, never better than epoch 0, whose
+    untrained network was then returned as the result."""
+    maps, labels = synthetic_dataset(4, np.random.default_rng(0), lengths=(6, 12))
+    pool_maps, _ = synthetic_dataset(40, np.random.default_rng(1), lengths=(6, 12))
+    pool = (prepare_maps(pool_maps), np.full((len(pool_maps), len(CLASSES)), 1.0 / len(CLASSES)))
+    result = fit(prepare_maps(maps), labels, TrainConfig(max_epochs=3, batch_size=8, pool_weight=0), seed=0, pool=pool)
+    assert result.best_epoch >= 1
+    assert all(torch.isfinite(tensor).all() for tensor in result.model.state_dict().values()
+               if tensor.is_floating_point())
+
+
+def test_a_loss_that_is_not_finite_stops_training_with_one_line():
+    maps, labels = synthetic_dataset(4, np.random.default_rng(0), lengths=(6, 12))
+    pool_maps, _ = synthetic_dataset(2, np.random.default_rng(1), lengths=(6, 12))
+    pool = (prepare_maps(pool_maps), np.full((len(pool_maps), len(CLASSES)), np.nan))
+    with pytest.raises(AttnpatError, match="training diverged: the loss became nan in epoch 1"):
+        fit(prepare_maps(maps), labels, TrainConfig(max_epochs=3, batch_size=64), seed=0, pool=pool)
+
+
+def test_train_checks_labels_folds_run_folder_and_lock_before_the_pool_is_drawn(tmp_path, capsys, monkeypatch):
+    """Drawing the pool loads a model and samples maps for about a minute: every input error comes first."""
+    import classifier.distill as distill  # noqa: PLC0415
+
+    def reached(*args, **kwargs):
+        raise AssertionError("the pool was drawn before the inputs were checked")
+
+    monkeypatch.setattr(distill, "draw_pool", reached)
+    few = save_tiny_labeled_set(tmp_path / "few", 2)
+    enough = save_tiny_labeled_set(tmp_path / "enough", 4)
+    empty = save_tiny_labeled_set(tmp_path / "empty", 2)
+    (empty / "labels.csv").write_text("map_id,label\n")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    runs, out = tmp_path / "runs", tmp_path / "cnn.safetensors"
+    cases = [([few, "--folds", "2"], "every class needs at least 4 labeled maps"),
+             ([enough, "--folds", "1"], "at least 2 folds"),
+             ([empty], "the training set is empty"),
+             ([enough, "--folds", "2", "--runs-dir", blocker / "runs"], "a-file is a file, not a folder")]
+    for arguments, message in cases:
+        arguments = ["train", "--data", *map(str, arguments), "--out", str(out), "-q"]
+        assert main(arguments + ([] if "--runs-dir" in arguments else ["--runs-dir", str(runs)])) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and message in error, error
+    with locked(RunDir("classifier", "enough", runs).file(".lock-train"), "another train"):
+        assert main(["train", "--data", str(enough), "--folds", "2", "--out", str(out), "--runs-dir", str(runs),
+                     "-q"]) == 2
+    assert "is being written by another attnpat process" in capsys.readouterr().err
+    assert not out.exists() and not list(runs.rglob("*.csv"))
+
+
+def test_a_pool_model_that_cannot_load_offline_names_the_pool_option(tmp_path, capsys, monkeypatch):
+    """The advice named --model, an option train does not have."""
+    monkeypatch.setattr("analysis.models.hub_reachable", lambda timeout=3.0: False)
+    labeled = save_tiny_labeled_set(tmp_path / "set", 4)
+    assert main(["train", "--data", str(labeled), "--folds", "2", "--pool", "4", "--pool-model",
+                 "nobody/not-a-cached-model", "--runs-dir", str(tmp_path / "runs"), "-q"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "offline, use --pool-model minilm" in error, error
+    assert not list((tmp_path / "runs").rglob("*.csv"))
