@@ -5,6 +5,7 @@ import time
 
 import typer
 
+from analysis.errors import StepStopped
 from app import demo as pipeline
 from app import options as opt
 
@@ -40,4 +41,6 @@ def demo(no_app: bool = typer.Option(False, "--no-app", help="run the pipeline o
     if no_app:
         return
     typer.echo(f"\nstarting the web app on http://{host}:{port} (Ctrl+C stops it)")
-    main(["app", "--host", host, "--port", str(port)] + (["--runs-dir", str(runs_dir)] if runs_dir else []))
+    code = main(["app", "--host", host, "--port", str(port)] + (["--runs-dir", str(runs_dir)] if runs_dir else []))
+    if code:  # the app has printed its error or stop line: the demo exits with its status (before, 0)
+        raise StepStopped(code)

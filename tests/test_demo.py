@@ -155,3 +155,26 @@ def test_a_second_demo_on_the_same_runs_folder_stops_before_any_step(workspace):
     assert fake.calls == [] and not (runs / demo.STATE_FILE).exists()
     demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
     assert fake.calls and not (runs / ".demo.lock").exists()
+
+
+@pytest.mark.parametrize(("serve", "code", "line"), [
+    ("fails", 2, "error: cannot serve on 127.0.0.1:7931 (address in use); pick another --port"),
+    ("terminated", 143, "terminated; rerun the same command to resume")])
+def test_the_demo_exits_with_the_web_apps_status(workspace, monkeypatch, capsys, serve, code, line):
+    """The app failing to serve, or stopped while serving, is the demo's exit status too (before, 0)."""
+    import app.webapp  # noqa: PLC0415 (gradio: only this test serves)
+
+    class Served:
+        def block_thread(self):
+            raise Terminated()
+
+    def launch(host, port, *args, **kwargs):
+        if serve == "fails":
+            raise AttnpatError(f"cannot serve on {host}:{port} (address in use); pick another --port")
+        return Served(), type("Web", (), {"runs": type("Runs", (), {"root": workspace})})()
+
+    monkeypatch.setattr(demo, "run_pipeline", lambda *args, **kwargs: [])
+    monkeypatch.setattr(app.webapp, "launch", launch)
+    assert main(["demo", "--quick", "-q", "--only", "overview", "--port", "7931",
+                 "--runs-dir", str(workspace / "runs")]) == code
+    assert capsys.readouterr().err.strip() == line
