@@ -29,6 +29,8 @@ def demo(no_app: bool = typer.Option(False, "--no-app", help="run the pipeline o
 
     sizes = pipeline.QUICK if quick else pipeline.FULL
     wanted = [verb.strip() for verb in only.split(",") if verb.strip()] if only else None
+    if not no_app:  # a port or host the app cannot use is an error now, not after the whole pipeline
+        opt.check_address(host, port, free=True)
     started = time.time()
     records = pipeline.with_environment(pipeline.offline_environment(), lambda: pipeline.run_pipeline(
         main, sizes=sizes, runs_dir=runs_dir, only=wanted, force=force, quiet=quiet, echo=typer.echo))

@@ -2,6 +2,7 @@
 (the commands themselves are replaced by a fake that writes the expected outputs)."""
 import json
 import os
+import socket
 
 import pytest
 
@@ -158,7 +159,7 @@ def test_a_second_demo_on_the_same_runs_folder_stops_before_any_step(workspace):
 
 
 @pytest.mark.parametrize(("serve", "code", "line"), [
-    ("fails", 2, "error: cannot serve on 127.0.0.1:7931 (address in use); pick another --port"),
+    ("fails", 2, "error: cannot serve on 127.0.0.1:{port} (address in use); pick another --port"),
     ("terminated", 143, "terminated; rerun the same command to resume")])
 def test_the_demo_exits_with_the_web_apps_status(workspace, monkeypatch, capsys, serve, code, line):
     """The app failing to serve, or stopped while serving, is the demo's exit status too (before, 0)."""
@@ -175,6 +176,29 @@ def test_the_demo_exits_with_the_web_apps_status(workspace, monkeypatch, capsys,
 
     monkeypatch.setattr(demo, "run_pipeline", lambda *args, **kwargs: [])
     monkeypatch.setattr(app.webapp, "launch", launch)
-    assert main(["demo", "--quick", "-q", "--only", "overview", "--port", "7931",
+    with socket.socket() as probe:  # a port free when the demo checks it, taken (says the fake) when it serves
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert main(["demo", "--quick", "-q", "--only", "overview", "--port", str(port),
                  "--runs-dir", str(workspace / "runs")]) == code
-    assert capsys.readouterr().err.strip() == line
+    assert capsys.readouterr().err.strip() == line.format(port=port)
+
+
+def test_a_port_or_host_the_app_cannot_use_stops_the_demo_before_its_first_step(workspace, monkeypatch, capsys):
+    """Checked before the pipeline, not after every step has run (the port in use: a bind tried at once)."""
+    ran = []
+    monkeypatch.setattr(demo, "run_pipeline", lambda *args, **kwargs: ran.append(args) or [])
+    runs = ["--runs-dir", str(workspace / "runs")]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for options, line in ((["--port", "99999"], "error: port must be between 1 and 65535, got 99999"),
+                              (["--port", str(port)], f"error: cannot serve on 127.0.0.1:{port} (address already "
+                                                      "in use); pick another --port"),
+                              (["--host", "999.1.1.1"], "error: --host 999.1.1.1 is not a host name or address")):
+            assert main(["demo", "--quick", "-q", *options, *runs]) == 2
+            assert capsys.readouterr().err.strip().startswith(line)
+    assert ran == []
+    assert main(["demo", "--quick", "-q", "--no-app", "--port", "99999", *runs]) == 0  # no app, no port to check
+    assert len(ran) == 1
