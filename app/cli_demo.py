@@ -5,7 +5,7 @@ import time
 
 import typer
 
-from analysis.errors import StepStopped
+from analysis.errors import AttnpatError, StepStopped
 from app import demo as pipeline
 from app import options as opt
 
@@ -28,7 +28,10 @@ def demo(no_app: bool = typer.Option(False, "--no-app", help="run the pipeline o
     from app.cli import main  # noqa: PLC0415 (app.cli imports this module to register the verb)
 
     sizes = pipeline.QUICK if quick else pipeline.FULL
-    wanted = [verb.strip() for verb in only.split(",") if verb.strip()] if only else None
+    wanted = [verb.strip() for verb in only.split(",") if verb.strip()] if only is not None else None
+    if wanted == []:  # `--only ,` or `--only ""`: not the whole pipeline
+        steps = ", ".join(dict.fromkeys(step.verb for step in pipeline.pipeline(sizes)))
+        raise AttnpatError(f"--only names no demo step; give one or more of: {steps}")
     if not no_app:  # a port or host the app cannot use is an error now, not after the whole pipeline
         opt.check_address(host, port, free=True)
     started = time.time()

@@ -202,3 +202,15 @@ def test_a_port_or_host_the_app_cannot_use_stops_the_demo_before_its_first_step(
     assert ran == []
     assert main(["demo", "--quick", "-q", "--no-app", "--port", "99999", *runs]) == 0  # no app, no port to check
     assert len(ran) == 1
+
+
+@pytest.mark.parametrize("only", [",", "", " , "])
+def test_only_naming_no_step_is_one_error_line(workspace, monkeypatch, capsys, only):
+    """Before, `--only ,` ran the whole pipeline."""
+    ran = []
+    monkeypatch.setattr(demo, "run_pipeline", lambda *args, **kwargs: ran.append(args) or [])
+    assert main(["demo", "--quick", "--no-app", "--only", only, "--runs-dir", str(workspace / "runs")]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --only names no demo step; give one or more of: finetune, "
+                                               "overview, classify, compare, special, disable, importance, prune, "
+                                               "surface, cluster, probe-dep, probe-coref")
+    assert ran == []
