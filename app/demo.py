@@ -238,8 +238,9 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
             if missing:  # e.g. a store model of another base, whose `special` writes elsewhere
                 raise AttnpatError(f"demo step `{step.command}` finished without writing {missing[0]}")
             state = read_state(root)
-            state[step.command] = {"inputs": step_fingerprint(step, packages),  # a fine-tune changes its model's
-                                   "outputs": output_digests(step, root)}
+            # the inputs as the step found them: a model replaced while it ran (`finetune --force` elsewhere) is
+            # not the one it read, so the step reruns. The fine-tune's own model is an output, not among its inputs
+            state[step.command] = {"inputs": fingerprint, "outputs": output_digests(step, root)}
             atomic_write_json(root / STATE_FILE, state)
             echo(f"[{number}/{len(steps)}] done in {duration(seconds)}; total {duration(time.time() - started)}")
             records.append({"title": step.title, "command": step.command, "status": "run",

@@ -7,6 +7,7 @@ import socket
 import pytest
 
 from analysis.errors import AttnpatError, StepStopped, Terminated
+from analysis.finetune import is_finished
 from analysis.rundir import locked
 from app import cli_core, demo
 from app.cli import main
@@ -20,20 +21,35 @@ def workspace(tmp_path, monkeypatch):
 
 class FakeCommands:
     """Stands in for app.cli.main: records each argv and writes the step's outputs (a fine-tune writes its
-    model's attnpat.json with a new training id, as a real one would)."""
+    model's attnpat.json with a new training id and the settings of its argv, as a real one would, and keeps a
+    finished model unless --force)."""
 
     def __init__(self, root, sizes):
         self.root, self.sizes, self.calls, self.trainings = root, sizes, [], 0
 
+    def meta(self, training, argv):
+        """A store model's attnpat.json as `attnpat finetune <argv>` writes it (the parts the demo reads)."""
+        def value(option):
+            return argv[argv.index(option) + 1]
+
+        recipe = {"learning_rate": float(value("--lr")), "batch_size": 32, "epochs": int(value("--epochs")),
+                  "max_length": 128, "warmup_ratio": 0.1, "weight_decay": 0.01, "seed": 0}
+        return {"training": training, "base_model": value("--model"), "task": value("--task"),
+                "metric": "accuracy", "metric_value": 0.5, "scores": {"accuracy": 0.5, "f1": 0.6},
+                "split": {"mode": "train/validation", "n_train": int(value("--n")), "n_eval": 872},
+                "epochs": recipe["epochs"], "learning_rate": recipe["learning_rate"], "recipe": recipe,
+                "n_eval": 872, "steps": 2, "elapsed_seconds": 1.0}
+
     def __call__(self, argv):
         self.calls.append(argv)
         step = next(step for step in demo.pipeline(self.sizes) if tuple(argv[:len(step.argv)]) == step.argv)
-        if step.verb == "finetune":
+        folder = self.root.parent / "models" / self.sizes.name
+        if step.verb == "finetune" and ("--force" in argv or not is_finished(folder)):
             self.trainings += 1
-            folder = self.root.parent / "models" / self.sizes.name
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "config.json").write_text("{}")
-            (folder / "attnpat.json").write_text(json.dumps({"training": self.trainings}))
+            (folder / "attnpat.json").write_text(json.dumps(self.meta(self.trainings, argv)))
+            (folder / ".force-pending").unlink(missing_ok=True)
         for output in step.outputs:
             path = self.root / output  # absolute for the model's attnpat.json, written above
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,6 +110,27 @@ def test_missing_outputs_or_a_new_model_rerun_what_depends_on_them(workspace):
     (workspace / "models" / demo.QUICK.name / ".force-pending").touch()
     demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None, only=["finetune"])
     assert fake.calls[0][0] == "finetune" and "--force" not in fake.calls[0]
+
+
+def test_a_model_replaced_during_a_step_makes_that_step_run_again(workspace):
+    """A step is recorded with the model it read, not one that replaced it while it ran (before, `disable` was
+    recorded as done on the new model it never saw, and skipped)."""
+    runs = workspace / "runs"
+    fake = FakeCommands(runs, demo.QUICK)
+    meta = workspace / "models" / demo.QUICK.name / "attnpat.json"
+
+    def replaced_during_disable(argv):  # `finetune --force` with the same settings, run by hand meanwhile
+        code = fake(argv)
+        if argv[0] == "disable":
+            meta.write_text(json.dumps(fake.meta("by hand", list(demo.pipeline(demo.QUICK)[0].argv))))
+        return code
+
+    demo.run_pipeline(replaced_during_disable, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
+    fake.calls.clear()
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
+    # compare, special and disable read the old model: they rerun; importance and prune read the new one
+    assert verbs(fake.calls) == ["finetune", "compare", "special", "disable"]
+    assert "--force" not in fake.calls[0] and fake.trainings == 1  # the finished model is kept
 
 
 def test_force_and_only(workspace):
