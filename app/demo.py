@@ -202,7 +202,7 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
     """Run the steps (``only``: these verbs) through ``run_command(argv) -> exit code``; skip the ones whose
     outputs exist and whose inputs are unchanged, unless ``force``. Returns one record per step (title,
     command, status run|skipped, seconds)."""
-    from analysis.finetune import is_finished as finished_model  # noqa: PLC0415 (torch training, for one step)
+    from analysis import finetune as ft  # noqa: PLC0415 (torch training, for one step)
 
     root = runs_root(runs_dir)
     steps = [step for step in pipeline(sizes) if not only or step.verb in only]
@@ -224,11 +224,24 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
                 records.append({"title": step.title, "command": step.command, "status": "skipped", "seconds": 0.0})
                 continue
             step_started = time.time()
-            argv = list(step.argv)
-            if step.verb == "finetune" and finished_model(model_store() / sizes.name) and (
-                    force or not outputs_exist(step, root)):
-                argv.append("--force")  # a finished model whose run record is gone (or --force): train it again
-            code = run_command(argv + extra)
+            argv, code = list(step.argv), None
+            if step.verb == "finetune" and ft.is_finished(model_store() / sizes.name):
+                # the step's settings (the verb's defaults for the rest: Recipe's)
+                other = ft.other_settings(sizes.name, BASE, TASK, ft.Recipe(
+                    learning_rate=sizes.finetune_lr, epochs=sizes.finetune_epochs), sizes.finetune_n)
+                if other:  # e.g. a `finetune` by hand into the demo's name: `finetune` alone would keep it
+                    echo(f"the model store's {sizes.name} is not the demo's fine-tune ({other}): training it again")
+                if force or other:
+                    argv.append("--force")
+                elif not outputs_exist(step, root):
+                    # this model, seeded, in the store; only this runs folder (another --runs-dir) lacks its
+                    # evaluation: written from the store's record, not trained again
+                    ft.write_eval_record(sizes.name, TASK, root)
+                    echo(f"{sizes.name} is fine-tuned with these settings: its evaluation written from the model "
+                         "store")
+                    code = 0
+            if code is None:
+                code = run_command(argv + extra)
             if code in (INTERRUPTED_EXIT, TERMINATED_EXIT):  # the step was stopped and said so: so is the demo
                 raise StepStopped(code)
             if code != 0:

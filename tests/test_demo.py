@@ -4,6 +4,7 @@ import json
 import os
 import socket
 
+import pandas as pd
 import pytest
 
 from analysis.errors import AttnpatError, StepStopped, Terminated
@@ -98,11 +99,15 @@ def test_missing_outputs_or_a_new_model_rerun_what_depends_on_them(workspace):
     demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
     assert fake.calls == []
 
-    # the fine-tuned model's run record is gone: it is trained again (--force), and every step reading it reruns
+    # the fine-tuned model's run record is gone: written again from the store (tests below), the model kept
     fake.calls.clear()
     os.remove(runs / demo.QUICK.name / "sst2" / "finetune_eval.csv")
     demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
+    assert fake.calls == [] and fake.trainings == 1
+    # --force trains it again, and every step reading it reruns
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None, only=["finetune"], force=True)
     assert fake.calls[0][0] == "finetune" and "--force" in fake.calls[0]
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
     assert verbs(fake.calls) == ["finetune", "compare", "special", "disable", "importance", "prune"]
     # that retraining stopped midway (its model marked pending): the rerun resumes it, without --force
     fake.calls.clear()
@@ -131,6 +136,48 @@ def test_a_model_replaced_during_a_step_makes_that_step_run_again(workspace):
     # compare, special and disable read the old model: they rerun; importance and prune read the new one
     assert verbs(fake.calls) == ["finetune", "compare", "special", "disable"]
     assert "--force" not in fake.calls[0] and fake.trainings == 1  # the finished model is kept
+
+
+def test_a_new_runs_folder_reuses_the_finished_fine_tune_of_the_same_settings(workspace):
+    """A second --runs-dir (or runs/ removed) gets the evaluation table from the store's record; before, the
+    shared model was trained again with --force."""
+    fake, lines = FakeCommands(workspace / "runs", demo.QUICK), []
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=workspace / "runs", echo=lambda line: None)
+    fake.calls.clear()
+    other = workspace / "other-runs"
+    demo.run_pipeline(FakeCommands(other, demo.QUICK), sizes=demo.QUICK, runs_dir=other, only=["finetune"],
+                      echo=lines.append)
+    assert fake.trainings == 1 and (workspace / "models" / demo.QUICK.name / "attnpat.json").is_file()
+    table = pd.read_csv(other / demo.QUICK.name / "sst2" / "finetune_eval.csv").set_index("metric").value
+    assert table["accuracy"] == 0.5 and table["n_eval"] == 872  # the store model's scores
+    manifest = json.loads((other / demo.QUICK.name / "sst2" / "manifest.json").read_text())
+    assert "finetune_eval.csv" in json.dumps(manifest)
+    assert any("its evaluation written from the model store" in line for line in lines)
+    # recorded as done: the next demo skips it
+    again = FakeCommands(other, demo.QUICK)
+    demo.run_pipeline(again, sizes=demo.QUICK, runs_dir=other, only=["finetune"], echo=lambda line: None)
+    assert again.calls == []
+
+
+@pytest.mark.parametrize("option", ["--n", "--lr", "--epochs"])
+def test_a_store_model_of_other_settings_is_not_taken_for_the_demos_fine_tune(workspace, option):
+    """`attnpat finetune --n 32 ... --name minilm-sst2-demo-quick --force` by hand: the demo trains its own
+    (--force), in a runs folder with or without an evaluation record (before, it said "already fine-tuned")."""
+    runs = workspace / "runs"
+    fake, lines = FakeCommands(runs, demo.QUICK), []
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, only=["finetune"], echo=lambda line: None)
+    by_hand = list(demo.pipeline(demo.QUICK)[0].argv)
+    by_hand[by_hand.index(option) + 1] = {"--n": "32", "--lr": "0.001", "--epochs": "2"}[option]
+    for removed in (False, True):
+        (workspace / "models" / demo.QUICK.name / "attnpat.json").write_text(json.dumps(fake.meta("by hand", by_hand)))
+        if removed:
+            os.remove(runs / demo.QUICK.name / "sst2" / "finetune_eval.csv")
+        fake.calls.clear()
+        demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, only=["finetune"], echo=lines.append)
+        assert len(fake.calls) == 1 and "--force" in fake.calls[0]
+        meta = json.loads((workspace / "models" / demo.QUICK.name / "attnpat.json").read_text())
+        assert meta["split"]["n_train"] == demo.QUICK.finetune_n and meta["recipe"]["epochs"] == 1
+    assert any("is not the demo's fine-tune (it was trained with " in line for line in lines)
 
 
 def test_force_and_only(workspace):
