@@ -277,7 +277,9 @@ def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
     tuned_dir, wiki_dir = root / tuned / TASK, root / BASE / "wiki"
 
     def explore() -> str:
-        return f"the live attention grid of the example sentence on {BASE} (models to pick: {BASE}, {tuned})"
+        # the fine-tune is offered only once it is in the store (its step skipped by --only, or failed: not)
+        models = [BASE] + [tuned] * (model_store() / tuned / "config.json").is_file()
+        return f"the live attention grid of the example sentence on {BASE} (models to pick: {', '.join(models)})"
 
     def patterns() -> str:
         ratios = _csv(root / BASE / "all" / "pattern_ratios_by_task.csv")
@@ -344,7 +346,8 @@ def tab_summary(runs_dir: Path | None = None, sizes: Sizes = FULL) -> list[str]:
         try:
             lines.append(f"{tab}: {describe()}")
         except (OSError, KeyError, ValueError, IndexError, TypeError) as exc:
-            lines.append(f"{tab}: incomplete ({type(exc).__name__}: {exc}); rerun `attnpat demo`")
+            lines.append(f"{tab}: incomplete ({type(exc).__name__}: {exc}); rerun `attnpat demo"
+                         f"{' --quick' if sizes == QUICK else ''}`")
     return lines
 
 

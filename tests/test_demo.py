@@ -180,6 +180,16 @@ def test_a_store_model_of_other_settings_is_not_taken_for_the_demos_fine_tune(wo
     assert any("is not the demo's fine-tune (it was trained with " in line for line in lines)
 
 
+@pytest.mark.parametrize(("sizes", "rerun"), [(demo.QUICK, "attnpat demo --quick"), (demo.FULL, "attnpat demo")])
+def test_the_summary_names_only_models_that_exist_and_the_rerun_that_fills_the_tabs(workspace, sizes, rerun):
+    """Before, Explore listed the fine-tune before it existed, and the hint said `attnpat demo` after --quick."""
+    lines = demo.tab_summary(workspace / "runs", sizes)
+    assert lines[0].endswith("(models to pick: minilm)")
+    assert all(line.endswith(f"rerun `{rerun}`") for line in lines if "incomplete" in line) and len(lines) > 1
+    FakeCommands(workspace / "runs", sizes)(list(demo.pipeline(sizes)[0].argv))
+    assert demo.tab_summary(workspace / "runs", sizes)[0].endswith(f"(models to pick: minilm, {sizes.name})")
+
+
 def test_force_and_only(workspace):
     runs = workspace / "runs"
     fake = FakeCommands(runs, demo.QUICK)
