@@ -11,9 +11,10 @@ class Terminated(BaseException):
 
 
 class StepStopped(BaseException):
-    """A verb run inside another (a demo step) was stopped by Ctrl-C or SIGTERM and has printed its stop line:
-    the outer command exits with the same code (130 or 143) and says nothing more. Not a KeyboardInterrupt,
-    which click would turn into an abort of its own."""
+    """A verb run inside another (a demo step, the demo's web app) was stopped by Ctrl-C or SIGTERM and has
+    printed its stop line, or failed and printed its error line: the outer command exits with the same code
+    (130, 143 or 2) and says nothing more. Not a KeyboardInterrupt, which click would turn into an abort of
+    its own."""
 
     def __init__(self, code: int):
         super().__init__(code)

@@ -402,6 +402,34 @@ def eval_table(meta: dict):
     return pd.DataFrame(rows, columns=["metric", "value"])
 
 
+def other_settings(name: str, base: str, task: str, recipe: Recipe, n_train: int) -> str | None:
+    """How the finished store model ``name`` differs from what `finetune` of ``base`` on ``task`` with ``recipe``
+    on a seeded sample of ``n_train`` training examples (no --split-dev) would train; None when it does not
+    (training is seeded: the same settings train the same model)."""
+    meta = _read_meta(model_store() / name)
+    other = _made_otherwise(meta, base, task)
+    if other:
+        return other
+    split, stored = (meta.get(key) if isinstance(meta.get(key), dict) else {} for key in ("split", "recipe"))
+    recorded = {**stored, "split": split.get("mode"), "n_train": split.get("n_train")}
+    wanted = {**asdict(recipe), "split": "train/validation", "n_train": n_train}
+    differing = [f"{key} {recorded.get(key)}, not {value}" for key, value in wanted.items()
+                 if recorded.get(key) != value]
+    return f"it was trained with {'; '.join(differing)}" if differing else None
+
+
+def write_eval_record(name: str, task: str, runs_dir: str | Path | None = None) -> dict:
+    """Write runs/<name>/<task>/finetune_eval.csv and its manifest entry from the finished store model's
+    attnpat.json, as its fine-tune did (for a runs folder that lacks them); returns that metadata."""
+    path = model_store() / name
+    meta = _read_meta(path)
+    run = RunDir(name, task, runs_dir)
+    with run.record("finetune", store=str(path), from_store=True) as entry:
+        run.write_table("finetune_eval", eval_table(meta))
+        entry.update({key: meta[key] for key in ("split", "recipe", "metric", "metric_value") if key in meta})
+    return meta
+
+
 def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | None = None,
              split_dev: bool = False, train_share: float = 0.5, n_train: int | None = None, force: bool = False,
              checkpoint_every: int = 50, progress: bool = True, device: str | None = None,

@@ -5,6 +5,7 @@ import time
 
 import typer
 
+from analysis.errors import AttnpatError, StepStopped
 from app import demo as pipeline
 from app import options as opt
 
@@ -27,7 +28,12 @@ def demo(no_app: bool = typer.Option(False, "--no-app", help="run the pipeline o
     from app.cli import main  # noqa: PLC0415 (app.cli imports this module to register the verb)
 
     sizes = pipeline.QUICK if quick else pipeline.FULL
-    wanted = [verb.strip() for verb in only.split(",") if verb.strip()] if only else None
+    wanted = [verb.strip() for verb in only.split(",") if verb.strip()] if only is not None else None
+    if wanted == []:  # `--only ,` or `--only ""`: not the whole pipeline
+        steps = ", ".join(dict.fromkeys(step.verb for step in pipeline.pipeline(sizes)))
+        raise AttnpatError(f"--only names no demo step; give one or more of: {steps}")
+    if not no_app:  # a port or host the app cannot use is an error now, not after the whole pipeline
+        opt.check_address(host, port, free=True)
     started = time.time()
     records = pipeline.with_environment(pipeline.offline_environment(), lambda: pipeline.run_pipeline(
         main, sizes=sizes, runs_dir=runs_dir, only=wanted, force=force, quiet=quiet, echo=typer.echo))
@@ -40,4 +46,6 @@ def demo(no_app: bool = typer.Option(False, "--no-app", help="run the pipeline o
     if no_app:
         return
     typer.echo(f"\nstarting the web app on http://{host}:{port} (Ctrl+C stops it)")
-    main(["app", "--host", host, "--port", str(port)] + (["--runs-dir", str(runs_dir)] if runs_dir else []))
+    code = main(["app", "--host", host, "--port", str(port)] + (["--runs-dir", str(runs_dir)] if runs_dir else []))
+    if code:  # the app has printed its error or stop line: the demo exits with its status (before, 0)
+        raise StepStopped(code)

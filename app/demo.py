@@ -202,7 +202,7 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
     """Run the steps (``only``: these verbs) through ``run_command(argv) -> exit code``; skip the ones whose
     outputs exist and whose inputs are unchanged, unless ``force``. Returns one record per step (title,
     command, status run|skipped, seconds)."""
-    from analysis.finetune import is_finished as finished_model  # noqa: PLC0415 (torch training, for one step)
+    from analysis import finetune as ft  # noqa: PLC0415 (torch training, for one step)
 
     root = runs_root(runs_dir)
     steps = [step for step in pipeline(sizes) if not only or step.verb in only]
@@ -224,11 +224,24 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
                 records.append({"title": step.title, "command": step.command, "status": "skipped", "seconds": 0.0})
                 continue
             step_started = time.time()
-            argv = list(step.argv)
-            if step.verb == "finetune" and finished_model(model_store() / sizes.name) and (
-                    force or not outputs_exist(step, root)):
-                argv.append("--force")  # a finished model whose run record is gone (or --force): train it again
-            code = run_command(argv + extra)
+            argv, code = list(step.argv), None
+            if step.verb == "finetune" and ft.is_finished(model_store() / sizes.name):
+                # the step's settings (the verb's defaults for the rest: Recipe's)
+                other = ft.other_settings(sizes.name, BASE, TASK, ft.Recipe(
+                    learning_rate=sizes.finetune_lr, epochs=sizes.finetune_epochs), sizes.finetune_n)
+                if other:  # e.g. a `finetune` by hand into the demo's name: `finetune` alone would keep it
+                    echo(f"the model store's {sizes.name} is not the demo's fine-tune ({other}): training it again")
+                if force or other:
+                    argv.append("--force")
+                elif not outputs_exist(step, root):
+                    # this model, seeded, in the store; only this runs folder (another --runs-dir) lacks its
+                    # evaluation: written from the store's record, not trained again
+                    ft.write_eval_record(sizes.name, TASK, root)
+                    echo(f"{sizes.name} is fine-tuned with these settings: its evaluation written from the model "
+                         "store")
+                    code = 0
+            if code is None:
+                code = run_command(argv + extra)
             if code in (INTERRUPTED_EXIT, TERMINATED_EXIT):  # the step was stopped and said so: so is the demo
                 raise StepStopped(code)
             if code != 0:
@@ -238,8 +251,9 @@ def run_pipeline(run_command: Callable[[list[str]], int], *, sizes: Sizes = FULL
             if missing:  # e.g. a store model of another base, whose `special` writes elsewhere
                 raise AttnpatError(f"demo step `{step.command}` finished without writing {missing[0]}")
             state = read_state(root)
-            state[step.command] = {"inputs": step_fingerprint(step, packages),  # a fine-tune changes its model's
-                                   "outputs": output_digests(step, root)}
+            # the inputs as the step found them: a model replaced while it ran (`finetune --force` elsewhere) is
+            # not the one it read, so the step reruns. The fine-tune's own model is an output, not among its inputs
+            state[step.command] = {"inputs": fingerprint, "outputs": output_digests(step, root)}
             atomic_write_json(root / STATE_FILE, state)
             echo(f"[{number}/{len(steps)}] done in {duration(seconds)}; total {duration(time.time() - started)}")
             records.append({"title": step.title, "command": step.command, "status": "run",
@@ -263,7 +277,9 @@ def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
     tuned_dir, wiki_dir = root / tuned / TASK, root / BASE / "wiki"
 
     def explore() -> str:
-        return f"the live attention grid of the example sentence on {BASE} (models to pick: {BASE}, {tuned})"
+        # the fine-tune is offered only once it is in the store (its step skipped by --only, or failed: not)
+        models = [BASE] + [tuned] * (model_store() / tuned / "config.json").is_file()
+        return f"the live attention grid of the example sentence on {BASE} (models to pick: {', '.join(models)})"
 
     def patterns() -> str:
         ratios = _csv(root / BASE / "all" / "pattern_ratios_by_task.csv")
@@ -330,7 +346,8 @@ def tab_summary(runs_dir: Path | None = None, sizes: Sizes = FULL) -> list[str]:
         try:
             lines.append(f"{tab}: {describe()}")
         except (OSError, KeyError, ValueError, IndexError, TypeError) as exc:
-            lines.append(f"{tab}: incomplete ({type(exc).__name__}: {exc}); rerun `attnpat demo`")
+            lines.append(f"{tab}: incomplete ({type(exc).__name__}: {exc}); rerun `attnpat demo"
+                         f"{' --quick' if sizes == QUICK else ''}`")
     return lines
 
 

@@ -1,12 +1,14 @@
 """Shared CLI options, so every verb spells --model, --task, --n ... the same way."""
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import typer
 
 from analysis.cluster import LOCAL
 from analysis.data import check_n
+from analysis.errors import AttnpatError, os_error_reason
 from analysis.mapkinds import check_map_kind
 from analysis.models import DEFAULT_MODEL
 from analysis.stream import DEFAULT_MAX_LENGTH, check_batch_size
@@ -74,6 +76,26 @@ def with_ray_default(args: list[str]) -> list[str]:
         if arg == "--ray" and (k + 1 == len(args) or args[k + 1].startswith("-")):
             filled.append(LOCAL)
     return filled
+
+
+def check_address(host: str, port: int, *, free: bool = False) -> None:
+    """An AttnpatError unless the web app could listen on host:port: a port in range, a host that resolves and,
+    with ``free``, a port nobody holds (a cheap bind, for checks made long before the app serves)."""
+    if not 0 < int(port) < 65536:
+        raise AttnpatError(f"port must be between 1 and 65535, got {port}")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise AttnpatError(f"--host {host} is not a host name or address ({exc})") from exc
+    if free:
+        with socket.socket(family, kind, proto) as probe:
+            # as the server binds: a connection of an earlier app lingering in TIME_WAIT does not hold the port
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise AttnpatError(f"cannot serve on {host}:{port} ({os_error_reason(exc)}); "
+                                   "pick another --port") from exc
 
 
 OptionalPath = Path | None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from app.classifier_card import classifier_card, read_metadata  # noqa: E402
 from app.display import display_table  # noqa: E402
 from app.explore import MAX_LIVE_TOKENS, LiveExplorer, ModelCache, class_table  # noqa: E402
 from app.jobs import BatchJobs, Job, cli_verbs  # noqa: E402
+from app.options import check_address  # noqa: E402
 from app.run_browser import FIGURE_LOCK, ArtifactView, RunBrowser, Scratch, slug_label  # noqa: E402
 
 log = logging.getLogger("attnpat.webapp")
@@ -510,12 +510,7 @@ def warm_up(web: WebApp, model: str = DEFAULT_MODEL) -> None:
 def launch(host: str = "127.0.0.1", port: int = 7860, runs_dir: str | Path | None = None, *, block: bool = True,
            explorer: LiveExplorer | None = None, quiet: bool = False, warm: bool = True, allow_any_model: bool = False):
     """Serve the app on host:port (offline: no analytics, no share link). Returns (demo, web) when not blocking."""
-    if not 0 < int(port) < 65536:
-        raise AttnpatError(f"port must be between 1 and 65535, got {port}")
-    try:  # before the models load; an unknown host would otherwise surface as a port error after them
-        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise AttnpatError(f"--host {host} is not a host name or address ({exc})") from exc
+    check_address(host, port)  # before the models load; an unknown host would otherwise surface as a port error
     # Live inputs are small: one thread per request, several requests in parallel, beats every request
     # fighting over all cores (bench/bench_explore.py: 0.1-0.3 s with 1 thread vs 2+ s with 2 on a busy machine).
     torch.set_num_threads(1)

@@ -2,10 +2,13 @@
 (the commands themselves are replaced by a fake that writes the expected outputs)."""
 import json
 import os
+import socket
 
+import pandas as pd
 import pytest
 
 from analysis.errors import AttnpatError, StepStopped, Terminated
+from analysis.finetune import is_finished
 from analysis.rundir import locked
 from app import cli_core, demo
 from app.cli import main
@@ -19,20 +22,35 @@ def workspace(tmp_path, monkeypatch):
 
 class FakeCommands:
     """Stands in for app.cli.main: records each argv and writes the step's outputs (a fine-tune writes its
-    model's attnpat.json with a new training id, as a real one would)."""
+    model's attnpat.json with a new training id and the settings of its argv, as a real one would, and keeps a
+    finished model unless --force)."""
 
     def __init__(self, root, sizes):
         self.root, self.sizes, self.calls, self.trainings = root, sizes, [], 0
 
+    def meta(self, training, argv):
+        """A store model's attnpat.json as `attnpat finetune <argv>` writes it (the parts the demo reads)."""
+        def value(option):
+            return argv[argv.index(option) + 1]
+
+        recipe = {"learning_rate": float(value("--lr")), "batch_size": 32, "epochs": int(value("--epochs")),
+                  "max_length": 128, "warmup_ratio": 0.1, "weight_decay": 0.01, "seed": 0}
+        return {"training": training, "base_model": value("--model"), "task": value("--task"),
+                "metric": "accuracy", "metric_value": 0.5, "scores": {"accuracy": 0.5, "f1": 0.6},
+                "split": {"mode": "train/validation", "n_train": int(value("--n")), "n_eval": 872},
+                "epochs": recipe["epochs"], "learning_rate": recipe["learning_rate"], "recipe": recipe,
+                "n_eval": 872, "steps": 2, "elapsed_seconds": 1.0}
+
     def __call__(self, argv):
         self.calls.append(argv)
         step = next(step for step in demo.pipeline(self.sizes) if tuple(argv[:len(step.argv)]) == step.argv)
-        if step.verb == "finetune":
+        folder = self.root.parent / "models" / self.sizes.name
+        if step.verb == "finetune" and ("--force" in argv or not is_finished(folder)):
             self.trainings += 1
-            folder = self.root.parent / "models" / self.sizes.name
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "config.json").write_text("{}")
-            (folder / "attnpat.json").write_text(json.dumps({"training": self.trainings}))
+            (folder / "attnpat.json").write_text(json.dumps(self.meta(self.trainings, argv)))
+            (folder / ".force-pending").unlink(missing_ok=True)
         for output in step.outputs:
             path = self.root / output  # absolute for the model's attnpat.json, written above
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,11 +99,15 @@ def test_missing_outputs_or_a_new_model_rerun_what_depends_on_them(workspace):
     demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
     assert fake.calls == []
 
-    # the fine-tuned model's run record is gone: it is trained again (--force), and every step reading it reruns
+    # the fine-tuned model's run record is gone: written again from the store (tests below), the model kept
     fake.calls.clear()
     os.remove(runs / demo.QUICK.name / "sst2" / "finetune_eval.csv")
     demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
+    assert fake.calls == [] and fake.trainings == 1
+    # --force trains it again, and every step reading it reruns
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None, only=["finetune"], force=True)
     assert fake.calls[0][0] == "finetune" and "--force" in fake.calls[0]
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
     assert verbs(fake.calls) == ["finetune", "compare", "special", "disable", "importance", "prune"]
     # that retraining stopped midway (its model marked pending): the rerun resumes it, without --force
     fake.calls.clear()
@@ -93,6 +115,79 @@ def test_missing_outputs_or_a_new_model_rerun_what_depends_on_them(workspace):
     (workspace / "models" / demo.QUICK.name / ".force-pending").touch()
     demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None, only=["finetune"])
     assert fake.calls[0][0] == "finetune" and "--force" not in fake.calls[0]
+
+
+def test_a_model_replaced_during_a_step_makes_that_step_run_again(workspace):
+    """A step is recorded with the model it read, not one that replaced it while it ran (before, `disable` was
+    recorded as done on the new model it never saw, and skipped)."""
+    runs = workspace / "runs"
+    fake = FakeCommands(runs, demo.QUICK)
+    meta = workspace / "models" / demo.QUICK.name / "attnpat.json"
+
+    def replaced_during_disable(argv):  # `finetune --force` with the same settings, run by hand meanwhile
+        code = fake(argv)
+        if argv[0] == "disable":
+            meta.write_text(json.dumps(fake.meta("by hand", list(demo.pipeline(demo.QUICK)[0].argv))))
+        return code
+
+    demo.run_pipeline(replaced_during_disable, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
+    fake.calls.clear()
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
+    # compare, special and disable read the old model: they rerun; importance and prune read the new one
+    assert verbs(fake.calls) == ["finetune", "compare", "special", "disable"]
+    assert "--force" not in fake.calls[0] and fake.trainings == 1  # the finished model is kept
+
+
+def test_a_new_runs_folder_reuses_the_finished_fine_tune_of_the_same_settings(workspace):
+    """A second --runs-dir (or runs/ removed) gets the evaluation table from the store's record; before, the
+    shared model was trained again with --force."""
+    fake, lines = FakeCommands(workspace / "runs", demo.QUICK), []
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=workspace / "runs", echo=lambda line: None)
+    fake.calls.clear()
+    other = workspace / "other-runs"
+    demo.run_pipeline(FakeCommands(other, demo.QUICK), sizes=demo.QUICK, runs_dir=other, only=["finetune"],
+                      echo=lines.append)
+    assert fake.trainings == 1 and (workspace / "models" / demo.QUICK.name / "attnpat.json").is_file()
+    table = pd.read_csv(other / demo.QUICK.name / "sst2" / "finetune_eval.csv").set_index("metric").value
+    assert table["accuracy"] == 0.5 and table["n_eval"] == 872  # the store model's scores
+    manifest = json.loads((other / demo.QUICK.name / "sst2" / "manifest.json").read_text())
+    assert "finetune_eval.csv" in json.dumps(manifest)
+    assert any("its evaluation written from the model store" in line for line in lines)
+    # recorded as done: the next demo skips it
+    again = FakeCommands(other, demo.QUICK)
+    demo.run_pipeline(again, sizes=demo.QUICK, runs_dir=other, only=["finetune"], echo=lambda line: None)
+    assert again.calls == []
+
+
+@pytest.mark.parametrize("option", ["--n", "--lr", "--epochs"])
+def test_a_store_model_of_other_settings_is_not_taken_for_the_demos_fine_tune(workspace, option):
+    """`attnpat finetune --n 32 ... --name minilm-sst2-demo-quick --force` by hand: the demo trains its own
+    (--force), in a runs folder with or without an evaluation record (before, it said "already fine-tuned")."""
+    runs = workspace / "runs"
+    fake, lines = FakeCommands(runs, demo.QUICK), []
+    demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, only=["finetune"], echo=lambda line: None)
+    by_hand = list(demo.pipeline(demo.QUICK)[0].argv)
+    by_hand[by_hand.index(option) + 1] = {"--n": "32", "--lr": "0.001", "--epochs": "2"}[option]
+    for removed in (False, True):
+        (workspace / "models" / demo.QUICK.name / "attnpat.json").write_text(json.dumps(fake.meta("by hand", by_hand)))
+        if removed:
+            os.remove(runs / demo.QUICK.name / "sst2" / "finetune_eval.csv")
+        fake.calls.clear()
+        demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, only=["finetune"], echo=lines.append)
+        assert len(fake.calls) == 1 and "--force" in fake.calls[0]
+        meta = json.loads((workspace / "models" / demo.QUICK.name / "attnpat.json").read_text())
+        assert meta["split"]["n_train"] == demo.QUICK.finetune_n and meta["recipe"]["epochs"] == 1
+    assert any("is not the demo's fine-tune (it was trained with " in line for line in lines)
+
+
+@pytest.mark.parametrize(("sizes", "rerun"), [(demo.QUICK, "attnpat demo --quick"), (demo.FULL, "attnpat demo")])
+def test_the_summary_names_only_models_that_exist_and_the_rerun_that_fills_the_tabs(workspace, sizes, rerun):
+    """Before, Explore listed the fine-tune before it existed, and the hint said `attnpat demo` after --quick."""
+    lines = demo.tab_summary(workspace / "runs", sizes)
+    assert lines[0].endswith("(models to pick: minilm)")
+    assert all(line.endswith(f"rerun `{rerun}`") for line in lines if "incomplete" in line) and len(lines) > 1
+    FakeCommands(workspace / "runs", sizes)(list(demo.pipeline(sizes)[0].argv))
+    assert demo.tab_summary(workspace / "runs", sizes)[0].endswith(f"(models to pick: minilm, {sizes.name})")
 
 
 def test_force_and_only(workspace):
@@ -155,3 +250,61 @@ def test_a_second_demo_on_the_same_runs_folder_stops_before_any_step(workspace):
     assert fake.calls == [] and not (runs / demo.STATE_FILE).exists()
     demo.run_pipeline(fake, sizes=demo.QUICK, runs_dir=runs, echo=lambda line: None)
     assert fake.calls and not (runs / ".demo.lock").exists()
+
+
+@pytest.mark.parametrize(("serve", "code", "line"), [
+    ("fails", 2, "error: cannot serve on 127.0.0.1:{port} (address in use); pick another --port"),
+    ("terminated", 143, "terminated; rerun the same command to resume")])
+def test_the_demo_exits_with_the_web_apps_status(workspace, monkeypatch, capsys, serve, code, line):
+    """The app failing to serve, or stopped while serving, is the demo's exit status too (before, 0)."""
+    import app.webapp  # noqa: PLC0415 (gradio: only this test serves)
+
+    class Served:
+        def block_thread(self):
+            raise Terminated()
+
+    def launch(host, port, *args, **kwargs):
+        if serve == "fails":
+            raise AttnpatError(f"cannot serve on {host}:{port} (address in use); pick another --port")
+        return Served(), type("Web", (), {"runs": type("Runs", (), {"root": workspace})})()
+
+    monkeypatch.setattr(demo, "run_pipeline", lambda *args, **kwargs: [])
+    monkeypatch.setattr(app.webapp, "launch", launch)
+    with socket.socket() as probe:  # a port free when the demo checks it, taken (says the fake) when it serves
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert main(["demo", "--quick", "-q", "--only", "overview", "--port", str(port),
+                 "--runs-dir", str(workspace / "runs")]) == code
+    assert capsys.readouterr().err.strip() == line.format(port=port)
+
+
+def test_a_port_or_host_the_app_cannot_use_stops_the_demo_before_its_first_step(workspace, monkeypatch, capsys):
+    """Checked before the pipeline, not after every step has run (the port in use: a bind tried at once)."""
+    ran = []
+    monkeypatch.setattr(demo, "run_pipeline", lambda *args, **kwargs: ran.append(args) or [])
+    runs = ["--runs-dir", str(workspace / "runs")]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for options, line in ((["--port", "99999"], "error: port must be between 1 and 65535, got 99999"),
+                              (["--port", str(port)], f"error: cannot serve on 127.0.0.1:{port} (address already "
+                                                      "in use); pick another --port"),
+                              (["--host", "999.1.1.1"], "error: --host 999.1.1.1 is not a host name or address")):
+            assert main(["demo", "--quick", "-q", *options, *runs]) == 2
+            assert capsys.readouterr().err.strip().startswith(line)
+    assert ran == []
+    assert main(["demo", "--quick", "-q", "--no-app", "--port", "99999", *runs]) == 0  # no app, no port to check
+    assert len(ran) == 1
+
+
+@pytest.mark.parametrize("only", [",", "", " , "])
+def test_only_naming_no_step_is_one_error_line(workspace, monkeypatch, capsys, only):
+    """Before, `--only ,` ran the whole pipeline."""
+    ran = []
+    monkeypatch.setattr(demo, "run_pipeline", lambda *args, **kwargs: ran.append(args) or [])
+    assert main(["demo", "--quick", "--no-app", "--only", only, "--runs-dir", str(workspace / "runs")]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --only names no demo step; give one or more of: finetune, "
+                                               "overview, classify, compare, special, disable, importance, prune, "
+                                               "surface, cluster, probe-dep, probe-coref")
+    assert ran == []
