@@ -129,6 +129,8 @@ def _rows_to_examples(spec: TaskSpec, rows: list[dict], prefix: str) -> list[Exa
         text = row[spec.text_fields[0]]
         pair = row[spec.text_fields[1]] if len(spec.text_fields) > 1 else None
         label = row.get("label")
+        if label == -1:  # GLUE's test splits hide their labels as -1: no label, not a class
+            label = None
         row_id = row.get("idx", position)
         examples.append(Example(f"{prefix}-{row_id}", text, pair, label))
     return examples

@@ -3,7 +3,15 @@ import json
 
 import pytest
 
-from analysis.data import GLUE_TASKS, load_data, load_file, normalise_sentence, sst2_offline_train, wiki_segments
+from analysis.data import (
+    GLUE_TASKS,
+    _rows_to_examples,
+    load_data,
+    load_file,
+    normalise_sentence,
+    sst2_offline_train,
+    wiki_segments,
+)
 from analysis.errors import AttnpatError
 
 
@@ -133,3 +141,12 @@ def test_a_split_that_a_data_file_or_wiki_does_not_have_is_one_error(tmp_path):
         load_data(str(tmp_path / "d.csv"), split="train")
     with pytest.raises(AttnpatError, match="wiki has one split, validation"):
         load_data("wiki", split="train")
+
+
+def test_glue_test_split_labels_hidden_as_minus_one_are_no_label():
+    rows = [{"sentence1": "a", "sentence2": "b", "label": -1, "idx": 0},
+            {"sentence1": "c", "sentence2": "d", "label": 1, "idx": 1}]
+    examples = _rows_to_examples(GLUE_TASKS["mrpc"], rows, "mrpc-test")
+    assert [e.label for e in examples] == [None, 1]
+    assert [e.label for e in _rows_to_examples(GLUE_TASKS["stsb"], [{"sentence1": "a", "sentence2": "b",
+                                                                     "label": -1.0}], "stsb-test")] == [None]
