@@ -49,10 +49,11 @@ def surface(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
             broad_threshold: float = BroadThreshold, position_threshold: float = PositionThreshold,
             special_threshold: float = SpecialThreshold, map_kind: str = opt.MapKind,
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
+            pair_column: opt.OptionalStr = opt.PairColumn,
             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Per-head attention to prev/next/same token, [CLS], [SEP], '.', ',' and entropy; head labels (Clark Fig. 2, 4)."""
     thresholds = _thresholds(broad_threshold, position_threshold, special_threshold)
-    data = load_data(task, split, n, text_column=text_column, label_column=label_column)
+    data = load_data(task, split, n, text_column=text_column, pair_column=pair_column, label_column=label_column)
     bundle = load_model(model, map_kind=map_kind)
     run = RunDir(bundle.slug, data.task, runs_dir)
     table = surface_statistics(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet,
@@ -74,11 +75,12 @@ def grad_importance(model: str = opt.Model, task: str = WikiTask,
                     mask_probability: float = typer.Option(0.15, "--mask-probability",
                                                            help="MLM: share of tokens masked"),
                     text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
+                    pair_column: opt.OptionalStr = opt.PairColumn,
                     seed: int = MaskSeed, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Gradient of the MLM loss (or a fine-tuned classifier's task loss) w.r.t. attention to [SEP], '.'/',' and
     other tokens, per layer (Clark Fig. 5)."""
     bundle, objective = load_gradient_model(model)
-    data = load_data(task, split, n, text_column=text_column, label_column=label_column)
+    data = load_data(task, split, n, text_column=text_column, pair_column=pair_column, label_column=label_column)
     run = RunDir(bundle.slug, data.task, runs_dir)
     table = run_grad_importance(bundle, data, run, objective, max_length=max_length, batch_size=batch_size,
                                 progress=not quiet, mask_probability=mask_probability, seed=seed)
@@ -94,6 +96,7 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
             split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
             broad_threshold: float = BroadThreshold, position_threshold: float = PositionThreshold,
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
+            pair_column: opt.OptionalStr = opt.PairColumn,
             special_threshold: float = SpecialThreshold, seed: int = MdsSeed, runs_dir: opt.OptionalPath = opt.RunsDir,
             quiet: bool = opt.Quiet) -> None:
     """Jensen-Shannon divergences between heads and their 2-D MDS embedding, coloured by behaviour (Clark Fig. 6)."""
@@ -101,7 +104,7 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
     from analysis.clustering import head_clusters  # noqa: PLC0415
 
     thresholds = _thresholds(broad_threshold, position_threshold, special_threshold)
-    data = load_data(task, split, n, text_column=text_column, label_column=label_column)
+    data = load_data(task, split, n, text_column=text_column, pair_column=pair_column, label_column=label_column)
     bundle = load_model(model)
     run = RunDir(bundle.slug, data.task, runs_dir)
     clusters = head_clusters(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet,

@@ -96,6 +96,7 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
                                                   "folder>/map_classes.csv)"),
              max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize, map_kind: str = opt.MapKind,
              text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
+             pair_column: opt.OptionalStr = opt.PairColumn,
              runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet, ray: opt.OptionalStr = opt.Ray,
              workers: opt.OptionalInt = opt.Workers, ray_dashboard: bool = opt.RayDashboard) -> None:
     """Classify every head's attention maps on a task (or --task all), or saved map files (--maps); --map-kind norm
@@ -131,7 +132,8 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
     with maybe_ray(ray, workers, ray_dashboard) as cluster:
         ratios = classify_tasks(bundle, tasks, cnn, n=n, split=split, batch_size=batch_size, max_length=max_length,
                                 root=runs_dir, progress=not quiet,
-                                columns={"text_column": text_column, "label_column": label_column}, cluster=cluster)
+                                columns={"text_column": text_column, "pair_column": pair_column,
+                                         "label_column": label_column}, cluster=cluster)
     kind_note = "" if map_kind == "weight" else f", {KIND_NOTES[map_kind]}"
     typer.echo(f"pattern ratios of {bundle.name} (classifier trained on {cnn.trained_on}{kind_note}):")
     for name, table in ratios.items():

@@ -44,12 +44,13 @@ def extract(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
             out: opt.OptionalPath = typer.Option(None, "--out", help="folder for map shards (default: run dir/maps)"),
             split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
+            pair_column: opt.OptionalStr = opt.PairColumn,
             map_kind: str = opt.MapKind, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet,
             ray: opt.OptionalStr = opt.Ray, workers: opt.OptionalInt = opt.Workers,
             ray_dashboard: bool = opt.RayDashboard) -> None:
     """Stream a task's attention maps and save them (compressed float16 shards, within about 2.5e-4 of the
     float32 maps; resumable; --ray: one shard per job)."""
-    data = load_data(task, split, n, text_column=text_column, label_column=label_column)
+    data = load_data(task, split, n, text_column=text_column, pair_column=pair_column, label_column=label_column)
     bundle = load_model(model, map_kind=map_kind)
     with maybe_ray(ray, workers, ray_dashboard) as cluster:
         summary = write_maps(bundle, data, RunDir(bundle.slug, data.task, runs_dir), out, max_length=max_length,
@@ -65,9 +66,10 @@ def extract(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
 def overview(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N, split: str = opt.Split,
              max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
              text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
+             pair_column: opt.OptionalStr = opt.PairColumn,
              runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Per-layer mean attention to [CLS] and [SEP] and entropy (per-head table in the run directory)."""
-    data = load_data(task, split, n, text_column=text_column, label_column=label_column)
+    data = load_data(task, split, n, text_column=text_column, pair_column=pair_column, label_column=label_column)
     bundle = load_model(model)
     run = RunDir(bundle.slug, data.task, runs_dir)
     per_layer = write_overview(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet)

@@ -74,13 +74,14 @@ def compare(base: str | None = typer.Option(None, "--base", help="the model befo
             classifier: opt.OptionalPath = typer.Option(None, "--classifier",
                                                         help="pattern CNN checkpoint (default: the shipped one)"),
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
+            pair_column: opt.OptionalStr = opt.PairColumn,
             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Per-head cosine similarity of base and fine-tuned attention maps on the same inputs (Kovaleva Fig. 5), and
     the 5x5 matrix of pattern classes base -> fine-tuned over every head and example."""
     modes = MODES if mode == "both" else (mode,)
     if any(m not in MODES for m in modes):
         raise AttnpatError(f"unknown --mode '{mode}'; use cropped, padded or both")
-    data = load_data(task, split, n, text_column=text_column, label_column=label_column)
+    data = load_data(task, split, n, text_column=text_column, pair_column=pair_column, label_column=label_column)
     tuned_bundle = load_model(finetuned)
     base = base or tuned_bundle.meta.get("base_model") or DEFAULT_MODEL
     base_bundle = load_model(base)
@@ -116,11 +117,12 @@ def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
                                     help="show the N tokens the last layer's [CLS] attends to most"),
             split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
+            pair_column: opt.OptionalStr = opt.PairColumn,
             map_kind: str = opt.MapKind, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Attention to [CLS]/[SEP], the last layer's [CLS] row and to linguistic features (Kovaleva Fig. 6-7, 4.4)."""
     if no_base and base:
         raise AttnpatError("--base and --no-base together: give one (--no-base analyses --model alone)")
-    data = load_data(task, split, n, text_column=text_column, label_column=label_column)
+    data = load_data(task, split, n, text_column=text_column, pair_column=pair_column, label_column=label_column)
     bundle = load_model(model, map_kind=map_kind)
     names = [model]
     base = None if no_base else base or bundle.meta.get("base_model")

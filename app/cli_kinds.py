@@ -27,6 +27,7 @@ def compare_kinds(model: str = opt.Model, task: str = opt.Task,
                                                               help="checkpoint (default: the shipped one)"),
                   max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
                   text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
+                  pair_column: opt.OptionalStr = opt.PairColumn,
                   runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Kobayashi et al. 2020 side by side: per-task pattern ratios and attention to [CLS], [SEP] and punctuation
     under each map kind (norm rows renormalised to sum 1); each kind is classified into its own run folder."""
@@ -36,7 +37,7 @@ def compare_kinds(model: str = opt.Model, task: str = opt.Task,
     wanted = list(dict.fromkeys(check_map_kind(kind.strip()) for kind in kinds.split(",") if kind.strip()))
     if len(wanted) < 2:
         raise AttnpatError(f"--kinds needs at least two map kinds, got {kinds!r}")
-    data = load_data(task, split, n, text_column=text_column, label_column=label_column)
+    data = load_data(task, split, n, text_column=text_column, pair_column=pair_column, label_column=label_column)
     bundle = load_model(model)
     cnn = load_classifier(str(classifier) if classifier else None)
     table = compare_map_kinds(bundle, data, cnn, kinds=wanted, max_length=max_length, batch_size=batch_size,

@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
 
 def _load(model: str, task: str, split: str, n, columns: dict | None = None):
     """Data plus the model as a classifier; a fresh head is seeded so that reruns (and resumes) agree.
-    ``columns``: a data file's text_column and label_column."""
+    ``columns``: a data file's text_column, pair_column and label_column."""
     data = load_data(task, split, n, **(columns or {}))
     bundle = seeded_classifier(model, data.num_labels)
     note = classifier_head_note(bundle, data.task)
@@ -48,6 +48,7 @@ def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
                                      help="head (each single head), layer (each whole layer) or both"),
             max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
             text_column: opt.OptionalStr = opt.TextColumn, label_column: opt.OptionalStr = opt.LabelColumn,
+            pair_column: opt.OptionalStr = opt.PairColumn,
             runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet, ray: opt.OptionalStr = opt.Ray,
             workers: opt.OptionalInt = opt.Workers, ray_dashboard: bool = opt.RayDashboard) -> None:
     """Task metric with each head / each layer disabled, against the baseline (resumable: rerun to continue;
@@ -56,7 +57,8 @@ def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
     units = UNITS if unit == "both" else (unit,)
     if any(u not in UNITS for u in units):
         raise AttnpatError(f"unknown --unit '{unit}'; use head, layer or both")
-    bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))
+    bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, pair_column=pair_column,
+                                                          label_column=label_column))
     with maybe_ray(ray, workers, ray_dashboard) as cluster:
         summary = disable_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir), mode=mode, units=units,
                                    max_length=max_length, batch_size=batch_size, progress=not quiet, cluster=cluster)
@@ -85,12 +87,14 @@ def importance(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt 
                normalize_layers: bool = NormalizeLayers, exponent: float = Exponent,
                normalize_global: bool = NormalizeGlobal, max_length: int = opt.MaxLength,
                batch_size: int = opt.BatchSize, text_column: opt.OptionalStr = opt.TextColumn,
+               pair_column: opt.OptionalStr = opt.PairColumn,
                label_column: opt.OptionalStr = opt.LabelColumn, runs_dir: opt.OptionalPath = opt.RunsDir,
                quiet: bool = opt.Quiet, ray: opt.OptionalStr = opt.Ray, workers: opt.OptionalInt = opt.Workers,
                ray_dashboard: bool = opt.RayDashboard) -> None:
     """Head importance: mean |d loss / d head gate| over the data (Michel et al.; --ray: batches go to workers)."""
     check_exponent(exponent)
-    bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))
+    bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, pair_column=pair_column,
+                                                          label_column=label_column))
     with maybe_ray(ray, workers, ray_dashboard) as cluster:
         summary = importance_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir),
                                       by_layer=normalize_layers, exponent=exponent, global_minmax=normalize_global,
@@ -111,13 +115,15 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
           normalize_layers: bool = NormalizeLayers, exponent: float = Exponent,
           normalize_global: bool = NormalizeGlobal, max_length: int = opt.MaxLength,
           batch_size: int = opt.BatchSize, text_column: opt.OptionalStr = opt.TextColumn,
+          pair_column: opt.OptionalStr = opt.PairColumn,
           label_column: opt.OptionalStr = opt.LabelColumn, runs_dir: opt.OptionalPath = opt.RunsDir,
           quiet: bool = opt.Quiet) -> None:
     """Pruning curve: the task metric as heads are masked in increasing importance order."""
     check_mode(mode)
     check_pruning_shares(step, max_fraction)
     check_exponent(exponent)
-    bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, label_column=label_column))
+    bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, pair_column=pair_column,
+                                                          label_column=label_column))
     result = prune_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir), step=step,
                             max_fraction=max_fraction, iterative=iterative, mode=mode, by_layer=normalize_layers,
                             exponent=exponent, global_minmax=normalize_global, max_length=max_length,

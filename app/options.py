@@ -30,6 +30,8 @@ def n_option(default: int | None = None, help: str = "use the first N examples (
 
 N = n_option()
 TextColumn = typer.Option(None, "--text-column", help="a data file's text column (default: text, any case)")
+PairColumn = typer.Option(None, "--pair-column", help="a data file's second-segment column, for sentence pairs "
+                          "(default: text_pair, any case, when present)")
 LabelColumn = typer.Option(None, "--label-column", help="a data file's label column (default: label, any case; "
                            "class names map to ids in sorted order, recorded in the manifest)")
 MaxLength = typer.Option(DEFAULT_MAX_LENGTH, "--max-length",

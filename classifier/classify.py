@@ -320,7 +320,7 @@ def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, 
     """classify_task for each task, then the per-task comparison. Returns {task: ratio frame}.
     ``cluster``: see :func:`classify_task` (its workers load the model once for all tasks).
 
-    columns: a data file's text_column and label_column (analysis.data.load_data).
+    columns: a data file's text_column, pair_column and label_column (analysis.data.load_data).
     resume (default: when there are several tasks, as with ``--task all``): a task whose run directory
     already holds a current classification (:func:`classification_is_current`) is not classified again,
     so a killed run continues with the task it was on. On a cluster every task's batches go through one queue of

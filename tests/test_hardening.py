@@ -21,7 +21,14 @@ from gradio_client import Client
 
 from analysis.data import ALL_TASKS, load_data, load_file
 from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, os_error_message
-from analysis.mapstore import is_whole_map_file, read_maps, read_shard, read_single_maps, write_single_maps
+from analysis.mapstore import (
+    is_whole_map_file,
+    iter_map_groups,
+    read_maps,
+    read_shard,
+    read_single_maps,
+    write_single_maps,
+)
 from analysis.models import load_model, model_slug
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir, atomic_write_text, locked
@@ -85,6 +92,27 @@ def test_every_verb_runs_on_string_labels_and_records_the_mapping(tmp_path, caps
     assert entry["data"]["labels"] == {"negative": 0, "positive": 1}
     index = manifest_path.parent / "maps" / "index.json"
     assert not index.exists() or json.loads(index.read_text())["complete"]
+
+
+def test_a_pair_column_makes_each_input_a_sentence_pair(tmp_path, capsys, tiny_model):
+    """A GLUE-style pair file (sentence1, sentence2): --pair-column names the second segment on every verb."""
+    path = tmp_path / "pairs.tsv"
+    path.write_text("sentence1\tsentence2\tlabel\nthe cat sat\ta cat was sitting\t1\nit rained\tthe sun shone\t0\n")
+    runs = tmp_path / "runs"
+    code, _, err, _ = run_cli(["extract", "--model", tiny_model, "--task", path, "--text-column", "sentence1",
+                               "--pair-column", "Sentence2", "--runs-dir", runs, "-q"], capsys)
+    assert code == 0, err
+    (manifest_path,) = runs.glob("*/*/manifest.json")
+    data = json.loads(manifest_path.read_text())["analyses"]["extract"]["data"]
+    assert data["columns"] == {"text": "sentence1", "text_pair": "sentence2", "label": "label"}
+    groups = list(iter_map_groups(manifest_path.parent / "maps"))
+    assert len(groups) == 2 and all(group.tokens.count("[SEP]") == 2 for group in groups)
+    for verb in (["disable", "--unit", "layer"], ["importance"], ["surface"]):
+        code, _, err, _ = run_cli([*verb, "--model", tiny_model, "--task", path, "--text-column", "sentence1",
+                                   "--pair-column", "sentence2", "--runs-dir", runs, "-q"], capsys)
+        assert code == 0, (verb, err)
+    code, _, _, errors = run_cli(["extract", "--task", "sst2", "--pair-column", "x", "--runs-dir", runs], capsys)
+    assert code == 2 and "--pair-column applies only to a data file" in errors[0]
 
 
 def test_label_and_text_columns_are_options(tmp_path, capsys, tiny_model):
