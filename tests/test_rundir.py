@@ -4,7 +4,9 @@ import fcntl
 import json
 import multiprocessing
 import os
+import select
 import signal
+import socket
 import stat
 import threading
 import time
@@ -197,13 +199,22 @@ def test_signals_held_back_for_a_block_arrive_after_it_even_with_other_threads(t
     other = threading.Thread(target=stop.wait, daemon=True)
     other.start()
     finished = []
+    # the C-level handler writes each signal's number here once it ran, in whichever thread the kernel picked: the
+    # block waits for that instead of a fixed time, which a loaded machine could outlast (the thread not yet run)
+    woken, wakeup = socket.socketpair()
+    woken.setblocking(False)
+    wakeup.setblocking(False)
+    previous_wakeup = signal.set_wakeup_fd(wakeup.fileno())
     try:
         with pytest.raises(KeyboardInterrupt):
             with signals_held():
                 os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(0.2)  # the signal arrives (in whichever thread) while the block runs
+                assert select.select([woken], [], [], 30)[0], "the signal never arrived"
                 finished.append(True)
     finally:
+        signal.set_wakeup_fd(previous_wakeup)
+        woken.close()
+        wakeup.close()
         stop.set()
     assert finished == [True]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
