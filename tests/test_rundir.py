@@ -4,10 +4,9 @@ import fcntl
 import json
 import multiprocessing
 import os
-import select
-import signal
-import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from analysis import rundir
 from analysis.errors import AttnpatError
 from analysis.figures import close, head_heatmap
 from analysis.mapstore import SavedMap, read_shard, write_shard
-from analysis.paths import runs_root
+from analysis.paths import repo_root, runs_root
 from analysis.rundir import (
     RunDir,
     atomic_write,
@@ -188,36 +187,38 @@ def test_a_manifest_that_cannot_be_written_leaves_the_tables_as_they_were(tmp_pa
     assert not list(run.path.glob(".staging*"))
 
 
-def test_signals_held_back_for_a_block_arrive_after_it_even_with_other_threads(tmp_path):
+SIGNALS_HELD_CHECK = """
+import os, select, signal, socket, threading
+from analysis.rundir import signals_held
+
+stop = threading.Event()
+threading.Thread(target=stop.wait, daemon=True).start()  # another thread the kernel may pick for the signal
+# the C-level handler writes each signal's number here once it ran, whichever thread the kernel picked: the block
+# waits for that instead of a fixed time, which a loaded machine could outlast
+woken, wakeup = socket.socketpair()
+woken.setblocking(False)
+wakeup.setblocking(False)
+signal.set_wakeup_fd(wakeup.fileno())
+finished = []
+try:
+    with signals_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        assert select.select([woken], [], [], 30)[0], "the signal never arrived"
+        finished.append(True)
+except KeyboardInterrupt:
+    assert finished == [True], "interrupted inside the block"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "handler not restored"
+    print("interrupted after the block")
+"""
+
+
+def test_signals_held_back_for_a_block_arrive_after_it_even_with_other_threads():
     """Ctrl-C while the staged files move in: the move finishes, then the interrupt comes. Other threads (numpy's,
-    tqdm's) must not let it through: a thread mask alone did."""
-    import threading  # noqa: PLC0415
-
-    from analysis.rundir import signals_held  # noqa: PLC0415
-
-    stop = threading.Event()
-    other = threading.Thread(target=stop.wait, daemon=True)
-    other.start()
-    finished = []
-    # the C-level handler writes each signal's number here once it ran, in whichever thread the kernel picked: the
-    # block waits for that instead of a fixed time, which a loaded machine could outlast (the thread not yet run)
-    woken, wakeup = socket.socketpair()
-    woken.setblocking(False)
-    wakeup.setblocking(False)
-    previous_wakeup = signal.set_wakeup_fd(wakeup.fileno())
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            with signals_held():
-                os.kill(os.getpid(), signal.SIGINT)
-                assert select.select([woken], [], [], 30)[0], "the signal never arrived"
-                finished.append(True)
-    finally:
-        signal.set_wakeup_fd(previous_wakeup)
-        woken.close()
-        wakeup.close()
-        stop.set()
-    assert finished == [True]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    tqdm's) must not let it through: a thread mask alone did. In a process of its own: signal handlers and masks
+    are the process's, and a test suite's earlier tests (Ray, gradio) leave theirs."""
+    result = subprocess.run([sys.executable, "-c", SIGNALS_HELD_CHECK], capture_output=True, text=True, timeout=120,
+                            cwd=repo_root())
+    assert result.returncode == 0 and result.stdout.strip() == "interrupted after the block", result.stderr
 
 
 def test_an_output_outside_the_run_folder_is_recorded_by_its_full_path(tmp_path, monkeypatch):
