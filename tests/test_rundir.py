@@ -191,6 +191,8 @@ SIGNALS_HELD_CHECK = """
 import os, select, signal, socket, threading
 from analysis.rundir import signals_held
 
+# as in a terminal: a process started in the background (`cmd &`, nohup, CI) inherits SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 stop = threading.Event()
 threading.Thread(target=stop.wait, daemon=True).start()  # another thread the kernel may pick for the signal
 # the C-level handler writes each signal's number here once it ran, whichever thread the kernel picked: the block
@@ -215,7 +217,7 @@ except KeyboardInterrupt:
 def test_signals_held_back_for_a_block_arrive_after_it_even_with_other_threads():
     """Ctrl-C while the staged files move in: the move finishes, then the interrupt comes. Other threads (numpy's,
     tqdm's) must not let it through: a thread mask alone did. In a process of its own: signal handlers and masks
-    are the process's, and a test suite's earlier tests (Ray, gradio) leave theirs."""
+    are the process's, and one started in the background inherits SIGINT ignored."""
     result = subprocess.run([sys.executable, "-c", SIGNALS_HELD_CHECK], capture_output=True, text=True, timeout=120,
                             cwd=repo_root())
     assert result.returncode == 0 and result.stdout.strip() == "interrupted after the block", result.stderr
