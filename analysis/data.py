@@ -440,9 +440,17 @@ def _label_value(path: Path, record: _Record, column: str | None) -> float | str
 
 
 def _label_ids(labels: list) -> tuple[list, tuple[str, ...] | None]:
-    """Numbers stay numbers. If any label is a class name, every label is one: ids follow the sorted
-    names (0, 1, ...), so one file always gives one mapping. Returns (labels, class names or None)."""
+    """Numbers stay numbers, but whole numbers below 0 (-1/+1 classes) become ids in numeric order, named by
+    their values. If any label is a class name, every label is one: ids follow the sorted names (0, 1, ...), so
+    one file always gives one mapping. Returns (labels, class names or None)."""
     if all(label is None or not isinstance(label, str) for label in labels):
+        present = {label for label in labels if label is not None}
+        if present and all(isinstance(label, int) for label in present) and min(present) < 0:
+            if len(present) > MAX_CLASSES:
+                raise AttnpatError(f"the label column holds {len(present)} whole numbers, more than {MAX_CLASSES} "
+                                   "classes (a score column holds some non-whole value)")
+            ids = {value: i for i, value in enumerate(sorted(present))}
+            return [None if label is None else ids[label] for label in labels], tuple(map(str, sorted(present)))
         return labels, None
     numbers = [label for label in labels if label is not None and not isinstance(label, str)]
     if numbers:
@@ -462,8 +470,8 @@ MAX_CLASSES = 1000
 
 
 def _label_kind(labels: list, names: tuple[str, ...] | None) -> tuple[int | None, str | None]:
-    """(num_labels, metric) of a user file: class names or non-negative integers are classes (accuracy);
-    any other numbers are regression scores (one output, Pearson/Spearman); no labels, no metric."""
+    """(num_labels, metric) of a user file: class names or whole numbers are classes (accuracy); any other
+    numbers are regression scores (one output, Pearson/Spearman); no labels, no metric."""
     present = [label for label in labels if label is not None]
     if not present:
         return None, None

@@ -124,8 +124,12 @@ def pruning_counts(total_heads: int, step: float, max_fraction: float = 1.0) -> 
     """Numbers of heads pruned at each step: 0, round(step * total), ... up to max_fraction (distinct, ascending)."""
     check_pruning_shares(step, max_fraction)
     steps = int(np.floor(max_fraction / step + 1e-9))
-    counts = sorted({int(round(k * step * total_heads)) for k in range(steps + 1)})
-    return [count for count in counts if count <= total_heads]
+    counts = [count for count in sorted({int(round(k * step * total_heads)) for k in range(steps + 1)})
+              if count <= total_heads]
+    if counts[-1] == 0:  # every step rounds to no head: the curve would hold the unpruned model alone
+        raise AttnpatError(f"a step of {step} up to {max_fraction} prunes no head of {total_heads}; "
+                           f"use --step {1 / total_heads:.3g} or more")
+    return counts
 
 
 def least_important(importance: np.ndarray, keep: np.ndarray, count: int) -> list[tuple[int, int]]:

@@ -80,6 +80,18 @@ def test_string_labels_map_to_ids_in_sorted_order(tmp_path):
     assert data.manifest()["labels"] == {"negative": 0, "positive": 1}
 
 
+def test_whole_number_labels_below_zero_are_classes_in_numeric_order(tmp_path):
+    """-1/+1 labels (an SVM-style file) are two classes, not regression scores; scores stay scores."""
+    path = tmp_path / "polarity.csv"
+    path.write_text("text,label\ngreat film,1\ndull,-1\nfine,1\nmeh,0\nno label here,\n")
+    data = load_file(path)
+    assert [e.label for e in data.examples] == [2, 0, 2, 1, None]
+    assert data.label_names == ("-1", "0", "1") and data.num_labels == 3 and data.metric == "accuracy"
+    path.write_text("text,label\ngreat film,1.5\ndull,-1\n")
+    scores = load_file(path)
+    assert [e.label for e in scores.examples] == [1.5, -1] and scores.num_labels == 1
+
+
 @pytest.mark.parametrize("verb", [["extract"], ["overview"], ["disable", "--unit", "layer"]])
 def test_every_verb_runs_on_string_labels_and_records_the_mapping(tmp_path, capsys, tiny_model, verb):
     path = tmp_path / "reviews.csv"

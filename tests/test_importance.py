@@ -133,6 +133,9 @@ def test_pruning_counts_and_order():
     assert pruning_counts(12, 0.25, max_fraction=0.5) == [0, 3, 6]
     with pytest.raises(AttnpatError):
         pruning_counts(12, 0.0)
+    assert pruning_counts(72, 0.005, max_fraction=0.01) == [0, 1]  # steps below one head still reach one
+    with pytest.raises(AttnpatError, match="prunes no head of 72"):  # a curve of the unpruned model alone
+        pruning_counts(72, 0.005, max_fraction=0.005)
     importance = np.array([[0.5, 0.1], [0.3, 0.9]])
     assert least_important(importance, np.ones((2, 2)), 3) == [(0, 1), (1, 0), (0, 0)]
     masks = pruning_masks(importance, [0, 1, 3])
