@@ -22,6 +22,7 @@ from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
 from analysis.rundir import atomic_write
 from analysis.stats import PROFILE_NAMES
+from classifier.checkpoint import load_checkpoint, save_checkpoint
 from classifier.distill import teacher_probabilities
 from classifier.model import CHANNELS, IMAGE_CHANNELS, INPUT_SIZE, PROFILE_BINS, STRIDES, PatternCNN, prepare_maps
 from classifier.synthetic import synthetic_dataset
@@ -299,12 +300,27 @@ def _read_fold(path: Path | None, shape: tuple[int, int]) -> np.ndarray | None:
 
 
 def train_final(maps: Sequence[np.ndarray], labels: np.ndarray, config: TrainConfig,
-                pool_maps: Sequence[np.ndarray] | None = None) -> FitResult:
+                pool_maps: Sequence[np.ndarray] | None = None, resume: Path | None = None) -> FitResult:
     """The model to ship: trained on all maps (a held-out part still drives early stopping), and on the pool
-    labeled by a teacher fitted on all maps."""
+    labeled by a teacher fitted on all maps.
+
+    resume: a folder keeping the fitted model under a digest of its inputs (as :func:`cross_validate_cnn` keeps
+    its folds); a model found there is returned instead of trained again, the same weights a fit would give."""
+    images, labels = prepare_maps(maps, config.input_size), check_labels(labels)
     pool_images = prepare_maps(pool_maps, config.input_size) if pool_maps else None
-    return fit_with_pool(prepare_maps(maps, config.input_size), check_labels(labels), config, config.seed,
-                         synthetic_extra(config), pool_images)
+    kept = resume / f"final-{_inputs_digest(images, labels, config, pool_images)[:16]}.safetensors" if resume else None
+    if kept is not None and kept.is_file():
+        try:
+            model, metadata = load_checkpoint(kept)
+            fitted = metadata["final_fit"]
+            return FitResult(model, fitted["epochs"], fitted["best_epoch"], fitted["validation_f1"])
+        except (AttnpatError, KeyError, TypeError):
+            pass  # not a kept fit after all: fit again
+    result = fit_with_pool(images, labels, config, config.seed, synthetic_extra(config), pool_images)
+    if kept is not None:
+        save_checkpoint(result.model, kept, {**architecture_metadata(config), "final_fit": {
+            "epochs": result.epochs, "best_epoch": result.best_epoch, "validation_f1": result.validation_f1}})
+    return result
 
 
 def fit_with_pool(images: torch.Tensor, labels: np.ndarray, config: TrainConfig, seed: int,

@@ -109,7 +109,8 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
         if pool is not None:
             entry["pool"] = pool.spec
         pool_maps = pool.maps if pool is not None else None
-        # finished folds are kept here, so that a stopped run resumes; the folder goes when this run lands
+        # finished folds and the final fit are kept here, so that a stopped run resumes; the folder goes when
+        # this run lands
         run.retire(RESUME_FOLDER)
         cnn_probabilities = cross_validate_cnn(data.maps, labels, config, folds, progress=progress,
                                                pool_maps=pool_maps, resume=run.file(RESUME_FOLDER))
@@ -128,7 +129,7 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
         cnn = scores(predictions["cnn"], labels)
         write_confusion_figure(run, "cv_confusion", cnn["confusion"], "CNN, cross-validated (out-of-fold)")
         cnn_agreed = score_frame[(score_frame.model == "cnn") & (score_frame.metric == "macro_f1_agreed")].value
-        final = train_final(data.maps, labels, config, pool_maps=pool_maps)
+        final = train_final(data.maps, labels, config, pool_maps=pool_maps, resume=run.file(RESUME_FOLDER))
         metadata = {
             **architecture_metadata(config),
             "trained_on": data.source,

@@ -1,6 +1,7 @@
 """Batch classification of every head: tables, figures, saved map files, the CLI, the real MiniLM."""
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -384,3 +385,22 @@ def test_a_stopped_train_resumes_after_its_finished_folds_with_the_same_result(t
     resumed = load_classifier(folder / "classifier.safetensors", bf16=False).model.state_dict()
     for key, value in load_classifier(whole / "classifier.safetensors", bf16=False).model.state_dict().items():
         assert torch.equal(value, resumed[key]), key
+
+    # stopped after the final fit (while the checkpoint is written): the rerun trains nothing again
+    import classifier.training_run as run_module  # noqa: PLC0415
+
+    def stopped_save(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    again = tmp_path / "again"
+    with monkeypatch.context() as patched:
+        patched.setattr(run_module, "save_checkpoint", stopped_save)
+        assert main([*command, "--runs-dir", str(again)]) == 130
+    seeds.clear()
+    assert main([*command, "--runs-dir", str(again)]) == 0
+    assert seeds == []  # the three folds and the final fit were kept
+    final = load_classifier(again / "classifier" / "synthetic-4" / "classifier.safetensors", bf16=False)
+    for key, value in final.model.state_dict().items():
+        assert torch.equal(value, resumed[key]), key
+    assert json.loads((again / "classifier" / "synthetic-4" / "classifier.json").read_text())["final_fit"] == \
+        json.loads((whole / "classifier.json").read_text())["final_fit"]
