@@ -21,12 +21,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from analysis.data import TaskData
 from analysis.errors import AttnpatError, check_choice
 from analysis.figures import close
 from analysis.models import check_head_labels, load_config, load_model, resolve_model
+from analysis.progress import progress_bar
 from analysis.rundir import RunDir
 from analysis.stream import (
     DEFAULT_MAX_LENGTH,
@@ -159,7 +159,7 @@ def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_lengt
     encoded = encode_examples(tokenizer, data.examples, max_length)
     sums = {target: torch.zeros(bundle.num_layers, dtype=torch.float64) for target in GRAD_TARGETS}
     counts = {target: 0.0 for target in GRAD_TARGETS}
-    bar = tqdm(total=len(encoded), desc="gradients", unit="ex", dynamic_ncols=True, disable=not progress)
+    bar = progress_bar(len(encoded), progress, "gradients")
     bundle.model.eval()
     for batch in iter_batches(bundle, data.examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
         roles = token_roles(tokenizer, batch.input_ids, batch.attention_mask)
@@ -173,8 +173,10 @@ def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_lengt
         for target, (total, count) in gradient_by_key_type(grads, key_types(roles), roles["real"]).items():
             sums[target] += total.double()
             counts[target] += float(count)
-        bar.update(len(batch.items))
-    bar.close()
+        if bar is not None:
+            bar.update(len(batch.items))
+    if bar is not None:
+        bar.close()
     values = {t: (sums[t] / counts[t]).numpy() if counts[t] else np.full(bundle.num_layers, np.nan)
               for t in GRAD_TARGETS}
     return values, sum(item.truncated for item in encoded)
