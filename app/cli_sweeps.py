@@ -27,10 +27,10 @@ def register(app: typer.Typer) -> None:
     app.command("prune")(prune)
 
 
-def _load(model: str, task: str, split: str, n, columns: dict | None = None):
+def _load(model: str, task: str, split: str, n, **columns):
     """Data plus the model as a classifier; a fresh head is seeded so that reruns (and resumes) agree.
     ``columns``: a data file's text_column, pair_column and label_column."""
-    data = load_data(task, split, n, **(columns or {}))
+    data = load_data(task, split, n, **columns)
     bundle = seeded_classifier(model, data.num_labels)
     note = classifier_head_note(bundle, data.task)
     if note:
@@ -57,8 +57,8 @@ def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
     units = UNITS if unit == "both" else (unit,)
     if any(u not in UNITS for u in units):
         raise AttnpatError(f"unknown --unit '{unit}'; use head, layer or both")
-    bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, pair_column=pair_column,
-                                                          label_column=label_column))
+    bundle, data, note = _load(model, task, split, n, text_column=text_column, pair_column=pair_column,
+                               label_column=label_column)
     with maybe_ray(ray, workers, ray_dashboard) as cluster:
         summary = disable_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir), mode=mode, units=units,
                                    max_length=max_length, batch_size=batch_size, progress=not quiet, cluster=cluster)
@@ -93,8 +93,8 @@ def importance(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt 
                ray_dashboard: bool = opt.RayDashboard) -> None:
     """Head importance: mean |d loss / d head gate| over the data (Michel et al.; --ray: batches go to workers)."""
     check_exponent(exponent)
-    bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, pair_column=pair_column,
-                                                          label_column=label_column))
+    bundle, data, note = _load(model, task, split, n, text_column=text_column, pair_column=pair_column,
+                               label_column=label_column)
     with maybe_ray(ray, workers, ray_dashboard) as cluster:
         summary = importance_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir),
                                       by_layer=normalize_layers, exponent=exponent, global_minmax=normalize_global,
@@ -122,8 +122,8 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
     check_mode(mode)
     check_pruning_shares(step, max_fraction)
     check_exponent(exponent)
-    bundle, data, note = _load(model, task, split, n, dict(text_column=text_column, pair_column=pair_column,
-                                                          label_column=label_column))
+    bundle, data, note = _load(model, task, split, n, text_column=text_column, pair_column=pair_column,
+                               label_column=label_column)
     result = prune_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir), step=step,
                             max_fraction=max_fraction, iterative=iterative, mode=mode, by_layer=normalize_layers,
                             exponent=exponent, global_minmax=normalize_global, max_length=max_length,
