@@ -1,7 +1,7 @@
 """Special-token attention, the last layer's [CLS] row and section 4.4's linguistic features."""
 import pytest
 import torch
-from transformers import BertModel
+from transformers import BertModel, XLMRobertaTokenizer
 
 from analysis import special as sp
 from analysis.data import Example, load_data
@@ -34,6 +34,19 @@ def test_negation_found_by_word_position_not_by_substring(tokenizer):
     assert occurrences[1] == [did_not.tokens.index("nobody")]
     (plain,) = encode(tokenizer, "a know-how film")
     assert sp.negation_occurrences(plain) == []
+
+
+def test_negation_found_in_whitespace_split_words():
+    """XLM-R, ALBERT and CamemBERT split words on whitespace only: "didn't", "not," and "never." are one word
+    each (their pieces share a word id); the punctuation pieces at a word's edge are not part of the occurrence."""
+    pieces = ["▁I", "▁didn", "'", "t", "▁know", "▁not", ",", "▁never", ".", "▁no", "▁nothing", "ness", "▁(", "Nor"]
+    specials = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("<mask>", 0.0)]
+    spm = XLMRobertaTokenizer(vocab=specials + [(piece, -1.0) for piece in pieces])
+    (item,) = encode(spm, "I didn't know, not, never. no nothingness (Nor")
+    not_at = item.tokens.index("▁not")
+    assert item.word_ids[not_at] == item.word_ids[not_at + 1]  # "not," is one word
+    assert positions_of(item, sp.negation_occurrences(item)) == [["▁didn", "'", "t"], ["▁not"], ["▁never"], ["▁no"],
+                                                                 ["Nor"]]
 
 
 def test_feature_attention_matches_the_definition():
