@@ -257,6 +257,7 @@ def write_special(bundle, data, run, *, max_length: int = DEFAULT_MAX_LENGTH, ba
         run.write_table("linguistic", linguistic_table(heads))
         entry.update(n_truncated=stats["n_truncated"], feature_counts=stats["counts"], unavailable=stats["unavailable"],
                      tagger=PIPELINE_NAME if tagger is not None else None, negation_words=sorted(NEGATION_WORDS))
-    # tokens seen once dominate a raw ranking; the printed summary keeps the ones that recur
-    stats["top_cls_tokens"] = stats["cls_tally"].table(min_count=min_count).head(top)
+    # tokens seen once dominate a raw ranking; the printed summary keeps the ones that recur (at most in every
+    # input: with fewer inputs than min_count no token could qualify and the summary would be empty)
+    stats["top_cls_tokens"] = stats["cls_tally"].table(min_count=min(min_count, len(data.examples))).head(top)
     return stats

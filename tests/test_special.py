@@ -4,7 +4,7 @@ import torch
 from transformers import BertModel, XLMRobertaTokenizer
 
 from analysis import special as sp
-from analysis.data import Example, load_data
+from analysis.data import Example, TaskData, load_data
 from analysis.models import load_model
 from analysis.rundir import RunDir
 from analysis.stream import encode_examples, stream_maps, token_roles
@@ -91,6 +91,14 @@ def test_token_tally_means_per_token():
     assert table.token.tolist()[0] == "[CLS]" and table.set_index("token").loc["[CLS]", "mean_attention"] == 0.6
     assert table.set_index("token").loc[".", "count"] == 2
     assert tally.table(min_count=2).token.tolist() == ["[CLS]", "."]
+
+
+def test_top_cls_tokens_are_listed_for_fewer_inputs_than_min_count(tiny, tmp_path):
+    """`special --n 3` printed an empty "[CLS] attends most to" list: no token can recur in 5 of 3 inputs."""
+    data = TaskData("toy", "validation", "test", [Example(str(i), f"input number {i} .") for i in range(3)])
+    stats = sp.write_special(tiny, data, RunDir("tiny", "toy", tmp_path), top=4, min_count=5)
+    top = stats["top_cls_tokens"]
+    assert len(top) == 4 and (top["count"] == 3).all() and "[CLS]" in set(top.token)
 
 
 def fake_tagger(text):
