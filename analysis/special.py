@@ -16,6 +16,7 @@ pieces by character offsets; without it they are reported as unavailable and onl
 """
 from __future__ import annotations
 
+import unicodedata
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
@@ -98,7 +99,7 @@ def feature_attention(attn: torch.Tensor, lengths: torch.Tensor,
 
 def negation_occurrences(item: Encoded) -> list[list[int]]:
     """Token positions of each negation word in one input: listed words, and n't however it was split
-    ("does n't" -> n ' t, "didn't" -> didn ' t)."""
+    ("does n't" -> n ' t, "didn't" -> didn ' t, or one word "didn't" where words split on whitespace only)."""
     groups, labels = word_groups(item)
     labels = [label.lower() for label in labels]
     positions = [np.flatnonzero(groups == g).tolist() for g in range(len(labels))]
@@ -106,17 +107,40 @@ def negation_occurrences(item: Encoded) -> list[list[int]]:
     for g, label in enumerate(labels):
         if g in used:
             continue
-        span = None
+        span, pieces = None, None
         if label == "t" and g >= 2 and labels[g - 1] in APOSTROPHES and labels[g - 2].endswith("n"):
             span = [g - 2, g - 1, g]
         elif label in {"'t", "\u2019t"} and g >= 1 and labels[g - 1].endswith("n"):
             span = [g - 1, g]
-        elif label in NEGATION_WORDS or label.replace("\u2019", "'") in NEGATION_WORDS:
-            span = [g]
+        else:
+            pieces = word_core(item, positions[g])
+            word = "".join(piece_text(item.tokens[p]) for p in pieces).lower().replace("\u2019", "'")
+            if word in NEGATION_WORDS or (word.endswith("n't") and word[:-3].isalpha()):
+                span = [g]
         if span and not used.intersection(span):
             used.update(span)
-            found.append(sorted(p for s in span for p in positions[s]))
+            found.append(pieces if pieces is not None else sorted(p for s in span for p in positions[s]))
     return found
+
+
+def piece_text(token: str) -> str:
+    """A word piece's text without its word-boundary marker (##, Ġ, ▁), as stream.word_groups joins them."""
+    return token[2:] if token.startswith("##") else token.lstrip("Ġ▁")
+
+
+def word_core(item: Encoded, positions: list[int]) -> list[int]:
+    """A word's token positions without the punctuation pieces at its edges. Tokenizers that split words on
+    whitespace only (XLM-R, ALBERT, CamemBERT: SentencePiece) make "not," or "(never" one word."""
+    start, end = 0, len(positions)
+    while start < end and _is_punctuation(piece_text(item.tokens[positions[start]])):
+        start += 1
+    while end > start and _is_punctuation(piece_text(item.tokens[positions[end - 1]])):
+        end -= 1
+    return positions[start:end]
+
+
+def _is_punctuation(text: str) -> bool:
+    return bool(text) and all(unicodedata.category(ch).startswith("P") for ch in text)
 
 
 def tagged_occurrences(tokenizer, example: Example, tagger: Tagger, max_length: int) -> dict[str, list[list[int]]]:
@@ -233,6 +257,7 @@ def write_special(bundle, data, run, *, max_length: int = DEFAULT_MAX_LENGTH, ba
         run.write_table("linguistic", linguistic_table(heads))
         entry.update(n_truncated=stats["n_truncated"], feature_counts=stats["counts"], unavailable=stats["unavailable"],
                      tagger=PIPELINE_NAME if tagger is not None else None, negation_words=sorted(NEGATION_WORDS))
-    # tokens seen once dominate a raw ranking; the printed summary keeps the ones that recur
-    stats["top_cls_tokens"] = stats["cls_tally"].table(min_count=min_count).head(top)
+    # tokens seen once dominate a raw ranking; the printed summary keeps the ones that recur (at most in every
+    # input: with fewer inputs than min_count no token could qualify and the summary would be empty)
+    stats["top_cls_tokens"] = stats["cls_tally"].table(min_count=min(min_count, len(data.examples))).head(top)
     return stats

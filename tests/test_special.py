@@ -1,10 +1,10 @@
 """Special-token attention, the last layer's [CLS] row and section 4.4's linguistic features."""
 import pytest
 import torch
-from transformers import BertModel
+from transformers import BertModel, XLMRobertaTokenizer
 
 from analysis import special as sp
-from analysis.data import Example, load_data
+from analysis.data import Example, TaskData, load_data
 from analysis.models import load_model
 from analysis.rundir import RunDir
 from analysis.stream import encode_examples, stream_maps, token_roles
@@ -34,6 +34,19 @@ def test_negation_found_by_word_position_not_by_substring(tokenizer):
     assert occurrences[1] == [did_not.tokens.index("nobody")]
     (plain,) = encode(tokenizer, "a know-how film")
     assert sp.negation_occurrences(plain) == []
+
+
+def test_negation_found_in_whitespace_split_words():
+    """XLM-R, ALBERT and CamemBERT split words on whitespace only: "didn't", "not," and "never." are one word
+    each (their pieces share a word id); the punctuation pieces at a word's edge are not part of the occurrence."""
+    pieces = ["▁I", "▁didn", "'", "t", "▁know", "▁not", ",", "▁never", ".", "▁no", "▁nothing", "ness", "▁(", "Nor"]
+    specials = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("<mask>", 0.0)]
+    spm = XLMRobertaTokenizer(vocab=specials + [(piece, -1.0) for piece in pieces])
+    (item,) = encode(spm, "I didn't know, not, never. no nothingness (Nor")
+    not_at = item.tokens.index("▁not")
+    assert item.word_ids[not_at] == item.word_ids[not_at + 1]  # "not," is one word
+    assert positions_of(item, sp.negation_occurrences(item)) == [["▁didn", "'", "t"], ["▁not"], ["▁never"], ["▁no"],
+                                                                 ["Nor"]]
 
 
 def test_feature_attention_matches_the_definition():
@@ -78,6 +91,14 @@ def test_token_tally_means_per_token():
     assert table.token.tolist()[0] == "[CLS]" and table.set_index("token").loc["[CLS]", "mean_attention"] == 0.6
     assert table.set_index("token").loc[".", "count"] == 2
     assert tally.table(min_count=2).token.tolist() == ["[CLS]", "."]
+
+
+def test_top_cls_tokens_are_listed_for_fewer_inputs_than_min_count(tiny, tmp_path):
+    """`special --n 3` printed an empty "[CLS] attends most to" list: no token can recur in 5 of 3 inputs."""
+    data = TaskData("toy", "validation", "test", [Example(str(i), f"input number {i} .") for i in range(3)])
+    stats = sp.write_special(tiny, data, RunDir("tiny", "toy", tmp_path), top=4, min_count=5)
+    top = stats["top_cls_tokens"]
+    assert len(top) == 4 and (top["count"] == 3).all() and "[CLS]" in set(top.token)
 
 
 def fake_tagger(text):
