@@ -318,9 +318,28 @@ def load_model(
         raise AttnpatError(f"could not load model '{name}' ({type(exc).__name__}: {str(exc)[:200]})") from exc
     if not getattr(tokenizer, "is_fast", False):
         raise AttnpatError(f"model '{name}' has no fast tokenizer; word-level maps need one")
+    positions = usable_positions(model.config)
+    if positions is not None and positions < (tokenizer.model_max_length or positions + 1):
+        # a tokenizer without a recorded maximum (or a larger one) would let --max-length past the position table
+        tokenizer.model_max_length = positions
     model.to(device).eval()
     revision = getattr(model.config, "_commit_hash", None) or _weights_fingerprint(source.path)
     return EncoderBundle(name, source, model, tokenizer, device, revision, meta, map_kind)
+
+
+# Position ids of these start after the padding id (fairseq's convention): max_position_embeddings - pad - 1 usable.
+OFFSET_POSITION_TYPES = {"roberta", "xlm-roberta", "camembert", "mpnet"}
+
+
+def usable_positions(config) -> int | None:
+    """How many tokens the model's absolute position table holds (512 for BERT and RoBERTa), or None for a
+    model without one (DeBERTa's relative positions)."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or positions < 1 or getattr(config, "position_biased_input", True) is False:
+        return None
+    if getattr(config, "model_type", None) in OFFSET_POSITION_TYPES:
+        positions -= (getattr(config, "pad_token_id", None) or 0) + 1
+    return positions
 
 
 @contextmanager

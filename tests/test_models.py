@@ -3,13 +3,13 @@ import json
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2Model
+from transformers import BertModel, GPT2Config, GPT2Model
 
 from analysis.data import Example
 from analysis.errors import AttnpatError
 from analysis.models import load_model, model_slug, resolve_model
 from analysis.stream import stream_maps
-from tests.tiny import save_tiny_model
+from tests.tiny import minilm_tokenizer, save_tiny_model
 
 
 def test_embedded_minilm_loads_offline_with_attentions(monkeypatch):
@@ -76,3 +76,26 @@ def test_a_name_too_long_for_a_file_name_is_one_error_line():
         resolve_model("a" * 400)
     with pytest.raises(AttnpatError, match="could not look for model"):
         load_model("./" + "b" * 300)
+
+
+@pytest.mark.parametrize("kind", ["bert", "mpnet"])
+def test_max_length_is_bounded_by_the_models_position_table(tmp_path, kind):
+    """A tokenizer whose recorded maximum exceeds the model's position table (or that records none) no longer lets
+    --max-length past it: one error line instead of a tensor-size traceback mid-run."""
+    from tests.tiny import MPNET_CLASSES, mpnet_tokenizer, tiny_config, tiny_mpnet_config  # noqa: PLC0415
+
+    if kind == "bert":
+        config, model_class, tokenizer, usable = tiny_config(), BertModel, minilm_tokenizer(), 40
+        config.max_position_embeddings = 40
+    else:  # positions start after the padding id: 42 - (1 + 1) usable
+        config, model_class, tokenizer, usable = tiny_mpnet_config(), MPNET_CLASSES["base"], mpnet_tokenizer(), 40
+        config.max_position_embeddings = 42
+    model_class(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    bundle = load_model(str(tmp_path))
+    assert bundle.tokenizer.model_max_length == usable
+    long_text = [Example("long", " ".join(["word"] * 100))]
+    with pytest.raises(AttnpatError, match=f"maximum length 128 exceeds the model's limit of {usable} tokens"):
+        list(stream_maps(bundle, long_text, max_length=128))
+    (maps,) = [item for batch in stream_maps(bundle, long_text, max_length=usable) for item in [batch]]
+    assert maps.attentions.shape[-1] == usable
