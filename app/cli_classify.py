@@ -127,10 +127,10 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
 
     from classifier.classify import available_glue_tasks, classify_tasks  # noqa: PLC0415
 
-    tasks = available_glue_tasks() if task == "all" else [task]
+    tasks = available_glue_tasks(split) if task == "all" else [task]
     if not tasks:
-        raise AttnpatError("--task all: no GLUE task can be loaded now (no offline files and the hub unreachable; "
-                           "see `attnpat info`)")
+        raise AttnpatError(f"--task all: no GLUE task's {split} split can be loaded now (no offline files for it and "
+                           "the hub unreachable; see `attnpat info`)")
     bundle = load_model(model, map_kind=map_kind)
     with maybe_ray(ray, workers, ray_dashboard) as cluster:
         ratios = classify_tasks(bundle, tasks, cnn, n=n, split=split, batch_size=batch_size, max_length=max_length,

@@ -20,10 +20,11 @@ import torch
 from matplotlib.colors import ListedColormap, to_rgba
 from matplotlib.patches import Patch
 
-from analysis.data import GLUE_TASKS, TaskData, available_tasks, load_data
+from analysis.data import GLUE_TASKS, TaskData, load_data, offline_splits
 from analysis.errors import AttnpatError
 from analysis.figures import close, label_head_axes  # importing analysis.figures selects the Agg backend
 from analysis.mapstore import iter_map_groups, shard_files
+from analysis.models import hub_reachable
 from analysis.patterns import CLASS_COLOURS, CLASSES
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir, list_runs, save_table
@@ -383,6 +384,7 @@ def _tasks_ahead(cluster, bundle, classifier: PatternClassifier, datas: list[Tas
     return TasksAhead(cluster, bundle, classifier, datas, **options)
 
 
-def available_glue_tasks() -> list[str]:
-    """GLUE tasks that can be loaded now (offline files or the hub)."""
-    return [task for task, sources in available_tasks().items() if sources and task in GLUE_TASKS]
+def available_glue_tasks(split: str = "validation") -> list[str]:
+    """GLUE tasks whose ``split`` can be loaded now (offline files, or any split with the hub)."""
+    hub = hub_reachable()
+    return [task for task in GLUE_TASKS if hub or split in offline_splits(task)]

