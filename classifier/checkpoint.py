@@ -13,6 +13,7 @@ from safetensors.torch import save
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from analysis.rundir import atomic_write_together, json_text, writable_path
+from analysis.stats import PROFILE_NAMES
 from classifier.model import PatternCNN
 
 FORMAT = "attnpat-pattern-cnn/1"
@@ -102,6 +103,11 @@ def _check_metadata(path: Path, metadata: dict) -> None:
     size = metadata.get("input_size")
     if type(size) is not int or not 8 <= size <= 256:
         raise AttnpatError(f"{path} has an invalid input size {ascii(size)[:40]}")
+    names = metadata.get("profile_features")
+    if names is not None and names != list(PROFILE_NAMES):
+        # same count, other order or meaning: the weights would load and read every scalar as another one
+        raise AttnpatError(f"{path} was trained on other profile scalars ({ascii(names)[:120]}) than this version "
+                           f"computes; retrain it with: attnpat train")
 
 
 def _check_beside(path: Path, metadata: dict) -> None:

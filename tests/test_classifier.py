@@ -355,7 +355,14 @@ def test_bad_checkpoints_give_one_line_errors(tmp_path, random_checkpoint):
     save_file(PatternCNN().state_dict(), str(other_classes), metadata={"attnpat": header})
     with pytest.raises(AttnpatError, match="predicts classes"):
         load_classifier(other_classes)
-    for path in (corrupt, wrong_shape, other_classes):
+    # the same number of scalars in another order: the weights fit, and would read each scalar as another one
+    reordered = save_checkpoint(PatternCNN(), tmp_path / "reordered.safetensors",
+                                {**METADATA, "profile_features": list(reversed(PROFILE_NAMES))})
+    with pytest.raises(AttnpatError, match="other profile scalars"):
+        load_classifier(reordered)
+    assert load_classifier(save_checkpoint(PatternCNN(), tmp_path / "named.safetensors",
+                                           {**METADATA, "profile_features": list(PROFILE_NAMES)})) is not None
+    for path in (corrupt, wrong_shape, other_classes, reordered):
         with pytest.raises(AttnpatError) as info:
             load_classifier(path)
         assert "\n" not in str(info.value)
