@@ -55,7 +55,9 @@ def map_sha256(attn: np.ndarray) -> str:
 
 def connect(credentials: Credentials):
     """An SDK client whose token has been checked (wrong token and server down give one-line errors)."""
-    client = LabelStudio(base_url=credentials.url, api_key=credentials.token, timeout=60)
+    # the SDK refuses an expired personal access token (or one without an expiry) as it builds the client
+    client = _call(credentials.url, lambda: LabelStudio(base_url=credentials.url, api_key=credentials.token,
+                                                         timeout=60))
     _call(credentials.url, lambda: client.users.whoami())
     return client
 

@@ -11,10 +11,12 @@ import os
 import re
 import socket
 import stat
+import time
 import uuid
 from collections import Counter
 
 import httpx
+import jwt
 import numpy as np
 import pandas as pd
 import pytest
@@ -335,6 +337,23 @@ def test_wrong_token_is_a_one_line_error(label_studio, synthetic_sample, tmp_pat
     for token in ("not-a-token", label_studio.token[:-6] + "AAAAAA"):  # garbage, and a JWT with a bad signature
         code, out, err = cli("annotate", "pull", "--sample", sample.name, "--url", label_studio.url, "--token", token,
                              home=home)
+        assert code == 2 and err.count("\n") == 1 and "rejected the token (HTTP 401)" in err, err
+
+
+def test_an_expired_personal_access_token_is_a_one_line_error(synthetic_sample, tmp_path):
+    """The SDK refuses an expired personal access token, or one without an expiry, while it builds the client,
+    before any request (before, that ApiError escaped connect as a traceback)."""
+    sample = synthetic_sample("expired", 2)
+    home = tmp_path / "home"
+    (home / "workspace" / "annotation" / "samples").mkdir(parents=True)
+    (home / "workspace" / "annotation" / "samples" / sample.name).symlink_to(sample)
+    url = f"http://127.0.0.1:{free_port()}"
+    for claims in ({"token_type": "refresh", "exp": int(time.time()) - 60}, {"token_type": "refresh"}):
+        token = jwt.encode(claims, "a signing key that the check never reads, 32+ bytes", algorithm="HS256")
+        with pytest.raises(AttnpatError, match="rejected the token") as caught:
+            ls.connect(Credentials(url, token))
+        assert "\n" not in str(caught.value)
+        code, out, err = cli("annotate", "pull", "--sample", sample.name, "--url", url, "--token", token, home=home)
         assert code == 2 and err.count("\n") == 1 and "rejected the token (HTTP 401)" in err, err
 
 
