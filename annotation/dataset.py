@@ -25,7 +25,7 @@ from analysis.errors import AttnpatError
 from analysis.mapstore import maps_digest, read_maps, write_single_maps
 from analysis.paths import repo_root
 from analysis.patterns import CLASSES
-from analysis.rundir import atomic_write_text, save_table
+from analysis.rundir import atomic_write_text, save_table, signals_held
 
 LABEL_COLUMNS = ("map_id", "label", "annotator", "labeled_at", "task", "example_id", "layer", "head", "n", "prediction")
 ANNOTATION_COLUMNS = ("map_id", "label", "annotator", "labeled_at")  # annotations.csv: one row per single label
@@ -250,8 +250,11 @@ def write_labeled_folder(out: Path, rows: list[dict], maps: dict[str, np.ndarray
         if out.exists():
             retired = out.with_name(f".{out.name}.old")
             shutil.rmtree(retired, ignore_errors=True)
-            out.rename(retired)
-            staging.rename(out)
+            # a stop between the two renames would leave no set at ``out`` (the old one hidden, the new one
+            # deleted below): Ctrl-C and SIGTERM are held back until both are done
+            with signals_held():
+                out.rename(retired)
+                staging.rename(out)
             shutil.rmtree(retired, ignore_errors=True)
         else:
             staging.rename(out)

@@ -55,7 +55,9 @@ def map_sha256(attn: np.ndarray) -> str:
 
 def connect(credentials: Credentials):
     """An SDK client whose token has been checked (wrong token and server down give one-line errors)."""
-    client = LabelStudio(base_url=credentials.url, api_key=credentials.token, timeout=60)
+    # the SDK refuses an expired personal access token (or one without an expiry) as it builds the client
+    client = _call(credentials.url, lambda: LabelStudio(base_url=credentials.url, api_key=credentials.token,
+                                                         timeout=60))
     _call(credentials.url, lambda: client.users.whoami())
     return client
 
@@ -74,6 +76,10 @@ def _call(url: str, action, what: str = "request"):
     except (httpx.TransportError, ConnectionError) as exc:
         raise ServerUnreachable(f"cannot reach Label Studio at {url} ({type(exc).__name__}); is it running? "
                                 "(`attnpat annotate serve`); rerun to finish the job") from exc
+    except json.JSONDecodeError as exc:
+        # the SDK decodes the body of some answers before it looks at their status (its token refresh does)
+        raise AttnpatError(f"{url} did not answer as Label Studio does (not JSON); is it the Label Studio "
+                           "server's address?") from exc
     except Exception as exc:
         # The SDK wraps a refused PAT refresh in other exception types; keep the message one line.
         if "401" in str(exc) or "token" in str(exc).lower():

@@ -36,7 +36,9 @@ def label_studio(tmp_path_factory):
     root = Path(kept) if kept else tmp_path_factory.mktemp("label-studio")
     server.label_studio_bin()  # a clear failure (not a skip) when the set-up's server venv is missing
     try:
-        credentials = server.serve(port=free_port(), root=root, timeout=600, log=lambda message: None)
+        # a kept server is reused on its own port (serve refuses to move a running server to another one)
+        port = None if kept and server.running_pid(root) is not None else free_port()
+        credentials = server.serve(port=port, root=root, timeout=600, log=lambda message: None)
         credentials.root = root
         yield credentials
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -138,6 +139,35 @@ def test_merging_labeled_sets_keeps_every_map_once_and_refuses_conflicts(tmp_pat
     assert not (tmp_path / "bad").exists()
     with pytest.raises(AttnpatError, match="at least two"):
         merge_labeled_sets([tmp_path / "one"], tmp_path / "bad")
+
+
+def test_a_labeled_set_replaced_while_ctrl_c_arrives_is_the_old_or_the_new_one(tmp_path, monkeypatch):
+    """Ctrl-C between the two renames that swap a new labeled set in (the old one moved aside, the new one not yet
+    in place) is held back until both are done (before, the folder was gone: the old set lay hidden in
+    .<name>.old and the new one was deleted)."""
+    labels = {synthetic_id(f"m{k}"): CLASSES[k] for k in range(5)}
+    write_set(tmp_path / "one", labels, seed=1)
+    write_set(tmp_path / "two", {synthetic_id("n0"): CLASSES[0]}, seed=2)
+    merge_labeled_sets([tmp_path / "one", tmp_path / "two"], tmp_path / "out")
+    write_set(tmp_path / "three", {synthetic_id("p0"): CLASSES[1]}, seed=3)
+    real_rename = Path.rename
+
+    def rename_then_ctrl_c(self, target):
+        moved = real_rename(self, target)
+        if Path(target).name == ".out.old":  # the old set is aside, the new one not yet in its place
+            signal.raise_signal(signal.SIGINT)
+        return moved
+
+    monkeypatch.setattr(Path, "rename", rename_then_ctrl_c)
+    # as in a terminal: a process started in the background (CI) inherits SIGINT ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):  # the stop still arrives, once the swap is done
+            merge_labeled_sets([tmp_path / "one", tmp_path / "three"], tmp_path / "out")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    monkeypatch.setattr(Path, "rename", real_rename)
+    assert sorted(load_labeled_set(tmp_path / "out").map_ids) == sorted([*labels, synthetic_id("p0")])
 
 
 def test_merge_and_class_share_errors_on_the_command_line(tmp_path, capsys, monkeypatch):

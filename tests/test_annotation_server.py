@@ -5,16 +5,21 @@ The server comes from tests/conftest.py (one per session, free loopback port, st
 from __future__ import annotations
 
 import contextlib
+import functools
+import http.server
 import io
 import json
 import os
 import re
 import socket
 import stat
+import threading
+import time
 import uuid
 from collections import Counter
 
 import httpx
+import jwt
 import numpy as np
 import pandas as pd
 import pytest
@@ -336,6 +341,52 @@ def test_wrong_token_is_a_one_line_error(label_studio, synthetic_sample, tmp_pat
         code, out, err = cli("annotate", "pull", "--sample", sample.name, "--url", label_studio.url, "--token", token,
                              home=home)
         assert code == 2 and err.count("\n") == 1 and "rejected the token (HTTP 401)" in err, err
+
+
+def test_an_expired_personal_access_token_is_a_one_line_error(synthetic_sample, tmp_path):
+    """The SDK refuses an expired personal access token, or one without an expiry, while it builds the client,
+    before any request (before, that ApiError escaped connect as a traceback)."""
+    sample = synthetic_sample("expired", 2)
+    home = tmp_path / "home"
+    (home / "workspace" / "annotation" / "samples").mkdir(parents=True)
+    (home / "workspace" / "annotation" / "samples" / sample.name).symlink_to(sample)
+    url = f"http://127.0.0.1:{free_port()}"
+    for claims in ({"token_type": "refresh", "exp": int(time.time()) - 60}, {"token_type": "refresh"}):
+        token = jwt.encode(claims, "a signing key that the check never reads, 32+ bytes", algorithm="HS256")
+        with pytest.raises(AttnpatError, match="rejected the token") as caught:
+            ls.connect(Credentials(url, token))
+        assert "\n" not in str(caught.value)
+        code, out, err = cli("annotate", "pull", "--sample", sample.name, "--url", url, "--token", token, home=home)
+        assert code == 2 and err.count("\n") == 1 and "rejected the token (HTTP 401)" in err, err
+
+
+def test_another_web_server_at_the_url_is_a_one_line_error(synthetic_sample, tmp_path):
+    """--url naming another web server (a wrong port): the SDK exchanges a personal access token first and
+    decodes that server's HTML error page as JSON (before, a JSONDecodeError traceback)."""
+    sample = synthetic_sample("not-ls", 2)
+    home = tmp_path / "home"
+    (home / "workspace" / "annotation" / "samples").mkdir(parents=True)
+    (home / "workspace" / "annotation" / "samples" / sample.name).symlink_to(sample)
+    token = jwt.encode({"token_type": "refresh", "exp": int(time.time()) + 3600},
+                       "a signing key that the check never reads, 32+ bytes", algorithm="HS256")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):  # answers every request with an HTML error page
+        def log_message(self, *args):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    thread = threading.Thread(target=other.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{other.server_address[1]}"
+        with pytest.raises(AttnpatError, match="did not answer as Label Studio does") as caught:
+            ls.connect(Credentials(url, token))
+        assert "\n" not in str(caught.value)
+        code, out, err = cli("annotate", "pull", "--sample", sample.name, "--url", url, "--token", token, home=home)
+        assert code == 2 and err.count("\n") == 1 and "did not answer as Label Studio does" in err, err
+    finally:
+        other.shutdown()
+        other.server_close()
 
 
 def test_project_deleted_between_push_and_pull(label_studio, synthetic_sample, annotate_task, tmp_path):
