@@ -7,10 +7,13 @@ import numbers
 
 import pandas as pd
 
-# Columns whose values are shares of 1: attention weights, accuracies, F1 scores, class fractions.
+from analysis.patterns import CLASSES
+
+# Columns whose values are shares of 1: attention weights, accuracies, F1 scores, class fractions, and the
+# classifier's probabilities p_<class> (p_value, p_mcnemar, p_holm are p-values: 3 significant digits).
 FRACTION_COLUMNS = frozenset({
     "fraction", "fraction_pruned", "accuracy", "baseline_accuracy", "f1", "macro_f1", "macro_f1_agreed",
-    "mean_attention", "to_cls", "to_sep", "ci_low", "ci_high", "adjusted",
+    "mean_attention", "to_cls", "to_sep", "adjusted", *(f"p_{name}" for name in CLASSES),
 })
 # In long tables (layer, head, <key>, value) the key names what ``value`` is; these keys are shares of 1.
 FRACTION_KEYS = FRACTION_COLUMNS | frozenset({
@@ -18,6 +21,9 @@ FRACTION_KEYS = FRACTION_COLUMNS | frozenset({
     "negation", "noun", "verb", "pronoun", "subject", "object",
 })
 KEY_COLUMNS = ("metric", "feature")
+# An interval is shown like the value it bounds: ci_low, ci_high bound the column just before ci_low (fraction,
+# delta, difference, accuracy); in a long table <key>_ci_low, <key>_ci_high bound <key>.
+INTERVAL_COLUMNS = ("ci_low", "ci_high")
 
 
 def readable(value, fraction: bool = False) -> str:
@@ -39,24 +45,36 @@ def readable(value, fraction: bool = False) -> str:
 
 
 def is_fraction_column(column: str) -> bool:
-    return column in FRACTION_COLUMNS or column.startswith("p_")
+    return column in FRACTION_COLUMNS
+
+
+def is_fraction_key(key) -> bool:
+    """Whether a long table's ``value`` is a share of 1 in the rows of metric/feature ``key`` (NaN: no)."""
+    key = str(key)
+    for suffix in INTERVAL_COLUMNS:
+        key = key.removesuffix(f"_{suffix}")
+    return key in FRACTION_KEYS
 
 
 def display_table(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     """A copy of ``frame`` with every float cell formatted by :func:`readable` (integers and text unchanged).
 
-    A long table's ``value`` column is a fraction in the rows whose metric/feature is one (FRACTION_KEYS).
+    A long table's ``value`` column is a fraction in the rows whose metric/feature is one (FRACTION_KEYS), or
+    bounds one (<key>_ci_low); a ci_low/ci_high column is shown like the column it bounds (INTERVAL_COLUMNS).
     """
     if frame is None:
         return None
     shown = frame.copy()
     key = next((column for column in KEY_COLUMNS if column in frame.columns), None)
+    names = [str(column) for column in frame.columns]
+    bounded = names[names.index("ci_low") - 1] if "ci_low" in names[1:] else None
     for column in frame.columns:
         if not pd.api.types.is_float_dtype(frame[column]):
             continue
         if column == "value" and key is not None:
-            fractions = frame[key].astype(str).isin(FRACTION_KEYS)
+            fractions = frame[key].map(is_fraction_key)
         else:
-            fractions = pd.Series(is_fraction_column(str(column)), index=frame.index)
+            name = bounded if str(column) in INTERVAL_COLUMNS and bounded is not None else str(column)
+            fractions = pd.Series(is_fraction_column(name), index=frame.index)
         shown[column] = [readable(value, bool(share)) for value, share in zip(frame[column], fractions)]
     return shown

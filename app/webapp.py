@@ -153,6 +153,17 @@ class WebApp:
         return (_message(f"{title}; {shown}. Rows are queries, columns keys; darker = more attention.", "ok"), str(png),
                 gr.DownloadButton(value=str(png), visible=True), gr.DownloadButton(value=str(svg), visible=True))
 
+    def follow_head(self, text, text_pair, model, word_level, hide_special, layer, head, map_kind="weight"):
+        """After a new grid: -> layer, head (kept within the model's layers and heads: a model with fewer of them
+        may have been picked since), then head_map's caption, large map, map PNG, map SVG."""
+        try:
+            layers, heads = self.explorer.live_maps(model, text, text_pair, map_kind or "weight").maps.shape[:2]
+            layer, head = min(max(int(layer), 1), layers), min(max(int(head), 1), heads)
+        except (AttnpatError, TypeError, ValueError, OverflowError):  # head_map says what is wrong
+            pass
+        return (layer, head,
+                *self.head_map(text, text_pair, model, word_level, hide_special, layer, head, map_kind))
+
     def pick_head(self, model, layer, head, evt: gr.SelectData):
         """A click on the grid at pixel (x, y) -> the clicked head's (layer, head), 1-indexed."""
         if evt is None or not evt.index:
@@ -369,12 +380,13 @@ class WebApp:
             map_inputs = [text, pair, model, word_level, hide_special, layer, head, map_kind]
             map_outputs = [caption, big, map_png, map_svg]
             outputs = [status, grid, classes, grid_png, grid_svg, classes_csv]
-            # the example sentence's grid is computed when the page opens, so the tab is never empty
-            for trigger in (run.click, text.submit, pair.submit, word_level.input, hide_special.input, map_kind.input,
-                            demo.load):
+            # the example sentence's grid is computed when the page opens, so the tab is never empty; a model
+            # picked redraws it (a grid click is read with the picked model's layout)
+            for trigger in (run.click, text.submit, pair.submit, model.input, word_level.input, hide_special.input,
+                            map_kind.input, demo.load):
                 trigger(self.explore, inputs, outputs, api_name="explore" if trigger == run.click else False,
                         concurrency_limit=4, concurrency_id="live").then(
-                    self.head_map, map_inputs, map_outputs, api_name=False, concurrency_limit=4,
+                    self.follow_head, map_inputs, [layer, head, *map_outputs], api_name=False, concurrency_limit=4,
                     concurrency_id="live")
             for number in (layer, head):
                 number.submit(self.head_map, map_inputs, map_outputs, api_name=False, concurrency_id="live")

@@ -33,6 +33,7 @@ from app.cli import app
 from app.explore import LiveExplorer, ModelCache, drop_positions, sentence_maps, view_maps
 from app.jobs import BatchJobs, cli_verbs
 from app.webapp import WebApp
+from tests.tiny import save_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -238,6 +239,31 @@ def test_job_arguments_are_validated(tmp_path):
                 ("overview", "minilm", "sst2", float("nan"))]:
         with pytest.raises(AttnpatError):
             jobs.arguments(*bad)
+
+
+def test_a_picked_model_redraws_the_grid_and_keeps_the_head_selectors_in_its_range(tmp_path, tiny_dir):
+    """Picking a model redraws the grid (before, the old model's grid stayed, and a click on it was read with the
+    new model's layout: another model's head, or none), and the head selectors follow a model with fewer layers
+    or heads (before, every redraw ended in "layer 3, head 8 does not exist")."""
+    big = str(save_tiny_model(tmp_path / "big", layers=3, heads=8))
+    small = str(tiny_dir)
+    web = WebApp(tmp_path / "runs", LiveExplorer(ModelCache(capacity=2), classifier_loader=random_classifier))
+    demo = web.build()
+    ids = {block.elem_id: block._id for block in demo.blocks.values() if getattr(block, "elem_id", None)}
+    fns = demo.fns
+    key = next(k for k, f in fns.items() if (ids["explore-model"], "input") in f.targets)
+    assert fns[key].fn == web.explore
+    follow = next(f for f in fns.values() if f.trigger_after == key)
+    assert {ids["explore-layer"], ids["explore-head"]} <= {block._id for block in follow.outputs}
+
+    layer, head, caption, image, *_ = web.follow_head(SENTENCE, "", big, False, False, 3, 8)
+    assert (layer, head) == (3, 8) and "layer 3, head 8" in caption and image  # in range: kept
+    layer, head, caption, image, *_ = web.follow_head(SENTENCE, "", small, False, False, 3, 8)
+    assert (layer, head) == (2, 4) and is_ok(caption) and "layer 2, head 4" in caption and image
+    layer, head, caption, image, *_ = web.follow_head(SENTENCE, "", small, False, False, 0, 2)
+    assert (layer, head) == (1, 2) and is_ok(caption)
+    layer, head, caption, image, *_ = web.follow_head("", "", small, False, False, 3, 8)  # the grid failed
+    assert (layer, head) == (3, 8) and is_error(caption) and "empty" in caption and image is None
 
 
 # ---------------------------------------------------------------- every endpoint through gradio_client

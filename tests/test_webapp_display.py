@@ -20,6 +20,7 @@ from app.display import display_table, readable
 from app.run_browser import RunBrowser, Scratch
 from app.webapp import WebApp
 from classifier.checkpoint import DEFAULT_CHECKPOINT
+from classifier.evaluate import baseline_comparison
 
 
 @pytest.mark.parametrize("value, fraction, shown", [
@@ -55,6 +56,33 @@ def test_display_table_formats_fractions_by_column_and_by_metric_and_keeps_the_f
     probabilities = pd.DataFrame({"p_vertical": [0.5], "delta": [-0.0125]})
     assert display_table(probabilities).iloc[0].tolist() == ["50.0%", "-0.0125"]
     assert display_table(None) is None
+
+
+def test_intervals_read_like_their_estimate_and_p_values_are_not_percentages():
+    """A table's ci_low/ci_high are in the unit of the value they bound (before: the disabling delta and the
+    classifier's F1 difference as 3 significant digits, their intervals as percentages; a coreference head's
+    accuracy as a percentage, its interval as 3 digits), and a p-value is a p-value, not a share shown as "0.0%"."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, size=40)
+    results = {"cnn": np.where(rng.random(40) < 0.8, labels, (labels + 1) % 3), "majority": np.zeros(40, int)}
+    comparison = baseline_comparison(results, labels, reference="cnn", n_boot=200)
+    for source, shown in zip(comparison.itertuples(), display_table(comparison).itertuples()):
+        assert not shown.difference.endswith("%") and not shown.ci_low.endswith("%")
+        assert not shown.ci_high.endswith("%")
+        assert shown.p_value == readable(source.p_value) and shown.p_holm == readable(source.p_holm)
+    layers = pd.DataFrame({"layer": [0], "mode": ["zero"], "metric": ["accuracy"], "delta": [-0.0125],
+                           "ci_low": [-0.03], "ci_high": [0.004], "p_mcnemar": [0.0004], "p_holm": [0.0008]})
+    shown = display_table(layers).iloc[0]
+    assert [shown.delta, shown.ci_low, shown.ci_high] == [readable(v) for v in (-0.0125, -0.03, 0.004)]
+    assert shown.p_holm == readable(0.0008) != "0.1%"
+    coref = long_table({"accuracy": np.full((1, 1), 0.68), "accuracy_ci_low": np.full((1, 1), 0.6),
+                        "accuracy_ci_high": np.full((1, 1), 0.75)})
+    assert display_table(coref).value.tolist() == [readable(v, True) for v in (0.68, 0.6, 0.75)]
+    ratios = pd.DataFrame({"class": ["block"], "count": [3], "fraction": [0.375], "ci_low": [0.2],
+                           "ci_high": [0.5], "adjusted": [0.4]})  # the pattern ratios: shares, intervals too
+    assert display_table(ratios).iloc[0, 2:].tolist() == [readable(v, True) for v in (0.375, 0.2, 0.5, 0.4)]
+    predictions = pd.DataFrame({f"p_{name}": [1 / len(CLASSES)] for name in CLASSES})  # class probabilities
+    assert display_table(predictions).iloc[0].tolist() == [readable(1 / len(CLASSES), True)] * len(CLASSES)
 
 
 def test_classifier_card_shows_the_shipped_checkpoints_record():
