@@ -154,15 +154,23 @@ class WebApp:
                 gr.DownloadButton(value=str(png), visible=True), gr.DownloadButton(value=str(svg), visible=True))
 
     def follow_head(self, text, text_pair, model, word_level, hide_special, layer, head, map_kind="weight"):
-        """After a new grid: -> layer, head (kept within the model's layers and heads: a model with fewer of them
-        may have been picked since), then head_map's caption, large map, map PNG, map SVG."""
+        """After a new grid: -> layer, head (moved only when outside the model's layers and heads, as after a
+        model with fewer of them was picked: a box set again to the value it held when this began would undo a
+        click on the grid made meanwhile), then head_map's caption, large map, map PNG, map SVG."""
+        kept = layer, head
         try:
             layers, heads = self.explorer.live_maps(model, text, text_pair, map_kind or "weight").maps.shape[:2]
-            layer, head = min(max(int(layer), 1), layers), min(max(int(head), 1), heads)
+            kept = min(max(int(layer), 1), layers), min(max(int(head), 1), heads)
         except (AttnpatError, TypeError, ValueError, OverflowError):  # head_map says what is wrong
             pass
-        return (layer, head,
-                *self.head_map(text, text_pair, model, word_level, hide_special, layer, head, map_kind))
+        boxes = [gr.update() if new == old else new for new, old in zip(kept, (layer, head))]
+        return (*boxes, *self.head_map(text, text_pair, model, word_level, hide_special, *kept, map_kind))
+
+    def forget_grid(self, model):
+        """A model picked: -> the explore outputs with the grid gone and a note to draw the picked model's (the
+        grid shown was another model's: a click on it would be read with the picked model's layout)."""
+        _, *cleared = self._explore_failure("")
+        return (_message(f"model {model} picked: press Show all heads to draw its maps", "info"), *cleared)
 
     def pick_head(self, model, layer, head, evt: gr.SelectData):
         """A click on the grid at pixel (x, y) -> the clicked head's (layer, head), 1-indexed."""
@@ -380,14 +388,16 @@ class WebApp:
             map_inputs = [text, pair, model, word_level, hide_special, layer, head, map_kind]
             map_outputs = [caption, big, map_png, map_svg]
             outputs = [status, grid, classes, grid_png, grid_svg, classes_csv]
-            # the example sentence's grid is computed when the page opens, so the tab is never empty; a model
-            # picked redraws it (a grid click is read with the picked model's layout)
-            for trigger in (run.click, text.submit, pair.submit, model.input, word_level.input, hide_special.input,
+            # the example sentence's grid is computed when the page opens, so the tab is never empty
+            for trigger in (run.click, text.submit, pair.submit, word_level.input, hide_special.input,
                             map_kind.input, demo.load):
                 trigger(self.explore, inputs, outputs, api_name="explore" if trigger == run.click else False,
                         concurrency_limit=4, concurrency_id="live").then(
                     self.follow_head, map_inputs, [layer, head, *map_outputs], api_name=False, concurrency_limit=4,
                     concurrency_id="live")
+            # a picked model clears the grid rather than redrawing it: picked and then "Show all heads" at once would
+            # draw it twice, and the first drawing's head could replace a head clicked on the second
+            model.input(self.forget_grid, [model], outputs, api_name=False)
             for number in (layer, head):
                 number.submit(self.head_map, map_inputs, map_outputs, api_name=False, concurrency_id="live")
             gr.Button("Show head", size="sm", visible=False).click(

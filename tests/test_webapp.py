@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import gradio as gr
 import numpy as np
 import pandas as pd
 import pytest
@@ -241,29 +242,34 @@ def test_job_arguments_are_validated(tmp_path):
             jobs.arguments(*bad)
 
 
-def test_a_picked_model_redraws_the_grid_and_keeps_the_head_selectors_in_its_range(tmp_path, tiny_dir):
-    """Picking a model redraws the grid (before, the old model's grid stayed, and a click on it was read with the
+def test_a_picked_model_clears_the_grid_and_keeps_the_head_selectors_in_its_range(tmp_path, tiny_dir):
+    """Picking a model clears the grid (before, the old model's grid stayed, and a click on it was read with the
     new model's layout: another model's head, or none), and the head selectors follow a model with fewer layers
-    or heads (before, every redraw ended in "layer 3, head 8 does not exist")."""
+    or heads (before, every redraw ended in "layer 3, head 8 does not exist"); in range they are left as they are
+    (set again to the values they had when the redraw began, they would undo a click on the grid made meanwhile)."""
     big = str(save_tiny_model(tmp_path / "big", layers=3, heads=8))
     small = str(tiny_dir)
     web = WebApp(tmp_path / "runs", LiveExplorer(ModelCache(capacity=2), classifier_loader=random_classifier))
     demo = web.build()
     ids = {block.elem_id: block._id for block in demo.blocks.values() if getattr(block, "elem_id", None)}
     fns = demo.fns
-    key = next(k for k, f in fns.items() if (ids["explore-model"], "input") in f.targets)
-    assert fns[key].fn == web.explore
-    follow = next(f for f in fns.values() if f.trigger_after == key)
+    (picked,) = [f for f in fns.values() if (ids["explore-model"], "input") in f.targets]
+    assert picked.fn == web.forget_grid and ids["explore-grid"] in {block._id for block in picked.outputs}
+    status, grid, *_ = web.forget_grid(small)
+    assert grid is None and "press Show all heads" in status
+    run = next(k for k, f in fns.items() if (ids["explore-run"], "click") in f.targets)
+    follow = next(f for f in fns.values() if f.trigger_after == run)
+    assert follow.fn == web.follow_head
     assert {ids["explore-layer"], ids["explore-head"]} <= {block._id for block in follow.outputs}
 
     layer, head, caption, image, *_ = web.follow_head(SENTENCE, "", big, False, False, 3, 8)
-    assert (layer, head) == (3, 8) and "layer 3, head 8" in caption and image  # in range: kept
+    assert layer == head == gr.update() and "layer 3, head 8" in caption and image  # in range: left alone
     layer, head, caption, image, *_ = web.follow_head(SENTENCE, "", small, False, False, 3, 8)
     assert (layer, head) == (2, 4) and is_ok(caption) and "layer 2, head 4" in caption and image
     layer, head, caption, image, *_ = web.follow_head(SENTENCE, "", small, False, False, 0, 2)
-    assert (layer, head) == (1, 2) and is_ok(caption)
+    assert (layer, head) == (1, gr.update()) and is_ok(caption) and "layer 1, head 2" in caption
     layer, head, caption, image, *_ = web.follow_head("", "", small, False, False, 3, 8)  # the grid failed
-    assert (layer, head) == (3, 8) and is_error(caption) and "empty" in caption and image is None
+    assert layer == head == gr.update() and is_error(caption) and "empty" in caption and image is None
 
 
 # ---------------------------------------------------------------- every endpoint through gradio_client
