@@ -34,6 +34,7 @@ from analysis.stream import (
     Encoded,
     MapBatch,
     encode_examples,
+    piece_text,
     stream_maps,
     token_roles,
     word_groups,
@@ -121,11 +122,6 @@ def negation_occurrences(item: Encoded) -> list[list[int]]:
             used.update(span)
             found.append(pieces if pieces is not None else sorted(p for s in span for p in positions[s]))
     return found
-
-
-def piece_text(token: str) -> str:
-    """A word piece's text without its word-boundary marker (##, Ġ, ▁), as stream.word_groups joins them."""
-    return token[2:] if token.startswith("##") else token.lstrip("Ġ▁")
 
 
 def word_core(item: Encoded, positions: list[int]) -> list[int]:

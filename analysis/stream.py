@@ -343,9 +343,13 @@ def word_groups(item: Encoded) -> tuple[np.ndarray, list[str]]:
             last_key = key
         groups.append(len(labels) - 1)
         if word is not None:
-            piece = item.tokens[position]
-            labels[-1] += piece[2:] if piece.startswith("##") else piece.lstrip("Ġ▁")
+            labels[-1] += piece_text(item.tokens[position])
     return np.asarray(groups), labels
+
+
+def piece_text(token: str) -> str:
+    """A word piece's text without its word-boundary marker (##, Ġ, ▁), as word labels join them."""
+    return token[2:] if token.startswith("##") else token.lstrip("Ġ▁")
 
 
 def to_word_level(attn: torch.Tensor, groups: np.ndarray | torch.Tensor) -> torch.Tensor:
