@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save
@@ -108,6 +109,23 @@ def _check_metadata(path: Path, metadata: dict) -> None:
         # same count, other order or meaning: the weights would load and read every scalar as another one
         raise AttnpatError(f"{path} was trained on other profile scalars ({ascii(names)[:120]}) than this version "
                            f"computes; retrain it with: attnpat train")
+    _check_confusion(path, (metadata.get("cross_validation") or {}).get("confusion"))
+
+
+def _check_confusion(path: Path, confusion) -> None:
+    """The recorded (5, 5) cross-validated confusion counts, which classify's adjusted ratios invert: checked at
+    load so that a broken one stops classify before the model runs rather than after every map is classified."""
+    if confusion is None:
+        return
+    try:
+        counts = np.asarray(confusion, dtype=np.float64)
+    except (TypeError, ValueError):
+        counts = None
+    k = len(CLASSES)
+    if (counts is None or counts.shape != (k, k) or not np.isfinite(counts).all() or (counts < 0).any()
+            or (counts.sum(1) <= 0).any()):
+        raise AttnpatError(f"{path} records an invalid cross-validated confusion matrix {ascii(confusion)[:80]} "
+                           f"({k} x {k} non-negative counts, every true class counted); retrain it with: attnpat train")
 
 
 def _check_beside(path: Path, metadata: dict) -> None:
