@@ -143,7 +143,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "Disabling", figure=True),
     Artifact("importance", "importance", "layer, head, metric (importance|importance_raw), value", "Disabling",
              figure=True),
-    Artifact("pruning", "prune", "fraction_pruned, n_pruned, metric", "Disabling", figure=True),
+    Artifact("pruning", "prune", "fraction_pruned, n_pruned, metric, delta, ci_low, ci_high, p_mcnemar, p_holm",
+             "Disabling", figure=True),
     # Clark et al.
     Artifact("surface", "surface", "layer, head, metric (prev|next|self|cls|sep|period|comma|sep_sep|entropy|"
              "cls_entropy), value", "Surface and clusters", figure=True),

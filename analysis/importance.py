@@ -28,7 +28,15 @@ from analysis.metrics import metric_name, task_metric
 from analysis.progress import progress_bar
 from analysis.rundir import long_table
 from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, iter_batches
-from analysis.sweeps import BASELINE, Variant, classifier_head_note, fast_sweep, predictions, task_labels
+from analysis.sweeps import (
+    BASELINE,
+    Variant,
+    classifier_head_note,
+    effect_statistics,
+    fast_sweep,
+    predictions,
+    task_labels,
+)
 
 # ---------------------------------------------------------------- importance
 
@@ -161,17 +169,28 @@ def iterative_pruning_masks(score, counts: Sequence[int], shape: tuple[int, int]
 
 def pruning_curve(bundle, batches: Sequence[TokenBatch], masks: Sequence[np.ndarray], labels: np.ndarray,
                   metric: str, *, mode: str = "zero", progress: bool | str = False):
-    """Task metric under each keep mask (fast engine). Returns a DataFrame fraction_pruned, n_pruned, metric."""
+    """Task metric under each keep mask (fast engine), with the change from the unpruned model and how sure it
+    is (analysis.sweeps.effect_statistics on the same examples; Holm's correction across the curve's steps).
+    Returns (DataFrame fraction_pruned, n_pruned, metric, delta, ci_low, ci_high, p_mcnemar, p_holm; the
+    unpruned metric)."""
     check_mode(mode)
+    if not masks:
+        raise AttnpatError("a pruning curve needs at least one keep mask")
     variants = [Variant(f"prune-{i}", mask) for i, mask in enumerate(masks)]
     logits = fast_sweep(bundle, batches, variants, mode, progress=progress)
-    total = masks[0].size if masks else 0
+    base = predictions(logits[BASELINE])
+    pruned_predictions = np.stack([predictions(logits[variant.name]) for variant in variants], 1)  # (N, steps)
+    baseline = task_metric(metric, base, labels)
+    stats = effect_statistics(base, pruned_predictions, labels, metric)
+    total = masks[0].size
     rows = []
-    for variant in variants:
+    for step, variant in enumerate(variants):
         pruned = int((variant.keep == 0).sum())
-        rows.append({"fraction_pruned": pruned / total, "n_pruned": pruned,
-                     "metric": task_metric(metric, predictions(logits[variant.name]), labels)})
-    return pd.DataFrame(rows), task_metric(metric, predictions(logits[BASELINE]), labels)
+        value = task_metric(metric, pruned_predictions[:, step], labels)
+        rows.append({"fraction_pruned": pruned / total, "n_pruned": pruned, "metric": value,
+                     "delta": value - baseline,
+                     **{column: float(stats[column][step]) for column in ("ci_low", "ci_high", "p_mcnemar", "p_holm")}})
+    return pd.DataFrame(rows), baseline
 
 
 # ---------------------------------------------------------------- figures
@@ -182,8 +201,14 @@ def importance_figure(scores: np.ndarray, *, task: str, model: str, normalisatio
 
 
 def pruning_figure(curve, *, metric: str, baseline: float, task: str, model: str, label: str):
+    """The metric against the share of heads pruned; with ci_low/ci_high (intervals of the change from the
+    unpruned model), error bars around each point."""
     fig, ax = plt.subplots(figsize=(4.8, 3.2))
-    ax.plot(curve["fraction_pruned"] * 100, curve["metric"], marker="o", ms=3, label=label)
+    x = curve["fraction_pruned"] * 100
+    ax.plot(x, curve["metric"], marker="o", ms=3, label=label)
+    if {"ci_low", "ci_high", "delta"} <= set(curve.columns):
+        ax.errorbar(x, curve["metric"], yerr=[curve["delta"] - curve["ci_low"], curve["ci_high"] - curve["delta"]],
+                    fmt="none", ecolor="C0", elinewidth=0.8, capsize=2, label="95% paired bootstrap interval")
     ax.axhline(baseline, color="gray", lw=0.8, ls="--", label=f"unpruned {baseline:.3f}")
     ax.set_xlabel("heads pruned (%)")
     ax.set_ylabel(metric)

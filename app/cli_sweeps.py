@@ -129,7 +129,9 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
                             exponent=exponent, global_minmax=normalize_global, max_length=max_length,
                             batch_size=batch_size, progress=not quiet)
     typer.echo(f"{bundle.name} on {data.task}: {result['metric_name']} while pruning ({result['label']})")
-    typer.echo(f"{'pruned':>7} {'heads':>6} {result['metric_name']:>10}")
+    typer.echo(f"{'pruned':>7} {'heads':>6} {result['metric_name']:>10} {'change [95% interval]':>28} {'p (Holm)':>9}")
     for row in result["curve"].itertuples():
-        typer.echo(f"{row.fraction_pruned * 100:6.1f}% {row.n_pruned:>6} {row.metric:>10.4f}")
+        change = f"{row.delta:+.4f} [{row.ci_low:+.4f}, {row.ci_high:+.4f}]"
+        typer.echo(f"{row.fraction_pruned * 100:6.1f}% {row.n_pruned:>6} {row.metric:>10.4f} {change:>28} "
+                   f"{row.p_holm:>9.3g}")
     typer.echo("wrote " + ", ".join(result["outputs"]))

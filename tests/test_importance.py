@@ -26,7 +26,7 @@ from analysis.importance import (
 from analysis.metrics import accuracy
 from analysis.rundir import RunDir
 from analysis.stream import encode_examples, iter_batches
-from analysis.sweeps import Variant, naive_sweep
+from analysis.sweeps import BASELINE, Variant, effect_statistics, naive_sweep
 from tests.test_disable import make_bundle
 from tests.test_sweeps import tiny_data
 
@@ -174,6 +174,15 @@ def test_pruning_curve_matches_the_naive_loop():
     for i in range(3):
         assert curve["metric"][i] == pytest.approx(accuracy(naive[f"m{i}"].argmax(-1).numpy(), labels))
     assert curve["metric"][0] == pytest.approx(baseline)
+    # each step's change from the unpruned model carries a paired interval and a test on the same examples
+    base = naive[BASELINE].argmax(-1).numpy()
+    pruned = np.stack([naive[f"m{i}"].argmax(-1).numpy() for i in range(3)], 1)
+    stats = effect_statistics(base, pruned, labels, "accuracy")
+    assert curve["delta"].to_numpy() == pytest.approx(curve["metric"].to_numpy() - baseline)
+    for column in ("ci_low", "ci_high", "p_mcnemar", "p_holm"):
+        assert curve[column].to_numpy() == pytest.approx(stats[column])
+    assert (curve["ci_low"] <= curve["delta"] + 1e-12).all() and (curve["delta"] <= curve["ci_high"] + 1e-12).all()
+    assert curve["ci_low"][0] == curve["ci_high"][0] == 0.0 and curve["p_mcnemar"][0] == 1.0  # nothing pruned
 
 
 def test_importance_and_prune_analyses_write_the_run_directory(tmp_path):
@@ -188,7 +197,8 @@ def test_importance_and_prune_analyses_write_the_run_directory(tmp_path):
     assert len(summary["least"]) == 5
     result = prune_analysis(bundle, data, run, step=0.25, iterative=True, batch_size=4)
     curve = pd.read_csv(run.file("pruning.csv"))
-    assert list(curve.columns) == ["fraction_pruned", "n_pruned", "metric"]
+    assert list(curve.columns) == ["fraction_pruned", "n_pruned", "metric", "delta", "ci_low", "ci_high",
+                                   "p_mcnemar", "p_holm"]
     assert curve["n_pruned"].tolist() == [0, 3, 6, 9, 12]
     assert curve["metric"][0] == pytest.approx(result["baseline"])
     for stem in ("importance", "pruning"):
