@@ -45,7 +45,7 @@ from annotation.server import (
     server_dir,
 )
 from app.cli import main
-from app.jobs import Job
+from app.jobs import BatchJobs, Job
 from app.webapp import WebApp, launch
 from classifier.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
 from tests.conftest import free_port
@@ -1045,11 +1045,35 @@ def test_a_job_stopped_by_sigterm_or_ctrl_c_after_its_cleanup_reads_as_stopped_n
         return Job(["overview"], Finished(code)).status()
 
     assert status(TERMINATED_EXIT).startswith("stopped (signal 15)") and status(-15).startswith("stopped (signal 15)")
-    assert status(-9).startswith("stopped (signal 9)") and status(2).startswith("failed (exit status 2)")
+    assert status(2).startswith("failed (exit status 2)")
     assert status(INTERRUPTED_EXIT).startswith("stopped (signal 2)")
-    assert [Job(["overview"], Finished(code)).stopped for code in (TERMINATED_EXIT, INTERRUPTED_EXIT, -9, 0, 1, 2)] \
-        == [True, True, True, False, False, False]
+    assert [Job(["overview"], Finished(code)).stopped for code in (TERMINATED_EXIT, INTERRUPTED_EXIT, 0, 1, 2)] \
+        == [True, True, False, False, False]
     assert status(0).startswith("finished")
+
+
+def test_a_job_killed_by_a_signal_nobody_sent_from_the_app_reads_as_failed_not_stopped(tmp_path):
+    """A job the system killed (the out-of-memory killer's SIGKILL, a segfault, an abort) read as `stopped (signal
+    9)`, styled as a note, as if someone had pressed Stop, and said nothing of a failure. Now it reads as failed;
+    a SIGKILL after the app's own Stop (sent when a job does not end within 10 s of its SIGTERM) reads as stopped."""
+    class Finished:
+        def __init__(self, code):
+            self.code = code
+
+        def poll(self):
+            return self.code
+
+    for code in (-9, -11, -6):
+        job = Job(["finetune"], Finished(code))
+        assert not job.stopped and job.status().startswith(f"failed (killed by signal {-code}"), job.status()
+    assert Job(["finetune"], Finished(-9)).status().startswith("failed (killed by signal 9, SIGKILL: out of memory?)")
+    stopped = Job(["finetune"], Finished(-9), stop_requested=True)
+    assert stopped.stopped and stopped.status().startswith("stopped (signal 9)")
+    # the app's Stop marks its job, so a SIGKILL it sends after its SIGTERM reads as its own
+    jobs = BatchJobs(tmp_path)
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    jobs.job = Job(["finetune"], process)
+    assert jobs.stop().startswith("job stopped") and jobs.job.stop_requested and jobs.job.stopped
 
 
 def test_a_path_the_terminals_encoding_lacks_prints_escaped_not_a_traceback(tmp_path, tiny_model):
