@@ -25,7 +25,7 @@ from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
 from analysis.rendering import cue_text
 from analysis.rundir import atomic_write_json, read_json
-from annotation.dataset import check_labeled_out, fleiss_kappa, write_labeled_folder
+from annotation.dataset import check_labeled_out, fleiss_kappa, write_labeled_folder, write_new_version
 from annotation.instructions import GALLERY, instructions_html
 from annotation.preannotate import preannotate
 from annotation.sample import read_index
@@ -402,7 +402,7 @@ def resolve_project(client, url: str, title: str, state: dict) -> int:
 
 
 def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, title: str | None = None,
-         state_file: Path | None = None, export: str | Path | None = None) -> PullReport:
+         state_file: Path | None = None, export: str | Path | None = None, new_version: bool = False) -> PullReport:
     """Export annotations, join them to the sample's raw maps and write a labeled set to ``out``.
 
     One row per map in labels.csv (the majority label over its annotators; ties go to the earliest
@@ -411,9 +411,12 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
     never dropped silently. Everything is read before anything is written, and the folder appears whole
     (written under a temporary name, then renamed), so a pull cut off midway leaves nothing behind.
     export: a Label Studio JSON export file to read instead of the server (annotators are then named by id).
+    new_version: ``out`` holds a labeled set's versions; the set is written to the next one, ``out``/v<N+1>
+    (:func:`annotation.dataset.write_new_version`), and the report names it.
     """
     sample, out = Path(sample), Path(out)
-    check_labeled_out(out)
+    if not new_version:
+        check_labeled_out(out)
     rows = {row["map_id"]: row for row in read_index(sample)}
     maps = read_single_maps(sample / "maps.npz")
     unmapped = [map_id for map_id in rows if map_id not in maps]
@@ -497,6 +500,9 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
                "pulled_at": datetime.now(UTC).isoformat(timespec="seconds")}
     tokens = {map_id: rows[map_id]["tokens"] for map_id in (row["map_id"] for row in final_rows)
               if rows[map_id].get("tokens") is not None}
-    write_labeled_folder(out, final_rows, maps, all_annotations, summary, tokens)
+    if new_version:
+        report.folder = write_new_version(out, final_rows, maps, all_annotations, summary, tokens)
+    else:
+        write_labeled_folder(out, final_rows, maps, all_annotations, summary, tokens)
     return report
 

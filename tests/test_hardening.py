@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 from pathlib import Path
@@ -517,6 +518,37 @@ def test_pull_counts_each_annotator_once_orders_by_time_and_reports_an_empty_cho
     assert report.no_choice == [ids[2]] and report.unknown == [] and report.unlabeled == 1
     assert rows[ids[3]]["n_annotations"] == 2  # annotations naming no user are not one user's repeats
     assert len((tmp_path / "labeled" / "annotations.csv").read_text().splitlines()) == 1 + 6
+
+
+def test_two_pulls_at_once_write_two_versions_not_one(tmp_path, synthetic_sample, monkeypatch, capsys):
+    """Two `annotate pull` of one sample at the same moment both chose the next version, v1, and the later one
+    replaced the earlier set: two pulls, one labeled set. The version is now chosen, and the set renamed into place,
+    under a lock in the sample's labeled folder, so the two pulls write v1 and v2."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    samples = tmp_path / "workspace" / "annotation" / "samples"
+    sample = Path(shutil.copytree(synthetic_sample("race", 5), samples / "race"))
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(_export_of(sample, {row["map_id"]: "block" for row in read_index(sample)})))
+    both_read, real_read = threading.Barrier(2, timeout=60), ls.read_export
+
+    def read_together(path):
+        tasks = real_read(path)
+        both_read.wait()  # both pulls have read their annotations (before: each had chosen its version too)
+        return tasks
+
+    monkeypatch.setattr(ls, "read_export", read_together)
+    codes = []
+    pulls = [threading.Thread(target=lambda: codes.append(main(["annotate", "pull", "--sample", "race", "--export",
+                                                                str(export)]))) for _ in range(2)]
+    [pull.start() for pull in pulls]
+    [pull.join(timeout=120) for pull in pulls]
+    captured = capsys.readouterr()
+    assert codes == [0, 0], captured.err
+    labeled = tmp_path / "workspace" / "annotation" / "labeled" / "race"
+    assert sorted(path.name for path in labeled.iterdir()) == ["v1", "v2"]  # and no lock file left
+    assert all(len(load_labeled_set(labeled / version)) == 5 for version in ("v1", "v2"))
+    assert f"labeled set {labeled / 'v1'}: 5 maps" in captured.out and f"labeled set {labeled / 'v2'}: 5 maps" \
+        in captured.out
 
 
 @pytest.mark.parametrize("mangle, message", [
