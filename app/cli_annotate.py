@@ -154,7 +154,8 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
     if report.kappa is not None:
         typer.echo(f"inter-annotator agreement: Fleiss' kappa {report.kappa:.3f} over {report.kappa_maps} maps "
                    f"with several annotators ({report.n_annotators} annotators)")
-    for name, items in (("drafts (not submitted)", report.drafts), ("skipped", report.skipped),
+    for name, items in (("drafts (not submitted)", report.drafts),
+                        ("maps left out because their annotators skipped them", report.skipped),
                         ("unknown labels or maps", report.unknown), ("maps changed since push", report.hash_mismatch),
                         ("annotations submitted without a class", report.no_choice),
                         ("maps one annotator labeled twice (their latest label counts)", report.repeated),

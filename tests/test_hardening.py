@@ -510,7 +510,8 @@ def test_pull_counts_each_annotator_once_orders_by_time_and_reports_an_empty_cho
     (tmp_path / "export.json").write_text(json.dumps(tasks))
     report = ls.pull(None, sample, tmp_path / "labeled", export=tmp_path / "export.json")
     rows = {row["map_id"]: row for row in load_labeled_set(tmp_path / "labeled").rows}
-    assert rows[ids[4]]["label"] == "block" and rows[ids[4]]["n_annotations"] == 1 and ids[4] in report.skipped
+    # user 7's skip withdrew their label; user 8's keeps the map in the set, so it is not a map the skips left out
+    assert rows[ids[4]]["label"] == "block" and rows[ids[4]]["n_annotations"] == 1 and report.skipped == []
     assert rows[ids[0]]["label"] == "vertical" and rows[ids[0]]["n_annotations"] == 1
     assert report.repeated == [ids[0], ids[4]] and report.kappa_maps == 2  # maps 1 and 3 have two voters
     assert rows[ids[1]]["label"] == "diagonal" and report.ties == [ids[1]]
@@ -518,6 +519,34 @@ def test_pull_counts_each_annotator_once_orders_by_time_and_reports_an_empty_cho
     assert report.no_choice == [ids[2]] and report.unknown == [] and report.unlabeled == 1
     assert rows[ids[3]]["n_annotations"] == 2  # annotations naming no user are not one user's repeats
     assert len((tmp_path / "labeled" / "annotations.csv").read_text().splitlines()) == 1 + 6
+
+
+def test_pull_counts_the_maps_that_skips_left_out_of_the_set_once_each(tmp_path, synthetic_sample, monkeypatch,
+                                                                      capsys):
+    """`skipped: N` counted skip annotations: a map two annotators skipped counted twice, and a map that another
+    annotator labeled (in the set) or that its annotator labeled after skipping it counted too, so N was neither the
+    maps left out nor anything a user could check. Now it is the maps left out of the set because they were skipped,
+    each once, and the line says so."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    sample = Path(shutil.copytree(synthetic_sample("skips", 5), tmp_path / "workspace" / "annotation" / "samples"
+                                  / "skips"))
+    ids = [row["map_id"] for row in read_index(sample)]
+    tasks = _export_of(sample, {ids[4]: "block"})
+
+    def vote(number, user, label, skip=False):
+        return {"id": number, "completed_by": user, "created_at": f"2026-01-01T00:00:{number:02d}Z",
+                "was_cancelled": skip, "result": [{"value": {"choices": [label]}}] if label else []}
+
+    tasks[0]["annotations"] = [vote(1, 7, None, skip=True), vote(2, 8, None, skip=True)]  # left out: skipped twice
+    tasks[1]["annotations"] = [vote(3, 7, None, skip=True), vote(4, 8, "block")]  # in the set: 8 labeled it
+    tasks[2]["annotations"] = [vote(5, 7, None, skip=True), vote(6, 7, "diagonal")]  # in the set: 7 came back
+    tasks[3]["annotations"] = [vote(7, 8, None, skip=True)]  # left out: skipped
+    (tmp_path / "export.json").write_text(json.dumps(tasks))
+    report = ls.pull(None, sample, tmp_path / "labeled", export=tmp_path / "export.json")
+    assert report.labeled == 3 and report.skipped == [ids[0], ids[3]]
+    code, out, err, _ = run_cli(["annotate", "pull", "--sample", "skips", "--export", tmp_path / "export.json"], capsys)
+    assert code == 0 and "labeled set" in out and ": 3 maps" in out, err
+    assert f"maps left out because their annotators skipped them: 2 (first: {ids[0]})" in out.splitlines()
 
 
 def test_two_pulls_at_once_write_two_versions_not_one(tmp_path, synthetic_sample, monkeypatch, capsys):
