@@ -25,7 +25,7 @@ from analysis.errors import AttnpatError
 from analysis.mapstore import maps_digest, read_maps, write_single_maps
 from analysis.paths import repo_root
 from analysis.patterns import CLASSES
-from analysis.rundir import atomic_write_text, save_table, signals_held
+from analysis.rundir import atomic_write_text, locked, save_table, signals_held
 
 LABEL_COLUMNS = ("map_id", "label", "annotator", "labeled_at", "task", "example_id", "layer", "head", "n", "prediction")
 ANNOTATION_COLUMNS = ("map_id", "label", "annotator", "labeled_at")  # annotations.csv: one row per single label
@@ -165,6 +165,15 @@ def next_version(base: str | Path) -> Path:
     base = Path(base)
     versions = [number for path in base.glob("v*") if (number := version_number(path.name)) is not None]
     return base / f"v{1 + max(versions, default=0)}"
+
+
+def write_new_version(base: str | Path, rows: list[dict], maps: dict[str, np.ndarray], annotations: list[dict],
+                      summary: dict, tokens: dict[str, list[str]] | None = None) -> Path:
+    """Write the labeled set as a new version of ``base`` (:func:`next_version`) and return its folder. The version
+    is chosen, and the set renamed into place, under ``base``'s lock, so two pulls at once write two versions."""
+    base = Path(base)
+    with locked(base / ".pull.lock", f"a new version of the labeled set {base}", wait=True):
+        return write_labeled_folder(next_version(base), rows, maps, annotations, summary, tokens)
 
 
 def labeled_set_name(folder: str | Path) -> str:

@@ -25,7 +25,7 @@ from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
 from analysis.rendering import cue_text
 from analysis.rundir import atomic_write_json, read_json
-from annotation.dataset import check_labeled_out, fleiss_kappa, write_labeled_folder
+from annotation.dataset import check_labeled_out, fleiss_kappa, write_labeled_folder, write_new_version
 from annotation.instructions import GALLERY, instructions_html
 from annotation.preannotate import preannotate
 from annotation.sample import read_index
@@ -307,9 +307,10 @@ def _read_state(path: Path | None) -> dict:
 @dataclass
 class PullReport:
     """What a pull found. drafts / skipped / unknown / hash_mismatch list map ids (unknown: with the label);
-    no_choice: annotations submitted without a class; repeated: maps where one annotator submitted twice (their
-    latest annotation counts, once; a later skip or empty one withdraws their label); ties: maps whose
-    annotators split evenly (the earliest annotation's label was kept)."""
+    skipped: the maps left out of the set because they were skipped (each once: no label, and the last word of an
+    annotator on it a skip); no_choice: annotations submitted without a class; repeated: maps where one annotator
+    submitted twice (their latest annotation counts, once; a later skip or empty one withdraws their label); ties:
+    maps whose annotators split evenly (the earliest annotation's label was kept)."""
 
     folder: Path
     labeled: int
@@ -402,18 +403,21 @@ def resolve_project(client, url: str, title: str, state: dict) -> int:
 
 
 def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, title: str | None = None,
-         state_file: Path | None = None, export: str | Path | None = None) -> PullReport:
+         state_file: Path | None = None, export: str | Path | None = None, new_version: bool = False) -> PullReport:
     """Export annotations, join them to the sample's raw maps and write a labeled set to ``out``.
 
     One row per map in labels.csv (the majority label over its annotators; ties go to the earliest
     annotation and are reported); every single annotation in annotations.csv. Drafts (of any user),
-    skipped (cancelled) annotations, unknown labels and maps whose hash no longer matches are reported,
-    never dropped silently. Everything is read before anything is written, and the folder appears whole
+    maps left out because they were skipped (cancelled), unknown labels and maps whose hash no longer matches are
+    reported, never dropped silently. Everything is read before anything is written, and the folder appears whole
     (written under a temporary name, then renamed), so a pull cut off midway leaves nothing behind.
     export: a Label Studio JSON export file to read instead of the server (annotators are then named by id).
+    new_version: ``out`` holds a labeled set's versions; the set is written to the next one, ``out``/v<N+1>
+    (:func:`annotation.dataset.write_new_version`), and the report names it.
     """
     sample, out = Path(sample), Path(out)
-    check_labeled_out(out)
+    if not new_version:
+        check_labeled_out(out)
     rows = {row["map_id"]: row for row in read_index(sample)}
     maps = read_single_maps(sample / "maps.npz")
     unmapped = [map_id for map_id in rows if map_id not in maps]
@@ -441,6 +445,7 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
         if task.get("drafts") or task.get("draft_exists"):
             report.drafts.append(map_id)
         latest = {}  # voter -> (order, annotation or None): each annotator's last word, a skip included
+        skipped_by = set()  # the voters whose last word is a skip
         ordered = sorted(((_created(annotation), annotation) for annotation in task.get("annotations") or []),
                          key=lambda pair: pair[0])
         for order, annotation in ordered:
@@ -450,8 +455,9 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
             if voter in latest and map_id not in report.repeated:
                 report.repeated.append(map_id)
             record = None
+            skipped_by.discard(voter)
             if annotation.get("was_cancelled"):
-                report.skipped.append(map_id)
+                skipped_by.add(voter)
             elif label is None:
                 report.no_choice.append(map_id)
             elif label not in CLASSES:
@@ -463,6 +469,8 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
         annotations = [record for _, record in sorted(latest.values(), key=lambda kept: kept[0])
                        if record is not None]
         if not annotations:
+            if skipped_by:
+                report.skipped.append(map_id)
             report.unlabeled += 1
             continue
         all_annotations.extend(annotations)
@@ -497,6 +505,9 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
                "pulled_at": datetime.now(UTC).isoformat(timespec="seconds")}
     tokens = {map_id: rows[map_id]["tokens"] for map_id in (row["map_id"] for row in final_rows)
               if rows[map_id].get("tokens") is not None}
-    write_labeled_folder(out, final_rows, maps, all_annotations, summary, tokens)
+    if new_version:
+        report.folder = write_new_version(out, final_rows, maps, all_annotations, summary, tokens)
+    else:
+        write_labeled_folder(out, final_rows, maps, all_annotations, summary, tokens)
     return report
 

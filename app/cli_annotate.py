@@ -8,7 +8,7 @@ import typer
 from analysis.errors import AttnpatError
 from analysis.paths import annotation_root
 from analysis.rundir import locked
-from annotation.dataset import merge_labeled_sets, next_version
+from annotation.dataset import merge_labeled_sets
 from annotation.sample import ensure_sample
 from annotation.server import credentials_file, invite_link, load_credentials, resolve_credentials
 from annotation.server import serve as start
@@ -144,16 +144,18 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
     folder = _samples_dir() / sample
     if not folder.is_dir():
         raise AttnpatError(f"no sample '{sample}' in {_samples_dir()}")
-    out = out or next_version(annotation_root() / "labeled" / sample)
     credentials = None if export is not None else _credentials(url, token)
-    report = pull_labels(credentials, folder, out, project, _state_file(), export=export)
+    # no --out: the next version, chosen as the set is written (two pulls at once get two versions)
+    report = pull_labels(credentials, folder, out or annotation_root() / "labeled" / sample, project, _state_file(),
+                         export=export, new_version=out is None)
     typer.echo(f"labeled set {report.folder}: {report.labeled} maps; classes: {report.class_counts}")
     if report.prediction_agreement is not None:
         typer.echo(f"pre-annotation agreement with final labels: {report.prediction_agreement:.3f}")
     if report.kappa is not None:
         typer.echo(f"inter-annotator agreement: Fleiss' kappa {report.kappa:.3f} over {report.kappa_maps} maps "
                    f"with several annotators ({report.n_annotators} annotators)")
-    for name, items in (("drafts (not submitted)", report.drafts), ("skipped", report.skipped),
+    for name, items in (("drafts (not submitted)", report.drafts),
+                        ("maps left out because their annotators skipped them", report.skipped),
                         ("unknown labels or maps", report.unknown), ("maps changed since push", report.hash_mismatch),
                         ("annotations submitted without a class", report.no_choice),
                         ("maps one annotator labeled twice (their latest label counts)", report.repeated),

@@ -50,6 +50,7 @@ class Job:
     started: float = field(default_factory=time.time)
     lines: list[str] = field(default_factory=lambda: [""])
     finished: float | None = None
+    stop_requested: bool = False  # set by BatchJobs.stop: a SIGKILL after its SIGTERM is the Stop's, not a crash
 
     def log_text(self, tail: int = 60) -> str:
         return "\n".join(self.lines[-tail:]).strip("\n")
@@ -68,13 +69,20 @@ class Job:
         if self.stopped:
             number = -code if code < 0 else {TERMINATED_EXIT: signal.SIGTERM, INTERRUPTED_EXIT: signal.SIGINT}[code]
             return f"stopped (signal {number}): `{command}`"
+        if code < 0:  # killed by the system: the log ends without a word, so the status says what happened
+            why = ", SIGKILL: out of memory?" if -code == signal.SIGKILL else ""
+            return f"failed (killed by signal {-code}{why}): `{command}`; see the log"
         return f"failed (exit status {code}): `{command}`; see the log"
 
     @property
     def stopped(self) -> bool:
-        """Ended by a signal: killed, or stopped by SIGTERM or Ctrl-C after cleaning up (app.cli's exit codes)."""
+        """Stopped: by SIGTERM or Ctrl-C (after cleaning up: app.cli's exit codes; or before its handler was set),
+        or killed after the app's Stop. Any other signal (the out-of-memory killer's SIGKILL, a segfault) failed."""
         code = self.returncode
-        return code is not None and (code < 0 or code in (TERMINATED_EXIT, INTERRUPTED_EXIT))
+        if code is None:
+            return False
+        return code in (TERMINATED_EXIT, INTERRUPTED_EXIT) or -code in (signal.SIGTERM, signal.SIGINT) or (
+            code < 0 and self.stop_requested)
 
 
 class BatchJobs:
@@ -144,6 +152,7 @@ class BatchJobs:
         with self._lock:
             if self.job is None or self.job.returncode is not None:
                 return "no job is running"
+            self.job.stop_requested = True
             self.job.process.terminate()
             try:
                 self.job.process.wait(timeout=10)

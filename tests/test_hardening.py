@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 from pathlib import Path
@@ -45,7 +46,7 @@ from annotation.server import (
     server_dir,
 )
 from app.cli import main
-from app.jobs import Job
+from app.jobs import BatchJobs, Job
 from app.webapp import WebApp, launch
 from classifier.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
 from tests.conftest import free_port
@@ -509,7 +510,8 @@ def test_pull_counts_each_annotator_once_orders_by_time_and_reports_an_empty_cho
     (tmp_path / "export.json").write_text(json.dumps(tasks))
     report = ls.pull(None, sample, tmp_path / "labeled", export=tmp_path / "export.json")
     rows = {row["map_id"]: row for row in load_labeled_set(tmp_path / "labeled").rows}
-    assert rows[ids[4]]["label"] == "block" and rows[ids[4]]["n_annotations"] == 1 and ids[4] in report.skipped
+    # user 7's skip withdrew their label; user 8's keeps the map in the set, so it is not a map the skips left out
+    assert rows[ids[4]]["label"] == "block" and rows[ids[4]]["n_annotations"] == 1 and report.skipped == []
     assert rows[ids[0]]["label"] == "vertical" and rows[ids[0]]["n_annotations"] == 1
     assert report.repeated == [ids[0], ids[4]] and report.kappa_maps == 2  # maps 1 and 3 have two voters
     assert rows[ids[1]]["label"] == "diagonal" and report.ties == [ids[1]]
@@ -517,6 +519,65 @@ def test_pull_counts_each_annotator_once_orders_by_time_and_reports_an_empty_cho
     assert report.no_choice == [ids[2]] and report.unknown == [] and report.unlabeled == 1
     assert rows[ids[3]]["n_annotations"] == 2  # annotations naming no user are not one user's repeats
     assert len((tmp_path / "labeled" / "annotations.csv").read_text().splitlines()) == 1 + 6
+
+
+def test_pull_counts_the_maps_that_skips_left_out_of_the_set_once_each(tmp_path, synthetic_sample, monkeypatch,
+                                                                      capsys):
+    """`skipped: N` counted skip annotations: a map two annotators skipped counted twice, and a map that another
+    annotator labeled (in the set) or that its annotator labeled after skipping it counted too, so N was neither the
+    maps left out nor anything a user could check. Now it is the maps left out of the set because they were skipped,
+    each once, and the line says so."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    sample = Path(shutil.copytree(synthetic_sample("skips", 5), tmp_path / "workspace" / "annotation" / "samples"
+                                  / "skips"))
+    ids = [row["map_id"] for row in read_index(sample)]
+    tasks = _export_of(sample, {ids[4]: "block"})
+
+    def vote(number, user, label, skip=False):
+        return {"id": number, "completed_by": user, "created_at": f"2026-01-01T00:00:{number:02d}Z",
+                "was_cancelled": skip, "result": [{"value": {"choices": [label]}}] if label else []}
+
+    tasks[0]["annotations"] = [vote(1, 7, None, skip=True), vote(2, 8, None, skip=True)]  # left out: skipped twice
+    tasks[1]["annotations"] = [vote(3, 7, None, skip=True), vote(4, 8, "block")]  # in the set: 8 labeled it
+    tasks[2]["annotations"] = [vote(5, 7, None, skip=True), vote(6, 7, "diagonal")]  # in the set: 7 came back
+    tasks[3]["annotations"] = [vote(7, 8, None, skip=True)]  # left out: skipped
+    (tmp_path / "export.json").write_text(json.dumps(tasks))
+    report = ls.pull(None, sample, tmp_path / "labeled", export=tmp_path / "export.json")
+    assert report.labeled == 3 and report.skipped == [ids[0], ids[3]]
+    code, out, err, _ = run_cli(["annotate", "pull", "--sample", "skips", "--export", tmp_path / "export.json"], capsys)
+    assert code == 0 and "labeled set" in out and ": 3 maps" in out, err
+    assert f"maps left out because their annotators skipped them: 2 (first: {ids[0]})" in out.splitlines()
+
+
+def test_two_pulls_at_once_write_two_versions_not_one(tmp_path, synthetic_sample, monkeypatch, capsys):
+    """Two `annotate pull` of one sample at the same moment both chose the next version, v1, and the later one
+    replaced the earlier set: two pulls, one labeled set. The version is now chosen, and the set renamed into place,
+    under a lock in the sample's labeled folder, so the two pulls write v1 and v2."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    samples = tmp_path / "workspace" / "annotation" / "samples"
+    sample = Path(shutil.copytree(synthetic_sample("race", 5), samples / "race"))
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(_export_of(sample, {row["map_id"]: "block" for row in read_index(sample)})))
+    both_read, real_read = threading.Barrier(2, timeout=60), ls.read_export
+
+    def read_together(path):
+        tasks = real_read(path)
+        both_read.wait()  # both pulls have read their annotations (before: each had chosen its version too)
+        return tasks
+
+    monkeypatch.setattr(ls, "read_export", read_together)
+    codes = []
+    pulls = [threading.Thread(target=lambda: codes.append(main(["annotate", "pull", "--sample", "race", "--export",
+                                                                str(export)]))) for _ in range(2)]
+    [pull.start() for pull in pulls]
+    [pull.join(timeout=120) for pull in pulls]
+    captured = capsys.readouterr()
+    assert codes == [0, 0], captured.err
+    labeled = tmp_path / "workspace" / "annotation" / "labeled" / "race"
+    assert sorted(path.name for path in labeled.iterdir()) == ["v1", "v2"]  # and no lock file left
+    assert all(len(load_labeled_set(labeled / version)) == 5 for version in ("v1", "v2"))
+    assert f"labeled set {labeled / 'v1'}: 5 maps" in captured.out and f"labeled set {labeled / 'v2'}: 5 maps" \
+        in captured.out
 
 
 @pytest.mark.parametrize("mangle, message", [
@@ -1045,11 +1106,35 @@ def test_a_job_stopped_by_sigterm_or_ctrl_c_after_its_cleanup_reads_as_stopped_n
         return Job(["overview"], Finished(code)).status()
 
     assert status(TERMINATED_EXIT).startswith("stopped (signal 15)") and status(-15).startswith("stopped (signal 15)")
-    assert status(-9).startswith("stopped (signal 9)") and status(2).startswith("failed (exit status 2)")
+    assert status(2).startswith("failed (exit status 2)")
     assert status(INTERRUPTED_EXIT).startswith("stopped (signal 2)")
-    assert [Job(["overview"], Finished(code)).stopped for code in (TERMINATED_EXIT, INTERRUPTED_EXIT, -9, 0, 1, 2)] \
-        == [True, True, True, False, False, False]
+    assert [Job(["overview"], Finished(code)).stopped for code in (TERMINATED_EXIT, INTERRUPTED_EXIT, 0, 1, 2)] \
+        == [True, True, False, False, False]
     assert status(0).startswith("finished")
+
+
+def test_a_job_killed_by_a_signal_nobody_sent_from_the_app_reads_as_failed_not_stopped(tmp_path):
+    """A job the system killed (the out-of-memory killer's SIGKILL, a segfault, an abort) read as `stopped (signal
+    9)`, styled as a note, as if someone had pressed Stop, and said nothing of a failure. Now it reads as failed;
+    a SIGKILL after the app's own Stop (sent when a job does not end within 10 s of its SIGTERM) reads as stopped."""
+    class Finished:
+        def __init__(self, code):
+            self.code = code
+
+        def poll(self):
+            return self.code
+
+    for code in (-9, -11, -6):
+        job = Job(["finetune"], Finished(code))
+        assert not job.stopped and job.status().startswith(f"failed (killed by signal {-code}"), job.status()
+    assert Job(["finetune"], Finished(-9)).status().startswith("failed (killed by signal 9, SIGKILL: out of memory?)")
+    stopped = Job(["finetune"], Finished(-9), stop_requested=True)
+    assert stopped.stopped and stopped.status().startswith("stopped (signal 9)")
+    # the app's Stop marks its job, so a SIGKILL it sends after its SIGTERM reads as its own
+    jobs = BatchJobs(tmp_path)
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    jobs.job = Job(["finetune"], process)
+    assert jobs.stop().startswith("job stopped") and jobs.job.stop_requested and jobs.job.stopped
 
 
 def test_a_path_the_terminals_encoding_lacks_prints_escaped_not_a_traceback(tmp_path, tiny_model):
