@@ -186,9 +186,10 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
             index = read_index(folder)
             if all((folder / row["image"]).is_file() for row in index):
                 return folder
+    # read before the server is contacted: a bad --exclude is an option to correct, like the others
+    excluded = set().union(*(_map_ids_in(path) for path in exclude)) if exclude else set()
     if before_drawing is not None:
         before_drawing()
-    excluded = set().union(*(_map_ids_in(path) for path in exclude)) if exclude else set()
     if maps is not None:
         log(f"sampling {count} maps from {maps} into {folder}")
         drawn = sample_saved_maps(maps, count, seed, excluded)
@@ -217,11 +218,25 @@ def _map_ids_in(folder: str | Path) -> set[str]:
     """The map ids of a labeled set (labels.csv), a sample (index.jsonl), or every labeled set and sample
     anywhere under a folder of them (e.g. annotation/labeled)."""
     folder = Path(folder)
+    if not folder.exists():
+        raise AttnpatError(f"--exclude {folder} does not exist (a labeled set, a sample, or a folder of them)")
     if (folder / "labels.csv").is_file():
-        return set(pd.read_csv(folder / "labels.csv", usecols=["map_id"], dtype=str).map_id)
+        return _labeled_map_ids(folder / "labels.csv")
     if (folder / "index.jsonl").is_file() or not folder.is_dir():
         return {row["map_id"] for row in read_index(folder)}
     inside = sorted({path.parent for name in ("labels.csv", "index.jsonl") for path in folder.rglob(name)})
     if not inside:
         raise AttnpatError(f"{folder} holds no labeled set (labels.csv) or map sample (index.jsonl) to exclude")
     return set().union(*(_map_ids_in(path) for path in inside))
+
+
+def _labeled_map_ids(path: Path) -> set[str]:
+    """The map_id column of a labeled set's labels.csv; an unreadable table or one without it is an AttnpatError."""
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except Exception as exc:  # empty, binary, malformed: pandas raises several kinds, each one line here
+        raise AttnpatError(f"{path} is not a readable CSV: {(str(exc).strip() or type(exc).__name__).splitlines()[0]}"
+                           ) from exc
+    if "map_id" not in frame.columns:
+        raise AttnpatError(f"{path} has no map_id column, so it is not a labeled set's labels.csv")
+    return set(frame.map_id)

@@ -344,3 +344,23 @@ def test_an_unfinished_sample_redrawn_with_other_settings_renders_its_images_ane
     assert sorted(path.name for path in (folder / "png").iterdir()) == sorted(Path(row["image"]).name
                                                                               for row in index)
     assert all((folder / row["image"]).read_bytes().startswith(b"\x89PNG") for row in index)
+
+
+def refuse_network():
+    raise AssertionError("the server was contacted before the options were checked")
+
+
+def test_a_bad_exclude_folder_is_one_error_line_before_the_server_is_contacted(tmp_path):
+    """`annotate push --exclude X` where X does not exist, or holds a labels.csv that is empty, binary or has no
+    map_id column: one error line naming it, before the server is contacted or any file written (before, a pandas
+    traceback, found after the server check; a missing folder was called 'not a map sample')."""
+    for name, content in (("no-map-id", b"x,label\n1,block\n"), ("empty", b""), ("binary", b"\xff\xfe\x00\x01gz")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "labels.csv").write_bytes(content)
+    for name, why in (("no-map-id", "has no map_id column"), ("empty", "not a readable CSV"),
+                      ("binary", "not a readable CSV"), ("nowhere", "nowhere does not exist")):
+        with pytest.raises(AttnpatError, match=why) as caught:
+            ensure_sample(tmp_path / "samples", "minilm", 4, ["sst2"], 0, "s", exclude=[tmp_path / name],
+                          before_drawing=refuse_network, log=lambda _: None)
+        assert "\n" not in str(caught.value) and f"{tmp_path / name}" in str(caught.value)
+    assert not (tmp_path / "samples").exists()
