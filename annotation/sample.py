@@ -156,6 +156,11 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
             raise AttnpatError(f"unknown task '{unknown[0]}'; known tasks: {', '.join(ALL_TASKS)}")
         # one spelling per task: map ids hold the task, and --exclude compares ids
         tasks = [task.strip().lower() for task in tasks]
+        repeated = [task for k, task in enumerate(tasks) if task in tasks[:k]]
+        if repeated:  # drawn twice, a task would take two shares of the sample (and could draw a map twice)
+            raise AttnpatError(f"--tasks names {repeated[0]} twice")
+        if not stratify_by and count < len(tasks):  # a natural sample splits its maps evenly over the tasks
+            raise AttnpatError(f"--count {count} is smaller than the number of tasks ({len(tasks)})")
     # Recorded for every stratified sample (as before), and for the others when given, so older samples drawn
     # without it keep their settings.
     excluded_folders = {"exclude": [str(path) for path in exclude]} if exclude else {}

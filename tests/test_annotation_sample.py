@@ -364,3 +364,15 @@ def test_a_bad_exclude_folder_is_one_error_line_before_the_server_is_contacted(t
                           before_drawing=refuse_network, log=lambda _: None)
         assert "\n" not in str(caught.value) and f"{tmp_path / name}" in str(caught.value)
     assert not (tmp_path / "samples").exists()
+
+
+def test_a_count_below_the_tasks_or_a_task_named_twice_is_refused_before_anything_is_drawn(tmp_path):
+    """`annotate push --count 1 --tasks sst2,rte` is refused before the server is contacted or sample.json written
+    (before, after the server check and the model load, leaving a settings file behind); `--tasks sst2,SST2` names
+    one task twice (before, that task got twice its share of the maps, or the draw ended in 'duplicate map ids')."""
+    with pytest.raises(AttnpatError, match=r"--count 1 is smaller than the number of tasks \(2\)"):
+        ensure_sample(tmp_path / "samples", "minilm", 1, ["sst2", "rte"], 0, "s", before_drawing=refuse_network)
+    with pytest.raises(AttnpatError, match="--tasks names sst2 twice"):
+        ensure_sample(tmp_path / "samples", "minilm", 4, ["sst2", "rte", " SST2"], 0, "s",
+                      before_drawing=refuse_network)
+    assert not (tmp_path / "samples").exists()
