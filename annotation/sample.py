@@ -179,6 +179,7 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
             settings.update(class_shares=parse_class_shares(class_shares), exclude=[str(path) for path in exclude])
     folder = Path(samples_dir) / name
     settings_file = folder / "sample.json"
+    previous = {}
     if settings_file.is_file():
         previous = read_json(settings_file, "the sample's settings", "delete the sample folder to draw it again")
         # a sample whose drawing never finished holds no maps yet: new settings may replace it
@@ -202,6 +203,12 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
         write_sample(folder, drawn)
         return folder
     bundle = load_model(model)
+    if previous.get("revision") not in (None, bundle.revision):
+        # the model folder changed since this sample was drawn (fine-tuned again): its maps are not this model's
+        if (folder / "index.jsonl").is_file():
+            raise AttnpatError(f"sample '{name}' was drawn from another revision of {model} "
+                               f"({previous['revision']}, now {bundle.revision}); choose --sample")
+        shutil.rmtree(folder / "png", ignore_errors=True)  # images of the old maps, as for other settings
     atomic_write_text(settings_file, json.dumps({**settings, "revision": bundle.revision}, indent=2))
     if not stratify_by:
         log(f"sampling {count} maps of {model} over {', '.join(tasks)} into {folder}")

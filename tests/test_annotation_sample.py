@@ -376,3 +376,25 @@ def test_a_count_below_the_tasks_or_a_task_named_twice_is_refused_before_anythin
         ensure_sample(tmp_path / "samples", "minilm", 4, ["sst2", "rte", " SST2"], 0, "s",
                       before_drawing=refuse_network)
     assert not (tmp_path / "samples").exists()
+
+
+def test_a_sample_resumed_after_its_model_changed_never_keeps_images_of_the_old_maps(tmp_path):
+    """A drawing stopped before index.jsonl, resumed after the model folder changed (fine-tuned again): its images
+    are rendered anew from the new maps; a finished sample missing an image is refused, since drawing it again
+    would replace the maps its pushed tasks join to (before, the old images were kept and pushed for the new maps,
+    or maps.npz was silently replaced)."""
+    model = save_tiny_model(tmp_path / "tiny", layers=1, heads=2)
+    folder = ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="s", log=lambda _: None)
+    index = read_index(folder)
+    (folder / "index.jsonl").unlink()  # stopped between the images and the index
+    for row in index:
+        (folder / row["image"]).write_bytes(b"an image of the old model's maps")
+    save_tiny_model(tmp_path / "tiny", layers=1, heads=2, seed=1)  # the same folder, other weights
+    ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="s", log=lambda _: None)
+    assert all((folder / row["image"]).read_bytes().startswith(b"\x89PNG") for row in read_index(folder))
+    maps_before = (folder / "maps.npz").read_bytes()
+    (folder / read_index(folder)[0]["image"]).unlink()
+    save_tiny_model(tmp_path / "tiny", layers=1, heads=2, seed=2)
+    with pytest.raises(AttnpatError, match="another revision"):
+        ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="s", log=lambda _: None)
+    assert (folder / "maps.npz").read_bytes() == maps_before
