@@ -219,6 +219,10 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
             f"({', '.join(f'{k} {v:.2f}' for k, v in settings['class_shares'].items())}) into {folder}")
         drawn = sample_maps_by_prediction(bundle, n_maps=count, tasks=tasks, seed=seed, max_length=max_length,
                                           exclude=excluded, predict=predict, shares=settings["class_shares"])
+        if not drawn:  # no candidate map of any class given a share: nothing to write, so say which
+            asked = [name for name, share in settings["class_shares"].items() if share > 0]
+            raise AttnpatError(f"{stratify_by} predicted none of the {count} maps asked for as {' or '.join(asked)}; "
+                               "try other --class-shares or another --seed")
         if len(drawn) < count:  # a rare class can have fewer candidate maps than its share
             log(f"the sample holds {len(drawn)} maps, not {count}: {stratify_by} predicted some classes for fewer "
                 f"maps than their share; push another --sample with another --seed for more")

@@ -398,3 +398,14 @@ def test_a_sample_resumed_after_its_model_changed_never_keeps_images_of_the_old_
     with pytest.raises(AttnpatError, match="another revision"):
         ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="s", log=lambda _: None)
     assert (folder / "maps.npz").read_bytes() == maps_before
+
+
+def test_a_stratified_sample_with_no_map_of_the_classes_asked_says_why(tmp_path):
+    """`--stratify-by rules --class-shares heterogeneous=1` where the rules predict no map heterogeneous: one line
+    naming the predictor and the classes (before, `no maps to write`)."""
+    model = save_tiny_model(tmp_path / "tiny", layers=1, heads=2)
+    with pytest.raises(AttnpatError, match="rules predicted none of the 4 maps asked for as heterogeneous"):
+        ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="none", stratify_by="rules",
+                      predict=lambda maps, tokens: ["block"] * len(maps), class_shares="heterogeneous=1",
+                      log=lambda _: None)
+    assert not (tmp_path / "samples" / "none" / "index.jsonl").exists()
