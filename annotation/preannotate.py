@@ -53,13 +53,15 @@ def _column_mask(tokens: list[str] | None, n: int, members: set[str] | None = No
 
 
 def segment_ids(tokens: list[str] | None, n: int) -> np.ndarray:
-    """Segment index of each token: a new segment starts after every [SEP] (the [SEP] closes its segment)."""
+    """Segment index of each token: a new segment starts after every [SEP] (the [SEP] closes its segment); a
+    [SEP] right after one (RoBERTa/MPNet pairs: <s> a </s></s> b </s>) opens the next segment, as <s> opens
+    the first."""
     if tokens is None:
         return np.zeros(n, int)
     ids, current = [], 0
-    for token in tokens:
+    for k, token in enumerate(tokens):
         ids.append(current)
-        if token in _SEP:
+        if token in _SEP and not (k > 0 and tokens[k - 1] in _SEP):
             current += 1
     return np.asarray(ids)
 

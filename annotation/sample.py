@@ -156,6 +156,11 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
             raise AttnpatError(f"unknown task '{unknown[0]}'; known tasks: {', '.join(ALL_TASKS)}")
         # one spelling per task: map ids hold the task, and --exclude compares ids
         tasks = [task.strip().lower() for task in tasks]
+        repeated = [task for k, task in enumerate(tasks) if task in tasks[:k]]
+        if repeated:  # drawn twice, a task would take two shares of the sample (and could draw a map twice)
+            raise AttnpatError(f"--tasks names {repeated[0]} twice")
+        if not stratify_by and count < len(tasks):  # a natural sample splits its maps evenly over the tasks
+            raise AttnpatError(f"--count {count} is smaller than the number of tasks ({len(tasks)})")
     # Recorded for every stratified sample (as before), and for the others when given, so older samples drawn
     # without it keep their settings.
     excluded_folders = {"exclude": [str(path) for path in exclude]} if exclude else {}
@@ -174,6 +179,7 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
             settings.update(class_shares=parse_class_shares(class_shares), exclude=[str(path) for path in exclude])
     folder = Path(samples_dir) / name
     settings_file = folder / "sample.json"
+    previous = {}
     if settings_file.is_file():
         previous = read_json(settings_file, "the sample's settings", "delete the sample folder to draw it again")
         # a sample whose drawing never finished holds no maps yet: new settings may replace it
@@ -186,9 +192,10 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
             index = read_index(folder)
             if all((folder / row["image"]).is_file() for row in index):
                 return folder
+    # read before the server is contacted: a bad --exclude is an option to correct, like the others
+    excluded = set().union(*(_map_ids_in(path) for path in exclude)) if exclude else set()
     if before_drawing is not None:
         before_drawing()
-    excluded = set().union(*(_map_ids_in(path) for path in exclude)) if exclude else set()
     if maps is not None:
         log(f"sampling {count} maps from {maps} into {folder}")
         drawn = sample_saved_maps(maps, count, seed, excluded)
@@ -196,6 +203,12 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
         write_sample(folder, drawn)
         return folder
     bundle = load_model(model)
+    if previous.get("revision") not in (None, bundle.revision):
+        # the model folder changed since this sample was drawn (fine-tuned again): its maps are not this model's
+        if (folder / "index.jsonl").is_file():
+            raise AttnpatError(f"sample '{name}' was drawn from another revision of {model} "
+                               f"({previous['revision']}, now {bundle.revision}); choose --sample")
+        shutil.rmtree(folder / "png", ignore_errors=True)  # images of the old maps, as for other settings
     atomic_write_text(settings_file, json.dumps({**settings, "revision": bundle.revision}, indent=2))
     if not stratify_by:
         log(f"sampling {count} maps of {model} over {', '.join(tasks)} into {folder}")
@@ -206,6 +219,10 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
             f"({', '.join(f'{k} {v:.2f}' for k, v in settings['class_shares'].items())}) into {folder}")
         drawn = sample_maps_by_prediction(bundle, n_maps=count, tasks=tasks, seed=seed, max_length=max_length,
                                           exclude=excluded, predict=predict, shares=settings["class_shares"])
+        if not drawn:  # no candidate map of any class given a share: nothing to write, so say which
+            asked = [name for name, share in settings["class_shares"].items() if share > 0]
+            raise AttnpatError(f"{stratify_by} predicted none of the {count} maps asked for as {' or '.join(asked)}; "
+                               "try other --class-shares or another --seed")
         if len(drawn) < count:  # a rare class can have fewer candidate maps than its share
             log(f"the sample holds {len(drawn)} maps, not {count}: {stratify_by} predicted some classes for fewer "
                 f"maps than their share; push another --sample with another --seed for more")
@@ -217,11 +234,25 @@ def _map_ids_in(folder: str | Path) -> set[str]:
     """The map ids of a labeled set (labels.csv), a sample (index.jsonl), or every labeled set and sample
     anywhere under a folder of them (e.g. annotation/labeled)."""
     folder = Path(folder)
+    if not folder.exists():
+        raise AttnpatError(f"--exclude {folder} does not exist (a labeled set, a sample, or a folder of them)")
     if (folder / "labels.csv").is_file():
-        return set(pd.read_csv(folder / "labels.csv", usecols=["map_id"], dtype=str).map_id)
+        return _labeled_map_ids(folder / "labels.csv")
     if (folder / "index.jsonl").is_file() or not folder.is_dir():
         return {row["map_id"] for row in read_index(folder)}
     inside = sorted({path.parent for name in ("labels.csv", "index.jsonl") for path in folder.rglob(name)})
     if not inside:
         raise AttnpatError(f"{folder} holds no labeled set (labels.csv) or map sample (index.jsonl) to exclude")
     return set().union(*(_map_ids_in(path) for path in inside))
+
+
+def _labeled_map_ids(path: Path) -> set[str]:
+    """The map_id column of a labeled set's labels.csv; an unreadable table or one without it is an AttnpatError."""
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except Exception as exc:  # empty, binary, malformed: pandas raises several kinds, each one line here
+        raise AttnpatError(f"{path} is not a readable CSV: {(str(exc).strip() or type(exc).__name__).splitlines()[0]}"
+                           ) from exc
+    if "map_id" not in frame.columns:
+        raise AttnpatError(f"{path} has no map_id column, so it is not a labeled set's labels.csv")
+    return set(frame.map_id)

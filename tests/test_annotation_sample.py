@@ -344,3 +344,68 @@ def test_an_unfinished_sample_redrawn_with_other_settings_renders_its_images_ane
     assert sorted(path.name for path in (folder / "png").iterdir()) == sorted(Path(row["image"]).name
                                                                               for row in index)
     assert all((folder / row["image"]).read_bytes().startswith(b"\x89PNG") for row in index)
+
+
+def refuse_network():
+    raise AssertionError("the server was contacted before the options were checked")
+
+
+def test_a_bad_exclude_folder_is_one_error_line_before_the_server_is_contacted(tmp_path):
+    """`annotate push --exclude X` where X does not exist, or holds a labels.csv that is empty, binary or has no
+    map_id column: one error line naming it, before the server is contacted or any file written (before, a pandas
+    traceback, found after the server check; a missing folder was called 'not a map sample')."""
+    for name, content in (("no-map-id", b"x,label\n1,block\n"), ("empty", b""), ("binary", b"\xff\xfe\x00\x01gz")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "labels.csv").write_bytes(content)
+    for name, why in (("no-map-id", "has no map_id column"), ("empty", "not a readable CSV"),
+                      ("binary", "not a readable CSV"), ("nowhere", "nowhere does not exist")):
+        with pytest.raises(AttnpatError, match=why) as caught:
+            ensure_sample(tmp_path / "samples", "minilm", 4, ["sst2"], 0, "s", exclude=[tmp_path / name],
+                          before_drawing=refuse_network, log=lambda _: None)
+        assert "\n" not in str(caught.value) and f"{tmp_path / name}" in str(caught.value)
+    assert not (tmp_path / "samples").exists()
+
+
+def test_a_count_below_the_tasks_or_a_task_named_twice_is_refused_before_anything_is_drawn(tmp_path):
+    """`annotate push --count 1 --tasks sst2,rte` is refused before the server is contacted or sample.json written
+    (before, after the server check and the model load, leaving a settings file behind); `--tasks sst2,SST2` names
+    one task twice (before, that task got twice its share of the maps, or the draw ended in 'duplicate map ids')."""
+    with pytest.raises(AttnpatError, match=r"--count 1 is smaller than the number of tasks \(2\)"):
+        ensure_sample(tmp_path / "samples", "minilm", 1, ["sst2", "rte"], 0, "s", before_drawing=refuse_network)
+    with pytest.raises(AttnpatError, match="--tasks names sst2 twice"):
+        ensure_sample(tmp_path / "samples", "minilm", 4, ["sst2", "rte", " SST2"], 0, "s",
+                      before_drawing=refuse_network)
+    assert not (tmp_path / "samples").exists()
+
+
+def test_a_sample_resumed_after_its_model_changed_never_keeps_images_of_the_old_maps(tmp_path):
+    """A drawing stopped before index.jsonl, resumed after the model folder changed (fine-tuned again): its images
+    are rendered anew from the new maps; a finished sample missing an image is refused, since drawing it again
+    would replace the maps its pushed tasks join to (before, the old images were kept and pushed for the new maps,
+    or maps.npz was silently replaced)."""
+    model = save_tiny_model(tmp_path / "tiny", layers=1, heads=2)
+    folder = ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="s", log=lambda _: None)
+    index = read_index(folder)
+    (folder / "index.jsonl").unlink()  # stopped between the images and the index
+    for row in index:
+        (folder / row["image"]).write_bytes(b"an image of the old model's maps")
+    save_tiny_model(tmp_path / "tiny", layers=1, heads=2, seed=1)  # the same folder, other weights
+    ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="s", log=lambda _: None)
+    assert all((folder / row["image"]).read_bytes().startswith(b"\x89PNG") for row in read_index(folder))
+    maps_before = (folder / "maps.npz").read_bytes()
+    (folder / read_index(folder)[0]["image"]).unlink()
+    save_tiny_model(tmp_path / "tiny", layers=1, heads=2, seed=2)
+    with pytest.raises(AttnpatError, match="another revision"):
+        ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="s", log=lambda _: None)
+    assert (folder / "maps.npz").read_bytes() == maps_before
+
+
+def test_a_stratified_sample_with_no_map_of_the_classes_asked_says_why(tmp_path):
+    """`--stratify-by rules --class-shares heterogeneous=1` where the rules predict no map heterogeneous: one line
+    naming the predictor and the classes (before, `no maps to write`)."""
+    model = save_tiny_model(tmp_path / "tiny", layers=1, heads=2)
+    with pytest.raises(AttnpatError, match="rules predicted none of the 4 maps asked for as heterogeneous"):
+        ensure_sample(tmp_path / "samples", str(model), 4, ["sst2"], seed=1, name="none", stratify_by="rules",
+                      predict=lambda maps, tokens: ["block"] * len(maps), class_shares="heterogeneous=1",
+                      log=lambda _: None)
+    assert not (tmp_path / "samples" / "none" / "index.jsonl").exists()

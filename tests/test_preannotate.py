@@ -106,6 +106,19 @@ def test_segment_blocks_keep_their_weight_inside_segments():
     assert features["self_mass"] == pytest.approx((8 / 8 + 4 / 4) / 12)
 
 
+def test_a_pair_joined_by_two_separators_has_two_segments():
+    """RoBERTa and MPNet join a pair as <s> a </s></s> b </s>: the first </s> closes the first sentence and the
+    second opens the next, so attention kept inside each sentence is all within its segment (before, the second
+    </s> was a segment of its own, and the second sentence's rows lost their weight on it)."""
+    tokens = ["<s>", "the", "cat", "sat", ".", "</s>", "</s>", "it", "slept", "</s>"]
+    attn = np.zeros((10, 10), np.float32)
+    attn[:6, :6] = 1 / 6
+    attn[6:, 6:] = 1 / 4
+    assert map_features(attn, tokens)["within_segment"] == pytest.approx(1.0)
+    assert map_features(attn, [t.replace("<s>", "[CLS]").replace("</s>", "[SEP]") for t in tokens])[
+        "within_segment"] == pytest.approx(1.0)  # MPNet's tokenizer over a BERT vocabulary: [CLS] a [SEP] [SEP] b
+
+
 # Known limit of the rules, kept on purpose: broadness is over the whole input (entropy / log n), so short
 # per-segment blocks fall below BROAD. Cues measured per segment (rows keeping >= BROAD of their weight in
 # their own segment, broadness and band against that segment) turn this map into block, but on v5, panel-4 and
