@@ -142,17 +142,24 @@ def annotator_agreement(labeled: LabeledSet) -> np.ndarray | None:
     return np.where(per_map["size"].to_numpy() >= 2, (per_map["nunique"].to_numpy() == 1).astype(float), np.nan)
 
 
+def read_text_table(path: Path, columns: Sequence[str]) -> pd.DataFrame:
+    """A CSV with every cell read as text, a blank one as "", holding at least ``columns``. An unreadable file
+    (empty, binary, malformed) or a missing column is one AttnpatError naming the file."""
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except Exception as exc:  # pandas raises several kinds for a broken file: each is one line here
+        raise AttnpatError(f"{path} is not a readable CSV: {_first_line(exc)}") from exc
+    missing = [column for column in columns if column not in frame.columns]
+    if missing:
+        raise AttnpatError(f"{path} has no {' or '.join(missing)} column (it needs {', '.join(columns)})")
+    return frame
+
+
 def read_annotations(path: Path) -> pd.DataFrame:
     """A labeled set's annotations.csv: one row per single annotation, with at least map_id and label. Every
     cell is read as text, a blank one as "": an annotator id reads the same whatever the other rows hold, so the
     same annotation read from two sets compares equal."""
-    try:
-        annotations = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except Exception as exc:
-        raise AttnpatError(f"{path} is not a readable annotations table (map_id, label): {_first_line(exc)}") from exc
-    if not {"map_id", "label"} <= set(annotations.columns):
-        raise AttnpatError(f"{path} needs map_id and label columns")
-    return annotations
+    return read_text_table(path, ("map_id", "label"))
 
 
 def version_number(name: str) -> int | None:

@@ -21,8 +21,6 @@ from collections.abc import Set as AbstractSet
 from dataclasses import asdict
 from pathlib import Path
 
-import pandas as pd
-
 from analysis.data import ALL_TASKS, json_lines
 from analysis.errors import AttnpatError
 from analysis.mapstore import iter_map_groups, make_map_id, write_single_maps
@@ -37,6 +35,7 @@ from analysis.sampling import (
     sample_maps,
     sample_maps_by_prediction,
 )
+from annotation.dataset import read_text_table
 
 
 def image_name(sampled: SampledMap) -> str:
@@ -248,11 +247,4 @@ def _map_ids_in(folder: str | Path) -> set[str]:
 
 def _labeled_map_ids(path: Path) -> set[str]:
     """The map_id column of a labeled set's labels.csv; an unreadable table or one without it is an AttnpatError."""
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except Exception as exc:  # empty, binary, malformed: pandas raises several kinds, each one line here
-        raise AttnpatError(f"{path} is not a readable CSV: {(str(exc).strip() or type(exc).__name__).splitlines()[0]}"
-                           ) from exc
-    if "map_id" not in frame.columns:
-        raise AttnpatError(f"{path} has no map_id column, so it is not a labeled set's labels.csv")
-    return set(frame.map_id)
+    return set(read_text_table(path, ("map_id",)).map_id)
