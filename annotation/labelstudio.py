@@ -120,8 +120,12 @@ def ensure_project(client, url: str, title: str, project_id: int | None = None,
         found = _project_by_title(client, url, title)
     created = found is None
     if created:
+        # Uniform sampling: the labeling stream hands out tasks in random order, not in push order (a natural
+        # sample is pushed task by task, shortest maps first), so a panel that stops partway has labeled an
+        # unbiased share of the sample
         found = _call(url, lambda: client.projects.create(title=title, label_config=LABEL_CONFIG,
-                                                         description="attnpat attention-pattern labeling"),
+                                                         description="attnpat attention-pattern labeling",
+                                                         sampling="Uniform sampling"),
                       "project").id
     # Every push brings the project's instructions up to the current guideline and gallery.
     instructions = instructions_html(image_url=gallery_image_url(client, url, found))

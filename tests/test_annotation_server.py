@@ -286,6 +286,7 @@ def test_a_panel_project_hands_every_task_to_several_annotators_without_pre_anno
     plain = ls.push(label_studio, sample, title=f"plain {sample.name}", progress=False, log=lambda m: None)
     project = admin.projects.get(id=plain.project_id)
     assert project.maximum_annotations == 1 and project.show_collab_predictions
+    assert project.sampling == "Uniform sampling"  # not push order: a partial panel labels an unbiased share
     for task in tasks_by_map(label_studio, plain.project_id).values():
         annotate_task(admin, task["id"], "vertical")
     assert next_task_for(bob, plain.project_id) is None
