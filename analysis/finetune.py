@@ -39,6 +39,7 @@ from analysis.paths import model_store
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir, atomic_write, atomic_write_json, locked
 from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, encode_examples, iter_batches
+from analysis.uncertainty import bootstrap_statistic_interval, wilson_interval
 
 CHECKPOINT_DIR = ".checkpoint"
 FORCE_PENDING = ".force-pending"  # a --force run is training a replacement (finetune)
@@ -298,9 +299,23 @@ def predict(bundle, examples: Sequence[Example], *, num_labels: int, max_length:
     return predictions
 
 
+def metric_interval(name: str, predictions: Sequence, labels: Sequence, *, level: float = 0.95) -> tuple[float, float]:
+    """The 95% interval of metric ``name`` over (N,) predictions and (N,) labels: Wilson's score interval for
+    accuracy (a proportion of examples), a seeded percentile bootstrap over the examples for the others (F1 and
+    correlations are no mean over examples). NaN bounds where the metric is undefined in every draw."""
+    predictions, labels = np.asarray(predictions, dtype=float), np.asarray(labels, dtype=float)
+    if name == "accuracy":
+        low, high = wilson_interval(int((predictions == labels).sum()), len(labels), level=level)
+    else:
+        low, high = bootstrap_statistic_interval(lambda draw: METRICS[name](predictions[draw], labels[draw]),
+                                                 len(labels), level=level)
+    return float(low), float(high)
+
+
 def evaluate(bundle, data: TaskData, *, num_labels: int, max_length: int = DEFAULT_MAX_LENGTH,
              batch_size: int = 64) -> dict[str, float]:
-    """The task's GLUE metric (key ``metric``/``value``) plus accuracy or the correlation parts."""
+    """The task's GLUE metric (key ``metric``/``value``) plus accuracy or the correlation parts, each with its 95%
+    interval (``scores``: <name>_ci_low, <name>_ci_high beside every <name>)."""
     labels = np.asarray([example.label for example in data.examples], dtype=float)
     predictions = predict(bundle, data.examples, num_labels=num_labels, max_length=max_length, batch_size=batch_size)
     name = metric_name(data.task)
@@ -308,6 +323,11 @@ def evaluate(bundle, data: TaskData, *, num_labels: int, max_length: int = DEFAU
     extras = ("pearson", "spearman") if num_labels == 1 else ("accuracy", "f1") if num_labels == 2 else ("accuracy",)
     for extra in extras:
         scores.setdefault(extra, METRICS[extra](predictions, labels))
+    with_intervals = {}
+    for metric, value in scores.items():  # every reported score carries its uncertainty, right after it
+        low, high = metric_interval(metric, predictions, labels)
+        with_intervals.update({metric: value, f"{metric}_ci_low": low, f"{metric}_ci_high": high})
+    scores = with_intervals
     return {"metric": name, "value": scores[name], "scores": scores, "n_eval": len(labels)}
 
 
