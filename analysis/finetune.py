@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from analysis.data import GLUE_TASKS, Example, TaskData, load_data
+from analysis.data import GLUE_TASKS, Example, TaskData, is_data_file, load_data
 from analysis.errors import AttnpatError
 from analysis.metrics import METRICS, metric_name, task_metric
 from analysis.models import (
@@ -83,6 +83,15 @@ class TrainResult:
 
 # ---------------------------------------------------------------- data
 
+def check_task(task: str) -> str:
+    """The GLUE task name ``task`` stands for (trimmed, lower case), or an AttnpatError naming it as given."""
+    name = task.strip().lower()
+    if name not in GLUE_TASKS:
+        why = "; a data file cannot be fine-tuned on" if is_data_file(task) else ""
+        raise AttnpatError(f"fine-tuning needs a GLUE task ({', '.join(GLUE_TASKS)}), got '{task}'{why}")
+    return name
+
+
 def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 0.5, seed: int = 0,
                     n_train: int | None = None, allow_hub: bool | None = None) -> tuple[TaskData, TaskData, dict]:
     """(train data, evaluation data, split info) for a GLUE task.
@@ -91,9 +100,7 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
     seeded ``train_share`` of the dev set to train on and the rest to evaluate on (for tasks whose only
     offline split is the dev set).
     """
-    task = task.strip().lower()
-    if task not in GLUE_TASKS:
-        raise AttnpatError(f"fine-tuning needs a GLUE task ({', '.join(GLUE_TASKS)}), got '{task}'")
+    task = check_task(task)
     if split_dev:
         if not 0 < train_share < 1:
             raise AttnpatError(f"--train-share must be between 0 and 1, got {train_share}")
@@ -465,7 +472,7 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
     recipe.check()
     if checkpoint_every < 1:  # the step loop takes it modulo: 0 stopped the run in a ZeroDivisionError
         raise AttnpatError(f"the checkpoint interval must be at least 1 step, got {checkpoint_every}")
-    task = task.strip().lower()
+    task = check_task(task)  # before the default store name is made of it (a path would be a bad name)
     name = name or f"{model_slug(base)}-{task}"
     path = store_path(name)
     # one fine-tune per store name at a time (its checkpoint and staging folder are shared), whatever its task

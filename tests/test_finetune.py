@@ -324,3 +324,15 @@ def test_the_reported_metric_carries_a_95_percent_interval(tokenizer, tmp_path):
                                       for i, word in enumerate(["good", "bad", "long", "short"] * 5)], 1,
         "pearson_spearman"), num_labels=1, max_length=16)
     assert {"pearson_spearman_ci_low", "pearson_spearman_ci_high"} <= set(regression["scores"])
+
+
+def test_a_data_file_as_task_is_refused_as_a_task_not_as_a_store_name(tmp_path, monkeypatch):
+    """`finetune --task /data/train.csv` said "model-store names are plain folder names, got
+    'minilm-/data/train.csv'": the path went into the default store name before the task was checked."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    for task in ("/data/Train.csv", "Train.csv"):
+        with pytest.raises(AttnpatError, match=rf"fine-tuning needs a GLUE task .*, got '{task}'; a data file"):
+            ft.finetune("minilm", task, progress=False, allow_hub=False)
+    with pytest.raises(AttnpatError, match=r"fine-tuning needs a GLUE task .*, got 'wiki'$"):
+        ft.finetune("minilm", "wiki", progress=False, allow_hub=False)
+    assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
