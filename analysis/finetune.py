@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from analysis.data import GLUE_TASKS, Example, TaskData, is_data_file, load_data
+from analysis.data import GLUE_TASKS, Example, TaskData, is_data_file, load_data, offline_splits
 from analysis.errors import AttnpatError
 from analysis.metrics import METRICS, metric_name, task_metric
 from analysis.models import (
@@ -124,7 +124,11 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
         try:
             train = load_data(task, "train", allow_hub=allow_hub)
         except AttnpatError as exc:
-            raise AttnpatError(f"{exc}; use --split-dev to fine-tune on a share of the dev set instead") from exc
+            # --split-dev helps only where the dev set itself can be loaded without the hub
+            advice = ("use --split-dev to fine-tune on a share of the dev set instead"
+                      if "validation" in offline_splits(task) else
+                      f"{task} has no packaged data: fine-tuning on it needs the hub")
+            raise AttnpatError(f"{exc}; {advice}") from exc
         evaluation = load_data(task, "validation", allow_hub=allow_hub)
         info = {"mode": "train/validation"}
     if n_train is not None:
@@ -295,14 +299,21 @@ def finetune_encoder(bundle, examples: Sequence[Example], recipe: Recipe, checkp
 # ---------------------------------------------------------------- evaluation
 
 def predict(bundle, examples: Sequence[Example], *, num_labels: int, max_length: int = DEFAULT_MAX_LENGTH,
-            batch_size: int = 64) -> np.ndarray:
+            batch_size: int = 64, progress: bool = False) -> np.ndarray:
     """(N,) predictions in the order of ``examples``: class ids, or scores for regression."""
     predictions = np.zeros(len(examples), dtype=float)
-    with torch.inference_mode():
-        for batch in iter_batches(bundle, examples, max_length=max_length, batch_size=batch_size):
-            logits = bundle.model(**batch.model_inputs(bundle.device)).logits.float().cpu()
-            values = logits[:, 0] if num_labels == 1 else logits.argmax(-1)
-            predictions[batch.indices] = values.numpy()
+    bar = progress_bar(len(examples), progress, "evaluating")
+    try:
+        with torch.inference_mode():
+            for batch in iter_batches(bundle, examples, max_length=max_length, batch_size=batch_size):
+                logits = bundle.model(**batch.model_inputs(bundle.device)).logits.float().cpu()
+                values = logits[:, 0] if num_labels == 1 else logits.argmax(-1)
+                predictions[batch.indices] = values.numpy()
+                if bar is not None:
+                    bar.update(len(batch.indices))
+    finally:
+        if bar is not None:
+            bar.close()
     return predictions
 
 
@@ -320,11 +331,12 @@ def metric_interval(name: str, predictions: Sequence, labels: Sequence, *, level
 
 
 def evaluate(bundle, data: TaskData, *, num_labels: int, max_length: int = DEFAULT_MAX_LENGTH,
-             batch_size: int = 64) -> dict[str, float]:
+             batch_size: int = 64, progress: bool = False) -> dict[str, float]:
     """The task's GLUE metric (key ``metric``/``value``) plus accuracy or the correlation parts, each with its 95%
     interval (``scores``: <name>_ci_low, <name>_ci_high beside every <name>)."""
     labels = np.asarray([example.label for example in data.examples], dtype=float)
-    predictions = predict(bundle, data.examples, num_labels=num_labels, max_length=max_length, batch_size=batch_size)
+    predictions = predict(bundle, data.examples, num_labels=num_labels, max_length=max_length, batch_size=batch_size,
+                          progress=progress)
     name = metric_name(data.task)
     scores = {name: task_metric(name, predictions, labels)}
     extras = ("pearson", "spearman") if num_labels == 1 else ("accuracy", "f1") if num_labels == 2 else ("accuracy",)
@@ -526,7 +538,7 @@ def _train_into_store(base: str, task: str, path: Path, recipe: Recipe, *, split
                               checkpoint_every=checkpoint_every, progress=progress, on_step=on_step,
                               identity=training_identity(bundle, base, task, num_labels, train))
     eval_started = time.time()
-    scores = evaluate(bundle, evaluation, num_labels=num_labels, max_length=recipe.max_length)
+    scores = evaluate(bundle, evaluation, num_labels=num_labels, max_length=recipe.max_length, progress=progress)
     meta = {
         "base_model": base_reference(bundle, base), "base_revision": bundle.revision, "task": task,
         "num_labels": num_labels,

@@ -336,3 +336,22 @@ def test_a_data_file_as_task_is_refused_as_a_task_not_as_a_store_name(tmp_path, 
     with pytest.raises(AttnpatError, match=r"fine-tuning needs a GLUE task .*, got 'wiki'$"):
         ft.finetune("minilm", "wiki", progress=False, allow_hub=False)
     assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
+
+
+def test_split_dev_is_suggested_only_for_tasks_whose_dev_set_is_at_hand():
+    """Offline, `finetune --task qnli` said "use --split-dev to fine-tune on a share of the dev set instead", and
+    `--split-dev` then failed in turn: QNLI has no offline split at all."""
+    with pytest.raises(AttnpatError, match=r"no source for task 'qnli' split 'train'.*; qnli has no packaged data: "
+                                           r"fine-tuning on it needs the hub$"):
+        ft.finetune_splits("qnli", allow_hub=False)
+    with pytest.raises(AttnpatError, match="use --split-dev to fine-tune on a share of the dev set instead$"):
+        ft.finetune_splits("mrpc", allow_hub=False)
+
+
+def test_evaluation_shows_a_progress_bar(tokenizer, capsys):
+    """Training showed a bar, then the dev set (9,815 MNLI pairs, 40,430 QQP pairs from the hub) was scored
+    with none: minutes of silence on a CPU."""
+    ft.evaluate(tiny_classifier(), _data(toy_examples(20)), num_labels=2, max_length=16, batch_size=8, progress=True)
+    assert "evaluating" in capsys.readouterr().err
+    ft.evaluate(tiny_classifier(), _data(toy_examples(20)), num_labels=2, max_length=16, progress=False)
+    assert "evaluating" not in capsys.readouterr().err
