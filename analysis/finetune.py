@@ -457,6 +457,35 @@ def other_settings(name: str, base: str, task: str, recipe: Recipe, n_train: int
     return f"it was trained with {'; '.join(differing)}" if differing else None
 
 
+RECIPE_OPTIONS = {"learning_rate": "--lr", "batch_size": "--batch-size", "epochs": "--epochs",
+                  "max_length": "--max-length", "seed": "--seed"}  # the others have no option: named as fields
+
+
+def settings_differences(meta: dict, recipe: Recipe, *, split_dev: bool, train_share: float,
+                         n_train: int | None) -> list[str]:
+    """How the finished store model ``meta`` (its attnpat.json) was trained otherwise than asked, one
+    '<option> <recorded>, not <asked>' per setting; [] when it was not, or cannot be told (a record without it)."""
+    split = meta.get("split") if isinstance(meta.get("split"), dict) else {}
+    stored = meta.get("recipe") if isinstance(meta.get("recipe"), dict) else {}
+    differences = [f"{RECIPE_OPTIONS.get(key, key)} {stored[key]}, not {value}"
+                   for key, value in asdict(recipe).items() if key in stored and stored[key] != value]
+    flags = {"split-dev": "--split-dev", "train/validation": "no --split-dev"}
+    asked = "split-dev" if split_dev else "train/validation"
+    if split.get("mode") in flags and split["mode"] != asked:
+        differences.append(f"{flags[split['mode']]}, not {flags[asked]}")
+    elif split_dev and split.get("train_share") not in (None, train_share):
+        differences.append(f"--train-share {split['train_share']}, not {train_share}")
+    recorded_n = split.get("n_train")
+    sampled = any(str(note).startswith("--n:") for note in split.get("notes") or [])
+    if recorded_n is not None and n_train is None and sampled:
+        differences.append(f"--n {recorded_n}, not all")
+    # fewer recorded than asked without a recorded --n: the whole training set, as --n (capped at it) also gives
+    elif recorded_n is not None and n_train is not None and recorded_n != n_train \
+            and (sampled or recorded_n > n_train):
+        differences.append(f"--n {recorded_n}, not {n_train}")
+    return differences
+
+
 def write_eval_record(name: str, task: str, runs_dir: str | Path | None = None) -> dict:
     """Write runs/<name>/<task>/finetune_eval.csv and its manifest entry from the finished store model's
     attnpat.json, as its fine-tune did (for a runs folder that lacks them); returns that metadata."""
@@ -487,12 +516,16 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
     task = check_task(task)  # before the default store name is made of it (a path would be a bad name)
     name = name or f"{model_slug(base)}-{task}"
     path = store_path(name)
+
+    def asked_otherwise(meta: dict) -> list[str]:  # a finished model is kept, but not passed off as the one asked
+        return settings_differences(meta, recipe, split_dev=split_dev, train_share=train_share, n_train=n_train)
+
     # one fine-tune per store name at a time (its checkpoint and staging folder are shared), whatever its task
     with locked(path.parent / f".{path.name}.lock", f"the model store entry {path}"):
         if is_finished(path) and not force:
             meta = _store_meta(resolve_model(name))
             _check_same_model(meta, name, base, task)
-            return {**meta, "path": str(path), "skipped": True}
+            return {**meta, "path": str(path), "skipped": True, "other_settings": asked_otherwise(meta)}
         if force:  # train afresh; the finished model stays usable (the web app's Explore) until the new one lands
             shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
         run = RunDir(name, task, runs_dir)
@@ -512,7 +545,7 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
             # if it is the one asked for
             meta = _store_meta(resolve_model(name))
             _check_same_model(meta, name, base, task)
-            return {**meta, "path": str(path), "skipped": True}
+            return {**meta, "path": str(path), "skipped": True, "other_settings": asked_otherwise(meta)}
         except BaseException:
             # failed before its first checkpoint (a bad --max-length, an unknown base...): no empty store folder
             if made_here and path.is_dir() and not any(path.iterdir()):
@@ -555,4 +588,4 @@ def _train_into_store(base: str, task: str, path: Path, recipe: Recipe, *, split
     write_store(bundle, path, meta)
     shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
     (path / FORCE_PENDING).unlink(missing_ok=True)
-    return {**meta, "path": str(path), "skipped": False, "losses": result.losses}
+    return {**meta, "path": str(path), "skipped": False, "losses": result.losses, "other_settings": []}

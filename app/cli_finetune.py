@@ -48,8 +48,10 @@ def finetune(model: str = opt.Model, task: str = GlueTask,
                        runs_dir=runs_dir)
     store_name = meta["path"].rstrip("/").rsplit("/", 1)[-1]
     if meta["skipped"]:
+        differences = meta.get("other_settings") or []
         typer.echo(f"{store_name} is already fine-tuned ({meta['metric']} {meta['metric_value']:.4f}"
-                   f"{_interval_text(meta)}); use --force to retrain")
+                   f"{_interval_text(meta)})" + (f" with other settings ({'; '.join(differences)})"
+                                                  if differences else "") + "; use --force to retrain")
         return
     typer.echo(f"fine-tuned {model} on {meta['task']} in {meta['elapsed_seconds']:.0f} s on {meta['device']} "
                f"({meta['steps']} steps; {meta['split']['n_train']} train examples from {meta['train_source']})")

@@ -355,3 +355,20 @@ def test_evaluation_shows_a_progress_bar(tokenizer, capsys):
     assert "evaluating" in capsys.readouterr().err
     ft.evaluate(tiny_classifier(), _data(toy_examples(20)), num_labels=2, max_length=16, progress=False)
     assert "evaluating" not in capsys.readouterr().err
+
+
+def test_a_finished_model_of_other_settings_is_kept_but_named_as_such(tokenizer, tmp_path, monkeypatch):
+    """`finetune --seed 1` (or another --lr, --epochs, --n, --split-dev share) over a finished model said only
+    "already fine-tuned": the model of the earlier settings was taken for the one asked without a word."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    base = _save_base(tmp_path / "base", tokenizer)
+    recipe = ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=1, max_length=32)
+    common = dict(name="m", n_train=16, progress=False, allow_hub=False, split_dev=True)
+    assert ft.finetune(str(base), "rte", recipe=recipe, **common)["other_settings"] == []
+    assert ft.finetune(str(base), "rte", recipe=recipe, **common)["other_settings"] == []  # the same: skipped
+    other = ft.Recipe(learning_rate=2e-3, batch_size=16, epochs=1, max_length=32, seed=1)
+    skipped = ft.finetune(str(base), "rte", recipe=other, **{**common, "n_train": 8, "train_share": 0.3})
+    assert skipped["skipped"] and skipped["other_settings"] == [
+        "--lr 0.001, not 0.002", "--seed 0, not 1", "--train-share 0.5, not 0.3", "--n 16, not 8"]
+    assert ft.finetune(str(base), "rte", recipe=recipe, **{**common, "n_train": None})["other_settings"] == [
+        "--n 16, not all"]

@@ -35,6 +35,9 @@ def test_finetune_compare_special_verbs(workspace, capsys):
     assert low <= meta["metric_value"] <= high and f"{meta['metric_value']:.4f}, 95% interval {low:.4f}-" in out
     assert main(args) == 0 and f"{meta['metric_value']:.4f}, 95% interval {low:.4f}-{high:.4f}); use --force" in \
         capsys.readouterr().out
+    assert main(args + ["--seed", "1"]) == 0  # the model of seed 0 is kept, and said to be of other settings
+    assert "already fine-tuned (accuracy" in (out := capsys.readouterr().out) and \
+        "with other settings (--seed 0, not 1); use --force to retrain" in out
 
     assert main(["compare", "--base", base, "--finetuned", "tiny-rte", "--task", "rte", "--n", "6",
                  "--max-length", "48", "-q"]) == 0
