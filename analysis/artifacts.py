@@ -130,7 +130,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "(pattern class of every head's map, base -> fine-tuned, same examples)", "Fine-tuning", figure=True,
              hint=f"--base {_BASE} --finetuned {{model}} --task {{task}}"),
     Artifact("special_tokens", "special", "layer, head, metric (to_cls|to_sep), value", "Fine-tuning", figure=True),
-    Artifact("finetune_eval", "finetune", "metric, value", "Fine-tuning",
+    Artifact("finetune_eval", "finetune", "metric (the task's metric and accuracy/F1 or Pearson/Spearman, each "
+             "with <metric>_ci_low|_ci_high: 95% interval, Wilson for accuracy, bootstrap over the examples "
+             "otherwise; n_eval, steps, elapsed_seconds), value", "Fine-tuning",
              hint=f"--model {_BASE} --task {{task}} --split-dev"),
     Artifact("cls_last_layer", "special", "token, mean_attention, count", "Fine-tuning"),
     Artifact("linguistic", "special", "layer, head, feature (negation|noun|verb|pronoun|subject|object), value",

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from analysis.data import GLUE_TASKS, Example, TaskData, load_data
+from analysis.data import GLUE_TASKS, Example, TaskData, is_data_file, load_data, offline_splits
 from analysis.errors import AttnpatError
 from analysis.metrics import METRICS, metric_name, task_metric
 from analysis.models import (
@@ -39,6 +39,7 @@ from analysis.paths import model_store
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir, atomic_write, atomic_write_json, locked
 from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, encode_examples, iter_batches
+from analysis.uncertainty import bootstrap_statistic_interval, wilson_interval
 
 CHECKPOINT_DIR = ".checkpoint"
 FORCE_PENDING = ".force-pending"  # a --force run is training a replacement (finetune)
@@ -82,6 +83,15 @@ class TrainResult:
 
 # ---------------------------------------------------------------- data
 
+def check_task(task: str) -> str:
+    """The GLUE task name ``task`` stands for (trimmed, lower case), or an AttnpatError naming it as given."""
+    name = task.strip().lower()
+    if name not in GLUE_TASKS:
+        why = "; a data file cannot be fine-tuned on" if is_data_file(task) else ""
+        raise AttnpatError(f"fine-tuning needs a GLUE task ({', '.join(GLUE_TASKS)}), got '{task}'{why}")
+    return name
+
+
 def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 0.5, seed: int = 0,
                     n_train: int | None = None, allow_hub: bool | None = None) -> tuple[TaskData, TaskData, dict]:
     """(train data, evaluation data, split info) for a GLUE task.
@@ -90,9 +100,7 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
     seeded ``train_share`` of the dev set to train on and the rest to evaluate on (for tasks whose only
     offline split is the dev set).
     """
-    task = task.strip().lower()
-    if task not in GLUE_TASKS:
-        raise AttnpatError(f"fine-tuning needs a GLUE task ({', '.join(GLUE_TASKS)}), got '{task}'")
+    task = check_task(task)
     if split_dev:
         if not 0 < train_share < 1:
             raise AttnpatError(f"--train-share must be between 0 and 1, got {train_share}")
@@ -116,7 +124,11 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
         try:
             train = load_data(task, "train", allow_hub=allow_hub)
         except AttnpatError as exc:
-            raise AttnpatError(f"{exc}; use --split-dev to fine-tune on a share of the dev set instead") from exc
+            # --split-dev helps only where the dev set itself can be loaded without the hub
+            advice = ("use --split-dev to fine-tune on a share of the dev set instead"
+                      if "validation" in offline_splits(task) else
+                      f"{task} has no packaged data: fine-tuning on it needs the hub")
+            raise AttnpatError(f"{exc}; {advice}") from exc
         evaluation = load_data(task, "validation", allow_hub=allow_hub)
         info = {"mode": "train/validation"}
     if n_train is not None:
@@ -287,27 +299,54 @@ def finetune_encoder(bundle, examples: Sequence[Example], recipe: Recipe, checkp
 # ---------------------------------------------------------------- evaluation
 
 def predict(bundle, examples: Sequence[Example], *, num_labels: int, max_length: int = DEFAULT_MAX_LENGTH,
-            batch_size: int = 64) -> np.ndarray:
+            batch_size: int = 64, progress: bool = False) -> np.ndarray:
     """(N,) predictions in the order of ``examples``: class ids, or scores for regression."""
     predictions = np.zeros(len(examples), dtype=float)
-    with torch.inference_mode():
-        for batch in iter_batches(bundle, examples, max_length=max_length, batch_size=batch_size):
-            logits = bundle.model(**batch.model_inputs(bundle.device)).logits.float().cpu()
-            values = logits[:, 0] if num_labels == 1 else logits.argmax(-1)
-            predictions[batch.indices] = values.numpy()
+    bar = progress_bar(len(examples), progress, "evaluating")
+    try:
+        with torch.inference_mode():
+            for batch in iter_batches(bundle, examples, max_length=max_length, batch_size=batch_size):
+                logits = bundle.model(**batch.model_inputs(bundle.device)).logits.float().cpu()
+                values = logits[:, 0] if num_labels == 1 else logits.argmax(-1)
+                predictions[batch.indices] = values.numpy()
+                if bar is not None:
+                    bar.update(len(batch.indices))
+    finally:
+        if bar is not None:
+            bar.close()
     return predictions
 
 
+def metric_interval(name: str, predictions: Sequence, labels: Sequence, *, level: float = 0.95) -> tuple[float, float]:
+    """The 95% interval of metric ``name`` over (N,) predictions and (N,) labels: Wilson's score interval for
+    accuracy (a proportion of examples), a seeded percentile bootstrap over the examples for the others (F1 and
+    correlations are no mean over examples). NaN bounds where the metric is undefined in every draw."""
+    predictions, labels = np.asarray(predictions, dtype=float), np.asarray(labels, dtype=float)
+    if name == "accuracy":
+        low, high = wilson_interval(int((predictions == labels).sum()), len(labels), level=level)
+    else:
+        low, high = bootstrap_statistic_interval(lambda draw: METRICS[name](predictions[draw], labels[draw]),
+                                                 len(labels), level=level)
+    return float(low), float(high)
+
+
 def evaluate(bundle, data: TaskData, *, num_labels: int, max_length: int = DEFAULT_MAX_LENGTH,
-             batch_size: int = 64) -> dict[str, float]:
-    """The task's GLUE metric (key ``metric``/``value``) plus accuracy or the correlation parts."""
+             batch_size: int = 64, progress: bool = False) -> dict[str, float]:
+    """The task's GLUE metric (key ``metric``/``value``) plus accuracy or the correlation parts, each with its 95%
+    interval (``scores``: <name>_ci_low, <name>_ci_high beside every <name>)."""
     labels = np.asarray([example.label for example in data.examples], dtype=float)
-    predictions = predict(bundle, data.examples, num_labels=num_labels, max_length=max_length, batch_size=batch_size)
+    predictions = predict(bundle, data.examples, num_labels=num_labels, max_length=max_length, batch_size=batch_size,
+                          progress=progress)
     name = metric_name(data.task)
     scores = {name: task_metric(name, predictions, labels)}
     extras = ("pearson", "spearman") if num_labels == 1 else ("accuracy", "f1") if num_labels == 2 else ("accuracy",)
     for extra in extras:
         scores.setdefault(extra, METRICS[extra](predictions, labels))
+    with_intervals = {}
+    for metric, value in scores.items():  # every reported score carries its uncertainty, right after it
+        low, high = metric_interval(metric, predictions, labels)
+        with_intervals.update({metric: value, f"{metric}_ci_low": low, f"{metric}_ci_high": high})
+    scores = with_intervals
     return {"metric": name, "value": scores[name], "scores": scores, "n_eval": len(labels)}
 
 
@@ -418,6 +457,35 @@ def other_settings(name: str, base: str, task: str, recipe: Recipe, n_train: int
     return f"it was trained with {'; '.join(differing)}" if differing else None
 
 
+RECIPE_OPTIONS = {"learning_rate": "--lr", "batch_size": "--batch-size", "epochs": "--epochs",
+                  "max_length": "--max-length", "seed": "--seed"}  # the others have no option: named as fields
+
+
+def settings_differences(meta: dict, recipe: Recipe, *, split_dev: bool, train_share: float,
+                         n_train: int | None) -> list[str]:
+    """How the finished store model ``meta`` (its attnpat.json) was trained otherwise than asked, one
+    '<option> <recorded>, not <asked>' per setting; [] when it was not, or cannot be told (a record without it)."""
+    split = meta.get("split") if isinstance(meta.get("split"), dict) else {}
+    stored = meta.get("recipe") if isinstance(meta.get("recipe"), dict) else {}
+    differences = [f"{RECIPE_OPTIONS.get(key, key)} {stored[key]}, not {value}"
+                   for key, value in asdict(recipe).items() if key in stored and stored[key] != value]
+    flags = {"split-dev": "--split-dev", "train/validation": "no --split-dev"}
+    asked = "split-dev" if split_dev else "train/validation"
+    if split.get("mode") in flags and split["mode"] != asked:
+        differences.append(f"{flags[split['mode']]}, not {flags[asked]}")
+    elif split_dev and split.get("train_share") not in (None, train_share):
+        differences.append(f"--train-share {split['train_share']}, not {train_share}")
+    recorded_n = split.get("n_train")
+    sampled = any(str(note).startswith("--n:") for note in split.get("notes") or [])
+    if recorded_n is not None and n_train is None and sampled:
+        differences.append(f"--n {recorded_n}, not all")
+    # fewer recorded than asked without a recorded --n: the whole training set, as --n (capped at it) also gives
+    elif recorded_n is not None and n_train is not None and recorded_n != n_train \
+            and (sampled or recorded_n > n_train):
+        differences.append(f"--n {recorded_n}, not {n_train}")
+    return differences
+
+
 def write_eval_record(name: str, task: str, runs_dir: str | Path | None = None) -> dict:
     """Write runs/<name>/<task>/finetune_eval.csv and its manifest entry from the finished store model's
     attnpat.json, as its fine-tune did (for a runs folder that lacks them); returns that metadata."""
@@ -445,15 +513,19 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
     recipe.check()
     if checkpoint_every < 1:  # the step loop takes it modulo: 0 stopped the run in a ZeroDivisionError
         raise AttnpatError(f"the checkpoint interval must be at least 1 step, got {checkpoint_every}")
-    task = task.strip().lower()
+    task = check_task(task)  # before the default store name is made of it (a path would be a bad name)
     name = name or f"{model_slug(base)}-{task}"
     path = store_path(name)
+
+    def asked_otherwise(meta: dict) -> list[str]:  # a finished model is kept, but not passed off as the one asked
+        return settings_differences(meta, recipe, split_dev=split_dev, train_share=train_share, n_train=n_train)
+
     # one fine-tune per store name at a time (its checkpoint and staging folder are shared), whatever its task
     with locked(path.parent / f".{path.name}.lock", f"the model store entry {path}"):
         if is_finished(path) and not force:
             meta = _store_meta(resolve_model(name))
             _check_same_model(meta, name, base, task)
-            return {**meta, "path": str(path), "skipped": True}
+            return {**meta, "path": str(path), "skipped": True, "other_settings": asked_otherwise(meta)}
         if force:  # train afresh; the finished model stays usable (the web app's Explore) until the new one lands
             shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
         run = RunDir(name, task, runs_dir)
@@ -473,7 +545,7 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
             # if it is the one asked for
             meta = _store_meta(resolve_model(name))
             _check_same_model(meta, name, base, task)
-            return {**meta, "path": str(path), "skipped": True}
+            return {**meta, "path": str(path), "skipped": True, "other_settings": asked_otherwise(meta)}
         except BaseException:
             # failed before its first checkpoint (a bad --max-length, an unknown base...): no empty store folder
             if made_here and path.is_dir() and not any(path.iterdir()):
@@ -499,7 +571,7 @@ def _train_into_store(base: str, task: str, path: Path, recipe: Recipe, *, split
                               checkpoint_every=checkpoint_every, progress=progress, on_step=on_step,
                               identity=training_identity(bundle, base, task, num_labels, train))
     eval_started = time.time()
-    scores = evaluate(bundle, evaluation, num_labels=num_labels, max_length=recipe.max_length)
+    scores = evaluate(bundle, evaluation, num_labels=num_labels, max_length=recipe.max_length, progress=progress)
     meta = {
         "base_model": base_reference(bundle, base), "base_revision": bundle.revision, "task": task,
         "num_labels": num_labels,
@@ -516,4 +588,4 @@ def _train_into_store(base: str, task: str, path: Path, recipe: Recipe, *, split
     write_store(bundle, path, meta)
     shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
     (path / FORCE_PENDING).unlink(missing_ok=True)
-    return {**meta, "path": str(path), "skipped": False, "losses": result.losses}
+    return {**meta, "path": str(path), "skipped": False, "losses": result.losses, "other_settings": []}

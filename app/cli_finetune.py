@@ -48,16 +48,26 @@ def finetune(model: str = opt.Model, task: str = GlueTask,
                        runs_dir=runs_dir)
     store_name = meta["path"].rstrip("/").rsplit("/", 1)[-1]
     if meta["skipped"]:
-        typer.echo(f"{store_name} is already fine-tuned ({meta['metric']} {meta['metric_value']:.4f}); "
-                   f"use --force to retrain")
+        differences = meta.get("other_settings") or []
+        typer.echo(f"{store_name} is already fine-tuned ({meta['metric']} {meta['metric_value']:.4f}"
+                   f"{_interval_text(meta)})" + (f" with other settings ({'; '.join(differences)})"
+                                                  if differences else "") + "; use --force to retrain")
         return
     typer.echo(f"fine-tuned {model} on {meta['task']} in {meta['elapsed_seconds']:.0f} s on {meta['device']} "
                f"({meta['steps']} steps; {meta['split']['n_train']} train examples from {meta['train_source']})")
     if meta["split"]["mode"] == "split-dev":
         typer.echo(meta["split"]["note"])
     typer.echo(f"{meta['metric']} on {meta['split']['n_eval']} {meta['split']['eval_split']} examples: "
-               f"{meta['metric_value']:.4f}")
+               f"{meta['metric_value']:.4f}{_interval_text(meta)}")
     typer.echo(f"saved as '{store_name}' ({meta['path']}); use --model {store_name} with any command")
+
+
+def _interval_text(meta: dict) -> str:
+    """', 95% interval LOW-HIGH' of a store model's metric ('' for a model fine-tuned before intervals were kept)."""
+    scores, name = meta.get("scores") or {}, meta["metric"]
+    if f"{name}_ci_low" not in scores:
+        return ""
+    return f", 95% interval {scores[f'{name}_ci_low']:.4f}-{scores[f'{name}_ci_high']:.4f}"
 
 
 def compare(base: str | None = typer.Option(None, "--base", help="the model before fine-tuning (default: the "

@@ -300,3 +300,75 @@ def test_a_replaced_model_keeps_none_of_the_old_files_and_a_failed_first_run_lea
     with pytest.raises(AttnpatError, match="no room"):
         ft.finetune(str(base), "rte", **{**common, "name": "never"})
     assert not (tmp_path / "models" / "never").exists() and store.is_dir()
+
+
+def test_the_reported_metric_carries_a_95_percent_interval(tokenizer, tmp_path):
+    """Before, finetune reported its dev metric as a bare number (finetune_eval.csv, attnpat.json and the printed
+    line), though the project reports every effect with an interval: 0.54 on 139 held-out RTE examples read as
+    a result. Accuracy gets Wilson's score interval; F1 and correlations a percentile bootstrap over examples."""
+    low, high = ft.metric_interval("accuracy", [1] * 8 + [0] * 2, [1] * 10)  # 8 of 10 right
+    assert (round(low, 4), round(high, 4)) == (0.4902, 0.9433)  # Wilson's 95% interval of 8/10
+    assert ft.metric_interval("accuracy", [1] * 10, [1] * 10)[1] == pytest.approx(1.0)  # not a zero-width [1, 1]
+    f1_low, f1_high = ft.metric_interval("f1", [1, 0, 1, 1, 0, 0, 1, 0] * 10, [1, 0, 0, 1, 1, 0, 1, 0] * 10)
+    assert f1_low < 0.75 < f1_high  # F1 of these predictions is 0.75
+    assert ft.metric_interval("f1", [1, 0] * 20, [1, 0] * 20) == pytest.approx((1.0, 1.0))
+
+    bundle = tiny_classifier()
+    scores = ft.evaluate(bundle, _data(toy_examples(40)), num_labels=2, max_length=16)
+    for name in ("accuracy", "f1"):
+        assert scores["scores"][f"{name}_ci_low"] <= scores["scores"][name] <= scores["scores"][f"{name}_ci_high"]
+    table = ft.eval_table({"scores": scores["scores"], "n_eval": scores["n_eval"]}).set_index("metric").value
+    assert {"accuracy", "accuracy_ci_low", "accuracy_ci_high", "f1_ci_low", "f1_ci_high"} <= set(table.index)
+    regression = ft.evaluate(tiny_classifier(num_labels=1), TaskData(
+        "stsb", "validation", "toy", [Example(f"r{i}", f"a {word} text", None, float(i % 5))
+                                      for i, word in enumerate(["good", "bad", "long", "short"] * 5)], 1,
+        "pearson_spearman"), num_labels=1, max_length=16)
+    assert {"pearson_spearman_ci_low", "pearson_spearman_ci_high"} <= set(regression["scores"])
+
+
+def test_a_data_file_as_task_is_refused_as_a_task_not_as_a_store_name(tmp_path, monkeypatch):
+    """`finetune --task /data/train.csv` said "model-store names are plain folder names, got
+    'minilm-/data/train.csv'": the path went into the default store name before the task was checked."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    for task in ("/data/Train.csv", "Train.csv"):
+        with pytest.raises(AttnpatError, match=rf"fine-tuning needs a GLUE task .*, got '{task}'; a data file"):
+            ft.finetune("minilm", task, progress=False, allow_hub=False)
+    with pytest.raises(AttnpatError, match=r"fine-tuning needs a GLUE task .*, got 'wiki'$"):
+        ft.finetune("minilm", "wiki", progress=False, allow_hub=False)
+    assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
+
+
+def test_split_dev_is_suggested_only_for_tasks_whose_dev_set_is_at_hand():
+    """Offline, `finetune --task qnli` said "use --split-dev to fine-tune on a share of the dev set instead", and
+    `--split-dev` then failed in turn: QNLI has no offline split at all."""
+    with pytest.raises(AttnpatError, match=r"no source for task 'qnli' split 'train'.*; qnli has no packaged data: "
+                                           r"fine-tuning on it needs the hub$"):
+        ft.finetune_splits("qnli", allow_hub=False)
+    with pytest.raises(AttnpatError, match="use --split-dev to fine-tune on a share of the dev set instead$"):
+        ft.finetune_splits("mrpc", allow_hub=False)
+
+
+def test_evaluation_shows_a_progress_bar(tokenizer, capsys):
+    """Training showed a bar, then the dev set (9,815 MNLI pairs, 40,430 QQP pairs from the hub) was scored
+    with none: minutes of silence on a CPU."""
+    ft.evaluate(tiny_classifier(), _data(toy_examples(20)), num_labels=2, max_length=16, batch_size=8, progress=True)
+    assert "evaluating" in capsys.readouterr().err
+    ft.evaluate(tiny_classifier(), _data(toy_examples(20)), num_labels=2, max_length=16, progress=False)
+    assert "evaluating" not in capsys.readouterr().err
+
+
+def test_a_finished_model_of_other_settings_is_kept_but_named_as_such(tokenizer, tmp_path, monkeypatch):
+    """`finetune --seed 1` (or another --lr, --epochs, --n, --split-dev share) over a finished model said only
+    "already fine-tuned": the model of the earlier settings was taken for the one asked without a word."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    base = _save_base(tmp_path / "base", tokenizer)
+    recipe = ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=1, max_length=32)
+    common = dict(name="m", n_train=16, progress=False, allow_hub=False, split_dev=True)
+    assert ft.finetune(str(base), "rte", recipe=recipe, **common)["other_settings"] == []
+    assert ft.finetune(str(base), "rte", recipe=recipe, **common)["other_settings"] == []  # the same: skipped
+    other = ft.Recipe(learning_rate=2e-3, batch_size=16, epochs=1, max_length=32, seed=1)
+    skipped = ft.finetune(str(base), "rte", recipe=other, **{**common, "n_train": 8, "train_share": 0.3})
+    assert skipped["skipped"] and skipped["other_settings"] == [
+        "--lr 0.001, not 0.002", "--seed 0, not 1", "--train-share 0.5, not 0.3", "--n 16, not 8"]
+    assert ft.finetune(str(base), "rte", recipe=recipe, **{**common, "n_train": None})["other_settings"] == [
+        "--n 16, not all"]

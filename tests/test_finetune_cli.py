@@ -31,7 +31,13 @@ def test_finetune_compare_special_verbs(workspace, capsys):
     assert meta["split"]["train_share"] == 0.2 and meta["steps"] == 3 and meta["base_model"] == base
     evaluation = pd.read_csv(workspace / "runs" / "tiny-rte" / "rte" / "finetune_eval.csv")
     assert evaluation.set_index("metric").loc["accuracy", "value"] == meta["metric_value"]
-    assert main(args) == 0 and "already fine-tuned" in capsys.readouterr().out
+    low, high = (evaluation.set_index("metric").loc[f"accuracy_ci_{end}", "value"] for end in ("low", "high"))
+    assert low <= meta["metric_value"] <= high and f"{meta['metric_value']:.4f}, 95% interval {low:.4f}-" in out
+    assert main(args) == 0 and f"{meta['metric_value']:.4f}, 95% interval {low:.4f}-{high:.4f}); use --force" in \
+        capsys.readouterr().out
+    assert main(args + ["--seed", "1"]) == 0  # the model of seed 0 is kept, and said to be of other settings
+    assert "already fine-tuned (accuracy" in (out := capsys.readouterr().out) and \
+        "with other settings (--seed 0, not 1); use --force to retrain" in out
 
     assert main(["compare", "--base", base, "--finetuned", "tiny-rte", "--task", "rte", "--n", "6",
                  "--max-length", "48", "-q"]) == 0
