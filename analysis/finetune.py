@@ -449,11 +449,9 @@ def other_settings(name: str, base: str, task: str, recipe: Recipe, n_train: int
     other = _made_otherwise(meta, base, task)
     if other:
         return other
-    split, stored = (meta.get(key) if isinstance(meta.get(key), dict) else {} for key in ("split", "recipe"))
-    recorded = {**stored, "split": split.get("mode"), "n_train": split.get("n_train")}
-    wanted = {**asdict(recipe), "split": "train/validation", "n_train": n_train}
-    differing = [f"{key} {recorded.get(key)}, not {value}" for key, value in wanted.items()
-                 if recorded.get(key) != value]
+    if not all(isinstance(meta.get(key), dict) for key in ("split", "recipe")):  # cannot be told: not taken
+        return "its attnpat.json records no training settings"
+    differing = settings_differences(meta, recipe, split_dev=False, train_share=0.5, n_train=n_train)
     return f"it was trained with {'; '.join(differing)}" if differing else None
 
 

@@ -292,7 +292,9 @@ def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
         cosine = _csv(tuned_dir / "cosine.csv")
         cosine = cosine[~cosine.metric.str.contains("_ci_")].groupby("metric").value.mean()  # means, not bounds
         linguistic = _csv(tuned_dir / "linguistic.csv")
-        return (f"{tuned}/{TASK}: dev accuracy {_percent(scores['accuracy'])}; mean cosine to {BASE} "
+        interval = (f" (95% interval {_percent(scores['accuracy_ci_low'])}-{_percent(scores['accuracy_ci_high'])})"
+                    if "accuracy_ci_low" in scores.index else "")  # a model fine-tuned before intervals were kept
+        return (f"{tuned}/{TASK}: dev accuracy {_percent(scores['accuracy'])}{interval}; mean cosine to {BASE} "
                 + ", ".join(f"{name.removeprefix('cosine_')} {value:.3f}" for name, value in cosine.items())
                 + f"; [CLS]/[SEP] attention; linguistic features: {', '.join(linguistic.feature.unique())}")
 

@@ -37,7 +37,8 @@ class FakeCommands:
                   "max_length": 128, "warmup_ratio": 0.1, "weight_decay": 0.01, "seed": 0}
         return {"training": training, "base_model": value("--model"), "task": value("--task"),
                 "metric": "accuracy", "metric_value": 0.5, "scores": {"accuracy": 0.5, "f1": 0.6},
-                "split": {"mode": "train/validation", "n_train": int(value("--n")), "n_eval": 872},
+                "split": {"mode": "train/validation", "n_train": int(value("--n")), "n_eval": 872,
+                          "notes": [f"--n: a seeded sample (seed 0) of {value('--n')} training examples"]},
                 "epochs": recipe["epochs"], "learning_rate": recipe["learning_rate"], "recipe": recipe,
                 "n_eval": 872, "steps": 2, "elapsed_seconds": 1.0}
 
