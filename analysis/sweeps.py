@@ -701,6 +701,7 @@ def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_
             entry["inputs"] = {**table_inputs(run)[mode], **{unit: current for unit in units}}
         if cluster is not None:
             entry["cluster"] = cluster.manifest()
+        entry["n_truncated"] = sum(item.truncated for item in encoded)
         summary = _disable_sweeps(bundle, data, run, mode=mode, units=units, max_length=max_length,
                                   batch_size=batch_size, progress=progress, on_variant=on_variant, cluster=cluster,
                                   inputs=current, encoded=encoded)

@@ -268,6 +268,16 @@ def test_disable_refuses_bad_inputs_before_writing_anything(tmp_path, case, mess
     assert list(tmp_path.rglob("*")) == []
 
 
+def test_disable_records_how_many_inputs_max_length_cut(tmp_path):
+    """As every other verb's manifest does: a sweep over inputs cut to --max-length says how many were cut."""
+    bundle = make_bundle()
+    data = tiny_data()
+    run = RunDir("tiny", "sst2", tmp_path)
+    disable_analysis(bundle, data, run, mode="zero", units=["layer"], batch_size=4, max_length=8)
+    longer = sum(len(bundle.tokenizer(example.text)["input_ids"]) > 8 for example in data.examples)
+    assert run.manifest()["analyses"]["disable_zero"]["n_truncated"] == longer > 0
+
+
 def test_disable_analysis_writes_tables_and_figures_for_both_modes(tmp_path):
     bundle = make_bundle()
     data = tiny_data()
