@@ -685,8 +685,8 @@ def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_
                      on_variant: Callable[[str, float], None] | None = None, cluster=None) -> dict:
     """Sweep single heads and/or whole layers with ``mode`` disabling; write disable_heads / disable_layers
     tables and figures into ``run`` and record the run (manifest entry disable_<mode>). Returns a summary
-    (baseline, metric name, best/worst heads, layer deltas, the model note). ``cluster``: see
-    :func:`run_sweep` (recorded in the manifest)."""
+    (baseline, metric name, best/worst heads and layer deltas with their 95% intervals, the model note).
+    ``cluster``: see :func:`run_sweep` (recorded in the manifest)."""
     check_mode(mode)
     # inputs the sweeps would refuse are refused here, before the record and the sweep stores touch the run folder
     check_supported(bundle.model)
@@ -706,7 +706,8 @@ def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_
                                   batch_size=batch_size, progress=progress, on_variant=on_variant, cluster=cluster,
                                   inputs=current, encoded=encoded)
         entry.update({key: summary[key] for key in ("baseline", "metric_name", "outputs", "best", "worst",
-                                                    "layer_deltas", "significant", "tests", "dropped_modes")
+                                                    "layer_deltas", "layer_intervals", "significant", "tests",
+                                                    "dropped_modes")
                       if key in summary})
     return summary
 
@@ -766,6 +767,9 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
                 summary["outputs"] += [str(p) for p in run.write_figure("disable_heads", fig, merged=True)]
                 close(fig)
             summary.update(extreme_heads(deltas))
+            for row in summary["best"] + summary["worst"]:  # a reported change carries its interval
+                index = row["layer"] * H + row["head"]
+                row.update(ci_low=float(stats["ci_low"][index]), ci_high=float(stats["ci_high"][index]))
             summary["significant"]["heads"] = significant_effects(
                 [(layer, head) for layer in range(L) for head in range(H)], deltas.ravel(), stats)
             summary["outputs"].append(str(run.file("disable_heads.csv")))
@@ -782,6 +786,8 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
                 summary["outputs"] += [str(p) for p in run.write_figure("disable_layers", fig, merged=True)]
                 close(fig)
             summary["layer_deltas"] = [float(d) for d in deltas]
+            summary["layer_intervals"] = [[float(low), float(high)]
+                                          for low, high in zip(stats["ci_low"], stats["ci_high"])]
             summary["outputs"].append(str(run.file("disable_layers.csv")))
     if metric not in CLASS_METRICS:
         del summary["significant"]  # score metrics get intervals only: no test, so no list of survivors
