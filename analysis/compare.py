@@ -156,6 +156,12 @@ def cosine_intervals(per_example: dict[str, np.ndarray], level: float = 0.95) ->
     return out
 
 
+def layer_mean_intervals(per_example: dict[str, np.ndarray], level: float = 0.95) -> dict[str, np.ndarray]:
+    """{name: (E, L, H)} per-example cosines -> {name: (L, 2)}: percentile bootstrap interval of each layer's mean
+    over its heads and the examples (the per-layer figure `attnpat compare` prints)."""
+    return {name: bootstrap_mean_interval(values.mean(-1), level=level) for name, values in per_example.items()}
+
+
 def cosine_figure(values: dict[str, np.ndarray], title: str):
     """Side-by-side layer x head heatmaps, one per mode (layers and heads 1-indexed)."""
     low = min(float(np.nanmin(array)) for array in values.values())  # one scale, so the modes compare
@@ -163,10 +169,12 @@ def cosine_figure(values: dict[str, np.ndarray], title: str):
 
 
 def write_cosine(base, finetuned, data, run, *, modes: Sequence[str] = MODES, max_length: int = DEFAULT_MAX_LENGTH,
-                 batch_size: int = 16, progress: bool | str = False) -> dict[str, np.ndarray]:
+                 batch_size: int = 16, progress: bool | str = False
+                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Compute :func:`head_cosines` on ``data`` and write cosine.csv and cosine.png/svg into ``run``
     (the fine-tuned model's run directory), each head's mean with its bootstrap 95% interval over the examples
-    (cosine_<mode>_ci_low / _ci_high). Returns {"cosine_<mode>": (L, H)} means."""
+    (cosine_<mode>_ci_low / _ci_high). Returns ({"cosine_<mode>": (L, H)} means, {"cosine_<mode>": (L, 2)}
+    bootstrap 95% intervals of each layer's mean, also in the manifest entry as layer_interval)."""
     with run.record("compare", finetuned, data, base_model=base.name, base_revision=base.revision,
                     modes=list(modes), max_length=max_length) as entry:
         encoded = encode_examples(base.tokenizer, data.examples, max_length)
@@ -180,7 +188,10 @@ def write_cosine(base, finetuned, data, run, *, modes: Sequence[str] = MODES, ma
                             title=f"{base.name} vs {finetuned.name} on {data.task}: per-head cosine similarity")
         run.write_figure("cosine", fig)
         close(fig)
+        layers = layer_mean_intervals(per_example)
         entry.update(n_truncated=sum(item.truncated for item in encoded),
                      mean={name: float(np.nanmean(array)) for name, array in values.items()},
-                     interval="percentile bootstrap 95% interval of each head's mean over the examples")
-    return values
+                     layer_interval={name: array.tolist() for name, array in layers.items()},
+                     interval="percentile bootstrap 95% interval of each head's mean over the examples "
+                              "(layer_interval: of each layer's mean over its heads)")
+    return values, layers

@@ -38,6 +38,7 @@ from torch import nn
 from analysis.disable import (
     MODES,
     check_mode,
+    check_supported,
     encoder_layers,
     first_changed_layer,
     gated,
@@ -54,7 +55,7 @@ from analysis.metrics import metric_name, task_metric
 from analysis.models import check_head_labels, load_model
 from analysis.progress import progress_bar
 from analysis.rundir import atomic_write_json, long_table, table_to_array
-from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, TokenBatch, collate, iter_batches
+from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, TokenBatch, collate, encode_examples, iter_batches
 from analysis.uncertainty import bootstrap_difference_interval, bootstrap_mean_interval, holm_adjust, mcnemar_exact
 
 BASELINE = "baseline"
@@ -391,9 +392,10 @@ class SweepStore:
 def run_sweep(bundle, data, variants: Sequence[Variant], mode: str, store: SweepStore, *,
               max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32, variants_per_pass: int | None = None,
               progress: bool | str = False, on_variant: Callable[[str, float], None] | None = None,
-              cluster=None) -> dict[str, float]:
+              cluster=None, encoded: Sequence[Encoded] | None = None) -> dict[str, float]:
     """Task metric of the baseline and every variant, resuming from ``store``. Returns {name: metric}.
-    ``cluster`` (analysis.cluster.Cluster): the fast engine's groups of variants run on its workers.
+    ``cluster`` (analysis.cluster.Cluster): the fast engine's groups of variants run on its workers;
+    ``encoded``: the examples already encoded with ``max_length`` (default: encoded here).
 
     Each variant's per-example predictions are stored too (:meth:`SweepStore.predictions`); a stored result
     without them (an older sweep) is computed again. ``on_variant(name, metric)`` is called after each newly
@@ -415,7 +417,8 @@ def run_sweep(bundle, data, variants: Sequence[Variant], mode: str, store: Sweep
             on_variant(name, value)
 
     if any(variant.name not in done for variant in variants) or BASELINE not in done:
-        batches = list(iter_batches(bundle, data.examples, max_length=max_length, batch_size=batch_size))
+        batches = list(iter_batches(bundle, data.examples, max_length=max_length, batch_size=batch_size,
+                                    encoded=encoded))
         sweep = fast_sweep
         if cluster is not None:
             from analysis.distributed import distributed_sweep  # noqa: PLC0415 (it builds on this module)
@@ -682,9 +685,12 @@ def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_
                      on_variant: Callable[[str, float], None] | None = None, cluster=None) -> dict:
     """Sweep single heads and/or whole layers with ``mode`` disabling; write disable_heads / disable_layers
     tables and figures into ``run`` and record the run (manifest entry disable_<mode>). Returns a summary
-    (baseline, metric name, best/worst heads, layer deltas, the model note). ``cluster``: see
-    :func:`run_sweep` (recorded in the manifest)."""
+    (baseline, metric name, best/worst heads and layer deltas with their 95% intervals, the model note).
+    ``cluster``: see :func:`run_sweep` (recorded in the manifest)."""
     check_mode(mode)
+    # inputs the sweeps would refuse are refused here, before the record and the sweep stores touch the run folder
+    check_supported(bundle.model)
+    encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     units = list(units)
     current = sweep_inputs(bundle, data, max_length)
     with run.record(f"disable_{mode}", bundle, data, mode=mode, units=units, max_length=max_length,
@@ -695,19 +701,22 @@ def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_
             entry["inputs"] = {**table_inputs(run)[mode], **{unit: current for unit in units}}
         if cluster is not None:
             entry["cluster"] = cluster.manifest()
+        entry["n_truncated"] = sum(item.truncated for item in encoded)
         summary = _disable_sweeps(bundle, data, run, mode=mode, units=units, max_length=max_length,
                                   batch_size=batch_size, progress=progress, on_variant=on_variant, cluster=cluster,
-                                  inputs=current)
+                                  inputs=current, encoded=encoded)
         entry.update({key: summary[key] for key in ("baseline", "metric_name", "outputs", "best", "worst",
-                                                    "layer_deltas", "significant", "tests", "dropped_modes")
+                                                    "layer_deltas", "layer_intervals", "significant", "tests",
+                                                    "dropped_modes")
                       if key in summary})
     return summary
 
 
 def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_length: int, batch_size: int,
                     progress: bool, on_variant: Callable[[str, float], None] | None, cluster=None,
-                    inputs: dict) -> dict:
-    """The sweeps of :func:`disable_analysis`; ``inputs``: this run's :func:`sweep_inputs`."""
+                    inputs: dict, encoded: Sequence[Encoded] | None = None) -> dict:
+    """The sweeps of :func:`disable_analysis`; ``inputs``: this run's :func:`sweep_inputs`; ``encoded``: the
+    examples encoded with ``max_length``."""
     check_mode(mode)
     labels = task_labels(data)  # fail before any work when the task has no labels
     metric = metric_name(data.metric or data.task)
@@ -739,7 +748,7 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
         started = time.time()
         metrics = run_sweep(bundle, data, variants, mode, store, max_length=max_length, batch_size=batch_size,
                             progress=f"disable {unit}s ({mode})" if progress else False, on_variant=on_variant,
-                            cluster=cluster)
+                            cluster=cluster, encoded=encoded)
         summary[f"{unit}_seconds"] = round(time.time() - started, 2)
         summary["baseline"] = metrics[BASELINE]
         summary["recompute_share_" + unit] = round(recompute_share(variants, L), 4)
@@ -758,6 +767,9 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
                 summary["outputs"] += [str(p) for p in run.write_figure("disable_heads", fig, merged=True)]
                 close(fig)
             summary.update(extreme_heads(deltas))
+            for row in summary["best"] + summary["worst"]:  # a reported change carries its interval
+                index = row["layer"] * H + row["head"]
+                row.update(ci_low=float(stats["ci_low"][index]), ci_high=float(stats["ci_high"][index]))
             summary["significant"]["heads"] = significant_effects(
                 [(layer, head) for layer in range(L) for head in range(H)], deltas.ravel(), stats)
             summary["outputs"].append(str(run.file("disable_heads.csv")))
@@ -774,6 +786,8 @@ def _disable_sweeps(bundle, data, run, *, mode: str, units: Sequence[str], max_l
                 summary["outputs"] += [str(p) for p in run.write_figure("disable_layers", fig, merged=True)]
                 close(fig)
             summary["layer_deltas"] = [float(d) for d in deltas]
+            summary["layer_intervals"] = [[float(low), float(high)]
+                                          for low, high in zip(stats["ci_low"], stats["ci_high"])]
             summary["outputs"].append(str(run.file("disable_layers.csv")))
     if metric not in CLASS_METRICS:
         del summary["significant"]  # score metrics get intervals only: no test, so no list of survivors

@@ -103,13 +103,14 @@ def compare(base: str | None = typer.Option(None, "--base", help="the model befo
         from classifier.transitions import write_transitions  # noqa: PLC0415
 
         pattern_classifier = load_classifier(str(classifier) if classifier else None)
-    values = write_cosine(base_bundle, tuned_bundle, data, run, modes=modes, max_length=max_length,
-                          batch_size=batch_size, progress="comparing" if not quiet else False)
+    values, layer_intervals = write_cosine(base_bundle, tuned_bundle, data, run, modes=modes, max_length=max_length,
+                                           batch_size=batch_size, progress="comparing" if not quiet else False)
     typer.echo(f"{base} vs {finetuned} on {data.task} ({len(data.examples)} {data.split} examples); "
-               "mean cosine per layer (layers 1-indexed):")
-    typer.echo(f"{'layer':>5} " + " ".join(f"{name:>15}" for name in values))
+               "mean cosine per layer [bootstrap 95% interval] (layers 1-indexed):")
+    typer.echo(f"{'layer':>5} " + " ".join(f"{name:>22}" for name in values))
     for layer in range(tuned_bundle.num_layers):
-        typer.echo(f"{layer + 1:>5} " + " ".join(f"{array[layer].mean():>15.3f}" for array in values.values()))
+        cells = [(array[layer].mean(), *layer_intervals[name][layer]) for name, array in values.items()]
+        typer.echo(f"{layer + 1:>5} " + " ".join(f"{mean:>6.3f} [{low:.3f}, {high:.3f}]" for mean, low, high in cells))
     typer.echo(f"per-head table and heatmap: {run.file('cosine.csv')}, {run.file('cosine.png')}")
     if patterns:
         counts = write_transitions(base_bundle, tuned_bundle, data, run, pattern_classifier, max_length=max_length,

@@ -42,6 +42,11 @@ def _head(entry: dict) -> str:
     return f"layer {entry['layer'] + 1} head {entry['head'] + 1}"
 
 
+def _change(delta: float, low: float, high: float) -> str:
+    """A metric change with its paired bootstrap 95% interval."""
+    return f"{delta:+.4f} [{low:+.4f}, {high:+.4f}]"
+
+
 def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N, split: str = opt.Split,
             mode: str = Mode,
             unit: str = typer.Option("both", "--unit",
@@ -65,15 +70,18 @@ def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
     metric = summary["metric_name"]
     typer.echo(f"{bundle.name} on {data.task} ({len(data.examples)} {data.split} examples), {mode} disabling; "
                f"baseline {metric} {summary['baseline']:.4f}; layers and heads 1-indexed")
+    typer.echo("changes with their paired bootstrap 95% interval [low, high]:")
     if "best" in summary:
-        typer.echo("disabling helps most:  " + "; ".join(f"{_head(e)} {e['delta']:+.4f}" for e in summary["best"]))
-        typer.echo("disabling hurts most:  " + "; ".join(f"{_head(e)} {e['delta']:+.4f}" for e in summary["worst"]))
+        for label, rows in (("helps", summary["best"]), ("hurts", summary["worst"])):
+            typer.echo(f"disabling {label} most:  " + "; ".join(
+                f"{_head(e)} {_change(e['delta'], e['ci_low'], e['ci_high'])}" for e in rows))
     if "layer_deltas" in summary:
-        typer.echo("whole layer disabled:  " + "; ".join(f"layer {i + 1} {d:+.4f}"
-                                                         for i, d in enumerate(summary["layer_deltas"])))
+        typer.echo("whole layer disabled:  " + "; ".join(
+            f"layer {i + 1} {_change(d, *interval)}"
+            for i, (d, interval) in enumerate(zip(summary["layer_deltas"], summary["layer_intervals"]))))
     for unit, rows in summary.get("significant", {}).items():
         name = _head if unit == "heads" else (lambda e: f"layer {e['layer'] + 1}")
-        found = "; ".join(f"{name(e)} {e['delta']:+.4f} [{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]" for e in rows)
+        found = "; ".join(f"{name(e)} {_change(e['delta'], e['ci_low'], e['ci_high'])}" for e in rows)
         typer.echo(f"{unit} whose change survives Holm (p < 0.05; 95% bootstrap interval): {found or 'none'}")
     for unit, others in summary.get("dropped_modes", {}).items():
         for other in others:
@@ -131,7 +139,7 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
     typer.echo(f"{bundle.name} on {data.task}: {result['metric_name']} while pruning ({result['label']})")
     typer.echo(f"{'pruned':>7} {'heads':>6} {result['metric_name']:>10} {'change [95% interval]':>28} {'p (Holm)':>9}")
     for row in result["curve"].itertuples():
-        change = f"{row.delta:+.4f} [{row.ci_low:+.4f}, {row.ci_high:+.4f}]"
+        change = _change(row.delta, row.ci_low, row.ci_high)
         typer.echo(f"{row.fraction_pruned * 100:6.1f}% {row.n_pruned:>6} {row.metric:>10.4f} {change:>28} "
                    f"{row.p_holm:>9.3g}")
     typer.echo("wrote " + ", ".join(result["outputs"]))

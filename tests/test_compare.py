@@ -10,7 +10,8 @@ from analysis.errors import AttnpatError
 from analysis.models import load_model
 from analysis.rundir import RunDir, table_to_array
 from analysis.uncertainty import bootstrap_mean_interval
-from tests.tiny import tiny_config, wrap_bundle
+from app.cli import main
+from tests.tiny import save_tiny_model, tiny_config, wrap_bundle
 
 
 def tiny(seed, init=0.02):
@@ -108,3 +109,33 @@ def test_cosine_intervals_bootstrap_the_per_example_cosines(tokenizer, tmp_path)
     reference = bootstrap_mean_interval(per_example["cosine_padded"][:, 1, 2])  # one head on its own
     assert [intervals["cosine_padded_ci_low"][1, 2], intervals["cosine_padded_ci_high"][1, 2]] == pytest.approx(
         reference)
+
+
+def test_compare_prints_each_layers_mean_cosine_with_its_interval(tokenizer, tmp_path, capsys):
+    """The per-layer means the verb prints carry a bootstrap 95% interval over the examples, recorded in the manifest
+    too (before, bare means)."""
+    base, tuned = (save_tiny_model(tmp_path / name, seed=seed, initializer_range=0.5) for name, seed in
+                   (("base", 0), ("tuned", 1)))
+    assert main(["compare", "--base", str(base), "--finetuned", str(tuned), "--task", "sst2", "--n", "6",
+                 "--max-length", "32", "--no-patterns", "--runs-dir", str(tmp_path / "runs"), "-q"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    entry = RunDir("tuned", "sst2", tmp_path / "runs").manifest()["analyses"]["compare"]
+    table = RunDir("tuned", "sst2", tmp_path / "runs").read_table("cosine")
+    for name in ("cosine_cropped", "cosine_padded"):
+        means = table_to_array(table, name).mean(1)
+        intervals = np.asarray(entry["layer_interval"][name])
+        assert intervals.shape == (2, 2) and np.all(intervals[:, 0] <= means + 1e-9)
+        assert np.all(means <= intervals[:, 1] + 1e-9) and np.all(intervals[:, 1] - intervals[:, 0] > 1e-4)
+        column = 1 + 3 * ("cosine_cropped", "cosine_padded").index(name)
+        for layer, row in enumerate(rows):
+            assert row[column:column + 3] == [f"{means[layer]:.3f}", f"[{intervals[layer, 0]:.3f},",
+                                              f"{intervals[layer, 1]:.3f}]"]
+
+
+def test_layer_mean_intervals_bootstrap_each_layers_mean_over_heads_and_examples(tokenizer):
+    a, b = tiny(0, init=0.5), tiny(1, init=0.5)
+    _, per_example = cmp.head_cosines(a, b, EXAMPLES, max_length=32, batch_size=2, per_example=True)
+    intervals = cmp.layer_mean_intervals(per_example)
+    for name, values in per_example.items():
+        assert intervals[name].shape == (2, 2)
+        assert intervals[name] == pytest.approx(bootstrap_mean_interval(values.mean(-1)))

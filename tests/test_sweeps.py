@@ -11,6 +11,8 @@ import pytest
 import torch
 from scipy.stats import binomtest
 from transformers import (
+    AlbertConfig,
+    AlbertForSequenceClassification,
     DistilBertConfig,
     DistilBertForSequenceClassification,
     RobertaConfig,
@@ -245,6 +247,35 @@ def test_unlabelled_data_is_refused(tmp_path):
     data = TaskData("wiki", "validation", "test", [Example("w", "some text")])
     with pytest.raises(AttnpatError, match="without labels"):
         run_sweep(bundle, data, layer_variants(3, 4), "zero", SweepStore(tmp_path, {}))
+
+
+@pytest.mark.parametrize("case, message", [
+    ("albert", "not supported for albert"),
+    ("max_length", "exceeds the model's limit"),
+    ("no_token", "gives no token"),
+])
+def test_disable_refuses_bad_inputs_before_writing_anything(tmp_path, case, message):
+    """An architecture that cannot be gated, a --max-length past the model's limit or a text with no token: one
+    error before the run folder is touched (before, each left runs/<model>/<task>/.sweep-<mode>-head/sweep.json)."""
+    bundle = make_bundle(AlbertConfig, AlbertForSequenceClassification) if case == "albert" else make_bundle()
+    data = tiny_data(4)
+    if case == "no_token":
+        data = dataclasses.replace(data, examples=[*data.examples, Example("zw", "\u200b", None, 0)])
+    run = RunDir("tiny", "sst2", tmp_path)
+    with pytest.raises(AttnpatError, match=message):
+        disable_analysis(bundle, data, run, mode="uniform", units=["head", "layer"], batch_size=4,
+                         max_length=100_000 if case == "max_length" else 128)
+    assert list(tmp_path.rglob("*")) == []
+
+
+def test_disable_records_how_many_inputs_max_length_cut(tmp_path):
+    """As every other verb's manifest does: a sweep over inputs cut to --max-length says how many were cut."""
+    bundle = make_bundle()
+    data = tiny_data()
+    run = RunDir("tiny", "sst2", tmp_path)
+    disable_analysis(bundle, data, run, mode="zero", units=["layer"], batch_size=4, max_length=8)
+    longer = sum(len(bundle.tokenizer(example.text)["input_ids"]) > 8 for example in data.examples)
+    assert run.manifest()["analyses"]["disable_zero"]["n_truncated"] == longer > 0
 
 
 def test_disable_analysis_writes_tables_and_figures_for_both_modes(tmp_path):

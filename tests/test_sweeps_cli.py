@@ -52,6 +52,29 @@ def test_disable_verb_writes_tables_figures_and_manifest(tiny_model_dir, tmp_pat
     assert pd.read_csv(run / "disable_heads.csv").equals(heads)
 
 
+def test_disable_prints_every_change_with_its_95_interval(tiny_model_dir, tmp_path, capsys):
+    """The best and worst heads and every whole layer are printed with the table's paired bootstrap interval (before,
+    a bare change such as +0.0250 that may be within chance)."""
+    assert main(["disable", "--model", str(tiny_model_dir), "--task", "sst2", "--n", "8", "--mode", "zero",
+                 "--batch-size", "4", "--runs-dir", str(tmp_path), "-q"]) == 0
+    lines = {line.split(":")[0]: line for line in capsys.readouterr().out.splitlines()}
+    run = tmp_path / "tiny-bert" / "sst2"
+    heads = pd.read_csv(run / "disable_heads.csv").pivot_table(index=["layer", "head"], columns="metric",
+                                                               values="value")
+    for label in ("disabling helps most", "disabling hurts most"):
+        for item in lines[label].split(":  ")[1].split("; "):
+            layer, head = (int(word) - 1 for word in item.split()[1:4:2])
+            row = heads.loc[(layer, head)]
+            assert item.endswith(f"{row['zero_delta']:+.4f} [{row['zero_delta_ci_low']:+.4f}, "
+                                 f"{row['zero_delta_ci_high']:+.4f}]")
+    layers = pd.read_csv(run / "disable_layers.csv")
+    assert lines["whole layer disabled"].split(":  ")[1] == "; ".join(
+        f"layer {row.layer + 1} {row.delta:+.4f} [{row.ci_low:+.4f}, {row.ci_high:+.4f}]"
+        for row in layers.itertuples())
+    entry = json.loads((run / "manifest.json").read_text())["analyses"]["disable_zero"]
+    assert {"ci_low", "ci_high"} <= set(entry["best"][0]) and len(entry["layer_intervals"]) == 2
+
+
 def test_importance_and_prune_verbs(tiny_model_dir, tmp_path, capsys):
     common = ["--model", str(tiny_model_dir), "--task", "sst2", "--n", "10", "--batch-size", "5",
               "--runs-dir", str(tmp_path), "-q"]
