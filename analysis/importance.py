@@ -225,6 +225,11 @@ def _labelled_batches(bundle, data, max_length: int, batch_size: int) -> tuple[l
     return list(iter_batches(bundle, data.examples, max_length=max_length, batch_size=batch_size)), labels
 
 
+def _truncated(batches: Sequence[TokenBatch]) -> int:
+    """How many of the batches' inputs --max-length cut (recorded in the manifest, as every verb does)."""
+    return sum(item.truncated for batch in batches for item in batch.items)
+
+
 def _normalisation_label(by_layer: bool, exponent: float, global_minmax: bool) -> str:
     parts = [f"per-layer L{exponent:g} norm" if by_layer else "", "global min-max" if global_minmax else ""]
     return ", ".join(part for part in parts if part) or "raw"
@@ -243,7 +248,7 @@ def importance_analysis(bundle, data, run, *, by_layer: bool = True, exponent: f
             entry["cluster"] = cluster.manifest()
         summary = _importance(bundle, data, run, by_layer=by_layer, exponent=exponent, global_minmax=global_minmax,
                               max_length=max_length, batch_size=batch_size, progress=progress, cluster=cluster)
-        entry["outputs"] = summary["outputs"]
+        entry.update(outputs=summary["outputs"], n_truncated=summary["n_truncated"])
     return summary
 
 
@@ -264,7 +269,8 @@ def _importance(bundle, data, run, *, by_layer: bool, exponent: float, global_mi
     close(fig)
     order = least_important(scores, np.ones_like(scores), scores.size)
     return {"normalisation": label, "scores": scores, "least": order[:5], "most": order[::-1][:5],
-            "outputs": [str(run.file("importance.csv"))] + [str(p) for p in figures]}
+            "outputs": [str(run.file("importance.csv"))] + [str(p) for p in figures],
+            "n_truncated": _truncated(batches)}
 
 
 def prune_analysis(bundle, data, run, *, step: float = 0.1, max_fraction: float = 1.0, iterative: bool = False,
@@ -280,7 +286,7 @@ def prune_analysis(bundle, data, run, *, step: float = 0.1, max_fraction: float 
         result = _prune(bundle, data, run, step=step, max_fraction=max_fraction, iterative=iterative, mode=mode,
                         by_layer=by_layer, exponent=exponent, global_minmax=global_minmax, max_length=max_length,
                         batch_size=batch_size, progress=progress)
-        entry.update(outputs=result["outputs"], baseline=result["baseline"])
+        entry.update(outputs=result["outputs"], baseline=result["baseline"], n_truncated=result["n_truncated"])
     return result
 
 
@@ -304,4 +310,4 @@ def _prune(bundle, data, run, *, step: float, max_fraction: float, iterative: bo
     figures = run.write_figure("pruning", fig)
     close(fig)
     return {"curve": curve, "baseline": baseline, "metric_name": metric, "label": label,
-            "outputs": [str(run.file("pruning.csv"))] + [str(p) for p in figures]}
+            "outputs": [str(run.file("pruning.csv"))] + [str(p) for p in figures], "n_truncated": _truncated(batches)}

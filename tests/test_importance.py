@@ -201,5 +201,14 @@ def test_importance_and_prune_analyses_write_the_run_directory(tmp_path):
                                    "p_mcnemar", "p_holm"]
     assert curve["n_pruned"].tolist() == [0, 3, 6, 9, 12]
     assert curve["metric"][0] == pytest.approx(result["baseline"])
+    analyses = run.manifest()["analyses"]
+    assert analyses["importance"]["n_truncated"] == analyses["pruning"]["n_truncated"] == 0
+    # the manifest says how many inputs --max-length cut, as every verb's does
+    short = RunDir("tiny", "sst2", tmp_path / "short")
+    cut = sum(item.truncated for item in encode_examples(bundle.tokenizer, data.examples, 6))
+    importance_analysis(bundle, data, short, batch_size=4, max_length=6)
+    prune_analysis(bundle, data, short, step=0.5, batch_size=4, max_length=6)
+    analyses = short.manifest()["analyses"]
+    assert cut > 0 and analyses["importance"]["n_truncated"] == analyses["pruning"]["n_truncated"] == cut
     for stem in ("importance", "pruning"):
         assert run.file(f"{stem}.png").stat().st_size > 0 and run.file(f"{stem}.svg").stat().st_size > 0
