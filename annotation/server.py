@@ -169,7 +169,9 @@ def serve(port: int | None = None, host: str = "127.0.0.1", root: Path | None = 
           timeout: float = 420.0, log=print, label_studio: str | Path | None = None) -> Credentials:
     """Start Label Studio in the background (or reuse the running one), create the admin user, obtain a
     personal access token, store credentials (0600) and return them. The first start runs database
-    migrations and takes a minute or more. label_studio: the executable (see :func:`label_studio_bin`).
+    migrations and takes a minute or more; a server of this folder that is still starting (its serve was stopped)
+    is waited for, never started twice. A stored token the running server no longer accepts is replaced.
+    label_studio: the executable (see :func:`label_studio_bin`).
     port: None reuses the running server wherever it serves, else starts on DEFAULT_PORT; a port that the
     running server does not serve on is an error (the folder's one server stays where it is).
     One serve per folder at a time: a second one at the same moment would start a second server."""
@@ -181,12 +183,14 @@ def serve(port: int | None = None, host: str = "127.0.0.1", root: Path | None = 
 def _serve(port: int | None, host: str, root: Path, timeout: float, log, label_studio) -> Credentials:
     stored = load_credentials(root)
     running = _running_url(root, host, stored)
+    if running is None and running_pid(root) is not None:
+        running = _await_starting(root, host, stored, timeout, log)
     if running and port is not None and urlsplit(running).port != port:
         raise AttnpatError(f"this workspace's Label Studio already serves on {running}; "
                            f"`attnpat annotate stop` first to serve it on port {port}")
     port = DEFAULT_PORT if port is None else port
     url = f"http://{host}:{port}"
-    if running and stored and stored.url == running and stored.token:
+    if running and stored and stored.url == running and stored.token and token_works(running, stored.token):
         return stored
     executable = str(label_studio_bin(label_studio))
     email = stored.email if stored and stored.email else ADMIN_EMAIL
@@ -227,6 +231,26 @@ def _running_url(root: Path, host: str, stored: Credentials | None) -> str | Non
     fields = _pid_file(root).read_text(encoding="utf-8", errors="replace").split()
     url = stored.url if stored else f"http://{host}:{fields[1]}" if len(fields) > 1 and fields[1].isdigit() else None
     return url if url and health(url) else None
+
+
+def _await_starting(root: Path, host: str, stored: Credentials | None, timeout: float, log) -> str | None:
+    """Wait for this folder's server that runs but does not answer yet (a serve stopped during the first start's
+    migrations leaves it starting): a second server on the same data would migrate it at the same time, and one of
+    the two would run on with no pid file. Its URL once it answers; None when it exits meanwhile."""
+    pid = running_pid(root)
+    log(f"this workspace's Label Studio (pid {pid}) is starting; waiting for it")
+    deadline = time.time() + timeout
+    while running_pid(root) == pid:
+        url = _running_url(root, host, stored)
+        if url:
+            return url
+        if time.time() >= deadline:
+            where = stored.url if stored else "its port"
+            raise AttnpatError(f"this workspace's Label Studio (pid {pid}) did not answer on {where} within "
+                               f"{timeout:.0f} s; see {root / 'server.log'}, or `attnpat annotate stop` it and "
+                               "serve again")
+        time.sleep(2)
+    return None
 
 
 def _start(url: str, host: str, port: int, root: Path, timeout: float, log, executable: str, email: str,
@@ -400,5 +424,6 @@ def status(root: Path | None = None) -> dict:
     stored = load_credentials(root)
     pid = running_pid(root)
     url = stored.url if stored else None
-    return {"running": bool(pid), "pid": pid, "url": url, "healthy": bool(url and health(url)),
+    # healthy only while our server runs: after a crash another program may answer on its port
+    return {"running": bool(pid), "pid": pid, "url": url, "healthy": bool(pid and url and health(url)),
             "credentials": str(credentials_file(root)) if stored else None}

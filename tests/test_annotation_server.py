@@ -525,3 +525,87 @@ def test_serve_recovers_its_admin_after_lost_credentials_or_a_stopped_first_star
         assert server.status(root)["running"]
     finally:
         server.stop(root)
+
+
+def _bystander_server(root):
+    """A process that stands for this folder's Label Studio (its own session, the recorded executable run on the
+    folder's data), recorded in the pid file on a free port; returns (process, url)."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--data-dir",
+                                str(server.server_dir(root) / "data")], start_new_session=True)
+    command_line = f"/proc/{process.pid}/cmdline"
+    deadline = time.monotonic() + 10
+    while os.path.exists(command_line) and b"--data-dir" not in open(command_line, "rb").read() \
+            and time.monotonic() < deadline:  # the child runs Python until its exec
+        time.sleep(0.01)
+    port = free_port()
+    server._pid_file(root).parent.mkdir(parents=True, exist_ok=True)
+    server._pid_file(root).write_text(f"{process.pid} {port} {sys.executable}\n")
+    return process, f"http://127.0.0.1:{port}"
+
+
+def test_serve_waits_for_its_server_still_starting_instead_of_starting_a_second(tmp_path, monkeypatch):
+    """A serve stopped (Ctrl-C) during the first start's migrations leaves its server starting. Before, the next serve
+    found it not answering yet and started a second server on the same data and port: the two migrated one database
+    at once, the pid file then named the one that lost, and the other ran on orphaned (`stop`: nothing running)."""
+    root = tmp_path / "ls"
+    process, url = _bystander_server(root)
+    try:
+        server.save_credentials(Credentials(url, "", "a@b.c", "the-password"), root)
+        answers = iter([False, False, False])  # migrating: no answer for three checks, then it serves
+        monkeypatch.setattr(server, "health", lambda address, timeout=3.0: address == url and next(answers, True))
+        monkeypatch.setattr(server.time, "sleep", lambda seconds: None)
+        monkeypatch.setattr(server, "personal_access_token", lambda address, email, password: "new-token")
+        started = tmp_path / "started"
+        fake = tmp_path / "label-studio"  # a second start would leave its mark
+        fake.write_text(f"#!/bin/sh\ntouch {started}\nexit 1\n")
+        fake.chmod(0o755)
+        messages = []
+        credentials = serve(root=root, label_studio=fake, log=messages.append)
+        assert (credentials.url, credentials.token, credentials.password) == (url, "new-token", "the-password")
+        assert not started.exists() and process.poll() is None
+        assert server.running_pid(root) == process.pid and any("starting" in message for message in messages)
+        # one that never answers: one line, and it is left for `attnpat annotate stop`
+        monkeypatch.setattr(server, "health", lambda address, timeout=3.0: False)
+        with pytest.raises(AttnpatError, match=rf"Label Studio \(pid {process.pid}\) did not answer on {url} within "
+                                               r"0 s; .*annotate stop") as caught:
+            serve(root=root, label_studio=fake, timeout=0, log=lambda message: None)
+        assert "\n" not in str(caught.value) and not started.exists()
+        assert server.running_pid(root) == process.pid
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_serve_replaces_a_stored_token_the_running_server_no_longer_accepts(tmp_path, monkeypatch):
+    """A token reset or revoked in Label Studio's account page: push says `rejected the token ... rerun attnpat
+    annotate serve`, and before, that serve handed back the same dead token from the credentials file."""
+    root = tmp_path / "ls"
+    process, url = _bystander_server(root)
+    try:
+        server.save_credentials(Credentials(url, "revoked-token", "a@b.c", "the-password"), root)
+        monkeypatch.setattr(server, "health", lambda address, timeout=3.0: address == url)
+        monkeypatch.setattr(server, "token_works", lambda address, token: token != "revoked-token")
+        monkeypatch.setattr(server, "personal_access_token", lambda address, email, password: "new-token")
+        fake = tmp_path / "label-studio"  # what a reset of the admin's password would run; never reached here
+        fake.write_text("#!/bin/sh\nexit 1\n")
+        credentials = serve(root=root, label_studio=fake, log=lambda message: None)
+        assert credentials.token == "new-token" and server.load_credentials(root).token == "new-token"
+        assert serve(root=root, label_studio=fake, log=lambda message: None).token == "new-token"  # kept: it works
+        assert server.running_pid(root) == process.pid  # the running server was reused, not restarted
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_status_is_not_healthy_when_its_server_is_gone_and_another_serves_that_port(tmp_path, monkeypatch):
+    """The workspace's server crashed (or the machine restarted) and another workspace's Label Studio now serves on
+    the port: status said `running: False ... healthy: True`."""
+    root = tmp_path / "ls"
+    server.save_credentials(Credentials("http://127.0.0.1:8080", "token", "a@b.c", "pw"), root)
+    server._pid_file(root).write_text("999999999 8080 /opt/ls/bin/label-studio\n")  # a pid that is gone
+    monkeypatch.setattr(server, "health", lambda address, timeout=3.0: True)  # someone answers on 8080
+    info = status(root)
+    assert info["running"] is False and info["healthy"] is False
