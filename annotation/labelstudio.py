@@ -29,7 +29,7 @@ from annotation.dataset import check_labeled_out, fleiss_kappa, write_labeled_fo
 from annotation.instructions import GALLERY, instructions_html
 from annotation.preannotate import preannotate
 from annotation.sample import read_index
-from annotation.server import Credentials
+from annotation.server import Credentials, is_loopback
 
 PREANNOTATOR_VERSION = "attnpat-rules-v1"
 CHUNK = 50
@@ -56,8 +56,10 @@ def map_sha256(attn: np.ndarray) -> str:
 def connect(credentials: Credentials):
     """An SDK client whose token has been checked (wrong token and server down give one-line errors)."""
     # the SDK refuses an expired personal access token (or one without an expiry) as it builds the client
+    # a server on this machine is reached directly, whatever the proxy settings (see server.http_session)
+    transport = httpx.Client(timeout=60, follow_redirects=True, trust_env=not is_loopback(credentials.url))
     client = _call(credentials.url, lambda: LabelStudio(base_url=credentials.url, api_key=credentials.token,
-                                                         timeout=60))
+                                                         timeout=60, httpx_client=transport))
     _call(credentials.url, lambda: client.users.whoami())
     return client
 

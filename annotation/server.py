@@ -121,9 +121,25 @@ def check_url(url: str) -> None:
         raise AttnpatError(f"--url {url}: give the server's full address, e.g. http://127.0.0.1:{port or DEFAULT_PORT}")
 
 
+def is_loopback(url: str) -> bool:
+    """Does ``url`` name a server on this machine (127.0.0.0/8, ::1, localhost)?"""
+    host = (urlsplit(url).hostname or "").lower()
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def http_session(url: str) -> requests.Session:
+    """A requests session for the server at ``url``. For one on this machine the environment's proxy settings are
+    ignored: with http_proxy set and no no_proxy, requests sends even http://127.0.0.1 through the proxy, and with
+    it the admin's password and tokens. A remote --url keeps them (a team server may sit behind the proxy)."""
+    session = requests.Session()
+    session.trust_env = not is_loopback(url)
+    return session
+
+
 def health(url: str, timeout: float = 3.0) -> bool:
     try:
-        return requests.get(f"{url.rstrip('/')}/health", timeout=timeout).status_code == 200
+        with http_session(url) as session:
+            return session.get(f"{url.rstrip('/')}/health", timeout=timeout).status_code == 200
     except requests.RequestException:
         return False
 
@@ -329,7 +345,7 @@ def _moved_port(log_path: Path, start: int) -> int | None:
 
 def _login(url: str, email: str, password: str):
     """A requests session logged in through the login form (as a browser would)."""
-    session = requests.Session()
+    session = http_session(url)
     session.get(f"{url}/user/login/", timeout=30)
     response = session.post(f"{url}/user/login/", timeout=30, allow_redirects=False,
                             data={"email": email, "password": password,
@@ -344,7 +360,8 @@ def _login(url: str, email: str, password: str):
 def token_works(url: str, token: str) -> bool:
     """Does the server accept this personal access token (a JWT refresh token)?"""
     try:
-        response = requests.post(f"{url}/api/token/refresh/", json={"refresh": token}, timeout=30)
+        with http_session(url) as session:
+            response = session.post(f"{url}/api/token/refresh/", json={"refresh": token}, timeout=30)
     except requests.RequestException:
         return False
     return response.status_code == 200
@@ -387,7 +404,7 @@ def add_annotator(admin: Credentials, email: str, password: str) -> Credentials:
     personal access token). Label Studio's user API cannot set a password that logs in, the invite can."""
     link = invite_link(admin)
     try:
-        session = requests.Session()
+        session = http_session(link)
         session.get(link, timeout=30)
         response = session.post(link, timeout=30, allow_redirects=False, headers={"Referer": link},
                                 data={"email": email, "password": password,

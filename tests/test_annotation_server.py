@@ -609,3 +609,51 @@ def test_status_is_not_healthy_when_its_server_is_gone_and_another_serves_that_p
     monkeypatch.setattr(server, "health", lambda address, timeout=3.0: True)  # someone answers on 8080
     info = status(root)
     assert info["running"] is False and info["healthy"] is False
+
+
+def test_a_server_on_this_machine_is_reached_directly_whatever_the_proxy_settings(tmp_path, monkeypatch):
+    """With http_proxy set and no no_proxy, requests and httpx send even http://127.0.0.1 through the proxy, and
+    with it the admin's password and tokens (before: every health check, login, token check and SDK call went
+    there; with an unreachable proxy serve and push failed). A remote --url keeps the proxy settings."""
+    seen = []
+
+    class FakeLabelStudio(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _answer(self, body: dict):
+            seen.append((self.command, self.path))
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # /health, /api/current-user/whoami
+            self._answer({"status": "UP"} if self.path.startswith("/health") else
+                         {"id": 1, "email": "admin@example.com", "username": "admin"})
+
+        def do_POST(self):  # /api/token/refresh/: the personal access token exchanged for an access token
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._answer({"access": "an-access-token"})
+
+    fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeLabelStudio)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    closed = free_port()  # a proxy that is not there: any request sent to it fails
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{closed}")
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    token = jwt.encode({"token_type": "refresh", "exp": int(time.time()) + 3600},
+                       "a signing key that the check never reads, 32+ bytes", algorithm="HS256")
+    try:
+        url = f"http://127.0.0.1:{fake.server_address[1]}"
+        assert server.health(url) and token_works(url, token)
+        ls.connect(Credentials(url, token))
+        assert ("GET", "/health") in seen and any(path.startswith("/api/current-user/whoami") for _, path in seen)
+    finally:
+        fake.shutdown()
+        fake.server_close()
+    assert not server.http_session("http://localhost:8080").trust_env
+    assert server.http_session("https://labels.example.org").trust_env
