@@ -10,7 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.data import load_data
 from analysis.errors import AttnpatError
+from analysis.extract import extract_maps
 from analysis.mapstore import (
     FORMAT,
     MapGroup,
@@ -28,6 +30,7 @@ from analysis.mapstore import (
     write_single_maps,
 )
 from annotation.dataset import load_labeled_set
+from tests.tiny import tiny_bundle
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -158,3 +161,27 @@ def test_single_maps_keep_their_tokens(tmp_path):
     write_single_maps(tmp_path / "s.npz", maps, {ids[0]: ["a", "b", "c", "d"]})
     groups = read_maps(tmp_path / "s.npz")
     assert [g.tokens for g in groups] == [["a", "b", "c", "d"], None, None]
+
+
+def test_an_unfinished_extraction_is_not_read_as_a_whole_data_set(tmp_path):
+    """A killed `attnpat extract` leaves the shards of its shortest examples (shards are length-sorted) and an
+    index saying it is not complete; reading that folder (classify --maps, annotate push --maps) is one error,
+    not ratios over a short-biased part of the data. Finished, the same folder reads whole."""
+    bundle = tiny_bundle(tmp_path / "model")
+    data = load_data("sst2", n=6)
+    folder = tmp_path / "maps"
+    extract_maps(bundle, data, folder, shard_size=2, progress=False)
+    assert len(list(iter_map_groups(folder))) == 6
+    index = json.loads((folder / "index.json").read_text())
+    (folder / "index.json").write_text(json.dumps({**index, "complete": False}))  # as a kill leaves it
+    (folder / "shard-00002.npz").unlink()
+    for read in (iter_map_groups, read_single_maps):
+        with pytest.raises(AttnpatError, match="unfinished extraction.*attnpat extract"):
+            list(read(folder))
+    assert len(read_maps(folder / "shard-00000.npz")) == 2  # one shard named on its own still reads
+    (folder / "index.json").write_text(json.dumps(index))  # complete, yet a shard is gone
+    with pytest.raises(AttnpatError, match="shard-00002.npz"):
+        list(iter_map_groups(folder))
+    extract_maps(bundle, data, folder, shard_size=2, progress=False)  # the rerun finishes it
+    assert sorted(g.example_id for g in iter_map_groups(folder)) == sorted(e.id for e in data.examples)
+
