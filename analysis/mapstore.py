@@ -183,7 +183,11 @@ def read_maps(path: str | Path) -> list[MapGroup]:
             raise ValueError("not an .npz archive")
         with loaded as data:
             arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as exc:
+        if not all(isinstance(array, np.ndarray) for array in arrays.values()):  # numpy hands back raw bytes
+            raise ValueError("a member is not a .npy array")
+    # NotImplementedError, RuntimeError: zipfile refusing a damaged entry (unknown method or version, "encrypted")
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error, NotImplementedError,
+            RuntimeError) as exc:
         raise AttnpatError(f"{path} is not an attnpat map file ({type(exc).__name__})") from exc
     if "format" not in arrays:
         return _read_single_head_layout(path, arrays)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -185,3 +186,26 @@ def test_an_unfinished_extraction_is_not_read_as_a_whole_data_set(tmp_path):
     extract_maps(bundle, data, folder, shard_size=2, progress=False)  # the rerun finishes it
     assert sorted(g.example_id for g in iter_map_groups(folder)) == sorted(e.id for e in data.examples)
 
+
+def test_a_map_file_with_a_few_bytes_overwritten_is_one_error(tmp_path):
+    """Bytes overwritten in a map file's zip directory (a bad copy, a failing disk) could name a compression method,
+    zip version or encryption that zipfile refuses (NotImplementedError, RuntimeError), and a member that is not a
+    .npy array loads as raw bytes (AttributeError): each was a traceback, and is now one error line."""
+    rng = np.random.default_rng(6)
+    write_shard(tmp_path / "good.npz", [SavedMap("ex0", random_maps(rng, 2, 2, 4, 4), list("abcd"), np.zeros(4),
+                                                 "tiny", "sst2")])
+    content = (tmp_path / "good.npz").read_bytes()
+    entry = content.index(b"PK\x01\x02")  # the first member's central directory entry
+    damages = {"method": (entry + 10, (99).to_bytes(2, "little")),  # AES: "compression method not supported"
+               "version": (entry + 6, (99).to_bytes(2, "little")),  # "zip file version 9.9"
+               "encrypted": (entry + 8, (1).to_bytes(2, "little"))}  # "password required"
+    for name, (at, value) in damages.items():
+        damaged = bytearray(content)
+        damaged[at:at + 2] = value
+        (tmp_path / f"{name}.npz").write_bytes(bytes(damaged))
+    with zipfile.ZipFile(tmp_path / "raw.npz", "w") as archive:  # members without the .npy header
+        archive.writestr("format.npy", FORMAT)
+        archive.writestr("attn.npy", b"\0" * 16)
+    for name in (*damages, "raw"):
+        with pytest.raises(AttnpatError, match="is not an attnpat map file"):
+            read_maps(tmp_path / f"{name}.npz")
