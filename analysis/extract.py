@@ -10,7 +10,7 @@ from analysis.data import TaskData
 from analysis.distributed import extract_shards
 from analysis.errors import AttnpatError
 from analysis.mapkinds import DEFAULT_MAP_KIND
-from analysis.mapstore import FORMAT, SavedMap, is_whole_map_file, write_shard
+from analysis.mapstore import EXTRACT_INDEX, FORMAT, SavedMap, is_whole_map_file, write_shard
 from analysis.rundir import RunDir, atomic_write_json, locked, long_table, read_json
 from analysis.stats import HeadMeans, attention_to, mean_entropy
 from analysis.stream import DEFAULT_MAX_LENGTH, encode_examples, length_sorted_batches, stream_maps, token_roles
@@ -41,7 +41,7 @@ def _extract_maps(bundle, data: TaskData, out_dir: Path, *, max_length: int, bat
                 "split": data.split, "examples": data.examples_digest(),
                 "n_examples": len(encoded), "max_length": max_length, "shard_size": shard_size,
                 "map_kind": getattr(bundle, "map_kind", DEFAULT_MAP_KIND)}
-    index_path = out_dir / "index.json"
+    index_path = out_dir / EXTRACT_INDEX
     if index_path.is_file():
         previous = read_json(index_path, "the extraction index", "delete the maps folder or choose another --out")
         # folders extracted before the map kind or the examples were recorded: weights, and examples unknown

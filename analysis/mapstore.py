@@ -30,9 +30,10 @@ from typing import NamedTuple
 import numpy as np
 
 from analysis.errors import AttnpatError
-from analysis.rundir import atomic_write
+from analysis.rundir import atomic_write, read_json
 
 FORMAT = "attnpat-maps/1"
+EXTRACT_INDEX = "index.json"  # what `attnpat extract` writes beside its shards (analysis.extract)
 _CELL = re.compile(r"L(\d+)H(\d+)")
 
 
@@ -182,7 +183,11 @@ def read_maps(path: str | Path) -> list[MapGroup]:
             raise ValueError("not an .npz archive")
         with loaded as data:
             arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as exc:
+        if not all(isinstance(array, np.ndarray) for array in arrays.values()):  # numpy hands back raw bytes
+            raise ValueError("a member is not a .npy array")
+    # NotImplementedError, RuntimeError: zipfile refusing a damaged entry (unknown method or version, "encrypted")
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error, NotImplementedError,
+            RuntimeError) as exc:
         raise AttnpatError(f"{path} is not an attnpat map file ({type(exc).__name__})") from exc
     if "format" not in arrays:
         return _read_single_head_layout(path, arrays)
@@ -321,11 +326,33 @@ def shard_files(path: str | Path) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
+        check_extraction_finished(path)
         files = sorted(path.glob("*.npz"))
         if files:
             return files
         raise AttnpatError(f"{path} holds no .npz map files")
     raise AttnpatError(f"map path {path} does not exist")
+
+
+def check_extraction_finished(folder: Path) -> None:
+    """A folder of `attnpat extract` shards (an index beside them) is read only when the extraction finished and
+    every shard it wrote is there: a killed extraction holds the shards of its shortest examples (shards are
+    length-sorted), which would pass for the whole data set. A folder without the index is read as it is."""
+    index_path = folder / EXTRACT_INDEX
+    if not index_path.is_file():
+        return
+    index = read_json(index_path, "the extraction index", "run the same `attnpat extract` again")
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        return  # not an extraction's index
+    if not index.get("complete"):
+        raise AttnpatError(f"{folder} holds an unfinished extraction (stopped or still running): run the same "
+                           "`attnpat extract` again to finish it")
+    n_shards = index.get("n_shards")
+    absent = [name for name in (f"shard-{k:05d}.npz" for k in range(n_shards if isinstance(n_shards, int) else 0))
+              if not (folder / name).is_file()]
+    if absent:
+        raise AttnpatError(f"{folder} lacks {absent[0]} of its extraction ({len(absent)} of {n_shards} shards "
+                           "missing): run the same `attnpat extract` again to make them")
 
 
 def iter_map_groups(path: str | Path) -> Iterator[MapGroup]:

@@ -293,7 +293,10 @@ def load_model(
                 model, info = AutoModel.from_pretrained(source.path, **kwargs)
             elif kind == "mlm":
                 model, info = AutoModelForMaskedLM.from_pretrained(source.path, **kwargs)
-                if any("predictions" in key or "lm_head" in key for key in info.get("missing_keys", [])):
+                # the head is whatever lies outside the encoder (cls.predictions, lm_head, DistilBERT's vocab_*): a
+                # checkpoint without it would get a freshly initialised head, and a random head's loss
+                encoder = f"{model.base_model_prefix}."
+                if any(not key.startswith(encoder) for key in info.get("missing_keys", [])):
                     raise AttnpatError(
                         f"model '{name}' has no masked-language-model head, so the MLM loss is unavailable "
                         "(use a fine-tuned classifier's task loss instead)"

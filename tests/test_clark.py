@@ -8,9 +8,12 @@ import pytest
 import torch
 from transformers import (
     AttentionInterface,
+    AutoModelForSequenceClassification,
+    BertConfig,
     BertForMaskedLM,
     BertForSequenceClassification,
     BertModel,
+    DistilBertConfig,
 )
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
@@ -33,11 +36,12 @@ from analysis.gradients import (
     mask_tokens,
     per_example_mlm_loss,
 )
+from analysis.models import load_model
 from analysis.rundir import RunDir
 from analysis.stream import iter_batches
 from analysis.surface import SURFACE_METRICS, surface_statistics
 from app.cli import main
-from tests.tiny import tiny_config, wrap_bundle
+from tests.tiny import minilm_tokenizer, tiny_config, wrap_bundle
 
 SENTENCES = [
     Example("a", "The cat sat on the mat, and the dog barked.", "It was late."),
@@ -223,6 +227,24 @@ def test_grad_importance_is_batch_size_independent(tokenizer):
     for target in together:
         assert np.allclose(together[target], alone[target], rtol=1e-4)
     assert not all(np.allclose(other_seed[target], alone[target], rtol=1e-4) for target in alone)
+
+
+@pytest.mark.parametrize("config_class", [DistilBertConfig, BertConfig], ids=["distilbert", "bert"])
+def test_a_fine_tuned_classifier_is_never_given_a_random_mlm_head(tmp_path, config_class):
+    """A fine-tuned classifier's checkpoint has no MLM head. DistilBERT names its head's weights vocab_*, not
+    *predictions* or lm_head, so its classifier loaded as an MLM with a freshly initialised head, and
+    grad-importance reported the gradients of a random head's loss; it now takes the classifier's task loss."""
+    tokenizer = minilm_tokenizer()
+    sizes = dict(dim=32, n_layers=2, n_heads=4, hidden_dim=37) if config_class is DistilBertConfig else \
+        dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    config = config_class(vocab_size=tokenizer.vocab_size, num_labels=2, **sizes)
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    bundle, objective = load_gradient_model(str(tmp_path), device="cpu")
+    assert objective == "task" and bundle.model.__class__.__name__.endswith("ForSequenceClassification")
+    with pytest.raises(AttnpatError, match="no masked-language-model head"):
+        load_model(str(tmp_path), kind="mlm", device="cpu")
 
 
 def test_gradient_importance_unavailable_for_minilm_says_so():

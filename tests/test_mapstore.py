@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.data import load_data
 from analysis.errors import AttnpatError
+from analysis.extract import extract_maps
 from analysis.mapstore import (
     FORMAT,
     MapGroup,
@@ -28,6 +31,7 @@ from analysis.mapstore import (
     write_single_maps,
 )
 from annotation.dataset import load_labeled_set
+from tests.tiny import tiny_bundle
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -158,3 +162,50 @@ def test_single_maps_keep_their_tokens(tmp_path):
     write_single_maps(tmp_path / "s.npz", maps, {ids[0]: ["a", "b", "c", "d"]})
     groups = read_maps(tmp_path / "s.npz")
     assert [g.tokens for g in groups] == [["a", "b", "c", "d"], None, None]
+
+
+def test_an_unfinished_extraction_is_not_read_as_a_whole_data_set(tmp_path):
+    """A killed `attnpat extract` leaves the shards of its shortest examples (shards are length-sorted) and an
+    index saying it is not complete; reading that folder (classify --maps, annotate push --maps) is one error,
+    not ratios over a short-biased part of the data. Finished, the same folder reads whole."""
+    bundle = tiny_bundle(tmp_path / "model")
+    data = load_data("sst2", n=6)
+    folder = tmp_path / "maps"
+    extract_maps(bundle, data, folder, shard_size=2, progress=False)
+    assert len(list(iter_map_groups(folder))) == 6
+    index = json.loads((folder / "index.json").read_text())
+    (folder / "index.json").write_text(json.dumps({**index, "complete": False}))  # as a kill leaves it
+    (folder / "shard-00002.npz").unlink()
+    for read in (iter_map_groups, read_single_maps):
+        with pytest.raises(AttnpatError, match="unfinished extraction.*attnpat extract"):
+            list(read(folder))
+    assert len(read_maps(folder / "shard-00000.npz")) == 2  # one shard named on its own still reads
+    (folder / "index.json").write_text(json.dumps(index))  # complete, yet a shard is gone
+    with pytest.raises(AttnpatError, match="shard-00002.npz"):
+        list(iter_map_groups(folder))
+    extract_maps(bundle, data, folder, shard_size=2, progress=False)  # the rerun finishes it
+    assert sorted(g.example_id for g in iter_map_groups(folder)) == sorted(e.id for e in data.examples)
+
+
+def test_a_map_file_with_a_few_bytes_overwritten_is_one_error(tmp_path):
+    """Bytes overwritten in a map file's zip directory (a bad copy, a failing disk) could name a compression method,
+    zip version or encryption that zipfile refuses (NotImplementedError, RuntimeError), and a member that is not a
+    .npy array loads as raw bytes (AttributeError): each was a traceback, and is now one error line."""
+    rng = np.random.default_rng(6)
+    write_shard(tmp_path / "good.npz", [SavedMap("ex0", random_maps(rng, 2, 2, 4, 4), list("abcd"), np.zeros(4),
+                                                 "tiny", "sst2")])
+    content = (tmp_path / "good.npz").read_bytes()
+    entry = content.index(b"PK\x01\x02")  # the first member's central directory entry
+    damages = {"method": (entry + 10, (99).to_bytes(2, "little")),  # AES: "compression method not supported"
+               "version": (entry + 6, (99).to_bytes(2, "little")),  # "zip file version 9.9"
+               "encrypted": (entry + 8, (1).to_bytes(2, "little"))}  # "password required"
+    for name, (at, value) in damages.items():
+        damaged = bytearray(content)
+        damaged[at:at + 2] = value
+        (tmp_path / f"{name}.npz").write_bytes(bytes(damaged))
+    with zipfile.ZipFile(tmp_path / "raw.npz", "w") as archive:  # members without the .npy header
+        archive.writestr("format.npy", FORMAT)
+        archive.writestr("attn.npy", b"\0" * 16)
+    for name in (*damages, "raw"):
+        with pytest.raises(AttnpatError, match="is not an attnpat map file"):
+            read_maps(tmp_path / f"{name}.npz")
