@@ -74,7 +74,7 @@ def overview(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
     run = RunDir(bundle.slug, data.task, runs_dir)
     per_layer = write_overview(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet)
     typer.echo(f"{bundle.name} on {data.task} ({data.split}, {len(data.examples)} examples, {data.source}); "
-               f"layers 1-indexed:")
+               f"layers 1-indexed, entropy in nats:")
     typer.echo(f"{'layer':>5} {'to [CLS]':>9} {'to [SEP]':>9} {'entropy':>8}")
     for row in per_layer.itertuples():
         typer.echo(f"{row.layer + 1:>5} {row.to_cls:>9.3f} {row.to_sep:>9.3f} {row.entropy:>8.3f}")
