@@ -125,9 +125,15 @@ PANEL_QUANTILES = np.round(np.arange(0.05, 1.0, 0.05), 2)
 MAX_PANEL_SIZE = 10_000  # far past any panel of annotators; the draws' time and memory grow with the size
 
 
-def check_panel_size(panel_size: int) -> None:
+def check_panel_size(panel_size: int, n_maps: int | None = None) -> None:
+    """Refuse a panel size under 1, above MAX_PANEL_SIZE or (given n_maps: `evaluate --panel-size`) above the labeled
+    maps it is drawn from: drawn with replacement from N maps, a larger panel would show a spread narrower than N
+    maps support."""
     if not 1 <= panel_size <= MAX_PANEL_SIZE:
         raise AttnpatError(f"--panel-size must be at least 1 and at most {MAX_PANEL_SIZE}, got {panel_size}")
+    if n_maps is not None and panel_size > n_maps:
+        raise AttnpatError(f"--panel-size {panel_size} is above the {n_maps} labeled maps: a fresh panel is drawn "
+                           f"from them, so it can hold at most {n_maps}")
 
 
 def panel_score_quantiles(labels: np.ndarray, predicted: np.ndarray, panel_size: int, *,
@@ -266,7 +272,7 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
     """Classify every map of ``labeled``, score the predictions against its labels and write the tables and the
     confusion figure into ``run``; with ``panel_size``, also what a fresh panel of that size would score."""
     if panel_size is not None:
-        check_panel_size(panel_size)  # before the maps are classified
+        check_panel_size(panel_size, len(labeled))  # before the maps are classified
     probabilities = predict_in_batches(classifier, labeled.maps, progress)
     predicted = probabilities.argmax(1)
     with run.record("evaluate", data_source=str(labeled.path), data_hash=labeled.data_hash,
