@@ -30,6 +30,7 @@ import pandas as pd
 from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
 
 from analysis.errors import AttnpatError
+from analysis.mapstore import maps_digest
 from analysis.paths import display_name, repo_root, workspace
 from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
@@ -192,9 +193,18 @@ def training_folder(trained_on: str, roots: tuple[Path, ...] | None = None) -> P
     return next((path for path in candidates if (path / "labels.csv").is_file()), None)
 
 
+def maps_in(training: LabeledSet, labeled: LabeledSet) -> int:
+    """How many maps of ``labeled`` ``training`` holds: by map_id, or by the map itself (the same map sampled again
+    under another id, e.g. of another model name)."""
+    map_ids = set(training.map_ids)
+    digests = {maps_digest([attn]) for attn in training.maps}
+    return sum(map_id in map_ids or maps_digest([attn]) in digests
+               for map_id, attn in zip(labeled.map_ids, labeled.maps, strict=True))
+
+
 def training_overlap(labeled: LabeledSet, metadata: dict) -> TrainingOverlap:
     """Count the maps of ``labeled`` that the checkpoint (its ``metadata``) was trained on: all of them when the
-    data hashes match, else those whose map_id is in the training labeled set named by "trained_on"."""
+    data hashes match, else those the training labeled set named by "trained_on" holds (:func:`maps_in`)."""
     trained_on = str(metadata.get("trained_on", "unknown"))
     if metadata.get("data_hash") == labeled.data_hash:
         return TrainingOverlap(len(labeled), f"{trained_on}, the same data hash", training=labeled)
@@ -208,7 +218,7 @@ def training_overlap(labeled: LabeledSet, metadata: dict) -> TrainingOverlap:
     except AttnpatError as exc:
         return TrainingOverlap(None, f"{folder} ({exc})")
     changed = training.data_hash != metadata.get("data_hash")
-    return TrainingOverlap(len(set(training.map_ids) & set(labeled.map_ids)), str(folder), changed=changed,
+    return TrainingOverlap(maps_in(training, labeled), str(folder), changed=changed,
                            training=None if changed else training)
 
 

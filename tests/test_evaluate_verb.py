@@ -298,6 +298,26 @@ def test_a_panel_size_above_the_labeled_maps_is_refused_before_any_work(tiny, tm
     assert code == 0 and "a fresh panel of 30 maps drawn like these" in out, err
 
 
+def test_a_map_trained_on_under_another_id_counts_as_in_the_training_set(tiny, tmp_path, capsys):
+    """The same map sampled again under another id (another model name, another sample's naming) was trained on
+    all the same: the overlap is counted by the map itself too, not by its id alone."""
+    evaluated, training, _ = tiny
+    labeled, trained = load_labeled_set(evaluated), load_labeled_set(training)
+    renamed = {f"other:{map_id}": attn for map_id, attn in zip(labeled.map_ids[:4], labeled.maps[:4])}
+    rows = [*trained.rows, *({"map_id": map_id, "label": CLASSES[label]}
+                             for map_id, label in zip(renamed, labeled.labels[:4]))]
+    mixed = write_labeled_folder(tmp_path / "renamed", rows, {**dict(zip(trained.map_ids, trained.maps)), **renamed},
+                                 [], {})
+    checkpoint = write_checkpoint(tmp_path / "renamed.safetensors", evaluated, trained_on=f"labeled set {mixed}",
+                                  data_hash=load_labeled_set(mixed).data_hash)
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0 and err.splitlines() == [
+        f"warning: 4 of these maps were in the training set: scores are not held out ({mixed})"], err
+    assert "held out: none" not in out
+    manifest = json.loads((tmp_path / "classifier" / "panel" / "manifest.json").read_text())
+    assert manifest["analyses"]["evaluate"]["maps_in_training"] == 4
+
+
 def test_the_shipped_classifier_on_the_held_out_panel(tmp_path, capsys):
     code, out, err = run_evaluate(capsys, "--data", PANEL, "--runs-dir", tmp_path)
     assert code == 0, err
