@@ -179,6 +179,7 @@ class TrainingOverlap:
     training_set: str
     changed: bool = False
     training: LabeledSet | None = None  # the training set itself, when found and unchanged (baselines fit on it)
+    unlabeled_pool: int | None = None  # teacher-labeled unlabeled maps it also learned from (ids not recorded)
 
 
 def training_folder(trained_on: str, roots: tuple[Path, ...] | None = None) -> Path | None:
@@ -206,20 +207,22 @@ def training_overlap(labeled: LabeledSet, metadata: dict) -> TrainingOverlap:
     """Count the maps of ``labeled`` that the checkpoint (its ``metadata``) was trained on: all of them when the
     data hashes match, else those the training labeled set named by "trained_on" holds (:func:`maps_in`)."""
     trained_on = str(metadata.get("trained_on", "unknown"))
+    pool = metadata.get("unlabeled_pool")
+    pool_size = pool.get("size") if isinstance(pool, dict) else None
     if metadata.get("data_hash") == labeled.data_hash:
         return TrainingOverlap(len(labeled), f"{trained_on}, the same data hash", training=labeled)
     if trained_on.startswith("synthetic"):  # generated maps, none of them a labeled map
         return TrainingOverlap(0, trained_on)
     folder = training_folder(trained_on)
     if folder is None:
-        return TrainingOverlap(None, trained_on)
+        return TrainingOverlap(None, trained_on, unlabeled_pool=pool_size)
     try:
         training = load_labeled_set(folder)
     except AttnpatError as exc:
-        return TrainingOverlap(None, f"{folder} ({exc})")
+        return TrainingOverlap(None, f"{folder} ({exc})", unlabeled_pool=pool_size)
     changed = training.data_hash != metadata.get("data_hash")
     return TrainingOverlap(maps_in(training, labeled), str(folder), changed=changed,
-                           training=None if changed else training)
+                           training=None if changed else training, unlabeled_pool=pool_size)
 
 
 # ---------------------------------------------------------------- the verb
@@ -339,6 +342,10 @@ def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
     if overlap.in_training is None:
         lines.append(f"note: the classifier's training set ({overlap.training_set}) is not here; whether these maps "
                      "are held out is unchecked")
+    elif overlap.in_training == 0 and overlap.unlabeled_pool:
+        lines.append(f"held out: none of these maps is in the labeled training set ({overlap.training_set}); the "
+                     f"{overlap.unlabeled_pool} unlabeled maps the classifier also learned from (teacher labels) are "
+                     "not checked and may hold some of them")
     elif overlap.in_training == 0:
         lines.append(f"held out: none of these maps is in the training set ({overlap.training_set})")
     if overlap.changed:

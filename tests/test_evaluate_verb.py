@@ -318,6 +318,22 @@ def test_a_map_trained_on_under_another_id_counts_as_in_the_training_set(tiny, t
     assert manifest["analyses"]["evaluate"]["maps_in_training"] == 4
 
 
+def test_held_out_does_not_claim_the_unlabeled_pool_it_never_checked(tiny, tmp_path, capsys):
+    """A checkpoint trained with teacher-labeled unlabeled maps (train's default --pool 2000) also learned from maps
+    no labeled set holds, and their ids are not recorded: the shipped checkpoint's pool holds 37 maps of panels 1-7.
+    Evaluate says its check covers the labeled training set only."""
+    evaluated, training, _ = tiny
+    pool = {"model": "minilm", "size": 2000, "tasks": ["sst2"], "seed": 777, "pool_hash": "0" * 64}
+    checkpoint = write_checkpoint(tmp_path / "pooled.safetensors", evaluated, trained_on=f"labeled set {training}",
+                                  data_hash=load_labeled_set(training).data_hash, unlabeled_pool=pool)
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0 and err == "", err
+    assert (f"held out: none of these maps is in the labeled training set ({training}); the 2000 unlabeled maps the "
+            "classifier also learned from (teacher labels) are not checked and may hold some of them"
+            ) in out.splitlines()
+    assert "held out: none of these maps is in the training set" not in out
+
+
 def test_the_shipped_classifier_on_the_held_out_panel(tmp_path, capsys):
     code, out, err = run_evaluate(capsys, "--data", PANEL, "--runs-dir", tmp_path)
     assert code == 0, err
