@@ -30,6 +30,7 @@ import pandas as pd
 from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
 
 from analysis.errors import AttnpatError
+from analysis.mapstore import maps_digest
 from analysis.paths import display_name, repo_root, workspace
 from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
@@ -125,9 +126,15 @@ PANEL_QUANTILES = np.round(np.arange(0.05, 1.0, 0.05), 2)
 MAX_PANEL_SIZE = 10_000  # far past any panel of annotators; the draws' time and memory grow with the size
 
 
-def check_panel_size(panel_size: int) -> None:
+def check_panel_size(panel_size: int, n_maps: int | None = None) -> None:
+    """Refuse a panel size under 1, above MAX_PANEL_SIZE or (given n_maps: `evaluate --panel-size`) above the labeled
+    maps it is drawn from: drawn with replacement from N maps, a larger panel would show a spread narrower than N
+    maps support."""
     if not 1 <= panel_size <= MAX_PANEL_SIZE:
         raise AttnpatError(f"--panel-size must be at least 1 and at most {MAX_PANEL_SIZE}, got {panel_size}")
+    if n_maps is not None and panel_size > n_maps:
+        raise AttnpatError(f"--panel-size {panel_size} is above the {n_maps} labeled maps: a fresh panel is drawn "
+                           f"from them, so it can hold at most {n_maps}")
 
 
 def panel_score_quantiles(labels: np.ndarray, predicted: np.ndarray, panel_size: int, *,
@@ -172,6 +179,7 @@ class TrainingOverlap:
     training_set: str
     changed: bool = False
     training: LabeledSet | None = None  # the training set itself, when found and unchanged (baselines fit on it)
+    unlabeled_pool: int | None = None  # teacher-labeled unlabeled maps it also learned from (ids not recorded)
 
 
 def training_folder(trained_on: str, roots: tuple[Path, ...] | None = None) -> Path | None:
@@ -186,24 +194,35 @@ def training_folder(trained_on: str, roots: tuple[Path, ...] | None = None) -> P
     return next((path for path in candidates if (path / "labels.csv").is_file()), None)
 
 
+def maps_in(training: LabeledSet, labeled: LabeledSet) -> int:
+    """How many maps of ``labeled`` ``training`` holds: by map_id, or by the map itself (the same map sampled again
+    under another id, e.g. of another model name)."""
+    map_ids = set(training.map_ids)
+    digests = {maps_digest([attn]) for attn in training.maps}
+    return sum(map_id in map_ids or maps_digest([attn]) in digests
+               for map_id, attn in zip(labeled.map_ids, labeled.maps, strict=True))
+
+
 def training_overlap(labeled: LabeledSet, metadata: dict) -> TrainingOverlap:
     """Count the maps of ``labeled`` that the checkpoint (its ``metadata``) was trained on: all of them when the
-    data hashes match, else those whose map_id is in the training labeled set named by "trained_on"."""
+    data hashes match, else those the training labeled set named by "trained_on" holds (:func:`maps_in`)."""
     trained_on = str(metadata.get("trained_on", "unknown"))
+    pool = metadata.get("unlabeled_pool")
+    pool_size = pool.get("size") if isinstance(pool, dict) else None
     if metadata.get("data_hash") == labeled.data_hash:
         return TrainingOverlap(len(labeled), f"{trained_on}, the same data hash", training=labeled)
     if trained_on.startswith("synthetic"):  # generated maps, none of them a labeled map
         return TrainingOverlap(0, trained_on)
     folder = training_folder(trained_on)
     if folder is None:
-        return TrainingOverlap(None, trained_on)
+        return TrainingOverlap(None, trained_on, unlabeled_pool=pool_size)
     try:
         training = load_labeled_set(folder)
     except AttnpatError as exc:
-        return TrainingOverlap(None, f"{folder} ({exc})")
+        return TrainingOverlap(None, f"{folder} ({exc})", unlabeled_pool=pool_size)
     changed = training.data_hash != metadata.get("data_hash")
-    return TrainingOverlap(len(set(training.map_ids) & set(labeled.map_ids)), str(folder), changed=changed,
-                           training=None if changed else training)
+    return TrainingOverlap(maps_in(training, labeled), str(folder), changed=changed,
+                           training=None if changed else training, unlabeled_pool=pool_size)
 
 
 # ---------------------------------------------------------------- the verb
@@ -266,7 +285,7 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
     """Classify every map of ``labeled``, score the predictions against its labels and write the tables and the
     confusion figure into ``run``; with ``panel_size``, also what a fresh panel of that size would score."""
     if panel_size is not None:
-        check_panel_size(panel_size)  # before the maps are classified
+        check_panel_size(panel_size, len(labeled))  # before the maps are classified
     probabilities = predict_in_batches(classifier, labeled.maps, progress)
     predicted = probabilities.argmax(1)
     with run.record("evaluate", data_source=str(labeled.path), data_hash=labeled.data_hash,
@@ -323,6 +342,10 @@ def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
     if overlap.in_training is None:
         lines.append(f"note: the classifier's training set ({overlap.training_set}) is not here; whether these maps "
                      "are held out is unchecked")
+    elif overlap.in_training == 0 and overlap.unlabeled_pool:
+        lines.append(f"held out: none of these maps is in the labeled training set ({overlap.training_set}); the "
+                     f"{overlap.unlabeled_pool} unlabeled maps the classifier also learned from (teacher labels) are "
+                     "not checked and may hold some of them")
     elif overlap.in_training == 0:
         lines.append(f"held out: none of these maps is in the training set ({overlap.training_set})")
     if overlap.changed:

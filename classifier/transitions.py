@@ -21,7 +21,7 @@ from analysis.errors import AttnpatError
 from analysis.figures import close  # importing analysis.figures selects the Agg backend
 from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
-from analysis.stream import DEFAULT_MAX_LENGTH, encode_examples, stream_maps
+from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, encode_examples, stream_maps
 from classifier.classify import classify_batch
 from classifier.predict import PatternClassifier
 
@@ -41,13 +41,14 @@ def count_transitions(base_classes: torch.Tensor, finetuned_classes: torch.Tenso
 
 def pattern_transitions(base, finetuned, examples: Sequence[Example], classifier: PatternClassifier, *,
                         max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 16,
-                        progress: bool | str = False) -> np.ndarray:
-    """(5, 5) transition counts over every example, layer and head (row: base class, column: fine-tuned)."""
+                        progress: bool | str = False, encoded: Sequence[Encoded] | None = None) -> np.ndarray:
+    """(5, 5) transition counts over every example, layer and head (row: base class, column: fine-tuned).
+    encoded: the examples as encode_examples gives them with the base model's tokenizer (encoded here if None)."""
     check_same_tokenizer(base.tokenizer, finetuned.tokenizer)
     check_same_shape(base, finetuned)
     if not examples:
         raise AttnpatError("no examples to classify")
-    encoded = encode_examples(base.tokenizer, examples, max_length)
+    encoded = encoded if encoded is not None else encode_examples(base.tokenizer, examples, max_length)
     counts = np.zeros((len(CLASSES), len(CLASSES)), dtype=np.int64)
     bar = progress_bar(len(encoded), progress, "patterns", unit="ex")
     streams = [stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size, encoded=encoded)
@@ -116,12 +117,14 @@ def write_transitions(base, finetuned, data, run, classifier: PatternClassifier,
     with run.record(TABLE, finetuned, data, base_model=base.name, base_revision=base.revision,
                     max_length=max_length, classifier=classifier.path or "default",
                     classifier_trained_on=classifier.trained_on) as entry:
+        encoded = encode_examples(base.tokenizer, data.examples, max_length)
         counts = pattern_transitions(base, finetuned, data.examples, classifier, max_length=max_length,
-                                     batch_size=batch_size, progress=progress)
+                                     batch_size=batch_size, progress=progress, encoded=encoded)
         run.write_table(TABLE, transition_table(counts))
         fig = transition_figure(counts, f"{base.name} -> {finetuned.name} on {data.task}: pattern class of each "
                                 f"head's map ({len(data.examples)} examples)")
         run.write_figure(TABLE, fig)
         close(fig)
-        entry.update(n_maps=int(counts.sum()), unchanged=float(np.trace(counts) / max(int(counts.sum()), 1)))
+        entry.update(n_maps=int(counts.sum()), unchanged=float(np.trace(counts) / max(int(counts.sum()), 1)),
+                     n_truncated=sum(item.truncated for item in encoded))
     return counts

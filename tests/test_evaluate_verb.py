@@ -282,6 +282,58 @@ def test_bad_inputs_are_one_error_line_and_write_nothing(tiny, tmp_path, capsys)
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_panel_size_above_the_labeled_maps_is_refused_before_any_work(tiny, tmp_path, capsys):
+    """A fresh panel is drawn from the evaluated maps: more maps than they are would claim a spread narrower than
+    the maps themselves support (before, a panel of 100 drawn from 15 maps read 0.13-0.21 in 90% of draws, beside
+    the 15 maps' own 95% interval of 0.04-0.30)."""
+    evaluated, _, checkpoint = tiny
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--panel-size", 31,
+                                  "--runs-dir", tmp_path / "runs")
+    assert code == 2 and err.splitlines() == [
+        "error: --panel-size 31 is above the 30 labeled maps: a fresh panel is drawn from them, so it can hold at "
+        "most 30"], err
+    assert not (tmp_path / "runs").exists()
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--panel-size", 30,
+                                  "--runs-dir", tmp_path / "runs")
+    assert code == 0 and "a fresh panel of 30 maps drawn like these" in out, err
+
+
+def test_a_map_trained_on_under_another_id_counts_as_in_the_training_set(tiny, tmp_path, capsys):
+    """The same map sampled again under another id (another model name, another sample's naming) was trained on
+    all the same: the overlap is counted by the map itself too, not by its id alone."""
+    evaluated, training, _ = tiny
+    labeled, trained = load_labeled_set(evaluated), load_labeled_set(training)
+    renamed = {f"other:{map_id}": attn for map_id, attn in zip(labeled.map_ids[:4], labeled.maps[:4])}
+    rows = [*trained.rows, *({"map_id": map_id, "label": CLASSES[label]}
+                             for map_id, label in zip(renamed, labeled.labels[:4]))]
+    mixed = write_labeled_folder(tmp_path / "renamed", rows, {**dict(zip(trained.map_ids, trained.maps)), **renamed},
+                                 [], {})
+    checkpoint = write_checkpoint(tmp_path / "renamed.safetensors", evaluated, trained_on=f"labeled set {mixed}",
+                                  data_hash=load_labeled_set(mixed).data_hash)
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0 and err.splitlines() == [
+        f"warning: 4 of these maps were in the training set: scores are not held out ({mixed})"], err
+    assert "held out: none" not in out
+    manifest = json.loads((tmp_path / "classifier" / "panel" / "manifest.json").read_text())
+    assert manifest["analyses"]["evaluate"]["maps_in_training"] == 4
+
+
+def test_held_out_does_not_claim_the_unlabeled_pool_it_never_checked(tiny, tmp_path, capsys):
+    """A checkpoint trained with teacher-labeled unlabeled maps (train's default --pool 2000) also learned from maps
+    no labeled set holds, and their ids are not recorded: the shipped checkpoint's pool holds 37 maps of panels 1-7.
+    Evaluate says its check covers the labeled training set only."""
+    evaluated, training, _ = tiny
+    pool = {"model": "minilm", "size": 2000, "tasks": ["sst2"], "seed": 777, "pool_hash": "0" * 64}
+    checkpoint = write_checkpoint(tmp_path / "pooled.safetensors", evaluated, trained_on=f"labeled set {training}",
+                                  data_hash=load_labeled_set(training).data_hash, unlabeled_pool=pool)
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0 and err == "", err
+    assert (f"held out: none of these maps is in the labeled training set ({training}); the 2000 unlabeled maps the "
+            "classifier also learned from (teacher labels) are not checked and may hold some of them"
+            ) in out.splitlines()
+    assert "held out: none of these maps is in the training set" not in out
+
+
 def test_the_shipped_classifier_on_the_held_out_panel(tmp_path, capsys):
     code, out, err = run_evaluate(capsys, "--data", PANEL, "--runs-dir", tmp_path)
     assert code == 0, err

@@ -113,3 +113,14 @@ def test_transition_table_of_a_class_the_base_never_shows():
     assert table["fraction_of_base"].notna().all()
     absent = table[table["base_class"] != table["base_class"].iloc[1]]
     assert (absent["fraction_of_base"] == 0).all() and len(absent) == 20
+
+
+def test_the_manifest_counts_the_inputs_max_length_cut(base, tuned, classifier, data, tmp_path):
+    """As compare's cosine entry and every other verb's do: how many inputs --max-length cut before classifying."""
+    from analysis.stream import encode_examples  # noqa: PLC0415
+
+    run = RunDir(tuned.slug, data.task, tmp_path)
+    write_transitions(base, tuned, data, run, classifier, max_length=8, batch_size=4)
+    cut = sum(item.truncated for item in encode_examples(base.tokenizer, data.examples, 8))
+    assert cut > 0
+    assert run.manifest()["analyses"]["pattern_transitions"]["n_truncated"] == cut
