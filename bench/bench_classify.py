@@ -57,14 +57,14 @@ def classified_pass(bundle, examples, classifier, batch_size: int) -> tuple[floa
 
 
 def peak_memory_child(n: int, threads: int | None, batch_size: int, checkpoint: str | None,
-                      model: str = "minilm") -> None:
+                      model: str = "minilm", precision: str = "auto") -> None:
     """Runs in a fresh process: classify n examples and print the peak RSS in MiB."""
-    bundle, classifier = _setup(threads, checkpoint, model=model)
+    bundle, classifier = _setup(threads, checkpoint, precision, model)
     _, _, maps = classified_pass(bundle, load_data("sst2", n=n).examples, classifier, batch_size)
     print(json.dumps({"n": n, "maps": maps, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="minilm", help="the encoder (e.g. mpnet after `attnpat models fetch mpnet`)")
     parser.add_argument("--n", type=int, default=872, help="SST-2 dev examples to time (872 = all)")
@@ -77,10 +77,10 @@ def main() -> None:
                         help="the CNN's arithmetic (auto: bfloat16 where the CPU supports it natively)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child is not None:
-        peak_memory_child(args.child, args.threads, args.batch_size, args.classifier, args.model)
-        return
+        peak_memory_child(args.child, args.threads, args.batch_size, args.classifier, args.model, args.precision)
+        return 0
 
 
 
@@ -109,7 +109,7 @@ def main() -> None:
     memory = []
     for n in args.memory_n:
         command = [sys.executable, __file__, "--child", str(n), "--batch-size", str(args.batch_size),
-                   "--model", args.model]
+                   "--model", args.model, "--precision", args.precision]
         if args.threads:
             command += ["--threads", str(args.threads)]
         if args.classifier:
@@ -138,7 +138,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=2)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""bench/bench_*.py: what they measure and how they refuse bad options (never timed: the benchmarks' figures are
+measured by hand, docs/benchmarks.md)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+from tests.tiny import save_tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+
+
+def bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_peak_memory_is_measured_with_the_precision_that_is_timed(tmp_path, monkeypatch, capsys):
+    # the fresh process of each memory point ran the CNN in the default precision whatever --precision said
+    bench_classify = bench_module("bench_classify")
+    commands = []
+
+    def child(command, **kwargs):
+        commands.append(command)
+        n = int(command[command.index("--child") + 1])
+        return subprocess.CompletedProcess(command, 0, json.dumps({"n": n, "maps": 1, "peak_rss_mib": 100.0}), "")
+
+    monkeypatch.setattr(bench_classify.subprocess, "run", child)
+    model = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "classify.json"
+    assert bench_classify.main(["--model", str(model), "--n", "4", "--repeats", "1", "--threads", "1",
+                                "--memory-n", "2", "4", "--precision", "fp32", "--json", str(out)]) == 0
+    assert len(commands) == 2
+    for command in commands:
+        assert command[command.index("--precision") + 1] == "fp32"
+    assert json.loads(out.read_text())["cnn_dtype"] == "float32"
+    assert "peak RSS" in capsys.readouterr().out
+
