@@ -28,7 +28,9 @@ import time
 import torch
 
 from analysis.data import load_data
+from analysis.errors import AttnpatError
 from analysis.models import load_model
+from analysis.rundir import atomic_write_json, writable_path
 from analysis.stream import stream_maps
 from classifier.classify import head_class_counts
 from classifier.predict import load_classifier
@@ -78,12 +80,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child is not None:
-        peak_memory_child(args.child, args.threads, args.batch_size, args.classifier, args.model, args.precision)
-        return 0
+    try:
+        if args.repeats < 1 or (args.threads or 0) < 0 or any(n < 1 for n in args.memory_n):
+            raise AttnpatError("--repeats and every --memory-n must be at least 1 and --threads at least 0")
+        if args.json:
+            writable_path(args.json)  # before the work
+        if args.child is not None:
+            peak_memory_child(args.child, args.threads, args.batch_size, args.classifier, args.model, args.precision)
+            return 0
+        return measure(args)
+    except AttnpatError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
 
-
+def measure(args) -> int:
     bundle, classifier = _setup(args.threads, args.classifier, args.precision, args.model)
     examples = load_data("sst2", n=args.n).examples
     bare_pass(bundle, examples[:64], args.batch_size)  # warm-up: first-call allocations, thread pools
@@ -136,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
               f"ratio {result['peak_memory_ratio']:.2f} "
               f"(target <= 1.2: {'met' if result['peak_memory_ratio'] <= 1.2 else 'NOT met'})")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=2)
+        atomic_write_json(args.json, result)
     return 0
 
 
