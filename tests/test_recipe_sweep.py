@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from analysis.errors import AttnpatError
 from classifier.distill import UnlabeledPool
@@ -94,12 +95,18 @@ def test_a_fold_fit_is_the_fold_of_attnpat_trains_cross_validation(monkeypatch):
     monkeypatch.setattr(recipe_sweep, "_inputs", {"images": prepare_maps(maps), "labels": labels,
                                                   "pool": prepare_maps(pool_maps), "synthetic_mix": 2})
     changes = {"max_epochs": 2, "batch_size": 16}
-    expected = cross_validate_cnn(maps, labels, TrainConfig(seed=4, synthetic_per_class=2, **changes),
-                                  stratified_folds(labels, 5, 4), pool_maps=pool_maps)
-    found = np.full_like(expected, np.nan)
-    for fold in range(5):
-        record = recipe_sweep.fit_fold(("x", changes, 4, fold))
-        found[record["test"]] = record["probabilities"]
+    # a fold fit runs on one torch thread, the reference too: on two, sums in another order moved it by 1.4e-5
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        expected = cross_validate_cnn(maps, labels, TrainConfig(seed=4, synthetic_per_class=2, **changes),
+                                      stratified_folds(labels, 5, 4), pool_maps=pool_maps)
+        found = np.full_like(expected, np.nan)
+        for fold in range(5):
+            record = recipe_sweep.fit_fold(("x", changes, 4, fold))
+            found[record["test"]] = record["probabilities"]
+    finally:
+        torch.set_num_threads(threads)  # fit_fold sets one thread for the process: the later tests keep theirs
     assert np.allclose(found, expected, atol=1e-5)
 
 
