@@ -28,7 +28,9 @@ import time
 import torch
 
 from analysis.data import load_data
+from analysis.errors import AttnpatError
 from analysis.models import load_model
+from analysis.rundir import atomic_write_json, writable_path
 from analysis.stream import stream_maps
 from classifier.classify import head_class_counts
 from classifier.predict import load_classifier
@@ -57,14 +59,14 @@ def classified_pass(bundle, examples, classifier, batch_size: int) -> tuple[floa
 
 
 def peak_memory_child(n: int, threads: int | None, batch_size: int, checkpoint: str | None,
-                      model: str = "minilm") -> None:
+                      model: str = "minilm", precision: str = "auto") -> None:
     """Runs in a fresh process: classify n examples and print the peak RSS in MiB."""
-    bundle, classifier = _setup(threads, checkpoint, model=model)
+    bundle, classifier = _setup(threads, checkpoint, precision, model)
     _, _, maps = classified_pass(bundle, load_data("sst2", n=n).examples, classifier, batch_size)
     print(json.dumps({"n": n, "maps": maps, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="minilm", help="the encoder (e.g. mpnet after `attnpat models fetch mpnet`)")
     parser.add_argument("--n", type=int, default=872, help="SST-2 dev examples to time (872 = all)")
@@ -77,13 +79,22 @@ def main() -> None:
                         help="the CNN's arithmetic (auto: bfloat16 where the CPU supports it natively)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child is not None:
-        peak_memory_child(args.child, args.threads, args.batch_size, args.classifier, args.model)
-        return
+    args = parser.parse_args(argv)
+    try:
+        if args.repeats < 1 or (args.threads or 0) < 0 or any(n < 1 for n in args.memory_n):
+            raise AttnpatError("--repeats and every --memory-n must be at least 1 and --threads at least 0")
+        if args.json:
+            writable_path(args.json)  # before the work
+        if args.child is not None:
+            peak_memory_child(args.child, args.threads, args.batch_size, args.classifier, args.model, args.precision)
+            return 0
+        return measure(args)
+    except AttnpatError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
 
-
+def measure(args) -> int:
     bundle, classifier = _setup(args.threads, args.classifier, args.precision, args.model)
     examples = load_data("sst2", n=args.n).examples
     bare_pass(bundle, examples[:64], args.batch_size)  # warm-up: first-call allocations, thread pools
@@ -109,7 +120,7 @@ def main() -> None:
     memory = []
     for n in args.memory_n:
         command = [sys.executable, __file__, "--child", str(n), "--batch-size", str(args.batch_size),
-                   "--model", args.model]
+                   "--model", args.model, "--precision", args.precision]
         if args.threads:
             command += ["--threads", str(args.threads)]
         if args.classifier:
@@ -136,9 +147,9 @@ def main() -> None:
               f"ratio {result['peak_memory_ratio']:.2f} "
               f"(target <= 1.2: {'met' if result['peak_memory_ratio'] <= 1.2 else 'NOT met'})")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=2)
+        atomic_write_json(args.json, result)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

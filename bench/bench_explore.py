@@ -48,14 +48,15 @@ def classifier_and_name():
         return untrained, "untrained CNN (no usable checkpoint; same cost)"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1, as `attnpat app` runs; 0 = torch's default)")
-    args = parser.parse_args()
-
-
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.threads < 0:
+        print("error: --repeats must be at least 1 and --threads at least 0", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)

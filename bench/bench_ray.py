@@ -39,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analysis.cluster import ray_cluster  # noqa: E402
 from analysis.data import load_data  # noqa: E402
 from analysis.distributed import worker_pool  # noqa: E402
+from analysis.errors import AttnpatError  # noqa: E402
 from analysis.models import list_store, load_model  # noqa: E402
-from analysis.rundir import RunDir  # noqa: E402
+from analysis.rundir import RunDir, atomic_write_text, writable_path  # noqa: E402
 from analysis.sweeps import disable_analysis, seeded_classifier  # noqa: E402
 from classifier.classify import available_glue_tasks, classify_tasks  # noqa: E402
 from classifier.distributed import classify_pool  # noqa: E402
@@ -56,7 +57,12 @@ def parse(argv: list[str] | None):
     parser.add_argument("--sweep-model", default=None, help="default: minilm-sst2 from the model store, else minilm "
                         "with a random (seeded) classification head; timings are the same")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.workers < 1:  # else only the Ray half would refuse it, after the whole single-process half
+        raise AttnpatError(f"--workers must be at least 1, got {args.workers}")
+    if args.json:
+        writable_path(args.json)  # before the work
+    return args
 
 
 def timed(function):
@@ -102,6 +108,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     torch.set_num_threads(1)
     tasks = args.tasks or available_glue_tasks()
+    # every task's data is loaded now: a bad task or --n-classify is refused before any timing
+    examples = sum(len(load_data(task, n=args.n_classify).examples) for task in tasks)
     sweep_name = args.sweep_model or ("minilm-sst2" if any(m["name"] == "minilm-sst2" for m in list_store())
                                       else "minilm")
     bundle, cnn = load_model("minilm", device="cpu"), load_classifier()
@@ -141,7 +149,6 @@ def main(argv: list[str] | None = None) -> dict:
                          for ray_run in ("ray", "ray-first"))
     sweep_equal = frames_equal(root / "one" / sweep_bundle.slug / "sst2", root / "ray" / sweep_bundle.slug / "sst2",
                                ["disable_heads.csv"])
-    examples = sum(len(load_data(task, n=args.n_classify).examples) for task in tasks)
     maps = examples * bundle.num_layers * bundle.num_heads
     result = {
         "model": bundle.name, "sweep_model": sweep_bundle.name, "workers": args.workers, "threads_per_worker": 1,
@@ -188,9 +195,13 @@ def main(argv: list[str] | None = None) -> dict:
           f"{classify_ray_busy:.0%} (classify), {sweep_ray_busy:.0%} (sweep)")
     print(f"  worker peak memory: {classify_peak:.0f} MiB after classify, {sweep_peak:.0f} MiB after the sweep")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
     return result
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except AttnpatError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

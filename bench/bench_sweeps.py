@@ -26,7 +26,9 @@ from pathlib import Path
 import torch
 
 from analysis.data import load_data
+from analysis.errors import AttnpatError
 from analysis.models import list_store
+from analysis.rundir import atomic_write_text, writable_path
 from analysis.stream import encode_examples, iter_batches
 from analysis.sweeps import BASELINE, fast_sweep, head_variants, naive_sweep, recompute_share, seeded_classifier
 
@@ -44,7 +46,14 @@ def parse(argv: list[str] | None):
     parser.add_argument("--naive-variants", default="3", help="naive passes to time (the rest extrapolated), or 'all'")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.naive_variants != "all" and not (args.naive_variants.isdigit() and int(args.naive_variants) >= 1):
+        raise AttnpatError(f"--naive-variants takes a count of 1 or more or 'all', got '{args.naive_variants}'")
+    if (args.threads or 0) < 0:
+        raise AttnpatError(f"--threads must be at least 0, got {args.threads}")
+    if args.json:
+        writable_path(args.json)  # before the work
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -70,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.naive_variants == "all":
         timed = variants
     else:  # spread over the layers: the first head of evenly spaced layers
-        k = max(1, int(args.naive_variants))
+        k = int(args.naive_variants)
         layers = sorted({round(i * (L - 1) / max(1, k - 1)) for i in range(k)})
         timed = [variants[layer * H] for layer in layers]
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -109,9 +118,13 @@ def main(argv: list[str] | None = None) -> dict:
           f"fixed-{args.max_length} {result['real_tokens_share_fixed']:.3f}")
     print(f"  max |fast - naive| logit on timed variants:      {difference:.2e}  (must be < 1e-5)")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
     return result
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except AttnpatError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

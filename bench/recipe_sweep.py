@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     key = f"{labeled.data_hash} {pool.pool_hash} {args.synthetic_mix}"
     inputs_key = hashlib.sha256(key.encode()).hexdigest()[:12]
     cache = Path(f"{args.out}.{inputs_key}.folds.jsonl")
+    cache.parent.mkdir(parents=True, exist_ok=True)  # --out's folder may be new: save_table makes it only at the end
     records = read_fold_cache(cache)
     done = {(r["setting"], r["seed"], r["fold"]) for r in records if r["changes"] == settings.get(r["setting"])}
     records = [r for r in records if (r["setting"], r["seed"], r["fold"]) in done]

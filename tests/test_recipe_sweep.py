@@ -4,14 +4,19 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
+import torch
 
 from analysis.errors import AttnpatError
+from classifier.distill import UnlabeledPool
 from classifier.model import prepare_maps
 from classifier.synthetic import synthetic_dataset
 from classifier.train import TrainConfig, cross_validate_cnn, macro_f1, stratified_folds
+from tests.tiny import save_tiny_labeled_set
 
 spec = importlib.util.spec_from_file_location("recipe_sweep", Path(__file__).parents[1] / "bench" / "recipe_sweep.py")
 recipe_sweep = importlib.util.module_from_spec(spec)
@@ -90,12 +95,18 @@ def test_a_fold_fit_is_the_fold_of_attnpat_trains_cross_validation(monkeypatch):
     monkeypatch.setattr(recipe_sweep, "_inputs", {"images": prepare_maps(maps), "labels": labels,
                                                   "pool": prepare_maps(pool_maps), "synthetic_mix": 2})
     changes = {"max_epochs": 2, "batch_size": 16}
-    expected = cross_validate_cnn(maps, labels, TrainConfig(seed=4, synthetic_per_class=2, **changes),
-                                  stratified_folds(labels, 5, 4), pool_maps=pool_maps)
-    found = np.full_like(expected, np.nan)
-    for fold in range(5):
-        record = recipe_sweep.fit_fold(("x", changes, 4, fold))
-        found[record["test"]] = record["probabilities"]
+    # a fold fit runs on one torch thread, the reference too: on two, sums in another order moved it by 1.4e-5
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        expected = cross_validate_cnn(maps, labels, TrainConfig(seed=4, synthetic_per_class=2, **changes),
+                                      stratified_folds(labels, 5, 4), pool_maps=pool_maps)
+        found = np.full_like(expected, np.nan)
+        for fold in range(5):
+            record = recipe_sweep.fit_fold(("x", changes, 4, fold))
+            found[record["test"]] = record["probabilities"]
+    finally:
+        torch.set_num_threads(threads)  # fit_fold sets one thread for the process: the later tests keep theirs
     assert np.allclose(found, expected, atol=1e-5)
 
 
@@ -108,3 +119,45 @@ def test_a_fold_cut_off_by_a_stop_is_dropped_and_the_cache_stays_appendable(tmp_
     with cache.open("a") as appended:  # as the sweep goes on after a resume
         appended.write(json.dumps({"setting": "base", "fold": 2}) + "\n")
     assert [record["fold"] for record in recipe_sweep.read_fold_cache(cache)] == [0, 1, 2]
+
+
+class SerialPool:
+    """multiprocessing's Pool run in this process (the fits here are stand-ins)."""
+
+    def __init__(self, workers):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def imap_unordered(self, function, jobs):
+        return map(function, jobs)
+
+
+def test_a_sweep_writes_its_out_into_a_folder_that_does_not_exist_yet(tmp_path, monkeypatch):
+    # --out passed the check before the work (its folder can be made), then the fold cache beside it could not be
+    # opened: a FileNotFoundError after the unlabeled pool had been drawn
+    labeled = save_tiny_labeled_set(tmp_path / "labeled", 6)
+    pool_maps, _ = synthetic_dataset(1, np.random.default_rng(2))
+    monkeypatch.setattr(recipe_sweep, "draw_pool", lambda model, size, **kwargs: UnlabeledPool(
+        pool_maps, [f"tiny:syn:pool-{i}:L0H0" for i in range(len(pool_maps))], {"size": size}))
+    monkeypatch.setattr(recipe_sweep, "_inputs", {})  # main fills it
+    monkeypatch.setattr(recipe_sweep.multiprocessing, "get_context", lambda method: SimpleNamespace(Pool=SerialPool))
+
+    def fit_fold(job):  # a stand-in fit: every test map called vertical
+        name, changes, seed, fold = job
+        _, test = stratified_folds(np.asarray(recipe_sweep._inputs["labels"]), TrainConfig().folds, seed)[fold]
+        return {"setting": name, "changes": changes, "seed": seed, "fold": fold, "test": test.tolist(),
+                "probabilities": np.eye(5)[np.zeros(len(test), dtype=int)].tolist()}
+
+    monkeypatch.setattr(recipe_sweep, "fit_fold", fit_fold)
+    monkeypatch.setattr(recipe_sweep, "teacher_predictions", lambda maps, labels, folds, seed: np.asarray(labels))
+    out = tmp_path / "new" / "folder" / "sweep.csv"
+    assert recipe_sweep.main(["--data", str(labeled), "--pool", "3", "--seeds", "0", "--workers", "1",
+                              "--out", str(out)]) == 0
+    assert list(pd.read_csv(out)["setting"]) == ["base"]
+    (cache,) = out.parent.glob("sweep.csv.*.folds.jsonl")
+    assert len(recipe_sweep.read_fold_cache(cache)) == TrainConfig().folds

@@ -1,0 +1,70 @@
+"""bench/bench_*.py: what they measure and how they refuse bad options (never timed: the benchmarks' figures are
+measured by hand, docs/benchmarks.md)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tiny import save_tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+
+
+def bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_peak_memory_is_measured_with_the_precision_that_is_timed(tmp_path, monkeypatch, capsys):
+    # the fresh process of each memory point ran the CNN in the default precision whatever --precision said
+    bench_classify = bench_module("bench_classify")
+    commands = []
+
+    def child(command, **kwargs):
+        commands.append(command)
+        n = int(command[command.index("--child") + 1])
+        return subprocess.CompletedProcess(command, 0, json.dumps({"n": n, "maps": 1, "peak_rss_mib": 100.0}), "")
+
+    monkeypatch.setattr(bench_classify.subprocess, "run", child)
+    model = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "classify.json"
+    assert bench_classify.main(["--model", str(model), "--n", "4", "--repeats", "1", "--threads", "1",
+                                "--memory-n", "2", "4", "--precision", "fp32", "--json", str(out)]) == 0
+    assert len(commands) == 2
+    for command in commands:
+        assert command[command.index("--precision") + 1] == "fp32"
+    assert json.loads(out.read_text())["cnn_dtype"] == "float32"
+    assert "peak RSS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("bench_classify", ["--repeats", "0"], "--repeats and every --memory-n must be at least 1"),
+    ("bench_classify", ["--memory-n", "100", "0"], "--repeats and every --memory-n must be at least 1"),
+    ("bench_classify", ["--json", "."], "cannot write .: it is a folder"),
+    ("bench_classify", ["--model", "mpnet"], "attnpat models fetch mpnet"),
+    ("bench_explore", ["--repeats", "0"], "--repeats must be at least 1"),
+    ("bench_sweeps", ["--naive-variants", "three"], "--naive-variants takes a count of 1 or more or 'all'"),
+    ("bench_sweeps", ["--model", "mpnet"], "attnpat models fetch mpnet"),
+    # at its defaults the single-process half (minutes) ran before the Ray half refused these
+    ("bench_ray", ["--workers", "0"], "--workers must be at least 1"),
+    ("bench_ray", ["--tasks", "sst2", "nosuch"], "unknown task 'nosuch'"),
+])
+def test_a_bad_benchmark_option_is_one_error_line_before_the_work(script, args, message, tmp_path):
+    # before: a traceback (ValueError, AttnpatError), for some only after the timed runs
+    # ATTNPAT_HOME: an empty model store (no mpnet, whatever this checkout's store holds)
+    environment = {**os.environ, "ATTNPAT_HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
+                   "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
+    result = subprocess.run([sys.executable, BENCH / f"{script}.py", *args], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT, env=environment)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and result.stderr.startswith("error: ")
+    assert message in result.stderr and result.stdout == ""
