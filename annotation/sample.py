@@ -192,7 +192,7 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
             if all((folder / row["image"]).is_file() for row in index):
                 return folder
     # read before the server is contacted: a bad --exclude is an option to correct, like the others
-    excluded = set().union(*(_map_ids_in(path) for path in exclude)) if exclude else set()
+    excluded = set().union(*(map_ids_in(path) for path in exclude)) if exclude else set()
     if before_drawing is not None:
         before_drawing()
     if maps is not None:
@@ -229,7 +229,7 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
     return folder
 
 
-def _map_ids_in(folder: str | Path) -> set[str]:
+def map_ids_in(folder: str | Path) -> set[str]:
     """The map ids of a labeled set (labels.csv), a sample (index.jsonl), or every labeled set and sample
     anywhere under a folder of them (e.g. annotation/labeled)."""
     folder = Path(folder)
@@ -242,7 +242,7 @@ def _map_ids_in(folder: str | Path) -> set[str]:
     inside = sorted({path.parent for name in ("labels.csv", "index.jsonl") for path in folder.rglob(name)})
     if not inside:
         raise AttnpatError(f"{folder} holds no labeled set (labels.csv) or map sample (index.jsonl) to exclude")
-    return set().union(*(_map_ids_in(path) for path in inside))
+    return set().union(*(map_ids_in(path) for path in inside))
 
 
 def _labeled_map_ids(path: Path) -> set[str]:

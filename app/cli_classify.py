@@ -43,6 +43,9 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
                                    "too (0 = none; not with --data synthetic)"),
           pool_model: str | None = typer.Option(None, "--pool-model", help="model the unlabeled maps come from "
                                                 "(default: the labeled maps' model)"),
+          pool_exclude: list[Path] = typer.Option([], "--pool-exclude", help="a labeled set, a sample or a folder "
+                                                  "of them whose maps stay out of the unlabeled pool (repeatable; "
+                                                  "e.g. annotation/labeled keeps the held-out panels out)"),
           pool_weight: float = typer.Option(1.0, "--pool-weight",
                                             help="loss weight of a pool map relative to a labeled map"),
           pool_rounds: int = typer.Option(1, "--pool-rounds", help="1: the CNN learns the pool from the teacher; 2: "
@@ -53,6 +56,7 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
                                               "classifies from the profile scalars alone (0 = none; below 1)"),
           runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Train the 8-layer CNN on a labeled set: k-fold CV scores vs baselines, then a checkpoint."""
+    from annotation.sample import map_ids_in  # noqa: PLC0415
     from classifier.checkpoint import checkpoint_path  # noqa: PLC0415
     from classifier.evaluate import comparison_lines  # noqa: PLC0415
     from classifier.train import TrainConfig  # noqa: PLC0415
@@ -64,6 +68,8 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
     if not 0 <= image_dropout < 1:
         raise AttnpatError(f"--image-dropout must be at least 0 and below 1 (got {image_dropout})")
     training = load_training_data(data, seed)
+    # read before any work: a folder that is missing or holds no labeled set is an option to correct
+    held_out = sorted(set().union(*(map_ids_in(path) for path in pool_exclude))) if pool_exclude else []
     run = RunDir("classifier", training.name, runs_dir)
     out = checkpoint_path(out or run.file("classifier.safetensors"))  # before the pool is drawn
     config = TrainConfig(max_epochs=epochs, folds=folds, seed=seed, pool_weight=pool_weight, pool_rounds=pool_rounds,
@@ -74,8 +80,11 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
         from classifier.distill import draw_pool, model_of  # noqa: PLC0415
 
         def unlabeled():  # drawn once train_pattern_cnn has checked the labels and folds and locked the run folder
-            return draw_pool(pool_model or model_of(training.map_ids), pool, exclude=training.map_ids,
-                             progress=not quiet, option="--pool-model")
+            drawn = draw_pool(pool_model or model_of(training.map_ids), pool,
+                              exclude=[*training.map_ids, *held_out], progress=not quiet, option="--pool-model")
+            if pool_exclude:
+                drawn.spec["excluded_from"] = [str(path) for path in pool_exclude]
+            return drawn
     report = train_pattern_cnn(training, out, run, config, baselines=baselines, progress=not quiet, pool=unlabeled)
     typer.echo(f"{len(training.labels)} maps from {training.source}; {folds}-fold cross-validation "
                "(out-of-fold scores):")

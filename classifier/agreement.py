@@ -179,7 +179,8 @@ class TrainingOverlap:
     training_set: str
     changed: bool = False
     training: LabeledSet | None = None  # the training set itself, when found and unchanged (baselines fit on it)
-    unlabeled_pool: int | None = None  # teacher-labeled unlabeled maps it also learned from (ids not recorded)
+    unlabeled_pool: int | None = None  # teacher-labeled unlabeled maps it also learned from
+    in_pool: int | None = None  # how many evaluated maps that pool held; None when its map ids are not recorded
 
 
 def training_folder(trained_on: str, roots: tuple[Path, ...] | None = None) -> Path | None:
@@ -209,20 +210,23 @@ def training_overlap(labeled: LabeledSet, metadata: dict) -> TrainingOverlap:
     trained_on = str(metadata.get("trained_on", "unknown"))
     pool = metadata.get("unlabeled_pool")
     pool_size = pool.get("size") if isinstance(pool, dict) else None
+    pool_ids = pool.get("map_ids") if isinstance(pool, dict) else None
+    # the teacher-labeled pool, when its map ids are recorded: these maps were learned with the teacher's labels
+    in_pool = len(set(pool_ids) & set(labeled.map_ids)) if isinstance(pool_ids, list) else None
     if metadata.get("data_hash") == labeled.data_hash:
         return TrainingOverlap(len(labeled), f"{trained_on}, the same data hash", training=labeled)
     if trained_on.startswith("synthetic"):  # generated maps, none of them a labeled map
         return TrainingOverlap(0, trained_on)
     folder = training_folder(trained_on)
     if folder is None:
-        return TrainingOverlap(None, trained_on, unlabeled_pool=pool_size)
+        return TrainingOverlap(None, trained_on, unlabeled_pool=pool_size, in_pool=in_pool)
     try:
         training = load_labeled_set(folder)
     except AttnpatError as exc:
-        return TrainingOverlap(None, f"{folder} ({exc})", unlabeled_pool=pool_size)
+        return TrainingOverlap(None, f"{folder} ({exc})", unlabeled_pool=pool_size, in_pool=in_pool)
     changed = training.data_hash != metadata.get("data_hash")
     return TrainingOverlap(maps_in(training, labeled), str(folder), changed=changed,
-                           training=None if changed else training, unlabeled_pool=pool_size)
+                           training=None if changed else training, unlabeled_pool=pool_size, in_pool=in_pool)
 
 
 # ---------------------------------------------------------------- the verb
@@ -312,7 +316,7 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
         found = scores[scores["class"] == ""].set_index("metric").value
         entry.update(n_maps=len(labeled), macro_f1=float(found.macro_f1),
                      accuracy=float(found.accuracy), maps_in_training=overlap.in_training,
-                     training_set=overlap.training_set,
+                     maps_in_unlabeled_pool=overlap.in_pool, training_set=overlap.training_set,
                      vs_baselines=comparison_record(comparison), panel_size=panel_size)
     return Evaluation(scores, confusion, overlap, files, len(labeled), comparison, panel)
 
@@ -342,10 +346,17 @@ def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
     if overlap.in_training is None:
         lines.append(f"note: the classifier's training set ({overlap.training_set}) is not here; whether these maps "
                      "are held out is unchecked")
-    elif overlap.in_training == 0 and overlap.unlabeled_pool:
+    elif overlap.in_training == 0 and overlap.unlabeled_pool and overlap.in_pool is None:
         lines.append(f"held out: none of these maps is in the labeled training set ({overlap.training_set}); the "
                      f"{overlap.unlabeled_pool} unlabeled maps the classifier also learned from (teacher labels) are "
                      "not checked and may hold some of them")
+    elif overlap.in_training == 0 and overlap.in_pool:
+        lines.append(f"held out from the labeled training set ({overlap.training_set}); {overlap.in_pool} of these "
+                     f"maps were among the {overlap.unlabeled_pool} unlabeled maps the classifier also learned from, "
+                     "with its teacher's labels, not these")
+    elif overlap.in_training == 0 and overlap.unlabeled_pool:
+        lines.append(f"held out: none of these maps is in the training set ({overlap.training_set}) or in the "
+                     f"{overlap.unlabeled_pool} unlabeled maps the classifier also learned from")
     elif overlap.in_training == 0:
         lines.append(f"held out: none of these maps is in the training set ({overlap.training_set})")
     if overlap.changed:

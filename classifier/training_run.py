@@ -150,9 +150,11 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         if pool is not None:
+            # the map ids too: evaluate can then tell which evaluated maps the CNN learned with the teacher's labels
             metadata["unlabeled_pool"] = {**pool.spec, "pool_hash": pool.pool_hash, "weight": config.pool_weight,
                                           "rounds": config.pool_rounds,
-                                          "teacher": "gradient boosting on the profile scalars (classifier.distill)"}
+                                          "teacher": "gradient boosting on the profile scalars (classifier.distill)",
+                                          "map_ids": list(pool.map_ids)}
         if data.synthetic:
             metadata["note"] = ("trained on SYNTHETIC maps, not on human labels: cross-validation scores measure the "
                                 "synthetic task only; retrain on a labeled set with: "

@@ -14,6 +14,7 @@ from analysis.errors import AttnpatError
 from analysis.mapstore import maps_digest
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir, locked
+from annotation.dataset import load_labeled_set
 from app.cli import main
 from app.cli_classify import train as train_verb
 from classifier.distill import UnlabeledPool, draw_pool, model_of, teacher_probabilities
@@ -109,6 +110,7 @@ def test_training_run_records_the_pool(tmp_path):
     recorded = load_classifier(out).metadata["unlabeled_pool"]
     assert recorded["model"] == "tiny" and recorded["pool_hash"] == pool.pool_hash and len(pool.pool_hash) == 64
     assert recorded["weight"] == 1.0 and recorded["rounds"] == 2
+    assert recorded["map_ids"] == pool.map_ids  # evaluate checks evaluated maps against them
     predictions = pd.read_csv(tmp_path / "classifier" / "tiny" / "cv_predictions.csv")
     assert list(predictions.map_id) == map_ids and list(predictions.label) == [CLASSES[i] for i in labels]
     assert predictions.annotators_agreed.isna().tolist() == [False, True] + [False] * (len(maps) - 2)
@@ -206,6 +208,37 @@ def test_train_checks_labels_folds_run_folder_and_lock_before_the_pool_is_drawn(
                      "-q"]) == 2
     assert "is being written by another attnpat process" in capsys.readouterr().err
     assert not out.exists() and not list(runs.rglob("*.csv"))
+
+
+def test_pool_exclude_keeps_the_named_sets_maps_out_of_the_pool(tmp_path, capsys, monkeypatch):
+    """`train --pool-exclude annotation/labeled`: held-out panels stay out of the teacher-labeled pool too (the
+    shipped checkpoint's pool, drawn without it, holds 37 of the seven panels' 1,830 maps)."""
+    import classifier.distill as distill  # noqa: PLC0415
+
+    labeled = save_tiny_labeled_set(tmp_path / "set", 4)
+    panel = save_tiny_labeled_set(tmp_path / "held-out" / "panel", 2, seed=5, task="panel")
+    asked = {}
+
+    def fake_pool(model, size, exclude=(), **kwargs):
+        asked["exclude"] = set(exclude)
+        maps, _ = synthetic_dataset(1, np.random.default_rng(3), lengths=(6, 12))
+        return UnlabeledPool(maps[:size], [f"tiny:sst2:p{i}:L0H0" for i in range(size)], {"model": model})
+
+    monkeypatch.setattr(distill, "draw_pool", fake_pool)
+    out = tmp_path / "cnn.safetensors"
+    assert main(["train", "--data", str(labeled), "--folds", "2", "--epochs", "1", "--pool", "3", "--no-baselines",
+                 "--pool-exclude", str(tmp_path / "held-out"), "--out", str(out), "--runs-dir", str(tmp_path / "runs"),
+                 "-q"]) == 0, capsys.readouterr().err
+    training_ids, panel_ids = set(load_labeled_set(labeled).map_ids), set(load_labeled_set(panel).map_ids)
+    assert asked["exclude"] == training_ids | panel_ids
+    assert load_classifier(out).metadata["unlabeled_pool"]["excluded_from"] == [str(tmp_path / "held-out")]
+    # a folder that is not there is one error line before any work
+    assert main(["train", "--data", str(labeled), "--folds", "2", "--pool", "3", "--pool-exclude",
+                 str(tmp_path / "nowhere"), "--out", str(tmp_path / "other.safetensors"), "--runs-dir",
+                 str(tmp_path / "runs2"), "-q"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "nowhere does not exist" in error, error
+    assert not (tmp_path / "runs2").exists()
 
 
 def test_a_pool_model_that_cannot_load_offline_names_the_pool_option(tmp_path, capsys, monkeypatch):

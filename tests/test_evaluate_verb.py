@@ -334,6 +334,29 @@ def test_held_out_does_not_claim_the_unlabeled_pool_it_never_checked(tiny, tmp_p
     assert "held out: none of these maps is in the training set" not in out
 
 
+def test_maps_of_a_recorded_unlabeled_pool_are_counted_and_named(tiny, tmp_path, capsys):
+    """A checkpoint that records its pool's map ids (train does): evaluate counts the evaluated maps the CNN learned
+    with its teacher's labels, and says the rest are held out from the pool too."""
+    evaluated, training, _ = tiny
+    panel_ids = load_labeled_set(evaluated).map_ids
+    lines = {}
+    for name, pool_ids in (("shared", [*panel_ids[:3], "other:sst2:1:L0H0"]), ("apart", ["other:sst2:1:L0H0"])):
+        pool = {"model": "minilm", "size": len(pool_ids), "seed": 777, "pool_hash": "0" * 64, "map_ids": pool_ids}
+        checkpoint = write_checkpoint(tmp_path / f"{name}.safetensors", evaluated, trained_on=f"labeled set {training}",
+                                      data_hash=load_labeled_set(training).data_hash, unlabeled_pool=pool)
+        code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir",
+                                      tmp_path / name)
+        assert code == 0 and err == "", err
+        lines[name] = out.splitlines()
+        entry = json.loads((tmp_path / name / "classifier" / evaluated.name / "manifest.json").read_text())
+        assert entry["analyses"]["evaluate"]["maps_in_unlabeled_pool"] == (3 if name == "shared" else 0)
+    assert (f"held out from the labeled training set ({training}); 3 of these maps were among the 4 unlabeled maps "
+            "the classifier also learned from, with its teacher's labels, not these") in lines["shared"]
+    assert (f"held out: none of these maps is in the training set ({training}) or in the 1 unlabeled maps the "
+            "classifier also learned from") in lines["apart"]
+    assert not any("not checked" in line for line in lines["shared"] + lines["apart"])
+
+
 def test_the_shipped_classifier_on_the_held_out_panel(tmp_path, capsys):
     code, out, err = run_evaluate(capsys, "--data", PANEL, "--runs-dir", tmp_path)
     assert code == 0, err
