@@ -423,18 +423,32 @@ def stop(root: Path | None = None, timeout: float = 20.0) -> bool:
     if pid is None:
         _pid_file(root).unlink(missing_ok=True)
         return False
-    os.killpg(os.getpgid(pid), signal.SIGTERM)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            break
-        time.sleep(0.3)
-    else:
-        os.killpg(os.getpgid(pid), signal.SIGKILL)
+    try:  # running_pid checked that the pid leads its own group: the group is the server and its workers
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.time() + timeout
+        while time.time() < deadline and not _exited(pid):
+            time.sleep(0.3)
+        if not _exited(pid):
+            os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:  # it exited between the check and the signal: stopped all the same
+        pass
     _pid_file(root).unlink(missing_ok=True)
     return True
+
+
+def _exited(pid: int) -> bool:
+    """Has the process ended? A child of this process (a serve that failed midway stops its own start) is reaped
+    here, since a zombie would still answer os.kill(pid, 0) until the wait ran out."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return True
+    except ChildProcessError:  # not our child: its parent reaps it
+        pass
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return True
+    return False
 
 
 def status(root: Path | None = None) -> dict:

@@ -797,6 +797,32 @@ def test_stop_signals_only_the_server_it_started(tmp_path):
         bystander.wait()
 
 
+def test_stop_copes_with_a_server_that_exits_meanwhile_or_is_a_child_of_its_own(tmp_path, monkeypatch):
+    """A server that exits between stop's check and its signal is stopped (before, a ProcessLookupError
+    traceback); one that this process started (a serve failing midway stops its own start) is reaped, not
+    waited on as a zombie until the timeout ran out and then SIGKILLed."""
+    import subprocess  # noqa: PLC0415
+    import types  # noqa: PLC0415
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    gone.wait()
+    monkeypatch.setattr(server, "running_pid", lambda root=None: gone.pid)
+    assert server.stop(tmp_path) is True
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        monkeypatch.setattr(server, "running_pid", lambda root=None: child.pid)
+        waits = []
+        monkeypatch.setattr(server, "time", types.SimpleNamespace(
+            time=time.time, sleep=lambda seconds: (waits.append(seconds), time.sleep(seconds))))
+        assert server.stop(tmp_path, timeout=60) is True
+        assert len(waits) < 30  # SIGTERM ends it at once; a zombie would have been waited on for 60 s
+        assert child.poll() is not None
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 @pytest.mark.parametrize("stored", [{"url": 5, "token": 7}, [1, 2], {"url": "http://127.0.0.1:8080"},
                                     {"url": "http://127.0.0.1:8080", "token": "t", "email": 3}])
 def test_stored_credentials_of_the_wrong_shape_are_one_error(tmp_path, stored):
