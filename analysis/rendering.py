@@ -124,7 +124,9 @@ def top_column_token(attn: np.ndarray, tokens: list[str] | None) -> str | None:
 
 def cue_text(attn: np.ndarray, tokens: list[str] | None = None) -> str:
     """One line of cues for an annotator, e.g. 'n 57 | top column 0.62 ([CLS]) on 95% of rows | band 0.08 | ...'."""
-    cues = map_cues(attn)
+    # each cue is a share in [0, 1]: float error (an entropy of exactly one key per row is -0.0) is not shown as
+    # "-0.00" to an annotator
+    cues = {name: min(max(value, 0.0), 1.0) + 0.0 for name, value in map_cues(attn).items()}
     where = top_column_token(attn, tokens)
     column = f"top column {cues['top_column']:.2f}" + (f" ({where})" if where else "")
     return (f"n {len(attn)} | {column} on {cues['rows_on_top_column']:.0%} of rows | band {cues['band']:.2f}"

@@ -48,6 +48,9 @@ def test_cues_of_known_maps():
     assert cues["excess_over_uniform"] == pytest.approx(0, abs=1e-5)
     assert map_cues(np.eye(n, dtype=np.float32))["band"] == pytest.approx(1.0)
     assert "([CLS])" in cue_text(column, ["[CLS]"] + ["x"] * (n - 1))
+    # one key per row: an entropy of -0.0, shown to annotators as 0.00, not -0.00
+    for one_key in (column, np.eye(n, dtype=np.float32)):
+        assert "broadness 0.00 |" in cue_text(one_key) and "-0" not in cue_text(one_key)
 
 
 @pytest.mark.parametrize("bad", [np.zeros((3, 4)), np.full((2, 2), np.nan), -np.ones((2, 2)), np.zeros((0, 0))])
