@@ -143,7 +143,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "Holm in manifest analyses.disable_<mode>)", "Disabling", figure=True),
     Artifact("disable_layers", "disable", "layer, mode, metric, delta, ci_low, ci_high, p_mcnemar, p_holm",
              "Disabling", figure=True),
-    Artifact("importance", "importance", "layer, head, metric (importance|importance_raw), value", "Disabling",
+    Artifact("importance", "importance", "layer, head, metric (importance|importance_raw|importance_raw_ci_low|"
+             "importance_raw_ci_high: percentile bootstrap 95% interval over the examples), value", "Disabling",
              figure=True),
     Artifact("pruning", "prune", "fraction_pruned, n_pruned, metric, delta, ci_low, ci_high, p_mcnemar, p_holm",
              "Disabling", figure=True),

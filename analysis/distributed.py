@@ -29,7 +29,7 @@ from analysis.cluster import Cluster, Job, WorkerPool
 from analysis.data import Example
 from analysis.disable import check_mode
 from analysis.errors import AttnpatError
-from analysis.importance import head_importance
+from analysis.importance import example_importance
 from analysis.mapstore import SavedMap, write_shard
 from analysis.models import load_model
 from analysis.rundir import atomic_write
@@ -184,15 +184,16 @@ def distributed_sweep(cluster: Cluster, bundle, batches: Sequence[TokenBatch], v
 
 # ---------------------------------------------------------------- head importance
 
-def importance_sum(bundle, batches: list[TokenBatch], keep: np.ndarray | None) -> tuple[np.ndarray, int]:
-    """Job: (sum over the batches' examples of |dL/d gate| (L, H), number of examples)."""
-    count = sum(len(batch.items) for batch in batches)
-    return head_importance(bundle, batches, keep=keep) * count, count
+def importance_parts(bundle, batches: list[TokenBatch], keep: np.ndarray | None) -> np.ndarray:
+    """Job: |dL/d gate| of each of the batches' examples (n, L, H)."""
+    return example_importance(bundle, batches, keep=keep)
 
 
 def distributed_importance(cluster: Cluster, bundle, batches: Sequence[TokenBatch], *,
-                           keep: np.ndarray | None = None, progress: bool | str = False) -> np.ndarray:
-    """analysis.importance.head_importance with runs of batches spread over the workers: (L, H)."""
+                           keep: np.ndarray | None = None, progress: bool | str = False,
+                           per_example: bool = False) -> np.ndarray:
+    """analysis.importance.head_importance with runs of batches spread over the workers: (L, H); with
+    ``per_example``, analysis.importance.example_importance's (N, L, H) instead, in the batches' order."""
     batches = list(batches)
     if not batches:
         raise AttnpatError("no examples to compute head importance on")
@@ -202,9 +203,9 @@ def distributed_importance(cluster: Cluster, bundle, batches: Sequence[TokenBatc
     jobs = []
     for part in range(parts):
         run = batches[edges[part]:edges[part + 1]]
-        jobs.append(Job(part, importance_sum, (run, keep),
+        jobs.append(Job(part, importance_parts, (run, keep),
                         cost=sum(padded_cost(batch.items) for batch in run), size=sum(len(b.items) for b in run)))
-    sums = pool.run(jobs, progress=progress if isinstance(progress, str) else ("importance" if progress else False),
-                    unit="ex")
-    total = sum(sums[part][0] for part in range(parts))
-    return total / sum(sums[part][1] for part in range(parts))
+    found = pool.run(jobs, progress=progress if isinstance(progress, str) else ("importance" if progress else False),
+                     unit="ex")
+    gradients = np.concatenate([found[part] for part in range(parts)])
+    return gradients if per_example else gradients.mean(0)

@@ -37,6 +37,7 @@ from analysis.sweeps import (
     predictions,
     task_labels,
 )
+from analysis.uncertainty import bootstrap_mean_interval
 
 # ---------------------------------------------------------------- importance
 
@@ -73,22 +74,27 @@ def head_importance(bundle, batches: Sequence[TokenBatch], *, keep: np.ndarray |
                     progress: bool | str = False) -> np.ndarray:
     """Raw importance (L, H): the mean over examples of |dL(x)/d gate_h| (Michel et al. eq. 2), with the heads
     ``keep`` prunes masked in ``mode`` (analysis.disable)."""
+    return example_importance(bundle, batches, keep=keep, mode=mode, progress=progress).mean(0)
+
+
+def example_importance(bundle, batches: Sequence[TokenBatch], *, keep: np.ndarray | None = None, mode: str = "zero",
+                       progress: bool | str = False) -> np.ndarray:
+    """|dL(x)/d gate_h| of every example x (N, L, H), in the batches' order: :func:`head_importance` is their mean,
+    and a bootstrap over them gives its interval."""
     check_mode(mode)
     keep = keep_mask(bundle.num_layers, bundle.num_heads) if keep is None else np.asarray(keep, dtype=np.float32)
-    total = torch.zeros(keep.shape, dtype=torch.float64)
-    count = 0
+    parts = []
     bar = progress_bar(sum(len(batch.items) for batch in batches), progress, "importance")
     with gated(bundle.model):
         for batch in batches:
-            total += gate_gradients(bundle.model, batch, bundle.device, keep, mode).sum(0).double().cpu()
-            count += len(batch.items)
+            parts.append(gate_gradients(bundle.model, batch, bundle.device, keep, mode).double().cpu().numpy())
             if bar is not None:
                 bar.update(len(batch.items))
     if bar is not None:
         bar.close()
-    if count == 0:
+    if not parts:
         raise AttnpatError("no examples to compute head importance on")
-    return (total / count).numpy()
+    return np.concatenate(parts)
 
 
 def check_exponent(exponent: float) -> None:
@@ -255,14 +261,18 @@ def importance_analysis(bundle, data, run, *, by_layer: bool = True, exponent: f
 def _importance(bundle, data, run, *, by_layer: bool, exponent: float, global_minmax: bool, max_length: int,
                 batch_size: int, progress: bool, cluster=None) -> dict:
     batches, _ = _labelled_batches(bundle, data, max_length, batch_size)
-    importance = head_importance
+    importance = example_importance
     if cluster is not None:
         from analysis.distributed import distributed_importance  # noqa: PLC0415 (it builds on this module)
 
-        importance = functools.partial(distributed_importance, cluster)
-    raw = importance(bundle, batches, progress="importance" if progress else False)
+        importance = functools.partial(distributed_importance, cluster, per_example=True)
+    per_example = importance(bundle, batches, progress="importance" if progress else False)  # (N, L, H)
+    raw = per_example.mean(0)
+    interval = bootstrap_mean_interval(per_example)  # (L, H, 2): how sure each head's raw score is
     scores = normalized_importance(raw, by_layer=by_layer, exponent=exponent, global_minmax=global_minmax)
-    run.write_table("importance", long_table({"importance": scores, "importance_raw": raw}))
+    run.write_table("importance", long_table({"importance": scores, "importance_raw": raw,
+                                              "importance_raw_ci_low": interval[..., 0],
+                                              "importance_raw_ci_high": interval[..., 1]}))
     label = _normalisation_label(by_layer, exponent, global_minmax)
     fig = importance_figure(scores, task=data.task, model=bundle.name, normalisation=label)
     figures = run.write_figure("importance", fig)

@@ -10,6 +10,7 @@ from analysis import importance
 from analysis.disable import gated, head_gates, keep_mask, mask_gates
 from analysis.errors import AttnpatError
 from analysis.importance import (
+    example_importance,
     example_losses,
     head_importance,
     importance_analysis,
@@ -27,6 +28,7 @@ from analysis.metrics import accuracy
 from analysis.rundir import RunDir
 from analysis.stream import encode_examples, iter_batches
 from analysis.sweeps import BASELINE, Variant, effect_statistics, naive_sweep
+from analysis.uncertainty import bootstrap_mean_interval
 from tests.test_disable import make_bundle
 from tests.test_sweeps import tiny_data
 
@@ -191,7 +193,17 @@ def test_importance_and_prune_analyses_write_the_run_directory(tmp_path):
     run = RunDir("tiny", "sst2", tmp_path)
     summary = importance_analysis(bundle, data, run, batch_size=4)
     table = pd.read_csv(run.file("importance.csv"))
-    assert set(table["metric"]) == {"importance", "importance_raw"} and len(table) == 24
+    assert set(table["metric"]) == {"importance", "importance_raw", "importance_raw_ci_low",
+                                    "importance_raw_ci_high"} and len(table) == 48
+    # each head's raw score carries a bootstrap 95% interval over the examples' own gradients
+    wide = table.pivot_table(index=["layer", "head"], columns="metric", values="value")
+    batches = list(iter_batches(bundle, data.examples, batch_size=4))
+    expected = bootstrap_mean_interval(example_importance(bundle, batches))
+    np.testing.assert_allclose(wide["importance_raw_ci_low"].to_numpy().reshape(3, 4), expected[..., 0], rtol=1e-5)
+    np.testing.assert_allclose(wide["importance_raw_ci_high"].to_numpy().reshape(3, 4), expected[..., 1], rtol=1e-5)
+    assert (wide.importance_raw_ci_low <= wide.importance_raw + 1e-12).all()
+    assert (wide.importance_raw <= wide.importance_raw_ci_high + 1e-12).all()
+    assert (wide.importance_raw_ci_high > wide.importance_raw_ci_low).any()
     scores = table[table.metric == "importance"].value
     assert scores.min() == 0.0 and scores.max() == 1.0
     assert len(summary["least"]) == 5

@@ -23,7 +23,7 @@ from analysis.cluster import ray_cluster, resolve_address
 from analysis.data import load_data
 from analysis.distributed import distributed_importance, distributed_sweep, model_loader
 from analysis.extract import extract_maps
-from analysis.importance import head_importance
+from analysis.importance import example_importance, head_importance
 from analysis.mapstore import read_shard
 from analysis.models import load_model
 from analysis.rundir import RunDir
@@ -208,6 +208,9 @@ def test_importance_on_ray_equals_one_process(models, cluster):
     batches = list(iter_batches(bundle, data.examples, batch_size=3))
     np.testing.assert_allclose(distributed_importance(cluster, bundle, batches), head_importance(bundle, batches),
                                rtol=1e-5, atol=1e-9)
+    # every example's own gradients, in the batches' order, for the bootstrap interval of each head's score
+    np.testing.assert_allclose(distributed_importance(cluster, bundle, batches, per_example=True),
+                               example_importance(bundle, batches), rtol=1e-5, atol=1e-9)
 
 
 def kill_workers_after_first_result(pool):
