@@ -236,15 +236,10 @@ def map_ids_in(folder: str | Path) -> set[str]:
     if not folder.exists():
         raise AttnpatError(f"--exclude {folder} does not exist (a labeled set, a sample, or a folder of them)")
     if (folder / "labels.csv").is_file():
-        return _labeled_map_ids(folder / "labels.csv")
+        return set(read_text_table(folder / "labels.csv", ("map_id",)).map_id)
     if (folder / "index.jsonl").is_file() or not folder.is_dir():
         return {row["map_id"] for row in read_index(folder)}
     inside = sorted({path.parent for name in ("labels.csv", "index.jsonl") for path in folder.rglob(name)})
     if not inside:
         raise AttnpatError(f"{folder} holds no labeled set (labels.csv) or map sample (index.jsonl) to exclude")
     return set().union(*(map_ids_in(path) for path in inside))
-
-
-def _labeled_map_ids(path: Path) -> set[str]:
-    """The map_id column of a labeled set's labels.csv; an unreadable table or one without it is an AttnpatError."""
-    return set(read_text_table(path, ("map_id",)).map_id)
