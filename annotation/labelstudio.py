@@ -312,11 +312,13 @@ def _read_state(path: Path | None) -> dict:
 
 @dataclass
 class PullReport:
-    """What a pull found. drafts / skipped / unknown / hash_mismatch list map ids (unknown: with the label);
-    skipped: the maps left out of the set because they were skipped (each once: no label, and the last word of an
-    annotator on it a skip); no_choice: annotations submitted without a class; repeated: maps where one annotator
-    submitted twice (their latest annotation counts, once; a later skip or empty one withdraws their label); ties:
-    maps whose annotators split evenly (the earliest annotation's label was kept)."""
+    """What a pull found. drafts / skipped / unknown / hash_mismatch / not_in_sample list map ids (unknown: with
+    the label, or the maps not in the sample); skipped: the maps left out of the set because they were skipped
+    (each once: no label, and the last word of an annotator on it a skip); unlabeled: the other maps of the sample
+    with no label yet (no annotation, or only ones without a usable class); no_choice: annotations submitted
+    without a class; repeated: maps where one annotator submitted twice (their latest annotation counts, once; a
+    later skip or empty one withdraws their label); ties: maps whose annotators split evenly (the earliest
+    annotation's label was kept). tasks: the project's tasks, each in exactly one part of :meth:`task_parts`."""
 
     folder: Path
     labeled: int
@@ -326,6 +328,8 @@ class PullReport:
     unknown: list = field(default_factory=list)
     unlabeled: int = 0
     hash_mismatch: list = field(default_factory=list)
+    not_in_sample: list = field(default_factory=list)
+    tasks: int = 0
     ties: list = field(default_factory=list)
     no_choice: list = field(default_factory=list)
     repeated: list = field(default_factory=list)
@@ -333,6 +337,12 @@ class PullReport:
     kappa: float | None = None
     kappa_maps: int = 0
     n_annotators: int = 0
+
+    def task_parts(self) -> dict[str, int]:
+        """The project's tasks cut into disjoint parts that add up to ``tasks``: labeled (in the set), skipped
+        (left out by skips), not yet labeled, and set aside (not in the sample, or changed since the push)."""
+        return {"labeled": self.labeled, "skipped": len(self.skipped), "not yet labeled": self.unlabeled,
+                "set aside": len(self.not_in_sample) + len(self.hash_mismatch)}
 
 
 def _choice(annotation: dict) -> str | None:
@@ -440,8 +450,10 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
         names, url = _user_names(client, credentials.url), credentials.url
     report = PullReport(out, 0, {})
     all_annotations, final_rows, agree, compared, multi = [], [], 0, 0, []
+    report.tasks = len(tasks)
     for map_id, task in sorted(tasks.items()):
         if map_id not in rows:
+            report.not_in_sample.append(map_id)
             report.unknown.append(f"{map_id} (not in sample {sample.name})")
             continue
         if task["data"].get("map_sha256") != map_sha256(maps[map_id]):
@@ -477,7 +489,8 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
         if not annotations:
             if skipped_by:
                 report.skipped.append(map_id)
-            report.unlabeled += 1
+            else:  # counted once: a skipped map is not also a map waiting for a label
+                report.unlabeled += 1
             continue
         all_annotations.extend(annotations)
         labels = [a["label"] for a in annotations]

@@ -164,6 +164,10 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
             typer.echo(f"{name}: {len(items)} (first: {items[0]})")
     if report.unlabeled:
         typer.echo(f"not yet labeled: {report.unlabeled} tasks")
+    parts = report.task_parts()
+    typer.echo(f"tasks in the project: {report.tasks} = "
+               + " + ".join(f"{count} {name}" for name, count in parts.items() if count or name != "set aside")
+               + (" (not in the sample or changed since push)" if parts["set aside"] else ""))
 
 
 @annotate.command("merge")

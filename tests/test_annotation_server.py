@@ -243,7 +243,7 @@ def test_several_annotators_drafts_skips_and_unknown_labels(label_studio, synthe
     assert pulled.kappa == pytest.approx(ls.fleiss_kappa(table + [["block", "diagonal"]]))
     assert pulled.skipped == [ids[5]] and pulled.drafts == [ids[6]] and pulled.ties == [ids[2], ids[4]]
     assert pulled.unknown == [f"{ids[6]}: 'spiral'"]
-    assert pulled.unlabeled == 2
+    assert pulled.unlabeled == 1 and pulled.tasks == 7  # the skipped map is counted once, as skipped
     labels = pd.read_csv(out / "labels.csv").set_index("map_id")
     assert labels.loc[ids[1], "label"] == "diagonal"
     assert labels.loc[ids[2], "label"] == "block" and labels.loc[ids[4], "label"] == "block"  # earliest of a tie
@@ -262,7 +262,8 @@ def test_several_annotators_drafts_skips_and_unknown_labels(label_studio, synthe
     assert f"Fleiss' kappa {pulled.kappa:.3f} over 5 maps" in text
     for line in (f"drafts (not submitted): 1 (first: {ids[6]})",
                  f"maps left out because their annotators skipped them: 1 (first: {ids[5]})",
-                 f"unknown labels or maps: 1 (first: {ids[6]}: 'spiral')", "not yet labeled: 2 tasks",
+                 f"unknown labels or maps: 1 (first: {ids[6]}: 'spiral')", "not yet labeled: 1 tasks",
+                 "tasks in the project: 7 = 5 labeled + 1 skipped + 1 not yet labeled",
                  f"ties between annotators (earliest label kept): 2 (first: {ids[2]})"):
         assert line in text
 

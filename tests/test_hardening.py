@@ -549,6 +549,40 @@ def test_pull_counts_the_maps_that_skips_left_out_of_the_set_once_each(tmp_path,
     assert f"maps left out because their annotators skipped them: 2 (first: {ids[0]})" in out.splitlines()
 
 
+def test_pull_counts_each_task_once_and_the_parts_add_up_to_the_project(tmp_path, synthetic_sample, monkeypatch,
+                                                                       capsys):
+    """`not yet labeled: N tasks` counted the maps left out by skips again (a skipped map is in both lines), so
+    labeled + skipped + not yet labeled came to more than the project's tasks. Now every task is in exactly one
+    part (labeled, skipped, not yet labeled, set aside: not in the sample or changed since the push), and the
+    summary line shows the parts adding up to the project's tasks."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    sample = Path(shutil.copytree(synthetic_sample("tally", 8), tmp_path / "workspace" / "annotation" / "samples"
+                                  / "tally"))
+    ids = [row["map_id"] for row in read_index(sample)]
+    tasks = _export_of(sample, {ids[0]: "block", ids[1]: "vertical", ids[2]: "diagonal"})
+    skip = {"id": 50, "completed_by": 7, "created_at": "2026-01-01T00:01:00Z", "was_cancelled": True, "result": []}
+    tasks[3]["annotations"] = [skip]  # skipped, and not also waiting for a label
+    tasks[4]["annotations"] = [{**skip, "id": 51, "was_cancelled": False,
+                                "result": [{"value": {"choices": ["spiral"]}}]}]  # no usable label yet
+    tasks[5]["data"]["map_sha256"] = "0" * 64  # changed since the push: set aside
+    stranger = {**tasks[0], "id": 99, "data": {**tasks[0]["data"], "map_id": "synthetic:elsewhere:ex0:L0H0"}}
+    tasks.append(stranger)  # a task of another sample: set aside
+    # tasks 6 and 7: no annotation at all
+    (tmp_path / "export.json").write_text(json.dumps(tasks))
+    report = ls.pull(None, sample, tmp_path / "labeled", export=tmp_path / "export.json")
+    parts = report.task_parts()
+    assert parts == {"labeled": 3, "skipped": 1, "not yet labeled": 3, "set aside": 2}
+    assert sum(parts.values()) == report.tasks == len(tasks) == 9
+    assert report.skipped == [ids[3]] and report.hash_mismatch == [ids[5]]
+    assert report.not_in_sample == ["synthetic:elsewhere:ex0:L0H0"]
+    code, out, err, _ = run_cli(["annotate", "pull", "--sample", "tally", "--export", tmp_path / "export.json"], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "not yet labeled: 3 tasks" in lines
+    assert ("tasks in the project: 9 = 3 labeled + 1 skipped + 3 not yet labeled + 2 set aside (not in the sample or "
+            "changed since push)") in lines
+
+
 def test_two_pulls_at_once_write_two_versions_not_one(tmp_path, synthetic_sample, monkeypatch, capsys):
     """Two `annotate pull` of one sample at the same moment both chose the next version, v1, and the later one
     replaced the earlier set: two pulls, one labeled set. The version is now chosen, and the set renamed into place,
