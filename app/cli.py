@@ -14,6 +14,7 @@ import sys
 import typer
 
 from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, StepStopped, Terminated, os_error_message
+from app.jobs import end_with_parent
 from app.options import with_ray_default
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, print AttnpatError as one line on stderr and exit 2."""
     if argv is None:  # the console script: SIGTERM ends it as Ctrl-C would (locks released, temporary files removed)
         signal.signal(signal.SIGTERM, _raise_terminated)
+        end_with_parent()  # a web app's job: stopped when the app is gone, not left running on its own
         for stream in (sys.stdout, sys.stderr):  # a path the terminal's encoding lacks prints escaped, not a crash
             if hasattr(stream, "reconfigure"):
                 stream.reconfigure(errors="backslashreplace")

@@ -25,6 +25,10 @@ JOB_VERBS = ("overview", "extract", "classify", "special", "disable", "importanc
              "grad-importance", "cluster", "probe-coref", "finetune")
 JOB_OPTIONS = ("model", "task", "n", "split", "runs_dir")
 MODEL_NAME = re.compile(r"^[\w./~][\w.\-/~]{0,299}$")  # argument lists, no shell: only a leading "-" is refused
+# A job's environment names the app's pid: the job watches it and stops when the app is gone (end_with_parent).
+JOB_PARENT_ENV = "ATTNPAT_JOB_PARENT_PID"
+PARENT_POLL_SECONDS = 0.5
+ORPHAN_GRACE_SECONDS = 10.0  # after its SIGTERM, an orphaned job gets this long to clean up before it exits at once
 
 
 def cli_verbs() -> dict[str, set[str]]:
@@ -125,7 +129,8 @@ class BatchJobs:
         with self._lock:
             if self.job is not None and self.job.returncode is None:
                 raise AttnpatError(f"a job is already running ({self.job.status()}); wait for it or stop it")
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False",
+                   JOB_PARENT_ENV: str(os.getpid())}
             process = subprocess.Popen([sys.executable, "-m", "app.cli", *argv], stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
             self.job = Job(argv, process)
@@ -159,3 +164,35 @@ class BatchJobs:
             except subprocess.TimeoutExpired:
                 self.job.process.kill()
             return "job stopped (resumable verbs continue where they stopped when rerun)"
+
+
+# ---------------------------------------------------------------- in the job's own process
+
+def end_with_parent(environ=os.environ) -> threading.Thread | None:
+    """In a job's process (app.cli.main): when the app that started it dies, even by SIGKILL (which runs no
+    atexit, so no Stop), stop as the app's Stop would: SIGTERM to itself, so the verb cleans up and a rerun
+    resumes; still alive ORPHAN_GRACE_SECONDS later, exit at once. None when this process is not a job.
+
+    The app's pid is taken out of the environment, so the job's own `attnpat` subprocesses do not watch it.
+    Not PR_SET_PDEATHSIG: Linux ties it to the thread that started the job, a Gradio worker thread that ends
+    when idle (the job would be killed with it), and setting it needs preexec_fn, unsafe in a threaded app."""
+    value = environ.pop(JOB_PARENT_ENV, "")
+    if not value.isdigit():
+        return None
+    watcher = threading.Thread(target=_stop_when_orphaned, args=(int(value),), name="end-with-parent", daemon=True)
+    watcher.start()
+    return watcher
+
+
+def parent_gone(parent_pid: int) -> bool:
+    """Whether the process that started this one has died: an orphan is re-parented (to init or a subreaper),
+    so its parent pid changes; a parent that died before this check is caught too."""
+    return os.getppid() != parent_pid
+
+
+def _stop_when_orphaned(parent_pid: int) -> None:
+    while not parent_gone(parent_pid):
+        time.sleep(PARENT_POLL_SECONDS)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(ORPHAN_GRACE_SECONDS)
+    os._exit(TERMINATED_EXIT)

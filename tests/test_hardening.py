@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -1195,6 +1196,59 @@ def test_a_job_killed_by_a_signal_nobody_sent_from_the_app_reads_as_failed_not_s
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     jobs.job = Job(["finetune"], process)
     assert jobs.stop().startswith("job stopped") and jobs.job.stop_requested and jobs.job.stopped
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped by its new parent, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# The web app's process: starts one job, says when the job waits (silent, no more output) for the run folder's
+# lock, then sleeps until it is killed.
+APP_WITH_A_JOB = """
+import sys, time
+from pathlib import Path
+from app.jobs import BatchJobs
+job = BatchJobs(Path(sys.argv[1])).start("overview", sys.argv[2], "sst2", 8)
+while "waiting:" not in job.log_text() and job.returncode is None:
+    time.sleep(0.2)
+print(job.process.pid, job.returncode, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_job_stops_when_the_web_app_that_started_it_is_killed(tmp_path, tiny_model):
+    """The app stops its job when it exits (atexit), but a SIGKILLed app (the out-of-memory killer, `kill -9`, a
+    crashed container runtime) runs no atexit: its job ran on alone, unseen by the restarted app, which could not
+    stop it, holding its run folder's locks. Now the job watches the app's pid and stops as a Stop would when the
+    app is gone: SIGTERM to itself, its cleanup runs (the staged tables are removed), a rerun resumes."""
+    runs = tmp_path / "runs"
+    run = RunDir(load_model(str(tiny_model)).slug, "sst2", runs)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+    job_pid = None
+    # the run folder's lock held here: the job does its work, then waits for it without a word more, as a job
+    # in a long quiet stretch does (a job that writes again finds its log pipe closed and fails by itself)
+    with locked(run.file(".lock"), "the test's hold on the run folder"):
+        app = subprocess.Popen([sys.executable, "-c", APP_WITH_A_JOB, str(runs), str(tiny_model)], env=env,
+                               stdout=subprocess.PIPE, text=True)
+        try:
+            job_pid, code = app.stdout.readline().split()
+            job_pid = int(job_pid)
+            assert code == "None" and _alive(job_pid)  # the job runs, waiting for the lock
+            app.kill()
+            app.wait()
+            deadline = time.monotonic() + 60
+            while _alive(job_pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not _alive(job_pid), "the job ran on after the app that started it was killed"
+        finally:
+            app.kill()
+            if job_pid and _alive(job_pid):
+                os.kill(job_pid, signal.SIGKILL)
+    assert not list(run.path.glob(".staging-*"))  # stopped by its SIGTERM, cleaning up: not killed mid-work
 
 
 def test_a_path_the_terminals_encoding_lacks_prints_escaped_not_a_traceback(tmp_path, tiny_model):
