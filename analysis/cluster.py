@@ -6,7 +6,9 @@ need it. Nothing here reaches the internet: usage statistics are off, the dashbo
 and a local Ray listens on 127.0.0.1 only.
 
 Faults: Ray restarts a killed worker actor (``MAX_RESTARTS``, reloading its model) and retries the job it was
-running (``MAX_TASK_RETRIES``); a job whose worker is lost for good goes back to the queue for another worker.
+running (``MAX_TASK_RETRIES``). A worker lost for good (its restarts used up, killed for good, its node gone) is
+replaced by a new one in its slot, up to ``MAX_REPLACEMENTS`` times per slot and run, and its unfinished jobs go
+back to the queue; a job whose worker was lost for good ``MAX_JOB_LOSSES`` times ends the run with one error.
 Results are kept by job key, so a retried job counts once and the run ends only when every job has a result.
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ import logging
 import os
 import secrets
 import socket
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -32,6 +34,9 @@ CONNECT_TIMEOUT = 5.0  # seconds an existing cluster's address gets to answer be
 RAY_CLIENT_PORT = 10001
 MAX_RESTARTS = 3
 MAX_TASK_RETRIES = 3
+MAX_REPLACEMENTS = 3  # new workers a run starts in one worker's slot, after Ray gave up restarting it
+MAX_JOB_LOSSES = 2  # a job whose worker is lost for good this often (each after Ray's restarts) ends the run
+REPLACEMENT_START_SECONDS = 120.0  # a new worker not started by then (no CPUs left: a node lost) leaves its slot empty
 QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # never report usage to Ray's servers
 # Without it Ray replaces 127.0.0.1 by the machine's network address and listens on every interface; with it
 # (Ray's single-machine mode) a local Ray, and a driver reaching a cluster on a loopback address, stay on 127.0.0.1.
@@ -88,12 +93,15 @@ class WorkerPool:
     ends, so a worker never idles while the driver (busy writing, or slowed by its own work on a shared core)
     takes the result and hands out another; the jobs left for the end are the smallest, so the workers still
     finish together. ``listeners``: callables ``(key, result)`` called in the driver after each job's result is
-    merged.
+    merged. ``replacement(dead)``: a new, started worker in place of one Ray will not restart, or None when none
+    starts (:meth:`Cluster.replacement`); it takes the dead one's slot in ``actors``. Without it a dead worker's
+    slot stays empty.
     """
 
-    def __init__(self, ray, actors: list, loader: Callable[[], Any], depth: int = 2):
+    def __init__(self, ray, actors: list, loader: Callable[[], Any], depth: int = 2,
+                 replacement: Callable[[Any], Any] | None = None):
         self._ray, self.actors, self.loader, self.key = ray, actors, loader, loader_key(loader)
-        self.depth = depth
+        self.depth, self.replacement = depth, replacement
         self.listeners: list[Callable[[Hashable, Any], None]] = []
 
     def pids(self) -> list[int]:
@@ -104,6 +112,21 @@ class WorkerPool:
         """``function(state, *args)`` on every worker (loading the state where needed), e.g. to check that all
         loaded the same model. A loader's AttnpatError is raised here as one line."""
         return self._get([worker.run.remote(self.key, self.loader, function, *args) for worker in self.actors])
+
+    def _worker_back(self, index: int, dead, replaced: Counter) -> bool:
+        """Whether slot ``index``, whose worker ``dead`` was lost for good, has a live worker again: replaced now
+        (at most MAX_REPLACEMENTS times per slot in a run), or already, on the news of its other job."""
+        if self.actors[index] is not dead:
+            return True
+        if self.replacement is None or replaced[index] >= MAX_REPLACEMENTS:
+            return False
+        replaced[index] += 1
+        fresh = self.replacement(dead)
+        if fresh is None:  # none could start: the slot stays empty, and is not tried again
+            replaced[index] = MAX_REPLACEMENTS
+            return False
+        self.actors[index] = fresh  # the cluster's list: every pool of its workers gets the new one
+        return True
 
     def _get(self, refs):
         from ray.exceptions import RayTaskError  # noqa: PLC0415 (Ray is optional, see the module doc)
@@ -143,8 +166,10 @@ class WorkerPool:
         taken: list[list] = []  # per group taken: [results, jobs left, total size, size done]
         queue: deque = deque()  # (group, job), the group's jobs largest first
         idle = deque(index for _ in range(self.depth) for index in range(len(self.actors)))  # free job slots
-        running: dict = {}  # ObjectRef -> (group, job, worker index)
+        running: dict = {}  # ObjectRef -> (group, job, worker index, the worker it was handed to)
         failed: list = []  # [group, error] of the first group with an error
+        replaced: Counter = Counter()  # worker index -> new workers started in its slot
+        losses: Counter = Counter()  # (group, job key) -> times its worker was lost for good while it ran
         exhausted, yielded, bar = False, 0, None
 
         def take() -> bool:
@@ -166,6 +191,14 @@ class WorkerPool:
                         return True
             return False
 
+        def fail(group: int, error: BaseException) -> None:
+            """Record ``group``'s error (the earliest group's wins) and hand out nothing of it or later groups."""
+            if not failed or group < failed[0]:
+                failed[:] = [group, error]
+                kept = [entry for entry in queue if entry[0] < group]  # not this group nor later ones
+                queue.clear()
+                queue.extend(kept)
+
         def open_bar():
             if yielded < len(taken):
                 _, _, total, done = taken[yielded]
@@ -177,7 +210,7 @@ class WorkerPool:
                 while idle and (queue or take()):
                     (group, job), index = queue.popleft(), idle.popleft()
                     ref = self.actors[index].run.remote(self.key, self.loader, job.function, *job.args)
-                    running[ref] = (group, job, index)
+                    running[ref] = (group, job, index, self.actors[index])
                 if not queue:
                     take()  # every worker is busy: the next group is ready when one frees up
                 if bar is None:
@@ -196,20 +229,26 @@ class WorkerPool:
                 if not running:
                     raise AttnpatError("every Ray worker died; rerun the command to resume")
                 (ref,), _ = ray.wait(list(running), num_returns=1)
-                group, job, index = running.pop(ref)
+                group, job, index, worker = running.pop(ref)
                 try:
                     value = self._get(ref)
-                except RayActorError:
-                    if not (failed and group >= failed[0]):
-                        queue.appendleft((group, job))  # its worker is gone for good (restarts used up): another one
+                except RayActorError:  # its worker is gone for good (restarts used up): the job goes to another
+                    if self._worker_back(index, worker, replaced):
+                        idle.append(index)
+                    if failed and group >= failed[0]:
+                        continue
+                    losses[group, job.key] += 1
+                    if losses[group, job.key] < MAX_JOB_LOSSES:
+                        queue.appendleft((group, job))
+                    else:
+                        fail(group, AttnpatError(
+                            f"job {job.key} lost its Ray worker {MAX_JOB_LOSSES} times, each time after Ray "
+                            f"restarted it {MAX_RESTARTS} times: out of memory? Try fewer workers or a smaller "
+                            "batch size; rerun the command to resume"))
                     continue
                 except Exception as error:
                     idle.append(index)
-                    if not failed or group < failed[0]:
-                        failed[:] = [group, error]
-                        kept = [entry for entry in queue if entry[0] < group]  # not this group nor later ones
-                        queue.clear()
-                        queue.extend(kept)
+                    fail(group, error)
                     continue
                 idle.append(index)
                 results = taken[group][0]
@@ -238,17 +277,37 @@ class Cluster:
         self.address, self.workers, self.threads, self.started_here = address, workers, threads, started_here
         self._actors: list = []
         self._pools: dict[Hashable, WorkerPool] = {}
+        self._worker_class = None
+
+    def _start_worker(self):
+        if self._worker_class is None:
+            self._worker_class = self._ray.remote(num_cpus=self.threads, max_restarts=MAX_RESTARTS,
+                                                  max_task_retries=MAX_TASK_RETRIES)(Worker)
+        return self._worker_class.remote(self.threads)
+
+    def replacement(self, dead):
+        """A new worker, started, in place of ``dead``, which Ray will not restart (its restarts used up, its
+        node gone): ``dead`` is killed for good, freeing its CPUs. None when the new one has not started within
+        REPLACEMENT_START_SECONDS (the cluster has no CPUs left for it)."""
+        from ray.exceptions import GetTimeoutError, RayActorError  # noqa: PLC0415 (Ray is optional)
+
+        self._ray.kill(dead, no_restart=True)  # a dead actor's kill does nothing
+        fresh = self._start_worker()
+        try:
+            self._ray.get(fresh.pid.remote(), timeout=REPLACEMENT_START_SECONDS)
+        except (GetTimeoutError, RayActorError):
+            self._ray.kill(fresh, no_restart=True)
+            return None
+        return fresh
 
     def pool(self, loader: Callable[[], Any]) -> WorkerPool:
         """The workers holding ``loader``'s state (a functools.partial of a module-level function; each worker
         runs it once, on its first job). The same loader gives the same pool (and its listeners)."""
         if not self._actors:
-            actor = self._ray.remote(num_cpus=self.threads, max_restarts=MAX_RESTARTS,
-                                     max_task_retries=MAX_TASK_RETRIES)(Worker)
-            self._actors = [actor.remote(self.threads) for _ in range(self.workers)]
+            self._actors = [self._start_worker() for _ in range(self.workers)]
         key = loader_key(loader)
         if key not in self._pools:
-            self._pools[key] = WorkerPool(self._ray, self._actors, loader)
+            self._pools[key] = WorkerPool(self._ray, self._actors, loader, replacement=self.replacement)
         return self._pools[key]
 
     def put(self, value):

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import ray
 import torch
 
 from analysis.cluster import ray_cluster, resolve_address
@@ -238,6 +239,33 @@ def test_killed_workers_leave_a_complete_duplicate_free_classification(models, c
     finally:
         pool.listeners.clear()
     assert len(killed) == 2 and not set(killed) & set(pool.pids())  # both were killed and restarted
+    pd.testing.assert_frame_equal(one.read_table("patterns"), spread.read_table("patterns"))
+    assert spread.read_table("patterns").groupby(["layer", "head"])["count"].sum().eq(40).all()  # none twice, none lost
+
+
+def test_workers_lost_for_good_are_replaced_and_the_classification_is_complete(models, cluster, tmp_path):
+    """Both workers killed for good (as when Ray's restarts are used up or a node is lost) after the first
+    result: before, their slots were dropped and the run ended with `every Ray worker died`. Now a new worker
+    takes each slot and the dead ones' jobs are run again there: the tables equal one process's."""
+    bundle, classifier = load_model(str(models["base"])), load_classifier()
+    pool = cluster.pool(classify_loader(bundle, classifier))
+    first, pids = list(pool.actors), pool.pids()
+    killed = []
+
+    def kill_for_good(key, result) -> None:
+        if not killed:
+            for worker in first:
+                ray.kill(worker, no_restart=True)
+            killed.extend(first)
+
+    pool.listeners.append(kill_for_good)
+    try:
+        one, spread = classify_both(models["base"], cluster, tmp_path, n=40)
+    finally:
+        pool.listeners.clear()
+    assert len(killed) == 2 and len(pool.actors) == 2
+    assert not {id(worker) for worker in pool.actors} & {id(worker) for worker in first}  # both replaced
+    assert not set(pids) & set(pool.pids())  # the new workers answer
     pd.testing.assert_frame_equal(one.read_table("patterns"), spread.read_table("patterns"))
     assert spread.read_table("patterns").groupby(["layer", "head"])["count"].sum().eq(40).all()  # none twice, none lost
 

@@ -1,0 +1,134 @@
+"""Workers lost for good in analysis.cluster.WorkerPool.run (Ray gave up restarting them, they were killed for
+good, their node is gone): a new worker takes the dead one's slot and the dead one's jobs go back to the queue, up
+to a bound, so the run ends with every job's result once, as an uninterrupted run does. Ray is replaced by a
+stand-in that runs each job in this process when its result is taken; the same on a real Ray cluster is in
+tests/test_ray.py."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from ray.exceptions import ActorDiedError
+
+from analysis import cluster as cluster_module
+from analysis.cluster import Job, WorkerPool
+from analysis.errors import AttnpatError
+
+
+class StandInRay:
+    """The part of Ray that WorkerPool uses: ``wait`` answers the job handed out first, ``get`` runs it."""
+
+    def wait(self, refs: list, num_returns: int = 1):
+        return refs[:num_returns], refs[num_returns:]
+
+    def get(self, refs, timeout=None):
+        return [ref() for ref in refs] if isinstance(refs, list) else refs()
+
+
+class StandInWorker:
+    """A worker actor; once ``dead`` (lost for good) every job handed to it fails as Ray's do. A job whose key is
+    in ``deadly`` kills the worker it runs on."""
+
+    def __init__(self, deadly: frozenset = frozenset()):
+        self.dead, self.deadly, self.ran = False, deadly, []
+        self.run = SimpleNamespace(remote=self._remote)
+
+    def _remote(self, key, loader, function, *args):
+        def result():
+            if args[0] in self.deadly:
+                self.dead = True
+            if self.dead:
+                raise ActorDiedError()
+            self.ran.append(args[0])
+            return function(loader(), *args)
+        return result
+
+
+def load_offset() -> int:
+    return 1000
+
+
+def offset_square(state: int, number: int) -> int:
+    return state + number * number
+
+
+JOBS = [Job(number, offset_square, (number,)) for number in range(12)]
+EXPECTED = {number: 1000 + number * number for number in range(12)}
+
+
+def pool_of(workers: list, replacement=None) -> WorkerPool:
+    return WorkerPool(StandInRay(), workers, load_offset, replacement=replacement)
+
+
+def test_workers_lost_for_good_are_replaced_and_the_run_ends_complete():
+    """Both workers lost for good after the first result: before, their slots were dropped, and the run ended
+    with `every Ray worker died`. Now each slot gets a new worker, which takes the dead ones' unfinished jobs."""
+    first = [StandInWorker(), StandInWorker()]
+    started = []
+
+    def replacement(dead):
+        assert dead.dead and dead in first
+        started.append(StandInWorker())
+        return started[-1]
+
+    pool = pool_of(list(first), replacement)
+
+    def kill_all_once(key, result):
+        if not any(worker.dead for worker in first):
+            for worker in first:
+                worker.dead = True
+
+    pool.listeners.append(kill_all_once)
+    assert pool.run(JOBS) == EXPECTED
+    assert len(started) == 2  # one new worker per slot, in the dead one's place
+    assert {id(worker) for worker in pool.actors} == {id(worker) for worker in started}
+    ran = [number for worker in first + started for number in worker.ran]
+    assert sorted(ran) == list(range(12))  # every job ran once to the end: none lost, none counted twice
+
+
+def test_without_replacements_the_run_goes_on_with_the_workers_left():
+    dying, healthy = StandInWorker(), StandInWorker()
+    pool = pool_of([dying, healthy])
+    pool.listeners.append(lambda key, result: setattr(dying, "dead", True))
+    assert pool.run(JOBS) == EXPECTED and pool.actors == [dying, healthy]
+    with pytest.raises(AttnpatError, match="every Ray worker died"):
+        pool_of([StandInWorker(frozenset(range(12)))]).run(JOBS)
+
+
+def test_a_job_that_kills_every_worker_it_runs_on_ends_the_run_with_one_error(monkeypatch):
+    """A job that kills its worker each time (out of memory) is not handed out forever: after MAX_JOB_LOSSES lost
+    workers the run stops with one error naming it, and a slot is refilled at most MAX_REPLACEMENTS times."""
+    deadly = frozenset({5})
+    started = []
+
+    def replacement(dead):
+        started.append(StandInWorker(deadly))
+        return started[-1]
+
+    pool = pool_of([StandInWorker(deadly), StandInWorker(deadly)], replacement)
+    with pytest.raises(AttnpatError, match=f"job 5 lost its Ray worker {cluster_module.MAX_JOB_LOSSES} times"):
+        pool.run(JOBS)
+    assert len(started) == cluster_module.MAX_JOB_LOSSES
+
+    # a slot whose new workers keep dying is refilled MAX_REPLACEMENTS times, then left empty
+    monkeypatch.setattr(cluster_module, "MAX_JOB_LOSSES", 100)
+    started.clear()
+    everything = frozenset(range(12))
+
+    def dying_replacement(dead):
+        started.append(StandInWorker(everything))
+        return started[-1]
+
+    with pytest.raises(AttnpatError, match="every Ray worker died"):
+        pool_of([StandInWorker(everything)], dying_replacement).run(JOBS)
+    assert len(started) == cluster_module.MAX_REPLACEMENTS
+
+
+def test_a_replacement_that_cannot_start_leaves_its_slot_empty():
+    """No CPUs left for a new worker (its node lost): the slot stays empty and the others finish the run."""
+    dying, healthy = StandInWorker(), StandInWorker()
+    asked = []
+    pool = pool_of([dying, healthy], lambda dead: asked.append(dead))  # returns None: nothing started
+    pool.listeners.append(lambda key, result: setattr(dying, "dead", True))
+    assert pool.run(JOBS) == EXPECTED
+    assert asked == [dying] and pool.actors == [dying, healthy]  # asked once, not for each of its two jobs
