@@ -9,9 +9,9 @@ attention to itself is ignored. Accuracy per relation and overall ("all"); the r
 word to attend to and is not scored (Clark counted it as always wrong). Relations are the CoNLL-U DEPREL
 as written (subtypes such as nmod:poss kept); Clark's special case for possessive 's is not applied.
 Baselines predict the word a fixed offset away (-3..-1, +1..+3); an offset that leaves the sentence is
-wrong. Words lost to truncation (wholly or in part), and words whose gold head was lost, are not scored
-(counted in the manifest). A tie for the most attention goes to the leftmost word (argmax, as Clark's
-code); MiniLM's maps hold none.
+wrong. Words lost to truncation (wholly or in part) or that give no token, and words whose gold head was
+lost, are not scored (counted in the manifest). A tie for the most attention goes to the leftmost word
+(argmax, as Clark's code); MiniLM's maps hold none.
 Clark et al. report the best of every head and direction per relation, picked and scored on the same
 sentences, which flatters it (the best of 2 x L x H guesses). Here the sentences are split in two halves
 by position (even: selection, odd: held out); the head, direction and offset baseline are picked on the
@@ -110,8 +110,9 @@ class DepSentence:
 
 
 def read_conllu(path: str | Path, n: int | None = None) -> list[DepSentence]:
-    """Sentences of a CoNLL-U file (the `conllu` package). Multi-word tokens and empty nodes are skipped;
-    the syntactic words are what the model sees."""
+    """Sentences of a CoNLL-U file (the `conllu` package). Multi-word token lines (2-3) and empty nodes (8.1)
+    are skipped: the syntactic words are what the model sees. A missing or out-of-range HEAD, or a word that
+    is its own head, is an error."""
     path = Path(path)
     if not path.is_file():
         raise AttnpatError(f"CoNLL-U file {path} does not exist")
@@ -127,6 +128,8 @@ def read_conllu(path: str | Path, n: int | None = None) -> list[DepSentence]:
                 heads = [token["head"] for token in words]
                 if any(not isinstance(head, int) or not 0 <= head <= len(words) for head in heads):
                     raise AttnpatError(f"{path.name}: sentence {number + 1} has a missing or out-of-range HEAD")
+                if own := [k for k, head in enumerate(heads, 1) if head == k]:  # no head nor offset could match it
+                    raise AttnpatError(f"{path.name}: sentence {number + 1} has word {own[0]} as its own HEAD")
                 sentence_id = tokenlist.metadata.get("sent_id", f"{path.stem}-{number}")
                 sentences.append(DepSentence(sentence_id, tuple(token["form"] for token in words), tuple(heads),
                                              tuple(str(token["deprel"]) for token in words)))

@@ -83,6 +83,27 @@ def test_read_conllu_rejects_bad_files(tmp_path):
     with pytest.raises(AttnpatError, match="HEAD"):
         read_conllu(bad_head)
 
+def test_multiword_token_lines_and_empty_nodes_are_skipped(tmp_path):
+    enhanced = tmp_path / "enhanced.conllu"
+    enhanced.write_text("1\tShe\tshe\tPRON\t_\t_\t4\tnsubj\t_\t_\n2-3\tcan't\t_\t_\t_\t_\t_\t_\t_\t_\n"
+                        "2\tca\tcan\tAUX\t_\t_\t4\taux\t_\t_\n3\tn't\tnot\tPART\t_\t_\t4\tadvmod\t_\t_\n"
+                        "3.1\tgo\tgo\tVERB\t_\t_\t_\t_\t0:root\t_\n4\tgo\tgo\tVERB\t_\t_\t0\troot\t_\t_\n\n")
+    (sentence,) = read_conllu(enhanced)
+    assert sentence.words == ("She", "ca", "n't", "go") and sentence.heads == (4, 4, 4, 0)
+
+
+def test_a_word_that_is_its_own_head_is_one_error(tmp_path, capsys):
+    looped = tmp_path / "looped.conllu"
+    looped.write_text("1\tDogs\tdog\tNOUN\t_\t_\t1\tnsubj\t_\t_\n2\tbark\tbark\tVERB\t_\t_\t0\troot\t_\t_\n\n")
+    with pytest.raises(AttnpatError, match="word 1 as its own HEAD"):
+        read_conllu(looped)
+    model = str(save_tiny_model(tmp_path / "tiny"))
+    capsys.readouterr()  # the model's saving progress
+    code = main(["probe-dep", str(looped), "--model", model, "-q", "--runs-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "own HEAD" in err and not (tmp_path / "runs").exists()
+
+
 def test_fewer_than_two_sentences_to_score_is_one_error_before_any_work(tmp_path, capsys):
     """The best head is picked on half of the sentences and scored on the other: one sentence cannot be both."""
     model = str(save_tiny_model(tmp_path / "tiny"))
@@ -95,6 +116,17 @@ def test_fewer_than_two_sentences_to_score_is_one_error_before_any_work(tmp_path
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1 and "scored on the other" in err, (argv, err)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_word_that_gives_no_token_is_not_scored_nor_its_dependents(tmp_path):
+    treebank = tmp_path / "invisible.conllu"  # a zero-width space: the tokenizer gives it no piece
+    treebank.write_text("1\tDogs\tdog\tNOUN\t_\t_\t3\tnsubj\t_\t_\n2\t\u200b\t_\tX\t_\t_\t3\tdep\t_\t_\n"
+                        "3\tbark\tbark\tVERB\t_\t_\t0\troot\t_\t_\n4\tloudly\tloudly\tADV\t_\t_\t2\tadvmod\t_\t_\n\n")
+    data, sentences = dependency_data(treebank)
+    bundle = tiny_bundle(tmp_path / "tiny")
+    scores, summary = dependency_scores(bundle, data, sentences, progress=False)
+    assert dict(scores.counts) == {ALL_RELATIONS: 1, "nsubj": 1}  # Dogs only: the space and loudly are not scored
+    assert summary["n_unscored_words"] == 2
 
 
 # ---------------------------------------------------------------- predictions
