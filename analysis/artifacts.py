@@ -160,16 +160,21 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "Surface and clusters"),
     Artifact("grad_importance", "grad-importance", "layer, target (sep|punct|other), value", "Surface and clusters",
              figure=True),
-    Artifact("probing_dependency", "probe-dep", "relation, direction, best_layer, best_head, accuracy, "
-             "baseline_offset, baseline_accuracy, count, parses (gold or silver, and from what)",
-             "Surface and clusters", figure=True, hint=_PARSE),
-    Artifact("probing_dependency_heads", "probe-dep", "layer, head, direction, relation, accuracy, count, parses",
-             "Surface and clusters", hint=_PARSE),
+    Artifact("probing_dependency", "probe-dep", "relation, direction, best_layer, best_head (picked on the "
+             "even-numbered sentences), accuracy, ci_low, ci_high (on the odd-numbered ones), baseline_offset, "
+             "baseline_accuracy, baseline_ci_low, baseline_ci_high, p_value (McNemar, head vs offset), "
+             "held_out_count, count, in_sample_accuracy (Clark's: picked and scored on all), parses (gold or "
+             "silver, and from what)", "Surface and clusters", figure=True, hint=_PARSE),
+    Artifact("probing_dependency_heads", "probe-dep", "layer, head, direction, relation, accuracy, ci_low, ci_high, "
+             "count, parses", "Surface and clusters", hint=_PARSE),
     Artifact("probing_coref", "probe-coref", "layer, head, metric (accuracy|accuracy_ci_low|accuracy_ci_high), "
              "value", "Surface and clusters",
              figure=True, folder="winobias", hint="--model {model}"),
     Artifact("probing_coref_baselines", "probe-coref", "baseline, accuracy, ci_low, ci_high", "Surface and clusters",
              folder="winobias", hint="--model {model}"),
+    Artifact("probing_coref_table", "probe-coref", "model (each baseline, then the head picked on the even-numbered "
+             "sentences), accuracy, ci_low, ci_high, count (on the odd-numbered ones), p_value (McNemar vs the head)",
+             "Surface and clusters", folder="winobias", hint="--model {model}"),
     # Classifier training, in runs/classifier/<labeled set>/
     Artifact("cv_scores", "train", "model, metric (macro_f1|macro_f1_fold_std|accuracy|f1|macro_f1_agreed), class, "
              "value", "Classifier", hint=_TRAIN),

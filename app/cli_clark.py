@@ -136,12 +136,23 @@ def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U fi
     entry = run.manifest()["analyses"]["probing_dependency"]
     typer.echo(f"{bundle.name} on {run.task} ({entry['n_sentences']} sentences, {entry['parses']}); "
                "heads layer-head, 0-indexed")
-    typer.echo(f"{'relation':<14} {'count':>6} {'attn':>6}  {'head':<14} {'offset':>6} {'base':>6}")
+    typer.echo("head and offset picked on the even-numbered sentences; words, accuracy [95% interval] on the "
+               f"odd-numbered ones ({entry['n_held_out_sentences']}); p: exact McNemar, head vs offset; "
+               "in-sample: Clark's best head picked and scored on all sentences")
+    typer.echo(f"{'relation':<14} {'words':>6} {'attn [95% interval]':<19}  {'head':<14} {'offset':>6} "
+               f"{'base [95% interval]':<19} {'p':>7} {'in-sample':>9}")
     for row in table.itertuples():
-        typer.echo(f"{row.relation[:14]:<14} {row.count:>6} {100 * row.accuracy:>6.1f}  "
+        attention = _percent_interval(row.accuracy, row.ci_low, row.ci_high)
+        baseline = _percent_interval(row.baseline_accuracy, row.baseline_ci_low, row.baseline_ci_high)
+        typer.echo(f"{row.relation[:14]:<14} {row.held_out_count:>6} {attention}  "
                    f"{f'{row.best_layer}-{row.best_head} {row.direction}':<14} {row.baseline_offset:>+6d} "
-                   f"{100 * row.baseline_accuracy:>6.1f}")
+                   f"{baseline} {row.p_value:>7.2g} {100 * row.in_sample_accuracy:>9.1f}")
     typer.echo(f"tables and figure: {run.path}")
+
+
+def _percent_interval(value: float, low: float, high: float) -> str:
+    """A share and its interval in percent, 19 characters: ' 76.2 [ 70.1,  81.4]'."""
+    return f"{100 * value:>5.1f} [{100 * low:>5.1f}, {100 * high:>5.1f}]"
 
 
 def probe_coref(model: str = opt.Model, n: opt.OptionalInt = opt.n_option(None, "first N sentences"),
@@ -151,8 +162,13 @@ def probe_coref(model: str = opt.Model, n: opt.OptionalInt = opt.n_option(None, 
     bundle = load_model(model)
     table, _, run = run_probe_coref(bundle, runs_dir, n=n, max_length=max_length, batch_size=batch_size,
                                     progress=not quiet)
-    typer.echo(f"WinoBias antecedent selection ({run.manifest()['analyses']['probing_coref']['n_items']} sentences)")
-    typer.echo(f"{'model':<40} {'accuracy':>8}")
+    entry = run.manifest()["analyses"]["probing_coref"]
+    typer.echo(f"WinoBias antecedent selection ({entry['n_items']} sentences): head picked on the even-numbered "
+               f"sentences, all scored on the odd-numbered ones ({entry['n_held_out']}); p: exact McNemar vs the head")
+    typer.echo(f"{'model':<40} {'accuracy [95% interval]':<23} {'p':>7}")
     for row in table.itertuples():
-        typer.echo(f"{row.model:<40} {100 * row.accuracy:>8.1f}")
+        p_value = "" if math.isnan(row.p_value) else f"{row.p_value:.2g}"
+        typer.echo(f"{row.model:<40} {_percent_interval(row.accuracy, row.ci_low, row.ci_high):<23} {p_value:>7}")
+    typer.echo(f"the best head picked and scored on all sentences, as Clark et al. report it (optimistic): "
+               f"{100 * entry['in_sample_best_accuracy']:.1f}")
     typer.echo(f"tables and figure: {run.path}")

@@ -127,7 +127,7 @@ def pipeline(sizes: Sizes = FULL) -> list[Step]:
         Step("dependency probing on wiki sentences, silver parses (spaCy en_core_web_sm 3.8.0) (Clark Table 1)",
              ("probe-dep", "--parse", "wiki", "--n", str(sizes.probe_dep_n)), (f"{BASE}/wiki/probing_dependency.csv",)),
         Step("coreference probing on WinoBias (Clark Table 2)", ("probe-coref", *_n(sizes.probe_coref_n)),
-             (f"{BASE}/winobias/probing_coref.csv",)),
+             (f"{BASE}/winobias/probing_coref.csv", f"{BASE}/winobias/probing_coref_table.csv")),
     ]
 
 
@@ -323,10 +323,10 @@ def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
                 parts.append(f"{relation} head L{int(row.best_layer) + 1}-H{int(row.best_head) + 1} "
                              f"{_percent(row.accuracy)} vs offset {int(row.baseline_offset):+d} "
                              f"{_percent(row.baseline_accuracy)}")
-        coref = _csv(root / BASE / "winobias" / "probing_coref.csv")
+        coref = _csv(root / BASE / "winobias" / "probing_coref_table.csv").iloc[-1]  # the picked head's row
         return (f"{BASE}/wiki: head labels " + ", ".join(f"{k} {v}" for k, v in labels.items())
-                + "; clusters; " + "; ".join(parts) + f" ({dependency.parses.iloc[0]}); WinoBias best head "
-                + _percent(coref[coref.metric == "accuracy"].value.max()))
+                + "; clusters; " + "; ".join(parts) + f" ({dependency.parses.iloc[0]}, held-out half); WinoBias "
+                f"best head {_percent(coref.accuracy)} (held-out half)")
 
     def classifier() -> str:
         meta = json.loads((repo_root() / "classifier" / "checkpoints" / "default.json").read_text())

@@ -14,29 +14,37 @@ from analysis.parsing import GOLD_PARSES
 from analysis.probing import (
     ALL_RELATIONS,
     DIRECTIONS,
+    HELD_OUT,
     OFFSETS,
+    SELECTION,
     CorefItem,
     DependencyScores,
+    DepSentence,
     antecedent_choices,
     coref_baseline_choices,
     coref_baselines,
     coref_choices,
+    coref_table,
     dependency_data,
+    dependency_head_table,
     dependency_scores,
     dependency_table,
     load_winobias,
     offset_predictions,
+    paired_outcomes,
     parse_winobias,
     predict_heads,
     probe_coref,
     read_conllu,
     score_sentence,
+    sentence_half,
     word_level_maps,
 )
 from analysis.rundir import table_to_array
 from analysis.stream import MapBatch, collate, encode_examples
+from analysis.uncertainty import mcnemar_exact, wilson_interval
 from app.cli import main
-from tests.tiny import tiny_bundle
+from tests.tiny import save_tiny_model, tiny_bundle
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny.conllu"
 
@@ -74,6 +82,51 @@ def test_read_conllu_rejects_bad_files(tmp_path):
     bad_head.write_text("1\tDogs\tdog\tNOUN\t_\t_\t7\tnsubj\t_\t_\n2\tbark\tbark\tVERB\t_\t_\t0\troot\t_\t_\n\n")
     with pytest.raises(AttnpatError, match="HEAD"):
         read_conllu(bad_head)
+
+def test_multiword_token_lines_and_empty_nodes_are_skipped(tmp_path):
+    enhanced = tmp_path / "enhanced.conllu"
+    enhanced.write_text("1\tShe\tshe\tPRON\t_\t_\t4\tnsubj\t_\t_\n2-3\tcan't\t_\t_\t_\t_\t_\t_\t_\t_\n"
+                        "2\tca\tcan\tAUX\t_\t_\t4\taux\t_\t_\n3\tn't\tnot\tPART\t_\t_\t4\tadvmod\t_\t_\n"
+                        "3.1\tgo\tgo\tVERB\t_\t_\t_\t_\t0:root\t_\n4\tgo\tgo\tVERB\t_\t_\t0\troot\t_\t_\n\n")
+    (sentence,) = read_conllu(enhanced)
+    assert sentence.words == ("She", "ca", "n't", "go") and sentence.heads == (4, 4, 4, 0)
+
+
+def test_a_word_that_is_its_own_head_is_one_error(tmp_path, capsys):
+    looped = tmp_path / "looped.conllu"
+    looped.write_text("1\tDogs\tdog\tNOUN\t_\t_\t1\tnsubj\t_\t_\n2\tbark\tbark\tVERB\t_\t_\t0\troot\t_\t_\n\n")
+    with pytest.raises(AttnpatError, match="word 1 as its own HEAD"):
+        read_conllu(looped)
+    model = str(save_tiny_model(tmp_path / "tiny"))
+    capsys.readouterr()  # the model's saving progress
+    code = main(["probe-dep", str(looped), "--model", model, "-q", "--runs-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "own HEAD" in err and not (tmp_path / "runs").exists()
+
+
+def test_fewer_than_two_sentences_to_score_is_one_error_before_any_work(tmp_path, capsys):
+    """The best head is picked on half of the sentences and scored on the other: one sentence cannot be both."""
+    model = str(save_tiny_model(tmp_path / "tiny"))
+    capsys.readouterr()  # the model's saving progress
+    one_word = tmp_path / "one-word.conllu"
+    one_word.write_text("1\tDogs\tdog\tNOUN\t_\t_\t2\tnsubj\t_\t_\n2\tbark\tbark\tVERB\t_\t_\t0\troot\t_\t_\n\n"
+                        "1\tHello\thello\tINTJ\t_\t_\t0\troot\t_\t_\n\n")  # the held-out half: nothing but a root
+    for argv in (["probe-dep", str(FIXTURE), "--n", "1"], ["probe-dep", str(one_word)], ["probe-coref", "--n", "1"]):
+        code = main([*argv, "--model", model, "-q", "--runs-dir", str(tmp_path / "runs")])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and "scored on the other" in err, (argv, err)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_word_that_gives_no_token_is_not_scored_nor_its_dependents(tmp_path):
+    treebank = tmp_path / "invisible.conllu"  # a zero-width space: the tokenizer gives it no piece
+    treebank.write_text("1\tDogs\tdog\tNOUN\t_\t_\t3\tnsubj\t_\t_\n2\t\u200b\t_\tX\t_\t_\t3\tdep\t_\t_\n"
+                        "3\tbark\tbark\tVERB\t_\t_\t0\troot\t_\t_\n4\tloudly\tloudly\tADV\t_\t_\t2\tadvmod\t_\t_\n\n")
+    data, sentences = dependency_data(treebank)
+    bundle = tiny_bundle(tmp_path / "tiny")
+    scores, summary = dependency_scores(bundle, data, sentences, progress=False)
+    assert dict(scores.counts) == {ALL_RELATIONS: 1, "nsubj": 1}  # Dogs only: the space and loudly are not scored
+    assert summary["n_unscored_words"] == 2
 
 
 # ---------------------------------------------------------------- predictions
@@ -129,7 +182,7 @@ def score_fixture(tokenizer):
     for i, item in enumerate(map_batch.batch.items):
         word_maps, word_ids = word_level_maps(map_batch, i)
         predicted, scored = score_sentence(word_maps, word_ids, sentences[item.index])
-        scores.add(predicted, sentences[item.index], scored)
+        scores.add(predicted, sentences[item.index], scored, sentence_half(item.index))
     return scores
 
 
@@ -141,10 +194,13 @@ def test_synthetic_maps_pointing_at_gold_heads_score_100_percent(tokenizer):
     assert accuracy[DIRECTIONS.index("dep->head"), 0, 1] < 1.0  # the dependents head is not a dep->head head
     assert scores.counts[ALL_RELATIONS] == 13  # 16 words minus 3 roots
     table = dependency_table(scores)
-    assert (table.accuracy == 1.0).all()
-    assert table.relation.iloc[0] == ALL_RELATIONS
-    assert list(table.columns) == ["relation", "direction", "best_layer", "best_head", "accuracy",
-                                   "baseline_offset", "baseline_accuracy", "count", "parses"]
+    assert (table.accuracy == 1.0).all() and (table.in_sample_accuracy == 1.0).all()
+    # s1 and s3 select, s2 is held out: det, case, obl (s1 only) and aux (s3 only) are in one half, not listed
+    assert table.relation.tolist() == [ALL_RELATIONS, "nsubj", "punct", "advmod"]  # by frequency, 3, 3, 2
+    assert list(table.columns) == ["relation", "direction", "best_layer", "best_head", "accuracy", "ci_low", "ci_high",
+                                   "baseline_offset", "baseline_accuracy", "baseline_ci_low", "baseline_ci_high",
+                                   "p_value", "held_out_count", "count", "in_sample_accuracy", "parses"]
+    assert table.held_out_count.tolist() == [3, 1, 1, 1]  # s2: Dogs, loudly, '.'
     assert set(table.parses) == {GOLD_PARSES}  # a CoNLL-U file's trees are gold
 
 
@@ -154,11 +210,66 @@ def test_offset_baselines_match_a_hand_count(tokenizer):
     # -3: mat->sat; -2: '.'->bark; -1: loudly->bark, '.'->go; +1: The->cat, cat->sat, the->mat, Dogs->bark,
     # n't->go; +2: on->mat, ca->go; +3: She->go.
     hand = {-3: 1, -2: 1, -1: 2, 1: 5, 2: 2, 3: 1}
-    assert scores.baseline_correct[ALL_RELATIONS].tolist() == [hand[o] for o in OFFSETS]
+    assert scores.baseline_correct[ALL_RELATIONS].sum(0).tolist() == [hand[o] for o in OFFSETS]
     assert scores.baseline_accuracy("det")[OFFSETS.index(1)] == 1.0  # both determiners precede their noun
     assert scores.counts["punct"] == 3
+    # Selection half (s1, s3; 10 words): +1 is right 4 times (The, cat, the, n't), the most; held out (s2), +1 is
+    # right for Dogs->bark only, of 3 words
+    assert scores.baseline_correct[ALL_RELATIONS][SELECTION].tolist() == [1, 0, 1, 4, 2, 1]
     row = dependency_table(scores).set_index("relation").loc[ALL_RELATIONS]
-    assert row.baseline_offset == 1 and row.baseline_accuracy == pytest.approx(5 / 13)
+    assert row.baseline_offset == 1 and row.baseline_accuracy == pytest.approx(1 / 3) and row.held_out_count == 3
+    assert (row.baseline_ci_low, row.baseline_ci_high) == pytest.approx(tuple(wilson_interval(1, 3)))
+
+def test_paired_outcomes_rebuild_who_is_right_from_counts():
+    first, second = paired_outcomes(n=6, first_right=3, second_right=2, both_right=1)
+    assert (first.sum(), second.sum(), (first & second).sum(), len(first)) == (3, 2, 1, 6)
+    with pytest.raises(AttnpatError, match="inconsistent"):
+        paired_outcomes(n=2, first_right=2, second_right=2, both_right=1)  # three right of two
+
+
+def lucky_and_steady_scores() -> DependencyScores:
+    """Two sentences (selection, held out) of 5 words, the root third. Head 0 ("lucky") finds every gold head in
+    the selection sentence and none in the held-out one; head 1 ("steady") finds 3 of 4 in each."""
+    sentence = DepSentence("s", ("a", "b", "c", "d", "e"), heads=(3, 3, 0, 3, 4), relations=("x",) * 5)
+    gold = np.array(sentence.heads)
+    wrong = np.array([5, 5, 5, 5, 5])
+    steady = np.array([3, 3, 0, 3, 5])  # e wrong
+    scores = DependencyScores(layers=1, heads=2)
+    scored = gold > 0
+    for half, lucky in ((SELECTION, gold), (HELD_OUT, wrong)):
+        predicted = np.full((len(DIRECTIONS), 1, 2, 5), -1)
+        predicted[0, 0] = [lucky, steady]  # dep->head; head<-dep predicts nothing
+        scores.add(predicted, sentence, scored, half)
+    return scores
+
+
+def test_the_best_head_is_picked_on_one_half_and_reported_on_the_other():
+    """Clark et al. report the best of 2 x L x H heads on the sentences that picked it; a head lucky on those
+    would look perfect. Picked on the selection half, it is reported on the held-out half."""
+    scores = lucky_and_steady_scores()
+    row = dependency_table(scores).set_index("relation").loc[ALL_RELATIONS]
+    assert (row.direction, row.best_layer, row.best_head) == ("dep->head", 0, 0)  # lucky, 4 of 4 when picked
+    assert row.accuracy == 0.0 and row.held_out_count == 4 and row["count"] == 8
+    assert (row.ci_low, row.ci_high) == pytest.approx(tuple(wilson_interval(0, 4)))
+    assert row.in_sample_accuracy == pytest.approx(6 / 8)  # steady, picked and scored on both sentences
+    # offsets on the 4 scored words (a, b, d, e -> c, c, c, d): +2 (a), +1 (b), -1 (d and e); -1 picked
+    assert row.baseline_offset == -1 and row.baseline_accuracy == pytest.approx(2 / 4)
+    # held out: the baseline is right alone on d and e, the head on none: exact McNemar p = 2 x (1/2)^2
+    assert row.p_value == pytest.approx(0.5)
+    heads = dependency_head_table(scores)  # every head on both sentences, nothing picked
+    lucky = heads[(heads.direction == "dep->head") & (heads["head"] == 0)].iloc[0]
+    assert lucky.accuracy == 0.5 and (lucky.ci_low, lucky.ci_high) == pytest.approx(tuple(wilson_interval(4, 8)))
+
+
+def test_the_head_against_baseline_p_value_is_mcnemars_on_the_held_out_words():
+    scores = lucky_and_steady_scores()
+    # steady (head 1) on the held-out sentence against offset -1: a b d e right/wrong, word by word
+    steady_right = np.array([True, True, True, False])
+    offset_right = np.array([False, False, True, True])
+    assert scores.joint_correct[ALL_RELATIONS][HELD_OUT][0, 0, 1, OFFSETS.index(-1)] == 1  # d: both right
+    both = int(scores.joint_correct[ALL_RELATIONS][HELD_OUT][0, 0, 1, OFFSETS.index(-1)])
+    rebuilt = paired_outcomes(4, int(offset_right.sum()), int(steady_right.sum()), both)
+    assert mcnemar_exact(*rebuilt) == pytest.approx(mcnemar_exact(offset_right, steady_right))
 
 
 def test_truncated_words_are_not_scored(tokenizer):
@@ -231,6 +342,22 @@ def test_antecedent_choice_and_baselines():
     assert baselines["first mention"] == pytest.approx(1 / 3)
     assert baselines["string match"] == baselines["nearest mention"]  # no candidate is spelled like "she"
 
+def test_coref_table_picks_the_head_on_one_half_and_reports_everything_on_the_other():
+    # 8 sentences, halves alternate; head 0 is right on every selection sentence and no held-out one, head 1 on
+    # 3 of 4 in each half
+    halves = np.array([sentence_half(k) for k in range(8)])
+    choices = np.zeros((8, 1, 2), dtype=bool)
+    choices[halves == SELECTION, 0, 0] = True
+    choices[:, 0, 1] = [True, True, True, True, True, True, False, False]
+    nearest = np.array([True, False] * 4)  # right on every selection sentence, wrong on every held-out one
+    first = np.array([False, True] * 4)  # wrong on every selection sentence, right on every held-out one
+    table = coref_table(choices, {"nearest mention": nearest, "first mention": first}, halves, "tiny")
+    assert table.model.tolist() == ["nearest mention", "first mention", "tiny head 0-0 (0-indexed)"]
+    assert table.accuracy.tolist() == [0.0, 1.0, 0.0] and (table["count"] == 4).all()
+    assert (table.ci_low.iloc[1], table.ci_high.iloc[1]) == pytest.approx(tuple(wilson_interval(4, 4)))
+    # held out: first mention right alone on 4 sentences, exact McNemar p = 2 x (1/2)^4; nearest and the head agree
+    assert table.p_value.iloc[:2].tolist() == pytest.approx([1.0, 0.125]) and np.isnan(table.p_value.iloc[2])
+
 
 def test_coref_baselines_are_scored_on_the_sentences_the_heads_were(tmp_path):
     """With --max-length cutting some sentences short, heads are scored on the sentences that keep the pronoun
@@ -263,10 +390,17 @@ def test_cli_probes_on_minilm(tmp_path, capsys):
     assert set(table.parses) == {GOLD_PARSES} and GOLD_PARSES in out
     heads = pd.read_csv(folder / "probing_dependency_heads.csv")
     assert len(heads) == table.shape[0] * 2 * 72
-    assert np.isclose(heads.groupby("relation").accuracy.max().loc["all"], table.accuracy.iloc[0])
+    assert np.isclose(heads.groupby("relation").accuracy.max().loc["all"], table.in_sample_accuracy.iloc[0])
+    assert (heads.ci_low <= heads.accuracy).all() and (heads.accuracy <= heads.ci_high).all()
+    assert (table.ci_low <= table.accuracy).all() and (table.accuracy <= table.ci_high).all()
+    assert table.p_value.between(0, 1).all() and "in-sample" in out and "[" in out
 
     assert main(["probe-coref", "--n", "40", "--quiet", "--runs-dir", runs]) == 0
-    assert "nearest mention" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "nearest mention" in out and "odd-numbered ones (20)" in out
+    table2 = pd.read_csv(tmp_path / "minilm" / "winobias" / "probing_coref_table.csv")
+    assert table2.model.iloc[-1].startswith("minilm head") and (table2["count"] == 20).all()
+    assert (table2.ci_low <= table2.accuracy).all() and (table2.accuracy <= table2.ci_high).all()
     per_head = pd.read_csv(tmp_path / "minilm" / "winobias" / "probing_coref.csv")
     baselines = pd.read_csv(tmp_path / "minilm" / "winobias" / "probing_coref_baselines.csv")
     assert len(per_head) == 3 * 72 and per_head.value.between(0, 1).all()

@@ -15,6 +15,7 @@ from analysis.uncertainty import (
     mcnemar_exact,
     paired_permutation_p,
     project_to_simplex,
+    wilson_interval,
 )
 
 
@@ -177,3 +178,14 @@ def test_ratio_bootstrap_in_chunks_makes_the_same_draws_as_all_at_once():
     whole = bootstrap_ratio_interval(counts, n_boot=230, seed=2, chunk=230)
     for chunk in (1, 7, 50):
         assert np.array_equal(bootstrap_ratio_interval(counts, n_boot=230, seed=2, chunk=chunk), whole)
+
+
+def test_wilson_interval_matches_its_formula_and_always_holds_the_share():
+    assert wilson_interval(5, 10) == pytest.approx([0.2366, 0.7634], abs=1e-4)  # the textbook 95% case
+    z2 = 1.959964 ** 2
+    assert wilson_interval(0, 4).tolist() == pytest.approx([0.0, z2 / (4 + z2)])  # exactly 0 below, not 1e-17
+    assert wilson_interval(4, 4).tolist() == pytest.approx([4 / (4 + z2), 1.0])
+    for n in range(1, 41):
+        for k in range(n + 1):
+            low, high = wilson_interval(k, n)
+            assert 0 <= low <= k / n <= high <= 1, (k, n)
