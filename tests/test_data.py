@@ -44,6 +44,20 @@ def test_sst2_train_is_served_offline_with_a_note():
     assert len(data.examples) == 10 and "816" in data.notes[0]
 
 
+def test_n_of_the_offline_sst2_train_snippets_is_a_seeded_sample_of_both_classes():
+    """The snippets come ordered by sentiment score: before, --n 500 took the first 500, 97% positive."""
+    full = load_data("sst2", split="train", allow_hub=False).examples
+    data = load_data("sst2", split="train", n=500, allow_hub=False)
+    assert len(data.examples) == 500 and "seeded sample (seed 0) of 500" in data.notes[-1]
+    positive_share = sum(e.label for e in data.examples) / 500
+    overall_share = sum(e.label for e in full) / len(full)
+    assert abs(positive_share - overall_share) < 0.1
+    positions = {e.id: i for i, e in enumerate(full)}
+    assert [positions[e.id] for e in data.examples] == sorted(positions[e.id] for e in data.examples)
+    assert load_data("sst2", split="train", n=500, allow_hub=False).examples == data.examples
+    assert load_data("sst2", split="train", n=500, allow_hub=False, seed=1).examples != data.examples
+
+
 def test_wiki_segments_are_two_consecutive_parts_of_one_passage():
     segments = wiki_segments(50, seed=1)
     assert len(segments) == 50
