@@ -341,6 +341,8 @@ def json_lines(text: str, damaged) -> Iterator[tuple[int, object]]:
             raise AttnpatError(damaged(line_number, f"{exc.msg} (column {exc.colno})")) from exc
         except RecursionError as exc:
             raise AttnpatError(damaged(line_number, "nested too deeply")) from exc
+        except ValueError as exc:  # Python refuses to read an integer of more than 4300 digits
+            raise AttnpatError(damaged(line_number, "a number with too many digits")) from exc
 
 
 def _jsonl_records(path: Path, text: str) -> list[_Record]:
@@ -444,8 +446,13 @@ def _label_value(path: Path, record: _Record, column: str | None) -> float | str
         if not _NUMBER.fullmatch(value):
             return value
         value = float(value)
-    if not math.isfinite(value):
-        raise AttnpatError(f"{path.name} line {record.line}: label {value} is not a finite number")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # a JSON integer past float's range: no class id, no score
+        finite = False
+    if not finite:
+        shown = value if isinstance(value, float) else f"{str(value)[:12]}... ({len(str(abs(value)))} digits)"
+        raise AttnpatError(f"{path.name} line {record.line}: label {shown} is not a finite number")
     return int(value) if float(value).is_integer() else float(value)
 
 

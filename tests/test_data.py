@@ -136,6 +136,18 @@ def test_spreadsheet_spellings_of_an_empty_label_are_no_label(tmp_path, missing)
     assert (data.num_labels, data.label_names) == (2, None)
 
 
+@pytest.mark.parametrize("label, reason", [
+    ("1" * 5000, "line 2: a number with too many digits"),
+    ("1" * 400, "line 2: label 111111111111... \\(400 digits\\) is not a finite"),
+    ("-" + "1" * 400, "line 2: label -11111111111... \\(400 digits\\)")])
+def test_a_jsonl_integer_too_long_to_read_or_past_floats_range_is_one_error(tmp_path, label, reason):
+    """Before, a ValueError (Python reads at most 4300 digits) or an OverflowError traceback."""
+    (tmp_path / "big.jsonl").write_text(json.dumps({"text": "a", "label": 1}) + "\n"
+                                        + '{"text": "b", "label": ' + label + "}\n")
+    with pytest.raises(AttnpatError, match=f"big.jsonl.*{reason}"):
+        load_file(tmp_path / "big.jsonl")
+
+
 def test_a_label_column_mixing_numbers_and_names_is_one_error(tmp_path):
     # read as names, 10 would sort before 2 and every id would move
     (tmp_path / "mixed.csv").write_text("text,label\n" + "".join(f"t{i},{i}\n" for i in range(11)) + "x,unsure\n")
