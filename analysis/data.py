@@ -6,6 +6,7 @@ with ``importlib.util.find_spec`` and never imported.
 from __future__ import annotations
 
 import csv
+import difflib
 import hashlib
 import importlib.util
 import io
@@ -221,12 +222,44 @@ def wiki_segments(n: int | None = None, seed: int = 0) -> list[Example]:
 
 # ---------------------------------------------------------------- hub
 
+def _hub_split(spec: TaskSpec, split: str) -> str:
+    """The hub's name of a split: MNLI's validation is its matched half."""
+    return {"validation": "validation_matched"}.get(split, split) if spec.name == "mnli" else split
+
+
 def _load_from_hub(spec: TaskSpec, split: str) -> list[Example]:
     from datasets import load_dataset  # noqa: PLC0415 (heavy; loaded only when the hub serves a task)
 
-    hub_split = {"validation": "validation_matched"}.get(split, split) if spec.name == "mnli" else split
-    dataset = load_dataset("nyu-mll/glue", spec.hub_config, split=hub_split)
+    dataset = load_dataset("nyu-mll/glue", spec.hub_config, split=_hub_split(spec, split))
     return _rows_to_examples(spec, list(dataset), f"{spec.name}-{split}")
+
+
+class NoTaskSource(AttnpatError):
+    """No source serves a task's split now. ``reason``: what was tried, without the advice for working offline."""
+
+    def __init__(self, reason: str, advice: str = ""):
+        super().__init__(f"{reason}. {advice}" if advice else reason)
+        self.reason = reason
+
+
+def hub_only_advice(spec: TaskSpec, split: str) -> str:
+    """How to run a task that no package holds without the hub: a packaged task, or the split saved as a
+    data file where the hub is reachable (its labels stay GLUE's ids)."""
+    offline = ", ".join(task for task in ALL_TASKS if task in OFFLINE_GLUE or task in EXTRA_TASKS)
+    if split == "test":  # GLUE hides test labels as -1, which a data file would read as a class
+        return f"{spec.name} is served by the hub only; offline, use {offline}"
+    first, second = spec.text_fields
+    return (f"{spec.name} is served by the hub only; offline, use {offline}, or save the split where the "
+            f"hub is reachable (datasets.load_dataset('nyu-mll/glue', '{spec.hub_config}', "
+            f"split='{_hub_split(spec, split)}').to_json('{spec.name}.jsonl')) and pass --task {spec.name}.jsonl "
+            f"--text-column {first} --pair-column {second}")
+
+
+def closest_task_hint(given: str) -> str:
+    """'; did you mean 'sst2'?' for a near miss ('SST-2', 'sts-b', 'sst'), else ''."""
+    squeezed = re.sub(r"[\s_-]+", "", given.lower())
+    match = difflib.get_close_matches(squeezed, ALL_TASKS, n=1, cutoff=0.6)
+    return f"; did you mean '{match[0]}'?" if match else ""
 
 
 # ---------------------------------------------------------------- public API
@@ -249,7 +282,7 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
         if "/" in given or "." in Path(given).name:  # a path, but not of a data file
             raise AttnpatError(f"{given} is not a data file (.jsonl, .csv or .tsv) nor a task; known tasks: "
                                f"{', '.join(ALL_TASKS)}")
-        raise AttnpatError(f"unknown task '{given}'; known tasks: {', '.join(ALL_TASKS)}")
+        raise AttnpatError(f"unknown task '{given}'; known tasks: {', '.join(ALL_TASKS)}{closest_task_hint(given)}")
     spec = GLUE_TASKS[task]
     tried = []
     if allow_hub is None:
@@ -282,7 +315,8 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
                         notes)
     else:
         tried.append(f"no packaged {split} split for {task}")
-    raise AttnpatError(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}")
+    raise NoTaskSource(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}",
+                       "" if task in OFFLINE_GLUE else hub_only_advice(spec, split))
 
 
 FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")

