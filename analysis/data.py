@@ -347,9 +347,10 @@ def file_task_name(path: str | Path, content: bytes) -> str:
 
 @dataclass(frozen=True)
 class _Record:
-    """One row of a user file: the line it starts on and its fields (header name -> raw value)."""
+    """One row of a user file: where it is ("line 3", or "item 3" of a JSON array) and its fields (header name ->
+    raw value)."""
 
-    line: int
+    where: str
     fields: dict
 
 
@@ -386,7 +387,27 @@ def _jsonl_records(path: Path, text: str) -> list[_Record]:
         if not isinstance(value, dict):
             raise AttnpatError(f"{path.name} is not valid JSONL: line {line_number} is not a JSON object "
                                "(one object per line, e.g. {\"text\": ...})")
-        records.append(_Record(line_number, value))
+        records.append(_Record(f"line {line_number}", value))
+    return records
+
+
+def _json_array_records(path: Path, text: str) -> list[_Record]:
+    """The rows of a .json file holding one array of objects (pandas' ``to_json(orient="records")``, a
+    pretty-printed export), each named by its place in the array."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise AttnpatError(f"{path.name} is not valid JSON: line {exc.lineno}: {exc.msg} (column {exc.colno})") from exc
+    except RecursionError as exc:
+        raise AttnpatError(f"{path.name} is not valid JSON: nested too deeply") from exc
+    except ValueError as exc:  # Python refuses to read an integer of more than 4300 digits
+        raise AttnpatError(f"{path.name} is not valid JSON: a number with too many digits") from exc
+    records = []
+    for number, item in enumerate(value, start=1):
+        if not isinstance(item, dict):
+            raise AttnpatError(f"{path.name}: item {number} of its array is not a JSON object "
+                               "(an array of objects, e.g. [{\"text\": ...}, ...])")
+        records.append(_Record(f"item {number}", item))
     return records
 
 
@@ -420,7 +441,7 @@ def _delimited_records(path: Path, text: str, delimiter: str) -> list[_Record]:
             if len(row) != len(header):
                 raise AttnpatError(f"{path.name} is not valid {kind}: line {start} has {len(row)} fields, "
                                    f"the header has {len(header)}")
-            records.append(_Record(start, dict(zip(header, row))))
+            records.append(_Record(f"line {start}", dict(zip(header, row))))
     except csv.Error as exc:
         raise AttnpatError(f"{path.name} is not valid {kind}: line {reader.line_num}: {exc}") from exc
     return records
@@ -454,8 +475,8 @@ def _text_value(path: Path, record: _Record, column: str, what: str) -> str | No
     if value is None:
         return None
     if not isinstance(value, str):
-        raise AttnpatError(f"{path.name} line {record.line}: {what} must be a string, got {type(value).__name__}")
-    return check_unicode(value, f"{path.name} line {record.line}") if value.strip() else None
+        raise AttnpatError(f"{path.name} {record.where}: {what} must be a string, got {type(value).__name__}")
+    return check_unicode(value, f"{path.name} {record.where}") if value.strip() else None
 
 
 # spreadsheet and pandas spellings of an empty cell: never a class of their own
@@ -471,7 +492,7 @@ def _label_value(path: Path, record: _Record, column: str | None) -> float | str
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise AttnpatError(f"{path.name} line {record.line}: a label must be a number or a class name, "
+        raise AttnpatError(f"{path.name} {record.where}: a label must be a number or a class name, "
                            f"got {type(value).__name__}")
     if isinstance(value, str):
         value = value.strip()
@@ -486,7 +507,7 @@ def _label_value(path: Path, record: _Record, column: str | None) -> float | str
         finite = False
     if not finite:
         shown = value if isinstance(value, float) else f"{str(value)[:12]}... ({len(str(abs(value)))} digits)"
-        raise AttnpatError(f"{path.name} line {record.line}: label {shown} is not a finite number")
+        raise AttnpatError(f"{path.name} {record.where}: label {shown} is not a finite number")
     return int(value) if float(value).is_integer() else float(value)
 
 
@@ -538,7 +559,8 @@ def _label_kind(labels: list, names: tuple[str, ...] | None) -> tuple[int | None
 
 def load_file(path: str | Path, text_column: str | None = None, pair_column: str | None = None,
               label_column: str | None = None, n: int | None = None) -> TaskData:
-    """User data: JSONL, CSV or TSV with a text column and optional text-pair and label columns.
+    """User data: JSONL, CSV or TSV with a text column and optional text-pair and label columns (a .json file:
+    JSON Lines, or one array of objects).
 
     Column names match ignoring case and surrounding spaces; a UTF-8 byte-order mark is dropped. A column
     named by the caller must exist; the defaults (text, text_pair, label) only text must. An empty or
@@ -558,7 +580,9 @@ def load_file(path: str | Path, text_column: str | None = None, pair_column: str
     except OSError as exc:
         raise AttnpatError(f"cannot read data file {path}: {exc.strerror or type(exc).__name__}") from exc
     text = _decode(path, content)
-    if suffix in {".jsonl", ".json"}:
+    if suffix == ".json" and text.lstrip().startswith("["):
+        records = _json_array_records(path, text)
+    elif suffix in {".jsonl", ".json"}:
         records = _jsonl_records(path, text)
     else:
         records = _delimited_records(path, text, "\t" if suffix == ".tsv" else ",")
@@ -577,11 +601,11 @@ def load_file(path: str | Path, text_column: str | None = None, pair_column: str
     for record in records:
         text_value = record.fields.get(columns["text"])
         if text_value is not None and not isinstance(text_value, str):
-            raise AttnpatError(f"{path.name} line {record.line}: text must be a string, "
+            raise AttnpatError(f"{path.name} {record.where}: text must be a string, "
                                f"got {type(text_value).__name__}")
         if text_value is None or not text_value.strip():
-            raise AttnpatError(f"{path.name} line {record.line}: empty text")
-        texts.append(check_unicode(text_value, f"{path.name} line {record.line}"))
+            raise AttnpatError(f"{path.name} {record.where}: empty text")
+        texts.append(check_unicode(text_value, f"{path.name} {record.where}"))
         pairs.append(_text_value(path, record, columns["text_pair"], "text_pair") if columns["text_pair"] else None)
         labels.append(_label_value(path, record, columns["label"]))
     try:

@@ -127,6 +127,30 @@ def test_user_files_in_every_format(tmp_path):
     assert [(e.text, e.text_pair, e.label) for e in load_file(tmp_path / "d.tsv").examples] == [("x, y", "z", 0.5)]
 
 
+@pytest.mark.parametrize("indent", [None, 2])
+def test_a_json_file_holding_one_array_of_objects_loads(tmp_path, indent):
+    """pandas' to_json(orient="records"), or a pretty-printed export. Before: 'line 1 is not a JSON object', or
+    'line 1: Expecting value'."""
+    rows = [{"text": "a", "text_pair": "b", "label": "yes"}, {"text": "c", "label": "no"}]
+    (tmp_path / "d.json").write_text(json.dumps(rows, indent=indent))
+    data = load_file(tmp_path / "d.json")
+    assert [(e.text, e.text_pair, e.label) for e in data.examples] == [("a", "b", 1), ("c", None, 0)]
+    assert data.label_names == ("no", "yes")
+
+
+@pytest.mark.parametrize("content, message", [
+    ('[{"text": "a"},\n 3]', "d.json: item 2 of its array is not a JSON object"),
+    ('[{"text": "a"},\n {"text": " "}]', "d.json item 2: empty text"),
+    ('[{"text": "a"},\n {"text": "b", "label": [1]}]', "d.json item 2: a label must be a number or a class name"),
+    ('[{"text": "a"},\n {"text": "b"', "d.json is not valid JSON: line 2: Expecting ',' delimiter"),
+    ("[" * 100_000, "d.json is not valid JSON: nested too deeply"),
+    ('[{"text": "a", "label": ' + "1" * 5000 + "}]", "d.json is not valid JSON: a number with too many digits")])
+def test_a_damaged_json_array_is_one_error_naming_the_item_or_line(tmp_path, content, message):
+    (tmp_path / "d.json").write_text(content)
+    with pytest.raises(AttnpatError, match=re.escape(message)):
+        load_file(tmp_path / "d.json")
+
+
 def test_bad_user_files_are_clear_errors(tmp_path):
     (tmp_path / "nocol.csv").write_text("sentence,label\nhello,1\n")
     (tmp_path / "bad.jsonl").write_text("{not json\n")
