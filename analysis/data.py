@@ -557,6 +557,22 @@ def _label_kind(labels: list, names: tuple[str, ...] | None) -> tuple[int | None
     return 1, "pearson_spearman"
 
 
+COLUMN_OPTIONS = {"text": "--text-column", "text_pair": "--pair-column", "label": "--label-column"}
+
+
+def _check_distinct_columns(path: Path, columns: dict[str, str | None]) -> None:
+    """An AttnpatError when two roles (text, text_pair, label) resolve to one column: the text would be its own
+    pair, or each text its own class."""
+    seen: dict[str, str] = {}
+    for role, column in columns.items():
+        if column is None:
+            continue
+        if column in seen:
+            raise AttnpatError(f"{path.name}: the {seen[column]} and {role} columns are both '{column}'; "
+                               f"name another with {COLUMN_OPTIONS[role]}")
+        seen[column] = role
+
+
 def load_file(path: str | Path, text_column: str | None = None, pair_column: str | None = None,
               label_column: str | None = None, n: int | None = None) -> TaskData:
     """User data: JSONL, CSV or TSV with a text column and optional text-pair and label columns (a .json file:
@@ -597,6 +613,7 @@ def load_file(path: str | Path, text_column: str | None = None, pair_column: str
             raise AttnpatError(f"{path.name} has no '{given or default}' column (columns: "
                                f"{', '.join(str(name) for name in names)})")
         columns[role] = found
+    _check_distinct_columns(path, columns)
     texts, pairs, labels = [], [], []
     for record in records:
         text_value = record.fields.get(columns["text"])

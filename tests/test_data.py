@@ -168,6 +168,18 @@ def test_bad_user_files_are_clear_errors(tmp_path):
         load_file(tmp_path / "missing.csv")
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(pair_column="Text"), "the text and text_pair columns are both 'text'; name another with --pair-column"),
+    (dict(label_column="text"), "the text and label columns are both 'text'; name another with --label-column"),
+    (dict(text_column="label"), "the text and label columns are both 'label'; name another with --label-column"),
+    (dict(text_column="text_pair"), "the text and text_pair columns are both 'text_pair'")])
+def test_one_column_for_two_roles_is_one_error(tmp_path, options, message):
+    """Before, the text was its own pair, or each text its own class (a class per row, accuracy on nonsense)."""
+    (tmp_path / "d.csv").write_text("text,text_pair,label\na,b,1\nc,d,0\n")
+    with pytest.raises(AttnpatError, match=f"d.csv: {message}"):
+        load_file(tmp_path / "d.csv", **options)
+
+
 def test_a_header_naming_a_column_twice_is_one_error(tmp_path):
     (tmp_path / "dup.csv").write_text("text,text,label\na,b,1\nc,d,0\n")
     with pytest.raises(AttnpatError, match="dup.csv: the header names 'text' more than once"):
