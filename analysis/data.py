@@ -491,7 +491,9 @@ def _label_value(path: Path, record: _Record, column: str | None) -> float | str
     value = record.fields.get(column)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    if isinstance(value, bool):  # JSON true/false (BoolQ's answers): two classes, false 0 and true 1
+        return "true" if value else "false"
+    if not isinstance(value, (int, float, str)):
         raise AttnpatError(f"{path.name} {record.where}: a label must be a number or a class name, "
                            f"got {type(value).__name__}")
     if isinstance(value, str):
@@ -514,7 +516,8 @@ def _label_value(path: Path, record: _Record, column: str | None) -> float | str
 def _label_ids(labels: list) -> tuple[list, tuple[str, ...] | None]:
     """Numbers stay numbers, but whole numbers below 0 (-1/+1 classes) become ids in numeric order, named by
     their values. If any label is a class name, every label is one: ids follow the sorted names (0, 1, ...), so
-    one file always gives one mapping. Returns (labels, class names or None)."""
+    one file always gives one mapping; names that differ only in case are an error. Returns (labels, class names
+    or None)."""
     if all(label is None or not isinstance(label, str) for label in labels):
         present = {label for label in labels if label is not None}
         if present and all(isinstance(label, int) for label in present) and min(present) < 0:
@@ -531,6 +534,13 @@ def _label_ids(labels: list) -> tuple[list, tuple[str, ...] | None]:
         raise AttnpatError(f"the label column mixes numbers ({numbers[0]!r}) and class names ({name!r}); "
                            "use one or the other")
     names = tuple(sorted({str(label) for label in labels if label is not None}))
+    spellings: dict[str, list[str]] = {}
+    for name in names:
+        spellings.setdefault(name.casefold(), []).append(name)
+    clash = next((group for group in spellings.values() if len(group) > 1), None)
+    if clash:  # "Positive" beside "positive" is a typo, not a third class
+        raise AttnpatError(f"the label column spells one class {len(clash)} ways ({', '.join(map(repr, clash))}); "
+                           "use one spelling")
     if len(names) > MAX_CLASSES:
         raise AttnpatError(f"the label column holds {len(names)} class names, more than {MAX_CLASSES} classes "
                            "(is it a text or id column?)")

@@ -227,6 +227,27 @@ def test_a_label_column_mixing_numbers_and_names_is_one_error(tmp_path):
         load_file(tmp_path / "mixed.csv")
 
 
+def test_json_booleans_are_the_classes_false_and_true(tmp_path):
+    """BoolQ-style answers. Before, 'a label must be a number or a class name, got bool'."""
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": t, "label": v}) + "\n"
+                                              for t, v in [("a", True), ("b", False), ("c", None), ("d", True)]))
+    data = load_file(tmp_path / "b.jsonl")
+    assert [e.label for e in data.examples] == [1, 0, None, 1]
+    assert (data.label_names, data.num_labels, data.manifest()["labels"]) == (("false", "true"), 2,
+                                                                               {"false": 0, "true": 1})
+    (tmp_path / "mixed.jsonl").write_text('{"text": "a", "label": true}\n{"text": "b", "label": 0}\n')
+    with pytest.raises(AttnpatError, match="mixes numbers"):
+        load_file(tmp_path / "mixed.jsonl")
+
+
+def test_class_names_that_differ_only_in_case_are_one_error(tmp_path):
+    """Before, 'Positive' beside 'positive' was a third class, with an id of its own."""
+    (tmp_path / "case.csv").write_text("text,label\na,positive\nb,negative\nc,Positive\nd, positive \n")
+    with pytest.raises(AttnpatError, match="case.csv: the label column spells one class 2 ways "
+                                           "\\('Positive', 'positive'\\); use one spelling"):
+        load_file(tmp_path / "case.csv")
+
+
 def test_more_class_names_than_classes_allowed_is_one_error(tmp_path):
     (tmp_path / "ids.csv").write_text("text,label\n" + "".join(f"t,id-{i}\n" for i in range(1001)))
     with pytest.raises(AttnpatError, match="1001 class names, more than 1000 classes"):
