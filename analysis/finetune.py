@@ -23,7 +23,16 @@ import pandas as pd
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from analysis.data import GLUE_TASKS, Example, TaskData, is_data_file, load_data, offline_splits
+from analysis.data import (
+    GLUE_TASKS,
+    Example,
+    NoTaskSource,
+    TaskData,
+    is_data_file,
+    load_data,
+    offline_splits,
+    seeded_sample,
+)
 from analysis.errors import AttnpatError
 from analysis.metrics import METRICS, metric_name, task_metric
 from analysis.models import (
@@ -104,7 +113,10 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
     if split_dev:
         if not 0 < train_share < 1:
             raise AttnpatError(f"--train-share must be between 0 and 1, got {train_share}")
-        dev = load_data(task, "validation", allow_hub=allow_hub)
+        try:
+            dev = load_data(task, "validation", allow_hub=allow_hub)
+        except NoTaskSource as exc:
+            raise AttnpatError(f"{exc.reason}; {task} has no packaged data: fine-tuning on it needs the hub") from exc
         order = list(range(len(dev.examples)))
         random.Random(seed).shuffle(order)
         cut = int(round(train_share * len(order)))
@@ -116,9 +128,9 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
         note = f"--split-dev: the dev set split into {len(train_ids)} training examples (share {train_share}, " \
                f"seed {seed}) and {len(eval_ids)} held out for evaluation"
         train = TaskData(task, "validation[train-share]", dev.source, [dev.examples[i] for i in train_ids],
-                         dev.num_labels, dev.metric, [note])
+                         dev.num_labels, dev.metric, [note], label_names=dev.label_names)
         evaluation = TaskData(task, "validation[held-out]", dev.source, [dev.examples[i] for i in eval_ids],
-                              dev.num_labels, dev.metric, [note])
+                              dev.num_labels, dev.metric, [note], label_names=dev.label_names)
         info = {"mode": "split-dev", "train_share": train_share, "seed": seed, "note": note}
     else:
         try:
@@ -128,22 +140,26 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
             advice = ("use --split-dev to fine-tune on a share of the dev set instead"
                       if "validation" in offline_splits(task) else
                       f"{task} has no packaged data: fine-tuning on it needs the hub")
-            raise AttnpatError(f"{exc}; {advice}") from exc
+            raise AttnpatError(f"{_without_data_file_advice(exc)}; {advice}") from exc
         evaluation = load_data(task, "validation", allow_hub=allow_hub)
         info = {"mode": "train/validation"}
     if n_train is not None:
         if n_train < 1:
             raise AttnpatError(f"--n must be positive, got {n_train}")
         # a seeded sample, not the first N: source files can be ordered by label (the SST snippets are)
-        keep = sorted(random.Random(seed).sample(range(len(train.examples)), min(n_train, len(train.examples))))
-        train.examples = [train.examples[i] for i in keep]
-        train.notes = train.notes + [f"--n: a seeded sample (seed {seed}) of {len(keep)} training examples"]
+        train.examples = seeded_sample(train.examples, n_train, seed)
+        train.notes = train.notes + [f"--n: a seeded sample (seed {seed}) of {len(train.examples)} training examples"]
     info.update(train_source=train.source, train_split=train.split, n_train=len(train.examples),
                 eval_source=evaluation.source, eval_split=evaluation.split, n_eval=len(evaluation.examples),
                 notes=train.notes)
     if any(example.label is None for example in train.examples + evaluation.examples):
         raise AttnpatError(f"task '{task}' has examples without labels; cannot fine-tune on it")
     return train, evaluation, info
+
+
+def _without_data_file_advice(exc: AttnpatError) -> str:
+    """A load error's message without the advice to save the split as a data file: no data file is fine-tuned on."""
+    return exc.reason if isinstance(exc, NoTaskSource) else str(exc)
 
 
 def label_tensor(batch: TokenBatch, num_labels: int) -> torch.Tensor:

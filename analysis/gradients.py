@@ -191,7 +191,8 @@ def grad_importance(bundle, data: TaskData, run: RunDir, objective: str, *, max_
             raise AttnpatError(f"'{bundle.name}' has no masked-language-model head, so its gradients are taken on its "
                                f"task loss, which needs labelled examples; {data.task} has examples without labels: "
                                "use the labelled task the model was fine-tuned on (e.g. --task sst2)")
-        check_head_labels(bundle.name, data.num_labels, int(bundle.model.config.num_labels))
+        check_head_labels(bundle.name, data.num_labels, int(bundle.model.config.num_labels), data.label_names,
+                          bundle.model.config)
     with run.record("grad_importance", bundle, data, objective=OBJECTIVES[objective], max_length=max_length,
                     mask_probability=mask_probability if objective == "mlm" else None, seed=seed) as entry:
         values, n_truncated = compute_grad_importance(

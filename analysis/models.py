@@ -10,7 +10,7 @@ import hashlib
 import os
 import re
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -217,10 +217,35 @@ def _offline_kwargs(source: ModelSource) -> dict:
     return {"local_files_only": True} if source.offline else {}
 
 
-def check_head_labels(name: str, num_labels: int | None, trained_labels: int | None = None) -> None:
+def check_class_order(name: str, config, label_names: Sequence[str] | None) -> None:
+    """An AttnpatError when the model's head names its classes (``config.id2label``) with the data's class names
+    (``label_names``: the class of id 0, 1, ...) in another order: each id would be scored as another class
+    (roberta-large-mnli's 0 is contradiction, GLUE's entailment; a file's names take ids in sorted order).
+    Generic names (LABEL_0, ...) or other names say nothing about the order."""
+    id2label = {int(key): str(value) for key, value in (getattr(config, "id2label", None) or {}).items()}
+    model_names = [id2label.get(i, "") for i in range(len(id2label))]
+    if not label_names or len(model_names) != len(label_names):
+        return
+    folded = [label.casefold() for label in label_names]
+    model_folded = [label.casefold() for label in model_names]
+    if sorted(model_folded) != sorted(folded) or model_folded == folded:
+        return
+
+    def numbered(names: Sequence[str]) -> str:
+        return ", ".join(f"{i} {label}" for i, label in enumerate(names))
+
+    raise AttnpatError(f"model '{name}' numbers its classes {numbered(model_names)}, but the data numbers them "
+                       f"{numbered(label_names)}: each id would be scored as another class; give the labels as "
+                       "the model's ids (a data file of numbers in its order)")
+
+
+def check_head_labels(name: str, num_labels: int | None, trained_labels: int | None = None,
+                      label_names: Sequence[str] | None = None, config=None) -> None:
     """An AttnpatError when model ``name`` holds a trained classification head whose number of outputs differs
     from the data's ``num_labels``: its task loss and metric would be meaningless (or fail on a label id past
-    the head). ``trained_labels``: the head's size when known, else read from the model's config."""
+    the head), or whose class names come in another order than the data's ``label_names``
+    (:func:`check_class_order`). ``trained_labels`` and ``config``: the head's size and the model's config when
+    at hand, else read from the model's folder."""
     if num_labels is None:
         return  # data without labels: the verb that needs them says so
     if trained_labels is None:
@@ -228,6 +253,8 @@ def check_head_labels(name: str, num_labels: int | None, trained_labels: int | N
         if not any(arch.endswith("ForSequenceClassification") for arch in getattr(config, "architectures", None) or []):
             return  # no trained head: a fresh (seeded) one is made with num_labels outputs
         trained_labels = int(config.num_labels)
+    if config is not None:
+        check_class_order(name, config, label_names)
     if trained_labels != num_labels:
         raise AttnpatError(f"model '{name}' is a classifier with {trained_labels} outputs, but the data has "
                            f"{num_labels} {'classes' if num_labels > 1 else 'output (a score)'}; "

@@ -657,10 +657,11 @@ def layer_delta_figure(table, *, metric: str, baseline: dict[str, float], task: 
 
 # ---------------------------------------------------------------- the `disable` analysis
 
-def seeded_classifier(name: str, num_labels: int, device=None):
+def seeded_classifier(name: str, num_labels: int, device=None, label_names: Sequence[str] | None = None):
     """The model as a sequence classifier with ``num_labels`` outputs. A head that the checkpoint lacks is
-    initialised after torch.manual_seed(0), so reruns, resumed sweeps and benchmarks see the same head."""
-    check_head_labels(name, num_labels)
+    initialised after torch.manual_seed(0), so reruns, resumed sweeps and benchmarks see the same head.
+    ``label_names``: the data's class of id 0, 1, ..., checked against a trained head's own names."""
+    check_head_labels(name, num_labels, label_names=label_names)
     torch.manual_seed(0)
     return load_model(name, kind="classifier", num_labels=num_labels, device=device)
 

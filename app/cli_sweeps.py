@@ -31,7 +31,7 @@ def _load(model: str, task: str, split: str, n, **columns):
     """Data plus the model as a classifier; a fresh head is seeded so that reruns (and resumes) agree.
     ``columns``: a data file's text_column, pair_column and label_column."""
     data = load_data(task, split, n, **columns)
-    bundle = seeded_classifier(model, data.num_labels)
+    bundle = seeded_classifier(model, data.num_labels, label_names=data.label_names)
     note = classifier_head_note(bundle, data.task)
     if note:
         typer.echo(f"note: {note}", err=True)

@@ -23,7 +23,8 @@ def _checked_n(value: int | None) -> int | None:
     return check_n(value)
 
 
-def n_option(default: int | None = None, help: str = "use the first N examples (default: all)"):
+def n_option(default: int | None = None, help: str = "use the first N examples (default: all; wiki and the "
+                                                     "offline sst2 train snippets: a seeded sample of N)"):
     """A --n option (examples to use), checked the same way on every verb."""
     return typer.Option(default, "--n", callback=_checked_n, help=help)
 

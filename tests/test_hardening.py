@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gradio_client import Client
+from transformers import BertConfig
 
 from analysis.data import ALL_TASKS, load_data, load_file
 from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, os_error_message
@@ -31,7 +32,7 @@ from analysis.mapstore import (
     read_single_maps,
     write_single_maps,
 )
-from analysis.models import load_model, model_slug
+from analysis.models import check_class_order, load_model, model_slug
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir, atomic_write_text, locked
 from annotation import labelstudio as ls
@@ -1048,6 +1049,25 @@ def test_a_trained_head_must_fit_the_datas_labels(tmp_path, capsys, tiny_model):
                                         "--runs-dir", tmp_path / "runs", "-q"], capsys)
         assert code == 2 and len(errors) == 1 and "classifier with 2 outputs" in errors[0], err
     assert files_under(tmp_path / "runs") == []
+
+
+def test_a_trained_head_naming_the_datas_classes_in_another_order_is_one_error(tmp_path, capsys):
+    """A file's names take ids in sorted order (negative 0, positive 1); a head that names its classes
+    0 positive, 1 negative would have every prediction scored as the other class. Before, silently."""
+    swapped = save_tiny_model(tmp_path / "swapped", kind="classifier", id2label={0: "POSITIVE", 1: "NEGATIVE"})
+    (tmp_path / "named.jsonl").write_text('{"text": "good film", "label": "positive"}\n'
+                                          '{"text": "bad film", "label": "negative"}\n')
+    for verb in (["grad-importance"], ["disable", "--unit", "layer"]):
+        code, _, err, errors = run_cli([*verb, "--model", swapped, "--task", tmp_path / "named.jsonl",
+                                        "--runs-dir", tmp_path / "runs", "-q"], capsys)
+        assert code == 2 and len(errors) == 1, err
+        assert "numbers its classes 0 POSITIVE, 1 NEGATIVE, but the data numbers them 0 negative, 1 positive" \
+            in errors[0]
+    assert files_under(tmp_path / "runs") == []
+    # the same names in the data's order, generic names, or other names: nothing to say about the order
+    for id2label in ({0: "Negative", 1: "Positive"}, {0: "LABEL_0", 1: "LABEL_1"}, {0: "bad", 1: "good"}):
+        check_class_order("m", BertConfig(id2label=id2label), ("negative", "positive"))
+    check_class_order("m", BertConfig(id2label={0: "POSITIVE", 1: "NEGATIVE"}), None)  # numeric labels
 
 
 def test_a_failed_rename_names_the_users_path_not_the_temporary_file():
