@@ -105,6 +105,8 @@ _EVALUATE = f"--data {HELD_OUT_LABELED_SET}"
 _VS_BASELINES = ("model, reference_macro_f1 (the CNN's), model_macro_f1, difference, ci_low, ci_high (95% paired "
                  "bootstrap over maps), p_value (paired permutation test), p_holm (Holm across the baselines), "
                  "verdict (above|below|level: above or below when the interval excludes 0 and p_holm < 0.05)")
+# the interval columns of the per-head (per-layer) means of overview, special, surface and grad-importance
+_OVER_EXAMPLES = "ci_low, ci_high (percentile bootstrap 95% interval over the examples)"
 _BASE = "minilm"  # the embedded base model the fine-tuning hints start from
 _PARSE = "--parse {task} --model {model}"  # silver parses of the task's sentences (a CoNLL-U file gives gold ones)
 
@@ -129,13 +131,15 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("pattern_transitions", "compare", "base_class, finetuned_class, count, fraction, fraction_of_base  "
              "(pattern class of every head's map, base -> fine-tuned, same examples)", "Fine-tuning", figure=True,
              hint=f"--base {_BASE} --finetuned {{model}} --task {{task}}"),
-    Artifact("special_tokens", "special", "layer, head, metric (to_cls|to_sep), value", "Fine-tuning", figure=True),
+    Artifact("special_tokens", "special", f"layer, head, metric (to_cls|to_sep), value, {_OVER_EXAMPLES}",
+             "Fine-tuning", figure=True),
     Artifact("finetune_eval", "finetune", "metric (the task's metric and accuracy/F1 or Pearson/Spearman, each "
              "with <metric>_ci_low|_ci_high: 95% interval, Wilson for accuracy, bootstrap over the examples "
              "otherwise; n_eval, steps, elapsed_seconds), value", "Fine-tuning",
              hint=f"--model {_BASE} --task {{task}} --split-dev"),
     Artifact("cls_last_layer", "special", "token, mean_attention, count", "Fine-tuning"),
-    Artifact("linguistic", "special", "layer, head, feature (negation|noun|verb|pronoun|subject|object), value",
+    Artifact("linguistic", "special", "layer, head, feature (negation|noun|verb|pronoun|subject|object), value, "
+             "ci_low, ci_high (percentile bootstrap 95% interval over the inputs that have the feature)",
              "Fine-tuning"),
     # Disabling, importance, pruning (Kovaleva Figures 8-9, Michel et al.)
     Artifact("disable_heads", "disable", "layer, head, metric (<mode>_delta|<mode>_metric|<mode>_delta_ci_low|"
@@ -150,16 +154,17 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "Disabling", figure=True),
     # Clark et al.
     Artifact("surface", "surface", "layer, head, metric (prev|next|self|cls|sep|period|comma|sep_sep|entropy|"
-             "cls_entropy), value", "Surface and clusters", figure=True),
+             f"cls_entropy), value, {_OVER_EXAMPLES}", "Surface and clusters", figure=True),
     Artifact("surface_entropy", "surface", "(figure only: mean and [CLS]-row entropy per head)",
              "Surface and clusters", figure=True, table=False),
-    Artifact("overview", "overview", "layer, head, metric (to_cls|to_sep|entropy), value", "Surface and clusters"),
+    Artifact("overview", "overview", f"layer, head, metric (to_cls|to_sep|entropy), value, {_OVER_EXAMPLES}",
+             "Surface and clusters"),
     Artifact("head_labels", "surface", "layer, head, label", "Surface and clusters"),
     Artifact("clusters", "cluster", "layer, head, x, y, behaviour", "Surface and clusters", figure=True),
     Artifact("head_distances", "cluster", "layer, head, other_layer, other_head, value (JS divergence, nats)",
              "Surface and clusters"),
-    Artifact("grad_importance", "grad-importance", "layer, target (sep|punct|other), value", "Surface and clusters",
-             figure=True),
+    Artifact("grad_importance", "grad-importance", f"layer, target (sep|punct|other), value, {_OVER_EXAMPLES}",
+             "Surface and clusters", figure=True),
     Artifact("probing_dependency", "probe-dep", "relation, direction, best_layer, best_head (picked on the "
              "even-numbered sentences), accuracy, ci_low, ci_high (on the odd-numbered ones), baseline_offset, "
              "baseline_accuracy, baseline_ci_low, baseline_ci_high, p_value (McNemar, head vs offset), "

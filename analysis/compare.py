@@ -32,7 +32,6 @@ from analysis.stream import (
     forward_attentions,
     iter_batches,
 )
-from analysis.uncertainty import bootstrap_mean_interval
 
 MODES = ("cropped", "padded")
 PROBE_TEXT = "Attention, [MASK] heads: don't they look at [SEP]? Ünïcode & numbers 1234."
@@ -105,14 +104,14 @@ def check_same_shape(bundle_a, bundle_b) -> None:
                            f"{bundle_b.num_layers}x{bundle_b.num_heads} layers x heads)")
 
 
-def head_cosines(base, finetuned, examples: Sequence[Example], *, modes: Sequence[str] = MODES,
+def cosine_means(base, finetuned, examples: Sequence[Example], *, modes: Sequence[str] = MODES,
                  max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 16, progress: bool | str = False,
-                 per_example: bool = False, encoded: Sequence[Encoded] | None = None):
-    """Mean per-head cosine between two models' maps over ``examples``: {"cosine_<mode>": (L, H)}.
+                 encoded: Sequence[Encoded] | None = None) -> HeadMeans:
+    """Every example's per-head cosine between two models' maps over ``examples``, as HeadMeans of
+    {"cosine_<mode>": (E, L, H)} (its result(): the means (L, H); intervals(): their bootstrap intervals).
 
     One forward pass per model and batch serves every mode: with 'padded' requested the batch is padded to
     ``max_length``; real-token outputs do not depend on the padding, so the cropped cosine is unchanged.
-    With ``per_example`` also returns {"cosine_<mode>": (E, L, H)} every example's cosines (stream order).
     """
     check_same_tokenizer(base.tokenizer, finetuned.tokenizer)
     check_same_shape(base, finetuned)
@@ -123,7 +122,6 @@ def head_cosines(base, finetuned, examples: Sequence[Example], *, modes: Sequenc
         encoded = encode_examples(base.tokenizer, examples, max_length)
     pad_id = base.tokenizer.pad_token_id if base.tokenizer.pad_token_id is not None else 0
     means = HeadMeans()
-    examples_cosines: dict[str, list[np.ndarray]] = {}
     bar = progress_bar(len(encoded), progress, "maps")
     with torch.inference_mode():
         for batch in iter_batches(base, examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
@@ -134,32 +132,29 @@ def head_cosines(base, finetuned, examples: Sequence[Example], *, modes: Sequenc
             mask = batch.attention_mask
             for mode, values in cosine_by_mode(maps_a.float().cpu(), maps_b.float().cpu(), mask, modes).items():
                 means.add(f"cosine_{mode}", values)
-                if per_example:
-                    examples_cosines.setdefault(f"cosine_{mode}", []).append(values.numpy())
             if bar is not None:
                 bar.update(len(batch.items))
     if bar is not None:
         bar.close()
+    return means
+
+
+def head_cosines(base, finetuned, examples: Sequence[Example], *, per_example: bool = False, **options):
+    """Mean per-head cosine between two models' maps over ``examples``: {"cosine_<mode>": (L, H)}; options as
+    :func:`cosine_means`. With ``per_example`` also returns {"cosine_<mode>": (E, L, H)} every example's cosines
+    (stream order)."""
+    means = cosine_means(base, finetuned, examples, **options)
     if per_example:
-        return means.result(), {name: np.concatenate(parts) for name, parts in examples_cosines.items()}
+        return means.result(), {name: means.per_example(name)[0] for name in means.values}
     return means.result()
 
 
-def cosine_intervals(per_example: dict[str, np.ndarray], level: float = 0.95) -> dict[str, np.ndarray]:
-    """{name: (E, L, H)} per-example cosines -> {name_ci_low, name_ci_high: (L, H)}: percentile bootstrap
-    interval of each head's mean over the examples (one set of draws for every head)."""
+def interval_rows(intervals: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """{name: (L, H, 2)} -> {name_ci_low, name_ci_high: (L, H)}, the rows cosine.csv keeps its bounds in."""
     out = {}
-    for name, values in per_example.items():
-        # small chunks: one chunk holds (draws, E, L * H) values
-        interval = bootstrap_mean_interval(values, level=level, chunk=max(1, int(4e6 // max(values.size, 1))))
-        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = interval[..., 0], interval[..., 1]
+    for name, bounds in intervals.items():
+        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = bounds[..., 0], bounds[..., 1]
     return out
-
-
-def layer_mean_intervals(per_example: dict[str, np.ndarray], level: float = 0.95) -> dict[str, np.ndarray]:
-    """{name: (E, L, H)} per-example cosines -> {name: (L, 2)}: percentile bootstrap interval of each layer's mean
-    over its heads and the examples (the per-layer figure `attnpat compare` prints)."""
-    return {name: bootstrap_mean_interval(values.mean(-1), level=level) for name, values in per_example.items()}
 
 
 def cosine_figure(values: dict[str, np.ndarray], title: str):
@@ -171,24 +166,24 @@ def cosine_figure(values: dict[str, np.ndarray], title: str):
 def write_cosine(base, finetuned, data, run, *, modes: Sequence[str] = MODES, max_length: int = DEFAULT_MAX_LENGTH,
                  batch_size: int = 16, progress: bool | str = False
                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Compute :func:`head_cosines` on ``data`` and write cosine.csv and cosine.png/svg into ``run``
+    """Compute :func:`cosine_means` on ``data`` and write cosine.csv and cosine.png/svg into ``run``
     (the fine-tuned model's run directory), each head's mean with its bootstrap 95% interval over the examples
     (cosine_<mode>_ci_low / _ci_high). Returns ({"cosine_<mode>": (L, H)} means, {"cosine_<mode>": (L, 2)}
     bootstrap 95% intervals of each layer's mean, also in the manifest entry as layer_interval)."""
     with run.record("compare", finetuned, data, base_model=base.name, base_revision=base.revision,
                     modes=list(modes), max_length=max_length) as entry:
         encoded = encode_examples(base.tokenizer, data.examples, max_length)
-        values, per_example = head_cosines(base, finetuned, data.examples, modes=modes, max_length=max_length,
-                                           batch_size=batch_size, progress=progress, per_example=True,
-                                           encoded=encoded)
-        run.write_table("cosine", long_table({**values, **cosine_intervals(per_example)}))
+        means = cosine_means(base, finetuned, data.examples, modes=modes, max_length=max_length,
+                             batch_size=batch_size, progress=progress, encoded=encoded)
+        values = means.result()
+        run.write_table("cosine", long_table({**values, **interval_rows(means.intervals())}))
         titles = {f"cosine_{mode}": f"{mode} ({'real tokens' if mode == 'cropped' else f'padded to {max_length}'})"
                   for mode in modes}
         fig = cosine_figure({titles[name]: array for name, array in values.items()},
                             title=f"{base.name} vs {finetuned.name} on {data.task}: per-head cosine similarity")
         run.write_figure("cosine", fig)
         close(fig)
-        layers = layer_mean_intervals(per_example)
+        layers = means.layer_intervals()
         entry.update(n_truncated=sum(item.truncated for item in encoded),
                      mean={name: float(np.nanmean(array)) for name, array in values.items()},
                      layer_interval={name: array.tolist() for name, array in layers.items()},

@@ -14,6 +14,7 @@ from analysis.mapstore import EXTRACT_INDEX, FORMAT, SavedMap, is_whole_map_file
 from analysis.rundir import RunDir, atomic_write_json, locked, long_table, read_json
 from analysis.stats import HeadMeans, attention_to, mean_entropy
 from analysis.stream import DEFAULT_MAX_LENGTH, encode_examples, length_sorted_batches, stream_maps, token_roles
+from analysis.uncertainty import EXAMPLE_INTERVAL
 
 
 def extract_maps(bundle, data: TaskData, out_dir: str | Path, *, max_length: int = DEFAULT_MAX_LENGTH,
@@ -94,10 +95,10 @@ def write_maps(bundle, data: TaskData, run: RunDir, out: str | Path | None = Non
 
 
 def layer_overview(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
-                   progress: bool = True) -> tuple[dict[str, np.ndarray], int]:
-    """Per-head means of attention to [CLS], to [SEP] and row entropy over a task's maps.
+                   progress: bool = True) -> tuple[HeadMeans, int]:
+    """Per-head attention to [CLS], to [SEP] and row entropy over a task's maps, example by example.
 
-    Returns ({"to_cls"|"to_sep"|"entropy": (L, H)}, n_truncated).
+    Returns (HeadMeans holding {"to_cls"|"to_sep"|"entropy": (E, L, H)}, n_truncated).
     """
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     means = HeadMeans()
@@ -107,14 +108,25 @@ def layer_overview(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LENG
         means.add("to_cls", attention_to(map_batch.attentions, roles["cls"], roles["real"]))
         means.add("to_sep", attention_to(map_batch.attentions, roles["sep"], roles["real"]))
         means.add("entropy", mean_entropy(map_batch.attentions, roles["real"]))
-    return means.result(), sum(item.truncated for item in encoded)
+    return means, sum(item.truncated for item in encoded)
+
+
+def per_layer_table(values: dict[str, np.ndarray], layer_intervals: dict[str, np.ndarray]) -> pd.DataFrame:
+    """{name: (L, H)} head means and {name: (L, 2)} layer intervals -> one row per layer: layer, <name>,
+    <name>_ci_low, <name>_ci_high (each layer's mean over its heads)."""
+    columns = {"layer": np.arange(next(iter(values.values())).shape[0])}
+    for name, array in values.items():
+        columns.update({name: array.mean(1), f"{name}_ci_low": layer_intervals[name][:, 0],
+                        f"{name}_ci_high": layer_intervals[name][:, 1]})
+    return pd.DataFrame(columns)
 
 
 def write_overview(bundle, data: TaskData, run: RunDir, **kwargs):
-    """Compute :func:`layer_overview`, write overview.csv to the run directory; return the per-layer frame."""
+    """Compute :func:`layer_overview`, write overview.csv (each head's mean with its bootstrap 95% interval over the
+    examples, ci_low and ci_high) to the run directory; return :func:`per_layer_table`."""
     with run.record("overview", bundle, data) as entry:
-        values, n_truncated = layer_overview(bundle, data, **kwargs)
-        run.write_table("overview", long_table(values))
-        entry.update(n_truncated=n_truncated)
-    return pd.DataFrame({"layer": np.arange(values["to_cls"].shape[0]),
-                         **{name: array.mean(1) for name, array in values.items()}})
+        means, n_truncated = layer_overview(bundle, data, **kwargs)
+        values = means.result()
+        run.write_table("overview", long_table(values, intervals=means.intervals()))
+        entry.update(n_truncated=n_truncated, interval=EXAMPLE_INTERVAL)
+    return per_layer_table(values, means.layer_intervals())

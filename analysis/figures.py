@@ -245,12 +245,13 @@ MAX_GRID_SIDE = 256  # more layers or heads than any BERT-family model has (the 
 
 
 def layer_head_figure(frame, title: str = ""):
-    """Heatmaps of a long layer x head table (columns layer, head, <key>, value): one panel per key value.
+    """Heatmaps of a long layer x head table (columns layer, head, <key>, value, optionally ci_low, ci_high, which
+    are not drawn): one panel per key value.
 
     Returns a matplotlib figure, or None when ``frame`` is not such a table. Panels label layers and heads
     1-indexed, like :func:`head_heatmap`.
     """
-    columns = list(frame.columns)
+    columns = [c for c in frame.columns if c not in {"ci_low", "ci_high"}]
     if columns[:2] != ["layer", "head"] or "value" not in columns or len(columns) != 4 or frame.empty:
         return None
     key = [c for c in columns if c not in {"layer", "head", "value"}][0]

@@ -36,6 +36,7 @@ from analysis.stream import (
     iter_batches,
     token_roles,
 )
+from analysis.uncertainty import EXAMPLE_INTERVAL, bootstrap_weighted_mean_interval
 
 GRAD_TARGETS = ("sep", "punct", "other")
 OBJECTIVES = {"mlm": "masked-language-model loss", "task": "task loss of the fine-tuned classifier"}
@@ -127,18 +128,18 @@ def attention_gradients(model: torch.nn.Module, batch: TokenBatch, objective: st
 
 def gradient_by_key_type(grads: torch.Tensor, key_masks: dict[str, torch.Tensor],
                          query_mask: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Sum of |gradient| per layer over the attention weights of each key type, and how many weights.
+    """Each example's sum of |gradient| per layer over the attention weights of each key type, and how many weights.
 
     grads: (B, L, H, T, T); key_masks: {target: (B, T) bool}; query_mask: (B, T) bool real rows.
-    Returns {target: ((L,) sum, () count per layer)}; the count covers all heads of a layer.
+    Returns {target: ((B, L) sum, (B,) count per layer)}; the count covers all heads of a layer.
     """
     magnitude = grads.abs()
     heads = grads.shape[2]
     out = {}
     for target, key_mask in key_masks.items():
         pairs = (query_mask[:, :, None] & key_mask[:, None, :]).to(magnitude.dtype)  # (B, T, T)
-        total = torch.einsum("blhqk,bqk->l", magnitude, pairs)
-        out[target] = (total, pairs.sum() * heads)
+        total = torch.einsum("blhqk,bqk->bl", magnitude, pairs)
+        out[target] = (total, pairs.sum((1, 2)) * heads)
     return out
 
 
@@ -150,15 +151,16 @@ def key_types(roles: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_length: int = DEFAULT_MAX_LENGTH,
                             batch_size: int = 8, progress: bool = True, mask_probability: float = 0.15,
-                            seed: int = 0) -> tuple[dict[str, np.ndarray], int]:
-    """({target: (L,) mean |dLoss/d alpha|}, number of truncated examples)."""
+                            seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
+    """({target: (L,) mean |dLoss/d alpha|}, {target: (L, 2) its bootstrap 95% interval over the examples},
+    number of truncated examples)."""
     check_choice(objective, OBJECTIVES, "objective")
     tokenizer = bundle.tokenizer
     if objective == "mlm" and tokenizer.mask_token_id is None:
         raise AttnpatError(f"model '{bundle.name}' has no [MASK] token, so the MLM loss is unavailable")
     encoded = encode_examples(tokenizer, data.examples, max_length)
-    sums = {target: torch.zeros(bundle.num_layers, dtype=torch.float64) for target in GRAD_TARGETS}
-    counts = {target: 0.0 for target in GRAD_TARGETS}
+    sums: dict[str, list[np.ndarray]] = {target: [] for target in GRAD_TARGETS}  # per batch: (B, L)
+    counts: dict[str, list[np.ndarray]] = {target: [] for target in GRAD_TARGETS}  # per batch: (B,)
     bar = progress_bar(len(encoded), progress, "gradients")
     bundle.model.eval()
     for batch in iter_batches(bundle, data.examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
@@ -171,20 +173,37 @@ def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_lengt
             batch = replace(batch, input_ids=masked_ids)
         grads = attention_gradients(bundle.model, batch, objective, bundle.device, mlm_labels)
         for target, (total, count) in gradient_by_key_type(grads, key_types(roles), roles["real"]).items():
-            sums[target] += total.double()
-            counts[target] += float(count)
+            sums[target].append(total.double().numpy())
+            counts[target].append(count.double().numpy())
         if bar is not None:
             bar.update(len(batch.items))
     if bar is not None:
         bar.close()
-    values = {t: (sums[t] / counts[t]).numpy() if counts[t] else np.full(bundle.num_layers, np.nan)
-              for t in GRAD_TARGETS}
-    return values, sum(item.truncated for item in encoded)
+    values, intervals = key_type_means({t: np.concatenate(sums[t]) for t in GRAD_TARGETS},
+                                       {t: np.concatenate(counts[t]) for t in GRAD_TARGETS})
+    return values, intervals, sum(item.truncated for item in encoded)
+
+
+def key_type_means(sums: dict[str, np.ndarray], counts: dict[str, np.ndarray]
+                   ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Per-example sums {target: (E, L)} of |gradient| over counts {target: (E,)} weights -> ({target: (L,)} the
+    ratio of the sums over all examples (NaN without any weight), {target: (L, 2)} its percentile bootstrap 95%
+    interval over the examples: the ratio of the resampled sums, all targets on the same draws)."""
+    targets = list(sums)
+    totals = np.stack([sums[t] for t in targets], 1)  # (E, K, L)
+    weights = np.stack([counts[t] for t in targets], 1)  # (E, K)
+    count = weights.sum(0)  # (K,)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a target no example has: NaN
+        means = totals.sum(0) / count[:, None]
+        per_example = np.where(weights[..., None] > 0, totals / weights[..., None], 0.0)  # sum / count = mean
+    bounds = bootstrap_weighted_mean_interval(per_example, weights)  # weighted by count: the ratio of sums
+    return dict(zip(targets, means)), dict(zip(targets, bounds))
 
 
 def grad_importance(bundle, data: TaskData, run: RunDir, objective: str, *, max_length: int = DEFAULT_MAX_LENGTH,
                     batch_size: int = 8, progress: bool = True, mask_probability: float = 0.15, seed: int = 0):
-    """Compute and write grad_importance.csv (layer, target, value) and grad_importance.png/svg."""
+    """Compute and write grad_importance.csv (layer, target, value, ci_low, ci_high: bootstrap 95% interval over the
+    examples) and grad_importance.png/svg."""
     if objective == "task":
         if data.num_labels is None or any(example.label is None for example in data.examples):
             # before any work: the MLM loss is not available, and the default task (wiki) has no labels
@@ -195,30 +214,37 @@ def grad_importance(bundle, data: TaskData, run: RunDir, objective: str, *, max_
                           bundle.model.config)
     with run.record("grad_importance", bundle, data, objective=OBJECTIVES[objective], max_length=max_length,
                     mask_probability=mask_probability if objective == "mlm" else None, seed=seed) as entry:
-        values, n_truncated = compute_grad_importance(
+        values, intervals, n_truncated = compute_grad_importance(
             bundle, data, objective, max_length=max_length, batch_size=batch_size, progress=progress,
             mask_probability=mask_probability, seed=seed)
-        table = pd.DataFrame([{"layer": layer, "target": target, "value": float(values[target][layer])}
+        table = pd.DataFrame([{"layer": layer, "target": target, "value": float(values[target][layer]),
+                               "ci_low": float(intervals[target][layer, 0]),
+                               "ci_high": float(intervals[target][layer, 1])}
                               for target in GRAD_TARGETS for layer in range(bundle.num_layers)])
         run.write_table("grad_importance", table)
-        fig = grad_figure(values, OBJECTIVES[objective])
+        fig = grad_figure(values, OBJECTIVES[objective], intervals)
         run.write_figure("grad_importance", fig)
         close(fig)
-        entry.update(n_truncated=n_truncated)
+        entry.update(n_truncated=n_truncated, interval=EXAMPLE_INTERVAL)
     return table
 
 
-def grad_figure(values: dict[str, np.ndarray], objective_name: str):
-    """Clark's Figure 5: mean gradient magnitude per layer for each key type."""
+def grad_figure(values: dict[str, np.ndarray], objective_name: str, intervals: dict[str, np.ndarray] | None = None):
+    """Clark's Figure 5: mean gradient magnitude per layer for each key type; intervals {target: (L, 2)}, when
+    given, are drawn as a shaded band around each line."""
     names = {"sep": "[SEP]", "punct": ". or ,", "other": "other"}
     colours = {"sep": "#59d98e", "punct": "#159d82", "other": "#95a5a6"}
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for target in GRAD_TARGETS:
         layers = np.arange(1, len(values[target]) + 1)
         ax.plot(layers, values[target], "o-", color=colours[target], label=names[target])
+        if intervals is not None:
+            ax.fill_between(layers, intervals[target][:, 0], intervals[target][:, 1], color=colours[target],
+                            alpha=0.25, linewidth=0)
     ax.set_xlabel("layer (1-indexed)")
     ax.set_ylabel("avg. |gradient| per attention weight")
-    ax.set_title(f"Gradient of the {objective_name} w.r.t. attention", fontsize=9)
+    band = "\n(bands: bootstrap 95% intervals over the examples)" if intervals is not None else ""
+    ax.set_title(f"Gradient of the {objective_name} w.r.t. attention{band}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

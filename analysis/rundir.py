@@ -325,10 +325,11 @@ def save_table(frame, path: str | Path) -> Path:
 
 # ---------------------------------------------------------------- layer x head tables
 
-def long_table(values: dict[str, np.ndarray], key: str = "metric"):
+def long_table(values: dict[str, np.ndarray], key: str = "metric", intervals: dict[str, np.ndarray] | None = None):
     """Layer x head arrays to the long CSV layout.
 
-    values: {name: (L, H) array}. Returns a DataFrame with columns layer, head, <key>, value
+    values: {name: (L, H) array}; intervals: {name: (L, H, 2)} lower and upper bounds of every value (optional).
+    Returns a DataFrame with columns layer, head, <key>, value, and ci_low, ci_high with intervals
     (0-indexed layers and heads; one row per head and name).
     """
     frames = []
@@ -337,7 +338,13 @@ def long_table(values: dict[str, np.ndarray], key: str = "metric"):
         if array.ndim != 2:
             raise AttnpatError(f"table '{name}' must be (layers, heads), got shape {array.shape}")
         layers, heads = np.meshgrid(np.arange(array.shape[0]), np.arange(array.shape[1]), indexing="ij")
-        frames.append(pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel(), key: name, "value": array.ravel()}))
+        frame = pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel(), key: name, "value": array.ravel()})
+        if intervals is not None:
+            bounds = np.asarray(intervals[name], dtype=float)
+            if bounds.shape != (*array.shape, 2):
+                raise AttnpatError(f"the intervals of '{name}' must be {(*array.shape, 2)}, got {bounds.shape}")
+            frame["ci_low"], frame["ci_high"] = bounds[..., 0].ravel(), bounds[..., 1].ravel()
+        frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
 

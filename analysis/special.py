@@ -39,6 +39,7 @@ from analysis.stream import (
     token_roles,
     word_groups,
 )
+from analysis.uncertainty import EXAMPLE_INTERVAL
 
 # Kovaleva et al. do not print their full list; this is the common negation-cue set we use (documented in
 # the README): single words plus the n't contraction, matched per word position.
@@ -190,7 +191,8 @@ def special_statistics(bundle, examples: Sequence[Example], *, max_length: int =
                        batch_size: int = 32, tagger: Tagger | None = None,
                        progress: bool | str = False) -> dict:
     """One pass over the maps: {"heads": {name: (L, H)} for to_cls, to_sep and each available feature,
-    "counts": {feature: inputs with the feature}, "cls_tally": TokenTally, "unavailable": {feature: why},
+    "intervals": {name: (L, H, 2)} their bootstrap 95% intervals over the examples (a feature's over the inputs that
+    have it), "counts": {feature: inputs with the feature}, "cls_tally": TokenTally, "unavailable": {feature: why},
     "n_truncated": inputs cut to max_length}."""
     encoded = encode_examples(bundle.tokenizer, examples, max_length)
     means, tally = HeadMeans(), TokenTally()
@@ -214,8 +216,8 @@ def special_statistics(bundle, examples: Sequence[Example], *, max_length: int =
             means.add(feature, values, include=present)
             counts[feature] += int(present.sum())
     unavailable = {} if tagger is not None else {feature: UNAVAILABLE for feature in TAGGER_FEATURES}
-    return {"heads": means.result(), "counts": dict(counts), "cls_tally": tally, "unavailable": unavailable,
-            "n_truncated": sum(item.truncated for item in encoded)}
+    return {"heads": means.result(), "intervals": means.intervals(), "counts": dict(counts), "cls_tally": tally,
+            "unavailable": unavailable, "n_truncated": sum(item.truncated for item in encoded)}
 
 
 def _tally_cls_rows(maps: MapBatch, cls_mask: torch.Tensor, tally: TokenTally) -> None:
@@ -229,30 +231,35 @@ def _tally_cls_rows(maps: MapBatch, cls_mask: torch.Tensor, tally: TokenTally) -
 
 # ---------------------------------------------------------------- run directory
 
-def linguistic_table(heads: dict[str, np.ndarray]):
-    """Long table layer, head, feature, value for the features present in ``heads``."""
-    return long_table({feature: heads[feature] for feature in FEATURES if feature in heads}, key="feature")
+def linguistic_table(heads: dict[str, np.ndarray], intervals: dict[str, np.ndarray] | None = None):
+    """Long table layer, head, feature, value (and ci_low, ci_high from ``intervals``: {feature: (L, H, 2)}) for the
+    features present in ``heads``."""
+    return long_table({feature: heads[feature] for feature in FEATURES if feature in heads}, key="feature",
+                      intervals=intervals)
 
 
 def write_special(bundle, data, run, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
                   tagger: Tagger | None = None, progress: bool | str = False, top: int = 30,
                   min_count: int = 5) -> dict:
     """Compute :func:`special_statistics` for ``data`` and write special_tokens.csv/png/svg,
-    cls_last_layer.csv and linguistic.csv into ``run``. Returns the statistics."""
+    cls_last_layer.csv and linguistic.csv into ``run`` (per-head tables: each mean with its bootstrap 95% interval
+    over the examples, ci_low and ci_high). Returns the statistics."""
     with run.record("special", bundle, data, max_length=max_length) as entry:
         stats = special_statistics(bundle, data.examples, max_length=max_length, batch_size=batch_size,
                                    tagger=tagger, progress=progress)
-        heads = stats["heads"]
-        run.write_table("special_tokens", long_table({"to_cls": heads["to_cls"], "to_sep": heads["to_sep"]}))
+        heads, intervals = stats["heads"], stats["intervals"]
+        run.write_table("special_tokens", long_table({"to_cls": heads["to_cls"], "to_sep": heads["to_sep"]},
+                                                     intervals=intervals))
         fig = panel_heatmaps({"attention to [CLS]": heads["to_cls"], "attention to [SEP]": heads["to_sep"]},
                              title=f"{bundle.name} on {data.task}: mean attention to special tokens",
                              label="mean attention", cmap="Blues", vmin=0.0, vmax=1.0)
         run.write_figure("special_tokens", fig)
         close(fig)
         run.write_table("cls_last_layer", stats["cls_tally"].table())
-        run.write_table("linguistic", linguistic_table(heads))
-        entry.update(n_truncated=stats["n_truncated"], feature_counts=stats["counts"], unavailable=stats["unavailable"],
-                     tagger=PIPELINE_NAME if tagger is not None else None, negation_words=sorted(NEGATION_WORDS))
+        run.write_table("linguistic", linguistic_table(heads, intervals))
+        entry.update(n_truncated=stats["n_truncated"], interval=EXAMPLE_INTERVAL, feature_counts=stats["counts"],
+                     unavailable=stats["unavailable"], tagger=PIPELINE_NAME if tagger is not None else None,
+                     negation_words=sorted(NEGATION_WORDS))
     # tokens seen once dominate a raw ranking; the printed summary keeps the ones that recur (at most in every
     # input: with fewer inputs than min_count no token could qualify and the summary would be empty)
     stats["top_cls_tokens"] = stats["cls_tally"].table(min_count=min(min_count, len(data.examples))).head(top)

@@ -38,6 +38,7 @@ from analysis.stats import (
     uniform_entropy,
 )
 from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps, token_roles
+from analysis.uncertainty import EXAMPLE_INTERVAL
 
 SURFACE_METRICS = ("prev", "next", "self", "cls", "sep", "period", "comma", "sep_sep", "entropy", "cls_entropy")
 # In Clark's precedence order: a later label overrides an earlier one.
@@ -129,37 +130,44 @@ class SurfaceAccumulator:
         values = self.means.result()
         return {name: values[name] for name in SURFACE_METRICS}, self.uniform_sum / max(self.n_examples, 1)
 
+    def intervals(self) -> dict[str, np.ndarray]:
+        """{metric: (L, H, 2)} bootstrap 95% interval of each head's mean over the examples (a metric counted on
+        some examples only, e.g. sep_sep, over those)."""
+        return self.means.intervals()
+
 
 # ---------------------------------------------------------------- the pass over a data set
 
 def compute_surface(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
-                    progress: bool = True) -> tuple[dict[str, np.ndarray], float, int]:
-    """Surface statistics over ``data``: ({metric: (L, H)}, uniform entropy, number of truncated examples)."""
+                    progress: bool = True) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], float, int]:
+    """Surface statistics over ``data``: ({metric: (L, H)}, {metric: (L, H, 2)} their bootstrap 95% intervals over
+    the examples, uniform entropy, number of truncated examples)."""
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     accumulator = SurfaceAccumulator(bundle.tokenizer)
     for map_batch in stream_maps(bundle, data.examples, max_length=max_length, batch_size=batch_size,
                                  progress="surface" if progress else False, encoded=encoded):
         accumulator.add(map_batch)
     values, uniform = accumulator.result()
-    return values, uniform, sum(item.truncated for item in encoded)
+    return values, accumulator.intervals(), uniform, sum(item.truncated for item in encoded)
 
 
 def surface_statistics(bundle, data: TaskData, run: RunDir, max_length: int = DEFAULT_MAX_LENGTH,
                        batch_size: int = 32, progress: bool = True,
                        thresholds: LabelThresholds = LabelThresholds()):
     """Compute the surface statistics and write surface.csv, head_labels.csv, surface.png/svg and
-    surface_entropy.png/svg into ``run``. Returns the long surface table (layer, head, metric, value)."""
+    surface_entropy.png/svg into ``run``. Returns the long surface table (layer, head, metric, value, and each
+    head's bootstrap 95% interval over the examples: ci_low, ci_high)."""
     with run.record("surface", bundle, data, max_length=max_length, thresholds=asdict(thresholds)) as entry:
-        values, uniform, n_truncated = compute_surface(bundle, data, max_length=max_length, batch_size=batch_size,
-                                                       progress=progress)
+        values, intervals, uniform, n_truncated = compute_surface(bundle, data, max_length=max_length,
+                                                                  batch_size=batch_size, progress=progress)
         labels = head_labels(values, thresholds)
-        table = long_table(values)
+        table = long_table(values, intervals=intervals)
         run.write_table("surface", table)
         run.write_table("head_labels", labels_table(labels))
         for name, fig in (("surface", surface_figure(values)), ("surface_entropy", entropy_figure(values, uniform))):
             run.write_figure(name, fig)
             close(fig)
-        entry.update(n_truncated=n_truncated, uniform_entropy=uniform,
+        entry.update(n_truncated=n_truncated, uniform_entropy=uniform, interval=EXAMPLE_INTERVAL,
                      label_counts={label: int((labels == label).sum()) for label in (*HEAD_LABELS, OTHER_LABEL)})
     return table
 

@@ -13,6 +13,9 @@ from scipy.stats import binom, norm
 from analysis.errors import AttnpatError
 
 DEFAULT_BOOTSTRAP = 1000
+# How the per-head and per-layer means of HeadMeans (overview, special, surface) and grad-importance are bounded,
+# as their manifest entries say it
+EXAMPLE_INTERVAL = f"percentile bootstrap 95% interval over the examples ({DEFAULT_BOOTSTRAP} draws, seed 0)"
 
 
 def bootstrap_ratio_interval(counts: np.ndarray, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
@@ -91,18 +94,64 @@ def bootstrap_mean_interval(values: np.ndarray, *, level: float = 0.95, n_boot: 
     values: (E, ...) one value per example (e.g. (E, L, H) per-head cosine, or (E, V) per-variant accuracy
     change 0/±1). Every cell is resampled with the same example draws (paired). Returns (..., 2).
     """
+    return bootstrap_weighted_mean_interval(values, level=level, n_boot=n_boot, seed=seed, chunk=chunk)
+
+
+def bootstrap_weighted_mean_interval(values: np.ndarray, weights: np.ndarray | None = None, *, level: float = 0.95,
+                                     n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0, chunk: int = 200) -> np.ndarray:
+    """Percentile bootstrap interval of a weighted mean over examples, sum_e w_e v_e / sum_e w_e, for every cell.
+
+    values: (E, ...) one value per example; weights: None (all 1: the plain mean) or (E, ...) non-negative, a
+    leading part of values' shape (e.g. (E, S) for values (E, S, L, H)), broadcast over the rest. 0/1 weights count
+    only some examples (those that have a feature): each draw resamples all E examples and takes the ratio of the
+    resampled sums, so uncounted examples add nothing and how many counted ones a draw holds varies as in a fresh
+    sample; values of uncounted examples are never read. Every cell uses the same draws (paired), those of
+    ``np.random.default_rng(seed).integers(0, E, (n_boot, E))``. Draws with no counted example are left out of that
+    cell's interval; a cell with no counted example, or a NaN among its counted values, gets NaN bounds.
+    Returns (..., 2).
+    """
     values = np.asarray(values, dtype=np.float64)
     if values.ndim == 0 or values.shape[0] == 0:
         raise AttnpatError(f"a bootstrap needs at least one example, got shape {values.shape}")
+    n = values.shape[0]
+    weights = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
+    if weights.ndim == 0 or weights.shape != values.shape[:weights.ndim]:
+        raise AttnpatError(f"bootstrap weights of shape {weights.shape} do not lead values of shape {values.shape}")
+    if not (np.isfinite(weights) & (weights >= 0)).all():
+        raise AttnpatError("bootstrap weights must be finite and non-negative")
+    # (E, G, C): the G weight groups, each with C cells that share its weights
+    spread = weights.reshape(weights.shape + (1,) * (values.ndim - weights.ndim))
+    weighted = (np.where(spread > 0, values, 0.0) * spread).reshape(n, weights[0].size, -1)
+    group_weights = weights.reshape(n, -1)
     rng = np.random.default_rng(seed)
-    flat = values.reshape(values.shape[0], -1)
-    means = np.empty((n_boot, flat.shape[1]))
-    for start in range(0, n_boot, chunk):  # chunks bound the memory of (draws, E, cells)
+    means = np.empty((n_boot, *weighted.shape[1:]))
+    for start in range(0, n_boot, chunk):  # chunks bound the memory of the (draws, E) count matrix
         stop = min(start + chunk, n_boot)
-        draws = rng.integers(0, flat.shape[0], size=(stop - start, flat.shape[0]))
-        means[start:stop] = flat[draws].mean(1)
+        counts = draw_counts(rng, n, stop - start)
+        sums = (counts @ weighted.reshape(n, -1)).reshape(stop - start, *weighted.shape[1:])
+        with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0: no counted example drawn
+            means[start:stop] = sums / (counts @ group_weights)[:, :, None]
+    bounds = percentile_bounds(means.reshape(n_boot, -1), level)  # (cells, 2)
+    bounds[np.isnan(weighted).any(0).ravel()] = np.nan
+    return bounds.reshape(*values.shape[1:], 2)
+
+
+def draw_counts(rng: np.random.Generator, n: int, n_draws: int) -> np.ndarray:
+    """(n_draws, n) float: how often each of n items is picked in each of n_draws draws of n with replacement
+    (the draws of ``rng.integers(0, n, (n_draws, n))``, row by row)."""
+    picks = rng.integers(0, n, size=(n_draws, n)) + n * np.arange(n_draws)[:, None]
+    return np.bincount(picks.ravel(), minlength=n_draws * n).reshape(n_draws, n).astype(np.float64)
+
+
+def percentile_bounds(draws: np.ndarray, level: float) -> np.ndarray:
+    """draws: (n_boot, M) a statistic per draw, NaN where undefined -> (M, 2) percentile bounds over the defined
+    draws (NaN where none is)."""
     tail = (1 - level) / 2 * 100
-    return np.percentile(means, [tail, 100 - tail], axis=0).T.reshape(*values.shape[1:], 2)
+    bounds = np.percentile(draws, [tail, 100 - tail], axis=0).T
+    partly = np.isnan(draws).any(0) & ~np.isnan(draws).all(0)
+    if partly.any():  # nanpercentile is slow over many cells: only where some draws are undefined
+        bounds[partly] = np.nanpercentile(draws[:, partly], [tail, 100 - tail], axis=0).T
+    return bounds
 
 
 def paired_inputs(baseline: np.ndarray, variants: np.ndarray, labels: np.ndarray,

@@ -84,11 +84,15 @@ def grad_importance(model: str = opt.Model, task: str = WikiTask,
     run = RunDir(bundle.slug, data.task, runs_dir)
     table = run_grad_importance(bundle, data, run, objective, max_length=max_length, batch_size=batch_size,
                                 progress=not quiet, mask_probability=mask_probability, seed=seed)
-    wide = table.pivot(index="layer", columns="target", values="value")
-    typer.echo(f"{bundle.name} on {data.task}: mean |d {OBJECTIVES[objective]} / d attention| (layers 1-indexed)")
-    typer.echo(f"{'layer':>5} {'[SEP]':>11} {'. or ,':>11} {'other':>11}")
-    for layer, row in wide.iterrows():
-        typer.echo(f"{layer + 1:>5} {row['sep']:>11.3e} {row['punct']:>11.3e} {row['other']:>11.3e}")
+    rows = table.set_index(["layer", "target"])
+    typer.echo(f"{bundle.name} on {data.task}: mean |d {OBJECTIVES[objective]} / d attention| [bootstrap 95% "
+               "interval over the examples] (layers 1-indexed)")
+    titles = {"sep": "[SEP]", "punct": ". or ,", "other": "other"}
+    typer.echo(f"{'layer':>5} " + " ".join(f"{title:<30}" for title in titles.values()).rstrip())
+    for layer in sorted(table.layer.unique()):
+        cells = [rows.loc[(layer, target)] for target in titles]
+        typer.echo(f"{layer + 1:>5} " + " ".join(f"{cell.value:.3e} [{cell.ci_low:.2e}, {cell.ci_high:.2e}]"
+                                               for cell in cells))
     typer.echo(f"table and figure: {run.file('grad_importance.csv')}")
 
 

@@ -74,8 +74,12 @@ def overview(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
     run = RunDir(bundle.slug, data.task, runs_dir)
     per_layer = write_overview(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet)
     typer.echo(f"{bundle.name} on {data.task} ({data.split}, {len(data.examples)} examples, {data.source}); "
-               f"layers 1-indexed, entropy in nats:")
-    typer.echo(f"{'layer':>5} {'to [CLS]':>9} {'to [SEP]':>9} {'entropy':>8}")
+               f"layers 1-indexed, entropy in nats; mean over the layer's heads [bootstrap 95% interval over the "
+               f"examples]:")
+    names = {"to_cls": "to [CLS]", "to_sep": "to [SEP]", "entropy": "entropy"}
+    typer.echo(f"{'layer':>5} " + " ".join(f"{title:<20}" for title in names.values()).rstrip())
     for row in per_layer.itertuples():
-        typer.echo(f"{row.layer + 1:>5} {row.to_cls:>9.3f} {row.to_sep:>9.3f} {row.entropy:>8.3f}")
-    typer.echo(f"per-head table: {run.file('overview.csv')}")
+        typer.echo(f"{row.layer + 1:>5} " + " ".join(
+            f"{getattr(row, name):.3f} [{getattr(row, f'{name}_ci_low'):.3f}, {getattr(row, f'{name}_ci_high'):.3f}]"
+            for name in names))
+    typer.echo(f"per-head table (each head's mean with ci_low, ci_high): {run.file('overview.csv')}")

@@ -22,7 +22,8 @@ FRACTION_KEYS = FRACTION_COLUMNS | frozenset({
 })
 KEY_COLUMNS = ("metric", "feature")
 # An interval is shown like the value it bounds: ci_low, ci_high bound the column just before ci_low (fraction,
-# delta, difference, accuracy); in a long table <key>_ci_low, <key>_ci_high bound <key>.
+# delta, difference, accuracy; in a long table its value, as each row's key says); in a long table
+# <key>_ci_low, <key>_ci_high bound <key>.
 INTERVAL_COLUMNS = ("ci_low", "ci_high")
 
 
@@ -71,7 +72,8 @@ def display_table(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     for column in frame.columns:
         if not pd.api.types.is_float_dtype(frame[column]):
             continue
-        if column == "value" and key is not None:
+        # a long table's ci_low, ci_high columns bound its value column: shown as its rows show it
+        if key is not None and (column == "value" or (str(column) in INTERVAL_COLUMNS and bounded == "value")):
             fractions = frame[key].map(is_fraction_key)
         else:
             name = bounded if str(column) in INTERVAL_COLUMNS and bounded is not None else str(column)

@@ -28,10 +28,12 @@ from analysis.clustering import (
 from analysis.data import Example, TaskData, load_data
 from analysis.errors import AttnpatError
 from analysis.gradients import (
+    GRAD_TARGETS,
     attention_gradients,
     compute_grad_importance,
     example_generator,
     gradient_by_key_type,
+    key_type_means,
     load_gradient_model,
     mask_tokens,
     per_example_mlm_loss,
@@ -41,7 +43,7 @@ from analysis.rundir import RunDir
 from analysis.stream import iter_batches
 from analysis.surface import SURFACE_METRICS, surface_statistics
 from app.cli import main
-from tests.tiny import minilm_tokenizer, tiny_config, wrap_bundle
+from tests.tiny import minilm_tokenizer, save_tiny_model, tiny_config, wrap_bundle
 
 SENTENCES = [
     Example("a", "The cat sat on the mat, and the dog barked.", "It was late."),
@@ -190,8 +192,8 @@ def test_gradient_by_key_type_averages_over_the_right_weights():
     keys = {"sep": torch.tensor([[False, False, True]]), "other": torch.tensor([[True, True, False]])}
     real = torch.ones(1, 3, dtype=torch.bool)
     out = gradient_by_key_type(grads, keys, real)
-    assert out["sep"][0].tolist() == [6.0, 0.0] and float(out["sep"][1]) == 3
-    assert out["other"][0].tolist() == [0.0, 2.0] and float(out["other"][1]) == 6
+    assert out["sep"][0].tolist() == [[6.0, 0.0]] and out["sep"][1].tolist() == [3]
+    assert out["other"][0].tolist() == [[0.0, 2.0]] and out["other"][1].tolist() == [6]
 
 
 def test_grad_importance_with_mlm_and_task_objectives(tokenizer):
@@ -199,11 +201,11 @@ def test_grad_importance_with_mlm_and_task_objectives(tokenizer):
     data = TaskData("toy", "validation", "test", [Example(e.id, e.text, e.text_pair, label) for e, label in
                                                    zip(SENTENCES, (0, 1, 1))])
     mlm = wrap_bundle(BertForMaskedLM(tiny_config()))
-    values, _ = compute_grad_importance(mlm, data, "mlm", progress=False)
+    values, _, _ = compute_grad_importance(mlm, data, "mlm", progress=False)
     for target in ("sep", "punct", "other"):
         assert values[target].shape == (2,) and np.isfinite(values[target]).all() and (values[target] > 0).all()
     classifier = wrap_bundle(BertForSequenceClassification(tiny_config(num_labels=2)))
-    task_values, _ = compute_grad_importance(classifier, data, "task", progress=False)
+    task_values, _, _ = compute_grad_importance(classifier, data, "task", progress=False)
     assert all(np.isfinite(v).all() and (v > 0).all() for v in task_values.values())
     unlabelled = TaskData("toy", "validation", "test", SENTENCES)
     with pytest.raises(AttnpatError, match="labelled"):
@@ -214,15 +216,15 @@ def test_grad_importance_is_batch_size_independent(tokenizer):
     torch.manual_seed(0)
     bundle = wrap_bundle(BertForSequenceClassification(tiny_config(num_labels=2)))
     data = TaskData("toy", "validation", "test", [Example(e.id, e.text, e.text_pair, 1) for e in SENTENCES])
-    together, _ = compute_grad_importance(bundle, data, "task", progress=False, batch_size=3)
-    alone, _ = compute_grad_importance(bundle, data, "task", progress=False, batch_size=1)
+    together, _, _ = compute_grad_importance(bundle, data, "task", progress=False, batch_size=3)
+    alone, _, _ = compute_grad_importance(bundle, data, "task", progress=False, batch_size=1)
     for target in together:
         assert np.allclose(together[target], alone[target], rtol=1e-4)
     # the MLM loss too: each example's masked tokens are its own, whatever the batch around it
     mlm = wrap_bundle(BertForMaskedLM(tiny_config()))
-    together, _ = compute_grad_importance(mlm, data, "mlm", progress=False, batch_size=3, mask_probability=0.3)
-    alone, _ = compute_grad_importance(mlm, data, "mlm", progress=False, batch_size=1, mask_probability=0.3)
-    other_seed, _ = compute_grad_importance(mlm, data, "mlm", progress=False, batch_size=1, mask_probability=0.3,
+    together, _, _ = compute_grad_importance(mlm, data, "mlm", progress=False, batch_size=3, mask_probability=0.3)
+    alone, _, _ = compute_grad_importance(mlm, data, "mlm", progress=False, batch_size=1, mask_probability=0.3)
+    other_seed, _, _ = compute_grad_importance(mlm, data, "mlm", progress=False, batch_size=1, mask_probability=0.3,
                                             seed=5)
     for target in together:
         assert np.allclose(together[target], alone[target], rtol=1e-4)
@@ -252,6 +254,44 @@ def test_gradient_importance_unavailable_for_minilm_says_so():
         load_gradient_model("minilm", device="cpu")
 
 
+def test_grad_importance_cli_writes_each_layers_mean_with_a_bootstrap_interval(tmp_path, capsys):
+    """grad_importance.csv, its figure and the printout carried bare per-layer means; each now has its percentile
+    bootstrap 95% interval over the examples (the ratio of the resampled |gradient| sums over their weight counts)."""
+    model = save_tiny_model(tmp_path / "tiny-mlm", kind="mlm")
+    runs = tmp_path / "runs"
+    assert main(["grad-importance", "--model", str(model), "--task", "wiki", "--n", "6", "--runs-dir", str(runs),
+                 "-q"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    run = RunDir("tiny-mlm", "wiki", runs)
+    table = run.read_table("grad_importance")
+    assert list(table.columns) == ["layer", "target", "value", "ci_low", "ci_high"] and len(table) == 2 * 3
+    assert (table.ci_low <= table.value).all() and (table.value <= table.ci_high).all()
+    assert (table.ci_high > table.ci_low).all()
+    for layer, row in enumerate(rows):
+        for column, target in enumerate(GRAD_TARGETS):
+            cell = table[(table.layer == layer) & (table.target == target)].iloc[0]
+            assert row[1 + 3 * column:4 + 3 * column] == [f"{cell.value:.3e}", f"[{cell.ci_low:.2e},",
+                                                          f"{cell.ci_high:.2e}]"]
+    assert run.file("grad_importance.png").is_file() and "bootstrap" in run.manifest()["analyses"]["grad_importance"][
+        "interval"]
+
+
+def test_key_type_means_are_ratios_of_sums_with_their_bootstrap_interval():
+    """A target's per-layer value is the ratio of the examples' |gradient| sums over their weight counts; its interval
+    resamples examples and takes the same ratio, so an example with no such weight (count 0) adds nothing."""
+    rng = np.random.default_rng(0)
+    counts = {"sep": rng.integers(0, 4, 40).astype(float), "other": rng.integers(5, 30, 40).astype(float)}
+    sums = {target: rng.random((40, 3)) * count[:, None] for target, count in counts.items()}
+    values, intervals = key_type_means(sums, counts)
+    draws = np.random.default_rng(0).integers(0, 40, size=(1000, 40))
+    for target in sums:
+        assert values[target] == pytest.approx(sums[target].sum(0) / counts[target].sum())
+        ratios = sums[target][draws].sum(1) / counts[target][draws].sum(1)[:, None]  # (draws, L)
+        assert intervals[target] == pytest.approx(np.percentile(ratios, [2.5, 97.5], axis=0).T)
+    empty, _ = key_type_means({"punct": np.zeros((3, 2))}, {"punct": np.zeros(3)})
+    assert np.isnan(empty["punct"]).all()
+
+
 # ---------------------------------------------------------------- surface pass
 
 def test_surface_statistics_on_a_tiny_model_writes_every_artifact(tokenizer, tmp_path):
@@ -267,6 +307,11 @@ def test_surface_statistics_on_a_tiny_model_writes_every_artifact(tokenizer, tmp
     assert (entropy <= uniform + 1e-6).all() and (entropy > uniform - 0.5).all()
     labels = pd.read_csv(run.file("head_labels.csv"))
     assert len(labels) == 8 and (labels.label == "broad").sum() == 0  # tiny inputs are under 3.8 nats
+    # every head's mean carries its bootstrap 95% interval over the examples (before: bare means)
+    written = pd.read_csv(run.file("surface.csv"))
+    assert list(written.columns) == ["layer", "head", "metric", "value", "ci_low", "ci_high"]
+    defined = written.dropna(subset=["value"])
+    assert (defined.ci_low <= defined.value + 1e-12).all() and (defined.value <= defined.ci_high + 1e-12).all()
     for name in ("surface.csv", "head_labels.csv", "surface.png", "surface.svg", "surface_entropy.png",
                  "surface_entropy.svg"):
         assert run.file(name).is_file()

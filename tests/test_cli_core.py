@@ -65,6 +65,27 @@ def test_overview_prints_one_row_per_layer_and_writes_the_table(tmp_path, capsys
     assert table.value.between(0, 10).all()
 
 
+def test_overview_gives_every_head_and_layer_mean_a_bootstrap_interval(tmp_path, capsys):
+    """overview.csv and the per-layer printout carried bare means; each now has its percentile bootstrap 95% interval
+    over the examples (ci_low, ci_high; printed as mean [low, high])."""
+    code, stdout, _ = run(["overview", "--task", "sst2", "--n", "12", "--runs-dir", str(tmp_path), "-q"], capsys)
+    assert code == 0
+    table = pd.read_csv(tmp_path / "minilm" / "sst2" / "overview.csv")
+    assert list(table.columns) == ["layer", "head", "metric", "value", "ci_low", "ci_high"]
+    assert (table.ci_low <= table.value + 1e-12).all() and (table.value <= table.ci_high + 1e-12).all()
+    assert (table.ci_high - table.ci_low > 0).mean() > 0.9  # 12 inputs differ: most heads' intervals are open
+    rows = [line.split() for line in stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert len(rows) == 6
+    for layer, row in enumerate(rows):
+        for column, metric in enumerate(("to_cls", "to_sep", "entropy")):
+            mean = table[(table.layer == layer) & (table.metric == metric)].value.mean()
+            value, low, high = row[1 + 3 * column:4 + 3 * column]
+            value, low, high = float(value), float(low.strip("[,")), float(high.strip("]"))
+            assert value == pytest.approx(mean, abs=5e-4) and low <= value <= high and low < high
+    manifest = json.loads((tmp_path / "minilm" / "sst2" / "manifest.json").read_text())
+    assert "bootstrap 95% interval over the examples" in manifest["analyses"]["overview"]["interval"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["overview", "--task", "nope"], "unknown task 'nope'"),
     (["overview", "--model", "no-such-org/no-such-model", "--n", "2"], "--model minilm"),

@@ -102,7 +102,7 @@ def test_cosine_intervals_bootstrap_the_per_example_cosines(tokenizer, tmp_path)
     assert per_example["cosine_cropped"].shape == (len(EXAMPLES), 2, 4)
     for name in means:
         assert np.allclose(per_example[name].mean(0), means[name])
-    intervals = cmp.cosine_intervals(per_example)
+    intervals = cmp.interval_rows(cmp.cosine_means(a, b, EXAMPLES, max_length=32, batch_size=2).intervals())
     low, high = intervals["cosine_cropped_ci_low"], intervals["cosine_cropped_ci_high"]
     assert low.shape == (2, 4) and np.all(low <= means["cosine_cropped"] + 1e-12)
     assert np.all(means["cosine_cropped"] <= high + 1e-12) and np.any(high - low > 1e-3)
@@ -134,8 +134,9 @@ def test_compare_prints_each_layers_mean_cosine_with_its_interval(tokenizer, tmp
 
 def test_layer_mean_intervals_bootstrap_each_layers_mean_over_heads_and_examples(tokenizer):
     a, b = tiny(0, init=0.5), tiny(1, init=0.5)
-    _, per_example = cmp.head_cosines(a, b, EXAMPLES, max_length=32, batch_size=2, per_example=True)
-    intervals = cmp.layer_mean_intervals(per_example)
-    for name, values in per_example.items():
+    means = cmp.cosine_means(a, b, EXAMPLES, max_length=32, batch_size=2)
+    intervals = means.layer_intervals()
+    for name in means.values:
+        values, _ = means.per_example(name)
         assert intervals[name].shape == (2, 2)
         assert intervals[name] == pytest.approx(bootstrap_mean_interval(values.mean(-1)))

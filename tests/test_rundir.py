@@ -94,6 +94,11 @@ def test_long_table_round_trip():
     np.testing.assert_array_equal(table_to_array(frame, "a"), values["a"])
     with pytest.raises(AttnpatError, match="layers, heads"):
         long_table({"bad": np.ones(3)})
+    bounded = long_table(values, intervals={name: np.stack([a - 1, a + 1], -1) for name, a in values.items()})
+    assert list(bounded.columns) == ["layer", "head", "metric", "value", "ci_low", "ci_high"]
+    assert (bounded.ci_low == bounded.value - 1).all() and (bounded.ci_high == bounded.value + 1).all()
+    with pytest.raises(AttnpatError, match="intervals of 'a'"):
+        long_table(values, intervals={"a": np.ones((2, 3)), "b": np.ones((2, 3, 2))})
 
 
 def test_manifest_accumulates_analyses_and_skips_failed_ones(tmp_path):

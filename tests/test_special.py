@@ -1,4 +1,5 @@
 """Special-token attention, the last layer's [CLS] row and section 4.4's linguistic features."""
+import numpy as np
 import pytest
 import torch
 from transformers import BertModel, XLMRobertaTokenizer
@@ -121,6 +122,33 @@ def test_tagged_features_align_by_character_offsets(tokenizer, tiny):
     stats = sp.special_statistics(tiny, [example, Example("y", "no nouns ?")], tagger=fake_tagger)
     assert stats["counts"]["subject"] == 1 and stats["counts"]["negation"] == 1 and stats["unavailable"] == {}
     assert stats["heads"]["noun"].shape == (2, 4)
+
+
+def pronoun_tagger(text):
+    """Tags the word 'it' 'pronoun' and every other word 'noun' (character spans, like spaCy)."""
+    return [(start, end, frozenset({"pronoun" if word == "it" else "noun"}))
+            for start, end, _ in fake_tagger(text) for word in [text[start:end]]]
+
+
+def test_special_tables_give_every_head_a_bootstrap_interval_over_the_counted_inputs(tiny, tmp_path):
+    """special_tokens.csv and linguistic.csv carried bare per-head means; each now has its percentile bootstrap 95%
+    interval over the examples (ci_low, ci_high), a feature's over the inputs that have it: a feature of one input
+    has the interval of that input's value alone, a feature of none has none."""
+    texts = ["the film is not good .", "a fine , warm story", "never again , said nobody", "short and sharp",
+             "it is what it is", "sad songs say so much"]
+    data = TaskData("toy", "validation", "test", [Example(str(i), text) for i, text in enumerate(texts)])
+    run = RunDir("tiny", "toy", tmp_path)
+    stats = sp.write_special(tiny, data, run, tagger=pronoun_tagger)
+    assert [stats["counts"][name] for name in ("negation", "pronoun", "noun", "verb")] == [2, 1, 6, 0]
+    tokens, linguistic = run.read_table("special_tokens"), run.read_table("linguistic")
+    for table in (tokens, linguistic[linguistic.feature.isin(["negation", "noun", "pronoun"])]):
+        assert list(table.columns)[-2:] == ["ci_low", "ci_high"]
+        assert (table.ci_low <= table.value + 1e-12).all() and (table.value <= table.ci_high + 1e-12).all()
+    assert (tokens.ci_high > tokens.ci_low).all()
+    pronoun = linguistic[linguistic.feature == "pronoun"]
+    assert np.allclose(pronoun.ci_low, pronoun.value) and np.allclose(pronoun.ci_high, pronoun.value)
+    assert linguistic[linguistic.feature == "verb"][["value", "ci_low", "ci_high"]].isna().all().all()
+    assert "bootstrap" in run.manifest()["analyses"]["special"]["interval"]
 
 
 @pytest.mark.slow  # seconds alone; over 20 s on a busy 2-core machine

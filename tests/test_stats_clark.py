@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+from analysis.errors import AttnpatError
 from analysis.stats import (
+    HeadMeans,
     attention_on,
     attention_to,
     key_selector,
@@ -15,6 +17,7 @@ from analysis.stats import (
     same_token_selector,
 )
 from analysis.surface import LabelThresholds, head_labels, surface_batch
+from analysis.uncertainty import bootstrap_weighted_mean_interval
 
 
 def one_hot_rows(targets, width):
@@ -113,3 +116,77 @@ def test_head_labels_follow_thresholds_and_clark_precedence():
     assert labels.tolist() == [["next", "prev", "broad", "cls", "punct", "sep"]]
     strict = head_labels(values, LabelThresholds(broad=5.0, position=0.95, special=0.95))
     assert strict.tolist() == [["other"] * 6]
+
+
+# ---------------------------------------------------------------- HeadMeans: means with bootstrap intervals
+
+def direct_bootstrap(values, weights, n_boot=1000, seed=0):
+    """The percentile bootstrap written out: (n_boot, E) example draws, the weighted mean of each draw (the ratio of
+    the resampled sums), its 2.5th and 97.5th percentiles. values: (E, ...); weights: (E,). Returns (..., 2)."""
+    draws = np.random.default_rng(seed).integers(0, len(values), size=(n_boot, len(values)))
+    picked = np.where(weights[:, None, None] > 0, values, 0.0)[draws] * weights[draws][:, :, None, None]
+    means = picked.sum(1) / weights[draws].sum(1)[:, None, None]
+    return np.moveaxis(np.percentile(means, [2.5, 97.5], axis=0), 0, -1)
+
+
+def streamed(values, include=None, batch=7):
+    """HeadMeans fed (E, L, H) values batch by batch, as a map stream feeds it."""
+    means = HeadMeans()
+    for start in range(0, len(values), batch):
+        part = None if include is None else torch.from_numpy(include[start:start + batch])
+        means.add("stat", torch.from_numpy(values[start:start + batch]), include=part)
+    return means
+
+
+def test_head_means_interval_contains_the_mean_narrows_with_examples_and_is_the_percentile_bootstrap():
+    """overview, special and surface reported bare per-head means; each now carries a percentile bootstrap 95%
+    interval over the examples, the one a direct bootstrap with the same seed gives."""
+    rng = np.random.default_rng(0)
+    values = rng.beta(2, 5, size=(400, 2, 3))  # (E, L, H) skewed shares
+    few, many = streamed(values[:25]), streamed(values)
+    for means, part in ((few, values[:25]), (many, values)):
+        mean, interval = means.result()["stat"], means.intervals()["stat"]
+        assert mean == pytest.approx(part.mean(0), abs=1e-12) and interval.shape == (2, 3, 2)
+        assert np.all(interval[..., 0] < mean) and np.all(mean < interval[..., 1])
+        assert interval == pytest.approx(direct_bootstrap(part, np.ones(len(part))), abs=1e-12)
+    widths = [np.diff(means.intervals()["stat"], axis=-1) for means in (few, many)]
+    assert np.all(widths[1] < 0.6 * widths[0])  # 16x the examples: about a quarter of the width
+    # each layer's mean over its heads: the per-example layer means on the same draws
+    layers = many.layer_intervals()["stat"]
+    assert layers.shape == (2, 2)
+    assert layers == pytest.approx(direct_bootstrap(values.mean(-1)[:, :, None], np.ones(400))[:, 0], abs=1e-12)
+
+
+def test_include_masked_statistics_resample_only_counted_examples():
+    """A statistic counted only on the examples that have a feature: each draw takes the ratio of the resampled
+    sums of the counted examples; what the other examples hold (here NaN or huge) never enters the interval."""
+    rng = np.random.default_rng(1)
+    values = rng.random((60, 2, 2))
+    include = rng.random(60) < 0.3
+    counted = values[include]
+    noisy = values.copy()
+    noisy[~include] = np.nan
+    noisy[np.flatnonzero(~include)[:5]] = 1e6
+    means = streamed(noisy, include)
+    interval = means.intervals()["stat"]
+    assert means.result()["stat"] == pytest.approx(counted.mean(0), abs=1e-12)
+    assert interval == pytest.approx(direct_bootstrap(values, include.astype(float)), abs=1e-12)
+    assert np.all(counted.min(0) <= interval[..., 0]) and np.all(interval[..., 1] <= counted.max(0))
+    assert np.all(interval[..., 0] <= counted.mean(0)) and np.all(counted.mean(0) <= interval[..., 1])
+    # one counted example: every draw that holds it gives its value; none counted: no interval
+    single = np.zeros(60, bool)
+    single[4] = True
+    assert streamed(values, single).intervals()["stat"] == pytest.approx(np.stack([values[4]] * 2, -1))
+    assert np.isnan(streamed(values, np.zeros(60, bool)).intervals()["stat"]).all()
+
+
+def test_statistics_of_the_same_examples_share_the_draws():
+    rng = np.random.default_rng(2)
+    values = rng.random((30, 1, 2))
+    means = HeadMeans()
+    means.add("a", torch.from_numpy(values))
+    means.add("b", torch.from_numpy(values * 2))
+    intervals = means.intervals()
+    assert intervals["b"] == pytest.approx(2 * intervals["a"], abs=1e-12)
+    with pytest.raises(AttnpatError, match="do not lead"):
+        bootstrap_weighted_mean_interval(values, np.ones(29))

@@ -224,6 +224,12 @@ def test_layer_head_figure_draws_long_tables_only():
     fig = layer_head_figure(long_table({"a": np.ones((2, 3)), "b": np.zeros((2, 3))}))
     assert fig is not None and len([ax for ax in fig.axes if ax.images]) == 2
     assert layer_head_figure(pd.DataFrame({"class": ["x"], "count": [1]})) is None
+    # overview, surface, special and linguistic tables carry each value's interval (ci_low, ci_high): the values are
+    # still drawn, one panel per metric (before the interval columns, no figure at all)
+    bounded = long_table({"a": np.ones((2, 3)), "b": np.zeros((2, 3))},
+                         intervals={"a": np.ones((2, 3, 2)), "b": np.zeros((2, 3, 2))})
+    fig = layer_head_figure(bounded)
+    assert fig is not None and len([ax for ax in fig.axes if ax.images]) == 2
 
 
 # ---------------------------------------------------------------- app.webapp without a server

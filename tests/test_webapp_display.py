@@ -78,6 +78,12 @@ def test_intervals_read_like_their_estimate_and_p_values_are_not_percentages():
     coref = long_table({"accuracy": np.full((1, 1), 0.68), "accuracy_ci_low": np.full((1, 1), 0.6),
                         "accuracy_ci_high": np.full((1, 1), 0.75)})
     assert display_table(coref).value.tolist() == [readable(v, True) for v in (0.68, 0.6, 0.75)]
+    # a long table's ci_low, ci_high columns bound its value: percentages in a share's rows, digits in entropy's
+    overview = long_table({"to_cls": np.full((1, 1), 0.4), "entropy": np.full((1, 1), 2.5)},
+                          intervals={"to_cls": np.array([[[0.35, 0.45]]]), "entropy": np.array([[[2.25, 2.75]]])})
+    shown = display_table(overview)
+    assert shown[["value", "ci_low", "ci_high"]].values.tolist() == [["40.0%", "35.0%", "45.0%"],
+                                                                     ["2.50", "2.25", "2.75"]]
     ratios = pd.DataFrame({"class": ["block"], "count": [3], "fraction": [0.375], "ci_low": [0.2],
                            "ci_high": [0.5], "adjusted": [0.4]})  # the pattern ratios: shares, intervals too
     assert display_table(ratios).iloc[0, 2:].tolist() == [readable(v, True) for v in (0.375, 0.2, 0.5, 0.4)]
