@@ -81,6 +81,16 @@ def test_the_sweep_bench_warms_both_engines_up_before_it_starts_the_clock(tmp_pa
     assert result["warm_up_examples"] == 4 and result["max_logit_difference"] < 1e-5
 
 
+def test_the_ray_bench_names_the_tasks_it_ran_not_task_all():
+    # before: "classify --task all --n 200 (2 tasks, ...)" though --tasks sst2 mrpc ran two of the three
+    classify_job = bench_module("bench_ray").classify_job
+    assert classify_job(["sst2", "mrpc"], every_task=False, n=200) == \
+        "classify --n 200 of the tasks chosen (--tasks): sst2, mrpc"
+    assert classify_job(["rte"], every_task=False, n=50) == "classify --n 50 of the tasks chosen (--tasks): rte"
+    assert classify_job(["sst2", "mrpc", "rte"], every_task=True, n=872) == \
+        "classify --task all --n 872 (sst2, mrpc, rte)"
+
+
 @pytest.mark.parametrize("script, args, message", [
     ("bench_classify", ["--repeats", "0"], "--repeats and every --memory-n must be at least 1"),
     ("bench_classify", ["--memory-n", "100", "0"], "--repeats and every --memory-n must be at least 1"),
