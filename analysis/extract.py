@@ -35,6 +35,7 @@ def extract_maps(bundle, data: TaskData, out_dir: str | Path, *, max_length: int
 
 def _extract_maps(bundle, data: TaskData, out_dir: Path, *, max_length: int, batch_size: int, shard_size: int,
                   progress: bool, cluster) -> dict:
+    check_no_orphan_shards(out_dir)
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     # the examples themselves, not where they were read: a data file's other --text-column gives other maps, and a
     # byte-identical copy of the file the same ones
@@ -77,6 +78,18 @@ def _extract_maps(bundle, data: TaskData, out_dir: Path, *, max_length: int, bat
                "resumed_shards": len(groups) - len(missing), "damaged_shards": len(damaged)}
     atomic_write_json(index_path, summary)
     return summary
+
+
+def check_no_orphan_shards(out_dir: Path) -> None:
+    """An AttnpatError when ``out_dir`` holds extraction shards but no index.json (deleted by hand): nothing tells
+    what they were made from, so they are neither resumed (they could be another model's or task's maps) nor
+    deleted (they could be the only copy); the user removes them. An extraction writes its index before its first
+    shard, so a killed one always leaves the index."""
+    orphans = sorted(out_dir.glob("shard-*.npz"))
+    if orphans and not (out_dir / EXTRACT_INDEX).exists():
+        raise AttnpatError(f"{out_dir} holds {len(orphans)} map shard(s) (shard-*.npz) but no {EXTRACT_INDEX} "
+                           "telling what they were extracted from; remove them (or the folder) to extract afresh, "
+                           "or choose another --out")
 
 
 def write_maps(bundle, data: TaskData, run: RunDir, out: str | Path | None = None, *,

@@ -6,7 +6,10 @@ linear decay after 10% warm-up). Training batches come from ``analysis.stream.it
 run sees exactly the batches an uninterrupted run would.
 
 Store layout: ``models/<NAME>/`` holds the Hugging Face model + tokenizer and ``attnpat.json``;
-``models/<NAME>/.checkpoint/state.pt`` holds the training state while a run is unfinished.
+``models/<NAME>/.checkpoint/state.pt`` holds the training state while a run is unfinished. A finished run
+builds its model whole in ``models/.<NAME>.landing/`` and swaps it in for ``models/<NAME>/``
+(:func:`analysis.rundir.swap_in_folder`); the folder it replaces (an older model, the checkpoint, the
+``--force`` marker) goes by way of ``models/.<NAME>.replaced/``.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ from analysis.models import (
 )
 from analysis.paths import model_store
 from analysis.progress import progress_bar
-from analysis.rundir import RunDir, atomic_write, atomic_write_json, locked
+from analysis.rundir import RunDir, atomic_write, atomic_write_json, locked, swap_in_folder
 from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, encode_examples, iter_batches
 from analysis.uncertainty import bootstrap_statistic_interval, wilson_interval
 
@@ -428,26 +431,44 @@ def is_finished(path: Path) -> bool:
     return (path / "config.json").is_file() and (path / META_FILE).is_file() and not (path / FORCE_PENDING).exists()
 
 
+def landing_folder(path: Path) -> Path:
+    """Where the new model for the store folder ``path`` is built before it takes ``path``'s name."""
+    return path.parent / f".{path.name}.landing"
+
+
+def replaced_folder(path: Path) -> Path:
+    """Where the folder a new model replaced (old model, checkpoint, --force marker) waits to be removed."""
+    return path.parent / f".{path.name}.replaced"
+
+
 def write_store(bundle, path: Path, meta: dict) -> None:
-    """Save model + tokenizer + attnpat.json into ``path``; config.json arrives last, so a half-written model
-    is never found by name (analysis.models.resolve_model looks for config.json)."""
-    staging = path / ".staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    with quiet_transformers():  # no "Writing model shards" bar under attnpat's own
-        bundle.model.save_pretrained(staging)
-        bundle.tokenizer.save_pretrained(staging)
-    atomic_write_json(staging / META_FILE, meta)
-    files = sorted(staging.iterdir(), key=lambda file: file.name == "config.json")
-    new_names = {file.name for file in files}
-    for file in files[:-1]:
-        file.replace(path / file.name)
-    # files of the model replaced (--force) that the new one lacks: a tokenizer file of another base, a .bin
-    # beside the new .safetensors; gone before config.json makes the new model whole
-    for old in path.iterdir():
-        if old.is_file() and not old.name.startswith(".") and old.name not in new_names:
-            old.unlink()
-    files[-1].replace(path / files[-1].name)
-    staging.rmdir()
+    """Save model + tokenizer + attnpat.json as the store folder ``path``: built whole beside it, then swapped in
+    (:func:`analysis.rundir.swap_in_folder`), so a reader (the web app's Explore) loads the old model or the new
+    one, never a mix; what ``path`` held (an old model's files, the checkpoint, the --force marker) is removed."""
+    landing, replaced = landing_folder(path), replaced_folder(path)
+    shutil.rmtree(landing, ignore_errors=True)
+    shutil.rmtree(replaced, ignore_errors=True)
+    try:
+        with quiet_transformers():  # no "Writing model shards" bar under attnpat's own
+            bundle.model.save_pretrained(landing)
+            bundle.tokenizer.save_pretrained(landing)
+        atomic_write_json(landing / META_FILE, meta)
+        swap_in_folder(landing, path, replaced)
+    except BaseException:  # a full disk, a failed rename: the store folder as it was, its checkpoint kept
+        recover_store(path)
+        raise
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+def recover_store(path: Path) -> None:
+    """Undo what a landing (:func:`write_store`) stopped by SIGKILL left: the old folder moved aside but no new one
+    in its place is put back (with its checkpoint, so the rerun lands the same model again); a half-built new
+    model, or a replaced folder not yet removed, is deleted."""
+    replaced = replaced_folder(path)
+    if replaced.is_dir() and not path.exists():
+        replaced.rename(path)
+    shutil.rmtree(landing_folder(path), ignore_errors=True)
+    shutil.rmtree(replaced, ignore_errors=True)
 
 
 def eval_table(meta: dict):
@@ -534,8 +555,9 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
     def asked_otherwise(meta: dict) -> list[str]:  # a finished model is kept, but not passed off as the one asked
         return settings_differences(meta, recipe, split_dev=split_dev, train_share=train_share, n_train=n_train)
 
-    # one fine-tune per store name at a time (its checkpoint and staging folder are shared), whatever its task
+    # one fine-tune per store name at a time (its checkpoint and landing folder are shared), whatever its task
     with locked(path.parent / f".{path.name}.lock", f"the model store entry {path}"):
+        recover_store(path)
         if is_finished(path) and not force:
             meta = _store_meta(resolve_model(name))
             _check_same_model(meta, name, base, task)
@@ -599,7 +621,5 @@ def _train_into_store(base: str, task: str, path: Path, recipe: Recipe, *, split
         "device": str(bundle.device),
         "threads": torch.get_num_threads(),
     }
-    write_store(bundle, path, meta)
-    shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
-    (path / FORCE_PENDING).unlink(missing_ok=True)
+    write_store(bundle, path, meta)  # the checkpoint and the --force marker leave with the folder it replaces
     return {**meta, "path": str(path), "skipped": False, "losses": result.losses, "other_settings": []}

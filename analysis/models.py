@@ -408,7 +408,8 @@ def list_store() -> list[dict]:
         return []
     found = []
     for folder in sorted(root.iterdir()):
-        if (folder / "config.json").is_file():
+        # hidden folders are no models: a fine-tune's landing or replaced folder, a fetch's pieces
+        if not folder.name.startswith(".") and (folder / "config.json").is_file():
             found.append({"name": folder.name, "path": str(folder), **_read_meta(folder)})
     return found
 

@@ -5,6 +5,7 @@ runs/<model-slug>/<task>/manifest.json, <analysis>.csv (long tables: layer, head
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import json
@@ -280,6 +281,41 @@ def signals_held() -> Iterator[None]:
             raise raised
         for number in dict.fromkeys(arrived):
             signal.raise_signal(number)
+
+
+_AT_FDCWD = -100  # Linux: paths relative to the working folder
+_RENAME_EXCHANGE = 2  # renameat2 flag: swap two existing paths in one step
+
+
+def exchange_paths(first: Path, second: Path) -> bool:
+    """Swap two existing paths in one step (Linux renameat2 with RENAME_EXCHANGE): True when done, False where
+    the OS, its C library or the file system cannot (another OS, an old kernel, some network file systems)."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not Linux, or a C library without renameat2
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(first), None, str(second))
+
+
+def swap_in_folder(new: Path, path: Path, replaced: Path) -> None:
+    """Give the finished folder ``new`` the name ``path``; whatever held that name ends at ``replaced`` (which must
+    not exist; the caller removes it). Where the file system allows, one exchange: a reader of ``path`` finds the
+    old folder or the new one, never a mix and never nothing. Elsewhere two renames (``path`` to ``replaced``, then
+    ``new`` to ``path``): for a moment ``path`` is missing, and a process killed in between leaves the old folder
+    at ``replaced`` for the caller to put back. Ctrl-C and SIGTERM wait until the renames are done."""
+    with signals_held():
+        if path.exists() and exchange_paths(new, path):
+            os.rename(new, replaced)  # new's name now holds the old folder
+            return
+        if path.exists():
+            os.rename(path, replaced)
+        os.rename(new, path)
 
 
 def read_json(path: str | Path, what: str, remedy: str = "delete it to start over"):

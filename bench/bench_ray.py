@@ -65,6 +65,14 @@ def parse(argv: list[str] | None):
     return args
 
 
+def classify_job(tasks: list[str], every_task: bool, n: int) -> str:
+    """The classify job as the printed lines name it: `classify --task all` only when no --tasks narrowed it to
+    some tasks, and the tasks run named either way."""
+    if every_task:
+        return f"classify --task all --n {n} ({', '.join(tasks)})"
+    return f"classify --n {n} of the tasks chosen (--tasks): {', '.join(tasks)}"
+
+
 def timed(function):
     started = time.perf_counter()
     result = function()
@@ -152,7 +160,9 @@ def main(argv: list[str] | None = None) -> dict:
     maps = examples * bundle.num_layers * bundle.num_heads
     result = {
         "model": bundle.name, "sweep_model": sweep_bundle.name, "workers": args.workers, "threads_per_worker": 1,
-        "cpu_count": os.cpu_count(), "tasks": tasks, "classify_examples": examples, "classify_maps": maps,
+        "cpu_count": os.cpu_count(), "tasks": tasks,
+        "classify_job": classify_job(tasks, not args.tasks, args.n_classify), "classify_examples": examples,
+        "classify_maps": maps,
         "sweep_examples": len(sweep_data.examples), "sweep_variants": sweep_bundle.num_layers * sweep_bundle.num_heads,
         "classify_one_seconds": round(classify_one, 2), "classify_ray_seconds": round(classify_ray, 2),
         "classify_speedup": round(classify_one / classify_ray, 2),
@@ -176,8 +186,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     print(f"ray bench: local Ray, {args.workers} workers x 1 thread, against 1 process x 1 thread; "
           f"{os.cpu_count()} CPUs; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
-    print(f"  classify --task all --n {args.n_classify} ({len(tasks)} tasks, {examples} examples, {maps} maps, "
-          f"{bundle.name}): one {classify_one:.1f} s, Ray {classify_ray:.1f} s = {result['classify_speedup']:.2f}x "
+    print(f"  {result['classify_job']}: {len(tasks)} tasks, {examples} examples, {maps} maps, {bundle.name}; "
+          f"one {classify_one:.1f} s, Ray {classify_ray:.1f} s = {result['classify_speedup']:.2f}x "
           f"(target >= 1.7x; second runs); equal: {classify_equal}")
     print(f"    first runs: one {classify_one_first:.1f} s, Ray {classify_ray_first:.1f} s = "
           f"{result['classify_speedup_first_runs']:.2f}x")

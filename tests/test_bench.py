@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -44,6 +46,49 @@ def test_peak_memory_is_measured_with_the_precision_that_is_timed(tmp_path, monk
         assert command[command.index("--precision") + 1] == "fp32"
     assert json.loads(out.read_text())["cnn_dtype"] == "float32"
     assert "peak RSS" in capsys.readouterr().out
+
+
+def test_the_sweep_bench_warms_both_engines_up_before_it_starts_the_clock(tmp_path, monkeypatch):
+    # before: no warm-up, so the fast engine, timed first, also paid the process's first-call costs
+    bench_sweeps = bench_module("bench_sweeps")
+    events = []
+    real_fast, real_naive = bench_sweeps.fast_sweep, bench_sweeps.naive_sweep
+
+    def fast(bundle, batches, variants, mode, **kwargs):
+        events.append(("fast", len(variants), sum(len(batch.items) for batch in batches)))
+        return real_fast(bundle, batches, variants, mode, **kwargs)
+
+    def naive(bundle, encoded, variants, mode, **kwargs):
+        events.append(("naive", len(variants), len(encoded)))
+        return real_naive(bundle, encoded, variants, mode, **kwargs)
+
+    def clock():
+        events.append("clock")
+        return time.perf_counter()
+
+    monkeypatch.setattr(bench_sweeps, "fast_sweep", fast)
+    monkeypatch.setattr(bench_sweeps, "naive_sweep", naive)
+    monkeypatch.setattr(bench_sweeps, "time", SimpleNamespace(perf_counter=clock, process_time=time.process_time))
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))  # an empty model store
+    model = save_tiny_model(tmp_path / "tiny")
+    result = bench_sweeps.main(["--model", str(model), "--n", "6", "--batch-size", "4", "--max-length", "32",
+                                "--naive-variants", "2", "--threads", "1"])
+    layers, heads = result["layers"], result["heads"]
+    started = events.index("clock")
+    assert events[:started] == [("fast", layers, 4), ("naive", 1, 4)]  # one head per layer, the first batch
+    assert [event for event in events[started:] if event != "clock"] == [("fast", layers * heads, 6),
+                                                                          ("naive", 2, 6)]
+    assert result["warm_up_examples"] == 4 and result["max_logit_difference"] < 1e-5
+
+
+def test_the_ray_bench_names_the_tasks_it_ran_not_task_all():
+    # before: "classify --task all --n 200 (2 tasks, ...)" though --tasks sst2 mrpc ran two of the three
+    classify_job = bench_module("bench_ray").classify_job
+    assert classify_job(["sst2", "mrpc"], every_task=False, n=200) == \
+        "classify --n 200 of the tasks chosen (--tasks): sst2, mrpc"
+    assert classify_job(["rte"], every_task=False, n=50) == "classify --n 50 of the tasks chosen (--tasks): rte"
+    assert classify_job(["sst2", "mrpc", "rte"], every_task=True, n=872) == \
+        "classify --task all --n 872 (sst2, mrpc, rte)"
 
 
 @pytest.mark.parametrize("script, args, message", [

@@ -170,6 +170,30 @@ def test_finetune_killed_and_rerun_trains_the_same_weights(tmp_path, models):
     assert not state.exists()
 
 
+def test_finetune_force_killed_and_rerun_replaces_the_model_whole(tmp_path, models):
+    """A --force retrain over a finished model, killed while it trains or evaluates, then rerun without --force:
+    the store holds the model an uninterrupted run trains, and nothing of the replaced one (no .checkpoint/, no
+    --force marker, no landing or replaced folder beside it). A kill at each step of the landing itself:
+    tests/test_finetune.py::test_a_forced_retrain_killed_while_it_lands_ends_as_an_uninterrupted_one."""
+    rng = random.Random(SEED + 6)
+    def finetune_argv(epochs: int) -> list:
+        return ["finetune", "--model", models["base"], "--task", "sst2", "--n", "96", "--epochs", epochs,
+                "--batch-size", "8", "--checkpoint-every", "3", "--name", "ft", "-q"]
+
+    argv = finetune_argv(2)
+    run_to_end(argv, tmp_path / "clean")
+    killed = tmp_path / "killed"
+    run_to_end(finetune_argv(1), killed)  # a finished model of other settings, to be replaced
+    state = killed / "models" / "ft" / ".checkpoint" / "state.pt"
+    kill_midway([*argv, "--force"], killed, state.is_file, rng, 2.0)
+    run_to_end(argv, killed)
+    clean, resumed = tmp_path / "clean" / "models" / "ft", killed / "models" / "ft"
+    assert sorted(p.name for p in resumed.iterdir()) == sorted(p.name for p in clean.iterdir())
+    assert (clean / "model.safetensors").read_bytes() == (resumed / "model.safetensors").read_bytes(), f"seed {SEED}"
+    assert json.loads((resumed / "attnpat.json").read_text())["epochs"] == 2
+    assert sorted(p.name for p in (killed / "models").iterdir()) == ["ft"]
+
+
 # ---------------------------------------------------------------- classify --task all
 
 def test_classify_all_killed_and_rerun_resumes_per_task(tmp_path, models):

@@ -1,5 +1,6 @@
 """Fine-tuning: the loss falls, an interrupted run resumes where it stopped, the model store is complete."""
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 from transformers import BertForSequenceClassification
 
 from analysis import finetune as ft
+from analysis import rundir
 from analysis.data import Example, TaskData
 from analysis.errors import AttnpatError
 from analysis.models import load_model
@@ -373,3 +375,130 @@ def test_a_finished_model_of_other_settings_is_kept_but_named_as_such(tokenizer,
         "--lr 0.001, not 0.002", "--seed 0, not 1", "--train-share 0.5, not 0.3", "--n 16, not 8"]
     assert ft.finetune(str(base), "rte", recipe=recipe, **{**common, "n_train": None})["other_settings"] == [
         "--n 16, not all"]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (hidden ones too) by its relative path, with its bytes."""
+    return {str(file.relative_to(folder)): file.read_bytes() for file in sorted(folder.rglob("*")) if file.is_file()}
+
+
+def _store_entries(store_root: Path) -> list[str]:
+    """What the model store holds besides lock files: model folders and any hidden leftovers."""
+    return sorted(path.name for path in store_root.iterdir() if not path.name.endswith(".lock"))
+
+
+def test_a_forced_retrain_lands_whole_and_leaves_nothing_of_the_old_model(tokenizer, tmp_path, monkeypatch):
+    """--force replaced the finished model file by file: a reader (the web app's Explore) could load new weights
+    beside the old config.json, and a run stopped after its config.json landed kept its .checkpoint/ beside a
+    finished model for good. Now the new model is built whole beside the old one and swapped in."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    base = _save_base(tmp_path / "base", tokenizer)
+    common = dict(name="m", n_train=16, progress=False, allow_hub=False, split_dev=True, checkpoint_every=1)
+    ft.finetune(str(base), "rte", recipe=ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=1, max_length=32),
+                **common)
+    store = tmp_path / "models" / "m"
+    old = _files(store)
+    (store / "vocab-of-another-base.txt").write_text("[PAD]\n")  # the old model's own file: it leaves with it
+    old["vocab-of-another-base.txt"] = b"[PAD]\n"
+    seen = {}
+    real_swap = ft.swap_in_folder
+
+    def watched_swap(new, path, replaced):
+        seen["before"] = _files(path)  # the whole new model is ready, the old one untouched
+        seen["landing"] = _files(new)
+        real_swap(new, path, replaced)
+        seen["after"] = _files(path)
+
+    monkeypatch.setattr(ft, "swap_in_folder", watched_swap)
+    forced = ft.finetune(str(base), "rte", recipe=ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=2,
+                                                            max_length=32), force=True, **common)
+    assert not forced["skipped"] and forced["steps"] == 2
+    before_swap = {name: data for name, data in seen["before"].items() if not name.startswith(".")}
+    assert before_swap == old  # besides the run's .checkpoint/ and .force-pending
+    assert {".force-pending", ".checkpoint/state.pt"} <= set(seen["before"])
+    assert seen["after"] == seen["landing"] == _files(store)
+    assert json.loads((store / "attnpat.json").read_text())["steps"] == 2
+    assert sorted(_files(store)) == sorted(name for name in old if name != "vocab-of-another-base.txt")
+    assert _store_entries(tmp_path / "models") == ["m"]  # no .m.landing, no .m.replaced
+    assert load_model("m", kind="classifier", device="cpu").meta["steps"] == 2
+
+
+STOPS = ["while building the new model", "between the two renames (no exchange)",
+         "after the exchange", "before the replaced folder is removed"]
+
+
+@pytest.mark.parametrize("stop", STOPS)
+def test_a_forced_retrain_killed_while_it_lands_ends_as_an_uninterrupted_one(stop, tokenizer, tmp_path,
+                                                                              monkeypatch):
+    """A --force run killed (SIGKILL: no cleanup runs, so the recovery below is switched off in it) at each step
+    of its landing, then rerun without --force: the store ends with the model an uninterrupted run writes, and
+    holds no checkpoint, --force marker, half-built or replaced folder."""
+    base = _save_base(tmp_path / "base", tokenizer)
+    first = ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=1, max_length=32)
+    second = ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=2, max_length=32)
+    common = dict(name="m", n_train=16, progress=False, allow_hub=False, split_dev=True, checkpoint_every=1)
+
+    def finished_model(home: Path, stopped=None) -> dict:
+        monkeypatch.setenv("ATTNPAT_HOME", str(home))
+        ft.finetune(str(base), "rte", recipe=first, **common)
+        if stopped is None:
+            ft.finetune(str(base), "rte", recipe=second, force=True, **common)
+        else:
+            with monkeypatch.context() as patch:
+                stopped(patch, home / "models" / "m")
+                patch.setattr(ft, "recover_store", lambda path: None)  # SIGKILL runs no cleanup
+                with pytest.raises(KeyboardInterrupt):
+                    ft.finetune(str(base), "rte", recipe=second, force=True, **common)
+            resumed = ft.finetune(str(base), "rte", recipe=second, **common)
+            assert resumed["steps"] == 2 and resumed["other_settings"] == []
+        assert _store_entries(home / "models") == ["m"]
+        return _files(home / "models" / "m")
+
+    real_rename, real_exchange = os.rename, rundir.exchange_paths
+
+    def kill_after_rename_to(target_of):
+        def stopped(patch, path):
+            def rename(source, target):
+                real_rename(source, target)
+                if Path(target) == target_of(path):
+                    raise KeyboardInterrupt
+            patch.setattr(os, "rename", rename)
+        return stopped
+
+    def no_exchange(patch, path):
+        patch.setattr(rundir, "exchange_paths", lambda first, second: False)
+        kill_after_rename_to(ft.replaced_folder)(patch, path)
+
+    def kill_after_exchange(patch, path):
+        def exchange(first, second):
+            assert real_exchange(first, second) or _emulated_exchange(first, second)
+            raise KeyboardInterrupt
+        patch.setattr(rundir, "exchange_paths", exchange)
+
+    def kill_after_rename_aside(patch, path):
+        patch.setattr(rundir, "exchange_paths", lambda a, b: real_exchange(a, b) or _emulated_exchange(a, b))
+        kill_after_rename_to(ft.replaced_folder)(patch, path)
+
+    def kill_while_building(patch, path):
+        def stop(*args, **kwargs):
+            assert ft.landing_folder(path).is_dir() and (ft.landing_folder(path) / "config.json").is_file()
+            raise KeyboardInterrupt
+        patch.setattr(ft, "swap_in_folder", stop)
+
+    stops = dict(zip(STOPS, [kill_while_building, no_exchange, kill_after_exchange, kill_after_rename_aside],
+                     strict=True))
+    clean = finished_model(tmp_path / "clean")
+    resumed = finished_model(tmp_path / "killed", stops[stop])
+    assert resumed["model.safetensors"] == clean["model.safetensors"]
+    assert sorted(resumed) == sorted(clean) and not any(name.startswith(".") for name in resumed)
+    clean_meta, resumed_meta = (json.loads(files["attnpat.json"]) for files in (clean, resumed))
+    assert resumed_meta["metric_value"] == clean_meta["metric_value"] and resumed_meta["steps"] == 2
+
+
+def _emulated_exchange(first: Path, second: Path) -> bool:
+    """Three renames standing in for renameat2's exchange on a file system without it (the test's end state)."""
+    aside = first.parent / f"{first.name}.aside"
+    os.rename(first, aside)
+    os.rename(second, first)
+    os.rename(aside, second)
+    return True

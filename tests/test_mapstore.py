@@ -187,6 +187,28 @@ def test_an_unfinished_extraction_is_not_read_as_a_whole_data_set(tmp_path):
     assert sorted(g.example_id for g in iter_map_groups(folder)) == sorted(e.id for e in data.examples)
 
 
+def test_an_extraction_refuses_shards_whose_index_was_deleted(tmp_path):
+    """index.json deleted by hand, then `extract` run again with other settings (here another --n): the rerun took
+    the shards whose names it expected as its own, whatever examples they held, and left the rest, which every
+    reader of the folder took in. Nothing tells what such shards hold: the rerun stops with one line, writes
+    nothing and deletes nothing; once they are removed it extracts afresh."""
+    bundle = tiny_bundle(tmp_path / "model")
+    folder = tmp_path / "maps"
+    extract_maps(bundle, load_data("sst2", n=6), folder, shard_size=2, progress=False)
+    (folder / "index.json").unlink()
+    left = {path.name: path.read_bytes() for path in folder.iterdir()}
+    fewer = load_data("sst2", n=2)
+    refusal = (r"maps holds 3 map shard\(s\) \(shard-\*\.npz\) but no index.json .*; remove them \(or the "
+               r"folder\) to extract afresh, or choose another --out$")
+    with pytest.raises(AttnpatError, match=refusal):
+        extract_maps(bundle, fewer, folder, shard_size=2, progress=False)
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == left
+    for shard in folder.glob("shard-*.npz"):
+        shard.unlink()
+    extract_maps(bundle, fewer, folder, shard_size=2, progress=False)
+    assert sorted(g.example_id for g in iter_map_groups(folder)) == sorted(e.id for e in fewer.examples)
+
+
 def test_a_map_file_with_a_few_bytes_overwritten_is_one_error(tmp_path):
     """Bytes overwritten in a map file's zip directory (a bad copy, a failing disk) could name a compression method,
     zip version or encryption that zipfile refuses (NotImplementedError, RuntimeError), and a member that is not a

@@ -399,3 +399,21 @@ def test_a_retired_file_leaves_when_the_run_lands_and_stays_when_it_fails(tmp_pa
         run.write_table("main", pd.DataFrame({"a": [4]}))
     assert not run.file("optional.csv").exists() and pd.read_csv(run.file("main.csv")).a.tolist() == [4]
     assert run.manifest()["analyses"]["x"]["outputs"] == ["main.csv"]
+
+
+@pytest.mark.parametrize("can_exchange", [True, False], ids=["exchange", "two-renames"])
+def test_a_folder_swapped_in_takes_the_name_whole_and_the_old_one_moves_aside(tmp_path, monkeypatch, can_exchange):
+    """finetune --force lands its new model with swap_in_folder: in one exchange where the file system allows,
+    else in two renames; either way the name ends with the new folder whole and the old one at ``replaced``."""
+    if not can_exchange:
+        monkeypatch.setattr(rundir, "exchange_paths", lambda first, second: False)
+    path, new, replaced = tmp_path / "m", tmp_path / ".m.landing", tmp_path / ".m.replaced"
+    for folder, files in ((path, {"config.json": "old", "vocab.txt": "old"}), (new, {"config.json": "new"})):
+        folder.mkdir()
+        for name, text in files.items():
+            (folder / name).write_text(text)
+    rundir.swap_in_folder(new, path, replaced)
+    assert sorted(p.name for p in path.iterdir()) == ["config.json"] and (path / "config.json").read_text() == "new"
+    assert sorted(p.name for p in replaced.iterdir()) == ["config.json", "vocab.txt"] and not new.exists()
+    rundir.swap_in_folder(replaced, tmp_path / "first", tmp_path / "unused")  # no folder there yet: one rename
+    assert (tmp_path / "first" / "vocab.txt").read_text() == "old" and not (tmp_path / "unused").exists()
