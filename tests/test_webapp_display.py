@@ -77,12 +77,39 @@ def test_intervals_read_like_their_estimate_and_p_values_are_not_percentages():
     assert shown.p_holm == readable(0.0008) != "0.1%"
     coref = long_table({"accuracy": np.full((1, 1), 0.68), "accuracy_ci_low": np.full((1, 1), 0.6),
                         "accuracy_ci_high": np.full((1, 1), 0.75)})
-    assert display_table(coref).value.tolist() == [readable(v, True) for v in (0.68, 0.6, 0.75)]
+    assert display_table(coref).iloc[0, 3:].tolist() == [readable(v, True) for v in (0.68, 0.6, 0.75)]
     ratios = pd.DataFrame({"class": ["block"], "count": [3], "fraction": [0.375], "ci_low": [0.2],
                            "ci_high": [0.5], "adjusted": [0.4]})  # the pattern ratios: shares, intervals too
     assert display_table(ratios).iloc[0, 2:].tolist() == [readable(v, True) for v in (0.375, 0.2, 0.5, 0.4)]
     predictions = pd.DataFrame({f"p_{name}": [1 / len(CLASSES)] for name in CLASSES})  # class probabilities
     assert display_table(predictions).iloc[0].tolist() == [readable(1 / len(CLASSES), True)] * len(CLASSES)
+
+
+def test_each_interval_of_a_long_table_is_shown_beside_its_estimate():
+    """In a long CSV an interval is two rows of its own, <key>_ci_low and <key>_ci_high, which in a layer x head
+    table lie 2 x L x H rows below the estimate (before, the tab showed them there: a head's disabling delta, its
+    cosine similarity or its raw importance with the interval out of sight). The tab folds them into ci_low,
+    ci_high columns of the estimate's row; the CSV keeps its layout."""
+    rng = np.random.default_rng(1)
+    delta, low, high = rng.normal(size=(2, 3)), rng.normal(size=(2, 3)) - 1, rng.normal(size=(2, 3)) + 1
+    heads = long_table({"uniform_delta": delta, "uniform_metric": np.full((2, 3), 0.8),
+                        "uniform_delta_ci_low": low, "uniform_delta_ci_high": high,
+                        "uniform_p_holm": np.full((2, 3), 0.02)})
+    written = heads.copy()
+    shown = display_table(heads)
+    assert heads.equals(written)  # the source (and so the CSV) is left as it was
+    assert list(shown.columns) == ["layer", "head", "metric", "value", "ci_low", "ci_high"]
+    assert len(shown) == 3 * 6 and "uniform_delta_ci_low" not in set(shown.metric)
+    for row in shown[shown.metric == "uniform_delta"].itertuples():
+        assert row.value == readable(delta[row.layer, row.head])
+        assert (row.ci_low, row.ci_high) == (readable(low[row.layer, row.head]), readable(high[row.layer, row.head]))
+    others = shown[shown.metric != "uniform_delta"]  # the metric and p-values have no interval: empty bounds
+    assert set(others.ci_low) == set(others.ci_high) == {""} and set(others.value) == {"0.800", "0.0200"}
+    scores = pd.DataFrame({"metric": ["accuracy", "accuracy_ci_low", "accuracy_ci_high", "n_eval"],
+                           "value": [0.491, 0.458, 0.524, 872.0]})  # a fine-tuned model's finetune_eval
+    assert display_table(scores).values.tolist() == [["accuracy", "49.1%", "45.8%", "52.4%"], ["n_eval", "872", "", ""]]
+    orphan = scores[scores.metric != "accuracy"]  # a damaged table: an interval without its estimate
+    assert display_table(orphan).metric.tolist() == ["accuracy_ci_low", "accuracy_ci_high", "n_eval"]
 
 
 def test_classifier_card_shows_the_shipped_checkpoints_record():
@@ -97,6 +124,7 @@ def test_classifier_card_shows_the_shipped_checkpoints_record():
     for name, entry in cv["vs_baselines"].items():  # the paired comparison, as `attnpat train` recorded it
         assert versus[f"baseline: {name}"].endswith(f": {entry['verdict']}")
         assert f"{entry['difference']:+.3f}" in versus[f"baseline: {name}"]
+    assert display_table(card.scores).cnn_minus_baseline.iloc[0] == ""  # the CNN's own row: empty, not "NaN"
     assert card.per_class["class"].tolist() == list(CLASSES)
     assert card.per_class.set_index("class")["f1"].to_dict() == cv["per_class_f1"]
     assert card.confusion[list(CLASSES)].to_numpy().tolist() == cv["confusion"]
