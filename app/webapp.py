@@ -334,7 +334,10 @@ class WebApp:
     # -------------------------------------------------------- layout
 
     def build(self) -> gr.Blocks:
-        with gr.Blocks(title="attnpat: what do BERT attention heads do?", delete_cache=(3600, 3600)) as demo:
+        # analytics off here, not only by the environment's default: GRADIO_ANALYTICS_ENABLED=True set for
+        # another app would make this one report to gradio and ask PyPI for its version
+        with gr.Blocks(title="attnpat: what do BERT attention heads do?", delete_cache=(3600, 3600),
+                       analytics_enabled=False) as demo:
             gr.Markdown("## attnpat: what do BERT attention heads do?\nLive maps for one input; everything else "
                         f"from the run directory `{self.runs.root}`.")
             with gr.Tabs():

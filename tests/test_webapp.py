@@ -458,6 +458,18 @@ def test_minilm_live_view_on_packaged_data():
     assert attn.shape == (len(labels), len(labels)) and np.allclose(attn.sum(-1), 1, atol=1e-4)
 
 
+def test_the_app_sends_no_analytics_whatever_the_environment_says(tmp_path, monkeypatch):
+    """GRADIO_ANALYTICS_ENABLED=True in the environment (set for another gradio app) made this one start gradio's
+    version check against the network and report its launch (before, the app only set a default)."""
+    import gradio.analytics  # noqa: PLC0415
+
+    checked = []
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "True")
+    monkeypatch.setattr(gradio.analytics, "version_check", lambda: checked.append("version"))
+    demo = WebApp(tmp_path / "runs").build()
+    assert demo.analytics_enabled is False and checked == []
+
+
 def test_cli_app_verb_is_registered():
     result = CliRunner().invoke(app, ["app", "--help"])
     assert result.exit_code == 0 and "--host" in result.output and "--port" in result.output
