@@ -297,7 +297,7 @@ class LiveExplorer:
         live = self.live_maps(model, text, text_pair, map_kind)
         layers, heads = live.maps.shape[:2]
         if not (0 <= layer < layers and 0 <= head < heads):
-            raise AttnpatError(f"layer {layer + 1}, head {head + 1} does not exist: the model has {layers} layers "
+            raise AttnpatError(f"layer {layer + 1:g}, head {head + 1:g} does not exist: the model has {layers} layers "
                                f"x {heads} heads (1-indexed)")
         maps, labels = view_maps(live, word_level=word_level, hide_special=hide_special)
         return maps[layer, head].numpy(), labels

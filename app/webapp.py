@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -70,6 +71,19 @@ def _message(text: str, kind: str = "info") -> str:
     return prefix + text
 
 
+def head_index(number, name: str) -> int:
+    """A layer or head box's 1-indexed number (gradio sends a float, or None when the box is empty) -> 0-indexed."""
+    if number is None or number == "":
+        raise AttnpatError("enter a layer and a head (1-indexed)")
+    try:
+        value = float(number)
+    except (TypeError, ValueError):
+        raise AttnpatError(f"the {name} must be a whole number from 1, got {str(number)[:20]!r}") from None
+    if not math.isfinite(value) or value != int(value) or value < 1:
+        raise AttnpatError(f"the {name} must be a whole number from 1, got {value:g}")
+    return int(value) - 1
+
+
 def model_choices() -> list[str]:
     return [*EMBEDDED_ALIASES, *(entry["name"] for entry in list_store())]
 
@@ -129,9 +143,7 @@ class WebApp:
         map_kind = map_kind or "weight"
         hidden = gr.DownloadButton(value=None, visible=False)
         try:
-            if layer is None or head is None:
-                raise AttnpatError("enter a layer and a head (1-indexed)")
-            layer, head = int(layer) - 1, int(head) - 1
+            layer, head = head_index(layer, "layer"), head_index(head, "head")
             attn, labels = self.explorer.head_map(model, text, text_pair, layer, head, word_level=bool(word_level),
                                                   hide_special=bool(hide_special), map_kind=map_kind)
             live = self.explorer.live_maps(model, text, text_pair, map_kind)

@@ -272,6 +272,20 @@ def test_a_picked_model_clears_the_grid_and_keeps_the_head_selectors_in_its_rang
     assert layer == head == gr.update() and is_error(caption) and "empty" in caption and image is None
 
 
+@pytest.mark.parametrize("layer, shown", [(float("nan"), "got nan"), (float("inf"), "got inf"), (2.5, "got 2.5"),
+                                          (0, "got 0"), ("two", "got 'two'"), (None, "enter a layer and a head")])
+def test_a_layer_or_head_that_is_not_a_whole_number_from_1_is_one_error_line(tmp_path, tiny_dir, layer, shown):
+    """The head boxes (and the head_map API) sent NaN or infinity as an `unexpected error: ValueError` with a
+    traceback in the server log, 2.5 was cut to 2 unseen, and 1e300 printed all 301 digits of the layer."""
+    web = WebApp(tmp_path / "runs", LiveExplorer(ModelCache(), classifier_loader=random_classifier),
+                 allow_any_model=True)
+    caption, image, png, svg = web.head_map(SENTENCE, "", str(tiny_dir), False, False, layer, 1)
+    assert is_error(caption) and shown in caption and "unexpected" not in caption and "\n" not in caption
+    assert image is None and not png.visible
+    caption, *_ = web.head_map(SENTENCE, "", str(tiny_dir), False, False, 1e300, 1)
+    assert is_error(caption) and "layer 1e+300, head 1 does not exist: the model has 2 layers" in caption
+
+
 # ---------------------------------------------------------------- every endpoint through gradio_client
 
 def test_client_sees_every_endpoint(client):
