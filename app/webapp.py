@@ -427,7 +427,7 @@ class WebApp:
         with gr.Tab(tab, id=key) as tab_block:
             gr.Markdown(spec.intro, elem_id=f"{key}-intro")
             if tab == CLASSIFIER_TAB:
-                self._classifier_card()
+                self._classifier_card(demo)
             with gr.Row():
                 model = gr.Dropdown(label="model (run directory)", choices=[], allow_custom_value=True,
                                     elem_id=f"{key}-model")
@@ -463,9 +463,9 @@ class WebApp:
                 show, [model, task], outputs, api_name=False)
             task.input(show, [model, task], outputs, api_name=api)
 
-    @staticmethod
-    def _classifier_card() -> None:
-        """The shipped checkpoint's record: labeled set, cross-validated scores, per-class F1, confusion matrix."""
+    def _classifier_card(self, demo: gr.Blocks) -> None:
+        """The shipped checkpoint's record: labeled set, cross-validated scores, per-class F1, confusion matrix,
+        and the tables as CSV files."""
         gr.Markdown("#### The shipped pattern classifier")
         try:
             card = classifier_card(read_metadata())
@@ -483,6 +483,20 @@ class WebApp:
                     if frame is not None:
                         gr.Dataframe(display_table(frame), label=label, interactive=False,
                                      elem_id=f"classifier-card-{name}")
+        files = gr.File(label="download (CSV, full precision)", file_count="multiple", interactive=False,
+                        elem_id="classifier-card-files")
+        # written on each page load: a file given at build time would be served from gradio's cache, which
+        # delete_cache empties after an hour
+        demo.load(self.classifier_card_files, None, files, api_name=False)
+
+    def classifier_card_files(self) -> list[str] | None:
+        """The shipped classifier's card tables as CSV files: classifier_<scores|per_class|confusion>.csv."""
+        try:
+            card = classifier_card(read_metadata())
+        except AttnpatError:  # the card says why
+            return None
+        folder = self.scratch.new_dir()
+        return [str(save_table(frame, folder / f"classifier_{name}.csv")) for name, frame in card.tables().items()]
 
     def _runs_tab(self, demo: gr.Blocks) -> None:
         with gr.Tab("Runs", id="runs") as tab_block:

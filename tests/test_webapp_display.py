@@ -131,6 +131,24 @@ def test_classifier_card_shows_the_shipped_checkpoints_record():
     assert int(card.confusion[list(CLASSES)].to_numpy().sum()) == meta["n_maps"]
 
 
+def test_the_classifier_cards_tables_can_be_downloaded_as_csv(tmp_path):
+    """The Classifier tab's card showed its scores, per-class F1 and confusion matrix as page tables only (before,
+    the one record on the tab that could not be downloaded); a page load now writes them as CSV at full precision."""
+    cv = json.loads(DEFAULT_CHECKPOINT.with_suffix(".json").read_text())["cross_validation"]
+    web = WebApp(tmp_path / "runs")
+    demo = web.build()
+    (files_id,) = [block._id for block in demo.blocks.values() if block.elem_id == "classifier-card-files"]
+    assert any(f.fn == web.classifier_card_files and files_id in {block._id for block in f.outputs}
+               for f in demo.fns.values())
+    files = {Path(path).name: Path(path) for path in web.classifier_card_files()}
+    assert set(files) == {"classifier_scores.csv", "classifier_per_class.csv", "classifier_confusion.csv"}
+    scores = pd.read_csv(files["classifier_scores.csv"])
+    assert scores.macro_f1[0] == cv["macro_f1"] and scores.accuracy[0] == cv["accuracy"]  # not "90.6%"
+    assert pd.read_csv(files["classifier_confusion.csv"])[list(CLASSES)].to_numpy().tolist() == cv["confusion"]
+    per_class = pd.read_csv(files["classifier_per_class.csv"]).set_index("class")["f1"].to_dict()
+    assert per_class == cv["per_class_f1"]
+
+
 def test_classifier_card_without_scores_and_a_missing_file(tmp_path):
     card = classifier_card({"trained_on": "synthetic maps"})
     assert "synthetic maps" in card.summary and card.scores is None and card.confusion is None
