@@ -206,6 +206,20 @@ def test_run_tab_titles_say_where_values_come_from_and_tables_read_as_people_rea
     assert "error" not in message
 
 
+def test_a_heatmap_drawn_for_a_table_downloads_under_the_tables_name(tmp_path):
+    """A layer x head table without a figure of its own gets one drawn in the tab (before, its downloads were
+    named linguistic-709b1588971d10ad.png and .svg; the run folder's own figures are <stem>.png)."""
+    run = RunDir("minilm", "sst2", tmp_path)
+    run.write_table("linguistic", long_table({"negation": np.full((2, 3), 0.25)}, key="feature"))
+    web = WebApp(tmp_path)
+    outputs = web.show_artifacts("Fine-tuning", "minilm", "sst2")[1:]
+    index = [entry.stem for entry in tab_artifacts("Fine-tuning")].index("linguistic")
+    image, files = outputs[5 * index + 2], outputs[5 * index + 4]
+    assert sorted(Path(path).name for path in files) == ["linguistic.csv", "linguistic.png", "linguistic.svg"]
+    assert Path(image.value["path"]).read_bytes()[:4] == b"\x89PNG"
+    assert web.show_artifacts("Fine-tuning", "minilm", "sst2")[1:][5 * index + 4] == files  # drawn once, then kept
+
+
 def test_disabling_tab_says_which_effects_survive_holm(tmp_path):
     run = RunDir("tuned", "sst2", tmp_path)
     run.write_table("disable_heads", long_table({
