@@ -33,10 +33,11 @@ from analysis.rundir import save_figure, save_table  # noqa: E402
 from analysis.sweeps import significance_lines  # noqa: E402
 from app.classifier_card import classifier_card, read_metadata  # noqa: E402
 from app.display import display_table  # noqa: E402
-from app.explore import MAX_LIVE_TOKENS, LiveExplorer, ModelCache, class_table  # noqa: E402
+from app.explore import MAX_LIVE_TOKENS, LiveExplorer, ModelCache  # noqa: E402
 from app.jobs import BatchJobs, Job, cli_verbs  # noqa: E402
 from app.options import check_address  # noqa: E402
 from app.run_browser import FIGURE_LOCK, ArtifactView, RunBrowser, Scratch, slug_label  # noqa: E402
+from classifier.predict import head_class_table  # noqa: E402
 
 log = logging.getLogger("attnpat.webapp")
 
@@ -119,7 +120,7 @@ class WebApp:
         svg = png_as_svg(png, folder / "heads_grid.svg", *view.grid.size)
         layers, heads = view.layout.layers, view.layout.heads
         if view.classes is not None:
-            csv = save_table(class_table(view.classes, view.probs), folder / "head_classes.csv")
+            csv = save_table(head_class_table(view.classes, view.probs), folder / "head_classes.csv")
             tags = [[f"{layer + 1}"] + [CLASS_STYLE[c][0] for c in row] for layer, row in enumerate(view.classes)]
             wide = pd.DataFrame(tags, columns=["layer"] + [f"head {h + 1}" for h in range(heads)])
             note = "Tags: " + ", ".join(f"{tag} = {name}" for name, (tag, _) in CLASS_STYLE.items())

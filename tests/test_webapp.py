@@ -31,7 +31,7 @@ from analysis.patterns import CLASS_STYLE, CLASSES
 from analysis.rundir import long_table
 from analysis.stream import stream_maps
 from app.cli import app
-from app.explore import LiveExplorer, ModelCache, drop_positions, sentence_maps, view_maps
+from app.explore import LiveExplorer, ModelCache, sentence_maps
 from app.jobs import BatchJobs, cli_verbs
 from app.webapp import WebApp
 from tests.tiny import save_tiny_model
@@ -85,32 +85,6 @@ def expected_classes(bundle, text: str, pair: str | None = None) -> list[list[st
 
 
 # ---------------------------------------------------------------- app.explore and the grid
-
-def test_drop_positions_removes_rows_and_columns_and_renormalises():
-    maps = torch.softmax(torch.randn(2, 3, 5, 5), dim=-1)
-    keep = np.array([False, True, True, True, False])
-    kept = drop_positions(maps, keep)
-    assert kept.shape == (2, 3, 3, 3)
-    assert torch.allclose(kept.sum(-1), torch.ones(2, 3, 3))
-    ratio = kept / maps[..., 1:4, 1:4]  # proportional to the original weights within each row
-    assert torch.allclose(ratio, ratio[..., :1].expand_as(ratio), atol=1e-5)
-    with pytest.raises(AttnpatError):
-        drop_positions(maps, np.zeros(5, dtype=bool))
-
-
-def test_view_maps_word_level_and_hidden_specials(tiny):
-    live = sentence_maps(tiny, "Unbelievably good acting.", "A second one.")
-    assert live.tokens[0] == "[CLS]" and live.tokens.count("[SEP]") == 2
-    maps, labels = view_maps(live, hide_special=True)
-    assert "[CLS]" not in labels and "[SEP]" not in labels and len(labels) == len(live.tokens) - 3
-    assert torch.allclose(maps.sum(-1), torch.ones(maps.shape[:-1]), atol=1e-5)
-    words, word_labels = view_maps(live, word_level=True)
-    assert "unbelievably" in word_labels and not any(label.startswith("##") for label in word_labels)
-    assert words.shape[-1] == len(word_labels) < len(live.tokens)
-    assert torch.allclose(words.sum(-1), torch.ones(words.shape[:-1]), atol=1e-5)
-    both, both_labels = view_maps(live, word_level=True, hide_special=True)
-    assert both_labels == [label for label in word_labels if label not in {"[CLS]", "[SEP]"}]
-
 
 def test_sentence_maps_rejects_empty_and_long_input(tiny):
     for text in ("", "   "):
