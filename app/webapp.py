@@ -181,9 +181,12 @@ class WebApp:
 
     def forget_grid(self, model):
         """A model picked: -> the explore outputs with the grid gone and a note to draw the picked model's (the
-        grid shown was another model's: a click on it would be read with the picked model's layout)."""
+        grid shown was another model's: a click on it would be read with the picked model's layout), then the
+        large view's caption, map, map PNG, map SVG, emptied too (its head was the other model's)."""
         _, *cleared = self._explore_failure("")
-        return (_message(f"model {model} picked: press Show all heads to draw its maps", "info"), *cleared)
+        hidden = gr.DownloadButton(value=None, visible=False)
+        return (_message(f"model {model} picked: press Show all heads to draw its maps", "info"), *cleared,
+                "", None, hidden, hidden)
 
     def pick_head(self, model, layer, head, evt: gr.SelectData):
         """A click on the grid at pixel (x, y) -> the clicked head's (layer, head), 1-indexed."""
@@ -413,7 +416,7 @@ class WebApp:
                     concurrency_id="live")
             # a picked model clears the grid rather than redrawing it: picked and then "Show all heads" at once would
             # draw it twice, and the first drawing's head could replace a head clicked on the second
-            model.input(self.forget_grid, [model], outputs, api_name=False)
+            model.input(self.forget_grid, [model], outputs + map_outputs, api_name=False)
             for number in (layer, head):
                 number.submit(self.head_map, map_inputs, map_outputs, api_name=False, concurrency_id="live")
             gr.Button("Show head", size="sm", visible=False).click(

@@ -228,9 +228,14 @@ def test_a_picked_model_clears_the_grid_and_keeps_the_head_selectors_in_its_rang
     ids = {block.elem_id: block._id for block in demo.blocks.values() if getattr(block, "elem_id", None)}
     fns = demo.fns
     (picked,) = [f for f in fns.values() if (ids["explore-model"], "input") in f.targets]
-    assert picked.fn == web.forget_grid and ids["explore-grid"] in {block._id for block in picked.outputs}
-    status, grid, *_ = web.forget_grid(small)
-    assert grid is None and "press Show all heads" in status
+    assert picked.fn == web.forget_grid
+    assert [block.elem_id for block in picked.outputs if block.elem_id] == [
+        "explore-status", "explore-grid", "explore-classes", "explore-caption", "explore-map"]
+    status, grid, classes, *downloads, caption, large, map_png, map_svg = web.forget_grid(small)
+    assert grid is None and "press Show all heads" in status and not classes.visible
+    # the large view goes too (before, the other model's head stayed there, with its caption and downloads)
+    assert caption == "" and large is None and not map_png.visible and not map_svg.visible
+    assert not any(button.visible for button in downloads)
     run = next(k for k, f in fns.items() if (ids["explore-run"], "click") in f.targets)
     follow = next(f for f in fns.values() if f.trigger_after == run)
     assert follow.fn == web.follow_head
