@@ -22,7 +22,14 @@ import torch
 
 from analysis.data import Example
 from analysis.errors import AttnpatError
-from analysis.mapkinds import DEFAULT_MAP_KIND, captured_values, check_map_kind, norm_maps_from_values, rollout_maps
+from analysis.mapkinds import (
+    DEFAULT_MAP_KIND,
+    captured_values,
+    check_map_kind,
+    norm_maps_from_values,
+    renormalise_rows,
+    rollout_maps,
+)
 from analysis.progress import progress_bar
 
 DEFAULT_MAX_LENGTH = 128
@@ -369,3 +376,39 @@ def to_word_level(attn: torch.Tensor, groups: np.ndarray | torch.Tensor) -> torc
     to_words = attn @ membership.T  # (..., n, W): sum over the pieces of each key word
     mean_rows = membership / membership.sum(1, keepdim=True)
     return mean_rows @ to_words  # (..., W, W): mean over the pieces of each query word
+
+
+# ---------------------------------------------------------------- one example's maps as shown
+
+def drop_positions(maps: torch.Tensor, keep: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """Remove rows and columns not in ``keep`` and renormalise each row to sum to 1.
+
+    maps: (..., n, n); keep: (n,) bool. Returns (..., k, k). Renormalising shows how the remaining
+    weight is spread among the kept tokens (a row that was all on [SEP] becomes its leftover spread).
+    """
+    keep = torch.as_tensor(np.asarray(keep, dtype=bool))
+    if not bool(keep.any()):
+        raise AttnpatError("nothing left to show after hiding the special tokens")
+    index = torch.nonzero(keep).squeeze(1)
+    return renormalise_rows(maps.index_select(-1, index).index_select(-2, index))
+
+
+def displayed_maps(maps: torch.Tensor, item: Encoded, *, word_level: bool = False,
+                   hide_special: bool = False) -> tuple[torch.Tensor, list[str]]:
+    """One example's maps as displayed: optionally word-level (Clark et al. pooling), optionally without the
+    special tokens (rows renormalised: :func:`drop_positions`).
+
+    maps: (L, H, n, n) token-level, n = the example's tokens; item: its tokenisation. Returns (maps (L, H, m, m),
+    labels (m,)), m = tokens or words shown.
+    """
+    labels = list(item.tokens)
+    special = np.array([word is None for word in item.word_ids], dtype=bool)
+    if word_level:
+        groups, labels = word_groups(item)
+        maps = to_word_level(maps, groups)
+        # a group is special when its tokens are (special tokens form their own groups)
+        special = np.array([special[groups == g].all() for g in range(len(labels))], dtype=bool)
+    if hide_special:
+        maps = drop_positions(maps, ~special)
+        labels = [label for label, is_special in zip(labels, special) if not is_special]
+    return maps, labels

@@ -24,6 +24,11 @@ class ClassifierCard:
     per_class: pd.DataFrame | None
     confusion: pd.DataFrame | None
 
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """The tables the metadata holds, by name (scores, per_class, confusion), in the card's order."""
+        named = {"scores": self.scores, "per_class": self.per_class, "confusion": self.confusion}
+        return {name: frame for name, frame in named.items() if frame is not None}
+
 
 def read_metadata(path: str | Path | None = None) -> dict:
     """The readable metadata JSON beside a checkpoint (default: the shipped one)."""

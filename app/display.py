@@ -1,5 +1,6 @@
 """Numbers as a person reads them in the app's tables: fractions as percentages with one decimal, other
-values to 3 significant digits. Only the display changes; the CSV downloads keep full precision."""
+values to 3 significant digits, each interval beside the value it bounds. Only the display changes; the CSV
+downloads keep full precision and their own layout."""
 from __future__ import annotations
 
 import math
@@ -57,23 +58,55 @@ def is_fraction_key(key) -> bool:
     return key in FRACTION_KEYS
 
 
-def display_table(frame: pd.DataFrame | None) -> pd.DataFrame | None:
-    """A copy of ``frame`` with every float cell formatted by :func:`readable` (integers and text unchanged).
+def fold_intervals(frame: pd.DataFrame) -> pd.DataFrame:
+    """A long table (<other columns>, metric|feature, value) with its interval rows <key>_ci_low, <key>_ci_high
+    moved into ci_low, ci_high columns of the row of <key>, so each interval sits beside its estimate (in the
+    CSV they are rows of their own, a layer x head table's 2 x L x H rows below). Rows without an interval get
+    empty bounds. ``frame`` is returned as it is when it has no interval rows, or when one bounds no row (a
+    damaged table is shown as written, nothing hidden)."""
+    key = next((column for column in KEY_COLUMNS if column in frame.columns), None)
+    if key is None or "value" not in frame.columns or any(column in frame.columns for column in INTERVAL_COLUMNS):
+        return frame
+    keys = frame[key].astype(str)
+    bounds = {suffix: keys.str.endswith(f"_{suffix}") for suffix in INTERVAL_COLUMNS}
+    if not any(mask.any() for mask in bounds.values()):
+        return frame
+    others = [column for column in frame.columns if column not in (key, "value")]
+    folded = frame[~(bounds["ci_low"] | bounds["ci_high"])].reset_index(drop=True)
+    for suffix, mask in bounds.items():
+        part = frame[mask].assign(**{key: keys[mask].str.removesuffix(f"_{suffix}")})
+        part = part[[*others, key, "value"]].rename(columns={"value": suffix})
+        if part.duplicated([*others, key]).any():
+            return frame
+        joined = folded.merge(part, on=[*others, key], how="left", indicator=True)
+        if (joined["_merge"] == "both").sum() != len(part):  # an interval whose estimate is missing
+            return frame
+        folded = joined.drop(columns="_merge")
+    return folded
 
-    A long table's ``value`` column is a fraction in the rows whose metric/feature is one (FRACTION_KEYS), or
-    bounds one (<key>_ci_low); a ci_low/ci_high column is shown like the column it bounds (INTERVAL_COLUMNS).
+
+def display_table(frame: pd.DataFrame | None) -> pd.DataFrame | None:
+    """A copy of ``frame`` with its intervals folded beside their estimates (:func:`fold_intervals`) and every
+    float cell formatted by :func:`readable` (integers and text unchanged; a missing text cell empty).
+
+    A long table's ``value`` and its ci_low/ci_high are fractions in the rows whose metric/feature is one
+    (FRACTION_KEYS); in other tables a ci_low/ci_high column is shown like the column it bounds (INTERVAL_COLUMNS).
     """
     if frame is None:
         return None
+    frame = fold_intervals(frame)
     shown = frame.copy()
     key = next((column for column in KEY_COLUMNS if column in frame.columns), None)
+    long = key is not None and "value" in frame.columns
     names = [str(column) for column in frame.columns]
     bounded = names[names.index("ci_low") - 1] if "ci_low" in names[1:] else None
     for column in frame.columns:
+        if not pd.api.types.is_numeric_dtype(frame[column]):  # a row without this text reads as an empty cell
+            shown[column] = frame[column].astype(object).map(lambda value: "" if value is None or value != value
+                                                             else value)
         if not pd.api.types.is_float_dtype(frame[column]):
             continue
-        # a long table's ci_low, ci_high columns bound its value column: shown as its rows show it
-        if key is not None and (column == "value" or (str(column) in INTERVAL_COLUMNS and bounded == "value")):
+        if long and str(column) in ("value", *INTERVAL_COLUMNS):
             fractions = frame[key].map(is_fraction_key)
         else:
             name = bounded if str(column) in INTERVAL_COLUMNS and bounded is not None else str(column)

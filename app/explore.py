@@ -1,7 +1,9 @@
-"""The Explore tab's view-model: live maps for one small input, their display views, head classes, the grid.
+"""The Explore tab's view-model: live maps for one small input, cached models, maps and predictions, the grid.
 
 The app computes live only for small inputs: one sentence or sentence pair of at most
-``MAX_LIVE_TOKENS`` tokens. Everything else comes from precomputed run directories.
+``MAX_LIVE_TOKENS`` tokens. Everything else comes from precomputed run directories. The maps as displayed
+(word level, special tokens hidden) are analysis.stream.displayed_maps; the head classes are
+classifier.predict.classify_heads.
 
 Shapes: ``L`` layers, ``H`` heads, ``n`` real tokens (or words) of the input.
 """
@@ -14,7 +16,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import torch
 
 from analysis.data import Example, check_unicode
@@ -22,9 +23,8 @@ from analysis.errors import AttnpatError
 from analysis.figures import GridLayout, grid_image
 from analysis.mapkinds import KIND_NOTES
 from analysis.models import load_model, model_files_stamp, with_map_kind
-from analysis.patterns import CLASSES
-from analysis.stream import Encoded, encode_examples, stream_maps, to_word_level, word_groups
-from classifier.predict import load_classifier
+from analysis.stream import Encoded, displayed_maps, encode_examples, stream_maps
+from classifier.predict import classify_heads, load_classifier
 
 MAX_LIVE_TOKENS = 128
 # Characters beyond which a text cannot fit MAX_LIVE_TOKENS anyway; rejected before tokenising.
@@ -125,60 +125,6 @@ def sentence_maps(bundle, text: str, text_pair: str | None = None, *, max_tokens
                            "use a batch job from the Runs tab")
     map_batch = next(iter(stream_maps(bundle, [example], max_length=max_tokens, batch_size=1, encoded=encoded)))
     return LiveMaps(map_batch.example_maps(0).contiguous(), map_batch.batch.items[0])
-
-
-def drop_positions(maps: torch.Tensor, keep: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """Remove rows and columns not in ``keep`` and renormalise each row to sum to 1.
-
-    maps: (..., n, n); keep: (n,) bool. Returns (..., k, k). Renormalising shows how the remaining
-    weight is spread among the kept tokens (a row that was all on [SEP] becomes its leftover spread).
-    """
-    keep = torch.as_tensor(np.asarray(keep, dtype=bool))
-    if not bool(keep.any()):
-        raise AttnpatError("nothing left to show after hiding the special tokens")
-    index = torch.nonzero(keep).squeeze(1)
-    kept = maps.index_select(-1, index).index_select(-2, index)
-    return kept / kept.sum(-1, keepdim=True).clamp(min=1e-12)
-
-
-def view_maps(live: LiveMaps, *, word_level: bool = False,
-              hide_special: bool = False) -> tuple[torch.Tensor, list[str]]:
-    """The maps as displayed: optionally word-level (Clark et al. pooling), optionally without special tokens.
-
-    Returns (maps (L, H, m, m), labels (m,)), m = tokens or words shown.
-    """
-    maps, labels = live.maps, list(live.tokens)
-    special = np.array([word is None for word in live.item.word_ids], dtype=bool)
-    if word_level:
-        groups, labels = word_groups(live.item)
-        maps = to_word_level(maps, groups)
-        # a group is special when its tokens are (special tokens form their own groups)
-        special = np.array([special[groups == g].all() for g in range(len(labels))], dtype=bool)
-    if hide_special:
-        maps = drop_positions(maps, ~special)
-        labels = [label for label, is_special in zip(labels, special) if not is_special]
-    return maps, labels
-
-
-def classify_heads(classifier, maps: torch.Tensor) -> tuple[list[list[str]], np.ndarray]:
-    """Predicted class of every head. maps: (L, H, n, n) token-level. Returns (classes [L][H], probs (L, H, C))."""
-    layers, heads, n, _ = maps.shape
-    probs = np.asarray(classifier.predict_proba(maps.reshape(layers * heads, n, n)), dtype=float)
-    probs = probs.reshape(layers, heads, -1)
-    best = probs.argmax(-1)
-    return [[CLASSES[int(best[layer, head])] for head in range(heads)] for layer in range(layers)], probs
-
-
-# ---------------------------------------------------------------- tables
-
-def class_table(classes: list[list[str]], probs: np.ndarray):
-    """Long table of the live predictions: layer, head (0-indexed), class, probability of each class."""
-    rows = []
-    for layer, row in enumerate(classes):
-        for head, name in enumerate(row):
-            rows.append({"layer": layer, "head": head, "class": name,
-                         **{f"p_{c}": float(probs[layer, head, k]) for k, c in enumerate(CLASSES)}})
-    return pd.DataFrame(rows)
 
 
 class MapMemo:
@@ -283,7 +229,7 @@ class LiveExplorer:
         """Text to grid: maps of every head, each head's predicted class, the grid image."""
         live = self.live_maps(model, text, text_pair, map_kind)
         classes, probs = self.predictions(live)
-        maps, labels = view_maps(live, word_level=word_level, hide_special=hide_special)
+        maps, labels = displayed_maps(live.maps, live.item, word_level=word_level, hide_special=hide_special)
         layout = GridLayout(maps.shape[0], maps.shape[1])
         note = self.classifier_note
         if map_kind and map_kind != "weight":
@@ -297,7 +243,7 @@ class LiveExplorer:
         live = self.live_maps(model, text, text_pair, map_kind)
         layers, heads = live.maps.shape[:2]
         if not (0 <= layer < layers and 0 <= head < heads):
-            raise AttnpatError(f"layer {layer + 1}, head {head + 1} does not exist: the model has {layers} layers "
+            raise AttnpatError(f"layer {layer + 1:g}, head {head + 1:g} does not exist: the model has {layers} layers "
                                f"x {heads} heads (1-indexed)")
-        maps, labels = view_maps(live, word_level=word_level, hide_special=hide_special)
+        maps, labels = displayed_maps(live.maps, live.item, word_level=word_level, hide_special=hide_special)
         return maps[layer, head].numpy(), labels

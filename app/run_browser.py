@@ -146,13 +146,17 @@ class RunBrowser:
         return view
 
     def derived_figure(self, view: ArtifactView) -> tuple[Path | None, Path | None]:
-        """Heatmap PNG/SVG for a layer x head table that has no figure of its own, cached by file and mtime."""
+        """Heatmap PNG/SVG for a layer x head table that has no figure of its own, cached by file and mtime.
+
+        Saved as <key>/<stem>.png and .svg: a download is named after its table, as the run folder's figures are
+        (not <stem>-<key>.png)."""
         stat = view.csv.stat()
         key = hashlib.sha1(f"{view.csv.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:16]
-        stem = self.scratch.figures_dir() / f"{view.stem}-{key}"
+        stem = self.scratch.figures_dir() / key / view.stem
         png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
         with FIGURE_LOCK:
             if not png.is_file():
+                stem.parent.mkdir(exist_ok=True)
                 fig = layer_head_figure(view.table, f"{slug_label(view.stem)} (drawn from {view.csv.name})")
                 if fig is None:
                     return None, None

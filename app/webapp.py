@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -32,10 +33,11 @@ from analysis.rundir import save_figure, save_table  # noqa: E402
 from analysis.sweeps import significance_lines  # noqa: E402
 from app.classifier_card import classifier_card, read_metadata  # noqa: E402
 from app.display import display_table  # noqa: E402
-from app.explore import MAX_LIVE_TOKENS, LiveExplorer, ModelCache, class_table  # noqa: E402
+from app.explore import MAX_LIVE_TOKENS, LiveExplorer, ModelCache  # noqa: E402
 from app.jobs import BatchJobs, Job, cli_verbs  # noqa: E402
 from app.options import check_address  # noqa: E402
 from app.run_browser import FIGURE_LOCK, ArtifactView, RunBrowser, Scratch, slug_label  # noqa: E402
+from classifier.predict import head_class_table  # noqa: E402
 
 log = logging.getLogger("attnpat.webapp")
 
@@ -68,6 +70,19 @@ def _message(text: str, kind: str = "info") -> str:
     """A status line: "**error:** ..." for problems (plain words: headless browsers often lack emoji fonts)."""
     prefix = {"error": "**error:** ", "info": "**note:** ", "ok": ""}[kind]
     return prefix + text
+
+
+def head_index(number, name: str) -> int:
+    """A layer or head box's 1-indexed number (gradio sends a float, or None when the box is empty) -> 0-indexed."""
+    if number is None or number == "":
+        raise AttnpatError("enter a layer and a head (1-indexed)")
+    try:
+        value = float(number)
+    except (TypeError, ValueError):
+        raise AttnpatError(f"the {name} must be a whole number from 1, got {str(number)[:20]!r}") from None
+    if not math.isfinite(value) or value != int(value) or value < 1:
+        raise AttnpatError(f"the {name} must be a whole number from 1, got {value:g}")
+    return int(value) - 1
 
 
 def model_choices() -> list[str]:
@@ -105,7 +120,7 @@ class WebApp:
         svg = png_as_svg(png, folder / "heads_grid.svg", *view.grid.size)
         layers, heads = view.layout.layers, view.layout.heads
         if view.classes is not None:
-            csv = save_table(class_table(view.classes, view.probs), folder / "head_classes.csv")
+            csv = save_table(head_class_table(view.classes, view.probs), folder / "head_classes.csv")
             tags = [[f"{layer + 1}"] + [CLASS_STYLE[c][0] for c in row] for layer, row in enumerate(view.classes)]
             wide = pd.DataFrame(tags, columns=["layer"] + [f"head {h + 1}" for h in range(heads)])
             note = "Tags: " + ", ".join(f"{tag} = {name}" for name, (tag, _) in CLASS_STYLE.items())
@@ -129,9 +144,7 @@ class WebApp:
         map_kind = map_kind or "weight"
         hidden = gr.DownloadButton(value=None, visible=False)
         try:
-            if layer is None or head is None:
-                raise AttnpatError("enter a layer and a head (1-indexed)")
-            layer, head = int(layer) - 1, int(head) - 1
+            layer, head = head_index(layer, "layer"), head_index(head, "head")
             attn, labels = self.explorer.head_map(model, text, text_pair, layer, head, word_level=bool(word_level),
                                                   hide_special=bool(hide_special), map_kind=map_kind)
             live = self.explorer.live_maps(model, text, text_pair, map_kind)
@@ -168,9 +181,12 @@ class WebApp:
 
     def forget_grid(self, model):
         """A model picked: -> the explore outputs with the grid gone and a note to draw the picked model's (the
-        grid shown was another model's: a click on it would be read with the picked model's layout)."""
+        grid shown was another model's: a click on it would be read with the picked model's layout), then the
+        large view's caption, map, map PNG, map SVG, emptied too (its head was the other model's)."""
         _, *cleared = self._explore_failure("")
-        return (_message(f"model {model} picked: press Show all heads to draw its maps", "info"), *cleared)
+        hidden = gr.DownloadButton(value=None, visible=False)
+        return (_message(f"model {model} picked: press Show all heads to draw its maps", "info"), *cleared,
+                "", None, hidden, hidden)
 
     def pick_head(self, model, layer, head, evt: gr.SelectData):
         """A click on the grid at pixel (x, y) -> the clicked head's (layer, head), 1-indexed."""
@@ -334,7 +350,10 @@ class WebApp:
     # -------------------------------------------------------- layout
 
     def build(self) -> gr.Blocks:
-        with gr.Blocks(title="attnpat: what do BERT attention heads do?", delete_cache=(3600, 3600)) as demo:
+        # analytics off here, not only by the environment's default: GRADIO_ANALYTICS_ENABLED=True set for
+        # another app would make this one report to gradio and ask PyPI for its version
+        with gr.Blocks(title="attnpat: what do BERT attention heads do?", delete_cache=(3600, 3600),
+                       analytics_enabled=False) as demo:
             gr.Markdown("## attnpat: what do BERT attention heads do?\nLive maps for one input; everything else "
                         f"from the run directory `{self.runs.root}`.")
             with gr.Tabs():
@@ -397,7 +416,7 @@ class WebApp:
                     concurrency_id="live")
             # a picked model clears the grid rather than redrawing it: picked and then "Show all heads" at once would
             # draw it twice, and the first drawing's head could replace a head clicked on the second
-            model.input(self.forget_grid, [model], outputs, api_name=False)
+            model.input(self.forget_grid, [model], outputs + map_outputs, api_name=False)
             for number in (layer, head):
                 number.submit(self.head_map, map_inputs, map_outputs, api_name=False, concurrency_id="live")
             gr.Button("Show head", size="sm", visible=False).click(
@@ -412,7 +431,7 @@ class WebApp:
         with gr.Tab(tab, id=key) as tab_block:
             gr.Markdown(spec.intro, elem_id=f"{key}-intro")
             if tab == CLASSIFIER_TAB:
-                self._classifier_card()
+                self._classifier_card(demo)
             with gr.Row():
                 model = gr.Dropdown(label="model (run directory)", choices=[], allow_custom_value=True,
                                     elem_id=f"{key}-model")
@@ -448,9 +467,9 @@ class WebApp:
                 show, [model, task], outputs, api_name=False)
             task.input(show, [model, task], outputs, api_name=api)
 
-    @staticmethod
-    def _classifier_card() -> None:
-        """The shipped checkpoint's record: labeled set, cross-validated scores, per-class F1, confusion matrix."""
+    def _classifier_card(self, demo: gr.Blocks) -> None:
+        """The shipped checkpoint's record: labeled set, cross-validated scores, per-class F1, confusion matrix,
+        and the tables as CSV files."""
         gr.Markdown("#### The shipped pattern classifier")
         try:
             card = classifier_card(read_metadata())
@@ -468,6 +487,20 @@ class WebApp:
                     if frame is not None:
                         gr.Dataframe(display_table(frame), label=label, interactive=False,
                                      elem_id=f"classifier-card-{name}")
+        files = gr.File(label="download (CSV, full precision)", file_count="multiple", interactive=False,
+                        elem_id="classifier-card-files")
+        # written on each page load: a file given at build time would be served from gradio's cache, which
+        # delete_cache empties after an hour
+        demo.load(self.classifier_card_files, None, files, api_name=False)
+
+    def classifier_card_files(self) -> list[str] | None:
+        """The shipped classifier's card tables as CSV files: classifier_<scores|per_class|confusion>.csv."""
+        try:
+            card = classifier_card(read_metadata())
+        except AttnpatError:  # the card says why
+            return None
+        folder = self.scratch.new_dir()
+        return [str(save_table(frame, folder / f"classifier_{name}.csv")) for name, frame in card.tables().items()]
 
     def _runs_tab(self, demo: gr.Blocks) -> None:
         with gr.Tab("Runs", id="runs") as tab_block:

@@ -20,10 +20,11 @@ import torch
 
 from analysis.errors import AttnpatError
 from analysis.figures import grid_image
-from app.explore import LiveExplorer, ModelCache, classify_heads, sentence_maps, view_maps
+from analysis.stream import displayed_maps
+from app.explore import LiveExplorer, ModelCache, sentence_maps
 from app.webapp import WebApp
 from classifier.model import PatternCNN
-from classifier.predict import PatternClassifier, load_classifier
+from classifier.predict import PatternClassifier, classify_heads, load_classifier
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             t_maps = time.perf_counter()
             classes, _ = classify_heads(classifier, live.maps)
             t_classify = time.perf_counter()
-            maps, _ = view_maps(live)
+            maps, _ = displayed_maps(live.maps, live.item)
             grid_image(maps, classes)
             t_grid = time.perf_counter()
             tokens = len(live.tokens)

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
 from analysis.errors import AttnpatError
@@ -104,6 +105,27 @@ def load_classifier(path: str | Path | None = None, bf16: bool | None = None) ->
     """
     model, metadata = load_checkpoint(path)
     return PatternClassifier(model, metadata, str(Path(path).resolve()) if path is not None else None, bf16)
+
+
+def classify_heads(classifier, maps: torch.Tensor) -> tuple[list[list[str]], np.ndarray]:
+    """Predicted class of every head of one example. classifier: anything with ``predict_proba(maps) -> (N, C)``;
+    maps: (L, H, n, n) token-level. Returns (classes [L][H], probs (L, H, C))."""
+    layers, heads, n, _ = maps.shape
+    probs = np.asarray(classifier.predict_proba(maps.reshape(layers * heads, n, n)), dtype=float)
+    probs = probs.reshape(layers, heads, -1)
+    best = probs.argmax(-1)
+    return [[CLASSES[int(best[layer, head])] for head in range(heads)] for layer in range(layers)], probs
+
+
+def head_class_table(classes: list[list[str]], probs: np.ndarray) -> pd.DataFrame:
+    """:func:`classify_heads`' answer as a long table: layer, head (0-indexed), class, p_<class> for each class.
+    probs: (L, H, C)."""
+    rows = []
+    for layer, row in enumerate(classes):
+        for head, name in enumerate(row):
+            rows.append({"layer": layer, "head": head, "class": name,
+                         **{f"p_{c}": float(probs[layer, head, k]) for k, c in enumerate(CLASSES)}})
+    return pd.DataFrame(rows)
 
 
 def pattern_predictor(name: str) -> Predictor:

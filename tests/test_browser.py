@@ -102,6 +102,20 @@ def test_explore_bad_input_shows_a_message(page):
     status_text(page, "explore-status", r"\d+ (tokens|words), 6 layers")  # the toggles of the test before stay on
 
 
+def test_another_model_clears_the_grid_and_the_large_view(page, app_url):
+    """The head boxes still name layer 3, head 5 of MiniLM: picking the 2-layer, 4-head model empties the grid and
+    the large view (before, MiniLM's head stayed there), and its grid brings the boxes into its range."""
+    page.locator("#explore-model input").fill(app_url[2])
+    page.locator("#explore-model input").press("Enter")
+    status_text(page, "explore-status", "press Show all heads")
+    page.locator("#explore-map img").wait_for(state="detached")
+    assert page.locator("#explore-caption").inner_text().strip() == ""
+    page.locator("#explore-run").click()
+    status_text(page, "explore-status", r"2 layers x 4 heads")
+    status_text(page, "explore-caption", r"layer 2, head 4 ")
+    page.locator("#explore-map img").wait_for()
+
+
 @pytest.mark.parametrize("tab", TABS[1:-1])
 def test_run_tabs_render_what_exists(page, app_url, tab):
     page.get_by_role("tab", name=tab).click()
@@ -114,6 +128,7 @@ def test_run_tabs_render_what_exists(page, app_url, tab):
         assert "%" in page.locator("#classifier-card-scores").inner_text()  # fractions read as percentages
         page.locator("#classifier-card-confusion").filter(has_text="heterogeneous").wait_for()
         assert "macro_f1" not in page.locator("#classifier-card-summary").inner_text()
+        page.locator("#classifier-card-files").filter(has_text="classifier_confusion").wait_for()  # stem, ext apart
     else:
         message = status_text(page, f"{key}-message", app_url[1])
     if tab == "Fine-tuning":

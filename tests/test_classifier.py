@@ -39,7 +39,7 @@ from classifier.model import (
     target_aware_edges,
     write_inputs,
 )
-from classifier.predict import load_classifier
+from classifier.predict import classify_heads, head_class_table, load_classifier
 from classifier.synthetic import synthetic_dataset, synthetic_map
 from classifier.train import (
     TrainConfig,
@@ -338,6 +338,18 @@ def test_predict_accepts_a_tensor_batch_and_lists(random_checkpoint):
     assert classifier.predict_proba([]).shape == (0, 5)
     with pytest.raises(AttnpatError, match="square"):
         classifier.predict_proba([np.ones((3, 5))])
+
+
+def test_classify_heads_names_each_heads_class_and_tables_its_probabilities(random_checkpoint):
+    classifier = load_classifier(random_checkpoint)
+    maps = torch.softmax(torch.randn(2, 3, 9, 9), -1)  # (L, H, n, n) of one example
+    classes, probs = classify_heads(classifier, maps)
+    expected = classifier.predict(maps.reshape(6, 9, 9))
+    assert classes == [expected[:3], expected[3:]] and probs.shape == (2, 3, len(CLASSES))
+    table = head_class_table(classes, probs)
+    assert table[["layer", "head"]].values.tolist() == [[layer, head] for layer in range(2) for head in range(3)]
+    assert table["class"].tolist() == expected
+    assert np.allclose(table[[f"p_{name}" for name in CLASSES]].to_numpy(), probs.reshape(6, -1))
 
 
 def test_bad_checkpoints_give_one_line_errors(tmp_path, random_checkpoint):

@@ -13,6 +13,8 @@ from analysis.data import Example
 from analysis.errors import AttnpatError
 from analysis.stream import (
     collate,
+    displayed_maps,
+    drop_positions,
     encode_examples,
     forward_attentions,
     stream_maps,
@@ -166,6 +168,35 @@ def test_word_level_maps_from_the_tokenizer_keep_rows_summing_to_one(bundle):
     words = to_word_level(batch.example_maps(0), groups)
     assert words.shape[-1] == len(labels)
     torch.testing.assert_close(words.sum(-1), torch.ones(words.shape[:-1]), atol=1e-5, rtol=0)
+
+
+def test_drop_positions_removes_rows_and_columns_and_renormalises():
+    maps = torch.softmax(torch.randn(2, 3, 5, 5), dim=-1)
+    keep = np.array([False, True, True, True, False])
+    kept = drop_positions(maps, keep)
+    assert kept.shape == (2, 3, 3, 3)
+    assert torch.allclose(kept.sum(-1), torch.ones(2, 3, 3))
+    ratio = kept / maps[..., 1:4, 1:4]  # proportional to the original weights within each row
+    assert torch.allclose(ratio, ratio[..., :1].expand_as(ratio), atol=1e-5)
+    with pytest.raises(AttnpatError):
+        drop_positions(maps, np.zeros(5, dtype=bool))
+
+
+def test_displayed_maps_word_level_and_hidden_specials(bundle):
+    batch = next(iter(stream_maps(bundle, [Example("pair", "Unbelievably good acting.", "A second one.")])))
+    maps, item = batch.example_maps(0), batch.batch.items[0]
+    assert item.tokens[0] == "[CLS]" and item.tokens.count("[SEP]") == 2
+    shown, labels = displayed_maps(maps, item, hide_special=True)
+    assert "[CLS]" not in labels and "[SEP]" not in labels and len(labels) == len(item.tokens) - 3
+    assert shown.shape == (3, 4, len(labels), len(labels))
+    assert torch.allclose(shown.sum(-1), torch.ones(shown.shape[:-1]), atol=1e-5)
+    words, word_labels = displayed_maps(maps, item, word_level=True)
+    assert "unbelievably" in word_labels and not any(label.startswith("##") for label in word_labels)
+    assert words.shape[-1] == len(word_labels) < len(item.tokens)
+    assert torch.allclose(words.sum(-1), torch.ones(words.shape[:-1]), atol=1e-5)
+    both, both_labels = displayed_maps(maps, item, word_level=True, hide_special=True)
+    assert both_labels == [label for label in word_labels if label not in {"[CLS]", "[SEP]"}]
+    assert displayed_maps(maps, item)[1] == item.tokens and torch.equal(displayed_maps(maps, item)[0], maps)
 
 
 def test_token_roles_match_positions_not_strings(bundle):

@@ -31,7 +31,7 @@ from analysis.patterns import CLASS_STYLE, CLASSES
 from analysis.rundir import long_table
 from analysis.stream import stream_maps
 from app.cli import app
-from app.explore import LiveExplorer, ModelCache, drop_positions, sentence_maps, view_maps
+from app.explore import LiveExplorer, ModelCache, sentence_maps
 from app.jobs import BatchJobs, cli_verbs
 from app.webapp import WebApp
 from tests.tiny import save_tiny_model
@@ -85,32 +85,6 @@ def expected_classes(bundle, text: str, pair: str | None = None) -> list[list[st
 
 
 # ---------------------------------------------------------------- app.explore and the grid
-
-def test_drop_positions_removes_rows_and_columns_and_renormalises():
-    maps = torch.softmax(torch.randn(2, 3, 5, 5), dim=-1)
-    keep = np.array([False, True, True, True, False])
-    kept = drop_positions(maps, keep)
-    assert kept.shape == (2, 3, 3, 3)
-    assert torch.allclose(kept.sum(-1), torch.ones(2, 3, 3))
-    ratio = kept / maps[..., 1:4, 1:4]  # proportional to the original weights within each row
-    assert torch.allclose(ratio, ratio[..., :1].expand_as(ratio), atol=1e-5)
-    with pytest.raises(AttnpatError):
-        drop_positions(maps, np.zeros(5, dtype=bool))
-
-
-def test_view_maps_word_level_and_hidden_specials(tiny):
-    live = sentence_maps(tiny, "Unbelievably good acting.", "A second one.")
-    assert live.tokens[0] == "[CLS]" and live.tokens.count("[SEP]") == 2
-    maps, labels = view_maps(live, hide_special=True)
-    assert "[CLS]" not in labels and "[SEP]" not in labels and len(labels) == len(live.tokens) - 3
-    assert torch.allclose(maps.sum(-1), torch.ones(maps.shape[:-1]), atol=1e-5)
-    words, word_labels = view_maps(live, word_level=True)
-    assert "unbelievably" in word_labels and not any(label.startswith("##") for label in word_labels)
-    assert words.shape[-1] == len(word_labels) < len(live.tokens)
-    assert torch.allclose(words.sum(-1), torch.ones(words.shape[:-1]), atol=1e-5)
-    both, both_labels = view_maps(live, word_level=True, hide_special=True)
-    assert both_labels == [label for label in word_labels if label not in {"[CLS]", "[SEP]"}]
-
 
 def test_sentence_maps_rejects_empty_and_long_input(tiny):
     for text in ("", "   "):
@@ -260,9 +234,14 @@ def test_a_picked_model_clears_the_grid_and_keeps_the_head_selectors_in_its_rang
     ids = {block.elem_id: block._id for block in demo.blocks.values() if getattr(block, "elem_id", None)}
     fns = demo.fns
     (picked,) = [f for f in fns.values() if (ids["explore-model"], "input") in f.targets]
-    assert picked.fn == web.forget_grid and ids["explore-grid"] in {block._id for block in picked.outputs}
-    status, grid, *_ = web.forget_grid(small)
-    assert grid is None and "press Show all heads" in status
+    assert picked.fn == web.forget_grid
+    assert [block.elem_id for block in picked.outputs if block.elem_id] == [
+        "explore-status", "explore-grid", "explore-classes", "explore-caption", "explore-map"]
+    status, grid, classes, *downloads, caption, large, map_png, map_svg = web.forget_grid(small)
+    assert grid is None and "press Show all heads" in status and not classes.visible
+    # the large view goes too (before, the other model's head stayed there, with its caption and downloads)
+    assert caption == "" and large is None and not map_png.visible and not map_svg.visible
+    assert not any(button.visible for button in downloads)
     run = next(k for k, f in fns.items() if (ids["explore-run"], "click") in f.targets)
     follow = next(f for f in fns.values() if f.trigger_after == run)
     assert follow.fn == web.follow_head
@@ -276,6 +255,20 @@ def test_a_picked_model_clears_the_grid_and_keeps_the_head_selectors_in_its_rang
     assert (layer, head) == (1, gr.update()) and is_ok(caption) and "layer 1, head 2" in caption
     layer, head, caption, image, *_ = web.follow_head("", "", small, False, False, 3, 8)  # the grid failed
     assert layer == head == gr.update() and is_error(caption) and "empty" in caption and image is None
+
+
+@pytest.mark.parametrize("layer, shown", [(float("nan"), "got nan"), (float("inf"), "got inf"), (2.5, "got 2.5"),
+                                          (0, "got 0"), ("two", "got 'two'"), (None, "enter a layer and a head")])
+def test_a_layer_or_head_that_is_not_a_whole_number_from_1_is_one_error_line(tmp_path, tiny_dir, layer, shown):
+    """The head boxes (and the head_map API) sent NaN or infinity as an `unexpected error: ValueError` with a
+    traceback in the server log, 2.5 was cut to 2 unseen, and 1e300 printed all 301 digits of the layer."""
+    web = WebApp(tmp_path / "runs", LiveExplorer(ModelCache(), classifier_loader=random_classifier),
+                 allow_any_model=True)
+    caption, image, png, svg = web.head_map(SENTENCE, "", str(tiny_dir), False, False, layer, 1)
+    assert is_error(caption) and shown in caption and "unexpected" not in caption and "\n" not in caption
+    assert image is None and not png.visible
+    caption, *_ = web.head_map(SENTENCE, "", str(tiny_dir), False, False, 1e300, 1)
+    assert is_error(caption) and "layer 1e+300, head 1 does not exist: the model has 2 layers" in caption
 
 
 # ---------------------------------------------------------------- every endpoint through gradio_client
@@ -462,6 +455,18 @@ def test_minilm_live_view_on_packaged_data():
     assert view.grid.size == GridLayout(6, 12).size
     attn, labels = explorer.head_map("minilm", example.text, None, 5, 11, word_level=True)
     assert attn.shape == (len(labels), len(labels)) and np.allclose(attn.sum(-1), 1, atol=1e-4)
+
+
+def test_the_app_sends_no_analytics_whatever_the_environment_says(tmp_path, monkeypatch):
+    """GRADIO_ANALYTICS_ENABLED=True in the environment (set for another gradio app) made this one start gradio's
+    version check against the network and report its launch (before, the app only set a default)."""
+    import gradio.analytics  # noqa: PLC0415
+
+    checked = []
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "True")
+    monkeypatch.setattr(gradio.analytics, "version_check", lambda: checked.append("version"))
+    demo = WebApp(tmp_path / "runs").build()
+    assert demo.analytics_enabled is False and checked == []
 
 
 def test_cli_app_verb_is_registered():

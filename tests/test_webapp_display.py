@@ -77,7 +77,7 @@ def test_intervals_read_like_their_estimate_and_p_values_are_not_percentages():
     assert shown.p_holm == readable(0.0008) != "0.1%"
     coref = long_table({"accuracy": np.full((1, 1), 0.68), "accuracy_ci_low": np.full((1, 1), 0.6),
                         "accuracy_ci_high": np.full((1, 1), 0.75)})
-    assert display_table(coref).value.tolist() == [readable(v, True) for v in (0.68, 0.6, 0.75)]
+    assert display_table(coref).iloc[0, 3:].tolist() == [readable(v, True) for v in (0.68, 0.6, 0.75)]
     # a long table's ci_low, ci_high columns bound its value: percentages in a share's rows, digits in entropy's
     overview = long_table({"to_cls": np.full((1, 1), 0.4), "entropy": np.full((1, 1), 2.5)},
                           intervals={"to_cls": np.array([[[0.35, 0.45]]]), "entropy": np.array([[[2.25, 2.75]]])})
@@ -89,6 +89,33 @@ def test_intervals_read_like_their_estimate_and_p_values_are_not_percentages():
     assert display_table(ratios).iloc[0, 2:].tolist() == [readable(v, True) for v in (0.375, 0.2, 0.5, 0.4)]
     predictions = pd.DataFrame({f"p_{name}": [1 / len(CLASSES)] for name in CLASSES})  # class probabilities
     assert display_table(predictions).iloc[0].tolist() == [readable(1 / len(CLASSES), True)] * len(CLASSES)
+
+
+def test_each_interval_of_a_long_table_is_shown_beside_its_estimate():
+    """In a long CSV an interval is two rows of its own, <key>_ci_low and <key>_ci_high, which in a layer x head
+    table lie 2 x L x H rows below the estimate (before, the tab showed them there: a head's disabling delta, its
+    cosine similarity or its raw importance with the interval out of sight). The tab folds them into ci_low,
+    ci_high columns of the estimate's row; the CSV keeps its layout."""
+    rng = np.random.default_rng(1)
+    delta, low, high = rng.normal(size=(2, 3)), rng.normal(size=(2, 3)) - 1, rng.normal(size=(2, 3)) + 1
+    heads = long_table({"uniform_delta": delta, "uniform_metric": np.full((2, 3), 0.8),
+                        "uniform_delta_ci_low": low, "uniform_delta_ci_high": high,
+                        "uniform_p_holm": np.full((2, 3), 0.02)})
+    written = heads.copy()
+    shown = display_table(heads)
+    assert heads.equals(written)  # the source (and so the CSV) is left as it was
+    assert list(shown.columns) == ["layer", "head", "metric", "value", "ci_low", "ci_high"]
+    assert len(shown) == 3 * 6 and "uniform_delta_ci_low" not in set(shown.metric)
+    for row in shown[shown.metric == "uniform_delta"].itertuples():
+        assert row.value == readable(delta[row.layer, row.head])
+        assert (row.ci_low, row.ci_high) == (readable(low[row.layer, row.head]), readable(high[row.layer, row.head]))
+    others = shown[shown.metric != "uniform_delta"]  # the metric and p-values have no interval: empty bounds
+    assert set(others.ci_low) == set(others.ci_high) == {""} and set(others.value) == {"0.800", "0.0200"}
+    scores = pd.DataFrame({"metric": ["accuracy", "accuracy_ci_low", "accuracy_ci_high", "n_eval"],
+                           "value": [0.491, 0.458, 0.524, 872.0]})  # a fine-tuned model's finetune_eval
+    assert display_table(scores).values.tolist() == [["accuracy", "49.1%", "45.8%", "52.4%"], ["n_eval", "872", "", ""]]
+    orphan = scores[scores.metric != "accuracy"]  # a damaged table: an interval without its estimate
+    assert display_table(orphan).metric.tolist() == ["accuracy_ci_low", "accuracy_ci_high", "n_eval"]
 
 
 def test_classifier_card_shows_the_shipped_checkpoints_record():
@@ -103,10 +130,29 @@ def test_classifier_card_shows_the_shipped_checkpoints_record():
     for name, entry in cv["vs_baselines"].items():  # the paired comparison, as `attnpat train` recorded it
         assert versus[f"baseline: {name}"].endswith(f": {entry['verdict']}")
         assert f"{entry['difference']:+.3f}" in versus[f"baseline: {name}"]
+    assert display_table(card.scores).cnn_minus_baseline.iloc[0] == ""  # the CNN's own row: empty, not "NaN"
     assert card.per_class["class"].tolist() == list(CLASSES)
     assert card.per_class.set_index("class")["f1"].to_dict() == cv["per_class_f1"]
     assert card.confusion[list(CLASSES)].to_numpy().tolist() == cv["confusion"]
     assert int(card.confusion[list(CLASSES)].to_numpy().sum()) == meta["n_maps"]
+
+
+def test_the_classifier_cards_tables_can_be_downloaded_as_csv(tmp_path):
+    """The Classifier tab's card showed its scores, per-class F1 and confusion matrix as page tables only (before,
+    the one record on the tab that could not be downloaded); a page load now writes them as CSV at full precision."""
+    cv = json.loads(DEFAULT_CHECKPOINT.with_suffix(".json").read_text())["cross_validation"]
+    web = WebApp(tmp_path / "runs")
+    demo = web.build()
+    (files_id,) = [block._id for block in demo.blocks.values() if block.elem_id == "classifier-card-files"]
+    assert any(f.fn == web.classifier_card_files and files_id in {block._id for block in f.outputs}
+               for f in demo.fns.values())
+    files = {Path(path).name: Path(path) for path in web.classifier_card_files()}
+    assert set(files) == {"classifier_scores.csv", "classifier_per_class.csv", "classifier_confusion.csv"}
+    scores = pd.read_csv(files["classifier_scores.csv"])
+    assert scores.macro_f1[0] == cv["macro_f1"] and scores.accuracy[0] == cv["accuracy"]  # not "90.6%"
+    assert pd.read_csv(files["classifier_confusion.csv"])[list(CLASSES)].to_numpy().tolist() == cv["confusion"]
+    per_class = pd.read_csv(files["classifier_per_class.csv"]).set_index("class")["f1"].to_dict()
+    assert per_class == cv["per_class_f1"]
 
 
 def test_classifier_card_without_scores_and_a_missing_file(tmp_path):
@@ -164,6 +210,20 @@ def test_run_tab_titles_say_where_values_come_from_and_tables_read_as_people_rea
     assert table.value["data"][0][4] == "68.0%" and table.value["data"][0][6] == "25.0%"
     assert message.startswith("**note:** ") and "also shown here once computed" in message
     assert "error" not in message
+
+
+def test_a_heatmap_drawn_for_a_table_downloads_under_the_tables_name(tmp_path):
+    """A layer x head table without a figure of its own gets one drawn in the tab (before, its downloads were
+    named linguistic-709b1588971d10ad.png and .svg; the run folder's own figures are <stem>.png)."""
+    run = RunDir("minilm", "sst2", tmp_path)
+    run.write_table("linguistic", long_table({"negation": np.full((2, 3), 0.25)}, key="feature"))
+    web = WebApp(tmp_path)
+    outputs = web.show_artifacts("Fine-tuning", "minilm", "sst2")[1:]
+    index = [entry.stem for entry in tab_artifacts("Fine-tuning")].index("linguistic")
+    image, files = outputs[5 * index + 2], outputs[5 * index + 4]
+    assert sorted(Path(path).name for path in files) == ["linguistic.csv", "linguistic.png", "linguistic.svg"]
+    assert Path(image.value["path"]).read_bytes()[:4] == b"\x89PNG"
+    assert web.show_artifacts("Fine-tuning", "minilm", "sst2")[1:][5 * index + 4] == files  # drawn once, then kept
 
 
 def test_disabling_tab_says_which_effects_survive_holm(tmp_path):

@@ -6,6 +6,7 @@ import os
 import socket
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -95,7 +96,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 @contextmanager
 def browser_page(url: str, timeout_ms: int = 60_000):
     """A page of Debian chromium (headless, background networking off) on ``url``, driven by Playwright, that
-    waits up to ``timeout_ms`` for each step; fails at the end when the page raised JavaScript errors."""
+    waits up to ``timeout_ms`` for each step; fails at the end when the page raised JavaScript errors or asked
+    for anything beyond the app's own address (a font, a script or an icon from the internet)."""
     from playwright.sync_api import sync_playwright  # noqa: PLC0415 (optional: only the browser tests need it)
 
     assert CHROMIUM.is_file(), "Debian chromium is missing: run `make browser`"
@@ -106,10 +108,15 @@ def browser_page(url: str, timeout_ms: int = 60_000):
                                           "--disable-sync"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.set_default_timeout(timeout_ms)
-        errors = []
+        errors, outside = [], []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
+        own = urlsplit(url).netloc
+        page.on("request", lambda request: outside.append(request.url)
+                if urlsplit(request.url).scheme in {"http", "https", "ws", "wss"}
+                and urlsplit(request.url).netloc != own else None)
         page.goto(url)
         page.get_by_role("tab", name="Explore").wait_for()
         yield page
         browser.close()
         assert not errors, f"JavaScript errors in the page: {errors}"
+        assert not outside, f"the page asked for addresses beyond the app's: {sorted(set(outside))[:10]}"
