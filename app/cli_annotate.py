@@ -162,8 +162,6 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
                         ("ties between annotators (earliest label kept)", report.ties)):
         if items:
             typer.echo(f"{name}: {len(items)} (first: {items[0]})")
-    if report.unlabeled:
-        typer.echo(f"not yet labeled: {report.unlabeled} tasks")
     parts = report.task_parts()
     typer.echo(f"tasks in the project: {report.tasks} = "
                + " + ".join(f"{count} {name}" for name, count in parts.items() if count or name != "set aside")
