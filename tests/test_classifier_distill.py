@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from sklearn.metrics import f1_score
+from sklearn.metrics import confusion_matrix, f1_score
 
 import classifier.train as train
 from analysis.errors import AttnpatError
@@ -118,6 +118,9 @@ def test_training_run_records_the_pool(tmp_path):
     agreed = predictions.annotators_agreed.fillna(False).to_numpy(bool)
     recorded_f1 = load_classifier(out).metadata["cross_validation"]["macro_f1_agreed"]
     assert recorded_f1 == pytest.approx(f1_score(predictions.label[agreed], predictions.cnn[agreed], average="macro"))
+    # the confusion matrix classify's adjusted ratios invert is the out-of-fold one, not the final fit's on its own maps
+    recorded_confusion = load_classifier(out).metadata["cross_validation"]["confusion"]
+    assert recorded_confusion == confusion_matrix(predictions.label, predictions.cnn, labels=list(CLASSES)).tolist()
 
 
 def test_pool_model_comes_from_the_map_ids():
