@@ -77,14 +77,15 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
                          synthetic_per_class=0 if training.synthetic else synthetic_mix)
     unlabeled = None
     if pool and not training.synthetic:
-        from classifier.distill import draw_pool, model_of  # noqa: PLC0415
+        from classifier.distill import PoolRequest, model_of  # noqa: PLC0415
+        from classifier.train import check_labels  # noqa: PLC0415
 
-        def unlabeled():  # drawn once train_pattern_cnn has checked the labels and folds and locked the run folder
-            drawn = draw_pool(pool_model or model_of(training.map_ids), pool,
-                              exclude=[*training.map_ids, *held_out], progress=not quiet, option="--pool-model")
-            if pool_exclude:
-                drawn.spec["excluded_from"] = [str(path) for path in pool_exclude]
-            return drawn
+        check_labels(training.labels, folds)  # first: an empty set is said to be empty, not of an unknown model
+        # drawn once train_pattern_cnn has checked the labels and folds and locked the run folder (or taken from the
+        # run it resumes)
+        unlabeled = PoolRequest(pool_model or model_of(training.map_ids), pool,
+                                exclude=(*training.map_ids, *held_out),
+                                excluded_from=tuple(str(path) for path in pool_exclude))
     report = train_pattern_cnn(training, out, run, config, baselines=baselines, progress=not quiet, pool=unlabeled)
     typer.echo(f"{len(training.labels)} maps from {training.source}; {folds}-fold cross-validation "
                "(out-of-fold scores):")

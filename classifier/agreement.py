@@ -172,8 +172,9 @@ def prediction_table(map_ids: list[str], labels: np.ndarray, probabilities: np.n
 @dataclass
 class TrainingOverlap:
     """How many maps of the evaluated set the classifier was trained on. in_training: None when its training
-    set cannot be found here; training_set: what it was checked against; changed: the training folder found
-    no longer holds exactly the maps and labels the checkpoint's data hash records."""
+    set cannot be found here, or cannot be told apart (ambiguous); training_set: what it was checked against;
+    changed: the training folder found no longer holds exactly the maps and labels the checkpoint's data hash
+    records."""
 
     in_training: int | None
     training_set: str
@@ -181,18 +182,28 @@ class TrainingOverlap:
     training: LabeledSet | None = None  # the training set itself, when found and unchanged (baselines fit on it)
     unlabeled_pool: int | None = None  # teacher-labeled unlabeled maps it also learned from
     in_pool: int | None = None  # how many evaluated maps that pool held; None when its map ids are not recorded
+    ambiguous: bool = False  # several folders of other contents go by the name "trained_on" gives, none unchanged
 
 
-def training_folder(trained_on: str, roots: tuple[Path, ...] | None = None) -> Path | None:
-    """The labeled-set folder a checkpoint's "trained_on" names ("labeled set <folder>"), looked up as given
-    (relative to the current directory), in the workspace and in the source checkout; None if it names none
-    or none of them holds its labels.csv."""
+def training_folders(trained_on: str, roots: tuple[Path, ...] | None = None) -> list[Path]:
+    """Every labeled-set folder a checkpoint's "trained_on" ("labeled set <folder>") may name: the folder as given
+    (relative to the current directory), in the workspace and in the source checkout, each place once, those holding
+    a labels.csv only, in that order; [] if it names none."""
     if not trained_on.startswith(LABELED_SET_SOURCE):
-        return None
+        return []
     folder = Path(trained_on[len(LABELED_SET_SOURCE):])
     roots = roots if roots is not None else (Path.cwd(), workspace(), repo_root())
     candidates = [folder] if folder.is_absolute() else [root / folder for root in roots]
-    return next((path for path in candidates if (path / "labels.csv").is_file()), None)
+    found: dict[Path, Path] = {}
+    for path in candidates:
+        if (path / "labels.csv").is_file():
+            found.setdefault(path.resolve(), path)
+    return list(found.values())
+
+
+def training_folder(trained_on: str, roots: tuple[Path, ...] | None = None) -> Path | None:
+    """The first of :func:`training_folders`, or None."""
+    return next(iter(training_folders(trained_on, roots)), None)
 
 
 def maps_in(training: LabeledSet, labeled: LabeledSet) -> int:
@@ -204,9 +215,14 @@ def maps_in(training: LabeledSet, labeled: LabeledSet) -> int:
                for map_id, attn in zip(labeled.map_ids, labeled.maps, strict=True))
 
 
-def training_overlap(labeled: LabeledSet, metadata: dict) -> TrainingOverlap:
+def training_overlap(labeled: LabeledSet, metadata: dict, roots: tuple[Path, ...] | None = None) -> TrainingOverlap:
     """Count the maps of ``labeled`` that the checkpoint (its ``metadata``) was trained on: all of them when the
-    data hashes match, else those the training labeled set named by "trained_on" holds (:func:`maps_in`)."""
+    data hashes match, else those the training labeled set named by "trained_on" holds (:func:`maps_in`).
+
+    Of several folders by that name (a copy in the workspace beside the shipped one, e.g. merged with new labels),
+    the one holding the data hash the checkpoint records is its training set, wherever it is; when none does,
+    folders that differ from one another leave the overlap unchecked (ambiguous) rather than counted on a guess.
+    """
     trained_on = str(metadata.get("trained_on", "unknown"))
     pool = metadata.get("unlabeled_pool")
     pool_size = pool.get("size") if isinstance(pool, dict) else None
@@ -217,16 +233,26 @@ def training_overlap(labeled: LabeledSet, metadata: dict) -> TrainingOverlap:
         return TrainingOverlap(len(labeled), f"{trained_on}, the same data hash", training=labeled)
     if trained_on.startswith("synthetic"):  # generated maps, none of them a labeled map
         return TrainingOverlap(0, trained_on)
-    folder = training_folder(trained_on)
-    if folder is None:
-        return TrainingOverlap(None, trained_on, unlabeled_pool=pool_size, in_pool=in_pool)
-    try:
-        training = load_labeled_set(folder)
-    except AttnpatError as exc:
-        return TrainingOverlap(None, f"{folder} ({exc})", unlabeled_pool=pool_size, in_pool=in_pool)
-    changed = training.data_hash != metadata.get("data_hash")
-    return TrainingOverlap(maps_in(training, labeled), str(folder), changed=changed,
-                           training=None if changed else training, unlabeled_pool=pool_size, in_pool=in_pool)
+    pool_counts = {"unlabeled_pool": pool_size, "in_pool": in_pool}
+    found: dict[Path, LabeledSet | AttnpatError] = {}
+    for folder in training_folders(trained_on, roots):
+        try:
+            found[folder] = load_labeled_set(folder)
+        except AttnpatError as exc:
+            found[folder] = exc
+            continue
+        if found[folder].data_hash == metadata.get("data_hash"):
+            return TrainingOverlap(maps_in(found[folder], labeled), str(folder), training=found[folder],
+                                   **pool_counts)
+    if not found:
+        return TrainingOverlap(None, trained_on, **pool_counts)
+    contents = {value.data_hash if isinstance(value, LabeledSet) else str(value) for value in found.values()}
+    if len(contents) > 1:
+        return TrainingOverlap(None, ", ".join(map(str, found)), ambiguous=True, **pool_counts)
+    folder, training = next(iter(found.items()))
+    if isinstance(training, AttnpatError):
+        return TrainingOverlap(None, f"{folder} ({training})", **pool_counts)
+    return TrainingOverlap(maps_in(training, labeled), str(folder), changed=True, **pool_counts)
 
 
 # ---------------------------------------------------------------- the verb
@@ -343,7 +369,11 @@ def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
     if overlap.training is None:
         lines.append("note: the fitted baselines (logreg, boosting, boosting_profile) need the classifier's training "
                      "set as it was trained on; compared with the rules only")
-    if overlap.in_training is None:
+    if overlap.ambiguous:
+        lines.append(f"note: the classifier's training set cannot be told apart: the folders {overlap.training_set} "
+                     f"go by the name it was trained on ({trained_on}), differ, and none holds the maps and labels "
+                     "it records (data hash); whether these maps are held out is unchecked")
+    elif overlap.in_training is None:
         lines.append(f"note: the classifier's training set ({overlap.training_set}) is not here; whether these maps "
                      "are held out is unchecked")
     elif overlap.in_training == 0 and overlap.unlabeled_pool and overlap.in_pool is None:

@@ -10,6 +10,7 @@ Shapes: images (N, INPUT_CHANNELS, S, S) as classifier.model.prepare_maps makes 
 """
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -95,3 +96,29 @@ def draw_pool(model: str, size: int, exclude: Sequence[str] = (), *, tasks: Sequ
     keep = np.sort(np.random.default_rng(seed).choice(len(maps), min(size, len(maps)), replace=False))
     maps, map_ids = [maps[i] for i in keep], [map_ids[i] for i in keep]
     return UnlabeledPool(maps, map_ids, {"model": model, "size": len(maps), "tasks": list(tasks), "seed": seed})
+
+
+@dataclass(frozen=True)
+class PoolRequest:
+    """The pool `train --pool` asks for, drawn only when :meth:`draw` is called (a minute). ``exclude``: the map ids
+    kept out (the labeled maps and those of --pool-exclude); ``excluded_from``: the --pool-exclude folders."""
+
+    model: str
+    size: int
+    exclude: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = DEFAULT_POOL_TASKS
+    seed: int = POOL_SEED
+    excluded_from: tuple[str, ...] = ()
+
+    def key(self) -> dict:
+        """What the drawn pool depends on, as JSON (the excluded ids as one digest): a stopped `train` reuses the
+        pool it drew only when its rerun asks for the same."""
+        excluded = hashlib.sha256("\n".join(sorted(set(self.exclude))).encode()).hexdigest()
+        return {"model": self.model, "size": self.size, "tasks": list(self.tasks), "seed": self.seed,
+                "exclude_sha256": excluded, "excluded_from": list(self.excluded_from)}
+
+    def draw(self, progress: bool = False) -> UnlabeledPool:
+        drawn = draw_pool(self.model, self.size, self.exclude, tasks=self.tasks, seed=self.seed, progress=progress)
+        if self.excluded_from:
+            drawn.spec["excluded_from"] = list(self.excluded_from)
+        return drawn

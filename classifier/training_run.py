@@ -11,7 +11,8 @@ macro_f1_agreed and annotators_agreed come with labeled sets that keep every ann
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,12 +21,12 @@ import numpy as np
 import pandas as pd
 
 from analysis.errors import AttnpatError
-from analysis.mapstore import maps_digest
+from analysis.mapstore import maps_digest, read_single_maps, write_single_maps
 from analysis.patterns import CLASSES
-from analysis.rundir import RunDir
+from analysis.rundir import RunDir, atomic_write_json
 from annotation.dataset import annotator_agreement, labeled_set_name, load_labeled_set
 from classifier.checkpoint import checkpoint_path, save_checkpoint
-from classifier.distill import UnlabeledPool
+from classifier.distill import PoolRequest, UnlabeledPool
 from classifier.evaluate import (
     baseline_comparison,
     baseline_predictions,
@@ -48,6 +49,12 @@ from classifier.train import (
 
 SYNTHETIC_PREFIX = "synthetic"
 RESUME_FOLDER = ".resume-train"  # in the run folder: the finished folds of a run not yet landed
+KEPT_POOL = "pool"  # in RESUME_FOLDER: the unlabeled pool the run drew (pool.npz, its maps; pool.json, its request)
+# the parts of classifier.distill.PoolRequest.key() as a user knows them
+POOL_REQUEST_NAMES = {"model": "model (--pool-model)", "size": "size (--pool)",
+                      "exclude_sha256": "set of excluded maps", "excluded_from": "--pool-exclude"}
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -92,11 +99,12 @@ class TrainingReport:
 
 def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: TrainConfig | None = None, *,
                      baselines: bool = True, progress: bool = True,
-                     pool: UnlabeledPool | Callable[[], UnlabeledPool] | None = None):
+                     pool: UnlabeledPool | PoolRequest | None = None):
     """Cross-validate the CNN (and baselines) on the same folds, write the tables, train and save the final model.
 
-    pool: unlabeled maps a teacher labels for the CNN (classifier.distill), or a function that draws them, called
-    once the inputs are checked and the run folder is locked (drawing takes a minute); the baselines never see it.
+    pool: unlabeled maps a teacher labels for the CNN (classifier.distill), or the request for them, drawn once the
+    inputs are checked and the run folder is locked (drawing takes a minute) and kept with the finished folds, so
+    that a stopped run's rerun learns from the very maps it drew (:func:`resumed_pool`); the baselines never see it.
     Returns the printable summary and the comparison with the baselines (TrainingReport).
     """
     config = config or TrainConfig()
@@ -104,14 +112,14 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
     labels = check_labels(data.labels, config.folds)
     folds = stratified_folds(labels, config.folds, config.seed)
     with run.record("train", folds=config.folds, seed=config.seed, data_source=data.source, pool=None) as entry:
-        if callable(pool):
-            pool = pool()
+        # the drawn pool, finished folds and the final fit are kept here, so that a stopped run resumes; the folder
+        # goes when this run lands
+        run.retire(RESUME_FOLDER)
+        if isinstance(pool, PoolRequest):
+            pool = resumed_pool(run.file(RESUME_FOLDER), pool, progress)
         if pool is not None:
             entry["pool"] = pool.spec
         pool_maps = pool.maps if pool is not None else None
-        # finished folds and the final fit are kept here, so that a stopped run resumes; the folder goes when
-        # this run lands
-        run.retire(RESUME_FOLDER)
         cnn_probabilities = cross_validate_cnn(data.maps, labels, config, folds, progress=progress,
                                                pool_maps=pool_maps, resume=run.file(RESUME_FOLDER))
         predictions = {"cnn": cnn_probabilities.argmax(1)}
@@ -166,3 +174,40 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
         # the checkpoint is saved beside the tables, not through the run folder's writers
         entry.update(outputs=[str(path), str(path.with_suffix(".json"))], cnn_macro_f1=cnn["macro_f1"])
     return TrainingReport(wide_summary(score_frame), comparison)
+
+
+def resumed_pool(folder: Path, request: PoolRequest, progress: bool = False) -> UnlabeledPool:
+    """The pool a stopped run asking for the same (``request.key()``) drew and kept in ``folder``, else a new draw,
+    kept there before any fold trains. Drawing again could give other maps (the model's files, the data or the
+    excluded labeled sets changed in between), and the finished folds were trained with the kept ones. A kept pool
+    of another request is replaced, and the log says so: the folds trained with it are trained again."""
+    kept = _read_kept_pool(folder)
+    if kept is not None and kept[0] == request.key():
+        return kept[1]
+    if kept is not None:
+        differing = [POOL_REQUEST_NAMES.get(key, key) for key, value in request.key().items()
+                     if kept[0].get(key) != value]
+        log.warning("the unlabeled pool kept by the stopped train was drawn for another %s; drawing a new one (the "
+                    "folds trained with the old one are trained again)", ", ".join(differing) or "request")
+    drawn = request.draw(progress)
+    write_single_maps(folder / f"{KEPT_POOL}.npz", dict(zip(drawn.map_ids, drawn.maps, strict=True)))
+    atomic_write_json(folder / f"{KEPT_POOL}.json", {"request": request.key(), "spec": drawn.spec,
+                                                    "pool_hash": drawn.pool_hash})  # last: it vouches for the maps
+    return drawn
+
+
+def _read_kept_pool(folder: Path) -> tuple[dict, UnlabeledPool] | None:
+    """(request key, pool) kept in ``folder`` by :func:`resumed_pool`, or None when there is none or it is damaged
+    (its maps must give the hash its record holds: a record beside another run's maps is no kept pool)."""
+    record_path, maps_path = folder / f"{KEPT_POOL}.json", folder / f"{KEPT_POOL}.npz"
+    if not record_path.is_file() or not maps_path.is_file():
+        return None
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        found = read_single_maps(maps_path)
+        pool = UnlabeledPool(list(found.values()), list(found), dict(record["spec"]))
+        if pool.pool_hash != record["pool_hash"]:
+            return None
+        return dict(record["request"]), pool
+    except (OSError, ValueError, KeyError, TypeError, AttnpatError):  # json's errors are ValueErrors
+        return None

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from sklearn.metrics import f1_score
+from sklearn.metrics import confusion_matrix, f1_score
 
 import classifier.train as train
 from analysis.errors import AttnpatError
@@ -118,6 +118,9 @@ def test_training_run_records_the_pool(tmp_path):
     agreed = predictions.annotators_agreed.fillna(False).to_numpy(bool)
     recorded_f1 = load_classifier(out).metadata["cross_validation"]["macro_f1_agreed"]
     assert recorded_f1 == pytest.approx(f1_score(predictions.label[agreed], predictions.cnn[agreed], average="macro"))
+    # the confusion matrix classify's adjusted ratios invert is the out-of-fold one, not the final fit's on its own maps
+    recorded_confusion = load_classifier(out).metadata["cross_validation"]["confusion"]
+    assert recorded_confusion == confusion_matrix(predictions.label, predictions.cnn, labels=list(CLASSES)).tolist()
 
 
 def test_pool_model_comes_from_the_map_ids():
@@ -250,3 +253,58 @@ def test_a_pool_model_that_cannot_load_offline_names_the_pool_option(tmp_path, c
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "offline, use --pool-model minilm" in error, error
     assert not list((tmp_path / "runs").rglob("*.csv"))
+
+
+def test_a_stopped_train_resumes_with_the_pool_it_drew_not_a_new_draw(tmp_path, capsys, monkeypatch, caplog):
+    """The rerun of a stopped `train` learns from the maps the stopped run drew, even where a new draw would give
+    others (here every draw gives other maps, as after the model's files or the excluded sets changed): its finished
+    folds are kept and the checkpoint records that pool. Before, the pool was drawn again; its other maps made every
+    kept fold stale, and the checkpoint recorded the second draw. A rerun asking for another pool says so."""
+    import classifier.distill as distill  # noqa: PLC0415
+    import classifier.train as train_module  # noqa: PLC0415
+    from classifier.training_run import RESUME_FOLDER  # noqa: PLC0415
+
+    draws = []
+
+    def changing_pool(model, size, exclude=(), **kwargs):  # another pool at every draw
+        maps, _ = synthetic_dataset(1, np.random.default_rng(len(draws)), lengths=(6, 12))
+        draws.append(UnlabeledPool(maps[:size], [f"tiny:sst2:d{len(draws)}-{i}:L0H0" for i in range(size)],
+                                   {"model": model, "size": size}))
+        return draws[-1]
+
+    real_fit, seeds, stop_at = train_module.fit_with_pool, [], [3]
+
+    def stopping_fit(images, labels, config, seed, *args, **kwargs):
+        seeds.append(seed)
+        if len(seeds) == stop_at[0]:
+            raise KeyboardInterrupt  # Ctrl-C while the third fold trains
+        return real_fit(images, labels, config, seed, *args, **kwargs)
+
+    monkeypatch.setattr(distill, "draw_pool", changing_pool)
+    monkeypatch.setattr(train_module, "fit_with_pool", stopping_fit)
+    labeled = save_tiny_labeled_set(tmp_path / "set", 4)
+    runs, out = tmp_path / "runs", tmp_path / "cnn.safetensors"
+    command = ["train", "--data", str(labeled), "--folds", "3", "--epochs", "1", "--pool", "4", "--no-baselines",
+               "--out", str(out), "--runs-dir", str(runs), "-q"]
+    assert main(command) == 130
+    kept = runs / "classifier" / "set" / RESUME_FOLDER
+    assert len(draws) == 1 and len(list(kept.glob("fold-*.npy"))) == 2
+    seeds.clear()
+    stop_at[0] = None
+    assert main(command) == 0, capsys.readouterr().err
+    assert len(draws) == 1  # not drawn again
+    assert seeds == [2, 0]  # only fold 2 and the final fit: the kept folds were trained with this very pool
+    recorded = load_classifier(out).metadata["unlabeled_pool"]
+    assert recorded["map_ids"] == draws[0].map_ids and recorded["pool_hash"] == draws[0].pool_hash
+    assert not kept.exists()
+
+    # a rerun asking for another pool (--pool 3) draws it, and says why the kept one is not used
+    seeds.clear()
+    stop_at[0] = 2
+    assert main(command) == 130
+    stop_at[0], caplog.records[:] = None, []
+    assert main([("3" if before == "--pool" else arg) for before, arg in zip(["", *command], command)]) == 0
+    assert len(draws) == 3 and load_classifier(out).metadata["unlabeled_pool"]["map_ids"] == draws[2].map_ids
+    assert [record.getMessage() for record in caplog.records if "unlabeled pool" in record.getMessage()] == [
+        "the unlabeled pool kept by the stopped train was drawn for another size (--pool); drawing a new one (the "
+        "folds trained with the old one are trained again)"]

@@ -267,6 +267,40 @@ def test_the_training_folder_is_found_relative_to_the_places_it_may_be(tmp_path)
     assert training_folder("synthetic maps (classifier.synthetic, 4 per class, seed 0)", (tmp_path,)) is None
 
 
+def test_of_several_folders_by_the_training_name_the_one_the_checkpoint_records_is_taken(tiny, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """A checkpoint trained on sets/v1 (a relative name), evaluated from a folder holding a merged copy of sets/v1
+    while the workspace holds the one it was trained on: the recorded data hash picks the workspace's (before, the
+    first found, the merged copy in the current folder: its overlap was counted, it was called changed, and the
+    baselines were compared as rules only). Two copies, neither the one recorded, are named in one note line."""
+    evaluated, training, _ = tiny
+    labeled, original = load_labeled_set(evaluated), load_labeled_set(training)
+    home, here = tmp_path / "home", tmp_path / "here"
+    shutil.copytree(training, home / "sets" / "v1")
+    # merged: the training maps plus 7 of the evaluated ones
+    write_labeled_folder(here / "sets" / "v1", [*original.rows, *labeled.rows[:7]],
+                         {**dict(zip(original.map_ids, original.maps)), **dict(zip(labeled.map_ids, labeled.maps))},
+                         [], {})
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("ATTNPAT_HOME", str(home))
+    checkpoint = write_checkpoint(tmp_path / "v1.safetensors", evaluated, trained_on="labeled set sets/v1",
+                                  data_hash=original.data_hash)
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0 and err == "", err
+    assert f"held out: none of these maps is in the training set ({home / 'sets' / 'v1'})" in out
+    assert "changed" not in out and "rules only" not in out and "CNN vs logreg" in out
+
+    # neither copy is the one trained on: both named, nothing counted on a guess
+    write_labeled_folder(home / "sets" / "v1", original.rows[:10], dict(zip(original.map_ids, original.maps)), [], {})
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0 and err == "", err
+    notes = [line for line in out.splitlines() if "cannot be told apart" in line]
+    assert notes == [f"note: the classifier's training set cannot be told apart: the folders {here / 'sets' / 'v1'}, "
+                     f"{home / 'sets' / 'v1'} go by the name it was trained on (labeled set sets/v1), differ, and none "
+                     "holds the maps and labels it records (data hash); whether these maps are held out is unchecked"]
+    assert "held out:" not in out and "has changed" not in out
+
+
 def test_bad_inputs_are_one_error_line_and_write_nothing(tiny, tmp_path, capsys):
     evaluated, _, checkpoint = tiny
     (tmp_path / "empty").mkdir()
