@@ -175,11 +175,11 @@ ARTIFACTS: tuple[Artifact, ...] = (
              figure=True, hint=_PARSE),
     Artifact("probing_dependency_heads", "probe-dep", "layer, head, direction, relation, accuracy, ci_low, ci_high "
              "(resampling whole sentences), count, parses", "Surface and clusters", hint=_PARSE),
-    Artifact("probing_coref", "probe-coref", "layer, head, metric (accuracy|accuracy_ci_low|accuracy_ci_high), "
-             "value", "Surface and clusters",
+    Artifact("probing_coref", "probe-coref", "layer, head, metric (accuracy|accuracy_ci_low|accuracy_ci_high: "
+             "Wilson, each sentence one trial), value", "Surface and clusters",
              figure=True, folder="winobias", hint="--model {model}"),
-    Artifact("probing_coref_baselines", "probe-coref", "baseline, accuracy, ci_low, ci_high", "Surface and clusters",
-             folder="winobias", hint="--model {model}"),
+    Artifact("probing_coref_baselines", "probe-coref", "baseline, accuracy, ci_low, ci_high (Wilson)",
+             "Surface and clusters", folder="winobias", hint="--model {model}"),
     Artifact("probing_coref_table", "probe-coref", "model (each baseline, then the head picked on the even-numbered "
              "sentences), accuracy, ci_low, ci_high, count (on the odd-numbered ones), p_value (McNemar vs the head)",
              "Surface and clusters", folder="winobias", hint="--model {model}"),

@@ -29,7 +29,7 @@ the other "the <occupation>" mention before the pronoun is the distractor. A hea
 pronoun's row gives more weight to the gold antecedent's head word (the span's last word) than to the
 distractor's. Baselines: nearest mention, first mention, and string match (the candidate whose head word
 equals the pronoun; no occupation ever equals a pronoun, so it always falls back to the nearest mention).
-Every accuracy, per head and of each baseline, comes with a percentile bootstrap 95% interval over the sentences.
+Every accuracy, per head and of each baseline, comes with a Wilson 95% interval: each sentence is one trial.
 Table 2 picks the best head on the selection half of the sentences and reports it and the baselines on the
 held-out half (as for dependencies), with Wilson 95% intervals and an exact McNemar test of each baseline
 against the head.
@@ -55,7 +55,6 @@ from analysis.rundir import RunDir, long_table
 from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps, to_word_level, word_groups
 from analysis.uncertainty import (
     DEFAULT_BOOTSTRAP,
-    bootstrap_mean_interval,
     bootstrap_weighted_mean_interval,
     mcnemar_exact,
     paired_permutation_p,
@@ -643,6 +642,25 @@ def coref_table(choices: np.ndarray, baseline_choices: dict[str, np.ndarray], ha
     return pd.DataFrame(rows)
 
 
+def coref_head_table(choices: np.ndarray) -> pd.DataFrame:
+    """Every head's accuracy on all scored sentences with its Wilson 95% interval (each sentence is one trial;
+    unlike a percentile bootstrap the interval keeps a width at 0% and 100%), as a long table: layer, head,
+    metric (accuracy|accuracy_ci_low|accuracy_ci_high), value. choices: (S, L, H) bool."""
+    interval = wilson_intervals(choices.sum(0), len(choices))  # (L, H, 2)
+    return long_table({"accuracy": choices.mean(0), "accuracy_ci_low": interval[..., 0],
+                       "accuracy_ci_high": interval[..., 1]})
+
+
+def coref_baseline_table(baseline_choices: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Each baseline's accuracy on all scored sentences with its Wilson 95% interval: baseline, accuracy, ci_low,
+    ci_high. baseline_choices: {name: (S,) bool}."""
+    interval = wilson_intervals([right.sum() for right in baseline_choices.values()],
+                                len(next(iter(baseline_choices.values()))))
+    return pd.DataFrame({"baseline": list(baseline_choices),
+                         "accuracy": [float(right.mean()) for right in baseline_choices.values()],
+                         "ci_low": interval[:, 0], "ci_high": interval[:, 1]})
+
+
 def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = None,
                 max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32, progress: bool = True):
     """Probe the packaged WinoBias sentences; write probing_coref.csv (per head, all sentences),
@@ -661,18 +679,13 @@ def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = N
         choices, scored = coref_choices(bundle, items, max_length=max_length, batch_size=batch_size,
                                         progress=progress)
         halves = np.array([sentence_half(k) for k in scored])
-        accuracy, interval = choices.mean(0), bootstrap_mean_interval(choices.astype(float))  # (L, H), (L, H, 2)
+        accuracy = choices.mean(0)  # (L, H)
         unscored = len(items) - len(scored)
         baseline_choices = coref_baseline_choices([items[k] for k in scored])  # the sentences the heads had
         table = coref_table(choices, baseline_choices, halves, bundle.name)
-        baselines = {name: float(right.mean()) for name, right in baseline_choices.items()}
-        baseline_interval = bootstrap_mean_interval(np.stack(list(baseline_choices.values()), 1).astype(float))
-        per_head = long_table({"accuracy": accuracy, "accuracy_ci_low": interval[..., 0],
-                               "accuracy_ci_high": interval[..., 1]})
+        per_head = coref_head_table(choices)
         run.write_table("probing_coref", per_head)
-        run.write_table("probing_coref_baselines",
-                        pd.DataFrame({"baseline": list(baselines), "accuracy": list(baselines.values()),
-                                      "ci_low": baseline_interval[:, 0], "ci_high": baseline_interval[:, 1]}))
+        run.write_table("probing_coref_baselines", coref_baseline_table(baseline_choices))
         run.write_table("probing_coref_table", table)
         layer, head = best_coref_head(choices, halves)
         picked = table.iloc[-1]
@@ -684,8 +697,8 @@ def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = N
         close(fig)
         entry.update(n_items=len(items), n_skipped_lines=skipped, n_unscored=unscored,
                      n_held_out=int(picked["count"]), in_sample_best_accuracy=float(accuracy.max()),
-                     interval="percentile bootstrap 95% interval over the sentences (ci_low, ci_high); "
-                              "probing_coref_table: Wilson 95% interval over the held-out sentences",
+                     interval="Wilson 95% interval, each sentence one trial (ci_low, ci_high); "
+                              "probing_coref_table: over the held-out sentences",
                      held_out="best head picked on the even-numbered sentences (0, 2, ...), it and the baselines "
                               "scored on the odd-numbered ones; p_value: exact McNemar, baseline vs that head; "
                               "in_sample_best_accuracy: the best head picked and scored on all sentences, as "

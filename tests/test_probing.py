@@ -22,8 +22,10 @@ from analysis.probing import (
     DepSentence,
     antecedent_choices,
     coref_baseline_choices,
+    coref_baseline_table,
     coref_baselines,
     coref_choices,
+    coref_head_table,
     coref_table,
     dependency_data,
     dependency_head_table,
@@ -405,6 +407,19 @@ def test_coref_table_picks_the_head_on_one_half_and_reports_everything_on_the_ot
     assert (table.ci_low.iloc[1], table.ci_high.iloc[1]) == pytest.approx(tuple(wilson_interval(4, 4)))
     # held out: first mention right alone on 4 sentences, exact McNemar p = 2 x (1/2)^4; nearest and the head agree
     assert table.p_value.iloc[:2].tolist() == pytest.approx([1.0, 0.125]) and np.isnan(table.p_value.iloc[2])
+
+
+def test_coref_intervals_keep_a_width_at_0_and_100_percent():
+    """Each WinoBias sentence is one trial: Wilson's interval, which a percentile bootstrap over the sentences is
+    not at 0% or 100% (every resample is 0%)."""
+    choices = np.zeros((40, 1, 2), dtype=bool)
+    choices[:, 0, 1] = True  # head 0 never right, head 1 always
+    per_head = coref_head_table(choices).pivot(index="head", columns="metric", values="value")
+    assert per_head.accuracy.tolist() == [0.0, 1.0]
+    assert (per_head.accuracy_ci_low[0], per_head.accuracy_ci_high[0]) == pytest.approx(tuple(wilson_interval(0, 40)))
+    assert per_head.accuracy_ci_high[0] > 0.05 and per_head.accuracy_ci_low[1] < 0.95
+    baselines = coref_baseline_table({"nearest mention": choices[:, 0, 0], "first mention": choices[:, 0, 1]})
+    assert baselines.ci_high.iloc[0] == pytest.approx(wilson_interval(0, 40)[1]) and baselines.ci_low.iloc[1] < 0.95
 
 
 def test_coref_baselines_are_scored_on_the_sentences_the_heads_were(tmp_path):
