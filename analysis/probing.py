@@ -19,7 +19,8 @@ selection half and reported on the held-out half. The words of one sentence shar
 independent trials, so every interval resamples whole sentences (a cluster bootstrap: accuracy = words right /
 words scored in the draw), and the head is tested against the baseline by a paired sign-flip permutation
 test over the held-out sentences, beside a paired bootstrap interval of their difference.
-Clark's in-sample figure is kept beside it (in_sample_accuracy).
+Clark's in-sample figure is kept beside it (in_sample_accuracy). A word whose DEPREL is `_` (none given)
+counts in "all" only.
 The trees come from a CoNLL-U file (gold parses) or from parsing a task's or a user file's sentences with
 the offline English pipeline (analysis.parsing: silver parses, labelled so in every table and figure).
 
@@ -64,6 +65,7 @@ from analysis.uncertainty import (
 DIRECTIONS = ("dep->head", "head<-dep")
 OFFSETS = (-3, -2, -1, 1, 2, 3)
 ALL_RELATIONS = "all"
+NO_RELATION = "_"  # CoNLL-U's DEPREL for "none given": such words count in "all" only
 # How the dependency tables bound their figures, as the manifest entry says it
 DEPENDENCY_INTERVAL = (f"95% intervals resample whole sentences ({DEFAULT_BOOTSTRAP} draws, seed 0; accuracy = words "
                        "right / words scored in the draw; where every draw agrees, as at 0% or 100%, Wilson's "
@@ -271,13 +273,14 @@ class DependencyScores:
 
     def add(self, predicted: np.ndarray, sentence: DepSentence, scored: np.ndarray, half: int) -> None:
         """One sentence. predicted: (D, L, H, N) 1-indexed predicted heads for all N words (any value where not
-        scored); scored: (N,) bool words to score; half: the sentence's half (sentence_half)."""
+        scored); scored: (N,) bool words to score; half: the sentence's half (sentence_half). A word without a
+        relation (DEPREL ``_``) counts in "all" only."""
         gold = np.asarray(sentence.heads)
         relations = np.asarray(sentence.relations, dtype=object)
         hits = predicted == gold  # (D, L, H, N)
         baseline_hits = np.stack([offset_predictions(len(gold), offset) == gold for offset in OFFSETS])  # (O, N)
         counts = {}
-        for relation in (ALL_RELATIONS, *sorted(set(relations[scored]))):
+        for relation in (ALL_RELATIONS, *sorted(set(relations[scored]) - {NO_RELATION})):
             words = scored if relation == ALL_RELATIONS else scored & (relations == relation)
             if not words.any():
                 continue

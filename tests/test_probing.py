@@ -15,6 +15,7 @@ from analysis.probing import (
     ALL_RELATIONS,
     DIRECTIONS,
     HELD_OUT,
+    NO_RELATION,
     OFFSETS,
     SELECTION,
     CorefItem,
@@ -320,6 +321,18 @@ def test_a_share_of_0_or_100_percent_keeps_an_interval_as_wide_as_its_sentences_
     row = dependency_table(scores).set_index("relation").loc["obj"]
     assert row.accuracy == 1.0 and (row.ci_low, row.ci_high) == pytest.approx(tuple(wilson_interval(3, 3)))
     assert row.ci_low < 0.6  # 15 held-out words as independent trials would claim above 0.79
+
+
+def test_words_without_a_relation_count_in_all_only():
+    """CoNLL-U's DEPREL `_` gives no relation: such words are scored in "all", and no relation named `_` is listed."""
+    sentence = DepSentence("s", ("a", "b", "c", "d"), heads=(2, 0, 2, 2), relations=("nsubj", "root", "_", "_"))
+    scores = DependencyScores(layers=1, heads=1)
+    for half in (SELECTION, HELD_OUT):
+        scores.add(np.full((len(DIRECTIONS), 1, 1, 4), 2), sentence, np.array([True, False, True, True]), half)
+    assert NO_RELATION not in scores.relations() and dict(scores.counts) == {ALL_RELATIONS: 6, "nsubj": 2}
+    table = dependency_table(scores)
+    assert table.relation.tolist() == [ALL_RELATIONS, "nsubj"] and table.held_out_count.tolist() == [3, 1]
+    assert set(dependency_head_table(scores).relation) == {ALL_RELATIONS, "nsubj"}
 
 
 def test_truncated_words_are_not_scored(tokenizer):
