@@ -15,9 +15,12 @@ lost, are not scored (counted in the manifest). A tie for the most attention goe
 Clark et al. report the best of every head and direction per relation, picked and scored on the same
 sentences, which flatters it (the best of 2 x L x H guesses). Here the sentences are split in two halves
 by position (even: selection, odd: held out); the head, direction and offset baseline are picked on the
-selection half and reported on the held-out half, with Wilson 95% intervals and an exact McNemar test of
-head against baseline on the same held-out words (words counted as independent trials).
-Clark's in-sample figure is kept beside it (in_sample_accuracy).
+selection half and reported on the held-out half. The words of one sentence share its maps and are no
+independent trials, so every interval resamples whole sentences (a cluster bootstrap: accuracy = words right /
+words scored in the draw), and the head is tested against the baseline by a paired sign-flip permutation
+test over the held-out sentences, beside a paired bootstrap interval of their difference.
+Clark's in-sample figure is kept beside it (in_sample_accuracy). A word whose DEPREL is `_` (none given)
+counts in "all" only.
 The trees come from a CoNLL-U file (gold parses) or from parsing a task's or a user file's sentences with
 the offline English pipeline (analysis.parsing: silver parses, labelled so in every table and figure).
 
@@ -27,7 +30,7 @@ the other "the <occupation>" mention before the pronoun is the distractor. A hea
 pronoun's row gives more weight to the gold antecedent's head word (the span's last word) than to the
 distractor's. Baselines: nearest mention, first mention, and string match (the candidate whose head word
 equals the pronoun; no occupation ever equals a pronoun, so it always falls back to the nearest mention).
-Every accuracy, per head and of each baseline, comes with a percentile bootstrap 95% interval over the sentences.
+Every accuracy, per head and of each baseline, comes with a Wilson 95% interval: each sentence is one trial.
 Table 2 picks the best head on the selection half of the sentences and reports it and the baselines on the
 held-out half (as for dependencies), with Wilson 95% intervals and an exact McNemar test of each baseline
 against the head.
@@ -51,11 +54,23 @@ from analysis.figures import close, head_heatmap
 from analysis.parsing import GOLD_PARSES, PIPELINE_NAME, SILVER_PARSES, parse_texts, require_pipeline
 from analysis.rundir import RunDir, long_table
 from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps, to_word_level, word_groups
-from analysis.uncertainty import bootstrap_mean_interval, mcnemar_exact, wilson_interval
+from analysis.uncertainty import (
+    DEFAULT_BOOTSTRAP,
+    bootstrap_weighted_mean_interval,
+    mcnemar_exact,
+    paired_permutation_p,
+    wilson_interval,
+)
 
 DIRECTIONS = ("dep->head", "head<-dep")
 OFFSETS = (-3, -2, -1, 1, 2, 3)
 ALL_RELATIONS = "all"
+NO_RELATION = "_"  # CoNLL-U's DEPREL for "none given": such words count in "all" only
+# How the dependency tables bound their figures, as the manifest entry says it
+DEPENDENCY_INTERVAL = (f"95% intervals resample whole sentences ({DEFAULT_BOOTSTRAP} draws, seed 0; accuracy = words "
+                       "right / words scored in the draw; where every draw agrees, as at 0% or 100%, Wilson's "
+                       "interval with each sentence one trial); head_minus_baseline: paired sentence-level "
+                       "bootstrap; p_value: paired sign-flip permutation test over the held-out sentences")
 SELECTION, HELD_OUT = 0, 1  # the halves: one picks the best head and baseline, the other reports them
 
 
@@ -65,15 +80,57 @@ def sentence_half(position: int) -> int:
     return position % 2
 
 
-def paired_outcomes(n: int, first_right: int, second_right: int, both_right: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two predictors' per-item correctness, (n,) bool each, rebuilt from counts: McNemar's test needs only how
-    many items each gets right alone, not which ones, so the items are laid out in any order."""
-    layout = [both_right, first_right - both_right, second_right - both_right,
-              n - first_right - second_right + both_right]
-    if min(layout) < 0:
-        raise AttnpatError(f"inconsistent paired counts: {n} items, {first_right} and {second_right} right, "
-                           f"{both_right} both")
-    return (np.repeat([True, True, False, False], layout), np.repeat([True, False, True, False], layout))
+def wilson_intervals(successes: np.ndarray, n: float) -> np.ndarray:
+    """Wilson 95% intervals of successes (any shape) out of n trials each -> (..., 2)."""
+    successes = np.asarray(successes, dtype=np.float64)
+    bounds = [wilson_interval(k, n) for k in successes.ravel()]
+    return np.array(bounds, dtype=np.float64).reshape(*successes.shape, 2)
+
+
+def sentence_share_interval(correct: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """95% intervals of shares of words right, resampling whole sentences (a cluster bootstrap): the words of
+    one sentence share its maps, so they are no independent trials.
+
+    correct: (S, ...) words right per sentence, for every cell (head, baseline); words: (S,) words scored per
+    sentence, 0 where a sentence has none of them. Each draw resamples the S sentences (seed 0, the draws of
+    bootstrap_weighted_mean_interval, shared by every cell): share = resampled words right / resampled words.
+    Where every draw gives the same share (one sentence holds the words, or every sentence has the same share,
+    as at 0% or 100%) the resampling cannot show any spread; there the interval is Wilson's with each such
+    sentence one trial, the most correlated reading. Bounds always hold the share itself. Returns (..., 2).
+    """
+    correct, words = np.asarray(correct, dtype=np.float64), np.asarray(words, dtype=np.float64)
+    spread = words.reshape(-1, *(1,) * (correct.ndim - 1))
+    per_sentence = np.divide(correct, spread, out=np.zeros_like(correct), where=spread > 0)
+    bounds = bootstrap_weighted_mean_interval(per_sentence, words)
+    share = correct.sum(0) / words.sum()
+    flat = np.isclose(bounds[..., 0], bounds[..., 1], rtol=0, atol=1e-12)
+    if flat.any():
+        sentences = int((words > 0).sum())
+        bounds[flat] = wilson_intervals(share[flat] * sentences, sentences)
+    bounds[..., 0] = np.minimum(bounds[..., 0], share)
+    bounds[..., 1] = np.maximum(bounds[..., 1], share)
+    return bounds
+
+
+def share_of_words(right: np.ndarray, words: np.ndarray) -> float:
+    """Share of words right over sentences: right (S,) words right per sentence, words (S,) words scored."""
+    return float(right.sum() / words.sum())
+
+
+def paired_sentence_test(head_right: np.ndarray, baseline_right: np.ndarray,
+                         words: np.ndarray) -> tuple[np.ndarray, float]:
+    """A head against a baseline on the same held-out sentences, sentences as the units.
+
+    head_right, baseline_right: (S,) words each gets right per sentence; words: (S,) words scored. Returns
+    ((2,) paired sentence-level bootstrap 95% interval of head accuracy - baseline accuracy, two-sided p of a
+    paired sign-flip permutation test: under the null the two are exchangeable within each sentence).
+    """
+    head_right, baseline_right = np.asarray(head_right, np.float64), np.asarray(baseline_right, np.float64)
+    words = np.asarray(words, dtype=np.float64)
+    difference = np.divide(head_right - baseline_right, words, out=np.zeros_like(words), where=words > 0)
+    interval = bootstrap_weighted_mean_interval(difference, words)
+    p_value = paired_permutation_p(share_of_words, baseline_right, head_right, words)
+    return interval, float(p_value[0])
 
 
 # ---------------------------------------------------------------- word-level maps
@@ -201,38 +258,56 @@ def offset_predictions(num_words: int, offset: int) -> np.ndarray:
 
 
 class DependencyScores:
-    """Counts of correct predictions per relation and half (SELECTION, HELD_OUT): of every head (D, L, H), of
-    every offset baseline (O), and of each head and baseline together (D, L, H, O), which McNemar's test of a
-    head against a baseline on the same words needs."""
+    """Counts of correct predictions per relation and half (SELECTION, HELD_OUT): of every head (D, L, H) and of
+    every offset baseline (O), summed, and kept per sentence too: the words of one sentence share its maps, so
+    they are no independent trials, and the intervals resample whole sentences (sentence_counts)."""
 
     def __init__(self, layers: int, heads: int):
         self.shape = (len(DIRECTIONS), layers, heads)
         self.correct: dict[str, np.ndarray] = {}  # (2, D, L, H)
         self.baseline_correct: dict[str, np.ndarray] = {}  # (2, O)
-        self.joint_correct: dict[str, np.ndarray] = {}  # (2, D, L, H, O)
         self.half_counts: dict[str, np.ndarray] = {}  # (2,) words scored
+        # one entry per sentence with a scored word: (half, {relation: (head hits (D, L, H), offset hits (O,),
+        # words)}), only the relations the sentence holds
+        self.sentences: list[tuple[int, dict[str, tuple[np.ndarray, np.ndarray, int]]]] = []
 
     def add(self, predicted: np.ndarray, sentence: DepSentence, scored: np.ndarray, half: int) -> None:
-        """predicted: (D, L, H, N) 1-indexed predicted heads for all N words (any value where not scored);
-        scored: (N,) bool words to score; half: the sentence's half (sentence_half)."""
+        """One sentence. predicted: (D, L, H, N) 1-indexed predicted heads for all N words (any value where not
+        scored); scored: (N,) bool words to score; half: the sentence's half (sentence_half). A word without a
+        relation (DEPREL ``_``) counts in "all" only."""
         gold = np.asarray(sentence.heads)
         relations = np.asarray(sentence.relations, dtype=object)
         hits = predicted == gold  # (D, L, H, N)
         baseline_hits = np.stack([offset_predictions(len(gold), offset) == gold for offset in OFFSETS])  # (O, N)
-        for relation in (ALL_RELATIONS, *sorted(set(relations[scored]))):
+        counts = {}
+        for relation in (ALL_RELATIONS, *sorted(set(relations[scored]) - {NO_RELATION})):
             words = scored if relation == ALL_RELATIONS else scored & (relations == relation)
             if not words.any():
                 continue
             if relation not in self.half_counts:
                 self.correct[relation] = np.zeros((2, *self.shape), dtype=np.int64)
                 self.baseline_correct[relation] = np.zeros((2, len(OFFSETS)), dtype=np.int64)
-                self.joint_correct[relation] = np.zeros((2, *self.shape, len(OFFSETS)), dtype=np.int64)
                 self.half_counts[relation] = np.zeros(2, dtype=np.int64)
-            head_hits, offset_hits = hits[..., words].astype(np.int64), baseline_hits[:, words].astype(np.int64)
-            self.correct[relation][half] += head_hits.sum(-1)
-            self.baseline_correct[relation][half] += offset_hits.sum(-1)
-            self.joint_correct[relation][half] += head_hits @ offset_hits.T
+            head_hits, offset_hits = hits[..., words].sum(-1), baseline_hits[:, words].sum(-1)
+            self.correct[relation][half] += head_hits
+            self.baseline_correct[relation][half] += offset_hits
             self.half_counts[relation][half] += int(words.sum())
+            counts[relation] = (head_hits.astype(np.int32), offset_hits.astype(np.int32), int(words.sum()))
+        if counts:
+            self.sentences.append((half, counts))
+
+    def sentence_counts(self, relation: str, half: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per sentence of one half (or both: None) with a scored word: (head hits (S, D, L, H), offset hits
+        (S, O), words of the relation (S,)), zeros in the sentences that lack the relation, so a resample of the
+        sentences holds as many of the relation's words as a fresh sample would."""
+        kept = [counts for its_half, counts in self.sentences if half is None or its_half == half]
+        head_hits = np.zeros((len(kept), *self.shape), dtype=np.int64)
+        offset_hits = np.zeros((len(kept), len(OFFSETS)), dtype=np.int64)
+        words = np.zeros(len(kept), dtype=np.int64)
+        for k, counts in enumerate(kept):
+            if relation in counts:
+                head_hits[k], offset_hits[k], words[k] = counts[relation]
+        return head_hits, offset_hits, words
 
     @property
     def counts(self) -> Counter:
@@ -304,36 +379,42 @@ def dependency_scores(bundle, data: TaskData, sentences: list[DepSentence], *, m
 def dependency_table(scores: DependencyScores, min_count: int = 1, parses: str = GOLD_PARSES):
     """Clark's Table 1, picked on one half and reported on the other: per relation, the head (and direction) and
     the offset baseline most accurate on the selection half; their accuracy on the held-out half (held_out_count
-    words) with Wilson 95% intervals, and the exact McNemar p of head against baseline on those words.
-    in_sample_accuracy is Clark's figure: the best head's accuracy picked and scored on all sentences (count
-    words), optimistic. ``parses`` says where the trees came from (gold or silver)."""
+    words) with sentence-level 95% intervals (sentence_share_interval), the head's accuracy minus the baseline's
+    with a paired sentence-level bootstrap 95% interval, and the p of a paired sign-flip test over the held-out
+    sentences (paired_sentence_test). in_sample_accuracy is Clark's figure: the best head's accuracy picked and
+    scored on all sentences (count words), optimistic. ``parses`` says where the trees came from (gold or
+    silver)."""
     rows = []
     for relation in scores.relations(min_count):
         d, layer, head = np.unravel_index(int(np.argmax(scores.accuracy(relation, SELECTION))), scores.shape)
         offset = int(np.argmax(scores.baseline_accuracy(relation, SELECTION)))
-        n = scores.count(relation, HELD_OUT)
-        head_right = int(scores.correct[relation][HELD_OUT][d, layer, head])
-        baseline_right = int(scores.baseline_correct[relation][HELD_OUT][offset])
-        both_right = int(scores.joint_correct[relation][HELD_OUT][d, layer, head, offset])
-        head_interval, baseline_interval = wilson_interval(head_right, n), wilson_interval(baseline_right, n)
+        head_hits, offset_hits, words = scores.sentence_counts(relation, HELD_OUT)
+        head_right, baseline_right = head_hits[:, d, layer, head], offset_hits[:, offset]
+        n = int(words.sum())
+        head_interval, baseline_interval = sentence_share_interval(np.stack([head_right, baseline_right], 1), words)
+        difference_interval, p_value = paired_sentence_test(head_right, baseline_right, words)
         rows.append({"relation": relation, "direction": DIRECTIONS[d], "best_layer": int(layer), "best_head": int(head),
-                     "accuracy": head_right / n, "ci_low": head_interval[0], "ci_high": head_interval[1],
-                     "baseline_offset": OFFSETS[offset], "baseline_accuracy": baseline_right / n,
+                     "accuracy": head_right.sum() / n, "ci_low": head_interval[0], "ci_high": head_interval[1],
+                     "baseline_offset": OFFSETS[offset], "baseline_accuracy": baseline_right.sum() / n,
                      "baseline_ci_low": baseline_interval[0], "baseline_ci_high": baseline_interval[1],
-                     "p_value": float(mcnemar_exact(*paired_outcomes(n, baseline_right, head_right, both_right))),
-                     "held_out_count": n, "count": scores.count(relation),
+                     "head_minus_baseline": (head_right.sum() - baseline_right.sum()) / n,
+                     "head_minus_baseline_ci_low": difference_interval[0],
+                     "head_minus_baseline_ci_high": difference_interval[1], "p_value": p_value,
+                     "held_out_count": n, "held_out_sentences": int((words > 0).sum()), "count": scores.count(relation),
                      "in_sample_accuracy": float(scores.accuracy(relation).max()), "parses": parses})
     return pd.DataFrame(rows)
 
 
 def dependency_head_table(scores: DependencyScores, min_count: int = 1, parses: str = GOLD_PARSES):
-    """Every head's accuracy on all sentences (no head picked, so no half held out), with its Wilson 95%
-    interval: layer, head, direction, relation, accuracy, ci_low, ci_high, count, parses."""
+    """Every head's accuracy on all sentences (no head picked, so no half held out), with its sentence-level 95%
+    interval (sentence_share_interval; the same sentence draws for every head): layer, head, direction,
+    relation, accuracy, ci_low, ci_high, count, parses."""
     frames = []
     for relation in scores.relations(min_count):
-        n = scores.count(relation)
-        correct = scores.correct[relation].sum(0)  # (D, L, H)
-        intervals = np.array([wilson_interval(int(k), n) for k in correct.ravel()]).reshape(*correct.shape, 2)
+        head_hits, _, words = scores.sentence_counts(relation)
+        n = int(words.sum())
+        correct = head_hits.sum(0)  # (D, L, H)
+        intervals = sentence_share_interval(head_hits, words)  # (D, L, H, 2)
         for d, direction in enumerate(DIRECTIONS):
             frame = long_table({relation: correct[d] / n}, key="relation").rename(columns={"value": "accuracy"})
             frame.insert(2, "direction", direction)
@@ -390,9 +471,9 @@ def probe_dependency(bundle, source: str | Path, run_root: str | Path | None = N
                      n_held_out_sentences=sum(sentence_half(k) == HELD_OUT for k in range(len(sentences))),
                      relations_in_one_half_only=sorted(set(scores.half_counts) - set(scores.relations())),
                      held_out="best head, direction and offset picked on the even-numbered sentences (0, 2, ...), "
-                              "accuracy on the odd-numbered ones with Wilson 95% intervals (ci_low, ci_high); "
-                              "p_value: exact McNemar, head vs offset, same held-out words; in_sample_accuracy: "
-                              "picked and scored on all sentences, as Clark et al.")
+                              "accuracy on the odd-numbered ones; in_sample_accuracy: picked and scored on all "
+                              "sentences, as Clark et al.",
+                     interval=DEPENDENCY_INTERVAL)
     return table, run
 
 
@@ -564,6 +645,25 @@ def coref_table(choices: np.ndarray, baseline_choices: dict[str, np.ndarray], ha
     return pd.DataFrame(rows)
 
 
+def coref_head_table(choices: np.ndarray) -> pd.DataFrame:
+    """Every head's accuracy on all scored sentences with its Wilson 95% interval (each sentence is one trial;
+    unlike a percentile bootstrap the interval keeps a width at 0% and 100%), as a long table: layer, head,
+    metric (accuracy|accuracy_ci_low|accuracy_ci_high), value. choices: (S, L, H) bool."""
+    interval = wilson_intervals(choices.sum(0), len(choices))  # (L, H, 2)
+    return long_table({"accuracy": choices.mean(0), "accuracy_ci_low": interval[..., 0],
+                       "accuracy_ci_high": interval[..., 1]})
+
+
+def coref_baseline_table(baseline_choices: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Each baseline's accuracy on all scored sentences with its Wilson 95% interval: baseline, accuracy, ci_low,
+    ci_high. baseline_choices: {name: (S,) bool}."""
+    interval = wilson_intervals([right.sum() for right in baseline_choices.values()],
+                                len(next(iter(baseline_choices.values()))))
+    return pd.DataFrame({"baseline": list(baseline_choices),
+                         "accuracy": [float(right.mean()) for right in baseline_choices.values()],
+                         "ci_low": interval[:, 0], "ci_high": interval[:, 1]})
+
+
 def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = None,
                 max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32, progress: bool = True):
     """Probe the packaged WinoBias sentences; write probing_coref.csv (per head, all sentences),
@@ -582,18 +682,13 @@ def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = N
         choices, scored = coref_choices(bundle, items, max_length=max_length, batch_size=batch_size,
                                         progress=progress)
         halves = np.array([sentence_half(k) for k in scored])
-        accuracy, interval = choices.mean(0), bootstrap_mean_interval(choices.astype(float))  # (L, H), (L, H, 2)
+        accuracy = choices.mean(0)  # (L, H)
         unscored = len(items) - len(scored)
         baseline_choices = coref_baseline_choices([items[k] for k in scored])  # the sentences the heads had
         table = coref_table(choices, baseline_choices, halves, bundle.name)
-        baselines = {name: float(right.mean()) for name, right in baseline_choices.items()}
-        baseline_interval = bootstrap_mean_interval(np.stack(list(baseline_choices.values()), 1).astype(float))
-        per_head = long_table({"accuracy": accuracy, "accuracy_ci_low": interval[..., 0],
-                               "accuracy_ci_high": interval[..., 1]})
+        per_head = coref_head_table(choices)
         run.write_table("probing_coref", per_head)
-        run.write_table("probing_coref_baselines",
-                        pd.DataFrame({"baseline": list(baselines), "accuracy": list(baselines.values()),
-                                      "ci_low": baseline_interval[:, 0], "ci_high": baseline_interval[:, 1]}))
+        run.write_table("probing_coref_baselines", coref_baseline_table(baseline_choices))
         run.write_table("probing_coref_table", table)
         layer, head = best_coref_head(choices, halves)
         picked = table.iloc[-1]
@@ -605,8 +700,8 @@ def probe_coref(bundle, run_root: str | Path | None = None, *, n: int | None = N
         close(fig)
         entry.update(n_items=len(items), n_skipped_lines=skipped, n_unscored=unscored,
                      n_held_out=int(picked["count"]), in_sample_best_accuracy=float(accuracy.max()),
-                     interval="percentile bootstrap 95% interval over the sentences (ci_low, ci_high); "
-                              "probing_coref_table: Wilson 95% interval over the held-out sentences",
+                     interval="Wilson 95% interval, each sentence one trial (ci_low, ci_high); "
+                              "probing_coref_table: over the held-out sentences",
                      held_out="best head picked on the even-numbered sentences (0, 2, ...), it and the baselines "
                               "scored on the odd-numbered ones; p_value: exact McNemar, baseline vs that head; "
                               "in_sample_best_accuracy: the best head picked and scored on all sentences, as "

@@ -141,22 +141,27 @@ def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U fi
     typer.echo(f"{bundle.name} on {run.task} ({entry['n_sentences']} sentences, {entry['parses']}); "
                "heads layer-head, 0-indexed")
     typer.echo("head and offset picked on the even-numbered sentences; words, accuracy [95% interval] on the "
-               f"odd-numbered ones ({entry['n_held_out_sentences']}); p: exact McNemar, head vs offset; "
+               f"odd-numbered ones ({entry['n_held_out_sentences']}); intervals resample whole sentences; "
+               "head-base: accuracy difference; p: paired sign-flip test over the held-out sentences; "
                "in-sample: Clark's best head picked and scored on all sentences")
     typer.echo(f"{'relation':<14} {'words':>6} {'attn [95% interval]':<19}  {'head':<14} {'offset':>6} "
-               f"{'base [95% interval]':<19} {'p':>7} {'in-sample':>9}")
+               f"{'base [95% interval]':<19} {'head-base [95% interval]':<23} {'p':>7} {'in-sample':>9}")
     for row in table.itertuples():
         attention = _percent_interval(row.accuracy, row.ci_low, row.ci_high)
         baseline = _percent_interval(row.baseline_accuracy, row.baseline_ci_low, row.baseline_ci_high)
+        difference = _percent_interval(row.head_minus_baseline, row.head_minus_baseline_ci_low,
+                                       row.head_minus_baseline_ci_high, sign="+")
         typer.echo(f"{row.relation[:14]:<14} {row.held_out_count:>6} {attention}  "
                    f"{f'{row.best_layer}-{row.best_head} {row.direction}':<14} {row.baseline_offset:>+6d} "
-                   f"{baseline} {row.p_value:>7.2g} {100 * row.in_sample_accuracy:>9.1f}")
+                   f"{baseline} {difference} {row.p_value:>7.2g} {100 * row.in_sample_accuracy:>9.1f}")
     typer.echo(f"tables and figure: {run.path}")
 
 
-def _percent_interval(value: float, low: float, high: float) -> str:
-    """A share and its interval in percent, 19 characters: ' 76.2 [ 70.1,  81.4]'."""
-    return f"{100 * value:>5.1f} [{100 * low:>5.1f}, {100 * high:>5.1f}]"
+def _percent_interval(value: float, low: float, high: float, sign: str = "") -> str:
+    """A share and its interval in percent, 19 characters: ' 76.2 [ 70.1,  81.4]'; sign="+" signs each number
+    (a difference, 23 characters: ' +40.3 [ +30.1,  +50.2]')."""
+    width = 5 + len(sign)
+    return f"{100 * value:>{sign}{width}.1f} [{100 * low:>{sign}{width}.1f}, {100 * high:>{sign}{width}.1f}]"
 
 
 def probe_coref(model: str = opt.Model, n: opt.OptionalInt = opt.n_option(None, "first N sentences"),

@@ -15,6 +15,7 @@ from analysis.probing import (
     ALL_RELATIONS,
     DIRECTIONS,
     HELD_OUT,
+    NO_RELATION,
     OFFSETS,
     SELECTION,
     CorefItem,
@@ -22,8 +23,10 @@ from analysis.probing import (
     DepSentence,
     antecedent_choices,
     coref_baseline_choices,
+    coref_baseline_table,
     coref_baselines,
     coref_choices,
+    coref_head_table,
     coref_table,
     dependency_data,
     dependency_head_table,
@@ -31,7 +34,6 @@ from analysis.probing import (
     dependency_table,
     load_winobias,
     offset_predictions,
-    paired_outcomes,
     parse_winobias,
     predict_heads,
     probe_coref,
@@ -42,7 +44,7 @@ from analysis.probing import (
 )
 from analysis.rundir import table_to_array
 from analysis.stream import MapBatch, collate, encode_examples
-from analysis.uncertainty import mcnemar_exact, wilson_interval
+from analysis.uncertainty import DEFAULT_BOOTSTRAP, wilson_interval
 from app.cli import main
 from tests.tiny import save_tiny_model, tiny_bundle
 
@@ -199,8 +201,11 @@ def test_synthetic_maps_pointing_at_gold_heads_score_100_percent(tokenizer):
     assert table.relation.tolist() == [ALL_RELATIONS, "nsubj", "punct", "advmod"]  # by frequency, 3, 3, 2
     assert list(table.columns) == ["relation", "direction", "best_layer", "best_head", "accuracy", "ci_low", "ci_high",
                                    "baseline_offset", "baseline_accuracy", "baseline_ci_low", "baseline_ci_high",
-                                   "p_value", "held_out_count", "count", "in_sample_accuracy", "parses"]
+                                   "head_minus_baseline", "head_minus_baseline_ci_low", "head_minus_baseline_ci_high",
+                                   "p_value", "held_out_count", "held_out_sentences", "count", "in_sample_accuracy",
+                                   "parses"]
     assert table.held_out_count.tolist() == [3, 1, 1, 1]  # s2: Dogs, loudly, '.'
+    assert (table.held_out_sentences == 1).all()
     assert set(table.parses) == {GOLD_PARSES}  # a CoNLL-U file's trees are gold
 
 
@@ -218,13 +223,10 @@ def test_offset_baselines_match_a_hand_count(tokenizer):
     assert scores.baseline_correct[ALL_RELATIONS][SELECTION].tolist() == [1, 0, 1, 4, 2, 1]
     row = dependency_table(scores).set_index("relation").loc[ALL_RELATIONS]
     assert row.baseline_offset == 1 and row.baseline_accuracy == pytest.approx(1 / 3) and row.held_out_count == 3
-    assert (row.baseline_ci_low, row.baseline_ci_high) == pytest.approx(tuple(wilson_interval(1, 3)))
-
-def test_paired_outcomes_rebuild_who_is_right_from_counts():
-    first, second = paired_outcomes(n=6, first_right=3, second_right=2, both_right=1)
-    assert (first.sum(), second.sum(), (first & second).sum(), len(first)) == (3, 2, 1, 6)
-    with pytest.raises(AttnpatError, match="inconsistent"):
-        paired_outcomes(n=2, first_right=2, second_right=2, both_right=1)  # three right of two
+    # one held-out sentence: resampling it shows no spread, so the interval is Wilson's with that sentence one
+    # trial (a third of it right), not the 3 words' (the words of one sentence are no independent trials)
+    assert (row.baseline_ci_low, row.baseline_ci_high) == pytest.approx(tuple(wilson_interval(1 / 3, 1)))
+    assert row.baseline_ci_high - row.baseline_ci_low > np.ptp(wilson_interval(1, 3))
 
 
 def lucky_and_steady_scores() -> DependencyScores:
@@ -250,26 +252,87 @@ def test_the_best_head_is_picked_on_one_half_and_reported_on_the_other():
     row = dependency_table(scores).set_index("relation").loc[ALL_RELATIONS]
     assert (row.direction, row.best_layer, row.best_head) == ("dep->head", 0, 0)  # lucky, 4 of 4 when picked
     assert row.accuracy == 0.0 and row.held_out_count == 4 and row["count"] == 8
-    assert (row.ci_low, row.ci_high) == pytest.approx(tuple(wilson_interval(0, 4)))
+    assert (row.ci_low, row.ci_high) == pytest.approx(tuple(wilson_interval(0, 1)))  # one sentence, one trial
     assert row.in_sample_accuracy == pytest.approx(6 / 8)  # steady, picked and scored on both sentences
     # offsets on the 4 scored words (a, b, d, e -> c, c, c, d): +2 (a), +1 (b), -1 (d and e); -1 picked
     assert row.baseline_offset == -1 and row.baseline_accuracy == pytest.approx(2 / 4)
-    # held out: the baseline is right alone on d and e, the head on none: exact McNemar p = 2 x (1/2)^2
-    assert row.p_value == pytest.approx(0.5)
+    # held out: one sentence, which a sign flip cannot tell from its mirror image: p = 1, not McNemar's 0.5 over
+    # its 4 words as if they were independent
+    assert row.head_minus_baseline == -0.5 and row.p_value == 1.0
     heads = dependency_head_table(scores)  # every head on both sentences, nothing picked
     lucky = heads[(heads.direction == "dep->head") & (heads["head"] == 0)].iloc[0]
-    assert lucky.accuracy == 0.5 and (lucky.ci_low, lucky.ci_high) == pytest.approx(tuple(wilson_interval(4, 8)))
+    # right on every word of one sentence, wrong on every word of the other: a resample holds one, the other or both
+    assert lucky.accuracy == 0.5 and (lucky.ci_low, lucky.ci_high) == pytest.approx((0.0, 1.0))
 
 
-def test_the_head_against_baseline_p_value_is_mcnemars_on_the_held_out_words():
-    scores = lucky_and_steady_scores()
-    # steady (head 1) on the held-out sentence against offset -1: a b d e right/wrong, word by word
-    steady_right = np.array([True, True, True, False])
-    offset_right = np.array([False, False, True, True])
-    assert scores.joint_correct[ALL_RELATIONS][HELD_OUT][0, 0, 1, OFFSETS.index(-1)] == 1  # d: both right
-    both = int(scores.joint_correct[ALL_RELATIONS][HELD_OUT][0, 0, 1, OFFSETS.index(-1)])
-    rebuilt = paired_outcomes(4, int(offset_right.sum()), int(steady_right.sum()), both)
-    assert mcnemar_exact(*rebuilt) == pytest.approx(mcnemar_exact(offset_right, steady_right))
+def chain_sentence(length: int) -> DepSentence:
+    """Words 1..length, each headed by word 1 (the root): offset -1 is right for word 2 only."""
+    return DepSentence(f"chain-{length}", tuple(f"w{k}" for k in range(length)), (0, *[1] * (length - 1)),
+                       ("root", *["obj"] * (length - 1)))
+
+
+def add_sentence(scores: DependencyScores, sentence: DepSentence, right: int, half: int) -> None:
+    """Head (0, 0) dep->head gets the first ``right`` scored words right, the rest wrong (it points at the word
+    itself, which no head is); head<-dep predicts nothing."""
+    gold = np.array(sentence.heads)
+    guess = np.where(np.arange(len(gold)) <= right, gold, np.arange(1, len(gold) + 1))  # word 0 is the root
+    predicted = np.full((len(DIRECTIONS), 1, 1, len(gold)), -1)
+    predicted[0, 0, 0] = guess
+    scores.add(predicted, sentence, gold > 0, half)
+
+
+def test_held_out_intervals_resample_whole_sentences():
+    """Two long sentences hold most words, each all right or all wrong: the words are no independent trials, and
+    the interval resamples sentences (words right / words scored in each draw), not words."""
+    scores = DependencyScores(layers=1, heads=1)
+    add_sentence(scores, chain_sentence(2), 1, SELECTION)  # offset -1 alone is right here: it is picked
+    held_out = [(21, 20), (21, 0), (4, 2), (4, 1), (3, 2), (4, 3)]  # (words with the root, words right)
+    for length, right in held_out:
+        add_sentence(scores, chain_sentence(length), right, HELD_OUT)
+    row = dependency_table(scores).set_index("relation").loc["obj"]
+    words = np.array([length - 1 for length, _ in held_out])
+    head_right = np.array([right for _, right in held_out])
+    offset_right = np.ones(len(held_out))  # offset -1: word 2 of each sentence
+    assert row.baseline_offset == -1 and row.held_out_count == words.sum() and row.held_out_sentences == 6
+    assert row.accuracy == pytest.approx(head_right.sum() / words.sum())
+    # the same draws, straight from numpy: the helpers' seed 0 and draw layout
+    draws = np.random.default_rng(0).integers(0, len(words), (DEFAULT_BOOTSTRAP, len(words)))
+    for right, low, high in ((head_right, row.ci_low, row.ci_high),
+                             (offset_right, row.baseline_ci_low, row.baseline_ci_high),
+                             (head_right - offset_right, row.head_minus_baseline_ci_low,
+                              row.head_minus_baseline_ci_high)):
+        shares = right[draws].sum(1) / words[draws].sum(1)
+        assert (low, high) == pytest.approx(tuple(np.percentile(shares, [2.5, 97.5])))
+    # wider than Wilson's interval over the 51 words as independent trials
+    assert row.ci_high - row.ci_low > 1.5 * np.ptp(wilson_interval(int(head_right.sum()), int(words.sum())))
+    # p: a sign flip of each sentence's difference, the draws of paired_permutation_p
+    flips = np.where(np.random.default_rng(0).random((DEFAULT_BOOTSTRAP, len(words))) < 0.5, -1, 1)
+    difference = head_right - offset_right
+    reached = (np.abs(flips @ difference) >= abs(difference.sum()) - 1e-9).sum()
+    assert row.p_value == pytest.approx((1 + reached) / (1 + DEFAULT_BOOTSTRAP)) and 0.01 < row.p_value < 1
+
+
+def test_a_share_of_0_or_100_percent_keeps_an_interval_as_wide_as_its_sentences_allow():
+    """Every draw of an all-right relation is 100%: the resampling shows no spread, so the bound is Wilson's
+    with each sentence one trial, not a zero-width interval."""
+    scores = DependencyScores(layers=1, heads=1)
+    for half in (SELECTION, HELD_OUT, SELECTION, HELD_OUT, HELD_OUT):
+        add_sentence(scores, chain_sentence(6), 5, half)
+    row = dependency_table(scores).set_index("relation").loc["obj"]
+    assert row.accuracy == 1.0 and (row.ci_low, row.ci_high) == pytest.approx(tuple(wilson_interval(3, 3)))
+    assert row.ci_low < 0.6  # 15 held-out words as independent trials would claim above 0.79
+
+
+def test_words_without_a_relation_count_in_all_only():
+    """CoNLL-U's DEPREL `_` gives no relation: such words are scored in "all", and no relation named `_` is listed."""
+    sentence = DepSentence("s", ("a", "b", "c", "d"), heads=(2, 0, 2, 2), relations=("nsubj", "root", "_", "_"))
+    scores = DependencyScores(layers=1, heads=1)
+    for half in (SELECTION, HELD_OUT):
+        scores.add(np.full((len(DIRECTIONS), 1, 1, 4), 2), sentence, np.array([True, False, True, True]), half)
+    assert NO_RELATION not in scores.relations() and dict(scores.counts) == {ALL_RELATIONS: 6, "nsubj": 2}
+    table = dependency_table(scores)
+    assert table.relation.tolist() == [ALL_RELATIONS, "nsubj"] and table.held_out_count.tolist() == [3, 1]
+    assert set(dependency_head_table(scores).relation) == {ALL_RELATIONS, "nsubj"}
 
 
 def test_truncated_words_are_not_scored(tokenizer):
@@ -357,6 +420,19 @@ def test_coref_table_picks_the_head_on_one_half_and_reports_everything_on_the_ot
     assert (table.ci_low.iloc[1], table.ci_high.iloc[1]) == pytest.approx(tuple(wilson_interval(4, 4)))
     # held out: first mention right alone on 4 sentences, exact McNemar p = 2 x (1/2)^4; nearest and the head agree
     assert table.p_value.iloc[:2].tolist() == pytest.approx([1.0, 0.125]) and np.isnan(table.p_value.iloc[2])
+
+
+def test_coref_intervals_keep_a_width_at_0_and_100_percent():
+    """Each WinoBias sentence is one trial: Wilson's interval, which a percentile bootstrap over the sentences is
+    not at 0% or 100% (every resample is 0%)."""
+    choices = np.zeros((40, 1, 2), dtype=bool)
+    choices[:, 0, 1] = True  # head 0 never right, head 1 always
+    per_head = coref_head_table(choices).pivot(index="head", columns="metric", values="value")
+    assert per_head.accuracy.tolist() == [0.0, 1.0]
+    assert (per_head.accuracy_ci_low[0], per_head.accuracy_ci_high[0]) == pytest.approx(tuple(wilson_interval(0, 40)))
+    assert per_head.accuracy_ci_high[0] > 0.05 and per_head.accuracy_ci_low[1] < 0.95
+    baselines = coref_baseline_table({"nearest mention": choices[:, 0, 0], "first mention": choices[:, 0, 1]})
+    assert baselines.ci_high.iloc[0] == pytest.approx(wilson_interval(0, 40)[1]) and baselines.ci_low.iloc[1] < 0.95
 
 
 def test_coref_baselines_are_scored_on_the_sentences_the_heads_were(tmp_path):
