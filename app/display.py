@@ -15,6 +15,7 @@ from analysis.patterns import CLASSES
 FRACTION_COLUMNS = frozenset({
     "fraction", "fraction_pruned", "accuracy", "baseline_accuracy", "f1", "macro_f1", "macro_f1_agreed",
     "mean_attention", "to_cls", "to_sep", "adjusted", *(f"p_{name}" for name in CLASSES),
+    "in_sample_accuracy", "head_minus_baseline",  # probe-dep: accuracies, and a difference of two
 })
 # In long tables (layer, head, <key>, value) the key names what ``value`` is; these keys are shares of 1.
 FRACTION_KEYS = FRACTION_COLUMNS | frozenset({
@@ -48,6 +49,24 @@ def readable(value, fraction: bool = False) -> str:
 
 def is_fraction_column(column: str) -> bool:
     return column in FRACTION_COLUMNS
+
+
+def is_interval_column(column: str) -> bool:
+    """ci_low, ci_high, or a named bound such as baseline_ci_low."""
+    return any(column == suffix or column.endswith(f"_{suffix}") for suffix in INTERVAL_COLUMNS)
+
+
+def bounded_columns(names: list[str]) -> dict[str, str]:
+    """{interval column: the column it bounds}: the nearest column before it that is not a bound (the tables write
+    each estimate right before its interval: accuracy, ci_low, ci_high, baseline_accuracy, baseline_ci_low, ...)."""
+    bounded, estimate = {}, None
+    for name in names:
+        if is_interval_column(name):
+            if estimate is not None:
+                bounded[name] = estimate
+        else:
+            estimate = name
+    return bounded
 
 
 def is_fraction_key(key) -> bool:
@@ -98,8 +117,7 @@ def display_table(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     shown = frame.copy()
     key = next((column for column in KEY_COLUMNS if column in frame.columns), None)
     long = key is not None and "value" in frame.columns
-    names = [str(column) for column in frame.columns]
-    bounded = names[names.index("ci_low") - 1] if "ci_low" in names[1:] else None
+    bounded = bounded_columns([str(column) for column in frame.columns])
     for column in frame.columns:
         if not pd.api.types.is_numeric_dtype(frame[column]):  # a row without this text reads as an empty cell
             shown[column] = frame[column].astype(object).map(lambda value: "" if value is None or value != value
@@ -109,7 +127,6 @@ def display_table(frame: pd.DataFrame | None) -> pd.DataFrame | None:
         if long and str(column) in ("value", *INTERVAL_COLUMNS):
             fractions = frame[key].map(is_fraction_key)
         else:
-            name = bounded if str(column) in INTERVAL_COLUMNS and bounded is not None else str(column)
-            fractions = pd.Series(is_fraction_column(name), index=frame.index)
+            fractions = pd.Series(is_fraction_column(bounded.get(str(column), str(column))), index=frame.index)
         shown[column] = [readable(value, bool(share)) for value, share in zip(frame[column], fractions)]
     return shown

@@ -87,6 +87,13 @@ def test_intervals_read_like_their_estimate_and_p_values_are_not_percentages():
     ratios = pd.DataFrame({"class": ["block"], "count": [3], "fraction": [0.375], "ci_low": [0.2],
                            "ci_high": [0.5], "adjusted": [0.4]})  # the pattern ratios: shares, intervals too
     assert display_table(ratios).iloc[0, 2:].tolist() == [readable(v, True) for v in (0.375, 0.2, 0.5, 0.4)]
+    dependency = pd.DataFrame({"relation": ["obj"], "accuracy": [0.782], "ci_low": [0.722], "ci_high": [0.84],
+                               "baseline_accuracy": [0.379], "baseline_ci_low": [0.315], "baseline_ci_high": [0.443],
+                               "head_minus_baseline": [0.403], "head_minus_baseline_ci_low": [0.316],
+                               "head_minus_baseline_ci_high": [0.484], "p_value": [0.001], "held_out_count": [211]})
+    shown = display_table(dependency).iloc[0]  # a <name>_ci_low/_ci_high column reads like <name>: here, shares
+    assert shown.iloc[1:10].tolist() == [readable(v, True) for v in dependency.iloc[0, 1:10]]
+    assert shown.p_value == readable(0.001) != "0.1%" and shown.held_out_count == 211
     predictions = pd.DataFrame({f"p_{name}": [1 / len(CLASSES)] for name in CLASSES})  # class probabilities
     assert display_table(predictions).iloc[0].tolist() == [readable(1 / len(CLASSES), True)] * len(CLASSES)
 
