@@ -222,6 +222,25 @@ def test_job_arguments_are_validated(tmp_path):
             jobs.arguments(*bad)
 
 
+def test_a_job_checks_its_task_and_split_as_the_cli_does(tmp_path):
+    """The job form's task goes through analysis.data's check (before, its own `unknown task 'SST-2'; choose one
+    of: ...` with no hint, and a task in capitals refused where the CLI takes it); a data file, which the CLI
+    takes, is a path on the server: refused with the terminal command that runs it; a misspelt split is named."""
+    jobs = BatchJobs(tmp_path)
+    argv = jobs.arguments("overview", "minilm", " SST2 ", 8)
+    assert argv[argv.index("--task") + 1] == "sst2"
+    with pytest.raises(AttnpatError) as caught:
+        jobs.arguments("overview", "minilm", "SST-2", 8)
+    assert str(caught.value).startswith("unknown task 'SST-2'; known tasks: sst2,")
+    assert str(caught.value).endswith("; did you mean 'sst2'?")
+    for path in ("reviews.csv", str(tmp_path / "d.jsonl")):
+        with pytest.raises(AttnpatError, match=r"^a batch job runs a built-in task \(sst2, .*\), not a data file; "
+                                               r"run `attnpat overview --task FILE` in a terminal for '"):
+            jobs.arguments("overview", "minilm", path, 8)
+    with pytest.raises(AttnpatError, match="^unknown split 'dev'; .*; did you mean 'validation'\\?$"):
+        jobs.arguments("overview", "minilm", "sst2", 8, split="dev")
+
+
 def test_a_picked_model_clears_the_grid_and_keeps_the_head_selectors_in_its_range(tmp_path, tiny_dir):
     """Picking a model clears the grid (before, the old model's grid stayed, and a click on it was read with the
     new model's layout: another model's head, or none), and the head selectors follow a model with fewer layers
