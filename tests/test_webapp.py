@@ -29,7 +29,7 @@ from analysis.figures import GridLayout, grid_image, layer_head_figure
 from analysis.models import load_model
 from analysis.patterns import CLASS_STYLE, CLASSES
 from analysis.rundir import long_table
-from analysis.stream import stream_maps
+from analysis.stream import encode_examples, stream_maps
 from app.cli import app
 from app.explore import LiveExplorer, ModelCache, sentence_maps
 from app.jobs import BatchJobs, cli_verbs
@@ -94,6 +94,22 @@ def test_sentence_maps_rejects_empty_and_long_input(tiny):
         sentence_maps(tiny, "word " * 20, max_tokens=16)
     with pytest.raises(AttnpatError, match="too long"):
         sentence_maps(tiny, "x" * 5000)
+
+
+@pytest.mark.parametrize("text, pair, which", [("\u200b\u200b", "", "sentence"), ("\ufeff", "", "sentence"),
+                                                ("fine", "\u200b\u202e", "second sentence")])
+def test_explore_on_invisible_characters_only_names_the_box_not_an_example_id(tmp_path, tiny_dir, text, pair, which):
+    """Zero-width spaces, a byte-order mark or direction marks alone: before, `example live has a text that gives no
+    token`, naming an example id the user never gave; a data file's message still names its example."""
+    web = WebApp(tmp_path / "runs", LiveExplorer(ModelCache(), classifier_loader=random_classifier),
+                 allow_any_model=True)
+    status, grid, *_ = web.explore(text, pair, str(tiny_dir), False, False)
+    assert status == f"**error:** the {which} gives no token (only spaces or invisible characters)" and grid is None
+    caption, image, *_ = web.head_map(text, pair, str(tiny_dir), False, False, 1, 1)
+    assert caption == status and image is None
+    tokenizer = web.explorer.models.get(str(tiny_dir)).tokenizer
+    with pytest.raises(AttnpatError, match=f"^example r7 has a {'text pair' if pair else 'text'} that gives no"):
+        encode_examples(tokenizer, [Example("r7", text, pair or None)])
 
 
 def test_grid_image_draws_every_head_with_its_class_colour():
