@@ -271,11 +271,14 @@ def closest_hint(given: str, choices: Iterable[str], aliases: Mapping[str, str] 
 
 
 def check_task(task: str) -> str:
-    """A built-in task's name (ALL_TASKS), lowercased: the one check of ``--task`` when it is not a data file.
-    A path that is no data file, or an unknown name (with a hint for a near miss), is an AttnpatError."""
+    """A built-in task's name (ALL_TASKS), lowercased: the one check of a task name (load_data checks data files
+    apart). A data file (where only tasks are taken), another path, or an unknown name (with a hint for a near
+    miss) is an AttnpatError."""
     given, task = task, task.strip().lower()
     if task in ALL_TASKS:
         return task
+    if is_data_file(given):
+        raise AttnpatError(f"{given} is a data file; here only a built-in task is taken ({', '.join(ALL_TASKS)})")
     if "/" in given or "." in Path(given).name:  # a path, but not of a data file
         raise AttnpatError(f"{given} is not a data file (.jsonl, .csv or .tsv) nor a task; known tasks: "
                            f"{', '.join(ALL_TASKS)}")
