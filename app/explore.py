@@ -23,7 +23,7 @@ from analysis.errors import AttnpatError
 from analysis.figures import GridLayout, grid_image
 from analysis.mapkinds import KIND_NOTES
 from analysis.models import load_model, model_files_stamp, with_map_kind
-from analysis.stream import Encoded, displayed_maps, encode_examples, stream_maps
+from analysis.stream import Encoded, NoTokenError, displayed_maps, encode_examples, stream_maps
 from classifier.predict import classify_heads, load_classifier
 
 MAX_LIVE_TOKENS = 128
@@ -119,7 +119,11 @@ def sentence_maps(bundle, text: str, text_pair: str | None = None, *, max_tokens
     """Maps of one sentence (pair) through the map stream. Inputs over ``max_tokens`` are rejected, not cut."""
     example = live_example(text, text_pair)
     max_tokens = min(max_tokens, getattr(bundle.tokenizer, "model_max_length", max_tokens) or max_tokens)
-    encoded = encode_examples(bundle.tokenizer, [example], max_tokens)
+    try:
+        encoded = encode_examples(bundle.tokenizer, [example], max_tokens)
+    except NoTokenError as exc:  # its message names the example by id, which the user never gave
+        which = ("sentence", "second sentence")[exc.part]
+        raise AttnpatError(f"the {which} gives no token (only spaces or invisible characters)") from None
     if encoded[0].truncated:
         raise AttnpatError(f"the input is longer than {max_tokens} tokens, the live view's limit; shorten it or "
                            "use a batch job from the Runs tab")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis.data import ALL_TASKS
+from analysis.data import ALL_TASKS, check_split, check_task, is_data_file
 from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError
 
 # Verbs the Runs tab may start (only those the installed CLI really has are offered); verbs that need
@@ -109,8 +109,11 @@ class BatchJobs:
         if self.allowed_models is not None and model not in (offered := list(self.allowed_models())):
             raise AttnpatError(f"model {ascii(model[:100])} is not one this app offers ({', '.join(offered)}); start "
                                "it with `attnpat app --allow-any-model` to run jobs on any model")
-        if task not in ALL_TASKS:
-            raise AttnpatError(f"unknown task {task!r}; choose one of: {', '.join(ALL_TASKS)}")
+        task = str(task or "")
+        if is_data_file(task):  # a path on the server, which a client could point anywhere (as a model path)
+            raise AttnpatError(f"a batch job runs a built-in task ({', '.join(ALL_TASKS)}), not a data file; run "
+                               f"`attnpat {verb} --task FILE` in a terminal for {ascii(task[:100])}")
+        task, split = check_task(task), check_split(split)
         try:
             count = int(n)
         except (TypeError, ValueError, OverflowError):  # OverflowError: infinity

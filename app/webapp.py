@@ -12,6 +12,7 @@ import math
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -50,6 +51,8 @@ EXAMPLE_SENTENCE = "The cat sat on the mat because it was warm."
 CLASSIFIER_TAB = "Classifier"
 # The run tab that also says which disabling effects survive Holm's correction.
 DISABLING_TAB = "Disabling"
+PICKED_HEAD_NOTE = ("The large view shows a head of the grid above, picked on it or by the layer and head boxes: after "
+                    "editing the sentence, press Enter or Show all heads to draw its grid.")
 HIDE_SPECIAL_NOTE = ("Hiding [CLS]/[SEP] drops their rows and columns and renormalises each remaining row to sum to 1, "
                      "so it shows how the weight not spent on special tokens is spread.")
 
@@ -83,6 +86,27 @@ def head_index(number, name: str) -> int:
     if not math.isfinite(value) or value != int(value) or value < 1:
         raise AttnpatError(f"the {name} must be a whole number from 1, got {value:g}")
     return int(value) - 1
+
+
+@dataclass(frozen=True)
+class DrawnInput:
+    """The Explore inputs the grid on screen was last drawn from (or failed to be): a head picked on the grid, by a
+    click or the layer and head boxes, is shown for these, not for a sentence edited since and not drawn yet."""
+
+    text: str
+    pair: str
+    model: str
+    word_level: bool
+    hide_special: bool
+    map_kind: str
+
+    def head_map_inputs(self, layer, head) -> tuple:
+        """WebApp.head_map's arguments for ``layer``, ``head`` (1-indexed) of this drawing."""
+        return (self.text, self.pair, self.model, self.word_level, self.hide_special, layer, head, self.map_kind)
+
+
+# A head asked for while no grid is drawn (a model was picked since): said in the large view's caption.
+NO_GRID = "no grid drawn: press Show all heads to draw one, then pick a head on it"
 
 
 def model_choices() -> list[str]:
@@ -135,6 +159,12 @@ class WebApp:
                 gr.DownloadButton(value=str(svg), visible=True),
                 gr.DownloadButton(value=str(csv) if csv else None, visible=csv is not None))
 
+    def draw(self, text, text_pair, model, word_level, hide_special, map_kind="weight"):
+        """explore's outputs, then the DrawnInput that a pick on the grid is shown for."""
+        drawn = DrawnInput(text or "", text_pair or "", model or "", bool(word_level), bool(hide_special),
+                           map_kind or "weight")
+        return (*self.explore(text, text_pair, model, word_level, hide_special, map_kind), drawn)
+
     def _explore_failure(self, message: str):
         hidden = gr.DownloadButton(value=None, visible=False)
         return _message(message, "error"), None, gr.Dataframe(value=None, visible=False), hidden, hidden, hidden
@@ -166,34 +196,42 @@ class WebApp:
         return (_message(f"{title}; {shown}. Rows are queries, columns keys; darker = more attention.", "ok"), str(png),
                 gr.DownloadButton(value=str(png), visible=True), gr.DownloadButton(value=str(svg), visible=True))
 
-    def follow_head(self, text, text_pair, model, word_level, hide_special, layer, head, map_kind="weight"):
-        """After a new grid: -> layer, head (moved only when outside the model's layers and heads, as after a
-        model with fewer of them was picked: a box set again to the value it held when this began would undo a
-        click on the grid made meanwhile), then head_map's caption, large map, map PNG, map SVG."""
+    def drawn_head_map(self, drawn: DrawnInput | None, layer, head):
+        """head_map of the grid on screen (``drawn``), for a head picked on it: -> caption, map, map PNG, map SVG."""
+        if drawn is None:
+            hidden = gr.DownloadButton(value=None, visible=False)
+            return _message(NO_GRID, "info"), None, hidden, hidden
+        return self.head_map(*drawn.head_map_inputs(layer, head))
+
+    def follow_head(self, drawn: DrawnInput | None, layer, head):
+        """After a new grid (``drawn``): -> layer, head (moved only when outside the model's layers and heads, as
+        after a model with fewer of them was picked: a box set again to the value it held when this began would
+        undo a click on the grid made meanwhile), then head_map's caption, large map, map PNG, map SVG."""
         kept = layer, head
         try:
-            layers, heads = self.explorer.live_maps(model, text, text_pair, map_kind or "weight").maps.shape[:2]
+            layers, heads = self.explorer.live_maps(drawn.model, drawn.text, drawn.pair, drawn.map_kind).maps.shape[:2]
             kept = min(max(int(layer), 1), layers), min(max(int(head), 1), heads)
-        except (AttnpatError, TypeError, ValueError, OverflowError):  # head_map says what is wrong
+        except (AttnpatError, AttributeError, TypeError, ValueError, OverflowError):  # drawn_head_map says why
             pass
         boxes = [gr.update() if new == old else new for new, old in zip(kept, (layer, head))]
-        return (*boxes, *self.head_map(text, text_pair, model, word_level, hide_special, *kept, map_kind))
+        return (*boxes, *self.drawn_head_map(drawn, *kept))
 
     def forget_grid(self, model):
         """A model picked: -> the explore outputs with the grid gone and a note to draw the picked model's (the
         grid shown was another model's: a click on it would be read with the picked model's layout), then the
-        large view's caption, map, map PNG, map SVG, emptied too (its head was the other model's)."""
+        large view's caption, map, map PNG, map SVG, emptied too (its head was the other model's), and no
+        DrawnInput (no grid is on screen)."""
         _, *cleared = self._explore_failure("")
         hidden = gr.DownloadButton(value=None, visible=False)
         return (_message(f"model {model} picked: press Show all heads to draw its maps", "info"), *cleared,
-                "", None, hidden, hidden)
+                "", None, hidden, hidden, None)
 
-    def pick_head(self, model, layer, head, evt: gr.SelectData):
-        """A click on the grid at pixel (x, y) -> the clicked head's (layer, head), 1-indexed."""
-        if evt is None or not evt.index:
+    def pick_head(self, drawn: DrawnInput | None, layer, head, evt: gr.SelectData):
+        """A click on the grid drawn from ``drawn`` at pixel (x, y) -> the clicked head's (layer, head), 1-indexed."""
+        if drawn is None or evt is None or not evt.index:
             return layer, head
         try:
-            bundle = self.explorer.models.get(model)
+            bundle = self.explorer.models.get(drawn.model)
         except AttnpatError:
             return layer, head
         hit = GridLayout(bundle.num_layers, bundle.num_heads).head_at(*evt.index[:2])
@@ -380,7 +418,8 @@ class WebApp:
                                          "rollout: per layer (Abnar & Zuidema)")
                 run = gr.Button("Show all heads", variant="primary", elem_id="explore-run")
             gr.Markdown(f"<small>Live view for inputs of up to {MAX_LIVE_TOKENS} tokens. {HIDE_SPECIAL_NOTE} "
-                        "Classes are predicted on the token-level maps.</small>")
+                        f"Classes are predicted on the token-level maps. {PICKED_HEAD_NOTE}</small>",
+                        elem_id="explore-notes")
             status = gr.Markdown(elem_id="explore-status")
             grid = gr.Image(label="all heads (rows = layers, columns = heads, 1-indexed)", type="filepath",
                             interactive=False, elem_id="explore-grid", format="png")
@@ -403,6 +442,9 @@ class WebApp:
 
             # models fine-tuned while the app runs appear on the next page load
             demo.load(lambda: gr.Dropdown(choices=model_choices()), None, model, api_name=False)
+            # what the grid on screen was drawn from: a head picked on it is shown for these inputs, not for a
+            # sentence edited since (before, a click showed the edited sentence's head under the old grid)
+            drawn = gr.State(None)
             inputs = [text, pair, model, word_level, hide_special, map_kind]
             map_inputs = [text, pair, model, word_level, hide_special, layer, head, map_kind]
             map_outputs = [caption, big, map_png, map_svg]
@@ -410,19 +452,22 @@ class WebApp:
             # the example sentence's grid is computed when the page opens, so the tab is never empty
             for trigger in (run.click, text.submit, pair.submit, word_level.input, hide_special.input,
                             map_kind.input, demo.load):
-                trigger(self.explore, inputs, outputs, api_name="explore" if trigger == run.click else False,
+                # the API's /explore has explore's outputs: a State is not part of an endpoint
+                trigger(self.draw, inputs, [*outputs, drawn], api_name="explore" if trigger == run.click else False,
                         concurrency_limit=4, concurrency_id="live").then(
-                    self.follow_head, map_inputs, [layer, head, *map_outputs], api_name=False, concurrency_limit=4,
-                    concurrency_id="live")
+                    self.follow_head, [drawn, layer, head], [layer, head, *map_outputs], api_name=False,
+                    concurrency_limit=4, concurrency_id="live")
             # a picked model clears the grid rather than redrawing it: picked and then "Show all heads" at once would
             # draw it twice, and the first drawing's head could replace a head clicked on the second
-            model.input(self.forget_grid, [model], outputs + map_outputs, api_name=False)
+            model.input(self.forget_grid, [model], [*outputs, *map_outputs, drawn], api_name=False)
             for number in (layer, head):
-                number.submit(self.head_map, map_inputs, map_outputs, api_name=False, concurrency_id="live")
+                number.submit(self.drawn_head_map, [drawn, layer, head], map_outputs, api_name=False,
+                              concurrency_id="live")
+            # the API's head map names its input: any sentence, drawn or not
             gr.Button("Show head", size="sm", visible=False).click(
                 self.head_map, map_inputs, map_outputs, api_name="head_map", concurrency_id="live")
-            grid.select(self.pick_head, [model, layer, head], [layer, head], api_name=False).then(
-                self.head_map, map_inputs, map_outputs, api_name=False, concurrency_id="live")
+            grid.select(self.pick_head, [drawn, layer, head], [layer, head], api_name=False).then(
+                self.drawn_head_map, [drawn, layer, head], map_outputs, api_name=False, concurrency_id="live")
 
     def _run_tab(self, tab_name: str, demo: gr.Blocks) -> None:
         spec = tab_spec(tab_name)

@@ -20,7 +20,7 @@ import torch
 from matplotlib.colors import ListedColormap, to_rgba
 from matplotlib.patches import Patch
 
-from analysis.data import GLUE_TASKS, TaskData, load_data, offline_splits
+from analysis.data import GLUE_TASKS, TaskData, check_split, load_data, offline_splits
 from analysis.errors import AttnpatError
 from analysis.figures import close, label_head_axes  # importing analysis.figures selects the Agg backend
 from analysis.mapstore import iter_map_groups, shard_files
@@ -386,5 +386,6 @@ def _tasks_ahead(cluster, bundle, classifier: PatternClassifier, datas: list[Tas
 
 def available_glue_tasks(split: str = "validation") -> list[str]:
     """GLUE tasks whose ``split`` can be loaded now (offline files, or any split with the hub)."""
+    check_split(split)  # a misspelt split is named as such, not "no task to classify"
     hub = hub_reachable()
     return [task for task in GLUE_TASKS if hub or split in offline_splits(task)]

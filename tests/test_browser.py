@@ -60,6 +60,30 @@ def test_the_page_opens_with_the_example_sentences_grid(page):
     shot(page, "explore-on-load")
 
 
+def click_head(page, layer: int, head: int, layers: int = 6, heads: int = 12) -> None:
+    """Click the grid's map of ``layer``, ``head`` (1-indexed)."""
+    grid = page.locator("#explore-grid img")
+    box = grid.bounding_box()
+    layout = GridLayout(layers, heads)
+    x = layout.margin_left + (head - 1) * layout.pitch_x + layout.cell // 2
+    y = layout.margin_top + (layer - 1) * layout.pitch_y + layout.cell // 2
+    grid.click(position={"x": x * box["width"] / layout.size[0], "y": y * box["height"] / layout.size[1]})
+
+
+def test_a_head_clicked_after_editing_the_sentence_is_the_drawn_sentences(page):
+    """The sentence edited without Enter, then a head clicked on the grid: the large view shows that head of the
+    sentence the grid was drawn from (13 tokens), not of the edited one (5 tokens; before, the edited one's), as
+    the note under the inputs says; Enter draws the edited sentence."""
+    status_text(page, "explore-status", r"13 tokens, 6 layers x 12 heads")
+    assert "press Enter or Show all heads" in page.locator("#explore-notes").inner_text()
+    page.locator("#explore-text textarea").fill("Short one.")
+    click_head(page, 2, 7)
+    assert "13 tokens" in status_text(page, "explore-caption", r"layer 2, head 7 ")
+    page.locator("#explore-text textarea").press("Enter")
+    status_text(page, "explore-status", r"5 tokens, 6 layers x 12 heads")
+    status_text(page, "explore-caption", r"layer 2, head 7 .*5 tokens")
+
+
 def test_explore_shows_the_grid_and_a_large_map(page):
     page.locator("#explore-text textarea").fill(SENTENCE)
     page.locator("#explore-model input").fill("minilm")
@@ -76,10 +100,7 @@ def test_explore_shows_the_grid_and_a_large_map(page):
     shot(page, "explore-grid")
 
     # click the map of layer 3, head 5 (1-indexed): the large map follows the click
-    layout = GridLayout(6, 12)
-    x = layout.margin_left + 4 * layout.pitch_x + layout.cell // 2
-    y = layout.margin_top + 2 * layout.pitch_y + layout.cell // 2
-    grid.click(position={"x": x * box["width"] / layout.size[0], "y": y * box["height"] / layout.size[1]})
+    click_head(page, 3, 5)
     status_text(page, "explore-caption", r"layer 3, head 5")
     page.locator("#explore-map img").wait_for()
     shot(page, "explore-large-map")

@@ -88,6 +88,10 @@ def test_overview_gives_every_head_and_layer_mean_a_bootstrap_interval(tmp_path,
 
 @pytest.mark.parametrize("argv, message", [
     (["overview", "--task", "nope"], "unknown task 'nope'"),
+    (["overview", "--split", "dev"], "unknown split 'dev'; known splits: train, validation, test; did you mean "
+                                     "'validation'?"),
+    # --task all: before, the tasks serving split 'dev' (none offline) made it `no task to classify`
+    (["classify", "--task", "all", "--split", "dev"], "unknown split 'dev'"),
     (["overview", "--model", "no-such-org/no-such-model", "--n", "2"], "--model minilm"),
     (["overview", "--task", "{file}", "--n", "2"], "empty text"),
     (["overview", "--task", "{nocol}"], "has no 'text' column"),

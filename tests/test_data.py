@@ -121,6 +121,20 @@ def test_a_near_miss_task_name_suggests_the_task(given, hint):
         load_data("nope", allow_hub=False)
 
 
+@pytest.mark.parametrize("given, hint", [("dev", "validation"), ("val", "validation"), ("Valid", "validation"),
+                                         ("Train", "train"), ("tset", "test"), ("nope", None)])
+def test_a_misspelt_split_is_named_with_a_hint(given, hint):
+    """`--split dev` (GLUE's papers call the validation split dev) was `no source for task 'sst2' split 'dev'`, with
+    no word of the split names; it is refused before any source is tried, with a hint as tasks get one."""
+    expected = (f"unknown split '{given}'; known splits: train, validation, test"
+                + (f"; did you mean '{hint}'?" if hint else ""))
+    for task in ("sst2", "mnli"):
+        with pytest.raises(AttnpatError) as caught:
+            load_data(task, split=given, allow_hub=False)
+        assert str(caught.value) == expected
+    assert load_data("sst2", split="validation", n=2, allow_hub=False).split == "validation"
+
+
 def test_unknown_task_and_bad_n_are_clear_errors():
     with pytest.raises(AttnpatError, match="unknown task 'sst3'; known tasks: sst2"):
         load_data("sst3")

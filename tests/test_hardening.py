@@ -883,6 +883,8 @@ def test_push_checks_its_options_before_it_draws_or_writes(tmp_path):
     for count, tasks, name, shares, why in ((0, ["sst2"], None, None, "--count 0"),
                                             (-1, ["sst2"], None, None, "--count -1"),
                                             (4, ["nope"], None, None, "unknown task 'nope'"),
+                                            (4, ["SST-2"], None, None, "did you mean 'sst2'"),  # load_data's check
+                                            (4, ["r.csv"], None, None, "r.csv is a data file; here only a built-in"),
                                             (4, [], None, None, "names no task"),
                                             (4, ["sst2"], "../escaped", None, "plain folder name"),
                                             (4, ["sst2"], None, "block=1", "needs --stratify-by")):

@@ -29,7 +29,7 @@ from analysis.figures import GridLayout, grid_image, layer_head_figure
 from analysis.models import load_model
 from analysis.patterns import CLASS_STYLE, CLASSES
 from analysis.rundir import long_table
-from analysis.stream import stream_maps
+from analysis.stream import encode_examples, stream_maps
 from app.cli import app
 from app.explore import LiveExplorer, ModelCache, sentence_maps
 from app.jobs import BatchJobs, cli_verbs
@@ -94,6 +94,22 @@ def test_sentence_maps_rejects_empty_and_long_input(tiny):
         sentence_maps(tiny, "word " * 20, max_tokens=16)
     with pytest.raises(AttnpatError, match="too long"):
         sentence_maps(tiny, "x" * 5000)
+
+
+@pytest.mark.parametrize("text, pair, which", [("\u200b\u200b", "", "sentence"), ("\ufeff", "", "sentence"),
+                                                ("fine", "\u200b\u202e", "second sentence")])
+def test_explore_on_invisible_characters_only_names_the_box_not_an_example_id(tmp_path, tiny_dir, text, pair, which):
+    """Zero-width spaces, a byte-order mark or direction marks alone: before, `example live has a text that gives no
+    token`, naming an example id the user never gave; a data file's message still names its example."""
+    web = WebApp(tmp_path / "runs", LiveExplorer(ModelCache(), classifier_loader=random_classifier),
+                 allow_any_model=True)
+    status, grid, *_ = web.explore(text, pair, str(tiny_dir), False, False)
+    assert status == f"**error:** the {which} gives no token (only spaces or invisible characters)" and grid is None
+    caption, image, *_ = web.head_map(text, pair, str(tiny_dir), False, False, 1, 1)
+    assert caption == status and image is None
+    tokenizer = web.explorer.models.get(str(tiny_dir)).tokenizer
+    with pytest.raises(AttnpatError, match=f"^example r7 has a {'text pair' if pair else 'text'} that gives no"):
+        encode_examples(tokenizer, [Example("r7", text, pair or None)])
 
 
 def test_grid_image_draws_every_head_with_its_class_colour():
@@ -222,6 +238,25 @@ def test_job_arguments_are_validated(tmp_path):
             jobs.arguments(*bad)
 
 
+def test_a_job_checks_its_task_and_split_as_the_cli_does(tmp_path):
+    """The job form's task goes through analysis.data's check (before, its own `unknown task 'SST-2'; choose one
+    of: ...` with no hint, and a task in capitals refused where the CLI takes it); a data file, which the CLI
+    takes, is a path on the server: refused with the terminal command that runs it; a misspelt split is named."""
+    jobs = BatchJobs(tmp_path)
+    argv = jobs.arguments("overview", "minilm", " SST2 ", 8)
+    assert argv[argv.index("--task") + 1] == "sst2"
+    with pytest.raises(AttnpatError) as caught:
+        jobs.arguments("overview", "minilm", "SST-2", 8)
+    assert str(caught.value).startswith("unknown task 'SST-2'; known tasks: sst2,")
+    assert str(caught.value).endswith("; did you mean 'sst2'?")
+    for path in ("reviews.csv", str(tmp_path / "d.jsonl")):
+        with pytest.raises(AttnpatError, match=r"^a batch job runs a built-in task \(sst2, .*\), not a data file; "
+                                               r"run `attnpat overview --task FILE` in a terminal for '"):
+            jobs.arguments("overview", "minilm", path, 8)
+    with pytest.raises(AttnpatError, match="^unknown split 'dev'; .*; did you mean 'validation'\\?$"):
+        jobs.arguments("overview", "minilm", "sst2", 8, split="dev")
+
+
 def test_a_picked_model_clears_the_grid_and_keeps_the_head_selectors_in_its_range(tmp_path, tiny_dir):
     """Picking a model clears the grid (before, the old model's grid stayed, and a click on it was read with the
     new model's layout: another model's head, or none), and the head selectors follow a model with fewer layers
@@ -235,10 +270,11 @@ def test_a_picked_model_clears_the_grid_and_keeps_the_head_selectors_in_its_rang
     fns = demo.fns
     (picked,) = [f for f in fns.values() if (ids["explore-model"], "input") in f.targets]
     assert picked.fn == web.forget_grid
-    assert [block.elem_id for block in picked.outputs if block.elem_id] == [
+    assert [block.elem_id for block in picked.outputs if getattr(block, "elem_id", None)] == [
         "explore-status", "explore-grid", "explore-classes", "explore-caption", "explore-map"]
-    status, grid, classes, *downloads, caption, large, map_png, map_svg = web.forget_grid(small)
+    status, grid, classes, *downloads, caption, large, map_png, map_svg, drawn = web.forget_grid(small)
     assert grid is None and "press Show all heads" in status and not classes.visible
+    assert drawn is None and isinstance(picked.outputs[-1], gr.State)  # no grid: no drawing to pick a head of
     # the large view goes too (before, the other model's head stayed there, with its caption and downloads)
     assert caption == "" and large is None and not map_png.visible and not map_svg.visible
     assert not any(button.visible for button in downloads)
@@ -247,14 +283,54 @@ def test_a_picked_model_clears_the_grid_and_keeps_the_head_selectors_in_its_rang
     assert follow.fn == web.follow_head
     assert {ids["explore-layer"], ids["explore-head"]} <= {block._id for block in follow.outputs}
 
-    layer, head, caption, image, *_ = web.follow_head(SENTENCE, "", big, False, False, 3, 8)
+    def drawn(model, text=SENTENCE):
+        return web.draw(text, "", model, False, False)[-1]
+
+    layer, head, caption, image, *_ = web.follow_head(drawn(big), 3, 8)
     assert layer == head == gr.update() and "layer 3, head 8" in caption and image  # in range: left alone
-    layer, head, caption, image, *_ = web.follow_head(SENTENCE, "", small, False, False, 3, 8)
+    layer, head, caption, image, *_ = web.follow_head(drawn(small), 3, 8)
     assert (layer, head) == (2, 4) and is_ok(caption) and "layer 2, head 4" in caption and image
-    layer, head, caption, image, *_ = web.follow_head(SENTENCE, "", small, False, False, 0, 2)
+    layer, head, caption, image, *_ = web.follow_head(drawn(small), 0, 2)
     assert (layer, head) == (1, gr.update()) and is_ok(caption) and "layer 1, head 2" in caption
-    layer, head, caption, image, *_ = web.follow_head("", "", small, False, False, 3, 8)  # the grid failed
+    layer, head, caption, image, *_ = web.follow_head(drawn(small, ""), 3, 8)  # the grid failed
     assert layer == head == gr.update() and is_error(caption) and "empty" in caption and image is None
+
+
+def test_a_head_picked_on_the_grid_is_shown_for_the_sentence_the_grid_was_drawn_from(tmp_path, tiny_dir):
+    """The sentence edited but not drawn (no Enter, no Show all heads), then a head clicked on the grid: before, the
+    large view showed that head of the edited sentence, under a grid of the other one. A click, the layer and head
+    boxes and the redraw's head now read the inputs the grid was drawn from (kept in a gr.State); the head_map API
+    still names its own input."""
+    model = str(tiny_dir)
+    web = WebApp(tmp_path / "runs", LiveExplorer(ModelCache(), classifier_loader=random_classifier),
+                 allow_any_model=True)
+    demo = web.build()
+    ids = {block.elem_id: block._id for block in demo.blocks.values() if getattr(block, "elem_id", None)}
+    fns = list(demo.fns.values())
+    (draw,) = [f for f in fns if (ids["explore-run"], "click") in f.targets]
+    (state,) = [block for block in draw.outputs if isinstance(block, gr.State)]
+    (click,) = [f for f in fns if (ids["explore-grid"], "select") in f.targets]
+    after = [f for f in fns if f.trigger_after is not None and demo.fns[f.trigger_after] in (click, draw)]
+    boxes = [f for f in fns if {(ids["explore-layer"], "submit"), (ids["explore-head"], "submit")} & set(f.targets)]
+    picks = [click, *after, *boxes]
+    assert [f.fn for f in picks] == [web.pick_head, web.follow_head, web.drawn_head_map, *[web.drawn_head_map] * 2]
+    for fn in picks:
+        assert fn.inputs[0] is state and ids["explore-text"] not in {block._id for block in fn.inputs}, fn.fn
+    assert draw.fn == web.draw and "explore-notes" in ids
+
+    edited = "A longer sentence, typed after the grid was drawn, and never drawn at all."
+    drawn = web.draw(SENTENCE, "", model, False, False)[-1]
+    layout = GridLayout(2, 4)
+    at = [layout.margin_left + 2 * layout.pitch_x + 3, layout.margin_top + 1 * layout.pitch_y + 3]
+    assert web.pick_head(drawn, 1, 1, gr.SelectData(None, {"index": at, "value": None})) == (2, 3)
+    caption, image, *_ = web.drawn_head_map(drawn, 2, 3)
+    assert caption == web.head_map(SENTENCE, "", model, False, False, 2, 3)[0] and "13 tokens" in caption and image
+    assert caption != web.head_map(edited, "", model, False, False, 2, 3)[0]  # what the large view showed before
+    drawn = web.draw(SENTENCE, "", model, True, True, "norm")[-1]  # the toggles it was drawn with count too
+    assert "norm map" in web.drawn_head_map(drawn, 1, 2)[0] and "11 words without [CLS]" in web.drawn_head_map(
+        drawn, 1, 2)[0]
+    caption, image, png, _ = web.drawn_head_map(None, 1, 2)  # a model picked since: no grid on screen
+    assert caption.startswith("**note:** no grid drawn") and image is None and not png.visible
 
 
 @pytest.mark.parametrize("layer, shown", [(float("nan"), "got nan"), (float("inf"), "got inf"), (2.5, "got 2.5"),
