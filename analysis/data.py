@@ -59,7 +59,7 @@ GLUE_TASKS: dict[str, TaskSpec] = {
 OFFLINE_GLUE = ("sst2", "mrpc", "rte")
 EXTRA_TASKS = ("wiki",)
 ALL_TASKS = tuple(GLUE_TASKS) + EXTRA_TASKS
-SPLITS = ("train", "validation", "test")  # GLUE's (MNLI's validation is its matched half; see _hub_split)
+SPLITS = ("train", "validation", "test")  # GLUE's (MNLI's validation and test are its matched halves; see hub_split)
 # Names of a split that no spelling distance finds: GLUE's papers call the validation split "dev".
 SPLIT_ALIASES = {"dev": "validation", "val": "validation"}
 
@@ -227,15 +227,18 @@ def wiki_segments(n: int | None = None, seed: int = 0) -> list[Example]:
 
 # ---------------------------------------------------------------- hub
 
-def _hub_split(spec: TaskSpec, split: str) -> str:
-    """The hub's name of a split: MNLI's validation is its matched half."""
-    return {"validation": "validation_matched"}.get(split, split) if spec.name == "mnli" else split
+def hub_split(spec: TaskSpec, split: str) -> str:
+    """The hub's name of a split: MNLI's validation and test are its matched halves (the hub has no plain
+    `validation` or `test` for it)."""
+    if spec.name != "mnli":
+        return split
+    return {"validation": "validation_matched", "test": "test_matched"}.get(split, split)
 
 
 def _load_from_hub(spec: TaskSpec, split: str) -> list[Example]:
     from datasets import load_dataset  # noqa: PLC0415 (heavy; loaded only when the hub serves a task)
 
-    dataset = load_dataset("nyu-mll/glue", spec.hub_config, split=_hub_split(spec, split))
+    dataset = load_dataset("nyu-mll/glue", spec.hub_config, split=hub_split(spec, split))
     return _rows_to_examples(spec, list(dataset), f"{spec.name}-{split}")
 
 
@@ -256,7 +259,7 @@ def hub_only_advice(spec: TaskSpec, split: str) -> str:
     first, second = spec.text_fields
     return (f"{spec.name} is served by the hub only; offline, use {offline}, or save the split where the "
             f"hub is reachable (datasets.load_dataset('nyu-mll/glue', '{spec.hub_config}', "
-            f"split='{_hub_split(spec, split)}').to_json('{spec.name}.jsonl')) and pass --task {spec.name}.jsonl "
+            f"split='{hub_split(spec, split)}').to_json('{spec.name}.jsonl')) and pass --task {spec.name}.jsonl "
             f"--text-column {first} --pair-column {second}")
 
 

@@ -7,6 +7,7 @@ import pytest
 from analysis.data import (
     GLUE_TASKS,
     _rows_to_examples,
+    hub_split,
     load_data,
     load_file,
     normalise_sentence,
@@ -295,3 +296,16 @@ def test_glue_test_split_labels_hidden_as_minus_one_are_no_label():
     assert [e.label for e in examples] == [None, 1]
     assert [e.label for e in _rows_to_examples(GLUE_TASKS["stsb"], [{"sentence1": "a", "sentence2": "b",
                                                                      "label": -1.0}], "stsb-test")] == [None]
+
+
+@pytest.mark.parametrize("split, expected", [("validation", "validation_matched"), ("test", "test_matched"),
+                                             ("train", "train")])
+def test_mnlis_splits_are_asked_of_the_hub_by_their_matched_names(split, expected):
+    """The hub's MNLI has no plain `validation` or `test` (it has *_matched and *_mismatched): before, `--split test`
+    asked it for `test`, a split it lacks. Other tasks keep their names."""
+    assert hub_split(GLUE_TASKS["mnli"], split) == expected
+    assert hub_split(GLUE_TASKS["qnli"], split) == split
+    if split != "test":  # the offline advice (a saved split; GLUE's test has no labels) names the hub's split too
+        with pytest.raises(AttnpatError) as caught:
+            load_data("mnli", split=split, allow_hub=False)
+        assert f"split='{expected}'" in str(caught.value)
