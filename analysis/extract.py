@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from analysis.data import TaskData
 from analysis.distributed import extract_shards
@@ -124,22 +123,12 @@ def layer_overview(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LENG
     return means, sum(item.truncated for item in encoded)
 
 
-def per_layer_table(values: dict[str, np.ndarray], layer_intervals: dict[str, np.ndarray]) -> pd.DataFrame:
-    """{name: (L, H)} head means and {name: (L, 2)} layer intervals -> one row per layer: layer, <name>,
-    <name>_ci_low, <name>_ci_high (each layer's mean over its heads)."""
-    columns = {"layer": np.arange(next(iter(values.values())).shape[0])}
-    for name, array in values.items():
-        columns.update({name: array.mean(1), f"{name}_ci_low": layer_intervals[name][:, 0],
-                        f"{name}_ci_high": layer_intervals[name][:, 1]})
-    return pd.DataFrame(columns)
-
-
 def write_overview(bundle, data: TaskData, run: RunDir, **kwargs):
     """Compute :func:`layer_overview`, write overview.csv (each head's mean with its bootstrap 95% interval over the
-    examples, ci_low and ci_high) to the run directory; return :func:`per_layer_table`."""
+    examples, ci_low and ci_high) to the run directory; return :meth:`HeadMeans.layer_table`."""
     with run.record("overview", bundle, data) as entry:
         means, n_truncated = layer_overview(bundle, data, **kwargs)
         values = means.result()
         run.write_table("overview", long_table(values, intervals=means.intervals()))
         entry.update(n_truncated=n_truncated, interval=EXAMPLE_INTERVAL)
-    return per_layer_table(values, means.layer_intervals())
+    return means.layer_table()

@@ -36,7 +36,7 @@ from analysis.data import (
     offline_splits,
     seeded_sample,
 )
-from analysis.errors import AttnpatError
+from analysis.errors import AttnpatError, write_failure_reason
 from analysis.metrics import METRICS, metric_name, task_metric
 from analysis.models import (
     EMBEDDED_ALIASES,
@@ -49,7 +49,7 @@ from analysis.models import (
 )
 from analysis.paths import model_store
 from analysis.progress import progress_bar
-from analysis.rundir import RunDir, atomic_write, atomic_write_json, locked, swap_in_folder
+from analysis.rundir import RunDir, atomic_write, json_text, locked, swap_in_folder
 from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, encode_examples, iter_batches
 from analysis.uncertainty import bootstrap_statistic_interval, wilson_interval
 
@@ -182,8 +182,22 @@ def epoch_order(num_batches: int, seed: int, epoch: int) -> list[int]:
 # ---------------------------------------------------------------- checkpoints
 
 def save_checkpoint(path: Path, state: dict) -> None:
-    """Write the training state atomically (a killed job leaves the previous checkpoint intact)."""
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    """Write the training state atomically (a killed job leaves the previous checkpoint intact); a full or
+    read-only disk is one error line naming ``path``."""
+    try:
+        atomic_write(path, lambda tmp: _save_into_file(state, tmp))
+    except RuntimeError as exc:  # torch's stream writer wraps the OSError of a full disk
+        reason = write_failure_reason(exc)
+        if reason is None:
+            raise
+        raise AttnpatError(f"cannot write {path}: {reason}") from exc
+
+
+def _save_into_file(state: dict, path: Path) -> None:
+    """torch.save through a Python file object: saved to a path, a failed write is a RuntimeError that keeps no
+    trace of its OSError (so no reason could be told)."""
+    with open(path, "wb") as file:
+        torch.save(state, file)
 
 
 def load_checkpoint(path: Path) -> dict | None:
@@ -449,12 +463,20 @@ def write_store(bundle, path: Path, meta: dict) -> None:
     shutil.rmtree(landing, ignore_errors=True)
     shutil.rmtree(replaced, ignore_errors=True)
     try:
-        with quiet_transformers():  # no "Writing model shards" bar under attnpat's own
-            bundle.model.save_pretrained(landing)
-            bundle.tokenizer.save_pretrained(landing)
-        atomic_write_json(landing / META_FILE, meta)
-        swap_in_folder(landing, path, replaced)
-    except BaseException:  # a full disk, a failed rename: the store folder as it was, its checkpoint kept
+        try:
+            with quiet_transformers():  # no "Writing model shards" bar under attnpat's own
+                bundle.model.save_pretrained(landing)
+                bundle.tokenizer.save_pretrained(landing)
+            # a plain write: the landing folder as a whole is what lands atomically
+            (landing / META_FILE).write_text(json_text(meta), encoding="utf-8")
+            swap_in_folder(landing, path, replaced)
+        except Exception as exc:  # a full disk, a read-only store: one line naming the store folder, not the landing
+            reason = write_failure_reason(exc)
+            if reason is None:
+                raise
+            raise AttnpatError(f"cannot save the fine-tuned model as {path}: {reason}; the training is kept in "
+                               "its checkpoint: rerun the same command to save it") from exc
+    except BaseException:  # the store folder as it was, its checkpoint kept; no half-built landing folder
         recover_store(path)
         raise
     shutil.rmtree(replaced, ignore_errors=True)

@@ -192,7 +192,9 @@ def special_statistics(bundle, examples: Sequence[Example], *, max_length: int =
                        progress: bool | str = False) -> dict:
     """One pass over the maps: {"heads": {name: (L, H)} for to_cls, to_sep and each available feature,
     "intervals": {name: (L, H, 2)} their bootstrap 95% intervals over the examples (a feature's over the inputs that
-    have it), "counts": {feature: inputs with the feature}, "cls_tally": TokenTally, "unavailable": {feature: why},
+    have it), "special_layers": one row per layer with the mean over its heads of to_cls and to_sep and their
+    intervals (:meth:`HeadMeans.layer_table`), "model_intervals": {name: (2,)} the interval of the mean over every
+    head, "counts": {feature: inputs with the feature}, "cls_tally": TokenTally, "unavailable": {feature: why},
     "n_truncated": inputs cut to max_length}."""
     encoded = encode_examples(bundle.tokenizer, examples, max_length)
     means, tally = HeadMeans(), TokenTally()
@@ -216,8 +218,10 @@ def special_statistics(bundle, examples: Sequence[Example], *, max_length: int =
             means.add(feature, values, include=present)
             counts[feature] += int(present.sum())
     unavailable = {} if tagger is not None else {feature: UNAVAILABLE for feature in TAGGER_FEATURES}
-    return {"heads": means.result(), "intervals": means.intervals(), "counts": dict(counts), "cls_tally": tally,
-            "unavailable": unavailable, "n_truncated": sum(item.truncated for item in encoded)}
+    return {"heads": means.result(), "intervals": means.intervals(),
+            "special_layers": means.layer_table(["to_cls", "to_sep"]), "model_intervals": means.model_intervals(),
+            "counts": dict(counts), "cls_tally": tally, "unavailable": unavailable,
+            "n_truncated": sum(item.truncated for item in encoded)}
 
 
 def _tally_cls_rows(maps: MapBatch, cls_mask: torch.Tensor, tally: TokenTally) -> None:

@@ -7,8 +7,10 @@ Per-example results are ``(B, L, H)``; :class:`HeadMeans` averages them over a s
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 
 from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_weighted_mean_interval
@@ -96,6 +98,18 @@ class HeadMeans:
         heads, resampled with the draws :meth:`intervals` makes for the same seed)."""
         return self._bootstrap(lambda values: values.mean(-1), level=level, n_boot=n_boot, seed=seed)
 
+    def model_intervals(self, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
+                        seed: int = 0) -> dict[str, np.ndarray]:
+        """{name: (2,)} the same interval for the mean over every head of the model (each example's mean over its
+        layers and heads)."""
+        return self._bootstrap(lambda values: values.mean((-2, -1)), level=level, n_boot=n_boot, seed=seed)
+
+    def layer_table(self, names: Sequence[str] | None = None) -> pd.DataFrame:
+        """:func:`per_layer_table` of the statistics ``names`` (default: every one), with :meth:`layer_intervals`."""
+        values = self.result()
+        return per_layer_table({name: values[name] for name in (values if names is None else names)},
+                               self.layer_intervals())
+
     def _bootstrap(self, reduce, **options) -> dict[str, np.ndarray]:
         """Every statistic's interval of reduce(values (E, L, H)), one bootstrap per set of equally many examples."""
         by_count: dict[int, list[str]] = {}
@@ -108,6 +122,16 @@ class HeadMeans:
             weights = np.stack([weights for _, weights in examples], 1)  # (E, S)
             out.update(zip(names, bootstrap_weighted_mean_interval(values, weights, **options)))
         return out
+
+
+def per_layer_table(values: dict[str, np.ndarray], layer_intervals: dict[str, np.ndarray]) -> pd.DataFrame:
+    """{name: (L, H)} head means and {name: (L, 2)} layer intervals -> one row per layer: layer, <name>,
+    <name>_ci_low, <name>_ci_high (each layer's mean over its heads)."""
+    columns = {"layer": np.arange(next(iter(values.values())).shape[0])}
+    for name, array in values.items():
+        columns.update({name: array.mean(1), f"{name}_ci_low": layer_intervals[name][:, 0],
+                        f"{name}_ci_high": layer_intervals[name][:, 1]})
+    return pd.DataFrame(columns)
 
 
 # ---------------------------------------------------------------- selector masks (Clark et al.)

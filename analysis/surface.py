@@ -135,31 +135,40 @@ class SurfaceAccumulator:
         some examples only, e.g. sep_sep, over those)."""
         return self.means.intervals()
 
+    def layer_table(self) -> pd.DataFrame:
+        """One row per layer: layer, and for every metric its mean over the layer's heads with the bootstrap 95%
+        interval over the examples (<metric>_ci_low, <metric>_ci_high)."""
+        return self.means.layer_table(SURFACE_METRICS)
+
 
 # ---------------------------------------------------------------- the pass over a data set
 
 def compute_surface(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
-                    progress: bool = True) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], float, int]:
+                    progress: bool = True) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], pd.DataFrame,
+                                                    float, int]:
     """Surface statistics over ``data``: ({metric: (L, H)}, {metric: (L, H, 2)} their bootstrap 95% intervals over
-    the examples, uniform entropy, number of truncated examples)."""
+    the examples, the per-layer table of :meth:`SurfaceAccumulator.layer_table`, uniform entropy, number of
+    truncated examples)."""
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     accumulator = SurfaceAccumulator(bundle.tokenizer)
     for map_batch in stream_maps(bundle, data.examples, max_length=max_length, batch_size=batch_size,
                                  progress="surface" if progress else False, encoded=encoded):
         accumulator.add(map_batch)
     values, uniform = accumulator.result()
-    return values, accumulator.intervals(), uniform, sum(item.truncated for item in encoded)
+    return (values, accumulator.intervals(), accumulator.layer_table(), uniform,
+            sum(item.truncated for item in encoded))
 
 
 def surface_statistics(bundle, data: TaskData, run: RunDir, max_length: int = DEFAULT_MAX_LENGTH,
                        batch_size: int = 32, progress: bool = True,
-                       thresholds: LabelThresholds = LabelThresholds()):
+                       thresholds: LabelThresholds = LabelThresholds()) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Compute the surface statistics and write surface.csv, head_labels.csv, surface.png/svg and
     surface_entropy.png/svg into ``run``. Returns the long surface table (layer, head, metric, value, and each
-    head's bootstrap 95% interval over the examples: ci_low, ci_high)."""
+    head's bootstrap 95% interval over the examples: ci_low, ci_high) and the per-layer table
+    (:meth:`SurfaceAccumulator.layer_table`: each layer's mean over its heads with its interval)."""
     with run.record("surface", bundle, data, max_length=max_length, thresholds=asdict(thresholds)) as entry:
-        values, intervals, uniform, n_truncated = compute_surface(bundle, data, max_length=max_length,
-                                                                  batch_size=batch_size, progress=progress)
+        values, intervals, per_layer, uniform, n_truncated = compute_surface(
+            bundle, data, max_length=max_length, batch_size=batch_size, progress=progress)
         labels = head_labels(values, thresholds)
         table = long_table(values, intervals=intervals)
         run.write_table("surface", table)
@@ -169,7 +178,7 @@ def surface_statistics(bundle, data: TaskData, run: RunDir, max_length: int = DE
             close(fig)
         entry.update(n_truncated=n_truncated, uniform_entropy=uniform, interval=EXAMPLE_INTERVAL,
                      label_counts={label: int((labels == label).sum()) for label in (*HEAD_LABELS, OTHER_LABEL)})
-    return table
+    return table, per_layer
 
 
 # ---------------------------------------------------------------- figures

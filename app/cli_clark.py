@@ -16,6 +16,7 @@ from analysis.probing import probe_dependency
 from analysis.rundir import RunDir
 from analysis.surface import SURFACE_METRICS, LabelThresholds, surface_statistics
 from app import options as opt
+from app.display import layer_interval_lines
 
 WikiTask = typer.Option("wiki", "--task", "-t", help="wiki (Clark's input), a GLUE task, or a .jsonl/.csv/.tsv file")
 BroadThreshold = typer.Option(3.8, "--broad-threshold", help="entropy (nats) above which a head 'attends broadly'")
@@ -56,15 +57,16 @@ def surface(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
     data = load_data(task, split, n, text_column=text_column, pair_column=pair_column, label_column=label_column)
     bundle = load_model(model, map_kind=map_kind)
     run = RunDir(bundle.slug, data.task, runs_dir)
-    table = surface_statistics(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet,
-                               thresholds=thresholds)
-    per_layer = table.pivot_table(index="layer", columns="metric", values="value", aggfunc="mean")
+    _, per_layer = surface_statistics(bundle, data, run, max_length=max_length, batch_size=batch_size,
+                                      progress=not quiet, thresholds=thresholds)
     record = run.manifest()["analyses"]["surface"]
-    typer.echo(f"{bundle.name} on {data.task} ({len(data.examples)} examples); layer means, layers 1-indexed; "
-               f"uniform-attention entropy {record['uniform_entropy']:.2f} nats")
-    typer.echo("layer " + " ".join(f"{c:>11}" for c in SURFACE_METRICS))
-    for layer, row in per_layer.iterrows():
-        typer.echo(f"{layer + 1:>5} " + " ".join(f"{row[c]:>11.3f}" for c in SURFACE_METRICS))
+    typer.echo(f"{bundle.name} on {data.task} ({len(data.examples)} examples); layer means over the heads [bootstrap "
+               f"95% interval over the examples], layers 1-indexed, entropies in nats; uniform-attention entropy "
+               f"{record['uniform_entropy']:.2f} nats")
+    half = len(SURFACE_METRICS) // 2  # two tables of five: ten columns of intervals are too wide for a terminal
+    for metrics in (SURFACE_METRICS[:half], SURFACE_METRICS[half:]):
+        for line in layer_interval_lines(per_layer, {metric: metric for metric in metrics}):
+            typer.echo(line)
     typer.echo("head labels: " + ", ".join(f"{k} {v}" for k, v in record["label_counts"].items() if v))
     typer.echo(f"tables and figures: {run.path}")
 

@@ -9,6 +9,7 @@ from analysis.extract import write_maps, write_overview
 from analysis.models import EMBEDDED_ALIASES, FETCHED_ALIASES, hub_reachable, list_store, load_model
 from analysis.rundir import RunDir
 from app import options as opt
+from app.display import layer_interval_lines
 
 
 def register(app: typer.Typer) -> None:
@@ -76,10 +77,6 @@ def overview(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
     typer.echo(f"{bundle.name} on {data.task} ({data.split}, {len(data.examples)} examples, {data.source}); "
                f"layers 1-indexed, entropy in nats; mean over the layer's heads [bootstrap 95% interval over the "
                f"examples]:")
-    names = {"to_cls": "to [CLS]", "to_sep": "to [SEP]", "entropy": "entropy"}
-    typer.echo(f"{'layer':>5} " + " ".join(f"{title:<20}" for title in names.values()).rstrip())
-    for row in per_layer.itertuples():
-        typer.echo(f"{row.layer + 1:>5} " + " ".join(
-            f"{getattr(row, name):.3f} [{getattr(row, f'{name}_ci_low'):.3f}, {getattr(row, f'{name}_ci_high'):.3f}]"
-            for name in names))
+    for line in layer_interval_lines(per_layer, {"to_cls": "to [CLS]", "to_sep": "to [SEP]", "entropy": "entropy"}):
+        typer.echo(line)
     typer.echo(f"per-head table (each head's mean with ci_low, ci_high): {run.file('overview.csv')}")

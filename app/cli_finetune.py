@@ -12,6 +12,7 @@ from analysis.models import DEFAULT_MODEL, load_model
 from analysis.rundir import RunDir
 from analysis.special import spacy_tagger, write_special
 from app import options as opt
+from app.display import interval_text, layer_interval_lines
 
 
 def register(app: typer.Typer) -> None:
@@ -146,11 +147,13 @@ def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
         run = RunDir(current.slug, data.task, runs_dir)
         stats = write_special(current, data, run, max_length=max_length, batch_size=batch_size, tagger=tagger,
                               progress=f"{name}" if not quiet else False, top=top)
-        heads = stats["heads"]
-        typer.echo(f"{name} on {data.task} ({len(data.examples)} {data.split} examples): mean attention to [CLS] "
-                   f"{heads['to_cls'].mean():.3f}, to [SEP] {heads['to_sep'].mean():.3f}; per layer (1-indexed) "
-                   "to [CLS] / [SEP]: " + ", ".join(f"{c:.2f}/{s:.2f}" for c, s in
-                                                   zip(heads["to_cls"].mean(1), heads["to_sep"].mean(1))))
+        heads, intervals, overall = stats["heads"], stats["intervals"], stats["model_intervals"]
+        typer.echo(f"{name} on {data.task} ({len(data.examples)} {data.split} examples): mean attention over every "
+                   "head [bootstrap 95% interval over the examples] to [CLS] "
+                   f"{interval_text(heads['to_cls'].mean(), *overall['to_cls'])}, to [SEP] "
+                   f"{interval_text(heads['to_sep'].mean(), *overall['to_sep'])}; per layer (1-indexed):")
+        for line in layer_interval_lines(stats["special_layers"], {"to_cls": "to [CLS]", "to_sep": "to [SEP]"}):
+            typer.echo(f"  {line}")
         top_tokens = stats["top_cls_tokens"]
         typer.echo("  last layer's [CLS] attends most to: " + ", ".join(
             f"{row.token} ({row.mean_attention:.3f}, n={row.count})" for row in top_tokens.itertuples()))
@@ -158,7 +161,8 @@ def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
             value = heads[feature]
             best = divmod(int(value.argmax()), value.shape[1]) if count else None
             typer.echo(f"  {feature}: {count} inputs" + (f", strongest head L{best[0] + 1}-H{best[1] + 1} "
-                                                       f"({value.max():.3f})" if best else ""))
+                                                       f"({interval_text(value[best], *intervals[feature][best])})"
+                                                       if best else ""))
         for feature, why in stats["unavailable"].items():
             typer.echo(f"  {feature}: {why}")
         typer.echo(f"  tables: {run.path}/special_tokens.csv, cls_last_layer.csv, linguistic.csv")

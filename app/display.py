@@ -130,3 +130,19 @@ def display_table(frame: pd.DataFrame | None) -> pd.DataFrame | None:
             fractions = pd.Series(is_fraction_column(bounded.get(str(column), str(column))), index=frame.index)
         shown[column] = [readable(value, bool(share)) for value, share in zip(frame[column], fractions)]
     return shown
+
+
+def interval_text(value: float, low: float, high: float) -> str:
+    """A mean with its interval as the CLI prints it: '0.123 [0.100, 0.150]' (20 characters for values below 10)."""
+    return f"{value:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def layer_interval_lines(per_layer: pd.DataFrame, titles: dict[str, str]) -> list[str]:
+    """The CLI's per-layer table: a header of ``titles`` ({column: title}) and a line per layer (1-indexed) with each
+    column's value [ci_low, ci_high], from ``per_layer`` (layer, <column>, <column>_ci_low, <column>_ci_high, as
+    analysis.stats.per_layer_table makes it)."""
+    lines = [f"{'layer':>5} " + " ".join(f"{title:<20}" for title in titles.values()).rstrip()]
+    for row in per_layer.to_dict("records"):
+        lines.append(f"{int(row['layer']) + 1:>5} " + " ".join(
+            interval_text(row[column], row[f"{column}_ci_low"], row[f"{column}_ci_high"]) for column in titles))
+    return lines

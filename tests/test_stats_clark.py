@@ -157,6 +157,26 @@ def test_head_means_interval_contains_the_mean_narrows_with_examples_and_is_the_
     assert layers == pytest.approx(direct_bootstrap(values.mean(-1)[:, :, None], np.ones(400))[:, 0], abs=1e-12)
 
 
+def test_the_model_wide_mean_and_the_layer_table_carry_the_same_draws_intervals():
+    """special printed the mean over every head and surface each layer's mean as bare numbers; HeadMeans now gives
+    their intervals: the per-example means over the heads (or layers and heads), bootstrapped on the same draws,
+    counting only the examples that have the feature."""
+    rng = np.random.default_rng(2)
+    values = rng.beta(2, 5, size=(80, 3, 4))  # (E, L, H)
+    include = rng.random(80) < 0.5
+    for means, weights in ((streamed(values), np.ones(80)), (streamed(values, include), include.astype(float))):
+        overall = means.model_intervals()["stat"]
+        counted_mean = values[weights > 0].mean()
+        assert overall.shape == (2,) and overall[0] < counted_mean < overall[1]
+        per_example = values.mean((1, 2))[:, None, None]
+        assert overall == pytest.approx(direct_bootstrap(per_example, weights)[0, 0], abs=1e-12)
+        table = means.layer_table()
+        assert list(table.columns) == ["layer", "stat", "stat_ci_low", "stat_ci_high"] and len(table) == 3
+        assert table.stat.to_numpy() == pytest.approx(means.result()["stat"].mean(1), abs=1e-12)
+        layers = direct_bootstrap(values.mean(-1)[:, :, None], weights)[:, 0]
+        assert table[["stat_ci_low", "stat_ci_high"]].to_numpy() == pytest.approx(layers, abs=1e-12)
+
+
 def test_include_masked_statistics_resample_only_counted_examples():
     """A statistic counted only on the examples that have a feature: each draw takes the ratio of the resampled
     sums of the counted examples; what the other examples hold (here NaN or huge) never enters the interval."""
