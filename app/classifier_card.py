@@ -51,7 +51,9 @@ def classifier_card(meta: dict) -> ClassifierCard:
     summary = (f"Trained on {meta.get('trained_on', 'an unrecorded labeled set')} ({meta.get('n_maps', '?')} maps"
                + (f", plus {meta['unlabeled_pool']['size']} teacher-labeled unlabeled maps"
                   if isinstance(meta.get("unlabeled_pool"), dict) else "")
-               + f"); scores are {folds}-fold cross-validated (out-of-fold)"
+               + f"); scores are {folds}-fold cross-validated (out-of-fold"
+               + {"head": "; each head's maps in one fold: heads the classifier never saw",
+                  "example": "; each input's maps in one fold"}.get(cv.get("fold_groups"), "") + ")"
                + (f"; created {meta['created'][:10]}" if meta.get("created") else "") + ".")
     scores = None
     if cv:

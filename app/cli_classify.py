@@ -32,6 +32,9 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
           out: opt.OptionalPath = typer.Option(None, "--out", help="checkpoint .safetensors (default: run "
                                                "dir/classifier.safetensors)"),
           folds: int = typer.Option(5, "--folds", help="stratified cross-validation folds"),
+          fold_groups: str = typer.Option("map", "--fold-groups", help="what a fold keeps together: map (new maps "
+                                          "of the trained heads), head (heads never seen, as another model's) or "
+                                          "example"),
           epochs: int = typer.Option(100, "--epochs", min=1, help="maximum epochs (early stopping ends sooner)"),
           seed: int = opt.seed_option("seed for folds, initialisation and batches"),
           synthetic_mix: int = typer.Option(SYNTHETIC_MIX, "--synthetic-mix", min=0,
@@ -86,9 +89,11 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
         unlabeled = PoolRequest(pool_model or model_of(training.map_ids), pool,
                                 exclude=(*training.map_ids, *held_out),
                                 excluded_from=tuple(str(path) for path in pool_exclude))
-    report = train_pattern_cnn(training, out, run, config, baselines=baselines, progress=not quiet, pool=unlabeled)
+    report = train_pattern_cnn(training, out, run, config, baselines=baselines, progress=not quiet, pool=unlabeled,
+                               fold_grouping=fold_groups)
+    kept_together = {"head": "; every map of a head in one fold", "example": "; every map of an input in one fold"}
     typer.echo(f"{len(training.labels)} maps from {training.source}; {folds}-fold cross-validation "
-               "(out-of-fold scores):")
+               f"(out-of-fold scores{kept_together.get(fold_groups, '')}):")
     typer.echo(report.summary.to_string(float_format=lambda v: f"{v:.3f}"))
     for line in comparison_lines(report.comparison):
         typer.echo(line)

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from sklearn.model_selection import StratifiedKFold
+from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 from torch import nn
 
 from analysis.errors import AttnpatError
+from analysis.mapstore import parse_map_id
 from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
 from analysis.rundir import atomic_write
@@ -230,13 +231,48 @@ def fit(images: torch.Tensor, labels: np.ndarray, config: TrainConfig, seed: int
     return FitResult(model.eval(), epoch, best_epoch, best_f1)
 
 
-def stratified_folds(labels: np.ndarray, folds: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Stratified k-fold (train, test) index pairs, shared by the CNN and every baseline."""
+# What a fold keeps together. "map": maps are split freely, so other maps of a test map's head (and of its input)
+# are in the training part: the score is for new maps of the heads it was trained on. "head": every map of a head
+# is in one fold, so the score is for heads the classifier never saw (as another model's). "example": every map
+# of one input is in one fold.
+FOLD_GROUPS = ("map", "example", "head")
+
+
+def fold_groups(map_ids: Sequence[str], by: str) -> np.ndarray | None:
+    """(N,) group codes of the maps for ``by`` in FOLD_GROUPS (None for "map": no grouping). Map ids are
+    <model>:<task>:<example>:L<layer>H<head>; a head is one of one model, an example one input of one task."""
+    if by not in FOLD_GROUPS:
+        raise AttnpatError(f"unknown fold grouping '{by}'; choose one of: {', '.join(FOLD_GROUPS)}")
+    if by == "map":
+        return None
+    if not map_ids:
+        raise AttnpatError(f"folds by {by} need the maps' ids (a labeled set), not synthetic maps")
+    parts = [parse_map_id(map_id) for map_id in map_ids]
+    keys = ([f"{p.model}:L{p.layer}H{p.head}" for p in parts] if by == "head"
+            else [f"{p.model}:{p.task}:{p.example_id}" for p in parts])
+    return np.unique(keys, return_inverse=True)[1]
+
+
+def stratified_folds(labels: np.ndarray, folds: int, seed: int,
+                     groups: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Stratified k-fold (train, test) index pairs, shared by the CNN and every baseline. groups: (N,) codes
+    (:func:`fold_groups`): the maps of one group stay in one fold, classes as balanced as the groups allow."""
     if folds < 2:
         raise AttnpatError(f"cross-validation needs at least 2 folds, got {folds}")
     check_labels(labels, folds)
-    splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
-    return list(splitter.split(np.zeros(len(labels)), labels))
+    if groups is None:
+        splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+        return list(splitter.split(np.zeros(len(labels)), labels))
+    if len(np.unique(groups)) < folds:
+        raise AttnpatError(f"{folds} folds need at least {folds} groups of maps, got {len(np.unique(groups))}")
+    splitter = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed)
+    split = list(splitter.split(np.zeros(len(labels)), labels, groups))
+    for _, test in split:  # a class absent from a fold's training part could not be learned there
+        missing = sorted(set(range(len(CLASSES))) - set(np.unique(np.delete(labels, test))))
+        if missing:
+            raise AttnpatError(f"grouped folds leave no {CLASSES[missing[0]]} map in some fold's training part "
+                               f"(too few groups hold that class); use fewer --folds or other --fold-groups")
+    return split
 
 
 def cross_validate_cnn(maps: Sequence[np.ndarray], labels: np.ndarray, config: TrainConfig,

@@ -43,6 +43,7 @@ from classifier.train import (
     architecture_metadata,
     check_labels,
     cross_validate_cnn,
+    fold_groups,
     stratified_folds,
     train_final,
 )
@@ -99,19 +100,22 @@ class TrainingReport:
 
 def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: TrainConfig | None = None, *,
                      baselines: bool = True, progress: bool = True,
-                     pool: UnlabeledPool | PoolRequest | None = None):
+                     pool: UnlabeledPool | PoolRequest | None = None, fold_grouping: str = "map"):
     """Cross-validate the CNN (and baselines) on the same folds, write the tables, train and save the final model.
 
     pool: unlabeled maps a teacher labels for the CNN (classifier.distill), or the request for them, drawn once the
     inputs are checked and the run folder is locked (drawing takes a minute) and kept with the finished folds, so
     that a stopped run's rerun learns from the very maps it drew (:func:`resumed_pool`); the baselines never see it.
+    fold_grouping: what a fold keeps together (classifier.train.FOLD_GROUPS): "head" scores the classifier on heads
+    it never saw. The final checkpoint is trained on every map either way.
     Returns the printable summary and the comparison with the baselines (TrainingReport).
     """
     config = config or TrainConfig()
     out = checkpoint_path(out)  # before the work: a bad --out fails now, not after it
     labels = check_labels(data.labels, config.folds)
-    folds = stratified_folds(labels, config.folds, config.seed)
-    with run.record("train", folds=config.folds, seed=config.seed, data_source=data.source, pool=None) as entry:
+    folds = stratified_folds(labels, config.folds, config.seed, fold_groups(data.map_ids, fold_grouping))
+    with run.record("train", folds=config.folds, fold_groups=fold_grouping, seed=config.seed, data_source=data.source,
+                    pool=None) as entry:
         # the drawn pool, finished folds and the final fit are kept here, so that a stopped run resumes; the folder
         # goes when this run lands
         run.retire(RESUME_FOLDER)
@@ -145,7 +149,8 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
             "n_maps": int(len(labels)),
             "class_counts": {cls: int((labels == i).sum()) for i, cls in enumerate(CLASSES)},
             "cross_validation": {
-                "folds": config.folds, "macro_f1": cnn["macro_f1"], "accuracy": cnn["accuracy"],
+                "folds": config.folds, "fold_groups": fold_grouping,
+                "macro_f1": cnn["macro_f1"], "accuracy": cnn["accuracy"],
                 "macro_f1_agreed": float(cnn_agreed.iloc[0]) if len(cnn_agreed) else None,
                 "per_class_f1": dict(zip(CLASSES, map(float, cnn["per_class_f1"]))),
                 "confusion": cnn["confusion"].tolist(),

@@ -308,3 +308,57 @@ def test_a_stopped_train_resumes_with_the_pool_it_drew_not_a_new_draw(tmp_path, 
     assert [record.getMessage() for record in caplog.records if "unlabeled pool" in record.getMessage()] == [
         "the unlabeled pool kept by the stopped train was drawn for another size (--pool); drawing a new one (the "
         "folds trained with the old one are trained again)"]
+
+
+def test_folds_grouped_by_head_keep_every_map_of_a_head_in_one_fold():
+    """`--fold-groups head`: cross-validation on heads the classifier never saw. Map ids name the head (and the
+    model: L0H1 of two models are two heads); each class stays in every training part."""
+    from classifier.train import fold_groups  # noqa: PLC0415
+
+    labels = np.repeat(np.arange(len(CLASSES)), 12)
+    ids = [f"{'ab'[i % 2]}:sst2:ex-{i // 10}:L{i % 3}H{i % 4}" for i in range(len(labels))]
+    heads = fold_groups(ids, "head")
+    assert len(np.unique(heads)) == 2 * 3 * 4 // 2  # i % 2, i % 3, i % 4: 12 (model, layer, head) combinations
+    folds = stratified_folds(labels, 3, 0, heads)
+    for train_idx, test_idx in folds:
+        assert not set(heads[train_idx]) & set(heads[test_idx])
+        assert set(labels[train_idx]) == set(range(len(CLASSES)))
+    assert sorted(np.concatenate([test for _, test in folds]).tolist()) == list(range(len(labels)))
+    examples = fold_groups(ids, "example")
+    assert len(np.unique(examples)) == 2 * 6  # the model and ex-0..ex-5
+    assert fold_groups(ids, "map") is None
+    with pytest.raises(AttnpatError, match="3 folds need at least 3 groups of maps, got 2"):
+        stratified_folds(labels, 3, 0, np.arange(len(labels)) % 2)
+    one_head_holds_a_class = np.where(labels == len(CLASSES) - 1, 0, np.arange(len(labels)) % 4)
+    with pytest.raises(AttnpatError, match=f"leave no {CLASSES[-1]} map in some fold's training part"):
+        stratified_folds(labels, 3, 0, one_head_holds_a_class)
+    with pytest.raises(AttnpatError, match="unknown fold grouping 'layer'"):
+        fold_groups(ids, "layer")
+    with pytest.raises(AttnpatError, match="need the maps' ids"):
+        fold_groups([], "head")
+
+
+def test_train_with_folds_grouped_by_head_scores_heads_it_never_saw(tmp_path, capsys):
+    """The CLI: out-of-fold predictions of each head come from one fold that saw none of its maps; the manifest,
+    the checkpoint and its card say how the folds were made. Synthetic maps have no heads: one error line."""
+    from app.classifier_card import classifier_card  # noqa: PLC0415
+
+    labeled = save_tiny_labeled_set(tmp_path / "set", 6, heads=6)
+    runs, out = tmp_path / "runs", tmp_path / "cnn.safetensors"
+    code = main(["train", "--data", str(labeled), "--folds", "3", "--fold-groups", "head", "--epochs", "2",
+                 "--pool", "0", "--out", str(out), "--runs-dir", str(runs), "-q"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "3-fold cross-validation (out-of-fold scores; every map of a head in one fold)" in captured.out
+    predictions = pd.read_csv(runs / "classifier" / "set" / "cv_predictions.csv")
+    head = predictions.map_id.str.rpartition(":")[2]
+    assert predictions.groupby(head).fold.nunique().max() == 1 and predictions.fold.nunique() == 3
+    metadata = load_classifier(out).metadata
+    assert metadata["cross_validation"]["fold_groups"] == "head"
+    assert "heads the classifier never saw" in classifier_card(metadata).summary
+    manifest = (runs / "classifier" / "set" / "manifest.json").read_text()
+    assert '"fold_groups": "head"' in manifest
+    assert main(["train", "--data", "synthetic:4", "--folds", "2", "--fold-groups", "head", "--out",
+                 str(tmp_path / "s.safetensors"), "--runs-dir", str(runs), "-q"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: folds by head need the maps' ids (a labeled set), not synthetic maps"]

@@ -98,10 +98,10 @@ def tiny_bundle(folder: Path, kind: str = "base", seed: int = 0, **config_kwargs
     return load_model(str(folder), kind=kind, device="cpu")
 
 
-def save_tiny_labeled_set(folder: Path, n_per_class: int, seed: int = 0, task: str = "syn") -> Path:
-    """A labeled set of short synthetic maps (n_per_class of every class; map ids tiny:<task>:ex-<i>:L0H0),
+def save_tiny_labeled_set(folder: Path, n_per_class: int, seed: int = 0, task: str = "syn", heads: int = 1) -> Path:
+    """A labeled set of short synthetic maps (n_per_class of every class; map ids tiny:<task>:ex-<i>:L0H<i % heads>),
     written as `attnpat annotate pull` writes one."""
     maps, labels = synthetic_dataset(n_per_class, np.random.default_rng(seed), lengths=(8, 20))
-    ids = [f"tiny:{task}:ex-{i}:L0H0" for i in range(len(maps))]
+    ids = [f"tiny:{task}:ex-{i}:L0H{i % heads}" for i in range(len(maps))]
     rows = [{"map_id": map_id, "label": CLASSES[label]} for map_id, label in zip(ids, labels, strict=True)]
     return write_labeled_folder(folder, rows, dict(zip(ids, maps, strict=True)), [], {})
