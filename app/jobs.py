@@ -1,23 +1,33 @@
 """Batch jobs for the Runs tab: whitelisted `attnpat <verb>` subprocesses (argument lists, never a shell),
-one at a time, with their log as it grows."""
+one at a time per runs folder, with their log as it grows.
+
+Each job's state (argv, pid, start, exit status once it ends) is kept in <runs>/.jobs/current.json and its log in
+<runs>/.jobs/<id>.log, so a restarted app, or a second app on the same runs folder, shows the last job and
+refuses to start another beside a running one."""
 from __future__ import annotations
 
 import atexit
 import codecs
 import inspect
+import logging
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis.data import ALL_TASKS, check_split, check_task, is_data_file
-from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError
+from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, os_error_message
+from analysis.rundir import atomic_write_json, locked, read_json
+
+log = logging.getLogger(__name__)
 
 # Verbs the Runs tab may start (only those the installed CLI really has are offered); verbs that need
 # more than model, task and n (compare, probe-dep, train) are left to the command line.
@@ -29,6 +39,12 @@ MODEL_NAME = re.compile(r"^[\w./~][\w.\-/~]{0,299}$")  # argument lists, no shel
 JOB_PARENT_ENV = "ATTNPAT_JOB_PARENT_PID"
 PARENT_POLL_SECONDS = 0.5
 ORPHAN_GRACE_SECONDS = 10.0  # after its SIGTERM, an orphaned job gets this long to clean up before it exits at once
+JOBS_FOLDER = ".jobs"  # in the runs folder: current.json (the last job's state) and the last few jobs' logs
+STATE_FILE = "current.json"
+KEEP_JOB_LOGS = 5
+LOG_TAIL_BYTES = 64 * 1024  # enough for 60 lines; a progress bar's redraws are cut at the first full line
+LOG_LINES = 500  # lines kept in memory for the app's own job
+STATE_FIELDS = {"id": str, "argv": list, "pid": int, "started": (int, float), "log": str, "app_pid": int}
 
 
 def cli_verbs() -> dict[str, set[str]]:
@@ -45,9 +61,88 @@ def cli_verbs() -> dict[str, set[str]]:
     return {verb: found[verb] for verb in JOB_VERBS if verb in found}
 
 
+def add_output(lines: list[str], text: str) -> None:
+    """Append decoded output ``text`` to ``lines`` as a terminal shows it: a newline starts a line, a carriage
+    return (tqdm's redraw) clears the last one."""
+    for piece in re.split(r"(\r|\n)", text):
+        if piece == "\n":
+            lines.append("")
+        elif piece == "\r":
+            lines[-1] = ""
+        else:
+            lines[-1] += piece
+
+
+def log_file_tail(path: Path, tail: int = 60) -> str:
+    """The last ``tail`` lines of a job's log file as the job's log shows them ("" when there is none yet)."""
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - LOG_TAIL_BYTES))
+            data = handle.read()
+    except OSError:
+        return ""
+    lines = [""]
+    add_output(lines, data.decode("utf-8", errors="replace"))
+    if size > LOG_TAIL_BYTES:
+        lines = lines[1:]  # the read began inside a line
+    return "\n".join(lines[-tail:]).strip("\n")
+
+
+def ending(command: str, code: int, stopped: bool, took: str) -> str:
+    """How a job that ended reads: ``took`` says when or how long (e.g. "in 12 s")."""
+    if code == 0:
+        return f"finished (exit 0) {took}: `{command}`"
+    if stopped:
+        number = -code if code < 0 else {TERMINATED_EXIT: signal.SIGTERM, INTERRUPTED_EXIT: signal.SIGINT}[code]
+        return f"stopped (signal {number}) {took}: `{command}`"
+    if code < 0:  # killed by the system: the log ends without a word, so the status says what happened
+        why = ", SIGKILL: out of memory?" if -code == signal.SIGKILL else ""
+        return f"failed (killed by signal {-code}{why}) {took}: `{command}`; see the log"
+    return f"failed (exit status {code}) {took}: `{command}`; see the log"
+
+
+def was_stopped(code: int | None, stop_requested: bool) -> bool:
+    """Stopped: by SIGTERM or Ctrl-C (after cleaning up: app.cli's exit codes; or before its handler was set),
+    or killed after the app's Stop. Any other signal (the out-of-memory killer's SIGKILL, a segfault) failed."""
+    if code is None:
+        return False
+    return code in (TERMINATED_EXIT, INTERRUPTED_EXIT) or -code in (signal.SIGTERM, signal.SIGINT) or (
+        code < 0 and stop_requested)
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat field 22): with the pid it names one
+    process, since pids are reused. None when no such process runs (a zombie, dead but not reaped, does not)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return None if fields[0] in ("Z", "X") else int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def is_running(pid: int, start_ticks: int | None) -> bool:
+    """Whether the process that had ``pid`` and started at ``start_ticks`` still runs (not a later one given the
+    same pid). Without /proc (not Linux) the pid alone is checked."""
+    if not Path("/proc/self/stat").exists():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # another user's process: the pid runs
+            pass
+        return True
+    return start_ticks is not None and process_start_ticks(pid) == start_ticks
+
+
+def _clock(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
 @dataclass
 class Job:
-    """One `attnpat <verb>` subprocess and its log (tqdm's carriage-return updates overwrite the last line)."""
+    """This app's `attnpat <verb>` subprocess and its log (tqdm's carriage-return updates overwrite the last line),
+    kept in memory and, as it streams, in ``log_path``."""
 
     argv: list[str]
     process: subprocess.Popen
@@ -55,6 +150,8 @@ class Job:
     lines: list[str] = field(default_factory=lambda: [""])
     finished: float | None = None
     stop_requested: bool = False  # set by BatchJobs.stop: a SIGKILL after its SIGTERM is the Stop's, not a crash
+    id: str = ""
+    log_path: Path | None = None
 
     def log_text(self, tail: int = 60) -> str:
         return "\n".join(self.lines[-tail:]).strip("\n")
@@ -63,41 +160,132 @@ class Job:
     def returncode(self) -> int | None:
         return self.process.poll()
 
+    def is_running(self) -> bool:
+        """True until the process ended and its log was read to the end."""
+        return self.returncode is None or self.finished is None
+
     def status(self) -> str:
         command = " ".join(["attnpat", *self.argv])
         code = self.returncode
         if code is None:
             return f"running for {time.time() - self.started:.0f} s: `{command}`"
-        if code == 0:
-            return f"finished in {(self.finished or time.time()) - self.started:.0f} s: `{command}`"
-        if self.stopped:
-            number = -code if code < 0 else {TERMINATED_EXIT: signal.SIGTERM, INTERRUPTED_EXIT: signal.SIGINT}[code]
-            return f"stopped (signal {number}): `{command}`"
-        if code < 0:  # killed by the system: the log ends without a word, so the status says what happened
-            why = ", SIGKILL: out of memory?" if -code == signal.SIGKILL else ""
-            return f"failed (killed by signal {-code}{why}): `{command}`; see the log"
-        return f"failed (exit status {code}): `{command}`; see the log"
+        return ending(command, code, self.stopped, f"in {(self.finished or time.time()) - self.started:.0f} s")
 
     @property
     def stopped(self) -> bool:
-        """Stopped: by SIGTERM or Ctrl-C (after cleaning up: app.cli's exit codes; or before its handler was set),
-        or killed after the app's Stop. Any other signal (the out-of-memory killer's SIGKILL, a segfault) failed."""
+        return was_stopped(self.returncode, self.stop_requested)
+
+    def state(self) -> dict:
+        """What <runs>/.jobs/current.json holds for this job."""
+        state = {"id": self.id, "argv": self.argv, "pid": self.process.pid,
+                 "pid_start": process_start_ticks(self.process.pid), "started": self.started,
+                 "log": self.log_path.name if self.log_path else "", "app_pid": os.getpid(),
+                 "app_start": process_start_ticks(os.getpid())}
+        if self.returncode is not None:
+            state.update(returncode=self.returncode, finished=self.finished or time.time(),
+                         stop_requested=self.stop_requested)
+        return state
+
+
+class RecordedJob:
+    """The last job as <runs>/.jobs/current.json records it: another app's (a second app on the same runs folder,
+    or the one before a restart). Each is_running() reads the state file again."""
+
+    def __init__(self, folder: Path, state: dict):
+        self.folder = folder
+        self.state = state
+
+    @property
+    def argv(self) -> list[str]:
+        return [str(part) for part in self.state["argv"]]
+
+    @property
+    def returncode(self) -> int | None:
+        code = self.state.get("returncode")
+        return code if isinstance(code, int) else None
+
+    @property
+    def stopped(self) -> bool:
+        """A recorded stop, or a job whose app ended before it could record how the job ended."""
+        if self.returncode is None:
+            return not self.process_alive()
+        return was_stopped(self.returncode, bool(self.state.get("stop_requested")))
+
+    def process_alive(self) -> bool:
+        return is_running(self.state["pid"], self.state.get("pid_start"))
+
+    def _app_alive(self) -> bool:
+        return is_running(self.state["app_pid"], self.state.get("app_start"))
+
+    def is_running(self) -> bool:
+        """Running, or ended a moment ago while its app, still running, has yet to record the exit status."""
+        latest = read_job_state(self.folder)
+        if latest is not None and latest["id"] == self.state["id"]:
+            self.state = latest
+        return self.returncode is None and (self.process_alive() or self._app_alive())
+
+    def log_text(self, tail: int = 60) -> str:
+        return log_file_tail(self.folder / Path(self.state["log"]).name, tail) if self.state["log"] else ""
+
+    def status(self) -> str:
+        command = " ".join(["attnpat", *self.argv])
         code = self.returncode
-        if code is None:
-            return False
-        return code in (TERMINATED_EXIT, INTERRUPTED_EXIT) or -code in (signal.SIGTERM, signal.SIGINT) or (
-            code < 0 and self.stop_requested)
+        if code is not None:
+            return ending(command, code, self.stopped, f"at {_clock(self.state.get('finished') or 0)}")
+        if self.process_alive():
+            return (f"running (pid {self.state['pid']}, started {_clock(self.state['started'])}, by the app with "
+                    f"pid {self.state['app_pid']}): `{command}`")
+        if self._app_alive():
+            return f"ending (pid {self.state['pid']}): `{command}`"
+        return f"stopped: the app that ran it ended before it finished; rerun it to resume: `{command}`"
+
+
+def read_job_state(folder: Path) -> dict | None:
+    """<runs>/.jobs/current.json, or None when there is none. A damaged one (only attnpat writes it) is taken as
+    none, with a warning: the next job replaces it."""
+    path = folder / STATE_FILE
+    if not path.is_file():
+        return None
+    try:
+        state = read_json(path, "the batch job state", "the next job replaces it")
+    except AttnpatError as exc:
+        log.warning("%s", exc)
+        return None
+    if not isinstance(state, dict) or not all(isinstance(state.get(key), kind) for key, kind in STATE_FIELDS.items()):
+        log.warning("the batch job state %s lacks a field; the next job replaces it", path)
+        return None
+    return state
+
+
+def prune_logs(folder: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` job logs in ``folder``."""
+    logs = sorted(folder.glob("*.log"), key=lambda path: (path.stat().st_mtime, path.name))
+    for old in logs[:max(0, len(logs) - keep)]:
+        old.unlink(missing_ok=True)
 
 
 class BatchJobs:
-    """Starts whitelisted `attnpat` verbs as subprocesses (argument lists, never a shell); one at a time."""
+    """Starts whitelisted `attnpat` verbs as subprocesses (argument lists, never a shell); one at a time per runs
+    folder, also across apps: the state of the last job is kept in <runs>/.jobs/."""
 
     def __init__(self, runs_dir: Path, allowed_models: Callable[[], Iterable[str]] | None = None):
         self.runs_dir = runs_dir
+        self.folder = Path(runs_dir) / JOBS_FOLDER
         self.allowed_models = allowed_models  # None: any model name; else the names a job may use
         self.job: Job | None = None
         self._lock = threading.Lock()
         atexit.register(self.stop)  # no orphaned job when the app stops (rerunning the job resumes it)
+
+    def _state_locked(self) -> AbstractContextManager[None]:
+        """Held to read-and-write the job state: two apps starting a job at once cannot both start it."""
+        return locked(self.folder / ".lock", f"the batch job state in {self.folder}", wait=True)
+
+    def current(self) -> Job | RecordedJob | None:
+        """The last job started on this runs folder: this app's own, or another's as recorded (None: no job)."""
+        state = read_job_state(self.folder)
+        if self.job is not None and (state is None or state["id"] == self.job.id):
+            return self.job
+        return RecordedJob(self.folder, state) if state is not None else None
 
     def arguments(self, verb: str, model: str, task: str, n, split: str = "validation") -> list[str]:
         verbs = cli_verbs()
@@ -129,36 +317,73 @@ class BatchJobs:
 
     def start(self, verb: str, model: str, task: str, n) -> Job:
         argv = self.arguments(verb, model, task, n)
-        with self._lock:
+        with self._lock, self._state_locked():
             if self.job is not None and self.job.returncode is None:
                 raise AttnpatError(f"a job is already running ({self.job.status()}); wait for it or stop it")
+            last = self.current()
+            if isinstance(last, RecordedJob) and last.process_alive():
+                raise AttnpatError(f"a job of another attnpat app is already running on {self.runs_dir} "
+                                   f"({last.status()}); wait for it or stop it")
+            job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+            log_path = self.folder / f"{job_id}.log"
+            try:
+                prune_logs(self.folder, KEEP_JOB_LOGS - 1)
+                log_file = open(log_path, "xb")  # noqa: SIM115 (written by the reader thread, which closes it)
+            except OSError as exc:
+                raise AttnpatError(os_error_message(exc, "cannot write the job log")) from exc
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False",
                    JOB_PARENT_ENV: str(os.getpid())}
+            # a pipe, not the log file: a job's progress bars redraw every 0.1 s on a pipe, every 10 s on a file
             process = subprocess.Popen([sys.executable, "-m", "app.cli", *argv], stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-            self.job = Job(argv, process)
-            threading.Thread(target=self._read, args=(self.job,), daemon=True).start()
-            return self.job
+            job = Job(argv, process, id=job_id, log_path=log_path)
+            try:
+                atomic_write_json(self.folder / STATE_FILE, job.state())
+            except AttnpatError:  # a job nobody else could see: not started
+                process.kill()
+                process.wait()
+                log_file.close()
+                log_path.unlink(missing_ok=True)
+                raise
+            self.job = job
+            threading.Thread(target=self._read, args=(job, log_file), daemon=True).start()
+            return job
 
-    @staticmethod
-    def _read(job: Job) -> None:
+    def _read(self, job: Job, log_file) -> None:
         stream = job.process.stdout
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two reads
-        while chunk := stream.read1(4096):
-            for piece in re.split(r"(\r|\n)", decoder.decode(chunk)):
-                if piece == "\n":
-                    job.lines.append("")
-                elif piece == "\r":
-                    job.lines[-1] = ""
-                else:
-                    job.lines[-1] += piece
-            del job.lines[:-500]
+        with log_file:
+            while chunk := stream.read1(4096):
+                add_output(job.lines, decoder.decode(chunk))
+                del job.lines[:-LOG_LINES]
+                if not log_file.closed:
+                    try:
+                        log_file.write(chunk)
+                        log_file.flush()
+                    except OSError as exc:  # a full disk: the job runs on, its log kept in memory only
+                        log.warning("%s", os_error_message(exc, "cannot write the job log"))
+                        log_file.close()
         job.process.wait()
         job.finished = time.time()
+        self._record_end(job)
+
+    def _record_end(self, job: Job) -> None:
+        """Write the ended job's exit status into the state file, unless a later job's state replaced it."""
+        try:
+            with self._state_locked():
+                state = read_job_state(self.folder)
+                if state is not None and state["id"] == job.id and "returncode" not in state:
+                    atomic_write_json(self.folder / STATE_FILE, job.state())
+        except AttnpatError as exc:  # the state then reads as stopped when this app ends
+            log.warning("cannot record how the job ended: %s", exc)
 
     def stop(self) -> str:
         with self._lock:
             if self.job is None or self.job.returncode is not None:
+                last = self.current()
+                if isinstance(last, RecordedJob) and last.process_alive():
+                    return (f"the running job is another app's (pid {last.state['app_pid']}): stop it there, or "
+                            f"with `kill {last.state['pid']}`")
                 return "no job is running"
             self.job.stop_requested = True
             self.job.process.terminate()
@@ -166,6 +391,8 @@ class BatchJobs:
                 self.job.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.job.process.kill()
+                self.job.process.wait()
+            self._record_end(self.job)  # now: at exit the reader thread may not get to it
             return "job stopped (resumable verbs continue where they stopped when rerun)"
 
 

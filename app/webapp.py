@@ -35,7 +35,7 @@ from analysis.sweeps import significance_lines  # noqa: E402
 from app.classifier_card import classifier_card, read_metadata  # noqa: E402
 from app.display import display_table  # noqa: E402
 from app.explore import MAX_LIVE_TOKENS, LiveExplorer, ModelCache  # noqa: E402
-from app.jobs import BatchJobs, Job, cli_verbs  # noqa: E402
+from app.jobs import BatchJobs, Job, RecordedJob, cli_verbs  # noqa: E402
 from app.options import check_address  # noqa: E402
 from app.run_browser import FIGURE_LOCK, ArtifactView, RunBrowser, Scratch, slug_label  # noqa: E402
 from classifier.predict import head_class_table  # noqa: E402
@@ -73,6 +73,11 @@ def _message(text: str, kind: str = "info") -> str:
     """A status line: "**error:** ..." for problems (plain words: headless browsers often lack emoji fonts)."""
     prefix = {"error": "**error:** ", "info": "**note:** ", "ok": ""}[kind]
     return prefix + text
+
+
+def _job_style(job) -> str:
+    """A job that ended: finished is a success line, stopped a note, anything else an error."""
+    return "ok" if job.returncode == 0 else ("info" if job.stopped else "error")
 
 
 def head_index(number, name: str) -> int:
@@ -367,20 +372,27 @@ class WebApp:
         yield from self._follow(job, picked)
 
     def watch_job(self, picked=None):
-        job = self.jobs.job
+        """Generator: follow the last job on this runs folder (this app's, or another app's as recorded there)."""
+        job = self.jobs.current()
         if job is None:
             yield "", _message("no job started yet"), gr.skip(), gr.skip(), gr.skip()
             return
         yield from self._follow(job, picked)
 
-    def _follow(self, job: Job, picked):
-        while job.returncode is None or job.finished is None:
+    def job_state(self) -> tuple[str, str]:
+        """The last job's log tail and status, once (shown when the Runs tab opens)."""
+        job = self.jobs.current()
+        if job is None:
+            return "", _message("no job started yet")
+        running = job.is_running()
+        return job.log_text(), _message(job.status(), "info" if running else _job_style(job))
+
+    def _follow(self, job: Job | RecordedJob, picked):
+        while job.is_running():
             yield job.log_text(), _message(job.status()), gr.skip(), gr.skip(), gr.skip()
             time.sleep(0.5)
-        code = job.returncode
         table, picker, chosen = self.runs_and_pick(picked)
-        yield (job.log_text(), _message(job.status(), "ok" if code == 0 else ("info" if job.stopped else "error")),
-               table, picker, self.manifest(chosen))
+        yield job.log_text(), _message(job.status(), _job_style(job)), table, picker, self.manifest(chosen)
 
     def stop_job(self):
         return _message(self.jobs.stop())
@@ -564,9 +576,10 @@ class WebApp:
             manifest = gr.Code(label="manifest.json", language="json", interactive=False, max_lines=24,
                                elem_id="runs-manifest")
             gr.Markdown("#### Start a batch job\nRuns `attnpat <verb> --model ... --task ... --n ...` into this "
-                        "app's run directory, one job at a time for the whole app: every browser on it sees, "
-                        "watches and may stop the running job. Options the form lacks (`--force`, `--out`, ...) "
-                        "are the terminal's: `attnpat <verb> --help`.")
+                        "app's run directory, one job at a time for the run directory: every browser on it sees, "
+                        "watches and may stop the running job, and the last job (its log, how it ended) is shown "
+                        "after a restart and by other apps on the same folder. Options the form lacks (`--force`, "
+                        "`--out`, ...) are the terminal's: `attnpat <verb> --help`.")
             verbs = list(cli_verbs())
             with gr.Row():
                 verb = gr.Dropdown(verbs, value=verbs[0] if verbs else None, label="job", elem_id="job-verb")
@@ -587,6 +600,8 @@ class WebApp:
                 trigger(self.runs_table, picked, [table, picked], api_name=api_name).then(
                     self.manifest, picked, manifest, api_name=False)
             picked.input(self.manifest, picked, manifest, api_name="manifest")
+            # the last job on this runs folder, also one started before a restart or by another app on it
+            tab_block.select(self.job_state, None, [job_log, job_status], api_name=False)
             job_outputs = [job_log, job_status, table, picked, manifest]
             start.click(self.start_job, [verb, model, task, count, picked], job_outputs, api_name="start_job",
                         concurrency_limit=None)

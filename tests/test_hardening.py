@@ -34,7 +34,7 @@ from analysis.mapstore import (
 )
 from analysis.models import check_class_order, load_model, model_slug
 from analysis.patterns import CLASSES
-from analysis.rundir import RunDir, atomic_write_text, locked
+from analysis.rundir import RunDir, atomic_write_json, atomic_write_text, locked
 from annotation import labelstudio as ls
 from annotation import server
 from annotation.dataset import load_labeled_set
@@ -48,7 +48,7 @@ from annotation.server import (
     server_dir,
 )
 from app.cli import main
-from app.jobs import BatchJobs, Job
+from app.jobs import KEEP_JOB_LOGS, BatchJobs, Job, RecordedJob, process_start_ticks, prune_logs
 from app.webapp import WebApp, launch
 from classifier.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
 from tests.conftest import free_port
@@ -1246,13 +1246,15 @@ def test_a_job_stops_when_the_web_app_that_started_it_is_killed(tmp_path, tiny_m
     """The app stops its job when it exits (atexit), but a SIGKILLed app (the out-of-memory killer, `kill -9`, a
     crashed container runtime) runs no atexit: its job ran on alone, unseen by the restarted app, which could not
     stop it, holding its run folder's locks. Now the job watches the app's pid and stops as a Stop would when the
-    app is gone: SIGTERM to itself, its cleanup runs (the staged tables are removed), a rerun resumes."""
+    app is gone: SIGTERM to itself, its cleanup runs (the staged tables are removed), a rerun resumes. Another app
+    on the runs folder sees the job while it runs, refuses to start one beside it, and then reads it as stopped."""
     runs = tmp_path / "runs"
     run = RunDir(load_model(str(tiny_model)).slug, "sst2", runs)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
     job_pid = None
     # the run folder's lock held here: the job does its work, then waits for it without a word more, as a job
     # in a long quiet stretch does (a job that writes again finds its log pipe closed and fails by itself)
+    other_app = BatchJobs(runs)  # a second app on the same runs folder (or the app restarted)
     with locked(run.file(".lock"), "the test's hold on the run folder"):
         app = subprocess.Popen([sys.executable, "-c", APP_WITH_A_JOB, str(runs), str(tiny_model)], env=env,
                                stdout=subprocess.PIPE, text=True)
@@ -1260,6 +1262,10 @@ def test_a_job_stops_when_the_web_app_that_started_it_is_killed(tmp_path, tiny_m
             job_pid, code = app.stdout.readline().split()
             job_pid = int(job_pid)
             assert code == "None" and _alive(job_pid)  # the job runs, waiting for the lock
+            # the other app sees the job (before, nothing: the job lived only in its app's memory) and starts none
+            assert other_app.current().status().startswith(f"running (pid {job_pid}, started ")
+            with pytest.raises(AttnpatError, match=r"^a job of another attnpat app is already running on .*; wait"):
+                other_app.start("overview", str(tiny_model), "mrpc", 2)
             app.kill()
             app.wait()
             deadline = time.monotonic() + 60
@@ -1270,6 +1276,11 @@ def test_a_job_stops_when_the_web_app_that_started_it_is_killed(tmp_path, tiny_m
             app.kill()
             if job_pid and _alive(job_pid):
                 os.kill(job_pid, signal.SIGKILL)
+    # no exit status was recorded (its app was gone): the job reads as stopped, its log kept in the runs folder
+    last = other_app.current()
+    assert not last.is_running() and last.stopped
+    assert last.status().startswith("stopped: the app that ran it ended before it finished; rerun it to resume")
+    assert "waiting:" in last.log_text()
     assert not list(run.path.glob(".staging-*"))  # stopped by its SIGTERM, cleaning up: not killed mid-work
 
 
@@ -1357,3 +1368,73 @@ def test_a_second_serve_at_the_same_moment_stops_before_starting_a_server(tmp_pa
         with pytest.raises(AttnpatError, match=r"^annotate serve in .* is being written by another attnpat process"):
             server.serve(port=9, root=tmp_path, log=lambda message: None)
     assert not server._pid_file(tmp_path).exists()
+
+
+def _recorded_job_state(runs: Path, pid: int, **extra) -> None:
+    """Write <runs>/.jobs/current.json as an app (pid ``pid`` + 1000, not running) would for a job of pid ``pid``."""
+    state = {"id": "20250101-120000-abcdef", "argv": ["overview", "--model", "minilm"], "pid": pid,
+             "pid_start": process_start_ticks(pid), "started": time.time() - 30, "log": "20250101-120000-abcdef.log",
+             "app_pid": pid + 1000, "app_start": None, **extra}
+    atomic_write_json(runs / ".jobs" / "current.json", state)
+
+
+def test_another_apps_job_is_shown_from_the_runs_folder_and_none_starts_beside_it(tmp_path):
+    """Batch jobs lived only in their app's memory: a restarted app, or a second app on the same runs folder, showed
+    no job, lost its log, and could start a second one beside it. Now the last job's state and log are kept in
+    <runs>/.jobs/, and its status follows the recorded process (its pid and start time: pids are reused)."""
+    runs = tmp_path / "runs"
+    (runs / ".jobs").mkdir(parents=True)
+    (runs / ".jobs" / "20250101-120000-abcdef.log").write_bytes(b"loading\nbar 10%\rbar 50%\nper-head table\n")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _recorded_job_state(runs, sleeper.pid)
+        log_tail, status = WebApp(runs).job_state()
+        assert log_tail == "loading\nbar 50%\nper-head table"
+        assert status.startswith(f"**note:** running (pid {sleeper.pid}, started ")
+        jobs = BatchJobs(runs)
+        with pytest.raises(AttnpatError, match=rf"^a job of another attnpat app is already running on {runs} "
+                                               rf"\(running \(pid {sleeper.pid}, .*\); wait for it or stop it$"):
+            jobs.start("overview", "minilm", "sst2", 4)
+        assert len(list((runs / ".jobs").glob("*.log"))) == 1 and jobs.job is None  # refused before any work
+        assert jobs.stop() == f"the running job is another app's (pid {sleeper.pid + 1000}): stop it there, or " \
+                              f"with `kill {sleeper.pid}`"
+        # the same pid, but a process started at another time: a reused pid, not the job
+        _recorded_job_state(runs, sleeper.pid, pid_start=process_start_ticks(sleeper.pid) + 1)
+        assert not BatchJobs(runs).current().is_running()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    _recorded_job_state(runs, sleeper.pid)
+    assert BatchJobs(runs).current().status() == ("stopped: the app that ran it ended before it finished; rerun it "
+                                                  "to resume: `attnpat overview --model minilm`")
+    for code, start, kind in ((0, "finished (exit 0) at ", ""), (2, "failed (exit status 2) at ", "**error:** "),
+                              (TERMINATED_EXIT, "stopped (signal 15) at ", "**note:** ")):
+        _recorded_job_state(runs, sleeper.pid, returncode=code, finished=time.time())
+        assert WebApp(runs).job_state()[1].startswith(kind + start)
+
+
+def test_job_logs_are_bounded_and_a_damaged_job_state_is_replaced(tmp_path):
+    folder = tmp_path / ".jobs"
+    folder.mkdir()
+    for number in range(8):
+        log_file = folder / f"2025010{number}-000000-abcdef.log"
+        log_file.write_text("x")
+        os.utime(log_file, (1e9 + number, 1e9 + number))
+    prune_logs(folder, KEEP_JOB_LOGS - 1)  # before a job starts: with its own log, KEEP_JOB_LOGS
+    assert sorted(path.name[7] for path in folder.glob("*.log")) == ["4", "5", "6", "7"]
+    (folder / "current.json").write_text('{"id": "cut off')
+    assert BatchJobs(tmp_path).current() is None
+
+
+@pytest.mark.slow
+def test_a_restarted_app_shows_how_its_last_job_ended_and_its_log(tmp_path, tiny_model):
+    runs = tmp_path / "runs"
+    job = BatchJobs(runs).start("overview", str(tiny_model), "sst2", 2)
+    deadline = time.monotonic() + 300
+    while job.is_running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert job.returncode == 0, job.log_text()
+    last = WebApp(runs).jobs.current()  # a new app on the same runs folder
+    assert isinstance(last, RecordedJob) and last.returncode == 0 and not last.is_running()
+    assert last.status().startswith("finished (exit 0) at ") and "per-head table" in last.log_text()
+    assert last.log_text() == job.log_text()  # the log file holds what the app showed
