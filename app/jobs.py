@@ -181,10 +181,12 @@ class Job:
                  "pid_start": process_start_ticks(self.process.pid), "started": self.started,
                  "log": self.log_path.name if self.log_path else "", "app_pid": os.getpid(),
                  "app_start": process_start_ticks(os.getpid())}
-        if self.returncode is not None:
-            state.update(returncode=self.returncode, finished=self.finished or time.time(),
-                         stop_requested=self.stop_requested)
-        return state
+        return {**state, **self.end_state()} if self.returncode is not None else state
+
+    def end_state(self) -> dict:
+        """How the job ended, for its state file (once its process ended)."""
+        return {"returncode": self.returncode, "finished": self.finished or time.time(),
+                "stop_requested": self.stop_requested}
 
 
 class RecordedJob:
@@ -373,7 +375,7 @@ class BatchJobs:
             with self._state_locked():
                 state = read_job_state(self.folder)
                 if state is not None and state["id"] == job.id and "returncode" not in state:
-                    atomic_write_json(self.folder / STATE_FILE, job.state())
+                    atomic_write_json(self.folder / STATE_FILE, {**state, **job.end_state()})
         except AttnpatError as exc:  # the state then reads as stopped when this app ends
             log.warning("cannot record how the job ended: %s", exc)
 
