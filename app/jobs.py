@@ -168,7 +168,7 @@ class Job:
         command = " ".join(["attnpat", *self.argv])
         code = self.returncode
         if code is None:
-            return f"running for {time.time() - self.started:.0f} s: `{command}`"
+            return f"running for {time.time() - self.started:.0f} s (pid {self.process.pid}): `{command}`"
         return ending(command, code, self.stopped, f"in {(self.finished or time.time()) - self.started:.0f} s")
 
     @property
