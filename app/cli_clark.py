@@ -67,8 +67,16 @@ def surface(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
     for metrics in (SURFACE_METRICS[:half], SURFACE_METRICS[half:]):
         for line in layer_interval_lines(per_layer, {metric: metric for metric in metrics}):
             typer.echo(line)
-    typer.echo("head labels: " + ", ".join(f"{k} {v}" for k, v in record["label_counts"].items() if v))
+    typer.echo(_label_line(record))
     typer.echo(f"tables and figures: {run.path}")
+
+
+def _label_line(record: dict) -> str:
+    """'head labels (certain: ...): broad 12 (9 certain), ...' from a surface or clusters manifest record."""
+    certain = record["certain_label_counts"]
+    return ("head labels (certain: the same label anywhere in its statistics' 95% intervals): "
+            + ", ".join(f"{label} {count} ({certain[label]} certain)"
+                        for label, count in record["label_counts"].items() if count))
 
 
 def grad_importance(model: str = opt.Model, task: str = WikiTask,
@@ -115,9 +123,16 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
     run = RunDir(bundle.slug, data.task, runs_dir)
     clusters = head_clusters(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet,
                              thresholds=thresholds, seed=seed)
-    counts = clusters.behaviour.value_counts()
-    typer.echo(f"{len(clusters)} heads embedded; behaviours: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-    typer.echo(f"table and figure: {run.file('clusters.csv')}")
+    record = run.manifest()["analyses"]["clusters"]
+    typer.echo(f"{len(clusters)} heads embedded (JS divergence in nats, {len(data.examples)} examples)")
+    if record["all_identical"]:
+        typer.echo("every head attends alike (all divergences below 1e-6 nats): all heads embedded at one point")
+    split_half = record["split_half_correlation"]
+    typer.echo("stability: " + ("needs at least 2 examples and 2 heads that differ" if split_half is None else
+                                f"split-half correlation of the distance matrices r = {split_half:.3f} (even- vs "
+                                "odd-numbered examples); per-pair bootstrap 95% intervals in head_distances.csv"))
+    typer.echo(_label_line(record))
+    typer.echo(f"tables and figure: {run.file('clusters.csv')}")
 
 
 def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U file with gold dependency trees"),
