@@ -125,12 +125,14 @@ def split_half_correlation(per_example: np.ndarray) -> float:
 @dataclass
 class HeadDistances:
     """What one pass measures: mean divergences (K, K), their intervals (K, K, 2), the split-half correlation,
-    the label evidence of analysis.surface.label_evidence (one row per head), truncated examples."""
+    the label evidence of analysis.surface.label_evidence (one row per head), uniform attention's mean entropy
+    (nats), the numbers of examples and of truncated ones."""
 
     mean: np.ndarray
     intervals: np.ndarray
     split_half_r: float
     labels: pd.DataFrame
+    uniform_entropy: float
     n_examples: int
     n_truncated: int
 
@@ -154,6 +156,7 @@ def compute_head_distances(bundle, data: TaskData, *, max_length: int = DEFAULT_
     mean = pair_matrix(pairs.astype(np.float64).mean(0), heads) if len(pairs) else np.zeros((heads, heads))
     return HeadDistances(mean=mean, intervals=distance_intervals(pairs, heads),
                          split_half_r=split_half_correlation(pairs), labels=surface.label_table(thresholds),
+                         uniform_entropy=surface.result()[1],
                          n_examples=len(encoded), n_truncated=sum(e.truncated for e in encoded))
 
 
@@ -185,6 +188,7 @@ def head_clusters(bundle, data: TaskData, run: RunDir, *, max_length: int = DEFA
         close(fig)
         counts = label_counts(evidence)
         entry.update(n_truncated=measured.n_truncated, interval=EXAMPLE_INTERVAL,
+                     uniform_entropy=measured.uniform_entropy,
                      split_half_correlation=None if np.isnan(measured.split_half_r) else measured.split_half_r,
                      all_identical=all_identical(distances),
                      label_counts={label: count["heads"] for label, count in counts.items()},

@@ -68,7 +68,17 @@ def surface(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
         for line in layer_interval_lines(per_layer, {metric: metric for metric in metrics}):
             typer.echo(line)
     typer.echo(_label_line(record))
+    _note_unreachable_broad(record["uniform_entropy"], thresholds.broad)
     typer.echo(f"tables and figures: {run.path}")
+
+
+def _note_unreachable_broad(uniform_entropy: float, broad: float) -> None:
+    """A head's mean entropy is at most uniform attention's (log n, averaged over the examples): at or below the
+    threshold no head can be 'broad', which a count of 0 alone would not tell."""
+    if uniform_entropy <= broad:
+        typer.echo(f"note: no head can attend broadly here: uniform attention's entropy on these inputs averages "
+                   f"{uniform_entropy:.2f} nats, not above --broad-threshold {broad:g} (Clark's 3.8 is for inputs "
+                   "of 128 tokens; lower it for short inputs)")
 
 
 def _label_line(record: dict) -> str:
@@ -129,9 +139,10 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
         typer.echo("every head attends alike (all divergences below 1e-6 nats): all heads embedded at one point")
     split_half = record["split_half_correlation"]
     typer.echo("stability: " + ("needs at least 2 examples and 2 heads that differ" if split_half is None else
-                                f"split-half correlation of the distance matrices r = {split_half:.3f} (even- vs "
+                                f"split-half correlation of the distance matrices r = {split_half:.4f} (even- vs "
                                 "odd-numbered examples); per-pair bootstrap 95% intervals in head_distances.csv"))
     typer.echo(_label_line(record))
+    _note_unreachable_broad(record["uniform_entropy"], thresholds.broad)
     typer.echo(f"tables and figure: {run.file('clusters.csv')}")
 
 

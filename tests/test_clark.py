@@ -444,3 +444,16 @@ def test_real_wiki_data_surface_values_are_probabilities(tmp_path):
     assert shares.between(0, 1).all()
     # [SEP] -> [SEP] exists for every wiki segment pair (two [SEP]s)
     assert head_array(table, "sep_sep").min() > 0
+
+
+def test_surface_and_cluster_say_when_no_head_can_attend_broadly(tmp_path, capsys):
+    """On short inputs uniform attention's entropy is under Clark's 3.8 nats, so no head can be 'broad' and the
+    count of 0 said nothing of why. Both verbs now say so, and stay quiet once the threshold is reachable."""
+    model = save_tiny_model(tmp_path / "tiny")
+    data = tmp_path / "short.jsonl"
+    data.write_text('{"text": "A short one."}\n{"text": "Another short sentence here."}\n')
+    for verb in ("surface", "cluster"):
+        for threshold, noted in (("3.8", True), ("1.0", False)):
+            assert main([verb, "--model", str(model), "--task", str(data), "--broad-threshold", threshold, "-q",
+                         "--runs-dir", str(tmp_path / "runs")]) == 0
+            assert ("note: no head can attend broadly here" in capsys.readouterr().out) == noted, (verb, threshold)
