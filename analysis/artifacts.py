@@ -107,6 +107,9 @@ _VS_BASELINES = ("model, reference_macro_f1 (the CNN's), model_macro_f1, differe
                  "verdict (above|below|level: above or below when the interval excludes 0 and p_holm < 0.05)")
 # the interval columns of the per-head (per-layer) means of overview, special, surface and grad-importance
 _OVER_EXAMPLES = "ci_low, ci_high (percentile bootstrap 95% interval over the examples)"
+# analysis.surface.label_evidence: what decided each head's label, and whether its intervals settle it
+_LABEL_EVIDENCE = ("statistic (the rule's: prev|next|entropy|cls|sep|punct; empty for other), value, ci_low, ci_high "
+                   "(95% bootstrap over the examples), threshold, certain (the same label anywhere in the intervals)")
 _BASE = "minilm"  # the embedded base model the fine-tuning hints start from
 _PARSE = "--parse {task} --model {model}"  # silver parses of the task's sentences (a CoNLL-U file gives gold ones)
 
@@ -159,9 +162,11 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "Surface and clusters", figure=True, table=False),
     Artifact("overview", "overview", f"layer, head, metric (to_cls|to_sep|entropy), value, {_OVER_EXAMPLES}",
              "Surface and clusters"),
-    Artifact("head_labels", "surface", "layer, head, label", "Surface and clusters"),
-    Artifact("clusters", "cluster", "layer, head, x, y, behaviour", "Surface and clusters", figure=True),
-    Artifact("head_distances", "cluster", "layer, head, other_layer, other_head, value (JS divergence, nats)",
+    Artifact("head_labels", "surface", f"layer, head, label, {_LABEL_EVIDENCE}", "Surface and clusters"),
+    Artifact("clusters", "cluster", f"layer, head, x, y, behaviour, {_LABEL_EVIDENCE}", "Surface and clusters",
+             figure=True),
+    Artifact("head_distances", "cluster", "layer, head, other_layer, other_head, value (JS divergence, nats), "
+             f"{_OVER_EXAMPLES}",
              "Surface and clusters"),
     Artifact("grad_importance", "grad-importance", f"layer, target (sep|punct|other), value, {_OVER_EXAMPLES}",
              "Surface and clusters", figure=True),

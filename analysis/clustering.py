@@ -6,11 +6,17 @@ examples. Like Clark's head_distances.py, every row is smoothed first, p' = (1 -
 (n = the example's real length), so no log sees a zero. Clark sums over tokens and documents instead, which
 weighs long inputs more: a mere rescaling only when every input has one length. On wiki inputs of 50-128 tokens
 the two matrices correlate at Pearson 0.9994 (16 inputs). The matrix is embedded in 2-D with metric MDS
-(scikit-learn) and each head is coloured by its surface-statistics label (analysis.surface.head_labels).
+(scikit-learn) and each head is coloured by its surface-statistics label (analysis.surface.label_evidence).
+
+Stability (Clark reports none): each pair's divergence carries a percentile bootstrap 95% interval over the
+examples, and the run records the split-half correlation, Pearson's r between the distance matrices of the
+even- and odd-numbered examples over the pairs of distinct heads. Both need at least 2 examples (NaN below).
+A model with one head, or whose heads all attend alike (every distance below IDENTICAL_NATS), embeds every head
+at the origin: that is the exact embedding, and MDS would divide by a zero total distance.
 """
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -23,9 +29,12 @@ from analysis.errors import AttnpatError
 from analysis.figures import close
 from analysis.rundir import RunDir
 from analysis.stream import DEFAULT_MAX_LENGTH, encode_examples, stream_maps
-from analysis.surface import LABEL_COLOURS, LABEL_NAMES, LabelThresholds, SurfaceAccumulator, head_labels
+from analysis.surface import LABEL_COLOURS, LABEL_NAMES, LabelThresholds, SurfaceAccumulator, label_counts
+from analysis.uncertainty import EXAMPLE_INTERVAL, bootstrap_mean_interval
 
 SMOOTHING = 0.001
+EVIDENCE_COLUMNS = ("statistic", "value", "ci_low", "ci_high", "threshold", "certain")  # see label_evidence
+IDENTICAL_NATS = 1e-6  # float32 rounding leaves ~1e-7 nats between identical heads
 DEFAULT_THRESHOLDS = LabelThresholds()
 
 
@@ -61,56 +70,129 @@ def head_js_divergences(maps: torch.Tensor, smoothing: float = SMOOTHING) -> tor
     return upper + upper.T
 
 
+def all_identical(distances: np.ndarray) -> bool:
+    """Whether a (K, K) distance matrix puts every head at one point (one head, or all distances ~0)."""
+    return distances.shape[0] < 2 or float(np.abs(distances).max()) < IDENTICAL_NATS
+
+
 def mds_embedding(distances: np.ndarray, seed: int = 0) -> np.ndarray:
-    """2-D metric MDS of a (K, K) symmetric distance matrix -> (K, 2)."""
+    """2-D metric MDS of a (K, K) symmetric distance matrix -> (K, 2); all zeros when :func:`all_identical`."""
     distances = np.asarray(distances, dtype=float)
     if distances.ndim != 2 or distances.shape[0] != distances.shape[1] or not np.isfinite(distances).all():
         raise AttnpatError(f"MDS needs a finite square distance matrix, got shape {distances.shape}")
+    if all_identical(distances):
+        return np.zeros((distances.shape[0], 2))
     mds = MDS(n_components=2, metric="precomputed", metric_mds=True, n_init=4, init="random", max_iter=1000,
               eps=1e-9, random_state=seed, normalized_stress="auto")
     return mds.fit_transform((distances + distances.T) / 2)
 
 
+def pair_values(matrix: torch.Tensor) -> torch.Tensor:
+    """(K, K) symmetric -> (K * (K - 1) / 2,) its entries above the diagonal, row by row."""
+    rows, cols = torch.triu_indices(matrix.shape[0], matrix.shape[1], offset=1)
+    return matrix[rows, cols]
+
+
+def pair_matrix(pairs: np.ndarray, heads: int) -> np.ndarray:
+    """Inverse of :func:`pair_values` for (P, ...) values: (K, K, ...) symmetric, zero diagonal."""
+    rows, cols = np.triu_indices(heads, k=1)
+    out = np.zeros((heads, heads, *pairs.shape[1:]))
+    out[rows, cols] = out[cols, rows] = pairs
+    return out
+
+
+def distance_intervals(per_example: np.ndarray, heads: int) -> np.ndarray:
+    """(E, P) per-example divergences of the P head pairs -> (K, K, 2) percentile bootstrap 95% interval of
+    each pair's mean over the examples (zero diagonal; NaN off it with fewer than 2 examples)."""
+    if per_example.shape[0] < 2:
+        bounds = np.full((per_example.shape[1], 2), np.nan)
+    else:
+        bounds = bootstrap_mean_interval(per_example)
+    return pair_matrix(bounds, heads)
+
+
+def split_half_correlation(per_example: np.ndarray) -> float:
+    """Pearson's r over the P head pairs between the mean divergences of the even- and odd-numbered examples.
+    per_example: (E, P). NaN with fewer than 2 examples or 2 pairs, or when a half's divergences are all equal."""
+    if per_example.shape[0] < 2 or per_example.shape[1] < 2:
+        return float("nan")
+    even, odd = per_example[0::2].mean(0), per_example[1::2].mean(0)
+    if even.std() == 0 or odd.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(even, odd)[0, 1])
+
+
+@dataclass
+class HeadDistances:
+    """What one pass measures: mean divergences (K, K), their intervals (K, K, 2), the split-half correlation,
+    the label evidence of analysis.surface.label_evidence (one row per head), uniform attention's mean entropy
+    (nats), the numbers of examples and of truncated ones."""
+
+    mean: np.ndarray
+    intervals: np.ndarray
+    split_half_r: float
+    labels: pd.DataFrame
+    uniform_entropy: float
+    n_examples: int
+    n_truncated: int
+
+
 # ---------------------------------------------------------------- the pass over a data set
 
 def compute_head_distances(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
-                           progress: bool = True, thresholds: LabelThresholds = DEFAULT_THRESHOLDS):
-    """One pass: (JS divergences (K, K), head labels (L, H), number of truncated examples)."""
+                           progress: bool = True, thresholds: LabelThresholds = DEFAULT_THRESHOLDS) -> HeadDistances:
+    """One pass over ``data``: head divergences with their stability, and the surface labels of the heads."""
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     surface = SurfaceAccumulator(bundle.tokenizer)
     heads = bundle.num_layers * bundle.num_heads
-    total = torch.zeros((heads, heads), dtype=torch.float64)
+    per_example = []  # (P,) float32 per example: 41 kB for 144 heads, what the bootstrap resamples
     for map_batch in stream_maps(bundle, data.examples, max_length=max_length, batch_size=batch_size,
                                  progress="head distances" if progress else False, encoded=encoded):
         surface.add(map_batch)
         for i in range(len(map_batch)):
             maps = map_batch.example_maps(i)
-            total += head_js_divergences(maps.reshape(heads, *maps.shape[-2:]))
-    values, _ = surface.result()
-    return (total / max(len(encoded), 1)).numpy(), head_labels(values, thresholds), sum(e.truncated for e in encoded)
+            per_example.append(pair_values(head_js_divergences(maps.reshape(heads, *maps.shape[-2:]))).float())
+    pairs = torch.stack(per_example).numpy() if per_example else np.zeros((0, heads * (heads - 1) // 2))
+    mean = pair_matrix(pairs.astype(np.float64).mean(0), heads) if len(pairs) else np.zeros((heads, heads))
+    return HeadDistances(mean=mean, intervals=distance_intervals(pairs, heads),
+                         split_half_r=split_half_correlation(pairs), labels=surface.label_table(thresholds),
+                         uniform_entropy=surface.result()[1],
+                         n_examples=len(encoded), n_truncated=sum(e.truncated for e in encoded))
 
 
 def head_clusters(bundle, data: TaskData, run: RunDir, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
                   progress: bool = True, thresholds: LabelThresholds = DEFAULT_THRESHOLDS, seed: int = 0):
-    """Write clusters.csv (layer, head, x, y, behaviour), head_distances.csv and clusters.png/svg; return clusters."""
+    """Write clusters.csv (layer, head, x, y, behaviour and the label's evidence), head_distances.csv (every
+    ordered pair's divergence with its interval) and clusters.png/svg; return clusters."""
     layers, heads = bundle.num_layers, bundle.num_heads
     with run.record("clusters", bundle, data, max_length=max_length, smoothing=SMOOTHING, seed=seed,
                     thresholds=asdict(thresholds)) as entry:
-        distances, labels, n_truncated = compute_head_distances(
-            bundle, data, max_length=max_length, batch_size=batch_size, progress=progress, thresholds=thresholds)
+        measured = compute_head_distances(bundle, data, max_length=max_length, batch_size=batch_size,
+                                          progress=progress, thresholds=thresholds)
+        distances = measured.mean
         points = mds_embedding(distances, seed)
+        evidence = measured.labels
+        clusters = pd.DataFrame({"layer": evidence.layer, "head": evidence["head"], "x": points[:, 0],
+                                 "y": points[:, 1], "behaviour": evidence.label,
+                                 **{column: evidence[column] for column in EVIDENCE_COLUMNS}})
         layer_of, head_of = np.divmod(np.arange(layers * heads), heads)
-        clusters = pd.DataFrame({"layer": layer_of, "head": head_of, "x": points[:, 0], "y": points[:, 1],
-                                 "behaviour": labels.ravel()})
         pairs = pd.DataFrame({"layer": np.repeat(layer_of, layers * heads), "head": np.repeat(head_of, layers * heads),
                               "other_layer": np.tile(layer_of, layers * heads),
-                              "other_head": np.tile(head_of, layers * heads), "value": distances.ravel()})
+                              "other_head": np.tile(head_of, layers * heads), "value": distances.ravel(),
+                              "ci_low": measured.intervals[..., 0].ravel(),
+                              "ci_high": measured.intervals[..., 1].ravel()})
         run.write_table("clusters", clusters)
         run.write_table("head_distances", pairs)
         fig = cluster_figure(clusters)
         run.write_figure("clusters", fig)
         close(fig)
-        entry.update(n_truncated=n_truncated)
+        counts = label_counts(evidence)
+        entry.update(n_truncated=measured.n_truncated, interval=EXAMPLE_INTERVAL,
+                     uniform_entropy=measured.uniform_entropy,
+                     split_half_correlation=None if np.isnan(measured.split_half_r) else measured.split_half_r,
+                     all_identical=all_identical(distances),
+                     label_counts={label: count["heads"] for label, count in counts.items()},
+                     certain_label_counts={label: count["certain"] for label, count in counts.items()})
     return clusters
 
 

@@ -11,7 +11,10 @@ same, as in Clark's notebook):
   entropy log(n), averaged over examples, is the reference both are compared with.
 
 Head labels follow Clark's thresholds and precedence (a later rule overrides an earlier one): next, prev
-(> 0.5), broad (entropy > 3.8 nats), [CLS], [SEP], '.'+',' (> 0.6); ``other`` when no rule fires.
+(> 0.5), broad (entropy > 3.8 nats), [CLS], [SEP], '.'+',' (> 0.6); ``other`` when no rule fires. Each label
+comes with the statistic that decided it, that statistic's bootstrap 95% interval over the examples, and
+``certain``: whether every value inside the intervals of the rules' statistics gives the same label (the
+deciding statistic's interval lies above its threshold, and no later rule's interval reaches its own).
 """
 from __future__ import annotations
 
@@ -46,6 +49,8 @@ HEAD_LABELS = ("next", "prev", "broad", "cls", "sep", "punct")
 OTHER_LABEL = "other"
 LABEL_NAMES = {"next": "attend to next", "prev": "attend to prev.", "broad": "attend broadly",
                "cls": "attend to [CLS]", "sep": "attend to [SEP]", "punct": "attend to . and ,", "other": "other"}
+# The statistic each rule compares with its threshold ("punct": attention to '.' plus ',').
+LABEL_STATISTICS = {"next": "next", "prev": "prev", "broad": "entropy", "cls": "cls", "sep": "sep", "punct": "punct"}
 LABEL_COLOURS = {"next": "#e74c3c", "prev": "#3498db", "broad": "#f39c12", "cls": "#9b59b6", "sep": "#59d98e",
                  "punct": "#159d82", "other": "#95a5a6"}
 
@@ -86,26 +91,82 @@ def surface_batch(attn: torch.Tensor, roles: dict[str, torch.Tensor],
     }
 
 
+def rule_thresholds(thresholds: LabelThresholds) -> dict[str, float]:
+    """{label: the threshold its statistic (LABEL_STATISTICS) must exceed}."""
+    return {"next": thresholds.position, "prev": thresholds.position, "broad": thresholds.broad,
+            "cls": thresholds.special, "sep": thresholds.special, "punct": thresholds.special}
+
+
+def _rule_statistic(values: dict[str, np.ndarray], label: str) -> np.ndarray:
+    """(L, H) the statistic of one rule; punct from period and comma when no "punct" table is given."""
+    if label == "punct" and "punct" not in values:
+        return values["period"] + values["comma"]
+    return values[LABEL_STATISTICS[label]]
+
+
 def head_labels(values: dict[str, np.ndarray], thresholds: LabelThresholds = LabelThresholds()) -> np.ndarray:
     """(L, H) array of label strings from surface tables ``values[metric]: (L, H)`` (Clark's precedence)."""
-    rules = {
-        "next": values["next"] > thresholds.position,
-        "prev": values["prev"] > thresholds.position,
-        "broad": values["entropy"] > thresholds.broad,
-        "cls": values["cls"] > thresholds.special,
-        "sep": values["sep"] > thresholds.special,
-        "punct": (values["period"] + values["comma"]) > thresholds.special,
-    }
+    limits = rule_thresholds(thresholds)
     labels = np.full(values["entropy"].shape, OTHER_LABEL, dtype=object)
     for name in HEAD_LABELS:
-        labels[np.nan_to_num(rules[name], nan=False).astype(bool)] = name
+        labels[np.nan_to_num(_rule_statistic(values, name) > limits[name], nan=False).astype(bool)] = name
     return labels
 
 
-def labels_table(labels: np.ndarray):
-    """(L, H) labels -> DataFrame layer, head, label."""
-    layers, heads = np.meshgrid(np.arange(labels.shape[0]), np.arange(labels.shape[1]), indexing="ij")
-    return pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel(), "label": labels.ravel()})
+def label_evidence(values: dict[str, np.ndarray], intervals: dict[str, np.ndarray],
+                   thresholds: LabelThresholds = LabelThresholds()) -> pd.DataFrame:
+    """Each head's label with the statistic that decided it and whether its intervals settle it.
+
+    values: {metric: (L, H)} and intervals: {metric: (L, H, 2)}, both with a "punct" entry (period + comma).
+    Returns one row per head: layer, head, label, statistic, value, ci_low, ci_high, threshold (empty statistic
+    and NaN for "other"), certain: the label is the same wherever each rule's statistic lies in its interval (a
+    NaN bound, e.g. from fewer than 2 examples, is never certain; a statistic measured on no example never fires).
+    """
+    labels = head_labels(values, thresholds)
+    limits = rule_thresholds(thresholds)
+    shape = labels.shape
+    fires_surely, may_fire = {}, {}
+    for name in HEAD_LABELS:
+        value, bounds = _rule_statistic(values, name), intervals[LABEL_STATISTICS[name]]
+        fires_surely[name] = bounds[..., 0] > limits[name]
+        may_fire[name] = np.where(np.isnan(value), False, ~(bounds[..., 1] <= limits[name]))
+    statistic = np.full(shape, "", dtype=object)
+    value, low, high, threshold = (np.full(shape, np.nan) for _ in range(4))
+    certain = np.ones(shape, dtype=bool)
+    for index, name in enumerate((*HEAD_LABELS, OTHER_LABEL)):
+        mine = labels == name
+        # a later rule that may fire could override this label; any rule that may fire undoes "other"
+        for later in HEAD_LABELS if name == OTHER_LABEL else HEAD_LABELS[index + 1:]:
+            certain &= ~(mine & may_fire[later])
+        if name == OTHER_LABEL:
+            continue
+        certain &= ~mine | fires_surely[name]
+        statistic[mine] = LABEL_STATISTICS[name]
+        value[mine] = _rule_statistic(values, name)[mine]
+        bounds = intervals[LABEL_STATISTICS[name]]
+        low[mine], high[mine] = bounds[..., 0][mine], bounds[..., 1][mine]
+        threshold[mine] = limits[name]
+    layers, heads = np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij")
+    return pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel(), "label": labels.ravel(),
+                         "statistic": statistic.ravel(), "value": value.ravel(), "ci_low": low.ravel(),
+                         "ci_high": high.ravel(), "threshold": threshold.ravel(), "certain": certain.ravel()})
+
+
+def measured_label_evidence(values: dict[str, np.ndarray], intervals: dict[str, np.ndarray], n_examples: int,
+                            thresholds: LabelThresholds = LabelThresholds()) -> pd.DataFrame:
+    """:func:`label_evidence` over ``n_examples`` examples; with fewer than 2 a bootstrap measures nothing (one
+    example resampled is that example), so the bounds are NaN and no label is certain."""
+    values = {**values, "punct": values["period"] + values["comma"]} if "punct" not in values else values
+    if n_examples < 2:
+        intervals = {name: np.full_like(bounds, np.nan) for name, bounds in intervals.items()}
+    return label_evidence(values, intervals, thresholds)
+
+
+def label_counts(evidence: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """{label: {"heads": n, "certain": n}} in precedence order, from a :func:`label_evidence` table."""
+    return {label: {"heads": int((evidence.label == label).sum()),
+                    "certain": int((evidence.certain & (evidence.label == label)).sum())}
+            for label in (*HEAD_LABELS, OTHER_LABEL)}
 
 
 class SurfaceAccumulator:
@@ -120,8 +181,11 @@ class SurfaceAccumulator:
     def add(self, map_batch: MapBatch) -> None:
         batch = map_batch.batch
         roles = token_roles(self.tokenizer, batch.input_ids, batch.attention_mask)
-        for name, (values, include) in surface_batch(map_batch.attentions, roles, batch.lengths).items():
+        statistics = surface_batch(map_batch.attentions, roles, batch.lengths)
+        for name, (values, include) in statistics.items():
             self.means.add(name, values, include)
+        # the punct label's statistic, kept per example so that its interval is that of the sum
+        self.means.add("punct", statistics["period"][0] + statistics["comma"][0])
         self.uniform_sum += float(uniform_entropy(batch.lengths).sum())
         self.n_examples += len(batch.items)
 
@@ -134,6 +198,10 @@ class SurfaceAccumulator:
         """{metric: (L, H, 2)} bootstrap 95% interval of each head's mean over the examples (a metric counted on
         some examples only, e.g. sep_sep, over those)."""
         return self.means.intervals()
+
+    def label_table(self, thresholds: LabelThresholds = LabelThresholds()) -> pd.DataFrame:
+        """:func:`measured_label_evidence` of the heads over the examples streamed so far."""
+        return measured_label_evidence(self.means.result(), self.intervals(), self.n_examples, thresholds)
 
     def layer_table(self) -> pd.DataFrame:
         """One row per layer: layer, and for every metric its mean over the layer's heads with the bootstrap 95%
@@ -169,15 +237,16 @@ def surface_statistics(bundle, data: TaskData, run: RunDir, max_length: int = DE
     with run.record("surface", bundle, data, max_length=max_length, thresholds=asdict(thresholds)) as entry:
         values, intervals, per_layer, uniform, n_truncated = compute_surface(
             bundle, data, max_length=max_length, batch_size=batch_size, progress=progress)
-        labels = head_labels(values, thresholds)
+        evidence = measured_label_evidence(values, intervals, len(data.examples), thresholds)
         table = long_table(values, intervals=intervals)
         run.write_table("surface", table)
-        run.write_table("head_labels", labels_table(labels))
+        run.write_table("head_labels", evidence)
         for name, fig in (("surface", surface_figure(values)), ("surface_entropy", entropy_figure(values, uniform))):
             run.write_figure(name, fig)
             close(fig)
         entry.update(n_truncated=n_truncated, uniform_entropy=uniform, interval=EXAMPLE_INTERVAL,
-                     label_counts={label: int((labels == label).sum()) for label in (*HEAD_LABELS, OTHER_LABEL)})
+                     label_counts={label: count["heads"] for label, count in label_counts(evidence).items()},
+                     certain_label_counts={label: count["certain"] for label, count in label_counts(evidence).items()})
     return table, per_layer
 
 

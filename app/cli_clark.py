@@ -67,8 +67,26 @@ def surface(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
     for metrics in (SURFACE_METRICS[:half], SURFACE_METRICS[half:]):
         for line in layer_interval_lines(per_layer, {metric: metric for metric in metrics}):
             typer.echo(line)
-    typer.echo("head labels: " + ", ".join(f"{k} {v}" for k, v in record["label_counts"].items() if v))
+    typer.echo(_label_line(record))
+    _note_unreachable_broad(record["uniform_entropy"], thresholds.broad)
     typer.echo(f"tables and figures: {run.path}")
+
+
+def _note_unreachable_broad(uniform_entropy: float, broad: float) -> None:
+    """A head's mean entropy is at most uniform attention's (log n, averaged over the examples): at or below the
+    threshold no head can be 'broad', which a count of 0 alone would not tell."""
+    if uniform_entropy <= broad:
+        typer.echo(f"note: no head can attend broadly here: uniform attention's entropy on these inputs averages "
+                   f"{uniform_entropy:.2f} nats, not above --broad-threshold {broad:g} (Clark's 3.8 is for inputs "
+                   "of 128 tokens; lower it for short inputs)")
+
+
+def _label_line(record: dict) -> str:
+    """'head labels (certain: ...): broad 12 (9 certain), ...' from a surface or clusters manifest record."""
+    certain = record["certain_label_counts"]
+    return ("head labels (certain: the same label anywhere in its statistics' 95% intervals): "
+            + ", ".join(f"{label} {count} ({certain[label]} certain)"
+                        for label, count in record["label_counts"].items() if count))
 
 
 def grad_importance(model: str = opt.Model, task: str = WikiTask,
@@ -115,9 +133,17 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
     run = RunDir(bundle.slug, data.task, runs_dir)
     clusters = head_clusters(bundle, data, run, max_length=max_length, batch_size=batch_size, progress=not quiet,
                              thresholds=thresholds, seed=seed)
-    counts = clusters.behaviour.value_counts()
-    typer.echo(f"{len(clusters)} heads embedded; behaviours: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-    typer.echo(f"table and figure: {run.file('clusters.csv')}")
+    record = run.manifest()["analyses"]["clusters"]
+    typer.echo(f"{len(clusters)} heads embedded (JS divergence in nats, {len(data.examples)} examples)")
+    if record["all_identical"]:
+        typer.echo("every head attends alike (all divergences below 1e-6 nats): all heads embedded at one point")
+    split_half = record["split_half_correlation"]
+    typer.echo("stability: " + ("needs at least 2 examples and 2 heads that differ" if split_half is None else
+                                f"split-half correlation of the distance matrices r = {split_half:.4f} (even- vs "
+                                "odd-numbered examples); per-pair bootstrap 95% intervals in head_distances.csv"))
+    typer.echo(_label_line(record))
+    _note_unreachable_broad(record["uniform_entropy"], thresholds.broad)
+    typer.echo(f"tables and figure: {run.file('clusters.csv')}")
 
 
 def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U file with gold dependency trees"),

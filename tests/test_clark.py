@@ -1,5 +1,6 @@
 """Clark et al. analyses: JS divergence and clustering, gradient importance, the surface pass and the CLI verbs."""
 import math
+import warnings
 from dataclasses import asdict
 
 import numpy as np
@@ -19,11 +20,14 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 
 from analysis.clustering import (
     DEFAULT_THRESHOLDS,
+    distance_intervals,
     head_clusters,
     head_js_divergences,
     js_divergence,
     mds_embedding,
+    pair_matrix,
     smooth,
+    split_half_correlation,
 )
 from analysis.data import Example, TaskData, load_data
 from analysis.errors import AttnpatError
@@ -95,17 +99,76 @@ def test_mds_places_identical_heads_together():
         mds_embedding(np.ones((3, 4)))
 
 
+def test_mds_of_heads_that_all_attend_alike_is_one_point_without_warnings():
+    """One head, or heads whose divergences are all 0, made scikit-learn's MDS divide by a zero total distance
+    thousands of times (RuntimeWarnings on the terminal). Every head now lies at the origin, the exact embedding."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert mds_embedding(np.zeros((4, 4))).tolist() == [[0.0, 0.0]] * 4
+        assert mds_embedding(np.full((3, 3), 1e-8) - np.diag([1e-8] * 3)).tolist() == [[0.0, 0.0]] * 3
+        assert mds_embedding(np.zeros((1, 1))).tolist() == [[0.0, 0.0]]
+
+
+def test_head_distance_stability_split_half_and_pair_intervals():
+    """Clark's clustering carried no uncertainty. The split-half correlation is near 1 when every example shows
+    the same distances and near 0 for noise; each pair's bootstrap interval holds its mean; both need 2 examples."""
+    rng = np.random.default_rng(0)
+    structure = rng.random(28)  # 8 heads: 28 pairs
+    steady = structure + 0.01 * rng.standard_normal((40, 28))
+    assert split_half_correlation(steady) > 0.99
+    assert abs(split_half_correlation(rng.random((40, 28)))) < 0.5
+    assert math.isnan(split_half_correlation(steady[:1]))
+    assert math.isnan(split_half_correlation(np.zeros((6, 28))))  # all heads alike: r undefined
+    bounds = distance_intervals(steady, 8)
+    mean = pair_matrix(steady.mean(0), 8)
+    assert bounds.shape == (8, 8, 2) and (np.diagonal(bounds, axis1=0, axis2=1) == 0).all()
+    off = ~np.eye(8, dtype=bool)
+    assert (bounds[..., 0][off] < mean[off]).all() and (mean[off] < bounds[..., 1][off]).all()
+    assert np.array_equal(bounds, bounds.transpose(1, 0, 2))
+    assert np.isnan(distance_intervals(steady[:1], 8)[off]).all()
+
+
+def test_cluster_verb_on_heads_that_attend_alike_and_one_example(tmp_path, capsys):
+    """`attnpat cluster --n 1` on a model whose heads all attend uniformly (zero queries): exit 0, no sklearn
+    warnings; the output says every head lies at one point and that stability needs 2 examples."""
+    torch.manual_seed(0)
+    model = BertModel(tiny_config(), add_pooling_layer=False)
+    for layer in model.encoder.layer:  # q = 0: every score equal, every row uniform, every head alike
+        torch.nn.init.zeros_(layer.attention.self.query.weight)
+        torch.nn.init.zeros_(layer.attention.self.query.bias)
+    model.save_pretrained(tmp_path / "same")
+    minilm_tokenizer().save_pretrained(tmp_path / "same")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert main(["cluster", "--model", str(tmp_path / "same"), "--task", "wiki", "--n", "1", "-q",
+                     "--runs-dir", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "all heads embedded at one point" in out and "stability: needs at least 2 examples" in out
+    clusters = pd.read_csv(tmp_path / "runs" / "same" / "wiki" / "clusters.csv")
+    assert (clusters[["x", "y"]].to_numpy() == 0).all() and not clusters.certain.any()
+    distances = pd.read_csv(tmp_path / "runs" / "same" / "wiki" / "head_distances.csv")
+    assert (distances.value.abs() < 1e-6).all()
+
+
 def test_head_clusters_on_a_tiny_model_write_the_tables(tokenizer, tmp_path):
     torch.manual_seed(0)
     bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
     data = TaskData("toy", "validation", "test", SENTENCES)
     run = RunDir(bundle.slug, "toy", tmp_path)
     clusters = head_clusters(bundle, data, run, progress=False)
-    assert list(clusters.columns) == ["layer", "head", "x", "y", "behaviour"]
+    assert list(clusters.columns) == ["layer", "head", "x", "y", "behaviour", "statistic", "value", "ci_low",
+                                      "ci_high", "threshold", "certain"]
     assert len(clusters) == 8 and np.isfinite(clusters[["x", "y"]].to_numpy()).all()
     distances = pd.read_csv(run.file("head_distances.csv"))
     assert len(distances) == 64
     assert (distances.query("layer == other_layer and head == other_head").value == 0).all()
+    # every pair's divergence carries its bootstrap interval over the 3 examples, and the run its split-half r
+    off = distances.query("layer != other_layer or head != other_head")
+    assert (off.ci_low <= off.value + 1e-9).all() and (off.value <= off.ci_high + 1e-9).all()
+    assert (off.ci_high > off.ci_low).all()
+    record = run.manifest()["analyses"]["clusters"]
+    assert -1 <= record["split_half_correlation"] <= 1 and not record["all_identical"]
+    assert sum(record["label_counts"].values()) == 8
     for suffix in ("png", "svg"):
         assert run.file(f"clusters.{suffix}").stat().st_size > 0
     # the thresholds behind the behaviour column are recorded, as surface records them
@@ -315,6 +378,13 @@ def test_surface_statistics_on_a_tiny_model_writes_every_artifact(tokenizer, tmp
     assert (entropy <= uniform + 1e-6).all() and (entropy > uniform - 0.5).all()
     labels = pd.read_csv(run.file("head_labels.csv"))
     assert len(labels) == 8 and (labels.label == "broad").sum() == 0  # tiny inputs are under 3.8 nats
+    # each label with the statistic that decided it and its interval (before: the label alone)
+    assert list(labels.columns) == ["layer", "head", "label", "statistic", "value", "ci_low", "ci_high",
+                                    "threshold", "certain"]
+    decided = labels[labels.label != "other"]
+    assert (decided.ci_low <= decided.value + 1e-9).all() and (decided.value <= decided.ci_high + 1e-9).all()
+    counts = run.manifest()["analyses"]["surface"]["certain_label_counts"]
+    assert sum(counts.values()) == labels.certain.sum()
     # every head's mean carries its bootstrap 95% interval over the examples (before: bare means)
     written = pd.read_csv(run.file("surface.csv"))
     assert list(written.columns) == ["layer", "head", "metric", "value", "ci_low", "ci_high"]
@@ -374,3 +444,16 @@ def test_real_wiki_data_surface_values_are_probabilities(tmp_path):
     assert shares.between(0, 1).all()
     # [SEP] -> [SEP] exists for every wiki segment pair (two [SEP]s)
     assert head_array(table, "sep_sep").min() > 0
+
+
+def test_surface_and_cluster_say_when_no_head_can_attend_broadly(tmp_path, capsys):
+    """On short inputs uniform attention's entropy is under Clark's 3.8 nats, so no head can be 'broad' and the
+    count of 0 said nothing of why. Both verbs now say so, and stay quiet once the threshold is reachable."""
+    model = save_tiny_model(tmp_path / "tiny")
+    data = tmp_path / "short.jsonl"
+    data.write_text('{"text": "A short one."}\n{"text": "Another short sentence here."}\n')
+    for verb in ("surface", "cluster"):
+        for threshold, noted in (("3.8", True), ("1.0", False)):
+            assert main([verb, "--model", str(model), "--task", str(data), "--broad-threshold", threshold, "-q",
+                         "--runs-dir", str(tmp_path / "runs")]) == 0
+            assert ("note: no head can attend broadly here" in capsys.readouterr().out) == noted, (verb, threshold)

@@ -16,7 +16,7 @@ from analysis.stats import (
     previous_token_selector,
     same_token_selector,
 )
-from analysis.surface import LabelThresholds, head_labels, surface_batch
+from analysis.surface import LabelThresholds, head_labels, label_evidence, measured_label_evidence, surface_batch
 from analysis.uncertainty import bootstrap_weighted_mean_interval
 
 
@@ -116,6 +116,37 @@ def test_head_labels_follow_thresholds_and_clark_precedence():
     assert labels.tolist() == [["next", "prev", "broad", "cls", "punct", "sep"]]
     strict = head_labels(values, LabelThresholds(broad=5.0, position=0.95, special=0.95))
     assert strict.tolist() == [["other"] * 6]
+
+
+def test_label_evidence_is_certain_only_when_no_value_in_the_intervals_changes_the_label():
+    """head_labels.csv and clusters.csv carried a bare label. Each label now carries the statistic that decided it
+    with its interval, and is certain only when no value inside the rules' intervals gives another label."""
+    names = ("prev", "next", "cls", "sep", "period", "comma", "punct", "entropy")
+    values = {name: np.zeros((1, 5)) for name in names}
+    values["entropy"][:] = 1.0
+    intervals = {name: np.stack([values[name], values[name]], -1) for name in names}
+
+    def head(index, name, value, low, high):
+        values[name][0, index] = value
+        intervals[name][0, index] = (low, high)
+
+    head(0, "prev", 0.8, 0.7, 0.9)  # prev, clear of 0.5 and of every later rule: certain
+    head(1, "prev", 0.55, 0.45, 0.65)  # prev, but its interval reaches below 0.5
+    head(2, "sep", 0.58, 0.50, 0.70)  # other, but [SEP] may pass 0.6
+    head(3, "prev", 0.8, 0.7, 0.9)
+    head(3, "sep", 0.3, 0.2, 0.61)  # prev for sure, but the later [SEP] rule may override it
+    head(4, "entropy", 4.2, 3.9, 4.5)  # broad; an earlier rule's interval does not matter
+    head(4, "next", 0.45, 0.40, 0.55)
+    table = label_evidence(values, intervals)
+    assert table.label.tolist() == ["prev", "prev", "other", "prev", "broad"]
+    assert table.certain.tolist() == [True, False, False, False, True]
+    assert table.statistic.tolist() == ["prev", "prev", "", "prev", "entropy"]
+    assert table.loc[0, ["value", "ci_low", "ci_high", "threshold"]].tolist() == pytest.approx([0.8, 0.7, 0.9, 0.5])
+    assert np.isnan(table.loc[2, "value"]) and np.isnan(table.loc[2, "threshold"])
+    # one example: a bootstrap measures nothing, so no interval and no certain label
+    one = measured_label_evidence(values, intervals, 1)
+    assert not one.certain.any() and one.loc[0, ["ci_low", "ci_high"]].isna().all()
+    assert one.label.tolist() == table.label.tolist()
 
 
 # ---------------------------------------------------------------- HeadMeans: means with bootstrap intervals
