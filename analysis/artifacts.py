@@ -140,7 +140,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "with <metric>_ci_low|_ci_high: 95% interval, Wilson for accuracy, bootstrap over the examples "
              "otherwise; n_eval, steps, elapsed_seconds), value", "Fine-tuning",
              hint=f"--model {_BASE} --task {{task}} --split-dev"),
-    Artifact("cls_last_layer", "special", "token, mean_attention, count", "Fine-tuning"),
+    Artifact("cls_last_layer", "special", "token, mean_attention (over its occurrences), ci_low, ci_high (percentile "
+             "bootstrap 95% interval resampling the inputs; none for a token of one input), count, inputs",
+             "Fine-tuning"),
     Artifact("linguistic", "special", "layer, head, feature (negation|noun|verb|pronoun|subject|object), value, "
              "ci_low, ci_high (percentile bootstrap 95% interval over the inputs that have the feature)",
              "Fine-tuning"),

@@ -18,7 +18,11 @@ by position (even: selection, odd: held out); the head, direction and offset bas
 selection half and reported on the held-out half. The words of one sentence share its maps and are no
 independent trials, so every interval resamples whole sentences (a cluster bootstrap: accuracy = words right /
 words scored in the draw), and the head is tested against the baseline by a paired sign-flip permutation
-test over the held-out sentences, beside a paired bootstrap interval of their difference.
+test over the held-out sentences, beside a paired bootstrap interval of their difference. Where every draw of
+that difference agrees, a zero-width interval would read as certainty: when the two get equally many words right
+in every held-out sentence (p = 1) it is +- Wilson's 95% upper bound of the share of sentences that tell them
+apart, 0 of S (z^2 / (S + z^2)); when every sentence differs by the same share (one held-out sentence) it is
+Newcombe's square-and-add bound from the two accuracies' intervals (sentence_difference_interval).
 Clark's in-sample figure is kept beside it (in_sample_accuracy). A word whose DEPREL is `_` (none given)
 counts in "all" only.
 The trees come from a CoNLL-U file (gold parses) or from parsing a task's or a user file's sentences with
@@ -70,7 +74,9 @@ NO_RELATION = "_"  # CoNLL-U's DEPREL for "none given": such words count in "all
 DEPENDENCY_INTERVAL = (f"95% intervals resample whole sentences ({DEFAULT_BOOTSTRAP} draws, seed 0; accuracy = words "
                        "right / words scored in the draw; where every draw agrees, as at 0% or 100%, Wilson's "
                        "interval with each sentence one trial); head_minus_baseline: paired sentence-level "
-                       "bootstrap; p_value: paired sign-flip permutation test over the held-out sentences")
+                       "bootstrap (where every draw agrees: +- Wilson's upper bound of 0 of S sentences discordant "
+                       "when the two tie in every sentence, else Newcombe's square-and-add bound); p_value: paired "
+                       "sign-flip permutation test over the held-out sentences")
 SELECTION, HELD_OUT = 0, 1  # the halves: one picks the best head and baseline, the other reports them
 
 
@@ -117,20 +123,48 @@ def share_of_words(right: np.ndarray, words: np.ndarray) -> float:
     return float(right.sum() / words.sum())
 
 
-def paired_sentence_test(head_right: np.ndarray, baseline_right: np.ndarray,
-                         words: np.ndarray) -> tuple[np.ndarray, float]:
+def paired_sentence_test(head_right: np.ndarray, baseline_right: np.ndarray, words: np.ndarray,
+                         head_interval: np.ndarray, baseline_interval: np.ndarray) -> tuple[np.ndarray, float]:
     """A head against a baseline on the same held-out sentences, sentences as the units.
 
-    head_right, baseline_right: (S,) words each gets right per sentence; words: (S,) words scored. Returns
-    ((2,) paired sentence-level bootstrap 95% interval of head accuracy - baseline accuracy, two-sided p of a
-    paired sign-flip permutation test: under the null the two are exchangeable within each sentence).
+    head_right, baseline_right: (S,) words each gets right per sentence; words: (S,) words scored; head_interval,
+    baseline_interval: (2,) their accuracies' intervals (sentence_share_interval). Returns ((2,) 95% interval of
+    head accuracy - baseline accuracy (sentence_difference_interval), two-sided p of a paired sign-flip
+    permutation test: under the null the two are exchangeable within each sentence).
     """
     head_right, baseline_right = np.asarray(head_right, np.float64), np.asarray(baseline_right, np.float64)
     words = np.asarray(words, dtype=np.float64)
-    difference = np.divide(head_right - baseline_right, words, out=np.zeros_like(words), where=words > 0)
-    interval = bootstrap_weighted_mean_interval(difference, words)
+    interval = sentence_difference_interval(head_right, baseline_right, words, head_interval, baseline_interval)
     p_value = paired_permutation_p(share_of_words, baseline_right, head_right, words)
     return interval, float(p_value[0])
+
+
+def sentence_difference_interval(head_right: np.ndarray, baseline_right: np.ndarray, words: np.ndarray,
+                                 head_interval: np.ndarray, baseline_interval: np.ndarray) -> np.ndarray:
+    """95% interval of head accuracy - baseline accuracy over the same sentences: a paired bootstrap resampling
+    whole sentences, except where every draw agrees, which would read as certainty.
+
+    head_right, baseline_right, words: (S,) per sentence; head_interval, baseline_interval: (2,) each accuracy's
+    interval. Where every draw agrees:
+    - the two get equally many words right in every sentence (no sentence tells them apart): each sentence is one
+      paired trial, 0 of S discordant, and the difference lies within +- Wilson's 95% upper bound of the share of
+      discordant sentences, z^2 / (S + z^2) (a sentence's own difference is at most 1 in size, so the difference of
+      accuracies is at most the share of sentences where the two differ);
+    - otherwise (every sentence differs by the same share, as one held-out sentence does): Newcombe's square-and-add
+      bound from the two accuracies' intervals, which ignores their (positive) pairing and so errs wide.
+    Returns (2,), always holding the difference itself.
+    """
+    difference = np.divide(head_right - baseline_right, words, out=np.zeros_like(words), where=words > 0)
+    bounds = bootstrap_weighted_mean_interval(difference, words)
+    if not np.isclose(bounds[0], bounds[1], rtol=0, atol=1e-12):
+        return bounds
+    if (head_right == baseline_right).all():
+        reach = wilson_interval(0, int((words > 0).sum()))[1]
+        return np.array([-reach, reach])
+    head, baseline = share_of_words(head_right, words), share_of_words(baseline_right, words)
+    change = head - baseline
+    return np.array([change - np.hypot(head - head_interval[0], baseline_interval[1] - baseline),
+                     change + np.hypot(head_interval[1] - head, baseline - baseline_interval[0])])
 
 
 # ---------------------------------------------------------------- word-level maps
@@ -380,10 +414,10 @@ def dependency_table(scores: DependencyScores, min_count: int = 1, parses: str =
     """Clark's Table 1, picked on one half and reported on the other: per relation, the head (and direction) and
     the offset baseline most accurate on the selection half; their accuracy on the held-out half (held_out_count
     words) with sentence-level 95% intervals (sentence_share_interval), the head's accuracy minus the baseline's
-    with a paired sentence-level bootstrap 95% interval, and the p of a paired sign-flip test over the held-out
-    sentences (paired_sentence_test). in_sample_accuracy is Clark's figure: the best head's accuracy picked and
-    scored on all sentences (count words), optimistic. ``parses`` says where the trees came from (gold or
-    silver)."""
+    with a paired sentence-level bootstrap 95% interval (never zero-width: sentence_difference_interval), and the
+    p of a paired sign-flip test over the held-out sentences (paired_sentence_test). in_sample_accuracy is Clark's
+    figure: the best head's accuracy picked and scored on all sentences (count words), optimistic. ``parses`` says
+    where the trees came from (gold or silver)."""
     rows = []
     for relation in scores.relations(min_count):
         d, layer, head = np.unravel_index(int(np.argmax(scores.accuracy(relation, SELECTION))), scores.shape)
@@ -392,7 +426,8 @@ def dependency_table(scores: DependencyScores, min_count: int = 1, parses: str =
         head_right, baseline_right = head_hits[:, d, layer, head], offset_hits[:, offset]
         n = int(words.sum())
         head_interval, baseline_interval = sentence_share_interval(np.stack([head_right, baseline_right], 1), words)
-        difference_interval, p_value = paired_sentence_test(head_right, baseline_right, words)
+        difference_interval, p_value = paired_sentence_test(head_right, baseline_right, words, head_interval,
+                                                            baseline_interval)
         rows.append({"relation": relation, "direction": DIRECTIONS[d], "best_layer": int(layer), "best_head": int(head),
                      "accuracy": head_right.sum() / n, "ci_low": head_interval[0], "ci_high": head_interval[1],
                      "baseline_offset": OFFSETS[offset], "baseline_accuracy": baseline_right.sum() / n,

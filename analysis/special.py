@@ -3,12 +3,15 @@
 - to [CLS] / to [SEP]: per head, the attention mass on those tokens, averaged over the real query rows
   of an example and then over examples.
 - last layer's [CLS] row: averaged over the last layer's heads, which tokens [CLS] attends to most
-  (mean weight a token receives when it occurs, and how often it occurs).
+  (mean weight a token receives when it occurs, and how often it occurs), with a bootstrap 95% interval that
+  resamples inputs (a token's occurrences in one input are no independent trials; TokenTally).
 - linguistic features (section 4.4): for one occurrence of a feature (e.g. a negation word), the
   attention it receives from every token, summed and divided by the input length; the maximum over the
   occurrences in an input; averaged over the inputs that have the feature (inputs without it are
-  skipped). Occurrences are token *positions* (via word ids or character offsets), never string matches
-  over the whole input.
+  skipped). Each feature's strongest head is reported twice: in-sample (the best of every head, so its own
+  interval is optimistic) and held out (picked on the even-numbered inputs, its mean and interval over the
+  odd-numbered ones, as probe-dep does; strongest_heads). Occurrences are token *positions* (via word ids or
+  character offsets), never string matches over the whole input.
 
 POS / dependency features (noun, verb, pronoun, subject, object) come from the offline English pipeline
 (analysis.parsing: spaCy en_core_web_sm 3.8.0, installed by the set-up), aligned from its words to word
@@ -23,10 +26,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 import torch
+from scipy import sparse
 
 from analysis.data import Example
 from analysis.figures import close, panel_heatmaps
 from analysis.parsing import NOT_INSTALLED, PIPELINE_NAME, spacy_tagger  # noqa: F401 (spacy_tagger: the CLI's tagger)
+from analysis.probing import HELD_OUT, SELECTION, sentence_half
 from analysis.rundir import long_table
 from analysis.stats import HeadMeans, attention_to
 from analysis.stream import (
@@ -39,7 +44,7 @@ from analysis.stream import (
     token_roles,
     word_groups,
 )
-from analysis.uncertainty import EXAMPLE_INTERVAL
+from analysis.uncertainty import EXAMPLE_INTERVAL, bootstrap_sparse_ratio_interval, bootstrap_weighted_mean_interval
 
 # Kovaleva et al. do not print their full list; this is the common negation-cue set we use (documented in
 # the README): single words plus the n't contraction, matched per word position.
@@ -169,21 +174,51 @@ def occurrence_tensor(per_item: Sequence[list[list[int]]], width: int) -> torch.
 # ---------------------------------------------------------------- accumulation over a stream
 
 class TokenTally:
-    """Mean attention a token string receives from the last layer's [CLS] row, and how often it occurs."""
+    """Mean attention a token string receives from the last layer's [CLS] row, and how often it occurs, with a 95%
+    interval per token that resamples whole inputs (the occurrences of a token in one input share its maps, so
+    they are no independent trials): each draw's mean is the resampled summed attention / the resampled count."""
 
     def __init__(self):
-        self.sums: dict[str, float] = defaultdict(float)
-        self.counts: dict[str, int] = defaultdict(int)
+        self.ids: dict[str, int] = {}  # token -> column
+        # per input: (columns of the tokens it holds, their summed attention, their counts)
+        self.inputs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def add(self, tokens: Sequence[str], weights: Sequence[float]) -> None:
-        for token, weight in zip(tokens, weights):
-            self.sums[token] += float(weight)
-            self.counts[token] += 1
+        """One input's tokens and the attention each receives (its [CLS] row)."""
+        columns = np.array([self.ids.setdefault(token, len(self.ids)) for token in tokens], dtype=np.int64)
+        held, position = np.unique(columns, return_inverse=True)
+        self.inputs.append((held, np.bincount(position, weights=np.asarray(weights, dtype=np.float64)),
+                            np.bincount(position).astype(np.float64)))
 
-    def table(self, min_count: int = 1):
-        rows = [{"token": token, "mean_attention": self.sums[token] / count, "count": count}
-                for token, count in self.counts.items() if count >= min_count]
-        frame = pd.DataFrame(rows, columns=["token", "mean_attention", "count"])
+    def per_input(self) -> tuple[sparse.csr_matrix, sparse.csr_matrix]:
+        """(summed attention, counts): (inputs, tokens) sparse matrices, tokens in first-seen order."""
+        rows = np.repeat(np.arange(len(self.inputs)), [len(held) for held, _, _ in self.inputs])
+        columns = np.concatenate([held for held, _, _ in self.inputs]) if self.inputs else np.zeros(0, np.int64)
+        shape = (len(self.inputs), len(self.ids))
+
+        def matrix(part: int) -> sparse.csr_matrix:
+            data = np.concatenate([entry[part] for entry in self.inputs]) if self.inputs else np.zeros(0)
+            return sparse.csr_matrix((data, (rows, columns)), shape=shape)
+
+        return matrix(1), matrix(2)
+
+    def table(self, min_count: int = 1) -> pd.DataFrame:
+        """token, mean_attention, ci_low, ci_high, count (occurrences), inputs (inputs that hold it), for the tokens
+        seen ``min_count`` times or more, highest mean first. The interval is the percentile bootstrap 95% interval
+        over the inputs (1,000 draws, seed 0, shared by every token); a token of one input has none (NaN): one
+        input resampled shows no spread."""
+        columns = ["token", "mean_attention", "ci_low", "ci_high", "count", "inputs"]
+        if not self.inputs:
+            return pd.DataFrame(columns=columns)
+        sums, counts = self.per_input()
+        total = np.asarray(counts.sum(0)).ravel()
+        bounds = bootstrap_sparse_ratio_interval(sums, counts)  # (tokens, 2)
+        inputs = np.diff(counts.tocsc().indptr)  # inputs holding each token
+        bounds[inputs < 2] = np.nan
+        frame = pd.DataFrame({"token": list(self.ids), "mean_attention": np.asarray(sums.sum(0)).ravel() / total,
+                              "ci_low": bounds[:, 0], "ci_high": bounds[:, 1], "count": total.astype(np.int64),
+                              "inputs": inputs})
+        frame = frame[frame["count"] >= min_count]
         return frame.sort_values(["mean_attention", "count"], ascending=[False, False], ignore_index=True)
 
 
@@ -199,9 +234,11 @@ def special_statistics(bundle, examples: Sequence[Example], *, max_length: int =
     encoded = encode_examples(bundle.tokenizer, examples, max_length)
     means, tally = HeadMeans(), TokenTally()
     counts = defaultdict(int)
+    order = []  # each streamed input's position in ``examples`` (the stream sorts by length)
     for maps in stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size, progress=progress,
                             encoded=encoded):
         batch = maps.batch
+        order.extend(item.index for item in batch.items)
         roles = token_roles(bundle.tokenizer, batch.input_ids, batch.attention_mask)
         for name, values in special_token_attention(maps.attentions, roles).items():
             means.add(name, values)
@@ -218,10 +255,44 @@ def special_statistics(bundle, examples: Sequence[Example], *, max_length: int =
             means.add(feature, values, include=present)
             counts[feature] += int(present.sum())
     unavailable = {} if tagger is not None else {feature: UNAVAILABLE for feature in TAGGER_FEATURES}
-    return {"heads": means.result(), "intervals": means.intervals(),
+    halves = np.array([sentence_half(index) for index in order])
+    strongest = {feature: strongest_heads(*means.per_example(feature), halves)
+                 for feature, count in counts.items() if count}
+    return {"heads": means.result(), "intervals": means.intervals(), "strongest": strongest,
             "special_layers": means.layer_table(["to_cls", "to_sep"]), "model_intervals": means.model_intervals(),
             "counts": dict(counts), "cls_tally": tally, "unavailable": unavailable,
             "n_truncated": sum(item.truncated for item in encoded)}
+
+
+def strongest_heads(values: np.ndarray, weights: np.ndarray, halves: np.ndarray) -> dict:
+    """A feature's strongest head, in-sample and held out.
+
+    values: (E, L, H) per-input attention to the feature; weights: (E,) 1 for inputs that have it, 0 otherwise;
+    halves: (E,) each input's half (probing.sentence_half of its position in the data). The in-sample head is the
+    best of all L x H means, so its own interval is optimistic (it was picked for being high); the held-out head is
+    picked on the SELECTION half and its mean and bootstrap 95% interval are taken over the HELD_OUT half's inputs
+    that have the feature, as probe-dep does. Returns {"layer", "head", "held_out": {"layer", "head", "mean",
+    "ci_low", "ci_high", "inputs"} or None when either half has no input with the feature} (0-indexed).
+    """
+    layer, head = np.unravel_index(int(np.argmax(weighted_means(values, weights))), values.shape[1:])
+    selection, held_out = weights * (halves == SELECTION), weights * (halves == HELD_OUT)
+    result = {"layer": int(layer), "head": int(head), "held_out": None}
+    if selection.sum() > 0 and held_out.sum() > 0:
+        picked = np.unravel_index(int(np.argmax(weighted_means(values, selection))), values.shape[1:])
+        rows = halves == HELD_OUT
+        scored = values[rows][:, picked[0], picked[1]]  # (E_held,)
+        low, high = bootstrap_weighted_mean_interval(scored, weights[rows])
+        result["held_out"] = {"layer": int(picked[0]), "head": int(picked[1]),
+                              "mean": float(weighted_means(scored, weights[rows])), "ci_low": float(low),
+                              "ci_high": float(high), "inputs": int(held_out.sum())}
+    return result
+
+
+def weighted_means(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """values: (E, ...), weights: (E,) with a positive sum -> (...) the weighted mean over E (uncounted inputs'
+    values never read)."""
+    counted = np.where(weights.reshape(-1, *(1,) * (values.ndim - 1)) > 0, values, 0.0)
+    return np.tensordot(weights, counted, 1) / weights.sum()
 
 
 def _tally_cls_rows(maps: MapBatch, cls_mask: torch.Tensor, tally: TokenTally) -> None:
@@ -259,12 +330,17 @@ def write_special(bundle, data, run, *, max_length: int = DEFAULT_MAX_LENGTH, ba
                              label="mean attention", cmap="Blues", vmin=0.0, vmax=1.0)
         run.write_figure("special_tokens", fig)
         close(fig)
-        run.write_table("cls_last_layer", stats["cls_tally"].table())
+        cls_table = stats["cls_tally"].table()
+        run.write_table("cls_last_layer", cls_table)
         run.write_table("linguistic", linguistic_table(heads, intervals))
         entry.update(n_truncated=stats["n_truncated"], interval=EXAMPLE_INTERVAL, feature_counts=stats["counts"],
                      unavailable=stats["unavailable"], tagger=PIPELINE_NAME if tagger is not None else None,
-                     negation_words=sorted(NEGATION_WORDS))
+                     negation_words=sorted(NEGATION_WORDS),
+                     strongest_heads={feature: found["held_out"] for feature, found in stats["strongest"].items()},
+                     strongest_head_held_out="each feature's head picked on the even-numbered inputs (0, 2, ...), its "
+                                             "mean and bootstrap 95% interval over the odd-numbered inputs that have "
+                                             "the feature (0-indexed layer and head; null: a half lacks the feature)")
     # tokens seen once dominate a raw ranking; the printed summary keeps the ones that recur (at most in every
     # input: with fewer inputs than min_count no token could qualify and the summary would be empty)
-    stats["top_cls_tokens"] = stats["cls_tally"].table(min_count=min(min_count, len(data.examples))).head(top)
+    stats["top_cls_tokens"] = cls_table[cls_table["count"] >= min(min_count, len(data.examples))].head(top)
     return stats

@@ -8,6 +8,7 @@ import warnings
 from collections.abc import Callable
 
 import numpy as np
+from scipy import sparse
 from scipy.stats import binom, norm
 
 from analysis.errors import AttnpatError
@@ -134,6 +135,38 @@ def bootstrap_weighted_mean_interval(values: np.ndarray, weights: np.ndarray | N
     bounds = percentile_bounds(means.reshape(n_boot, -1), level)  # (cells, 2)
     bounds[np.isnan(weighted).any(0).ravel()] = np.nan
     return bounds.reshape(*values.shape[1:], 2)
+
+
+def bootstrap_sparse_ratio_interval(numerators, denominators, *, level: float = 0.95,
+                                    n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0, chunk: int = 200,
+                                    block: int = 4096) -> np.ndarray:
+    """Percentile bootstrap interval of ratios of sums over examples, sum_e n_em / sum_e d_em, for many sparse cells.
+
+    numerators, denominators: (E, M) scipy.sparse (or dense) matrices, e.g. per input the summed attention a token
+    receives and how often it occurs (most inputs hold few of the M tokens). The same interval as
+    :func:`bootstrap_weighted_mean_interval` of values n/d with weights d, the same draws (seed ``seed``, all E
+    examples resampled in each), without a dense (E, M) copy: cells go ``block`` at a time, each block with the
+    same draws. Draws with zero denominator are left out of a cell; a cell with none gets NaN bounds. Returns (M, 2).
+    """
+    numerators, denominators = sparse.csc_matrix(numerators, dtype=np.float64), sparse.csc_matrix(denominators,
+                                                                                                 dtype=np.float64)
+    if numerators.shape != denominators.shape or numerators.shape[0] == 0:
+        raise AttnpatError(f"a ratio bootstrap needs equal (examples, cells) shapes with at least one example, got "
+                           f"{numerators.shape} and {denominators.shape}")
+    n, cells = numerators.shape
+    bounds = np.empty((cells, 2))
+    for first in range(0, cells, block):  # a block's draws are (n_boot, block) values
+        last = min(first + block, cells)
+        rng = np.random.default_rng(seed)  # every block sees the same draws
+        ratios = np.empty((n_boot, last - first))
+        for start in range(0, n_boot, chunk):
+            stop = min(start + chunk, n_boot)
+            counts = draw_counts(rng, n, stop - start)  # (draws, E)
+            sums = (numerators[:, first:last].T @ counts.T).T  # (draws, block)
+            with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0: the cell's examples not drawn
+                ratios[start:stop] = sums / (denominators[:, first:last].T @ counts.T).T
+        bounds[first:last] = percentile_bounds(ratios, level)
+    return bounds
 
 
 def draw_counts(rng: np.random.Generator, n: int, n_draws: int) -> np.ndarray:

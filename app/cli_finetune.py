@@ -121,6 +121,20 @@ def compare(base: str | None = typer.Option(None, "--base", help="the model befo
                    f"{run.file('pattern_transitions.png')}")
 
 
+def strongest_head_text(means, intervals, strongest: dict) -> str:
+    """', strongest head L1-H2 0.300 [0.200, 0.400] in-sample (optimistic: the best of all heads); picked on half
+    the inputs: L1-H2, 0.250 [0.150, 0.350] on the other 3' from a feature's (L, H) means, (L, H, 2) intervals and
+    analysis.special.strongest_heads."""
+    best = (strongest["layer"], strongest["head"])
+    text = (f", strongest head L{best[0] + 1}-H{best[1] + 1} {interval_text(means[best], *intervals[best])} in-sample "
+            "(optimistic: the best of all heads)")
+    held = strongest["held_out"]
+    if held is None:
+        return text + "; too few inputs to pick it on half and score it on the other"
+    return (text + f"; picked on half the inputs: L{held['layer'] + 1}-H{held['head'] + 1}, "
+            f"{interval_text(held['mean'], held['ci_low'], held['ci_high'])} on the other {held['inputs']}")
+
+
 def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N,
             base: str | None = typer.Option(None, "--base", help="also analyse this model (default: the "
                                                "fine-tuned model's base from the model store)"),
@@ -155,14 +169,13 @@ def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
         for line in layer_interval_lines(stats["special_layers"], {"to_cls": "to [CLS]", "to_sep": "to [SEP]"}):
             typer.echo(f"  {line}")
         top_tokens = stats["top_cls_tokens"]
-        typer.echo("  last layer's [CLS] attends most to: " + ", ".join(
-            f"{row.token} ({row.mean_attention:.3f}, n={row.count})" for row in top_tokens.itertuples()))
+        typer.echo("  last layer's [CLS] attends most to [bootstrap 95% interval over the inputs]: " + ", ".join(
+            f"{row.token} ({interval_text(row.mean_attention, row.ci_low, row.ci_high)}, n={row.count})"
+            for row in top_tokens.itertuples()))
         for feature, count in stats["counts"].items():
-            value = heads[feature]
-            best = divmod(int(value.argmax()), value.shape[1]) if count else None
-            typer.echo(f"  {feature}: {count} inputs" + (f", strongest head L{best[0] + 1}-H{best[1] + 1} "
-                                                       f"({interval_text(value[best], *intervals[feature][best])})"
-                                                       if best else ""))
+            typer.echo(f"  {feature}: {count} inputs" + (strongest_head_text(heads[feature], intervals[feature],
+                                                                            stats["strongest"][feature])
+                                                       if count else ""))
         for feature, why in stats["unavailable"].items():
             typer.echo(f"  {feature}: {why}")
         typer.echo(f"  tables: {run.path}/special_tokens.csv, cls_last_layer.csv, linguistic.csv")

@@ -323,6 +323,36 @@ def test_a_share_of_0_or_100_percent_keeps_an_interval_as_wide_as_its_sentences_
     assert row.ci_low < 0.6  # 15 held-out words as independent trials would claim above 0.79
 
 
+def test_a_head_tied_with_its_baseline_in_every_sentence_gets_no_zero_width_difference_interval():
+    """The picked head and the offset get the same word right in every held-out sentence: every draw of the
+    difference is 0, and the bootstrap gave [0, 0], which reads as certainty. With 0 of S sentences telling them
+    apart, the interval is +- Wilson's upper bound of that share, narrowing as sentences accrue; p stays 1."""
+    widths = []
+    for held_out in (3, 12):
+        scores = DependencyScores(layers=1, heads=1)
+        add_sentence(scores, chain_sentence(2), 1, SELECTION)  # offset -1 and the head right on w1
+        for _ in range(held_out):
+            add_sentence(scores, chain_sentence(5), 1, HELD_OUT)  # both right on w1 only, of 4 words
+        row = dependency_table(scores).set_index("relation").loc["obj"]
+        assert row.baseline_offset == -1 and row.accuracy == row.baseline_accuracy == 0.25
+        reach = wilson_interval(0, held_out)[1]
+        assert row.head_minus_baseline == 0 and row.p_value == 1.0
+        assert (row.head_minus_baseline_ci_low, row.head_minus_baseline_ci_high) == pytest.approx((-reach, reach))
+        widths.append(row.head_minus_baseline_ci_high - row.head_minus_baseline_ci_low)
+    assert widths[0] > widths[1] > 0
+    assert widths[0] == pytest.approx(2 * 1.959964 ** 2 / (3 + 1.959964 ** 2), rel=1e-5)
+
+
+def test_one_held_out_sentence_gives_its_difference_newcombes_interval_not_a_point():
+    """One held-out sentence: every draw repeats its difference, -0.5, and the bootstrap gave [-0.5, -0.5] beside
+    p = 1. The interval is Newcombe's square-and-add bound from the two accuracies' (Wilson, one trial) intervals."""
+    row = dependency_table(lucky_and_steady_scores()).set_index("relation").loc[ALL_RELATIONS]
+    head, baseline = wilson_interval(0, 1), wilson_interval(0.5, 1)
+    expected = (-0.5 - np.hypot(0.0, baseline[1] - 0.5), -0.5 + np.hypot(head[1], 0.5 - baseline[0]))
+    assert (row.head_minus_baseline_ci_low, row.head_minus_baseline_ci_high) == pytest.approx(expected)
+    assert row.head_minus_baseline_ci_low < -0.5 < 0 < row.head_minus_baseline_ci_high  # as p = 1 says
+
+
 def test_words_without_a_relation_count_in_all_only():
     """CoNLL-U's DEPREL `_` gives no relation: such words are scored in "all", and no relation named `_` is listed."""
     sentence = DepSentence("s", ("a", "b", "c", "d"), heads=(2, 0, 2, 2), relations=("nsubj", "root", "_", "_"))

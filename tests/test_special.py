@@ -9,6 +9,7 @@ from analysis.data import Example, TaskData, load_data
 from analysis.models import load_model
 from analysis.rundir import RunDir
 from analysis.stream import encode_examples, stream_maps, token_roles
+from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_weighted_mean_interval
 from app.cli import main
 from app.display import interval_text, layer_interval_lines
 from tests.tiny import save_tiny_model, tiny_config, wrap_bundle
@@ -96,6 +97,34 @@ def test_token_tally_means_per_token():
     assert tally.table(min_count=2).token.tolist() == ["[CLS]", "."]
 
 
+def test_token_tally_intervals_resample_inputs_not_occurrences():
+    """cls_last_layer.csv gave bare means. Each token's mean now has a bootstrap 95% interval over the inputs
+    (ratio of resampled sums: the occurrences of a token in one input share its maps); a token of one input has
+    none. An input that repeats a token many times weighs in as one input, not as many independent occurrences."""
+    tally = sp.TokenTally()
+    inputs = [(["[CLS]", "good", "good", "good", "good", "."], [0.4, 0.9, 0.9, 0.9, 0.9, 0.1]),
+              (["[CLS]", "good", "."], [0.6, 0.1, 0.2]), (["[CLS]", "good", "fine"], [0.5, 0.2, 0.3]),
+              (["[CLS]", "bad", "."], [0.7, 0.1, 0.2])]
+    for tokens, weights in inputs:
+        tally.add(tokens, weights)
+    table = tally.table().set_index("token")
+    assert list(tally.table().columns) == ["token", "mean_attention", "ci_low", "ci_high", "count", "inputs"]
+    assert table.loc["good", ["count", "inputs"]].tolist() == [6, 3]
+    assert table.loc["good", "mean_attention"] == pytest.approx(3.9 / 6)
+    # the same draws, straight from numpy: per input the summed weight and the count of "good"
+    sums, counts = np.array([3.6, 0.1, 0.2, 0.0]), np.array([4, 1, 1, 0])
+    draws = np.random.default_rng(0).integers(0, 4, (DEFAULT_BOOTSTRAP, 4))
+    with np.errstate(invalid="ignore"):
+        ratios = sums[draws].sum(1) / counts[draws].sum(1)
+    expected = np.nanpercentile(ratios, [2.5, 97.5])
+    assert (table.loc["good", "ci_low"], table.loc["good", "ci_high"]) == pytest.approx(tuple(expected))
+    # four of six occurrences sit in one input: resampling inputs reaches far below and above the mean
+    assert table.loc["good", "ci_low"] < 0.2 and table.loc["good", "ci_high"] > 0.85
+    assert table.loc["fine", "inputs"] == 1 and np.isnan(table.loc["fine", ["ci_low", "ci_high"]].astype(float)).all()
+    cls = table.loc["[CLS]"]
+    assert cls.ci_low < cls.mean_attention < cls.ci_high and cls.inputs == 4
+
+
 def test_top_cls_tokens_are_listed_for_fewer_inputs_than_min_count(tiny, tmp_path):
     """`special --n 3` printed an empty "[CLS] attends most to" list: no token can recur in 5 of 3 inputs."""
     data = TaskData("toy", "validation", "test", [Example(str(i), f"input number {i} .") for i in range(3)])
@@ -174,8 +203,38 @@ def test_special_prints_its_means_with_the_intervals_the_analysis_computes(tmp_p
         assert f"  {line}" in out.splitlines()
     negation = heads["negation"]
     best = np.unravel_index(negation.argmax(), negation.shape)
+    # inputs 0, 2, 6 and 7 hold a negation: the head is picked on 0, 2 and 6 and scored on 7
+    held = stats["strongest"]["negation"]["held_out"]
+    assert held["inputs"] == 1
     assert (f"  negation: 4 inputs, strongest head L{best[0] + 1}-H{best[1] + 1} "
-            f"({interval_text(negation[best], *stats['intervals']['negation'][best])})") in out
+            f"{interval_text(negation[best], *stats['intervals']['negation'][best])} in-sample (optimistic: the best "
+            f"of all heads); picked on half the inputs: L{held['layer'] + 1}-H{held['head'] + 1}, "
+            f"{interval_text(held['mean'], held['ci_low'], held['ci_high'])} on the other 1") in out.splitlines()
+    tokens = RunDir(load_model(str(model), device="cpu").slug, load_data(str(data_file)).task,
+                    tmp_path / "runs").read_table("cls_last_layer")
+    first = tokens[tokens["count"] >= 5].iloc[0]
+    shown = interval_text(first.mean_attention, first.ci_low, first.ci_high)
+    assert f"over the inputs]: {first.token} ({shown}, n={first['count']})" in out
+
+
+def test_the_strongest_head_is_picked_on_half_the_inputs_and_scored_on_the_other():
+    """The best of all heads, scored on the inputs that picked it, is optimistic: head 0 is high on the
+    even-numbered inputs only and wins in-sample; picked on the even inputs, it is reported on the odd ones."""
+    values = np.zeros((8, 1, 2))
+    values[0::2, 0, 0] = 0.9  # lucky: high where it is picked, low elsewhere
+    values[1::2, 0, 0] = 0.3
+    values[:, 0, 1] = [0.45, 0.55, 0.5, 0.5, 0.55, 0.45, 0.4, 0.5]  # steady, 0.5 on the inputs with the feature
+    weights = np.array([1, 1, 1, 1, 1, 1, 0, 0], dtype=float)  # inputs 6 and 7 lack the feature
+    halves = np.arange(8) % 2
+    found = sp.strongest_heads(values, weights, halves)
+    assert (found["layer"], found["head"]) == (0, 0)  # in-sample: 0.6 against 0.5
+    held = found["held_out"]
+    assert (held["layer"], held["head"], held["inputs"]) == (0, 0, 3)
+    assert held["mean"] == pytest.approx(0.3)  # what the pick is worth on fresh inputs, half its in-sample 0.6
+    odd = halves == 1
+    expected = bootstrap_weighted_mean_interval(values[odd, 0, 0], weights[odd])
+    assert (held["ci_low"], held["ci_high"]) == pytest.approx(tuple(expected))
+    assert sp.strongest_heads(values, weights * (halves == 0), halves)["held_out"] is None  # no odd input has it
 
 
 @pytest.mark.slow  # seconds alone; over 20 s on a busy 2-core machine

@@ -1,6 +1,7 @@
 """Bootstrap intervals and adjusted classify-and-count, checked on hand-made cases."""
 import numpy as np
 import pytest
+from scipy import sparse
 from scipy.stats import binomtest
 
 from analysis.errors import AttnpatError
@@ -10,7 +11,9 @@ from analysis.uncertainty import (
     bootstrap_draws,
     bootstrap_mean_interval,
     bootstrap_ratio_interval,
+    bootstrap_sparse_ratio_interval,
     bootstrap_statistic_interval,
+    bootstrap_weighted_mean_interval,
     holm_adjust,
     mcnemar_exact,
     paired_permutation_p,
@@ -178,6 +181,27 @@ def test_ratio_bootstrap_in_chunks_makes_the_same_draws_as_all_at_once():
     whole = bootstrap_ratio_interval(counts, n_boot=230, seed=2, chunk=230)
     for chunk in (1, 7, 50):
         assert np.array_equal(bootstrap_ratio_interval(counts, n_boot=230, seed=2, chunk=chunk), whole)
+
+
+def test_the_sparse_ratio_bootstrap_is_the_weighted_mean_bootstrap_without_a_dense_copy():
+    """Per input, summed attention and counts of each token (most inputs lack most tokens): the same intervals as
+    the weighted mean bootstrap of sums / counts with counts as weights, in any block size; a token in no drawn
+    input is left out of that draw, and a token of no input has NaN bounds."""
+    rng = np.random.default_rng(5)
+    counts = rng.integers(0, 3, size=(40, 9)) * (rng.random((40, 9)) < 0.3)
+    counts[:, 8] = 0  # a token no input holds
+    counts[:, 7] = 0
+    counts[3, 7] = 2  # a token of one input
+    sums = counts * rng.random((40, 9))
+    means = np.divide(sums, counts, out=np.zeros(sums.shape), where=counts > 0)
+    dense = bootstrap_weighted_mean_interval(means, counts, n_boot=300, seed=3)
+    for block in (1, 4, 4096):
+        sparse_bounds = bootstrap_sparse_ratio_interval(sparse.csr_matrix(sums), sparse.csr_matrix(counts),
+                                                        n_boot=300, seed=3, block=block)
+        assert np.allclose(sparse_bounds, dense, equal_nan=True)
+    assert np.isnan(dense[8]).all() and dense[7] == pytest.approx([sums[3, 7] / 2] * 2)
+    with pytest.raises(AttnpatError, match="equal"):
+        bootstrap_sparse_ratio_interval(sums, counts[:, :3])
 
 
 def test_wilson_interval_matches_its_formula_and_always_holds_the_share():
