@@ -461,20 +461,14 @@ class WebApp:
             map_inputs = [text, pair, model, word_level, hide_special, layer, head, map_kind]
             map_outputs = [caption, big, map_png, map_svg]
             outputs = [status, grid, classes, grid_png, grid_svg, classes_csv]
-            # the example sentence's grid is computed when the page opens, so the tab is never empty; a drawing the
-            # user asks for cancels it, else a page-load drawing still running (the model loading) could land after
-            # the user's and replace their sentence's grid with the example's
-            page_load: list = []
-            for trigger in (demo.load, run.click, text.submit, pair.submit, word_level.input, hide_special.input,
-                            map_kind.input):
+            # the example sentence's grid is computed when the page opens, so the tab is never empty
+            for trigger in (run.click, text.submit, pair.submit, word_level.input, hide_special.input,
+                            map_kind.input, demo.load):
                 # the API's /explore has explore's outputs: a State is not part of an endpoint
-                drawing = trigger(self.draw, inputs, [*outputs, drawn],
-                                  api_name="explore" if trigger == run.click else False, concurrency_limit=4,
-                                  concurrency_id="live", cancels=page_load or None)
-                drawing.then(self.follow_head, [drawn, layer, head], [layer, head, *map_outputs], api_name=False,
-                             concurrency_limit=4, concurrency_id="live")
-                if trigger == demo.load:
-                    page_load = [drawing]
+                trigger(self.draw, inputs, [*outputs, drawn], api_name="explore" if trigger == run.click else False,
+                        concurrency_limit=4, concurrency_id="live").then(
+                    self.follow_head, [drawn, layer, head], [layer, head, *map_outputs], api_name=False,
+                    concurrency_limit=4, concurrency_id="live")
             # a picked model clears the grid rather than redrawing it: picked and then "Show all heads" at once would
             # draw it twice, and the first drawing's head could replace a head clicked on the second
             model.input(self.forget_grid, [model], [*outputs, *map_outputs, drawn], api_name=False)

@@ -33,7 +33,7 @@ from analysis.stream import encode_examples, stream_maps
 from app.cli import app
 from app.explore import LiveExplorer, ModelCache, sentence_maps
 from app.jobs import BatchJobs, cli_verbs
-from app.webapp import WebApp, build_app
+from app.webapp import WebApp
 from tests.tiny import save_tiny_model
 
 
@@ -612,18 +612,3 @@ def test_a_port_in_use_is_one_error_and_loads_no_model(tmp_path, monkeypatch):
         assert len(warmed) == 1
     finally:
         demo.close()
-
-
-def test_a_drawing_the_user_asks_for_cancels_the_page_loads_drawing():
-    """The example sentence's grid is drawn when the page opens; while the model loads, the user can type a sentence
-    and press Show all heads. Both drawings ran at once, and the page-load one could land last and replace the user's
-    grid with the example's (seen in the browser test: 5 tokens where 13 were drawn). Every trigger of a drawing the
-    user asks for now also cancels the page-load drawing."""
-    demo, web = build_app()
-    draws = {i: f for i, f in demo.fns.items() if f.fn == web.draw}
-    on_load = [i for i, f in draws.items() if f.targets[0][1] == "load"]
-    assert len(on_load) == 1
-    user_triggers = {tuple(f.targets) for i, f in draws.items() if i not in on_load}
-    assert {event for (_, event), in user_triggers} == {"click", "submit", "input"} and len(user_triggers) == 6
-    cancelling = {tuple(f.targets) for f in demo.fns.values() if f.fn is None and list(f.cancels) == on_load}
-    assert user_triggers <= cancelling
