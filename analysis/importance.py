@@ -37,7 +37,7 @@ from analysis.sweeps import (
     predictions,
     task_labels,
 )
-from analysis.uncertainty import bootstrap_mean_interval
+from analysis.uncertainty import bootstrap_mean_interval, holm_adjust
 
 # ---------------------------------------------------------------- importance
 
@@ -173,10 +173,24 @@ def iterative_pruning_masks(score, counts: Sequence[int], shape: tuple[int, int]
     return masks
 
 
+def curve_statistics(baseline: np.ndarray, pruned: np.ndarray, labels: np.ndarray, metric: str,
+                     prunes: np.ndarray) -> dict[str, np.ndarray]:
+    """analysis.sweeps.effect_statistics of each step of a pruning curve, with Holm's correction across the steps
+    that prune a head only: the unpruned step (``prunes`` False) is the baseline itself, no hypothesis, and
+    counting it would make every other step's correction one test stricter. Its p_holm is its raw p (1, or NaN
+    for a score metric). baseline: (N,) predictions; pruned: (N, steps); prunes: (steps,) bool."""
+    stats = effect_statistics(baseline, pruned, labels, metric)
+    prunes = np.asarray(prunes, dtype=bool)
+    p_holm = stats["p_mcnemar"].copy()
+    if prunes.any():
+        p_holm[prunes] = holm_adjust(p_holm[prunes])
+    return {**stats, "p_holm": p_holm}
+
+
 def pruning_curve(bundle, batches: Sequence[TokenBatch], masks: Sequence[np.ndarray], labels: np.ndarray,
                   metric: str, *, mode: str = "zero", progress: bool | str = False):
     """Task metric under each keep mask (fast engine), with the change from the unpruned model and how sure it
-    is (analysis.sweeps.effect_statistics on the same examples; Holm's correction across the curve's steps).
+    is (:func:`curve_statistics` on the same examples; Holm's correction across the steps that prune a head).
     Returns (DataFrame fraction_pruned, n_pruned, metric, delta, ci_low, ci_high, p_mcnemar, p_holm; the
     unpruned metric)."""
     check_mode(mode)
@@ -187,7 +201,8 @@ def pruning_curve(bundle, batches: Sequence[TokenBatch], masks: Sequence[np.ndar
     base = predictions(logits[BASELINE])
     pruned_predictions = np.stack([predictions(logits[variant.name]) for variant in variants], 1)  # (N, steps)
     baseline = task_metric(metric, base, labels)
-    stats = effect_statistics(base, pruned_predictions, labels, metric)
+    stats = curve_statistics(base, pruned_predictions, labels, metric,
+                             np.array([(variant.keep == 0).any() for variant in variants]))
     total = masks[0].size
     rows = []
     for step, variant in enumerate(variants):

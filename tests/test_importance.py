@@ -28,7 +28,7 @@ from analysis.metrics import accuracy
 from analysis.rundir import RunDir
 from analysis.stream import encode_examples, iter_batches
 from analysis.sweeps import BASELINE, Variant, effect_statistics, naive_sweep
-from analysis.uncertainty import bootstrap_mean_interval
+from analysis.uncertainty import bootstrap_mean_interval, holm_adjust
 from tests.test_disable import make_bundle
 from tests.test_sweeps import tiny_data
 
@@ -181,10 +181,30 @@ def test_pruning_curve_matches_the_naive_loop():
     pruned = np.stack([naive[f"m{i}"].argmax(-1).numpy() for i in range(3)], 1)
     stats = effect_statistics(base, pruned, labels, "accuracy")
     assert curve["delta"].to_numpy() == pytest.approx(curve["metric"].to_numpy() - baseline)
-    for column in ("ci_low", "ci_high", "p_mcnemar", "p_holm"):
+    for column in ("ci_low", "ci_high", "p_mcnemar"):
         assert curve[column].to_numpy() == pytest.approx(stats[column])
+    assert curve["p_holm"].to_numpy() == pytest.approx([1.0, *holm_adjust(stats["p_mcnemar"][1:])])
     assert (curve["ci_low"] <= curve["delta"] + 1e-12).all() and (curve["delta"] <= curve["ci_high"] + 1e-12).all()
     assert curve["ci_low"][0] == curve["ci_high"][0] == 0.0 and curve["p_mcnemar"][0] == 1.0  # nothing pruned
+
+
+def test_holm_on_a_pruning_curve_counts_only_the_steps_that_prune():
+    """The unpruned step is the baseline itself: Holm's correction runs over the other steps alone (before, it
+    counted as one more test, and every step's p_holm was one test stricter: 7x instead of 6x for the 60% step of
+    the README's curve)."""
+    labels = np.zeros(60)
+    baseline = np.zeros(60)  # right on every example
+    pruned = np.zeros((60, 3))
+    pruned[:10, 1] = 1  # 10 examples lost: McNemar p = 2 / 2**10
+    pruned[:20, 2] = 1  # 20 lost
+    stats = importance.curve_statistics(baseline, pruned, labels, "accuracy", np.array([False, True, True]))
+    p = stats["p_mcnemar"]
+    assert p[0] == 1.0 and p[1] == pytest.approx(2 / 2**10) and p[2] < p[1]
+    assert stats["p_holm"].tolist() == pytest.approx([1.0, p[1], 2 * p[2]])  # two tests, not three
+    assert stats["ci_low"][0] == stats["ci_high"][0] == 0.0
+    scores = importance.curve_statistics(baseline + 0.5, pruned + np.arange(60)[:, None], np.arange(60.0),
+                                         "pearson", np.array([False, True, True]))
+    assert np.isnan(scores["p_holm"]).all()  # a score metric: intervals, no test
 
 
 def test_importance_and_prune_analyses_write_the_run_directory(tmp_path):
