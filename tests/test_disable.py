@@ -6,7 +6,15 @@ import functools
 import numpy as np
 import pytest
 import torch
-from transformers import AlbertConfig, AlbertModel, AutoTokenizer, BertConfig, BertForSequenceClassification
+from transformers import (
+    AlbertConfig,
+    AlbertModel,
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+    DistilBertConfig,
+    DistilBertForSequenceClassification,
+)
 
 from analysis import disable
 from analysis.disable import (
@@ -16,6 +24,7 @@ from analysis.disable import (
     head_gates,
     keep_mask,
     layer_keep_mask,
+    mask_gates,
     stacked_gates,
     uniform_weights,
 )
@@ -198,3 +207,98 @@ def test_unsupported_architectures_are_named():
         with pytest.raises(AttnpatError, match=f"not supported for {name}"):
             with gated(model):
                 pass
+
+
+# ---------------------------------------------------------------- against independent references
+
+def _family_bundle(family: str, tmp_path):
+    if family == "mpnet":
+        from tests.tiny import tiny_mpnet_bundle  # noqa: PLC0415 (only this case needs a saved MPNet)
+
+        return tiny_mpnet_bundle(tmp_path / "mpnet", kind="classifier", layers=3, heads=HEADS, initializer_range=0.3)
+    if family == "distilbert":
+        return make_bundle(DistilBertConfig, DistilBertForSequenceClassification)
+    return make_bundle()
+
+
+def _inputs_of(bundle, texts) -> dict:
+    encoded = bundle.tokenizer(list(texts), padding=True, return_tensors="pt")
+    accepted = {"input_ids", "attention_mask"} | ({"token_type_ids"} if bundle.config.model_type == "bert" else set())
+    return {key: value for key, value in encoded.items() if key in accepted}
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert", "mpnet"])
+@pytest.mark.parametrize("mode", ["uniform", "zero"])
+def test_a_disabled_head_in_a_padded_batch_gives_what_the_input_gives_alone(family, mode, tmp_path):
+    """Uniform attention is 1/n over each input's own real tokens: padding in the batch changes nothing. Every
+    hidden state of every real token and the logits equal those of the input run alone (a batch of 1, no padding),
+    for one head, a whole layer and heads in two layers."""
+    bundle = _family_bundle(family, tmp_path)
+    texts = ["a fine movie , truly .", "bad", "what a long and winding road it was , and yet i loved it"]
+    padded = _inputs_of(bundle, texts)
+    assert len(set(padded["attention_mask"].sum(1).tolist())) == 3
+    for keep in (keep_mask(3, HEADS, [(1, 2)]), layer_keep_mask(3, HEADS, 0), keep_mask(3, HEADS, [(0, 1), (2, 3)])):
+        with torch.no_grad(), gated(bundle.model), head_gates(bundle.model, mask_gates(keep), mode):
+            together = bundle.model(**padded, output_hidden_states=True)
+            alone = [bundle.model(**_inputs_of(bundle, [text]), output_hidden_states=True) for text in texts]
+        with torch.no_grad():
+            plain = bundle.model(**padded).logits
+        assert not torch.allclose(plain, together.logits, atol=1e-4)  # the gates did change the model
+        for row, single in enumerate(alone):
+            n = single.hidden_states[0].shape[1]
+            for layer, hidden in enumerate(single.hidden_states):
+                assert torch.allclose(together.hidden_states[layer][row, :n], hidden[0], atol=1e-5), (row, layer)
+            assert torch.allclose(together.logits[row], single.logits[0], atol=1e-5)
+
+
+def _split_heads(projected: torch.Tensor) -> torch.Tensor:
+    """(N, T, H * d) -> (N, H, T, d)."""
+    return projected.view(*projected.shape[:2], HEADS, -1).transpose(1, 2)
+
+
+def _manual_bert_forward(model, inputs: dict, keep: np.ndarray, mode: str) -> tuple[list, list]:
+    """A BERT encoder written out by hand: hidden states (L + 1 of (N, T, D)) and each layer's per-head context
+    (N, H, T, d), with a disabled head's attention 1/n over the row's real keys (uniform) or its context times
+    0 (zero). Feed-forward blocks, residuals and layer norms run unchanged."""
+    real = inputs["attention_mask"].float()  # (N, T)
+    additive = (1 - real)[:, None, None, :] * torch.finfo(torch.float32).min
+    uniform = real[:, None, None, :] / real.sum(1)[:, None, None, None]
+    hidden = model.bert.embeddings(input_ids=inputs["input_ids"], token_type_ids=inputs["token_type_ids"])
+    states, contexts = [hidden], []
+    for layer, block in enumerate(model.bert.encoder.layer):
+        attention, (rows, length, width) = block.attention.self, hidden.shape
+        query, key, value = (_split_heads(project(hidden)) for project in (attention.query, attention.key,
+                                                                            attention.value))
+        weights = torch.softmax(query @ key.transpose(-1, -2) / query.shape[-1] ** 0.5 + additive, -1)
+        gate = torch.tensor(keep[layer]).view(1, HEADS, 1, 1)
+        if mode == "uniform":
+            weights = gate * weights + (1 - gate) * uniform
+        context = weights @ value * (gate if mode == "zero" else 1)
+        contexts.append(context)
+        attended = block.attention.output(context.transpose(1, 2).reshape(rows, length, width), hidden)
+        hidden = block.output(block.intermediate(attended), attended)
+        states.append(hidden)
+    return states, contexts
+
+
+@pytest.mark.parametrize("mode", ["uniform", "zero"])
+def test_disabling_matches_a_hand_written_forward_and_changes_only_the_disabled_heads_context(mode):
+    """One disabled head changes only its own context vector in its layer (the other heads' are untouched); a
+    disabled layer changes every head's context and nothing else of that layer (its feed-forward block runs as
+    before). The gated model's hidden states equal the hand-written forward's."""
+    bundle = make_bundle()
+    inputs = tiny_inputs(bundle)
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        _, plain_contexts = _manual_bert_forward(bundle.model, inputs, np.ones((3, HEADS), np.float32), mode)
+    for keep, changed in ((keep_mask(3, HEADS, [(1, 2)]), [2]), (layer_keep_mask(3, HEADS, 1), list(range(HEADS)))):
+        with torch.no_grad():
+            states, contexts = _manual_bert_forward(bundle.model, inputs, keep, mode)
+            with gated(bundle.model), head_gates(bundle.model, mask_gates(keep), mode):
+                hidden = bundle.model(**inputs, output_hidden_states=True).hidden_states
+        for mine, theirs in zip(states, hidden):
+            assert torch.allclose(mine[real], theirs[real], atol=1e-5)
+        moved = [float((contexts[1][:, head] - plain_contexts[1][:, head]).abs().max()) for head in range(HEADS)]
+        assert [head for head in range(HEADS) if moved[head] > 1e-3] == changed
+        assert all(moved[head] == 0 for head in range(HEADS) if head not in changed)
+        assert all(torch.equal(contexts[0][:, head], plain_contexts[0][:, head]) for head in range(HEADS))

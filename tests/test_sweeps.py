@@ -19,9 +19,11 @@ from transformers import (
     RobertaForSequenceClassification,
 )
 
+from analysis import disable
 from analysis.data import Example, TaskData
 from analysis.disable import keep_mask
 from analysis.errors import AttnpatError
+from analysis.importance import importance_analysis, prune_analysis
 from analysis.metrics import accuracy
 from analysis.rundir import RunDir, long_table, table_to_array
 from analysis.stream import encode_examples, iter_batches
@@ -48,6 +50,7 @@ from analysis.sweeps import (
 )
 from analysis.uncertainty import bootstrap_mean_interval
 from tests.test_disable import make_bundle
+from tests.tiny import tiny_mpnet_bundle
 
 TEXTS = ["a fine movie , truly .", "bad", "what a long and winding road it was , and yet i loved it",
          "no", "the acting is superb but the plot is thin .", "meh .", "an utter waste of two hours",
@@ -543,3 +546,34 @@ def test_a_run_stopped_between_its_table_and_its_figure_leaves_rows_other_modes_
     summary = disable_analysis(bundle, tiny_data(6), run, mode="zero", units=["layer"], batch_size=4)
     assert summary["dropped_modes"] == {"layer": ["uniform"]}
     assert set(pd.read_csv(run.file("disable_layers.csv"))["mode"]) == {"zero"}
+
+
+@pytest.mark.parametrize("family", ["bert", "mpnet"])
+def test_the_model_is_as_before_after_every_sweep(family, tmp_path):
+    """disable, importance and prune (iterative, uniform masking: gates of both modes nested) on one loaded model,
+    as the test session or a long-lived process would: afterwards a plain forward gives bit-identical logits and
+    attentions, with no gate, hook, patched forward or other attention function left behind."""
+    bundle = (tiny_mpnet_bundle(tmp_path / "mpnet", kind="classifier", layers=3, heads=4, initializer_range=0.3)
+              if family == "mpnet" else make_bundle())
+    model = bundle.model
+    inputs = next(iter(iter_batches(bundle, tiny_data(3).examples, batch_size=3))).model_inputs()
+
+    def leftovers() -> tuple:
+        return (model.config._attn_implementation, len(disable._GATES), len(list(model.modules())),
+                sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()),
+                sum("forward" in vars(m) for m in model.modules()))
+
+    with torch.no_grad():
+        before = model(**inputs, output_attentions=True)
+    state = leftovers()
+    data, run = tiny_data(6), RunDir("tiny", "sst2", tmp_path / "runs")
+    for mode in ("uniform", "zero"):
+        disable_analysis(bundle, data, run, mode=mode, units=["head", "layer"], batch_size=4)
+    importance_analysis(bundle, data, run, batch_size=4)
+    prune_analysis(bundle, data, run, step=0.25, iterative=True, mode="uniform", batch_size=4)
+    with torch.no_grad():
+        after = model(**inputs, output_attentions=True)
+    assert leftovers() == state and state[:2] == ("eager", 0) and state[4] == 0
+    assert torch.equal(before.logits, after.logits)
+    assert all(torch.equal(a, b) for a, b in zip(before.attentions, after.attentions, strict=True))
+    assert not model.training and all(parameter.grad is None for parameter in model.parameters())
