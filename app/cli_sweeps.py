@@ -99,7 +99,9 @@ def importance(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt 
                label_column: opt.OptionalStr = opt.LabelColumn, runs_dir: opt.OptionalPath = opt.RunsDir,
                quiet: bool = opt.Quiet, ray: opt.OptionalStr = opt.Ray, workers: opt.OptionalInt = opt.Workers,
                ray_dashboard: bool = opt.RayDashboard) -> None:
-    """Head importance: mean |d loss / d head gate| over the data (Michel et al.; --ray: batches go to workers)."""
+    """Head importance (Michel et al.): the mean over the examples of |d loss / d gate|, the gate multiplying the
+    head's output (as --mode zero, not uniform attention); heads are ranked by the score normalised as the options
+    below say, the table keeps the raw mean beside it (--ray: batches go to workers)."""
     check_exponent(exponent)
     bundle, data, note = _load(model, task, split, n, text_column=text_column, pair_column=pair_column,
                                label_column=label_column)
@@ -119,14 +121,16 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
           max_fraction: float = typer.Option(1.0, "--max-fraction", help="stop after this share of heads"),
           iterative: bool = typer.Option(False, "--iterative/--one-shot",
                                          help="recompute importance with the current mask before each step"),
-          mode: str = typer.Option("zero", "--mode", help="zero (Michel, default) or uniform"),
+          mode: str = typer.Option("zero", "--mode", help="how a pruned head is masked: zero (Michel, default: its "
+                                   "output times 0) or uniform (Kovaleva: attention 1/n over real tokens)"),
           normalize_layers: bool = NormalizeLayers, exponent: float = Exponent,
           normalize_global: bool = NormalizeGlobal, max_length: int = opt.MaxLength,
           batch_size: int = opt.BatchSize, text_column: opt.OptionalStr = opt.TextColumn,
           pair_column: opt.OptionalStr = opt.PairColumn,
           label_column: opt.OptionalStr = opt.LabelColumn, runs_dir: opt.OptionalPath = opt.RunsDir,
           quiet: bool = opt.Quiet) -> None:
-    """Pruning curve: the task metric as heads are masked in increasing importance order."""
+    """Pruning curve: the task metric as heads are masked in increasing importance order (one-shot by default),
+    each step's change with its paired bootstrap 95% interval and Holm-corrected McNemar p."""
     check_mode(mode)
     check_pruning_shares(step, max_fraction)
     check_exponent(exponent)
