@@ -23,7 +23,7 @@ _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)")
 _GALLERY_ROW = re.compile(r"^\| !\[([^\]]*)\]\(([^)\s]+\.png)\) \| \*\*([^*]+)\*\* \| `([^`]+)` \| (.*) \|$")
 _TABLE_HEAD = re.compile(r"^\| map \| label \| map id \| why \|$|^\|(-+\|)+$")
 # Label Studio's instructions panel is about 540 pixels wide: a map in a table cell shrank to 60-90 pixels there
-# (a 128-token column to a tenth of a pixel). Each map gets the panel's width instead, scaled without smoothing
+# (a 128-token column to a third of a pixel). Each map gets the panel's width instead, scaled without smoothing
 # like the task images; Label Studio keeps <style> and class, and strips style attributes.
 GALLERY_CLASS = "attnpat-gallery"
 GALLERY_STYLE = (f"<style>.{GALLERY_CLASS} img {{ image-rendering: pixelated; max-width: 100%; height: auto; }}"

@@ -65,7 +65,7 @@ def test_every_gallery_map_is_the_shipped_map_with_its_label_drawn_and_measured_
 
 def test_each_gallery_map_gets_the_instructions_width_with_its_whole_caption():
     """Label Studio's instructions panel is about 540 pixels wide: in a four-column table the maps shrank to
-    60-90 pixels (a 128-token column to a tenth of a pixel). Each map is a block of its own, scaled without
+    60-90 pixels (a 128-token column to a third of a pixel). Each map is a block of its own, scaled without
     smoothing, followed by its label, id and whole cue line (a bare '|' no longer ends a table cell)."""
     html = instructions_html(image_url=lambda name: f"/served/{name}")
     gallery_html = html.split("<hr/>", 1)[1]
