@@ -20,6 +20,7 @@ from PIL import Image, ImageDraw  # noqa: E402
 
 from analysis.errors import AttnpatError  # noqa: E402
 from analysis.patterns import CLASS_STYLE  # noqa: E402
+from analysis.rendering import absolute_grey  # noqa: E402
 
 # Tokens marked on the axes of rendered maps (the guideline: [CLS], [SEP], '.' and ',').
 MARKED_TOKENS = {"[CLS]": "[CLS]", "<s>": "[CLS]", "[SEP]": "[SEP]", "</s>": "[SEP]", ".": ".", ",": ","}
@@ -44,12 +45,16 @@ def marked_positions(tokens: list[str]) -> list[tuple[int, str]]:
 
 def draw_map(ax, attn: np.ndarray, tokens: list[str] | None = None, *, all_ticks: bool = False,
              title: str | None = None) -> None:
-    """Draw one map on ``ax``: row = query, column = key, darker = more weight (scaled to the map's max).
+    """Draw one map on ``ax``: row = query, column = key, darker = more weight.
 
-    attn: (n, n). With ``all_ticks`` every token is labelled; otherwise only [CLS], [SEP], '.' and ','.
+    attn: (n, n) weights in [0, 1] (every map kind's rows sum to 1). Drawn as the labeling guideline draws maps
+    (analysis.rendering.absolute_grey): absolute weights on one fixed square-root scale, white = 0 and black = 1,
+    nearest-neighbour; a map scaled to its own maximum turns a near-uniform map's speckle into dark spots, and
+    would not look like the class predicted beside it. With ``all_ticks`` every token is labelled; otherwise only
+    [CLS], [SEP], '.' and ','.
     """
     attn = check_map(attn, tokens)
-    ax.imshow(attn, cmap="Greys", vmin=0.0, vmax=max(float(attn.max()), 1e-6), interpolation="nearest")
+    ax.imshow(absolute_grey(attn), cmap="gray", vmin=0, vmax=255, interpolation="nearest")
     if tokens is not None:
         ticks = list(enumerate(tokens)) if all_ticks else marked_positions(tokens)
         positions = [p for p, _ in ticks]
@@ -73,7 +78,7 @@ def draw_map(ax, attn: np.ndarray, tokens: list[str] | None = None, *, all_ticks
 
 def map_figure(attn: np.ndarray, tokens: list[str] | None = None, *, size: float = 4.0, all_ticks: bool = False,
                title: str | None = None):
-    """A single-map figure (used for annotation images and the app's large map)."""
+    """A single-map figure: the app's large map, drawn on the guideline's absolute scale (:func:`draw_map`)."""
     fig, ax = plt.subplots(figsize=(size, size))
     draw_map(ax, attn, tokens, all_ticks=all_ticks, title=title)
     fig.tight_layout()

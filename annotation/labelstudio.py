@@ -34,10 +34,12 @@ from annotation.server import Credentials, is_loopback
 PREANNOTATOR_VERSION = "attnpat-rules-v1"
 CHUNK = 50
 
+# smoothing="false": Label Studio scales a task's image to its panel (654 pixels drawn, about 810 shown at 1400
+# pixels' width) and smooths it by default, which blurs the guideline's crisp token cells into their neighbours
 LABEL_CONFIG = """<View>
   <Header value="Which pattern dominates this attention map? (see the labeling guideline)"/>
   <Text name="info" value="$caption"/>
-  <Image name="image" value="$image" zoom="true"/>
+  <Image name="image" value="$image" zoom="true" smoothing="false"/>
   <Choices name="pattern" toName="image" choice="single" showInLine="true" required="true">
 """ + "\n".join(f'    <Choice value="{name}"/>' for name in CLASSES) + """
   </Choices>
@@ -115,8 +117,8 @@ class PanelSettings:
 
 def ensure_project(client, url: str, title: str, project_id: int | None = None,
                    panel: PanelSettings = PanelSettings()) -> tuple[int, bool]:
-    """Reuse the project (by id, else by title) or create it, then bring its instructions and ``panel``
-    settings up to date. Returns (id, created)."""
+    """Reuse the project (by id, else by title) or create it, then bring its instructions, labeling view and
+    ``panel`` settings up to date. Returns (id, created)."""
     found = _titled_project(client, url, project_id, title)
     if found is None:
         found = _project_by_title(client, url, title)
@@ -129,10 +131,12 @@ def ensure_project(client, url: str, title: str, project_id: int | None = None,
                                                          description="attnpat attention-pattern labeling",
                                                          sampling="Uniform sampling"),
                       "project").id
-    # Every push brings the project's instructions up to the current guideline and gallery.
+    # Every push brings the project's instructions up to the current guideline and gallery, and its labeling view
+    # up to the current one (the classes stay the same, so the labels made in it keep their meaning).
     instructions = instructions_html(image_url=gallery_image_url(client, url, found))
     _call(url, lambda: client.projects.update(id=found, expert_instruction=instructions, show_instruction=True,
-                                              **panel.project_fields()), "project update")
+                                              label_config=LABEL_CONFIG, **panel.project_fields()),
+          "project update")
     return found, created
 
 

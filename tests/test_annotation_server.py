@@ -408,6 +408,29 @@ def test_project_deleted_between_push_and_pull(label_studio, synthetic_sample, a
     assert ls.pull(label_studio, sample, tmp_path / "labeled", state_file=state).labeled == 3
 
 
+def test_a_push_to_a_project_of_an_older_labeling_view_brings_it_up_to_date_and_keeps_its_labels(
+        label_studio, synthetic_sample, annotate_task, tmp_path):
+    """Label Studio scales a task's image to its panel and smooths it unless the Image tag says smoothing="false";
+    a project made before that keeps its smoothed view until a push replaces it (before, a push updated only
+    the instructions). The labels made in the old view stay, and no task is pushed twice."""
+    image_tag = re.search(r"<Image [^>]*/>", ls.LABEL_CONFIG)[0]
+    assert 'smoothing="false"' in image_tag
+    sample, state = synthetic_sample("oldview", 3), tmp_path / "projects.json"
+    first = ls.push(label_studio, sample, state_file=state, progress=False, log=lambda m: None)
+    client = ls.connect(label_studio)
+    client.projects.update(id=first.project_id, label_config=ls.LABEL_CONFIG.replace(' smoothing="false"', ""))
+    tasks = tasks_by_map(label_studio, first.project_id)
+    labeled = sorted(tasks)[0]
+    annotate_task(client, tasks[labeled]["id"], "block")
+
+    again = ls.push(label_studio, sample, state_file=state, progress=False, log=lambda m: None)
+    assert (again.project_id, again.pushed, again.already_there) == (first.project_id, 0, 3)
+    assert image_tag in client.projects.get(id=first.project_id).label_config
+    assert count_tasks(label_studio, first.project_id) == Counter({row["map_id"]: 1 for row in read_index(sample)})
+    kept = tasks_by_map(label_studio, first.project_id)[labeled]["annotations"]
+    assert [annotation["result"][0]["value"]["choices"] for annotation in kept] == [["block"]]
+
+
 def test_push_cut_off_after_the_first_chunk_is_finished_by_a_rerun(label_studio, synthetic_sample, tmp_path,
                                                                    monkeypatch):
     """The connection drops after chunk 1; in chunk 2 the server imports but the reply is lost. A rerun

@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 
 from analysis.mapstore import read_single_maps
+from analysis.rendering import cell_size
 from annotation import labelstudio as ls
+from annotation.instructions import GALLERY, gallery_entries
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -66,3 +68,44 @@ def test_label_a_map_in_the_browser_and_pull_it(label_studio, synthetic_sample, 
     assert np.array_equal(labeled[map_id], read_single_maps(sample / "maps.npz")[map_id])
     row = pd.read_csv(out / "labels.csv").iloc[0]
     assert (row.map_id, row.label, row.annotator, row.prediction) == (map_id, choice, label_studio.email, predicted)
+
+
+def test_every_gallery_map_in_the_instructions_keeps_three_pixels_per_token(label_studio, synthetic_sample, tmp_path):
+    """The instructions panel of a pushed project, opened as an annotator opens it: every gallery map is shown
+    at three screen pixels per token or more, as the guideline promises (in the old four-column tables a
+    128-token map was 60 pixels wide), and is scaled without smoothing."""
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415 (optional: only the browser tests need it)
+
+    sample = synthetic_sample("gallery", 1)
+    report = ls.push(label_studio, sample, state_file=tmp_path / "projects.json", progress=False, log=lambda m: None)
+    tasks = ls.existing_tasks(ls.connect(label_studio), label_studio.url, report.project_id)
+    task_id = next(iter(tasks.values()))["id"]
+    tokens = {entry.image: int(entry.cues.split()[1]) for entry in gallery_entries(GALLERY.read_text())}
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(90_000)
+            page.goto(f"{label_studio.url}/user/login/")
+            page.fill("input[name=email]", label_studio.email)
+            page.fill("input[name=password]", label_studio.password)
+            page.click("button[type=submit], input[type=submit]")
+            page.wait_for_url(lambda url: "/user/login" not in url)
+            page.goto(f"{label_studio.url}/projects/{report.project_id}/data?task={task_id}")
+            page.wait_for_load_state("networkidle")
+            page.get_by_role("button", name="Instructions").click()
+            gallery = page.locator("img[src*='local-files']")
+            gallery.last.wait_for()
+            page.wait_for_function("() => [...document.querySelectorAll(\"img[src*='local-files']\")]"
+                                   ".every(image => image.complete && image.naturalWidth > 0)")
+            shown = page.evaluate("() => [...document.querySelectorAll(\"img[src*='local-files']\")].map(image => "
+                                  "[image.src.split('/').pop(), image.naturalWidth,"
+                                  " image.getBoundingClientRect().width, getComputedStyle(image).imageRendering])")
+            page.screenshot(path=str(ARTIFACTS / "browser-instructions-gallery.png"))
+        finally:
+            browser.close()
+    assert sorted({name for name, *_ in shown}) == sorted(tokens)
+    for name, natural, width, rendering in shown:
+        assert cell_size(tokens[name]) * width / natural >= 3, (name, width)
+        assert rendering == "pixelated", name

@@ -57,3 +57,18 @@ def test_cues_of_known_maps():
 def test_bad_maps_get_one_line_errors(bad):
     with pytest.raises(AttnpatError):
         render_map(bad)
+
+
+def test_the_apps_large_map_uses_the_guidelines_absolute_scale():
+    """The web app's large map sits beside the class predicted for it: drawn as the annotators saw their maps,
+    a near-uniform map is the same light grey as in render_map (before, scaled to its own maximum, it was black)."""
+    from analysis.figures import close, map_figure  # noqa: PLC0415 (matplotlib only for this test)
+
+    uniform = np.full((100, 100), 0.01, dtype=np.float32)
+    fig = map_figure(uniform, ["[CLS]"] + ["w"] * 98 + ["[SEP]"])
+    try:
+        image = fig.axes[0].images[0]
+        shown = image.to_rgba(image.get_array())[..., 0] * 255
+        assert np.allclose(shown, absolute_grey(uniform), atol=1) and image.get_interpolation() == "nearest"
+    finally:
+        close(fig)
