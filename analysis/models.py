@@ -29,7 +29,7 @@ from transformers.utils import logging as hf_logging
 from analysis.artifacts import kind_folder
 from analysis.errors import AttnpatError, os_error_reason
 from analysis.fetch import FETCHABLE
-from analysis.mapkinds import DEFAULT_MAP_KIND, check_map_kind
+from analysis.mapkinds import DEFAULT_MAP_KIND, check_kind_supported, check_map_kind
 from analysis.paths import model_store
 from analysis.rundir import read_json
 
@@ -105,8 +105,9 @@ class EncoderBundle:
 
 
 def with_map_kind(bundle: EncoderBundle, map_kind: str) -> EncoderBundle:
-    """The same loaded model viewed through another map kind (shares the model and tokenizer)."""
-    return replace(bundle, map_kind=check_map_kind(map_kind))
+    """The same loaded model viewed through another map kind (shares the model and tokenizer); a kind its family
+    cannot give (norm maps of ALBERT) is an AttnpatError here, before any map is computed."""
+    return replace(bundle, map_kind=check_kind_supported(map_kind, getattr(bundle.config, "model_type", "?")))
 
 
 def model_slug(name: str) -> str:
@@ -312,6 +313,7 @@ def load_model(
     device = check_device(device)
     source = resolve_model(name)
     config = load_config(source, option)
+    check_kind_supported(map_kind, config.model_type)  # before the weights load
     kwargs = dict(attn_implementation="eager", output_loading_info=True, **_offline_kwargs(source))
     meta = _store_meta(source)
     try:

@@ -22,7 +22,7 @@ from app.cli import main
 from app.explore import LiveExplorer, ModelCache
 from app.webapp import WebApp
 from tests.test_disable import make_bundle
-from tests.tiny import save_tiny_model, tiny_bundle, tiny_mpnet_bundle
+from tests.tiny import minilm_tokenizer, save_tiny_model, tiny_bundle, tiny_mpnet_bundle
 
 TEXTS = ["a fine movie , truly .", "bad !", "what a long and winding road it was , and yet i loved it"]
 
@@ -206,6 +206,41 @@ def test_bad_kinds_are_one_line_errors(bert, tmp_path):
                                       attn_implementation="eager"))
     with pytest.raises(AttnpatError, match="norm maps are not supported for albert"):
         attention_parts(albert)
+
+
+
+def test_norm_maps_of_a_family_without_per_layer_projections_are_refused_before_any_work(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """ALBERT shares one attention module across its layers, so it has no per-layer value and output projections
+    for norm maps. Before: compare-kinds classified the weight maps into runs/<model>/ and then stopped, and the
+    other verbs refused only at their first batch, after the model loaded. Now the kind is refused before the
+    weights load (or, for a loaded model, before its first map); weight and rollout maps still work."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    tokenizer = minilm_tokenizer()
+    config = AlbertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=37, embedding_size=16, attn_implementation="eager")
+    torch.manual_seed(0)
+    AlbertModel(config).save_pretrained(tmp_path / "models" / "tiny-albert")
+    tokenizer.save_pretrained(tmp_path / "models" / "tiny-albert")
+    runs = tmp_path / "runs"
+    common = ["--model", "tiny-albert", "--task", "sst2", "--n", "4", "--runs-dir", str(runs), "-q"]
+    capsys.readouterr()  # transformers' bar for the shards saved above
+    assert main(["compare-kinds", *common]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: norm maps are not supported for albert models") and err.count("\n") == 1
+    assert not runs.exists() or not any(runs.rglob("*"))
+    albert = load_model("tiny-albert", device="cpu")
+    with pytest.raises(AttnpatError, match="norm maps are not supported for albert models"):
+        with_map_kind(albert, "norm")  # the web app's Explore toggle
+    rollout = next(iter(stream_maps(with_map_kind(albert, "rollout"), examples(), batch_size=3)))
+    np.testing.assert_allclose(rollout.example_maps(0).sum(-1).numpy(), 1.0, atol=1e-5)
+
+    def weights_must_not_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the map kind was checked")
+
+    monkeypatch.setattr("analysis.models.AutoModel.from_pretrained", weights_must_not_load)
+    with pytest.raises(AttnpatError, match="norm maps are not supported for albert models"):
+        load_model("tiny-albert", map_kind="norm")
 
 
 # ---------------------------------------------------------------- compare-kinds
