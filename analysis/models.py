@@ -350,6 +350,8 @@ def load_model(
         raise AttnpatError(f"could not load model '{name}' ({type(exc).__name__}: {str(exc)[:200]})") from exc
     if not getattr(tokenizer, "is_fast", False):
         raise AttnpatError(f"model '{name}' has no fast tokenizer; word-level maps need one")
+    if not uses_token_types(model.config):
+        drop_token_types(tokenizer)
     positions = usable_positions(model.config)
     if positions is not None and positions < (tokenizer.model_max_length or positions + 1):
         # a tokenizer without a recorded maximum (or a larger one) would let --max-length past the position table
@@ -357,6 +359,19 @@ def load_model(
     model.to(device).eval()
     revision = getattr(model.config, "_commit_hash", None) or _weights_fingerprint(source.path)
     return EncoderBundle(name, source, model, tokenizer, device, revision, meta, map_kind)
+
+
+def uses_token_types(config) -> bool:
+    """Whether the model embeds segment (token type) ids: BERT, ELECTRA, ALBERT have 2 types; RoBERTa has one,
+    DeBERTa-v2 none (0), DistilBERT and MPNet no such table."""
+    return int(getattr(config, "type_vocab_size", 0) or 0) > 1
+
+
+def drop_token_types(tokenizer) -> None:
+    """Make ``tokenizer`` stop returning token_type_ids. A RoBERTa-architecture model shipped with a BERT tokenizer
+    (klue/roberta-base) would otherwise get type 1 on a pair's second segment, past its one-row type table; a
+    model with no table ignores them. Zeros, what such a model was trained with, are its default."""
+    tokenizer.model_input_names = [name for name in tokenizer.model_input_names if name != "token_type_ids"]
 
 
 # Position ids of these start after the padding id (fairseq's convention): max_position_embeddings - pad - 1 usable.
