@@ -14,7 +14,13 @@ from transformers import AlbertConfig, AlbertModel, DistilBertConfig, DistilBert
 from analysis.artifacts import artifact, kind_folder, split_kind_folder
 from analysis.data import Example, load_data
 from analysis.errors import AttnpatError
-from analysis.mapkinds import attention_parts, captured_values, renormalise_rows, rollout_maps
+from analysis.mapkinds import (
+    attention_parts,
+    captured_values,
+    renormalise_rows,
+    rollout_maps,
+    transformed_value_norms,
+)
 from analysis.mapstore import iter_saved_maps
 from analysis.models import load_model, with_map_kind
 from analysis.stream import stream_maps, token_roles
@@ -124,6 +130,39 @@ def test_norm_maps_follow_kobayashis_definition(family, bert, mpnet):
             assert float(batch.attentions[i, :, :, :, n:].abs().sum()) == 0  # padding columns zero
             seen += 1
     assert seen == len(TEXTS)
+
+
+
+@pytest.mark.parametrize("family", ["bert", "mpnet", "distilbert"])
+def test_each_heads_transformed_values_add_up_to_the_output_projections_output(family, bert, mpnet):
+    """The per-head slices of W_O against the model's own computation: sum over heads h and keys j of
+    alpha_hij f_h(x_j), plus the output bias, is what the output projection returns for query i (recorded by a hook
+    on it, MPNet's relative position bias included in alpha). A wrong slice, or a module that is not the value or
+    output projection, breaks the sum; the norms of these f_h(x_j) are the ones norm maps weight alpha by."""
+    bundle = {"bert": bert, "mpnet": mpnet}.get(family) or make_bundle(DistilBertConfig,
+                                                                         DistilBertForSequenceClassification)
+    parts = attention_parts(bundle.model)
+    values, outputs = [], []
+    handles = [value.register_forward_hook(lambda m, a, out: values.append(out)) for value, _ in parts]
+    handles += [output.register_forward_hook(lambda m, a, out: outputs.append(out)) for _, output in parts]
+    inputs = bundle.tokenizer(TEXTS[0], TEXTS[1], return_tensors="pt")
+    inputs.pop("token_type_ids", None)
+    try:
+        with torch.no_grad():
+            attentions = bundle.model(**inputs, output_attentions=True).attentions
+    finally:
+        for handle in handles:
+            handle.remove()
+    heads = bundle.num_heads
+    for layer, (_, output) in enumerate(parts):
+        value, weight = values[layer][0].double(), output.weight.double()  # (n, H*d), (D, H*d)
+        size = value.shape[-1] // heads
+        transformed = torch.stack([value[:, h * size:(h + 1) * size] @ weight[:, h * size:(h + 1) * size].T
+                                   for h in range(heads)])  # (H, n, D): f_h(x_j)
+        summed = torch.einsum("hij,hjd->id", attentions[layer][0].double(), transformed) + output.bias.double()
+        torch.testing.assert_close(summed, outputs[layer][0].double(), atol=1e-5, rtol=1e-5)
+        norms = transformed_value_norms(values[layer], output.weight, heads)[0]  # (H, n)
+        torch.testing.assert_close(norms.double(), transformed.norm(dim=-1), atol=1e-5, rtol=1e-5)
 
 
 def test_norm_maps_differ_from_weights_and_keep_rows_summing_to_one(bert):
