@@ -26,7 +26,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from analysis.artifacts import kind_folder
+from analysis.artifacts import KIND_SEPARATOR, kind_folder
 from analysis.errors import AttnpatError, os_error_reason
 from analysis.fetch import FETCHABLE
 from analysis.mapkinds import DEFAULT_MAP_KIND, check_kind_supported, check_map_kind
@@ -111,11 +111,13 @@ def with_map_kind(bundle: EncoderBundle, map_kind: str) -> EncoderBundle:
 
 
 def model_slug(name: str) -> str:
-    """A file-system-safe name for run directories: 'bert-base-uncased', 'org__model', 'my-finetuned'."""
+    """A file-system-safe name for run directories: 'bert-base-uncased', 'org__model', 'my-finetuned'. '@' becomes
+    '_at_': it separates a map kind's run folder (runs/<model>@norm/), so a model named 'tiny@norm' (a store name or
+    a folder's) must not write its weight runs into the norm runs of model 'tiny'."""
     path = Path(name)
     if path.is_absolute() or name.startswith("."):
         name = path.name or "model"
-    return name.replace("/", "__").replace(" ", "_")
+    return name.replace("/", "__").replace(" ", "_").replace(KIND_SEPARATOR, "_at_")
 
 
 def default_device() -> torch.device:

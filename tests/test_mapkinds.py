@@ -386,3 +386,22 @@ def test_explore_shows_the_chosen_map_kind(bert):
     assert "rollout map" in web.head_map(sentence, "", "tiny", False, False, 1, 1, "rollout")[0]
     assert web.explore(sentence, "", "tiny", False, False)[0] == web.explore(sentence, "", "tiny", False, False,
                                                                               "weight")[0]
+
+
+def test_a_model_named_like_a_kinds_run_folder_gets_its_own_runs(tmp_path, monkeypatch, capsys):
+    """A store model named 'tiny@norm' wrote its weight runs into runs/tiny@norm/, the folder of model tiny's norm
+    maps (the same file names, the same map ids 'tiny@norm:sst2:...'; the run browser offered its tables as tiny's
+    norm maps). Its '@' is now spelt '_at_' in run folders."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    save_tiny_model(tmp_path / "models" / "tiny", layers=2, heads=4, initializer_range=0.3)
+    save_tiny_model(tmp_path / "models" / "tiny@norm", layers=2, heads=4, initializer_range=0.3, seed=1)
+    runs = tmp_path / "runs"
+    common = ["--task", "sst2", "--n", "3", "--runs-dir", str(runs), "-q"]
+    assert main(["special", "--model", "tiny", "--map-kind", "norm", "--no-base", *common]) == 0
+    norm_run = (runs / "tiny@norm" / "sst2" / "special_tokens.csv").read_bytes()
+    assert main(["special", "--model", "tiny@norm", "--no-base", *common]) == 0
+    assert (runs / "tiny@norm" / "sst2" / "special_tokens.csv").read_bytes() == norm_run
+    manifest = json.loads((runs / "tiny_at_norm" / "sst2" / "manifest.json").read_text())
+    assert manifest["model"]["name"] == "tiny@norm" and manifest["model"]["map_kind"] == "weight"
+    assert json.loads((runs / "tiny@norm" / "sst2" / "manifest.json").read_text())["model"]["name"] == "tiny"
+    assert load_model("tiny@norm").slug == "tiny_at_norm" and load_model("tiny").slug == "tiny"
