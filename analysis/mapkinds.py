@@ -86,21 +86,34 @@ def rollout_maps(attentions: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- reading value vectors from a model
 
+# Families whose layers each own a value and an output projection that norm maps read (_attention_parts).
+NORM_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "mpnet")
+
+
+def check_kind_supported(kind: str, model_type: str) -> str:
+    """``kind`` when models of ``model_type`` can give its maps, else an AttnpatError: norm maps need each layer's
+    own value and output projections (ALBERT shares one attention module across layers; DeBERTa's is not read
+    here). Weight and rollout maps need only the attention weights, which every family returns."""
+    kind = check_map_kind(kind)
+    if kind == "norm" and model_type not in NORM_TYPES:
+        raise AttnpatError(f"norm maps are not supported for {model_type} models (supported: "
+                           f"{', '.join(NORM_TYPES)}); weight and rollout maps work for every family")
+    return kind
+
+
 def _attention_parts(layer: nn.Module, model_type: str) -> tuple[nn.Module, nn.Linear]:
-    """(value projection, output projection) of one encoder layer."""
-    if model_type in {"bert", "roberta", "xlm-roberta", "camembert", "electra"}:
-        return layer.attention.self.value, layer.attention.output.dense
+    """(value projection, output projection) of one encoder layer of a family in NORM_TYPES."""
     if model_type == "distilbert":
         return layer.attention.v_lin, layer.attention.out_lin
     if model_type == "mpnet":
         return layer.attention.attn.v, layer.attention.attn.o
-    raise AttnpatError(f"norm maps are not supported for {model_type} models (supported: bert, roberta, "
-                       "xlm-roberta, camembert, electra, distilbert, mpnet)")
+    return layer.attention.self.value, layer.attention.output.dense
 
 
 def attention_parts(model: nn.Module) -> list[tuple[nn.Module, nn.Linear]]:
     """Per layer, the value and output projections whose weights define f(x) (Kobayashi)."""
     model_type = getattr(model.config, "model_type", "?")
+    check_kind_supported("norm", model_type)
     base = model.base_model
     container = getattr(base, "encoder", None) or getattr(base, "transformer", None)
     layers = getattr(container, "layer", None)

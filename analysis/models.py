@@ -26,10 +26,10 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from analysis.artifacts import kind_folder
+from analysis.artifacts import KIND_SEPARATOR, kind_folder
 from analysis.errors import AttnpatError, os_error_reason
 from analysis.fetch import FETCHABLE
-from analysis.mapkinds import DEFAULT_MAP_KIND, check_map_kind
+from analysis.mapkinds import DEFAULT_MAP_KIND, check_kind_supported, check_map_kind
 from analysis.paths import model_store
 from analysis.rundir import read_json
 
@@ -105,16 +105,19 @@ class EncoderBundle:
 
 
 def with_map_kind(bundle: EncoderBundle, map_kind: str) -> EncoderBundle:
-    """The same loaded model viewed through another map kind (shares the model and tokenizer)."""
-    return replace(bundle, map_kind=check_map_kind(map_kind))
+    """The same loaded model viewed through another map kind (shares the model and tokenizer); a kind its family
+    cannot give (norm maps of ALBERT) is an AttnpatError here, before any map is computed."""
+    return replace(bundle, map_kind=check_kind_supported(map_kind, getattr(bundle.config, "model_type", "?")))
 
 
 def model_slug(name: str) -> str:
-    """A file-system-safe name for run directories: 'bert-base-uncased', 'org__model', 'my-finetuned'."""
+    """A file-system-safe name for run directories: 'bert-base-uncased', 'org__model', 'my-finetuned'. '@' becomes
+    '_at_': it separates a map kind's run folder (runs/<model>@norm/), so a model named 'tiny@norm' (a store name or
+    a folder's) must not write its weight runs into the norm runs of model 'tiny'."""
     path = Path(name)
     if path.is_absolute() or name.startswith("."):
         name = path.name or "model"
-    return name.replace("/", "__").replace(" ", "_")
+    return name.replace("/", "__").replace(" ", "_").replace(KIND_SEPARATOR, "_at_")
 
 
 def default_device() -> torch.device:
@@ -312,6 +315,7 @@ def load_model(
     device = check_device(device)
     source = resolve_model(name)
     config = load_config(source, option)
+    check_kind_supported(map_kind, config.model_type)  # before the weights load
     kwargs = dict(attn_implementation="eager", output_loading_info=True, **_offline_kwargs(source))
     meta = _store_meta(source)
     try:
@@ -348,6 +352,8 @@ def load_model(
         raise AttnpatError(f"could not load model '{name}' ({type(exc).__name__}: {str(exc)[:200]})") from exc
     if not getattr(tokenizer, "is_fast", False):
         raise AttnpatError(f"model '{name}' has no fast tokenizer; word-level maps need one")
+    if not uses_token_types(model.config):
+        drop_token_types(tokenizer)
     positions = usable_positions(model.config)
     if positions is not None and positions < (tokenizer.model_max_length or positions + 1):
         # a tokenizer without a recorded maximum (or a larger one) would let --max-length past the position table
@@ -355,6 +361,19 @@ def load_model(
     model.to(device).eval()
     revision = getattr(model.config, "_commit_hash", None) or _weights_fingerprint(source.path)
     return EncoderBundle(name, source, model, tokenizer, device, revision, meta, map_kind)
+
+
+def uses_token_types(config) -> bool:
+    """Whether the model embeds segment (token type) ids: BERT, ELECTRA, ALBERT have 2 types; RoBERTa has one,
+    DeBERTa-v2 none (0), DistilBERT and MPNet no such table."""
+    return int(getattr(config, "type_vocab_size", 0) or 0) > 1
+
+
+def drop_token_types(tokenizer) -> None:
+    """Make ``tokenizer`` stop returning token_type_ids. A RoBERTa-architecture model shipped with a BERT tokenizer
+    (klue/roberta-base) would otherwise get type 1 on a pair's second segment, past its one-row type table; a
+    model with no table ignores them. Zeros, what such a model was trained with, are its default."""
+    tokenizer.model_input_names = [name for name in tokenizer.model_input_names if name != "token_type_ids"]
 
 
 # Position ids of these start after the padding id (fairseq's convention): max_position_embeddings - pad - 1 usable.

@@ -83,13 +83,13 @@ def compare_map_kinds(bundle, data: TaskData, classifier: PatternClassifier, *, 
         raise AttnpatError(f"compare at least two map kinds, got {', '.join(kinds)}")
     if not data.examples:
         raise AttnpatError(f"task {data.task} has no examples")
+    viewed_bundles = {kind: with_map_kind(bundle, kind) for kind in kinds}  # a kind the model lacks: before any work
     weight_bundle = with_map_kind(bundle, "weight")
     run = RunDir(weight_bundle.slug, data.task, root)
     parts = []
     with run.record(TABLE, weight_bundle, data, kinds=kinds, max_length=max_length,
                     kind_notes={kind: KIND_NOTES[kind] for kind in kinds}) as entry:
-        for kind in kinds:
-            viewed = with_map_kind(bundle, kind)
+        for kind, viewed in viewed_bundles.items():
             kind_run = RunDir(viewed.slug, data.task, root)
             if not classification_is_current(kind_run, classify_settings(viewed, data, classifier, max_length)):
                 classify_task(viewed, data, classifier, kind_run, batch_size=batch_size, progress=progress,
@@ -102,8 +102,8 @@ def compare_map_kinds(bundle, data: TaskData, classifier: PatternClassifier, *, 
         fig = map_kinds_figure(table, kinds, f"{bundle.name} on {data.task}: {' vs '.join(kinds)} maps")
         run.write_figure(TABLE, fig)
         close(fig)
-        entry.update(run_folders={kind: str(RunDir(with_map_kind(bundle, kind).slug, data.task, root).path)
-                                  for kind in kinds})
+        entry.update(run_folders={kind: str(RunDir(viewed.slug, data.task, root).path)
+                                  for kind, viewed in viewed_bundles.items()})
     return table
 
 

@@ -14,7 +14,13 @@ from transformers import AlbertConfig, AlbertModel, DistilBertConfig, DistilBert
 from analysis.artifacts import artifact, kind_folder, split_kind_folder
 from analysis.data import Example, load_data
 from analysis.errors import AttnpatError
-from analysis.mapkinds import attention_parts, captured_values, renormalise_rows, rollout_maps
+from analysis.mapkinds import (
+    attention_parts,
+    captured_values,
+    renormalise_rows,
+    rollout_maps,
+    transformed_value_norms,
+)
 from analysis.mapstore import iter_saved_maps
 from analysis.models import load_model, with_map_kind
 from analysis.stream import stream_maps, token_roles
@@ -22,7 +28,7 @@ from app.cli import main
 from app.explore import LiveExplorer, ModelCache
 from app.webapp import WebApp
 from tests.test_disable import make_bundle
-from tests.tiny import save_tiny_model, tiny_bundle, tiny_mpnet_bundle
+from tests.tiny import minilm_tokenizer, save_tiny_model, tiny_bundle, tiny_mpnet_bundle
 
 TEXTS = ["a fine movie , truly .", "bad !", "what a long and winding road it was , and yet i loved it"]
 
@@ -126,6 +132,39 @@ def test_norm_maps_follow_kobayashis_definition(family, bert, mpnet):
     assert seen == len(TEXTS)
 
 
+
+@pytest.mark.parametrize("family", ["bert", "mpnet", "distilbert"])
+def test_each_heads_transformed_values_add_up_to_the_output_projections_output(family, bert, mpnet):
+    """The per-head slices of W_O against the model's own computation: sum over heads h and keys j of
+    alpha_hij f_h(x_j), plus the output bias, is what the output projection returns for query i (recorded by a hook
+    on it, MPNet's relative position bias included in alpha). A wrong slice, or a module that is not the value or
+    output projection, breaks the sum; the norms of these f_h(x_j) are the ones norm maps weight alpha by."""
+    bundle = {"bert": bert, "mpnet": mpnet}.get(family) or make_bundle(DistilBertConfig,
+                                                                         DistilBertForSequenceClassification)
+    parts = attention_parts(bundle.model)
+    values, outputs = [], []
+    handles = [value.register_forward_hook(lambda m, a, out: values.append(out)) for value, _ in parts]
+    handles += [output.register_forward_hook(lambda m, a, out: outputs.append(out)) for _, output in parts]
+    inputs = bundle.tokenizer(TEXTS[0], TEXTS[1], return_tensors="pt")
+    inputs.pop("token_type_ids", None)
+    try:
+        with torch.no_grad():
+            attentions = bundle.model(**inputs, output_attentions=True).attentions
+    finally:
+        for handle in handles:
+            handle.remove()
+    heads = bundle.num_heads
+    for layer, (_, output) in enumerate(parts):
+        value, weight = values[layer][0].double(), output.weight.double()  # (n, H*d), (D, H*d)
+        size = value.shape[-1] // heads
+        transformed = torch.stack([value[:, h * size:(h + 1) * size] @ weight[:, h * size:(h + 1) * size].T
+                                   for h in range(heads)])  # (H, n, D): f_h(x_j)
+        summed = torch.einsum("hij,hjd->id", attentions[layer][0].double(), transformed) + output.bias.double()
+        torch.testing.assert_close(summed, outputs[layer][0].double(), atol=1e-5, rtol=1e-5)
+        norms = transformed_value_norms(values[layer], output.weight, heads)[0]  # (H, n)
+        torch.testing.assert_close(norms.double(), transformed.norm(dim=-1), atol=1e-5, rtol=1e-5)
+
+
 def test_norm_maps_differ_from_weights_and_keep_rows_summing_to_one(bert):
     weights = next(iter(stream_maps(bert, examples(), batch_size=3)))
     norms = next(iter(stream_maps(with_map_kind(bert, "norm"), examples(), batch_size=3)))
@@ -206,6 +245,41 @@ def test_bad_kinds_are_one_line_errors(bert, tmp_path):
                                       attn_implementation="eager"))
     with pytest.raises(AttnpatError, match="norm maps are not supported for albert"):
         attention_parts(albert)
+
+
+
+def test_norm_maps_of_a_family_without_per_layer_projections_are_refused_before_any_work(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """ALBERT shares one attention module across its layers, so it has no per-layer value and output projections
+    for norm maps. Before: compare-kinds classified the weight maps into runs/<model>/ and then stopped, and the
+    other verbs refused only at their first batch, after the model loaded. Now the kind is refused before the
+    weights load (or, for a loaded model, before its first map); weight and rollout maps still work."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    tokenizer = minilm_tokenizer()
+    config = AlbertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=37, embedding_size=16, attn_implementation="eager")
+    torch.manual_seed(0)
+    AlbertModel(config).save_pretrained(tmp_path / "models" / "tiny-albert")
+    tokenizer.save_pretrained(tmp_path / "models" / "tiny-albert")
+    runs = tmp_path / "runs"
+    common = ["--model", "tiny-albert", "--task", "sst2", "--n", "4", "--runs-dir", str(runs), "-q"]
+    capsys.readouterr()  # transformers' bar for the shards saved above
+    assert main(["compare-kinds", *common]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: norm maps are not supported for albert models") and err.count("\n") == 1
+    assert not runs.exists() or not any(runs.rglob("*"))
+    albert = load_model("tiny-albert", device="cpu")
+    with pytest.raises(AttnpatError, match="norm maps are not supported for albert models"):
+        with_map_kind(albert, "norm")  # the web app's Explore toggle
+    rollout = next(iter(stream_maps(with_map_kind(albert, "rollout"), examples(), batch_size=3)))
+    np.testing.assert_allclose(rollout.example_maps(0).sum(-1).numpy(), 1.0, atol=1e-5)
+
+    def weights_must_not_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the map kind was checked")
+
+    monkeypatch.setattr("analysis.models.AutoModel.from_pretrained", weights_must_not_load)
+    with pytest.raises(AttnpatError, match="norm maps are not supported for albert models"):
+        load_model("tiny-albert", map_kind="norm")
 
 
 # ---------------------------------------------------------------- compare-kinds
@@ -312,3 +386,22 @@ def test_explore_shows_the_chosen_map_kind(bert):
     assert "rollout map" in web.head_map(sentence, "", "tiny", False, False, 1, 1, "rollout")[0]
     assert web.explore(sentence, "", "tiny", False, False)[0] == web.explore(sentence, "", "tiny", False, False,
                                                                               "weight")[0]
+
+
+def test_a_model_named_like_a_kinds_run_folder_gets_its_own_runs(tmp_path, monkeypatch, capsys):
+    """A store model named 'tiny@norm' wrote its weight runs into runs/tiny@norm/, the folder of model tiny's norm
+    maps (the same file names, the same map ids 'tiny@norm:sst2:...'; the run browser offered its tables as tiny's
+    norm maps). Its '@' is now spelt '_at_' in run folders."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    save_tiny_model(tmp_path / "models" / "tiny", layers=2, heads=4, initializer_range=0.3)
+    save_tiny_model(tmp_path / "models" / "tiny@norm", layers=2, heads=4, initializer_range=0.3, seed=1)
+    runs = tmp_path / "runs"
+    common = ["--task", "sst2", "--n", "3", "--runs-dir", str(runs), "-q"]
+    assert main(["special", "--model", "tiny", "--map-kind", "norm", "--no-base", *common]) == 0
+    norm_run = (runs / "tiny@norm" / "sst2" / "special_tokens.csv").read_bytes()
+    assert main(["special", "--model", "tiny@norm", "--no-base", *common]) == 0
+    assert (runs / "tiny@norm" / "sst2" / "special_tokens.csv").read_bytes() == norm_run
+    manifest = json.loads((runs / "tiny_at_norm" / "sst2" / "manifest.json").read_text())
+    assert manifest["model"]["name"] == "tiny@norm" and manifest["model"]["map_kind"] == "weight"
+    assert json.loads((runs / "tiny@norm" / "sst2" / "manifest.json").read_text())["model"]["name"] == "tiny"
+    assert load_model("tiny@norm").slug == "tiny_at_norm" and load_model("tiny").slug == "tiny"

@@ -99,3 +99,42 @@ def test_max_length_is_bounded_by_the_models_position_table(tmp_path, kind):
         list(stream_maps(bundle, long_text, max_length=128))
     (maps,) = [item for batch in stream_maps(bundle, long_text, max_length=usable) for item in [batch]]
     assert maps.attentions.shape[-1] == usable
+
+
+def test_a_model_without_token_types_gets_none_from_a_bert_tokenizer(tmp_path, monkeypatch, capsys):
+    """A RoBERTa-architecture model shipped with a BERT tokenizer (as klue/roberta-base is) has one token type; the
+    tokenizer gives a pair's second segment type 1. Before: every verb on a pair task (rte, mrpc) died with
+    `IndexError: index out of range in self` from the token-type embedding. Now it gets no token_type_ids (zeros,
+    what it was trained with); a BERT keeps its segment ids."""
+    from transformers import RobertaConfig, RobertaForMaskedLM  # noqa: PLC0415
+
+    from app.cli import main  # noqa: PLC0415
+    from tests.tiny import tiny_config  # noqa: PLC0415
+
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    tokenizer = minilm_tokenizer()
+    config = RobertaConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=37, max_position_embeddings=514, pad_token_id=0, type_vocab_size=1,
+                           attn_implementation="eager")
+    torch.manual_seed(0)
+    RobertaForMaskedLM(config).save_pretrained(tmp_path / "models" / "roberta-bert-vocab")
+    tokenizer.save_pretrained(tmp_path / "models" / "roberta-bert-vocab")
+    BertModel(tiny_config()).save_pretrained(tmp_path / "bert")
+    tokenizer.save_pretrained(tmp_path / "bert")
+    pair = Example("pair", "a fine movie .", "it was truly bad !")
+
+    roberta = load_model("roberta-bert-vocab", device="cpu")
+    (batch,) = stream_maps(roberta, [pair])
+    assert batch.batch.token_type_ids is None
+    direct = roberta.tokenizer(pair.text, pair.text_pair, return_tensors="pt")
+    assert set(direct) == {"input_ids", "attention_mask"}
+    with torch.no_grad():
+        expected = torch.stack(roberta.model(**direct, output_attentions=True).attentions, dim=1)
+    torch.testing.assert_close(batch.attentions, expected, atol=1e-6, rtol=1e-5)
+    bert = load_model(str(tmp_path / "bert"), device="cpu")
+    (bert_batch,) = stream_maps(bert, [pair])
+    assert bert_batch.batch.token_type_ids is not None and int(bert_batch.batch.token_type_ids.max()) == 1
+
+    common = ["--model", "roberta-bert-vocab", "--task", "rte", "--n", "4", "--runs-dir", str(tmp_path / "runs"), "-q"]
+    for verb in (["overview"], ["special", "--no-base"], ["surface", "--map-kind", "rollout"], ["grad-importance"]):
+        assert main([*verb, *common]) == 0, (verb, capsys.readouterr().err)

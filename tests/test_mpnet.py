@@ -177,3 +177,38 @@ def test_every_analysis_runs_on_a_tiny_mpnet(tmp_path, monkeypatch, capsys):
         assert f"tiny-mpnet/{expected}" in written, expected
     for expected in ("cosine", "disable_heads", "disable_layers", "importance", "pruning"):
         assert f"tiny-mpnet-sst2/sst2/{expected}.csv" in written, expected
+
+
+# ---------------------------------------------------------------- MPNet's own special tokens
+
+def test_special_token_measures_find_mpnets_own_special_tokens(mpnet):
+    """all-mpnet-base-v2 writes <s> a </s></s> b </s> (no [CLS] or [SEP] anywhere in its inputs). Attention to
+    [CLS] and [SEP] in special and surface must be attention to <s> and to every </s>, as computed here from each
+    unpadded input's own token strings."""
+    from analysis.data import Example, TaskData  # noqa: PLC0415
+    from analysis.special import special_statistics  # noqa: PLC0415
+    from analysis.surface import compute_surface  # noqa: PLC0415
+
+    examples = [Example("a", "a fine movie , truly ."), Example("b", "bad !", "what a long and winding road it was"),
+                Example("c", "it was n't good .", "no .")]
+    tokenizer = mpnet.tokenizer
+    assert (tokenizer.cls_token, tokenizer.sep_token, tokenizer.pad_token_id) == ("<s>", "</s>", 1)
+    expected = {"cls": [], "sep": []}
+    for example in examples:
+        inputs = tokenizer(example.text, example.text_pair, return_tensors="pt")
+        tokens = tokenizer.convert_ids_to_tokens(inputs["input_ids"][0])
+        assert "[CLS]" not in tokens and "[SEP]" not in tokens
+        assert tokens[0] == "<s>" and tokens.count("</s>") == (1 if example.text_pair is None else 3)
+        with torch.no_grad():
+            maps = torch.stack(mpnet.model(**inputs, output_attentions=True).attentions, dim=1)[0]  # (L, H, n, n)
+        for role, string in (("cls", "<s>"), ("sep", "</s>")):
+            keys = torch.tensor([token == string for token in tokens])
+            expected[role].append(maps[..., keys].sum(-1).mean(-1))  # (L, H): mean over the rows of the mass on them
+    special = special_statistics(mpnet, examples, batch_size=3)["heads"]
+    surface = compute_surface(mpnet, TaskData("mpnet-check", "validation", "test", examples), batch_size=3,
+                              progress=False)[0]
+    for role, values in expected.items():
+        mean = torch.stack(values).mean(0).numpy()
+        assert mean.min() > 0
+        assert special[f"to_{role}"] == pytest.approx(mean, abs=1e-6)
+        assert surface[role] == pytest.approx(mean, abs=1e-6)

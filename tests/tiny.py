@@ -2,8 +2,8 @@
 tiny labeled sets of synthetic maps.
 
 The MPNet ones stand in for all-mpnet-base-v2 (never downloaded by the tests): MPNet's own self-attention with
-its relative position bias, over the MiniLM vocabulary with an MPNet tokenizer (pairs as [CLS] a [SEP] [SEP] b
-[SEP], no token type ids).
+its relative position bias, and an MPNet tokenizer with all-mpnet-base-v2's special tokens over the MiniLM
+vocabulary (<s> a </s></s> b </s>, no token type ids, padding id 1).
 """
 from __future__ import annotations
 
@@ -49,10 +49,11 @@ def tiny_config(layers: int = 2, heads: int = 4, hidden: int = 32, num_labels: i
 
 @lru_cache(maxsize=1)
 def mpnet_tokenizer():
-    """An MPNet tokenizer over the MiniLM vocabulary (its special tokens are BERT's)."""
-    specials = dict(bos_token="[CLS]", eos_token="[SEP]", sep_token="[SEP]", cls_token="[CLS]", unk_token="[UNK]",
-                    pad_token="[PAD]", mask_token="[MASK]")
-    return MPNetTokenizer(vocab=str(Path(embedded_model_path()) / "vocab.txt"), **specials)
+    """An MPNet tokenizer laid out as all-mpnet-base-v2's: <s> <pad> </s> <unk>, then the (MiniLM) BERT vocabulary,
+    <mask> last (30,527 ids); <s> is its [CLS], </s> its [SEP], <pad> id 1, unknown pieces [UNK]."""
+    bert_vocab = (Path(embedded_model_path()) / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    tokens = ["<s>", "<pad>", "</s>", "<unk>", *bert_vocab, "<mask>"]
+    return MPNetTokenizer(vocab={token: index for index, token in enumerate(tokens)}, do_lower_case=True)
 
 
 def tiny_mpnet_config(layers: int = 2, heads: int = 4, hidden: int = 32, num_labels: int = 2, **extra) -> MPNetConfig:
