@@ -5,7 +5,7 @@ Pure numpy functions over small arrays; shapes are in each docstring.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from scipy import sparse
@@ -70,7 +70,7 @@ def adjusted_ratio_draws(shares: np.ndarray, confusion: np.ndarray, *, seed: int
     simplex.
     """
     shares = np.asarray(shares, dtype=np.float64)
-    rates = confusion_rates(confusion)
+    rates = invertible_rates(confusion)
     k = len(rates)
     totals = np.maximum(np.rint(np.asarray(confusion, dtype=np.float64).sum(1)), 1).astype(np.int64)  # (K,)
     rng = np.random.default_rng([seed, 1])  # a stream of its own: the example draws stay those of the ratios
@@ -120,9 +120,8 @@ def project_to_simplex(values: np.ndarray) -> np.ndarray:
 def confusion_rates(confusion: np.ndarray) -> np.ndarray:
     """(K, K) counts, rows = true class, columns = predicted -> (K, K) rates M[i, j] = P(predicted j | true i).
 
-    Refuses (one-line AttnpatError) what no adjustment can invert: not square, negative or not finite counts, a true
-    class with no map (its rates are unknown), or linearly dependent rows (two mixtures of true classes would
-    give the same predictions, so the observed shares cannot tell them apart).
+    Refuses (one-line AttnpatError) a table that is not square, negative or not finite counts, and a true class
+    with no map (its rates are unknown). Whether M can be inverted is :func:`singular_reason`'s question.
     """
     try:
         counts = np.asarray(confusion, dtype=np.float64)
@@ -136,18 +135,27 @@ def confusion_rates(confusion: np.ndarray) -> np.ndarray:
     if (rows <= 0).any():
         raise AttnpatError("every true class needs at least one map in the confusion matrix (row "
                            f"{', '.join(str(i) for i in np.flatnonzero(rows[:, 0] <= 0))} is empty)")
-    rates = counts / rows
+    return counts / rows
+
+
+def singular_reason(rates: np.ndarray, names: Sequence[str] | None = None) -> str | None:
+    """Why rates (K, K, P(predicted | true)) cannot be inverted, or None when they can: a class never predicted,
+    or linearly dependent rows (two mixtures of true classes giving the same predictions), so the observed shares
+    do not determine the true ones. ``names``: the K class names for the message (default: their indices)."""
+    names = [str(i) for i in range(len(rates))] if names is None else list(names)
+    never = [names[j] for j in np.flatnonzero(rates.sum(0) == 0)]
+    if never:
+        return f"the classifier never predicted {', '.join(never)} in cross-validation"
     if np.linalg.matrix_rank(rates) < len(rates):
-        raise AttnpatError("the confusion matrix cannot be inverted: its rows are linearly dependent, so different "
-                           "true class ratios would give the same predictions")
-    return rates
+        return "its rows are linearly dependent (different true ratios would give the same predictions)"
+    return None
 
 
 def adjusted_ratios(observed: np.ndarray, confusion: np.ndarray) -> np.ndarray:
     """Adjusted classify-and-count: the true class ratios that explain the classifier's observed ratios.
 
     observed: (K,) predicted class shares (sum 1); confusion: (K, K) counts, rows = true class, columns =
-    predicted (e.g. the classifier's cross-validated confusion matrix; :func:`confusion_rates` refuses one that
+    predicted (e.g. the classifier's cross-validated confusion matrix; :func:`invertible_rates` refuses one that
     cannot be inverted). With M[i, j] = P(predicted j | true i), observed = M.T @ true; the solution is projected
     onto the simplex (the nearest shares, in Euclidean distance, that are non-negative and sum to 1; equal to the
     solution when none of it is negative). Returns (K,) estimated true shares.
@@ -160,10 +168,19 @@ def adjusted_solution(observed: np.ndarray, confusion: np.ndarray) -> np.ndarray
     negative for a class whose observed share is below what the other classes' misclassification alone would
     put there (the rates do not hold for these maps, or the class is rare and its share noisy)."""
     observed = np.asarray(observed, dtype=np.float64)
-    rates = confusion_rates(confusion)
+    rates = invertible_rates(confusion)
     if rates.shape != (len(observed),) * 2:
         raise AttnpatError(f"confusion matrix must be ({len(observed)}, {len(observed)}), got {rates.shape}")
     return np.linalg.solve(rates.T, observed)
+
+
+def invertible_rates(confusion: np.ndarray) -> np.ndarray:
+    """:func:`confusion_rates`, refusing (one-line AttnpatError) rates that no adjustment can invert."""
+    rates = confusion_rates(confusion)
+    reason = singular_reason(rates)
+    if reason:
+        raise AttnpatError(f"the confusion matrix cannot be inverted: {reason}")
+    return rates
 
 
 def bootstrap_mean_interval(values: np.ndarray, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,

@@ -165,6 +165,8 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
             "ratio_uncertainty", {})
         if uncertainty.get("clipped"):
             typer.echo(f"    note: {clipped_note(uncertainty['clipped'])}")
+        if str(uncertainty.get("adjusted", "")).startswith("unavailable"):
+            typer.echo(f"    note: adjusted ratios {uncertainty['adjusted']}")
     last = RunDir(bundle.slug, list(ratios)[-1], runs_dir)
     typer.echo(f"tables and figures: {last.path} (per-task comparison: {RunDir(bundle.slug, 'all', runs_dir).path})")
 

@@ -114,7 +114,9 @@ def _check_metadata(path: Path, metadata: dict) -> None:
 
 def _check_confusion(path: Path, confusion) -> None:
     """The recorded (5, 5) cross-validated confusion counts, which classify's adjusted ratios invert: checked at
-    load so that a broken one stops classify before the model runs rather than after every map is classified."""
+    load so that a broken one stops classify before the model runs rather than after every map is classified.
+    One that is whole but cannot be inverted (a weak classifier that never predicts a class) loads: classify then
+    writes no adjusted ratios and says why."""
     if confusion is None:
         return
     k = len(CLASSES)
@@ -125,7 +127,7 @@ def _check_confusion(path: Path, confusion) -> None:
         problem = str(exc)
     if problem:
         raise AttnpatError(f"{path} records an invalid cross-validated confusion matrix {ascii(confusion)[:80]} "
-                           f"({k} x {k} non-negative counts, every true class counted, rows linearly independent: "
+                           f"({k} x {k} non-negative counts, every true class counted: "
                            f"{problem}); retrain it with: attnpat train")
 
 

@@ -36,6 +36,8 @@ from analysis.uncertainty import (
     adjusted_ratios,
     adjusted_solution,
     bootstrap_ratio_interval,
+    confusion_rates,
+    singular_reason,
     wilson_intervals,
 )
 from classifier.model import IMAGE_CHANNELS, PROFILE_FEATURES, resize_maps, write_inputs
@@ -126,7 +128,8 @@ def ratio_table(counts: np.ndarray, per_example: np.ndarray | None = None, confu
     per_example (E, 5) also ci_low, ci_high (percentile bootstrap over examples, ``level``); with confusion
     (5, 5, the classifier's cross-validated true x predicted counts) also adjusted (adjusted classify-and-count,
     projected onto the simplex), and with both adjusted_ci_low, adjusted_ci_high (the same example draws, each
-    adjusted with a redrawn confusion matrix: analysis.uncertainty.adjusted_ratio_interval).
+    adjusted with a redrawn confusion matrix: analysis.uncertainty.adjusted_ratio_interval); no adjusted columns
+    when the confusion matrix cannot be inverted (:func:`adjustment_problem`).
     """
     per_class = counts.reshape(-1, counts.shape[-1]).sum(0)
     total = max(int(per_class.sum()), 1)
@@ -135,7 +138,7 @@ def ratio_table(counts: np.ndarray, per_example: np.ndarray | None = None, confu
     if drawn:
         interval = bootstrap_ratio_interval(per_example, level=level, seed=seed)
         frame["ci_low"], frame["ci_high"] = interval[:, 0], interval[:, 1]
-    if confusion is not None:
+    if adjustment_problem(confusion) is None:
         frame["adjusted"] = adjusted_ratios(frame["fraction"].to_numpy(), np.asarray(confusion))
         if drawn:
             interval = adjusted_ratio_interval(per_example, confusion, level=level, seed=seed)
@@ -151,8 +154,9 @@ def ratio_uncertainty(n_examples: int, confusion: np.ndarray | None, ratios: pd.
     record = {"interval": f"95% percentile bootstrap over {n_examples} examples ({draws}; all heads' maps of an "
                           "example drawn together)",
               "per_head": "patterns.csv: Wilson 95% interval over the examples, per head and class"}
-    if confusion is None:
-        record["adjusted"] = "unavailable: the checkpoint records no confusion matrix"
+    problem = adjustment_problem(confusion)
+    if problem:
+        record["adjusted"] = f"unavailable: {problem}"
         return record
     record["adjusted"] = ("adjusted classify-and-count with the classifier's cross-validated confusion matrix "
                           "(P(predicted | true), rows normalised), projected onto the simplex (Euclidean)")
@@ -164,6 +168,14 @@ def ratio_uncertainty(n_examples: int, confusion: np.ndarray | None, ratios: pd.
     solution = adjusted_solution(ratios["fraction"].to_numpy(), confusion)
     record["clipped"] = [name for name, value in zip(CLASSES, solution) if value < 0]
     return record
+
+
+def adjustment_problem(confusion: np.ndarray | None) -> str | None:
+    """Why no adjusted ratios can be made with ``confusion`` ((5, 5) counts or None), or None when they can."""
+    if confusion is None:
+        return "the checkpoint records no confusion matrix"
+    reason = singular_reason(confusion_rates(confusion), CLASSES)
+    return None if reason is None else f"the checkpoint's cross-validated confusion matrix cannot be inverted: {reason}"
 
 
 def classifier_confusion(classifier: PatternClassifier) -> np.ndarray | None:

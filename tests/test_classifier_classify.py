@@ -149,6 +149,28 @@ def test_a_class_observed_below_the_error_rates_is_named_as_clipped():
                              )["clipped"] == []
 
 
+def test_a_confusion_matrix_that_cannot_be_inverted_gives_no_adjusted_ratios_and_says_why(bundle, tmp_path, capsys):
+    """A weak classifier that never predicted diagonal in cross-validation (as `train` on a tiny set records it)
+    loads and classifies; the ratios come as classified with their intervals, no adjusted columns, and the manifest
+    and the CLI say why (before, the adjustment's least-squares answer was written as if it were one)."""
+    never = [[3, 0, 1, 0, 0], [0, 0, 2, 0, 2], [0, 0, 1, 0, 3], [0, 0, 0, 4, 0], [0, 0, 1, 0, 3]]
+    torch.manual_seed(3)
+    metadata = {"input_size": INPUT_SIZE, "channels": list(CHANNELS), "strides": list(STRIDES), "trained_on": "test",
+                "cross_validation": {"confusion": never}}
+    checkpoint = save_checkpoint(PatternCNN().eval(), tmp_path / "weak.safetensors", metadata)
+    model = str(save_tiny_model(tmp_path / "tiny", layers=LAYERS, heads=HEADS, hidden=24))
+    assert main(["classify", "--model", model, "--task", "sst2", "--n", "4", "--classifier", str(checkpoint),
+                 "--runs-dir", str(tmp_path / "runs"), "-q"]) == 0
+    run_folder = next((tmp_path / "runs").glob("*/sst2"))
+    assert list(pd.read_csv(run_folder / "pattern_ratios.csv").columns) == ["class", "count", "fraction", "ci_low",
+                                                                           "ci_high"]
+    reason = "cannot be inverted: the classifier never predicted diagonal in cross-validation"
+    manifest = json.loads((run_folder / "manifest.json").read_text())
+    assert reason in manifest["analyses"]["classify"]["ratio_uncertainty"]["adjusted"]
+    assert f"note: adjusted ratios unavailable: the checkpoint's cross-validated confusion matrix {reason}" in (
+        capsys.readouterr().out)
+
+
 def test_classify_prints_each_ratio_with_its_intervals_as_the_table_holds_them(bundle, confused_checkpoint,
                                                                                tmp_path, capsys):
     """The headline output: every class as classified and adjusted, each with its 95% interval (before, bare

@@ -16,10 +16,12 @@ from analysis.uncertainty import (
     bootstrap_sparse_ratio_interval,
     bootstrap_statistic_interval,
     bootstrap_weighted_mean_interval,
+    confusion_rates,
     holm_adjust,
     mcnemar_exact,
     paired_permutation_p,
     project_to_simplex,
+    singular_reason,
     wilson_interval,
     wilson_intervals,
 )
@@ -91,8 +93,9 @@ def test_the_adjusted_interval_resamples_examples_and_the_confusion_matrix():
 
 
 def test_a_confusion_matrix_that_cannot_be_inverted_is_refused_not_answered():
-    """A true class with no labeled map has unknown rates, and rows that are linearly dependent let different true
-    ratios give the same predictions: both are one clear error, never NaN or an arbitrary answer."""
+    """A true class with no labeled map has unknown rates, and a class never predicted or rows that are linearly
+    dependent let different true ratios give the same predictions: each is one clear error naming why, never NaN or
+    an arbitrary answer (before, dependent rows gave the least-squares minimum-norm solution: 1/K each)."""
     observed = np.array([0.4, 0.3, 0.3])
     with pytest.raises(AttnpatError, match="every true class needs at least one map"):
         adjusted_ratios(observed, np.array([[80, 20, 0], [0, 0, 0], [10, 0, 90]]))
@@ -100,6 +103,12 @@ def test_a_confusion_matrix_that_cannot_be_inverted_is_refused_not_answered():
         adjusted_ratios(observed, np.array([[50, 50, 0], [50, 50, 0], [0, 0, 10]]))
     with pytest.raises(AttnpatError, match="cannot be inverted"):
         adjusted_ratio_interval(np.ones((4, 3)), np.array([[50, 50, 0], [25, 25, 0], [0, 0, 10]]))
+    never = np.array([[80, 0, 20], [10, 0, 90], [0, 0, 10]])  # class 1 never predicted: a weak classifier
+    assert singular_reason(confusion_rates(never), ["a", "b", "c"]) == ("the classifier never predicted b in "
+                                                                          "cross-validation")
+    with pytest.raises(AttnpatError, match="cannot be inverted: the classifier never predicted 1"):
+        adjusted_ratios(observed, never)
+    assert singular_reason(confusion_rates(CONFUSION)) is None
 
 
 def test_many_wilson_intervals_at_once_are_each_ones_interval():
