@@ -110,18 +110,20 @@ _OVER_EXAMPLES = "ci_low, ci_high (percentile bootstrap 95% interval over the ex
 # analysis.surface.label_evidence: what decided each head's label, and whether its intervals settle it
 _LABEL_EVIDENCE = ("statistic (the rule's: prev|next|entropy|cls|sep|punct; empty for other), value, ci_low, ci_high "
                    "(95% bootstrap over the examples), threshold, certain (the same label anywhere in the intervals)")
+# classifier.classify.ratio_table: a task's class ratios three ways, each share with its interval
+_RATIOS = ("class, count, fraction (as classified), ci_low, ci_high (95% bootstrap over the examples), adjusted (for "
+           "the classifier's cross-validated confusion matrix, projected onto the simplex), adjusted_ci_low, "
+           "adjusted_ci_high (95% bootstrap over the examples and the confusion matrix's labeled maps)")
 _BASE = "minilm"  # the embedded base model the fine-tuning hints start from
 _PARSE = "--parse {task} --model {model}"  # silver parses of the task's sentences (a CoNLL-U file gives gold ones)
 
 ARTIFACTS: tuple[Artifact, ...] = (
     # Pattern ratios (Kovaleva Figure 2); runs/<model>/all/ holds the per-task comparison
-    Artifact("pattern_ratios_by_task", "classify", "task, class, count, fraction, ci_low, ci_high (95% bootstrap over "
-             "examples), adjusted (for the classifier's confusion matrix)", "Pattern ratios", figure=True,
-             folder="all", hint="--model {model} --task all"),
-    Artifact("pattern_ratios", "classify", "class, count, fraction, ci_low, ci_high, adjusted  (stacked bar with "
-             "the intervals)", "Pattern ratios", figure=True),
-    Artifact("patterns", "classify", "layer, head, class, count, fraction  (per-head class heatmap)",
-             "Pattern ratios", figure=True),
+    Artifact("pattern_ratios_by_task", "classify", f"task, {_RATIOS}  (grouped bars per task with the intervals)",
+             "Pattern ratios", figure=True, folder="all", hint="--model {model} --task all"),
+    Artifact("pattern_ratios", "classify", f"{_RATIOS}  (bars with the intervals)", "Pattern ratios", figure=True),
+    Artifact("patterns", "classify", "layer, head, class, count, fraction, ci_low, ci_high (Wilson 95% interval over "
+             "the examples)  (per-head class heatmap)", "Pattern ratios", figure=True),
     # Weight against norm maps (Kobayashi et al. 2020), in the weight run folder; each kind's own classification
     # lands in runs/<model>@<kind>/<task>/
     Artifact("map_kinds", "compare-kinds", "task, group (pattern_ratio|attention), measure (<class>|to_cls|to_sep|"

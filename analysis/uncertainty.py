@@ -5,7 +5,7 @@ Pure numpy functions over small arrays; shapes are in each docstring.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from scipy import sparse
@@ -19,13 +19,13 @@ DEFAULT_BOOTSTRAP = 1000
 EXAMPLE_INTERVAL = f"percentile bootstrap 95% interval over the examples ({DEFAULT_BOOTSTRAP} draws, seed 0)"
 
 
-def bootstrap_ratio_interval(counts: np.ndarray, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
-                             seed: int = 0, chunk: int = 50) -> np.ndarray:
-    """Percentile bootstrap interval of class ratios, resampling examples.
+def bootstrap_ratio_draws(counts: np.ndarray, *, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0,
+                          chunk: int = 50) -> np.ndarray:
+    """Class ratios of ``n_boot`` bootstrap samples of the examples.
 
-    counts: (E, K) how many maps of example e fall in class k (each example contributes all its heads).
-    Returns (K, 2) lower and upper bounds of each class's share of all maps. The draws are made ``chunk`` at a
-    time (the same draws as all at once), so memory stays about chunk x E x K values.
+    counts: (E, K) how many maps of example e fall in class k (each example contributes all its heads, so the
+    maps of one example move together). Returns (n_boot, K): each draw's share of all its maps per class. The
+    draws are made ``chunk`` at a time (the same draws as all at once), so memory stays about chunk x E x K values.
     """
     counts = np.asarray(counts, dtype=np.float64)
     if counts.ndim != 2 or counts.shape[0] == 0:
@@ -34,9 +34,50 @@ def bootstrap_ratio_interval(counts: np.ndarray, *, level: float = 0.95, n_boot:
     totals = np.concatenate([  # (n_boot, K)
         counts[rng.integers(0, counts.shape[0], size=(min(chunk, n_boot - start), counts.shape[0]))].sum(1)
         for start in range(0, n_boot, chunk)])
-    shares = totals / np.maximum(totals.sum(1, keepdims=True), 1)
-    tail = (1 - level) / 2 * 100
-    return np.percentile(shares, [tail, 100 - tail], axis=0).T
+    return totals / np.maximum(totals.sum(1, keepdims=True), 1)
+
+
+def bootstrap_ratio_interval(counts: np.ndarray, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
+                             seed: int = 0, chunk: int = 50) -> np.ndarray:
+    """Percentile bootstrap interval of class ratios, resampling examples.
+
+    counts: (E, K) as :func:`bootstrap_ratio_draws` takes them. Returns (K, 2) lower and upper bounds of each
+    class's share of all maps.
+    """
+    return percentile_bounds(bootstrap_ratio_draws(counts, n_boot=n_boot, seed=seed, chunk=chunk), level)
+
+
+def adjusted_ratio_interval(counts: np.ndarray, confusion: np.ndarray, *, level: float = 0.95,
+                            n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0, chunk: int = 50) -> np.ndarray:
+    """Percentile bootstrap interval of the adjusted class ratios (:func:`adjusted_ratios`).
+
+    counts: (E, K) per-example class counts, resampled as :func:`bootstrap_ratio_interval` resamples them (the
+    same draws); confusion: (K, K) counts, rows = true class, columns = predicted. Each draw also redraws every
+    row of the confusion matrix (multinomial with the row's total and rates: the labeled maps resampled within
+    their true class), so the interval carries the error of the estimated misclassification rates too.
+    Returns (K, 2).
+    """
+    shares = bootstrap_ratio_draws(counts, n_boot=n_boot, seed=seed, chunk=chunk)
+    return percentile_bounds(adjusted_ratio_draws(shares, confusion, seed=seed), level)
+
+
+def adjusted_ratio_draws(shares: np.ndarray, confusion: np.ndarray, *, seed: int = 0) -> np.ndarray:
+    """Adjust each of D drawn class-share vectors with its own redrawn confusion matrix.
+
+    shares: (D, K) observed (predicted) class shares; confusion: (K, K) counts, rows = true class. Row i of
+    draw d's matrix is multinomial(n_i, rates_i) (n_i: the row's total, rounded); a draw whose matrix cannot be
+    inverted (possible only with few labeled maps) gets the least-squares solution. Returns (D, K) shares on the
+    simplex.
+    """
+    shares = np.asarray(shares, dtype=np.float64)
+    rates = invertible_rates(confusion)
+    k = len(rates)
+    totals = np.maximum(np.rint(np.asarray(confusion, dtype=np.float64).sum(1)), 1).astype(np.int64)  # (K,)
+    rng = np.random.default_rng([seed, 1])  # a stream of its own: the example draws stay those of the ratios
+    drawn = rng.multinomial(totals, rates, size=(len(shares), k))  # (D, K true, K predicted)
+    drawn_rates = drawn / totals[None, :, None]
+    solutions = np.linalg.pinv(np.swapaxes(drawn_rates, 1, 2)) @ shares[:, :, None]  # (D, K, 1)
+    return project_to_simplex(solutions[:, :, 0])
 
 
 def wilson_interval(successes: int, n: int, *, level: float = 0.95) -> np.ndarray:
@@ -47,45 +88,99 @@ def wilson_interval(successes: int, n: int, *, level: float = 0.95) -> np.ndarra
     """
     if n < 1:
         raise AttnpatError(f"an interval of a proportion needs at least one example, got {n}")
+    return wilson_intervals(np.asarray(successes), np.asarray(n), level=level)
+
+
+def wilson_intervals(successes: np.ndarray, n: np.ndarray, *, level: float = 0.95) -> np.ndarray:
+    """:func:`wilson_interval` of many proportions at once: successes (...) of n (broadcast with successes, every
+    n at least 1). Returns (..., 2)."""
+    successes, n = np.broadcast_arrays(np.asarray(successes, dtype=np.float64), np.asarray(n, dtype=np.float64))
     z = float(norm.ppf(1 - (1 - level) / 2))
     share = successes / n
     centre = (share + z * z / (2 * n)) / (1 + z * z / n)
     half = z * np.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     # at 0 or n successes the bounds are exactly 0 or 1; clamping to the share keeps rounding (1e-17) from
     # leaving the estimate outside its own interval
-    return np.array([max(min(centre - half, share), 0.0), min(max(centre + half, share), 1.0)])
+    return np.stack([np.maximum(np.minimum(centre - half, share), 0.0),
+                     np.minimum(np.maximum(centre + half, share), 1.0)], axis=-1)
 
 
 def project_to_simplex(values: np.ndarray) -> np.ndarray:
-    """Euclidean projection of a (K,) vector onto the probability simplex (non-negative, sums to 1)."""
+    """Euclidean projection of (..., K) vectors onto the probability simplex (non-negative, sums to 1): each the
+    nearest such vector, equal to itself when it is one already. Returns (..., K)."""
     values = np.asarray(values, dtype=np.float64)
-    ordered = np.sort(values)[::-1]
-    cumulative = np.cumsum(ordered) - 1
-    index = np.arange(1, len(values) + 1)
-    last = index[ordered - cumulative / index > 0][-1]
-    return np.maximum(values - cumulative[last - 1] / last, 0)
+    ordered = -np.sort(-values, axis=-1)
+    cumulative = np.cumsum(ordered, axis=-1) - 1
+    index = np.arange(1, values.shape[-1] + 1)
+    kept = (ordered - cumulative / index > 0).sum(-1, keepdims=True)  # the condition holds on a prefix, never empty
+    threshold = np.take_along_axis(cumulative, kept - 1, axis=-1) / kept
+    return np.maximum(values - threshold, 0)
+
+
+def confusion_rates(confusion: np.ndarray) -> np.ndarray:
+    """(K, K) counts, rows = true class, columns = predicted -> (K, K) rates M[i, j] = P(predicted j | true i).
+
+    Refuses (one-line AttnpatError) a table that is not square, negative or not finite counts, and a true class
+    with no map (its rates are unknown). Whether M can be inverted is :func:`singular_reason`'s question.
+    """
+    try:
+        counts = np.asarray(confusion, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise AttnpatError("a confusion matrix must be a square table of counts") from exc
+    if counts.ndim != 2 or counts.shape[0] != counts.shape[1] or counts.shape[0] == 0:
+        raise AttnpatError(f"a confusion matrix must be square, got shape {counts.shape}")
+    if not np.isfinite(counts).all() or (counts < 0).any():
+        raise AttnpatError("a confusion matrix must hold finite non-negative counts")
+    rows = counts.sum(1, keepdims=True)
+    if (rows <= 0).any():
+        raise AttnpatError("every true class needs at least one map in the confusion matrix (row "
+                           f"{', '.join(str(i) for i in np.flatnonzero(rows[:, 0] <= 0))} is empty)")
+    return counts / rows
+
+
+def singular_reason(rates: np.ndarray, names: Sequence[str] | None = None) -> str | None:
+    """Why rates (K, K, P(predicted | true)) cannot be inverted, or None when they can: a class never predicted,
+    or linearly dependent rows (two mixtures of true classes giving the same predictions), so the observed shares
+    do not determine the true ones. ``names``: the K class names for the message (default: their indices)."""
+    names = [str(i) for i in range(len(rates))] if names is None else list(names)
+    never = [names[j] for j in np.flatnonzero(rates.sum(0) == 0)]
+    if never:
+        return f"the classifier never predicted {', '.join(never)} in cross-validation"
+    if np.linalg.matrix_rank(rates) < len(rates):
+        return "its rows are linearly dependent (different true ratios would give the same predictions)"
+    return None
 
 
 def adjusted_ratios(observed: np.ndarray, confusion: np.ndarray) -> np.ndarray:
     """Adjusted classify-and-count: the true class ratios that explain the classifier's observed ratios.
 
     observed: (K,) predicted class shares (sum 1); confusion: (K, K) counts, rows = true class, columns =
-    predicted (e.g. the classifier's cross-validated confusion matrix). With M[i, j] = P(predicted j | true i),
-    observed = M.T @ true; the least-squares solution is projected onto the simplex (the nearest shares, in
-    Euclidean distance, that are non-negative and sum to 1; equal to the solution when none of it is negative).
-    Returns (K,) estimated true shares.
+    predicted (e.g. the classifier's cross-validated confusion matrix; :func:`invertible_rates` refuses one that
+    cannot be inverted). With M[i, j] = P(predicted j | true i), observed = M.T @ true; the solution is projected
+    onto the simplex (the nearest shares, in Euclidean distance, that are non-negative and sum to 1; equal to the
+    solution when none of it is negative). Returns (K,) estimated true shares.
     """
+    return project_to_simplex(adjusted_solution(observed, confusion))
+
+
+def adjusted_solution(observed: np.ndarray, confusion: np.ndarray) -> np.ndarray:
+    """The exact solution of observed = M.T @ true that :func:`adjusted_ratios` projects: (K,), summing to 1 but
+    negative for a class whose observed share is below what the other classes' misclassification alone would
+    put there (the rates do not hold for these maps, or the class is rare and its share noisy)."""
     observed = np.asarray(observed, dtype=np.float64)
-    confusion = np.asarray(confusion, dtype=np.float64)
-    k = len(observed)
-    if confusion.shape != (k, k):
-        raise AttnpatError(f"confusion matrix must be ({k}, {k}), got {confusion.shape}")
-    rows = confusion.sum(1, keepdims=True)
-    if (rows <= 0).any():
-        raise AttnpatError("every true class needs at least one map in the confusion matrix")
-    rates = confusion / rows  # (K true, K predicted)
-    solution, *_ = np.linalg.lstsq(rates.T, observed, rcond=None)
-    return project_to_simplex(solution)
+    rates = invertible_rates(confusion)
+    if rates.shape != (len(observed),) * 2:
+        raise AttnpatError(f"confusion matrix must be ({len(observed)}, {len(observed)}), got {rates.shape}")
+    return np.linalg.solve(rates.T, observed)
+
+
+def invertible_rates(confusion: np.ndarray) -> np.ndarray:
+    """:func:`confusion_rates`, refusing (one-line AttnpatError) rates that no adjustment can invert."""
+    rates = confusion_rates(confusion)
+    reason = singular_reason(rates)
+    if reason:
+        raise AttnpatError(f"the confusion matrix cannot be inverted: {reason}")
+    return rates
 
 
 def bootstrap_mean_interval(values: np.ndarray, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,

@@ -18,6 +18,7 @@ from analysis.mapkinds import KIND_NOTES
 from analysis.models import load_model
 from analysis.rundir import RunDir, writable_path
 from app import options as opt
+from app.display import clipped_note, ratio_lines
 from classifier import SYNTHETIC_MIX
 
 
@@ -153,10 +154,19 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
                                 columns={"text_column": text_column, "pair_column": pair_column,
                                          "label_column": label_column}, cluster=cluster)
     kind_note = "" if map_kind == "weight" else f", {KIND_NOTES[map_kind]}"
-    typer.echo(f"pattern ratios of {bundle.name} (classifier trained on {cnn.trained_on}{kind_note}):")
+    typer.echo(f"pattern ratios of {bundle.name} (classifier trained on {cnn.trained_on}{kind_note}), share of "
+               "the task's maps [95% bootstrap interval over the examples; adjusted: also over the labeled maps "
+               "behind the confusion matrix]:")
     for name, table in ratios.items():
-        typer.echo(f"  {name:<6} " + "  ".join(f"{row['class']} {row['fraction']:.1%}"
-                                               for _, row in table.iterrows()))
+        typer.echo(f"  {name}")
+        for line in ratio_lines(table):
+            typer.echo(line)
+        uncertainty = RunDir(bundle.slug, name, runs_dir).manifest().get("analyses", {}).get("classify", {}).get(
+            "ratio_uncertainty", {})
+        if uncertainty.get("clipped"):
+            typer.echo(f"    note: {clipped_note(uncertainty['clipped'])}")
+        if str(uncertainty.get("adjusted", "")).startswith("unavailable"):
+            typer.echo(f"    note: adjusted ratios {uncertainty['adjusted']}")
     last = RunDir(bundle.slug, list(ratios)[-1], runs_dir)
     typer.echo(f"tables and figures: {last.path} (per-task comparison: {RunDir(bundle.slug, 'all', runs_dir).path})")
 

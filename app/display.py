@@ -146,3 +146,34 @@ def layer_interval_lines(per_layer: pd.DataFrame, titles: dict[str, str]) -> lis
         lines.append(f"{int(row['layer']) + 1:>5} " + " ".join(
             interval_text(row[column], row[f"{column}_ci_low"], row[f"{column}_ci_high"]) for column in titles))
     return lines
+
+
+def share_interval_text(value: float, low: float | None = None, high: float | None = None) -> str:
+    """A share with its interval as the CLI prints it: '67.0% [65.1, 68.9]' (the bare share when it has none)."""
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return f"{value * 100:.1f}%"
+    return f"{value * 100:.1f}% [{low * 100:.1f}, {high * 100:.1f}]"
+
+
+def ratio_lines(ratios: pd.DataFrame) -> list[str]:
+    """`classify`'s lines for one task's pattern ratios (class, fraction, ci_low, ci_high, adjusted,
+    adjusted_ci_low, adjusted_ci_high; the intervals and adjusted shares where the table has them): a header and
+    one line per class, as classified and adjusted for the classifier's confusion, each with its 95% interval."""
+    adjusted = "adjusted" in ratios.columns
+    lines = [f"    {'class':<18} {'as classified':<22}" + ("adjusted for the classifier's confusion" if adjusted
+                                                          else "")]
+    for row in ratios.to_dict("records"):
+        classified = share_interval_text(row["fraction"], row.get("ci_low"), row.get("ci_high"))
+        line = f"    {row['class']:<18} {classified:<22}"
+        if adjusted:
+            line += share_interval_text(row["adjusted"], row.get("adjusted_ci_low"), row.get("adjusted_ci_high"))
+        lines.append(line.rstrip())
+    return lines
+
+
+def clipped_note(classes: list[str]) -> str:
+    """What an adjusted share set to 0 by the simplex projection means (``classes``: those whose exact adjustment
+    was negative, as the manifest's ratio_uncertainty.clipped names them)."""
+    return (f"adjusted {', '.join(classes)} clipped to 0: observed below what the classifier's cross-validated "
+            "error rates allow, so those rates do not hold on these maps and the adjusted interval there is too "
+            "narrow")

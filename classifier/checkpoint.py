@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save
@@ -15,6 +14,7 @@ from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from analysis.rundir import atomic_write_together, json_text, writable_path
 from analysis.stats import PROFILE_NAMES
+from analysis.uncertainty import confusion_rates
 from classifier.model import PatternCNN
 
 FORMAT = "attnpat-pattern-cnn/1"
@@ -114,18 +114,21 @@ def _check_metadata(path: Path, metadata: dict) -> None:
 
 def _check_confusion(path: Path, confusion) -> None:
     """The recorded (5, 5) cross-validated confusion counts, which classify's adjusted ratios invert: checked at
-    load so that a broken one stops classify before the model runs rather than after every map is classified."""
+    load so that a broken one stops classify before the model runs rather than after every map is classified.
+    One that is whole but cannot be inverted (a weak classifier that never predicts a class) loads: classify then
+    writes no adjusted ratios and says why."""
     if confusion is None:
         return
-    try:
-        counts = np.asarray(confusion, dtype=np.float64)
-    except (TypeError, ValueError):
-        counts = None
     k = len(CLASSES)
-    if (counts is None or counts.shape != (k, k) or not np.isfinite(counts).all() or (counts < 0).any()
-            or (counts.sum(1) <= 0).any()):
+    try:
+        rates = confusion_rates(confusion)
+        problem = None if rates.shape == (k, k) else f"it is {rates.shape[0]} x {rates.shape[0]}"
+    except AttnpatError as exc:
+        problem = str(exc)
+    if problem:
         raise AttnpatError(f"{path} records an invalid cross-validated confusion matrix {ascii(confusion)[:80]} "
-                           f"({k} x {k} non-negative counts, every true class counted); retrain it with: attnpat train")
+                           f"({k} x {k} non-negative counts, every true class counted: "
+                           f"{problem}); retrain it with: attnpat train")
 
 
 def _check_beside(path: Path, metadata: dict) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 from matplotlib.colors import ListedColormap, to_rgba
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from analysis.data import GLUE_TASKS, TaskData, check_split, load_data, offline_splits
@@ -29,11 +30,24 @@ from analysis.patterns import CLASS_COLOURS, CLASSES
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir, list_runs, save_table
 from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps
-from analysis.uncertainty import adjusted_ratios, bootstrap_ratio_interval
+from analysis.uncertainty import (
+    DEFAULT_BOOTSTRAP,
+    adjusted_ratio_interval,
+    adjusted_ratios,
+    adjusted_solution,
+    bootstrap_ratio_interval,
+    confusion_rates,
+    singular_reason,
+    wilson_intervals,
+)
 from classifier.model import IMAGE_CHANNELS, PROFILE_FEATURES, resize_maps, write_inputs
 from classifier.predict import PatternClassifier
 
 ALL_TASKS_DIR = "all"
+# The layout of the tables and figures classify writes, part of its settings: a run written by a version with
+# another layout (e.g. before the adjusted ratios had intervals) is classified again on resume, and is not joined
+# into the per-task comparison. Raise it when a column or a figure changes.
+TABLE_FORMAT = 2
 
 
 def classify_batch(map_batch: MapBatch, classifier: PatternClassifier) -> torch.Tensor:
@@ -93,13 +107,17 @@ def head_class_counts(bundle, examples, classifier: PatternClassifier, *, batch_
 
 
 def pattern_table(counts: np.ndarray):
-    """(L, H, 5) counts -> long frame layer, head, class, count, fraction (fraction of that head's maps)."""
+    """(L, H, 5) counts -> long frame layer, head, class, count, fraction (fraction of that head's maps), ci_low,
+    ci_high (Wilson 95% interval of the fraction: a head has one map per example, so its count of a class is
+    binomial over the examples; NaN for a head with no map)."""
     layers, heads, classes = counts.shape
     totals = counts.sum(axis=2, keepdims=True)
     fractions = np.divide(counts, totals, out=np.zeros(counts.shape), where=totals > 0)
+    interval = np.where((totals > 0)[..., None], wilson_intervals(counts, np.maximum(totals, 1)), np.nan)
     layer, head, cls = np.meshgrid(np.arange(layers), np.arange(heads), np.arange(classes), indexing="ij")
     return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "class": np.asarray(CLASSES)[cls.ravel()],
-                         "count": counts.ravel().astype(np.int64), "fraction": fractions.ravel()})
+                         "count": counts.ravel().astype(np.int64), "fraction": fractions.ravel(),
+                         "ci_low": interval[..., 0].ravel(), "ci_high": interval[..., 1].ravel()})
 
 
 def ratio_table(counts: np.ndarray, per_example: np.ndarray | None = None, confusion: np.ndarray | None = None,
@@ -109,17 +127,55 @@ def ratio_table(counts: np.ndarray, per_example: np.ndarray | None = None, confu
     counts: (L, H, 5) -> class, count, fraction (share of all the task's maps, as classified); with
     per_example (E, 5) also ci_low, ci_high (percentile bootstrap over examples, ``level``); with confusion
     (5, 5, the classifier's cross-validated true x predicted counts) also adjusted (adjusted classify-and-count,
-    projected onto the simplex).
+    projected onto the simplex), and with both adjusted_ci_low, adjusted_ci_high (the same example draws, each
+    adjusted with a redrawn confusion matrix: analysis.uncertainty.adjusted_ratio_interval); no adjusted columns
+    when the confusion matrix cannot be inverted (:func:`adjustment_problem`).
     """
     per_class = counts.reshape(-1, counts.shape[-1]).sum(0)
     total = max(int(per_class.sum()), 1)
     frame = pd.DataFrame({"class": list(CLASSES), "count": per_class.astype(np.int64), "fraction": per_class / total})
-    if per_example is not None and len(per_example):
+    drawn = per_example is not None and len(per_example) > 0
+    if drawn:
         interval = bootstrap_ratio_interval(per_example, level=level, seed=seed)
         frame["ci_low"], frame["ci_high"] = interval[:, 0], interval[:, 1]
-    if confusion is not None:
+    if adjustment_problem(confusion) is None:
         frame["adjusted"] = adjusted_ratios(frame["fraction"].to_numpy(), np.asarray(confusion))
+        if drawn:
+            interval = adjusted_ratio_interval(per_example, confusion, level=level, seed=seed)
+            frame["adjusted_ci_low"], frame["adjusted_ci_high"] = interval[:, 0], interval[:, 1]
     return frame
+
+
+def ratio_uncertainty(n_examples: int, confusion: np.ndarray | None, ratios: pd.DataFrame) -> dict:
+    """How pattern_ratios.csv's intervals and adjusted shares were made, and what they leave out (the manifest's
+    ratio_uncertainty); ``clipped`` names the classes whose exact adjustment was negative (set to 0 by the
+    projection: their observed share is below what the cross-validated error rates allow)."""
+    draws = f"{DEFAULT_BOOTSTRAP} draws, seed 0"
+    record = {"interval": f"95% percentile bootstrap over {n_examples} examples ({draws}; all heads' maps of an "
+                          "example drawn together)",
+              "per_head": "patterns.csv: Wilson 95% interval over the examples, per head and class"}
+    problem = adjustment_problem(confusion)
+    if problem:
+        record["adjusted"] = f"unavailable: {problem}"
+        return record
+    record["adjusted"] = ("adjusted classify-and-count with the classifier's cross-validated confusion matrix "
+                          "(P(predicted | true), rows normalised), projected onto the simplex (Euclidean)")
+    record["adjusted_interval"] = (f"95% percentile bootstrap: the same example draws, each adjusted with the "
+                                   f"confusion matrix's rows redrawn from their {int(np.sum(confusion))} labeled "
+                                   "maps (multinomial per true class); it does not cover a difference between the "
+                                   "labeled maps' error rates and this model's and task's, label noise, or the "
+                                   "final fit erring otherwise than the cross-validation folds")
+    solution = adjusted_solution(ratios["fraction"].to_numpy(), confusion)
+    record["clipped"] = [name for name, value in zip(CLASSES, solution) if value < 0]
+    return record
+
+
+def adjustment_problem(confusion: np.ndarray | None) -> str | None:
+    """Why no adjusted ratios can be made with ``confusion`` ((5, 5) counts or None), or None when they can."""
+    if confusion is None:
+        return "the checkpoint records no confusion matrix"
+    reason = singular_reason(confusion_rates(confusion), CLASSES)
+    return None if reason is None else f"the checkpoint's cross-validated confusion matrix cannot be inverted: {reason}"
 
 
 def classifier_confusion(classifier: PatternClassifier) -> np.ndarray | None:
@@ -154,10 +210,7 @@ def classify_task(bundle, data: TaskData, classifier: PatternClassifier, run: Ru
                                     progress=progress, encoded=encoded, per_example=True)
         confusion = classifier_confusion(classifier)
         patterns, ratios = pattern_table(counts), ratio_table(counts, per_example, confusion)
-        entry.update(ratio_uncertainty={"interval": f"95% percentile bootstrap over {len(per_example)} examples",
-                                        "adjusted": "adjusted classify-and-count with the classifier's "
-                                                    "cross-validated confusion matrix" if confusion is not None
-                                                    else "unavailable: the checkpoint records no confusion matrix"})
+        entry.update(ratio_uncertainty=ratio_uncertainty(len(per_example), confusion, ratios))
         run.write_table("patterns", patterns)
         run.write_table("pattern_ratios", ratios)
         _save(run, "patterns",
@@ -172,14 +225,14 @@ TABLES = ("patterns.csv", "pattern_ratios.csv")
 
 
 def classify_settings(bundle, data: TaskData, classifier: PatternClassifier, max_length: int) -> dict:
-    """Everything a task's classification depends on: model revision, data, length limit and the classifier
-    (a digest of its weights and metadata, and whether it runs in bfloat16)."""
+    """Everything a task's classification depends on: model revision, data, length limit, the classifier
+    (a digest of its weights and metadata, and whether it runs in bfloat16) and the tables' layout."""
     digest = hashlib.sha256(json.dumps(classifier.metadata, sort_keys=True, default=str).encode())
     for name, tensor in sorted(classifier.model.state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return {"model_revision": bundle.revision, "data": data.manifest(), "max_length": max_length,
-            "classifier_digest": digest.hexdigest(), "bf16": bool(classifier.bf16)}
+            "classifier_digest": digest.hexdigest(), "bf16": bool(classifier.bf16), "table_format": TABLE_FORMAT}
 
 
 def classification_is_current(run: RunDir, settings: dict) -> bool:
@@ -197,9 +250,10 @@ def _file_digest(path: Path) -> str:
 
 def compare_tasks(bundle, ratios: dict, settings: dict, root: str | Path | None = None):
     """Write runs/<model>/all/pattern_ratios_by_task.csv (task, class, count, fraction [, ci_low, ci_high,
-    adjusted]) over ``ratios`` ({task: pattern_ratios frame}) and the model's other tasks classified with the same
-    ``settings`` (their data aside), and its grouped bars with intervals, with a manifest naming the tasks and
-    those settings. Two commands classifying tasks of one model update it in turn, each joining the other's."""
+    adjusted, adjusted_ci_low, adjusted_ci_high]) over ``ratios`` ({task: pattern_ratios frame}) and the model's
+    other tasks classified with the same ``settings`` (their data aside), and its grouped bars with intervals, with
+    a manifest naming the tasks and those settings. Two commands classifying tasks of one model update it in turn,
+    each joining the other's."""
     run = RunDir(bundle.slug, ALL_TASKS_DIR, root)
     with run.record("classify", bundle, wait=True, settings=shared_settings(settings)) as entry:
         # read under the folder's lock: a task another command finished meanwhile is joined, not lost
@@ -274,39 +328,57 @@ def head_class_figure(counts: np.ndarray, title: str):
     return fig
 
 
+ADJUSTED_COLOUR = "#b2182b"
+
+
 def ratio_figure(ratios: dict, title: str):
     """Grouped bars: per class, one bar per task = its share of all the task's maps as classified, with the
-    95% bootstrap interval (when the table has ci_low/ci_high) and the confusion-adjusted share as a diamond."""
+    95% bootstrap interval (when the table has ci_low/ci_high), and beside it the confusion-adjusted share as a
+    diamond with its own interval (adjusted_ci_low/adjusted_ci_high)."""
     tasks = list(ratios)
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(CLASSES) * max(1, len(tasks)) ** 0.5 + 2.5), 4.0))
     width = 0.8 / max(len(tasks), 1)
     x = np.arange(len(CLASSES))
     shades = np.linspace(1.0, 0.45, max(len(tasks), 1))
+    handles = []
     for k, task in enumerate(tasks):
         table = ratios[task].set_index("class").loc[list(CLASSES)]
         offset = x - 0.4 + width * (k + 0.5)
         colours = [to_rgba(c, alpha=float(shades[k])) for c in CLASS_COLOURS]
-        ax.bar(offset, table["fraction"], width=width * 0.92, color=colours, edgecolor="black", linewidth=0.3,
-               label=task if len(tasks) > 1 else None)
-        if {"ci_low", "ci_high"} <= set(table.columns):
-            ax.errorbar(offset, table["fraction"], yerr=[table["fraction"] - table["ci_low"],
-                                                          table["ci_high"] - table["fraction"]],
-                        fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
+        ax.bar(offset, table["fraction"], width=width * 0.92, color=colours, edgecolor="black", linewidth=0.3)
+        _interval_bars(ax, offset - width * 0.12, table, "fraction", "ci_low", "ci_high", "black")
         if "adjusted" in table.columns:
-            ax.scatter(offset, table["adjusted"], marker="D", s=14, color="black", zorder=3,
-                       label="adjusted for classifier confusion" if k == 0 else None)
+            # beside the bar's own interval, so that the two never hide each other
+            beside = offset + width * 0.18
+            ax.scatter(beside, table["adjusted"], marker="D", s=14, color=ADJUSTED_COLOUR, zorder=3)
+            _interval_bars(ax, beside, table, "adjusted", "adjusted_ci_low", "adjusted_ci_high", ADJUSTED_COLOUR)
         if len(tasks) > 1:
             for xpos in offset:
                 ax.text(xpos, -0.02, task, rotation=90, ha="center", va="top", fontsize=6)
+    any_table = pd.concat(list(ratios.values())) if ratios else pd.DataFrame()
+    interval = " with 95% bootstrap interval" if "ci_low" in any_table.columns else ""
+    handles.append(Patch(facecolor="lightgrey", edgecolor="black", linewidth=0.3, label=f"as classified{interval}"))
+    if "adjusted" in any_table.columns:
+        interval = " with 95% interval" if "adjusted_ci_low" in any_table.columns else ""
+        handles.append(Line2D([], [], marker="D", markersize=4, color=ADJUSTED_COLOUR, linestyle="none",
+                              label=f"adjusted for the classifier's confusion{interval}"))
     ax.set_xticks(x, list(CLASSES), fontsize=8)
     ax.tick_params(axis="x", pad=28 if len(tasks) > 1 else 4)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("fraction of maps (bars: as classified, 95% bootstrap interval)", fontsize=7)
+    ax.set_ylabel("fraction of the task's maps", fontsize=8)
     ax.set_title(title, fontsize=9)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="upper right")
+    ax.legend(handles=handles, fontsize=7, loc="upper right")
     fig.tight_layout()
     return fig
+
+
+def _interval_bars(ax, xpos: np.ndarray, table: pd.DataFrame, estimate: str, low: str, high: str, colour: str):
+    """Error bars of ``table[estimate]`` from its ``low`` to its ``high`` column (none when it lacks them, e.g. a
+    table joined from a run that wrote no intervals)."""
+    if not {low, high} <= set(table.columns):
+        return
+    ax.errorbar(xpos, table[estimate], yerr=[table[estimate] - table[low], table[high] - table[estimate]],
+                fmt="none", ecolor=colour, elinewidth=0.8, capsize=2)
 
 
 def _save(run: RunDir, name: str, fig) -> None:

@@ -384,6 +384,7 @@ def test_bad_checkpoints_give_one_line_errors(tmp_path, random_checkpoint):
             {**METADATA, "cross_validation": {"confusion": confusion}}))
         with pytest.raises(AttnpatError, match="invalid cross-validated confusion"):
             load_classifier(bad_confusion_paths[-1])
+    # whole but not invertible (every row alike): it loads, and classify writes no adjusted ratios, saying why
     assert load_classifier(save_checkpoint(PatternCNN(), tmp_path / "confusion.safetensors",
                                            {**METADATA, "cross_validation": {"confusion": [[3] * 5] * 5}})) is not None
     for path in (corrupt, wrong_shape, other_classes, reordered, *bad_confusion_paths):

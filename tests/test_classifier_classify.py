@@ -1,6 +1,7 @@
 """Batch classification of every head: tables, figures, saved map files, the CLI, the real MiniLM."""
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from pathlib import Path
@@ -19,8 +20,10 @@ from analysis.patterns import CLASSES
 from analysis.rundir import LOCK_FILE, RunDir, locked
 from analysis.sampling import sample_maps
 from analysis.stream import stream_maps
+from analysis.uncertainty import adjusted_ratios, wilson_interval
 from annotation.dataset import load_labeled_set, save_labeled_set
 from app.cli import main
+from app.display import clipped_note
 from classifier.checkpoint import save_checkpoint
 from classifier.classify import (
     available_glue_tasks,
@@ -29,10 +32,13 @@ from classifier.classify import (
     classify_task,
     classify_tasks,
     head_class_counts,
+    ratio_table,
+    ratio_uncertainty,
 )
+from classifier.evaluate import scores
 from classifier.model import CHANNELS, INPUT_SIZE, STRIDES, PatternCNN, prepare_maps
 from classifier.predict import load_classifier
-from tests.tiny import tiny_bundle
+from tests.tiny import save_tiny_model, tiny_bundle
 
 LAYERS, HEADS = 2, 3
 
@@ -46,6 +52,19 @@ def bundle(tmp_path_factory):
 def checkpoint(tmp_path_factory):
     torch.manual_seed(1)
     metadata = {"input_size": INPUT_SIZE, "channels": list(CHANNELS), "strides": list(STRIDES), "trained_on": "test"}
+    return save_checkpoint(PatternCNN().eval(), tmp_path_factory.mktemp("ckpt") / "cnn.safetensors", metadata)
+
+
+# A hand-made cross-validated confusion matrix (rows = true class, columns = predicted), as train records it
+CONFUSION = [[8, 2, 0, 0, 0], [1, 9, 0, 0, 0], [0, 0, 10, 0, 0], [0, 0, 0, 7, 3], [0, 0, 1, 0, 9]]
+
+
+@pytest.fixture(scope="module")
+def confused_checkpoint(tmp_path_factory):
+    """A random CNN whose checkpoint records CONFUSION, so that classify writes adjusted ratios."""
+    torch.manual_seed(2)
+    metadata = {"input_size": INPUT_SIZE, "channels": list(CHANNELS), "strides": list(STRIDES), "trained_on": "test",
+                "cross_validation": {"confusion": CONFUSION}}
     return save_checkpoint(PatternCNN().eval(), tmp_path_factory.mktemp("ckpt") / "cnn.safetensors", metadata)
 
 
@@ -67,22 +86,23 @@ def test_counts_add_up_to_examples_times_heads(bundle, checkpoint, tmp_path):
     assert entry["n_maps"] == 7 * LAYERS * HEADS and entry["classifier_trained_on"] == "test"
 
 
-def test_ratios_carry_a_bootstrap_interval_and_the_confusion_adjusted_share(bundle, tmp_path):
+def test_ratios_carry_a_bootstrap_interval_and_the_confusion_adjusted_share(bundle, confused_checkpoint, tmp_path):
     """Each class ratio three ways: as classified, a 95% bootstrap interval over examples, and adjusted with
-    the checkpoint's cross-validated confusion matrix."""
-    torch.manual_seed(2)
-    confusion = [[8, 2, 0, 0, 0], [1, 9, 0, 0, 0], [0, 0, 10, 0, 0], [0, 0, 0, 7, 3], [0, 0, 1, 0, 9]]
-    metadata = {"input_size": INPUT_SIZE, "channels": list(CHANNELS), "strides": list(STRIDES), "trained_on": "test",
-                "cross_validation": {"confusion": confusion}}
-    classifier = load_classifier(save_checkpoint(PatternCNN().eval(), tmp_path / "cnn.safetensors", metadata))
+    the checkpoint's cross-validated confusion matrix, with an interval of its own; per head, a Wilson interval."""
+    classifier = load_classifier(confused_checkpoint)
     data = load_data("sst2", n=12)
     run = RunDir(bundle.slug, "sst2", tmp_path)
-    classify_task(bundle, data, classifier, run, batch_size=5, progress=False)
+    patterns = classify_task(bundle, data, classifier, run, batch_size=5, progress=False)
     ratios = pd.read_csv(run.file("pattern_ratios.csv"))
+    assert list(ratios.columns) == ["class", "count", "fraction", "ci_low", "ci_high", "adjusted", "adjusted_ci_low",
+                                    "adjusted_ci_high"]
     assert (ratios["ci_low"] <= ratios["fraction"] + 1e-12).all()
     assert (ratios["fraction"] <= ratios["ci_high"] + 1e-12).all()
     assert ratios["adjusted"].min() >= 0 and ratios["adjusted"].sum() == pytest.approx(1.0)
-    rates = np.asarray(confusion, float) / np.sum(confusion, 1, keepdims=True)
+    assert (ratios["adjusted_ci_low"] <= ratios["adjusted"] + 1e-12).all()
+    assert (ratios["adjusted"] <= ratios["adjusted_ci_high"] + 1e-12).all()
+    assert ratios["adjusted_ci_low"].min() >= 0 and ratios["adjusted_ci_high"].max() <= 1
+    rates = np.asarray(CONFUSION, float) / np.sum(CONFUSION, 1, keepdims=True)
     # where the adjusted shares stay inside the simplex, they explain the observed ones exactly
     if ratios["adjusted"].min() > 0:
         assert rates.T @ ratios["adjusted"].to_numpy() == pytest.approx(ratios["fraction"].to_numpy(), abs=1e-9)
@@ -90,7 +110,116 @@ def test_ratios_carry_a_bootstrap_interval_and_the_confusion_adjusted_share(bund
                                             per_example=True)
     assert per_example.shape == (12, len(CLASSES)) and (per_example.sum(1) == LAYERS * HEADS).all()
     assert (per_example.sum(0) == counts.reshape(-1, len(CLASSES)).sum(0)).all()
-    assert "bootstrap" in run.manifest()["analyses"]["classify"]["ratio_uncertainty"]["interval"]
+    uncertainty = run.manifest()["analyses"]["classify"]["ratio_uncertainty"]
+    assert "bootstrap" in uncertainty["interval"] and "does not cover" in uncertainty["adjusted_interval"]
+    # per head: each of the 12 examples gives one map, so a class's count is binomial over them (Wilson)
+    for row in patterns.itertuples():
+        assert tuple(row[6:8]) == pytest.approx(tuple(wilson_interval(row.count, 12)))
+    assert pd.read_csv(run.file("patterns.csv"))[["ci_low", "ci_high"]].notna().all().all()
+
+
+def test_adjusting_the_classifiers_own_predictions_gives_back_the_labels_shares():
+    """The direction of the stored confusion matrix: classify's adjustment, given the confusion that train records
+    (classifier.evaluate.scores: rows = labels, columns = predictions), turns the predicted shares of those same
+    labeled maps back into their labels' shares exactly (read the other way round it would not)."""
+    rng = np.random.default_rng(5)
+    labels = rng.choice(len(CLASSES), size=600, p=[0.5, 0.1, 0.15, 0.15, 0.1])
+    wrong = rng.random(600) < np.array([0.05, 0.3, 0.2, 0.1, 0.4])[labels]  # each class erring at its own rate
+    predicted = np.where(wrong, (labels + rng.integers(1, len(CLASSES), 600)) % len(CLASSES), labels)
+    confusion = scores(predicted, labels)["confusion"]
+    predicted_shares = np.bincount(predicted, minlength=len(CLASSES)) / len(predicted)
+    label_shares = np.bincount(labels, minlength=len(CLASSES)) / len(labels)
+    table = ratio_table(np.bincount(predicted, minlength=len(CLASSES)).reshape(1, 1, -1), confusion=confusion)
+    assert table["fraction"].to_numpy() == pytest.approx(predicted_shares)
+    assert table["adjusted"].to_numpy() == pytest.approx(label_shares, abs=1e-9)
+    assert not np.allclose(adjusted_ratios(predicted_shares, confusion.T), label_shares, atol=1e-3)
+
+
+def test_a_class_observed_below_the_error_rates_is_named_as_clipped():
+    """CONFUSION sends 30% of true block maps to heterogeneous: with blocks classified and no heterogeneous map at
+    all, the exact adjustment is negative there, the projection sets it to 0, and the manifest and the CLI say so
+    (an adjusted share pinned at 0 is a sign the rates do not hold, not a measured zero)."""
+    counts = np.array([40, 10, 10, 20, 0]).reshape(1, 1, -1)
+    table = ratio_table(counts, confusion=CONFUSION)
+    assert table.set_index("class").loc["heterogeneous", "adjusted"] == 0
+    record = ratio_uncertainty(10, np.asarray(CONFUSION), table)
+    assert record["clipped"] == ["heterogeneous"]
+    assert clipped_note(record["clipped"]).startswith("adjusted heterogeneous clipped to 0: observed below")
+    assert ratio_uncertainty(10, np.asarray(CONFUSION), ratio_table(np.full((1, 1, 5), 8), confusion=CONFUSION)
+                             )["clipped"] == []
+
+
+def test_a_confusion_matrix_that_cannot_be_inverted_gives_no_adjusted_ratios_and_says_why(bundle, tmp_path, capsys):
+    """A weak classifier that never predicted diagonal in cross-validation (as `train` on a tiny set records it)
+    loads and classifies; the ratios come as classified with their intervals, no adjusted columns, and the manifest
+    and the CLI say why (before, the adjustment's least-squares answer was written as if it were one)."""
+    never = [[3, 0, 1, 0, 0], [0, 0, 2, 0, 2], [0, 0, 1, 0, 3], [0, 0, 0, 4, 0], [0, 0, 1, 0, 3]]
+    torch.manual_seed(3)
+    metadata = {"input_size": INPUT_SIZE, "channels": list(CHANNELS), "strides": list(STRIDES), "trained_on": "test",
+                "cross_validation": {"confusion": never}}
+    checkpoint = save_checkpoint(PatternCNN().eval(), tmp_path / "weak.safetensors", metadata)
+    model = str(save_tiny_model(tmp_path / "tiny", layers=LAYERS, heads=HEADS, hidden=24))
+    assert main(["classify", "--model", model, "--task", "sst2", "--n", "4", "--classifier", str(checkpoint),
+                 "--runs-dir", str(tmp_path / "runs"), "-q"]) == 0
+    run_folder = next((tmp_path / "runs").glob("*/sst2"))
+    assert list(pd.read_csv(run_folder / "pattern_ratios.csv").columns) == ["class", "count", "fraction", "ci_low",
+                                                                           "ci_high"]
+    reason = "cannot be inverted: the classifier never predicted diagonal in cross-validation"
+    manifest = json.loads((run_folder / "manifest.json").read_text())
+    assert reason in manifest["analyses"]["classify"]["ratio_uncertainty"]["adjusted"]
+    assert f"note: adjusted ratios unavailable: the checkpoint's cross-validated confusion matrix {reason}" in (
+        capsys.readouterr().out)
+
+
+def test_classify_prints_each_ratio_with_its_intervals_as_the_table_holds_them(bundle, confused_checkpoint,
+                                                                               tmp_path, capsys):
+    """The headline output: every class as classified and adjusted, each with its 95% interval (before, bare
+    percentages without interval or adjusted share)."""
+    model = str(save_tiny_model(tmp_path / "tiny", layers=LAYERS, heads=HEADS, hidden=24))
+    assert main(["classify", "--model", model, "--task", "sst2", "--n", "5", "--classifier", str(confused_checkpoint),
+                 "--runs-dir", str(tmp_path / "runs"), "-q"]) == 0
+    out = capsys.readouterr().out
+    ratios = pd.read_csv(next((tmp_path / "runs").glob("*/sst2/pattern_ratios.csv")))
+    assert "[95% bootstrap interval over the examples; adjusted: also over the labeled maps" in out
+    assert "adjusted for the classifier's confusion" in out
+    for row in ratios.itertuples():
+        line = next(line for line in out.splitlines() if line.split()[:1] == [row[1]])
+        assert line.split()[1:] == [f"{row.fraction * 100:.1f}%", f"[{row.ci_low * 100:.1f},",
+                                    f"{row.ci_high * 100:.1f}]", f"{row.adjusted * 100:.1f}%",
+                                    f"[{row.adjusted_ci_low * 100:.1f},", f"{row.adjusted_ci_high * 100:.1f}]"]
+
+
+def test_a_task_classified_with_others_or_alone_gets_the_same_ratios_and_intervals(bundle, confused_checkpoint,
+                                                                                  tmp_path):
+    """The bootstrap resamples examples in their length-sorted stream order, seeded: `--task all` and a lone task,
+    with other batch sizes, write the same intervals, classified and adjusted."""
+    classifier = load_classifier(confused_checkpoint)
+    together = classify_tasks(bundle, ["sst2", "rte"], classifier, n=6, batch_size=4, root=tmp_path / "all",
+                              progress=False)
+    alone = classify_tasks(bundle, ["rte"], classifier, n=6, batch_size=5, root=tmp_path / "alone", progress=False)
+    assert {"adjusted_ci_low", "ci_low"} <= set(alone["rte"].columns)
+    pd.testing.assert_frame_equal(together["rte"], alone["rte"])
+
+
+def test_a_run_classified_before_the_adjusted_intervals_is_classified_again_on_resume(bundle, confused_checkpoint,
+                                                                                      tmp_path):
+    """A finished task whose tables an earlier layout wrote (without adjusted_ci_low/high) is not taken as current
+    by `--task all`'s resume, so the per-task comparison never mixes tables with and without the intervals."""
+    classifier = load_classifier(confused_checkpoint)
+    classify_tasks(bundle, ["sst2", "rte"], classifier, n=3, batch_size=4, root=tmp_path, progress=False)
+    run = RunDir(bundle.slug, "rte", tmp_path)
+    old = run.read_table("pattern_ratios").drop(columns=["adjusted_ci_low", "adjusted_ci_high"])
+    manifest = run.manifest()
+    entry = manifest["analyses"]["classify"]
+    entry["settings"].pop("table_format", None)  # as the earlier layout recorded its settings
+    old.to_csv(run.file("pattern_ratios.csv"), index=False)
+    entry["table_digests"]["pattern_ratios.csv"] = hashlib.sha256(run.file("pattern_ratios.csv").read_bytes()
+                                                                  ).hexdigest()
+    run.file("manifest.json").write_text(json.dumps(manifest))
+    ratios = classify_tasks(bundle, ["sst2", "rte"], classifier, n=3, batch_size=4, root=tmp_path, progress=False)
+    assert {"adjusted_ci_low", "adjusted_ci_high"} <= set(ratios["rte"].columns)
+    by_task = pd.read_csv(tmp_path / bundle.slug / "all" / "pattern_ratios_by_task.csv")
+    assert by_task["adjusted_ci_low"].notna().all()
 
 
 def test_batched_classification_equals_map_by_map(bundle, checkpoint):

@@ -6,6 +6,8 @@ from scipy.stats import binomtest
 
 from analysis.errors import AttnpatError
 from analysis.uncertainty import (
+    adjusted_ratio_draws,
+    adjusted_ratio_interval,
     adjusted_ratios,
     bootstrap_difference_interval,
     bootstrap_draws,
@@ -14,11 +16,14 @@ from analysis.uncertainty import (
     bootstrap_sparse_ratio_interval,
     bootstrap_statistic_interval,
     bootstrap_weighted_mean_interval,
+    confusion_rates,
     holm_adjust,
     mcnemar_exact,
     paired_permutation_p,
     project_to_simplex,
+    singular_reason,
     wilson_interval,
+    wilson_intervals,
 )
 
 
@@ -43,6 +48,75 @@ def test_projection_onto_the_simplex():
     assert project_to_simplex(np.array([0.2, 0.3, 0.5])) == pytest.approx([0.2, 0.3, 0.5])
     assert project_to_simplex(np.array([2.0, 0.0])) == pytest.approx([1.0, 0.0])
     assert project_to_simplex(np.array([0.5, 0.5, -1.0])) == pytest.approx([0.5, 0.5, 0.0])
+
+
+def test_the_projection_of_many_vectors_at_once_is_each_ones_projection():
+    rng = np.random.default_rng(3)
+    vectors = rng.normal(0.2, 0.5, size=(40, 5))
+    together = project_to_simplex(vectors)
+    assert together == pytest.approx(np.array([project_to_simplex(v) for v in vectors]))
+    assert together.min() >= 0 and together.sum(1) == pytest.approx(np.ones(40))
+
+
+# A classifier that confuses class 0 with class 1 a fifth of the time and class 2 with class 0 a tenth, measured on
+# 100 labeled maps of each class: rows = true class, columns = predicted, as the checkpoint stores it.
+CONFUSION = np.array([[80, 20, 0], [0, 100, 0], [10, 0, 90]])
+TRUE = np.array([0.5, 0.2, 0.3])
+
+
+def _classified_examples(n_examples: int, seed: int) -> np.ndarray:
+    """(E, 3) per-example predicted class counts: 72 maps per example, of the TRUE classes, each predicted with
+    CONFUSION's rates."""
+    rng = np.random.default_rng(seed)
+    rates = CONFUSION / CONFUSION.sum(1, keepdims=True)
+    true_counts = rng.multinomial(72, TRUE, size=n_examples)
+    return np.stack([sum(rng.multinomial(n, rates[i]) for i, n in enumerate(row)) for row in true_counts])
+
+
+def test_the_adjusted_interval_resamples_examples_and_the_confusion_matrix():
+    """Each draw resamples the examples and redraws the confusion matrix's rows from their labeled maps, then
+    adjusts: the interval holds the point estimate and the true ratios, every draw is on the simplex, and more
+    labeled maps behind the same rates (a surer confusion matrix) give a narrower interval."""
+    counts = _classified_examples(300, seed=4)
+    estimate = adjusted_ratios(counts.sum(0) / counts.sum(), CONFUSION)
+    interval = adjusted_ratio_interval(counts, CONFUSION)
+    assert np.all(interval[:, 0] <= estimate) and np.all(estimate <= interval[:, 1])
+    assert np.all(interval[:, 0] <= TRUE) and np.all(TRUE <= interval[:, 1])
+    assert np.array_equal(adjusted_ratio_interval(counts, CONFUSION), interval)  # seeded
+    surer = adjusted_ratio_interval(counts, CONFUSION * 100)
+    assert np.all(surer[:, 1] - surer[:, 0] < interval[:, 1] - interval[:, 0])
+    # the classified interval ignores the classifier's errors: it misses the true share of class 0
+    classified = bootstrap_ratio_interval(counts)
+    assert not classified[0, 0] <= TRUE[0] <= classified[0, 1]
+    draws = adjusted_ratio_draws(np.tile(counts.sum(0) / counts.sum(), (50, 1)), CONFUSION)
+    assert draws.min() >= 0 and draws.sum(1) == pytest.approx(np.ones(50))
+
+
+def test_a_confusion_matrix_that_cannot_be_inverted_is_refused_not_answered():
+    """A true class with no labeled map has unknown rates, and a class never predicted or rows that are linearly
+    dependent let different true ratios give the same predictions: each is one clear error naming why, never NaN or
+    an arbitrary answer (before, dependent rows gave the least-squares minimum-norm solution: 1/K each)."""
+    observed = np.array([0.4, 0.3, 0.3])
+    with pytest.raises(AttnpatError, match="every true class needs at least one map"):
+        adjusted_ratios(observed, np.array([[80, 20, 0], [0, 0, 0], [10, 0, 90]]))
+    with pytest.raises(AttnpatError, match="cannot be inverted"):
+        adjusted_ratios(observed, np.array([[50, 50, 0], [50, 50, 0], [0, 0, 10]]))
+    with pytest.raises(AttnpatError, match="cannot be inverted"):
+        adjusted_ratio_interval(np.ones((4, 3)), np.array([[50, 50, 0], [25, 25, 0], [0, 0, 10]]))
+    never = np.array([[80, 0, 20], [10, 0, 90], [0, 0, 10]])  # class 1 never predicted: a weak classifier
+    assert singular_reason(confusion_rates(never), ["a", "b", "c"]) == ("the classifier never predicted b in "
+                                                                          "cross-validation")
+    with pytest.raises(AttnpatError, match="cannot be inverted: the classifier never predicted 1"):
+        adjusted_ratios(observed, never)
+    assert singular_reason(confusion_rates(CONFUSION)) is None
+
+
+def test_many_wilson_intervals_at_once_are_each_ones_interval():
+    successes, n = np.array([[0, 3], [7, 10]]), np.array([10, 10])
+    together = wilson_intervals(successes, n)
+    assert together.shape == (2, 2, 2)
+    for index in np.ndindex(successes.shape):
+        assert together[index] == pytest.approx(wilson_interval(int(successes[index]), int(n[index[1]])))
 
 
 def test_bootstrap_interval_covers_the_ratio_and_shrinks_with_more_examples():

@@ -34,6 +34,7 @@ from app.cli import app
 from app.explore import LiveExplorer, ModelCache, sentence_maps
 from app.jobs import BatchJobs, cli_verbs
 from app.webapp import WebApp
+from classifier.classify import pattern_table, ratio_table
 from tests.tiny import save_tiny_model
 
 
@@ -549,6 +550,29 @@ def test_cli_app_verb_is_registered():
     result = CliRunner().invoke(app, ["app", "--help"])
     assert result.exit_code == 0 and "--host" in result.output and "--port" in result.output
     assert "--share" not in result.output
+
+
+def test_the_pattern_ratios_tab_shows_every_ratio_with_its_intervals_and_offers_the_csv(tmp_path):
+    """The Pattern ratios tab's table: each share as classified and adjusted, each beside its 95% interval, as
+    percentages; per head the Wilson interval; the full-precision CSVs are the downloads."""
+    rng = np.random.default_rng(0)
+    per_example = rng.multinomial(6, [0.6, 0.1, 0.1, 0.15, 0.05], size=20)  # 20 examples of 2 x 3 heads
+    confusion = np.eye(5, dtype=int) * 40 + 2
+    folder = tmp_path / "runs" / "m" / "sst2"
+    folder.mkdir(parents=True)
+    ratio_table(per_example.sum(0).reshape(1, 1, -1), per_example, confusion).to_csv(folder / "pattern_ratios.csv",
+                                                                                    index=False)
+    pattern_table(rng.multinomial(20, [0.2] * 5, size=(2, 3))).to_csv(folder / "patterns.csv", index=False)
+    outputs = WebApp(tmp_path / "runs").show_artifacts("Pattern ratios", "m", "sst2")
+    stems = [artifact.stem for artifact in tab_artifacts("Pattern ratios")]
+    for stem, columns in (("pattern_ratios", ["fraction", "ci_low", "ci_high", "adjusted", "adjusted_ci_low",
+                                              "adjusted_ci_high"]), ("patterns", ["fraction", "ci_low", "ci_high"])):
+        table, files = outputs[1 + 5 * stems.index(stem) + 3], outputs[1 + 5 * stems.index(stem) + 4]
+        written = pd.read_csv(folder / f"{stem}.csv")
+        shown = pd.DataFrame(table.value["data"], columns=table.value["headers"])
+        assert shown[columns].values.tolist() == [[f"{value * 100:.1f}%" for value in row]
+                                                  for row in written[columns].values]
+        assert files == [str(folder / f"{stem}.csv")]
 
 
 def _disabling_run(root: Path) -> Path:

@@ -85,8 +85,10 @@ def test_intervals_read_like_their_estimate_and_p_values_are_not_percentages():
     assert shown[["value", "ci_low", "ci_high"]].values.tolist() == [["40.0%", "35.0%", "45.0%"],
                                                                      ["2.50", "2.25", "2.75"]]
     ratios = pd.DataFrame({"class": ["block"], "count": [3], "fraction": [0.375], "ci_low": [0.2],
-                           "ci_high": [0.5], "adjusted": [0.4]})  # the pattern ratios: shares, intervals too
-    assert display_table(ratios).iloc[0, 2:].tolist() == [readable(v, True) for v in (0.375, 0.2, 0.5, 0.4)]
+                           "ci_high": [0.5], "adjusted": [0.4], "adjusted_ci_low": [0.25],
+                           "adjusted_ci_high": [0.55]})  # the pattern ratios: shares, intervals too
+    assert display_table(ratios).iloc[0, 2:].tolist() == [readable(v, True)
+                                                          for v in (0.375, 0.2, 0.5, 0.4, 0.25, 0.55)]
     dependency = pd.DataFrame({"relation": ["obj"], "accuracy": [0.782], "ci_low": [0.722], "ci_high": [0.84],
                                "baseline_accuracy": [0.379], "baseline_ci_low": [0.315], "baseline_ci_high": [0.443],
                                "head_minus_baseline": [0.403], "head_minus_baseline_ci_low": [0.316],
