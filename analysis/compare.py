@@ -207,7 +207,9 @@ def write_cosine(base, finetuned, data, run, *, modes: Sequence[str] = MODES, ma
         layers = means.layer_intervals()
         entry.update(n_truncated=sum(item.truncated for item in encoded),
                      mean={name: float(np.nanmean(array)) for name, array in values.items()},
+                     mean_interval={name: array.tolist() for name, array in means.model_intervals().items()},
                      layer_interval={name: array.tolist() for name, array in layers.items()},
                      interval="percentile bootstrap 95% interval of each head's mean over the examples "
-                              "(layer_interval: of each layer's mean over its heads)")
+                              "(layer_interval: of each layer's mean over its heads; mean_interval: of the mean "
+                              "over every head)")
     return values, layers

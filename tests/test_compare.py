@@ -222,3 +222,24 @@ def test_every_per_layer_printout_is_one_function_whose_columns_stay_aligned():
     scientific = layer_interval_lines(per_layer, {"sep": "[SEP]"}, spec=".2e")
     assert scientific[1:] == ["    1 1.50e-04 [1.00e-04, 2.00e-04]", "    2 1.22e+01 [1.10e+01, 1.35e+01]"]
     assert interval_text(0.949, 0.945, 0.953, spec=".1%") == "94.9% [94.5%, 95.3%]"
+
+
+def test_the_mean_over_every_head_is_recorded_and_summed_up_with_its_interval(tokenizer, tmp_path):
+    """write_cosine records the mean over every head with its bootstrap interval (mean_interval), and the demo's
+    Fine-tuning line quotes it with that interval (before, a bare `cropped 0.932`)."""
+    from app.demo import FULL, TASK, _tab_lines  # noqa: PLC0415
+
+    base, tuned = tiny(0, init=0.5), tiny(1, init=0.5)
+    run = RunDir(FULL.name, TASK, tmp_path)
+    data = load_data("sst2", n=6, allow_hub=False)
+    values, _ = cmp.write_cosine(base, tuned, data, run, max_length=32, batch_size=3)
+    entry = run.manifest()["analyses"]["compare"]
+    means = cmp.cosine_means(base, tuned, data.examples, max_length=32, batch_size=3)
+    for name, bounds in means.model_intervals().items():
+        assert entry["mean_interval"][name] == pytest.approx(bounds.tolist())
+        assert bounds[0] < values[name].mean() < bounds[1]
+    pd.DataFrame({"metric": ["accuracy"], "value": [0.8]}).to_csv(run.file("finetune_eval.csv"), index=False)
+    pd.DataFrame({"feature": ["negation"]}).to_csv(run.file("linguistic.csv"), index=False)
+    line = _tab_lines(tmp_path, FULL)["Fine-tuning"]()
+    shown = interval_text(values["cosine_cropped"].mean(), *entry["mean_interval"]["cosine_cropped"])
+    assert f"mean cosine to minilm cropped {shown}, padded " in line
