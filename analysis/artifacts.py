@@ -132,7 +132,7 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "95% over the examples; mode cropped|padded), value", "Fine-tuning",
              figure=True, hint=f"--base {_BASE} --finetuned {{model}} --task {{task}}"),
     Artifact("pattern_transitions", "compare", "base_class, finetuned_class, count, fraction, fraction_ci_low, "
-             "fraction_ci_high, fraction_of_base, fraction_of_base_ci_low, fraction_of_base_ci_high (pattern class "
+             "fraction_ci_high, fraction_of_base, fraction_of_base_ci_low, fraction_of_base_ci_high  (pattern class "
              "of every head's map, base -> fine-tuned, same examples; bootstrap 95% over the examples)", "Fine-tuning",
              figure=True,
              hint=f"--base {_BASE} --finetuned {{model}} --task {{task}}"),

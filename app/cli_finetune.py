@@ -118,8 +118,8 @@ def compare(base: str | None = typer.Option(None, "--base", help="the model befo
                                               max_length=max_length, batch_size=batch_size,
                                               progress="classifying" if not quiet else False)
         kept = interval_text(counts.trace() / max(counts.sum(), 1), *intervals["unchanged"], spec=".1%")
-        typer.echo(f"pattern class kept by {kept} [bootstrap 95% interval over the examples] of {counts.sum()} maps "
-                   f"(heads x examples); matrix (rows: base class, columns: fine-tuned class): "
+        typer.echo(f"pattern class kept by {kept} of {counts.sum()} maps (heads x examples; bootstrap 95% interval "
+                   "over the examples); matrix (rows: base class, columns: fine-tuned class): "
                    f"{run.file('pattern_transitions.csv')}, {run.file('pattern_transitions.png')}")
 
 
