@@ -216,9 +216,9 @@ def test_every_per_layer_printout_is_one_function_whose_columns_stay_aligned():
                               "sep_ci_high": [2e-4, 13.5], "other": [0.5, 0.25], "other_ci_low": [0.4, 0.2],
                               "other_ci_high": [0.6, 0.3]})
     lines = layer_interval_lines(per_layer, {"sep": "[SEP]", "other": "other"})
-    assert lines[1] == f"    1 {interval_text(1.5e-4, 1e-4, 2e-4):<26} {interval_text(0.5, 0.4, 0.6)}"
+    assert lines[1] == f"    1 {interval_text(1.5e-4, 1e-4, 2e-4):<23} {interval_text(0.5, 0.4, 0.6)}"
     assert lines[2] == "    2 12.250 [11.000, 13.500] 0.250 [0.200, 0.300]"
-    assert lines[0] == f"layer {'[SEP]':<26} other"
+    assert lines[0] == f"layer {'[SEP]':<23} other"
     scientific = layer_interval_lines(per_layer, {"sep": "[SEP]"}, spec=".2e")
     assert scientific[1:] == ["    1 1.50e-04 [1.00e-04, 2.00e-04]", "    2 1.22e+01 [1.10e+01, 1.35e+01]"]
     assert interval_text(0.949, 0.945, 0.953, spec=".1%") == "94.9% [94.5%, 95.3%]"
