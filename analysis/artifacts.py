@@ -133,8 +133,10 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("cosine", "compare", "layer, head, metric (cosine_<mode>, cosine_<mode>_ci_low|_ci_high: bootstrap "
              "95% over the examples; mode cropped|padded), value", "Fine-tuning",
              figure=True, hint=f"--base {_BASE} --finetuned {{model}} --task {{task}}"),
-    Artifact("pattern_transitions", "compare", "base_class, finetuned_class, count, fraction, fraction_of_base  "
-             "(pattern class of every head's map, base -> fine-tuned, same examples)", "Fine-tuning", figure=True,
+    Artifact("pattern_transitions", "compare", "base_class, finetuned_class, count, fraction, fraction_ci_low, "
+             "fraction_ci_high, fraction_of_base, fraction_of_base_ci_low, fraction_of_base_ci_high  (pattern class "
+             "of every head's map, base -> fine-tuned, same examples; bootstrap 95% over the examples)", "Fine-tuning",
+             figure=True,
              hint=f"--base {_BASE} --finetuned {{model}} --task {{task}}"),
     Artifact("special_tokens", "special", f"layer, head, metric (to_cls|to_sep), value, {_OVER_EXAMPLES}",
              "Fine-tuning", figure=True),

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from analysis.data import Example
+from analysis.data import ALL_TASKS, Example
 from analysis.errors import AttnpatError
 from analysis.figures import close, panel_heatmaps
 from analysis.progress import progress_bar
@@ -98,10 +98,31 @@ def check_same_tokenizer(tokenizer_a, tokenizer_b, names: tuple[str, str] = ("ba
                            "be compared on the same inputs")
 
 
-def check_same_shape(bundle_a, bundle_b) -> None:
+def check_same_shape(bundle_a, bundle_b, names: tuple[str, str] = ("base", "fine-tuned")) -> None:
+    """Raise AttnpatError unless both models have as many layers and heads (head (l, h) of one meets (l, h) of the
+    other)."""
     if (bundle_a.num_layers, bundle_a.num_heads) != (bundle_b.num_layers, bundle_b.num_heads):
-        raise AttnpatError(f"models differ in shape ({bundle_a.num_layers}x{bundle_a.num_heads} vs "
-                           f"{bundle_b.num_layers}x{bundle_b.num_heads} layers x heads)")
+        raise AttnpatError(f"the {names[0]} and {names[1]} models differ in shape ({bundle_a.num_layers} x "
+                           f"{bundle_a.num_heads} vs {bundle_b.num_layers} x {bundle_b.num_heads} layers x heads), so "
+                           "their heads cannot be compared; give the model the fine-tuned one was made from as --base")
+
+
+def check_finetuned_task(finetuned, task: str) -> None:
+    """Raise AttnpatError when ``task`` (a named task, as data.TaskData.task holds it) is not the one the fine-tuned
+    model's store record (attnpat.json) says it was fine-tuned on. A data file's inputs, or a model without that
+    record, are taken as given."""
+    tuned_on = finetuned.meta.get("task")
+    if tuned_on and task in ALL_TASKS and task != tuned_on:
+        raise AttnpatError(f"{finetuned.name} was fine-tuned on {tuned_on}, not {task}: compare it on its own task "
+                           f"(--task {tuned_on})")
+
+
+def check_comparable(base, finetuned, task: str) -> None:
+    """Every check :func:`write_cosine` and the pattern transitions need, made before any work: the same tokenizer,
+    the same layers x heads, and the task the fine-tuned model was made for."""
+    check_same_tokenizer(base.tokenizer, finetuned.tokenizer)
+    check_same_shape(base, finetuned)
+    check_finetuned_task(finetuned, task)
 
 
 def cosine_means(base, finetuned, examples: Sequence[Example], *, modes: Sequence[str] = MODES,
@@ -186,7 +207,9 @@ def write_cosine(base, finetuned, data, run, *, modes: Sequence[str] = MODES, ma
         layers = means.layer_intervals()
         entry.update(n_truncated=sum(item.truncated for item in encoded),
                      mean={name: float(np.nanmean(array)) for name, array in values.items()},
+                     mean_interval={name: array.tolist() for name, array in means.model_intervals().items()},
                      layer_interval={name: array.tolist() for name, array in layers.items()},
                      interval="percentile bootstrap 95% interval of each head's mean over the examples "
-                              "(layer_interval: of each layer's mean over its heads)")
+                              "(layer_interval: of each layer's mean over its heads; mean_interval: of the mean "
+                              "over every head)")
     return values, layers

@@ -57,6 +57,8 @@ CHECKPOINT_DIR = ".checkpoint"
 FORCE_PENDING = ".force-pending"  # a --force run is training a replacement (finetune)
 STATE_FILE = "state.pt"
 META_FILE = "attnpat.json"
+# what a finetune entry of the run manifest copies from the store model's attnpat.json
+RECORDED = ("task", "split", "recipe", "data_sha256", "metric", "metric_value")
 
 
 @dataclass
@@ -157,7 +159,29 @@ def finetune_splits(task: str, *, split_dev: bool = False, train_share: float = 
                 notes=train.notes)
     if any(example.label is None for example in train.examples + evaluation.examples):
         raise AttnpatError(f"task '{task}' has examples without labels; cannot fine-tune on it")
+    check_labels_fit(task, train.examples + evaluation.examples, GLUE_TASKS[task].num_labels)
     return train, evaluation, info
+
+
+def label_fits(label, num_labels: int) -> bool:
+    """Whether ``label`` is one the task's head can learn: a finite score for regression (num_labels 1), else a
+    class index 0 .. num_labels - 1 (a GLUE test split's -1, or a 3-class label for a 2-class task, is not)."""
+    try:
+        value = float(label)
+    except (TypeError, ValueError):
+        return False
+    if num_labels == 1:
+        return np.isfinite(value)
+    return value.is_integer() and 0 <= value < num_labels
+
+
+def check_labels_fit(task: str, examples: Sequence[Example], num_labels: int) -> None:
+    """An AttnpatError naming the first example whose label the task's head cannot take, before any training."""
+    bad = [example for example in examples if not label_fits(example.label, num_labels)]
+    if bad:
+        wanted = "finite scores" if num_labels == 1 else f"class indices 0-{num_labels - 1}"
+        raise AttnpatError(f"task '{task}' has {len(bad)} example(s) whose label does not fit its {wanted} "
+                           f"(e.g. {bad[0].label!r} in example {bad[0].id}); cannot fine-tune on it")
 
 
 def _without_data_file_advice(exc: AttnpatError) -> str:
@@ -551,7 +575,7 @@ def write_eval_record(name: str, task: str, runs_dir: str | Path | None = None) 
     run = RunDir(name, task, runs_dir)
     with run.record("finetune", store=str(path), from_store=True) as entry:
         run.write_table("finetune_eval", eval_table(meta))
-        entry.update({key: meta[key] for key in ("split", "recipe", "metric", "metric_value") if key in meta})
+        entry.update({key: meta[key] for key in RECORDED if key in meta})
     return meta
 
 
@@ -594,8 +618,7 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
                                          n_train=n_train, checkpoint_every=checkpoint_every, progress=progress,
                                          device=device, allow_hub=allow_hub, on_step=on_step)
                 run.write_table("finetune_eval", eval_table(meta))
-                entry.update(split=meta["split"], recipe=meta["recipe"], metric=meta["metric"],
-                             metric_value=meta["metric_value"])
+                entry.update({key: meta[key] for key in RECORDED})
         except CheckpointMismatch:
             if force or not (path / META_FILE).is_file():
                 raise
@@ -610,6 +633,12 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
                 path.rmdir()
             raise
     return meta
+
+
+def data_digests(train: TaskData, evaluation: TaskData) -> dict[str, str]:
+    """sha256 of the examples trained on and of those evaluated on (TaskData.examples_digest): what a store
+    model was made from, as its attnpat.json and the run manifest record it."""
+    return {"train": train.examples_digest(), "eval": evaluation.examples_digest()}
 
 
 def _train_into_store(base: str, task: str, path: Path, recipe: Recipe, *, split_dev: bool, train_share: float,
@@ -634,7 +663,8 @@ def _train_into_store(base: str, task: str, path: Path, recipe: Recipe, *, split
         "base_model": base_reference(bundle, base), "base_revision": bundle.revision, "task": task,
         "num_labels": num_labels,
         "metric": scores["metric"], "metric_value": scores["value"], "scores": scores["scores"],
-        "split": split_info, "epochs": recipe.epochs, "learning_rate": recipe.learning_rate,
+        "split": split_info, "data_sha256": data_digests(train, evaluation), "seed": recipe.seed,
+        "epochs": recipe.epochs, "learning_rate": recipe.learning_rate,
         "batch_size": recipe.batch_size, "max_length": recipe.max_length, "recipe": asdict(recipe),
         "train_source": train.source, "n_eval": scores["n_eval"], "steps": result.steps,
         "resumed_from_step": result.resumed_from,

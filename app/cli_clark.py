@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pandas as pd
 import typer
 
 from analysis.data import load_data
@@ -104,16 +105,23 @@ def grad_importance(model: str = opt.Model, task: str = WikiTask,
     run = RunDir(bundle.slug, data.task, runs_dir)
     table = run_grad_importance(bundle, data, run, objective, max_length=max_length, batch_size=batch_size,
                                 progress=not quiet, mask_probability=mask_probability, seed=seed)
-    rows = table.set_index(["layer", "target"])
     typer.echo(f"{bundle.name} on {data.task}: mean |d {OBJECTIVES[objective]} / d attention| [bootstrap 95% "
                "interval over the examples] (layers 1-indexed)")
-    titles = {"sep": "[SEP]", "punct": ". or ,", "other": "other"}
-    typer.echo(f"{'layer':>5} " + " ".join(f"{title:<30}" for title in titles.values()).rstrip())
-    for layer in sorted(table.layer.unique()):
-        cells = [rows.loc[(layer, target)] for target in titles]
-        typer.echo(f"{layer + 1:>5} " + " ".join(f"{cell.value:.3e} [{cell.ci_low:.2e}, {cell.ci_high:.2e}]"
-                                               for cell in cells))
+    for line in layer_interval_lines(_per_layer_by_target(table), {"sep": "[SEP]", "punct": ". or ,", "other": "other"},
+                                     spec=".2e"):
+        typer.echo(line)
     typer.echo(f"table and figure: {run.file('grad_importance.csv')}")
+
+
+def _per_layer_by_target(table: pd.DataFrame) -> pd.DataFrame:
+    """grad_importance.csv (layer, target, value, ci_low, ci_high) as one row per layer: layer, <target>,
+    <target>_ci_low, <target>_ci_high (the layout app.display.layer_interval_lines reads)."""
+    wide = table.pivot(index="layer", columns="target", values=["value", "ci_low", "ci_high"])
+    columns = {}
+    for target in table.target.unique():
+        columns.update({target: wide["value", target], f"{target}_ci_low": wide["ci_low", target],
+                        f"{target}_ci_high": wide["ci_high", target]})
+    return pd.DataFrame(columns).reset_index()
 
 
 def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = opt.n_option(200, "examples"),

@@ -5,12 +5,13 @@ from __future__ import annotations
 import typer
 
 from analysis import finetune as ft
-from analysis.compare import MODES, write_cosine
+from analysis.compare import MODES, check_comparable, write_cosine
 from analysis.data import load_data
 from analysis.errors import AttnpatError
 from analysis.models import DEFAULT_MODEL, load_model
 from analysis.rundir import RunDir
 from analysis.special import spacy_tagger, write_special
+from analysis.stats import per_layer_table
 from app import options as opt
 from app.display import interval_text, layer_interval_lines
 
@@ -96,6 +97,7 @@ def compare(base: str | None = typer.Option(None, "--base", help="the model befo
     tuned_bundle = load_model(finetuned)
     base = base or tuned_bundle.meta.get("base_model") or DEFAULT_MODEL
     base_bundle = load_model(base)
+    check_comparable(base_bundle, tuned_bundle, data.task)
     run = RunDir(tuned_bundle.slug, data.task, runs_dir)
     if patterns:
         # the classifier package loads torchvision and the CNN (seconds): only when the transitions are wanted;
@@ -108,17 +110,17 @@ def compare(base: str | None = typer.Option(None, "--base", help="the model befo
                                            batch_size=batch_size, progress="comparing" if not quiet else False)
     typer.echo(f"{base} vs {finetuned} on {data.task} ({len(data.examples)} {data.split} examples); "
                "mean cosine per layer [bootstrap 95% interval] (layers 1-indexed):")
-    typer.echo(f"{'layer':>5} " + " ".join(f"{name:>22}" for name in values))
-    for layer in range(tuned_bundle.num_layers):
-        cells = [(array[layer].mean(), *layer_intervals[name][layer]) for name, array in values.items()]
-        typer.echo(f"{layer + 1:>5} " + " ".join(f"{mean:>6.3f} [{low:.3f}, {high:.3f}]" for mean, low, high in cells))
+    for line in layer_interval_lines(per_layer_table(values, layer_intervals), {name: name for name in values}):
+        typer.echo(line)
     typer.echo(f"per-head table and heatmap: {run.file('cosine.csv')}, {run.file('cosine.png')}")
     if patterns:
-        counts = write_transitions(base_bundle, tuned_bundle, data, run, pattern_classifier, max_length=max_length,
-                                   batch_size=batch_size, progress="classifying" if not quiet else False)
-        typer.echo(f"pattern class kept by {counts.trace() / max(counts.sum(), 1):.1%} of {counts.sum()} maps "
-                   f"(heads x examples); matrix: {run.file('pattern_transitions.csv')}, "
-                   f"{run.file('pattern_transitions.png')}")
+        counts, intervals = write_transitions(base_bundle, tuned_bundle, data, run, pattern_classifier,
+                                              max_length=max_length, batch_size=batch_size,
+                                              progress="classifying" if not quiet else False)
+        kept = interval_text(counts.trace() / max(counts.sum(), 1), *intervals["unchanged"], spec=".1%")
+        typer.echo(f"pattern class kept by {kept} of {counts.sum()} maps (heads x examples; bootstrap 95% interval "
+                   "over the examples); matrix (rows: base class, columns: fine-tuned class): "
+                   f"{run.file('pattern_transitions.csv')}, {run.file('pattern_transitions.png')}")
 
 
 def strongest_head_text(means, intervals, strongest: dict) -> str:

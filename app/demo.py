@@ -23,6 +23,7 @@ import pandas as pd
 from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, StepStopped
 from analysis.paths import model_store, repo_root, runs_root
 from analysis.rundir import atomic_write_json, locked
+from app.display import interval_text
 
 BASE = "minilm"
 TASK = "sst2"
@@ -291,11 +292,16 @@ def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
         scores = _csv(tuned_dir / "finetune_eval.csv").set_index("metric").value
         cosine = _csv(tuned_dir / "cosine.csv")
         cosine = cosine[~cosine.metric.str.contains("_ci_")].groupby("metric").value.mean()  # means, not bounds
+        # the interval of that mean over every head (a compare run before it was kept has none)
+        compare = json.loads((tuned_dir / "manifest.json").read_text()).get("analyses", {}).get("compare", {})
+        bounds = compare.get("mean_interval", {})
         linguistic = _csv(tuned_dir / "linguistic.csv")
         interval = (f" (95% interval {_percent(scores['accuracy_ci_low'])}-{_percent(scores['accuracy_ci_high'])})"
                     if "accuracy_ci_low" in scores.index else "")  # a model fine-tuned before intervals were kept
         return (f"{tuned}/{TASK}: dev accuracy {_percent(scores['accuracy'])}{interval}; mean cosine to {BASE} "
-                + ", ".join(f"{name.removeprefix('cosine_')} {value:.3f}" for name, value in cosine.items())
+                + ", ".join(f"{name.removeprefix('cosine_')} "
+                            + (interval_text(value, *bounds[name]) if name in bounds else f"{value:.3f}")
+                            for name, value in cosine.items())
                 + f"; [CLS]/[SEP] attention; linguistic features: {', '.join(linguistic.feature.unique())}")
 
     def disabling() -> str:

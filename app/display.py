@@ -132,20 +132,25 @@ def display_table(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     return shown
 
 
-def interval_text(value: float, low: float, high: float) -> str:
-    """A mean with its interval as the CLI prints it: '0.123 [0.100, 0.150]' (20 characters for values below 10)."""
-    return f"{value:.3f} [{low:.3f}, {high:.3f}]"
+def interval_text(value: float, low: float, high: float, *, spec: str = ".3f") -> str:
+    """A mean with its interval as the CLI prints it: '0.123 [0.100, 0.150]'; ``spec`` formats all three numbers
+    (".2e" for gradients: '1.23e-04 [1.01e-04, 1.45e-04]')."""
+    return f"{value:{spec}} [{low:{spec}}, {high:{spec}}]"
 
 
-def layer_interval_lines(per_layer: pd.DataFrame, titles: dict[str, str]) -> list[str]:
+def layer_interval_lines(per_layer: pd.DataFrame, titles: dict[str, str], *, spec: str = ".3f") -> list[str]:
     """The CLI's per-layer table: a header of ``titles`` ({column: title}) and a line per layer (1-indexed) with each
-    column's value [ci_low, ci_high], from ``per_layer`` (layer, <column>, <column>_ci_low, <column>_ci_high, as
-    analysis.stats.per_layer_table makes it)."""
-    lines = [f"{'layer':>5} " + " ".join(f"{title:<20}" for title in titles.values()).rstrip()]
-    for row in per_layer.to_dict("records"):
-        lines.append(f"{int(row['layer']) + 1:>5} " + " ".join(
-            interval_text(row[column], row[f"{column}_ci_low"], row[f"{column}_ci_high"]) for column in titles))
-    return lines
+    column's value [ci_low, ci_high] (:func:`interval_text` with ``spec``), from ``per_layer`` (layer, <column>,
+    <column>_ci_low, <column>_ci_high, as analysis.stats.per_layer_table makes it). Each column is as wide as its
+    title or its widest cell, so the columns stay aligned whatever the numbers' width."""
+    rows = per_layer.to_dict("records")
+    cells = {column: [interval_text(row[column], row[f"{column}_ci_low"], row[f"{column}_ci_high"], spec=spec)
+                      for row in rows] for column in titles}
+    widths = {column: max([len(title), *map(len, cells[column])]) for column, title in titles.items()}
+    lines = [f"{'layer':>5} " + " ".join(title.ljust(widths[column]) for column, title in titles.items())]
+    lines += [f"{int(row['layer']) + 1:>5} " + " ".join(cells[column][index].ljust(widths[column]) for column in titles)
+              for index, row in enumerate(rows)]
+    return [line.rstrip() for line in lines]
 
 
 def share_interval_text(value: float, low: float | None = None, high: float | None = None) -> str:

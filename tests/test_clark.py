@@ -334,7 +334,7 @@ def test_grad_importance_cli_writes_each_layers_mean_with_a_bootstrap_interval(t
     for layer, row in enumerate(rows):
         for column, target in enumerate(GRAD_TARGETS):
             cell = table[(table.layer == layer) & (table.target == target)].iloc[0]
-            assert row[1 + 3 * column:4 + 3 * column] == [f"{cell.value:.3e}", f"[{cell.ci_low:.2e},",
+            assert row[1 + 3 * column:4 + 3 * column] == [f"{cell.value:.2e}", f"[{cell.ci_low:.2e},",
                                                           f"{cell.ci_high:.2e}]"]
     assert run.file("grad_importance.png").is_file() and "bootstrap" in run.manifest()["analyses"]["grad_importance"][
         "interval"]

@@ -1,5 +1,9 @@
 """Per-head cosine similarity of two models' attention maps (Kovaleva et al. Figure 5)."""
+import copy
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from transformers import BertModel, BertTokenizerFast
@@ -11,6 +15,7 @@ from analysis.models import load_model
 from analysis.rundir import RunDir, table_to_array
 from analysis.uncertainty import bootstrap_mean_interval
 from app.cli import main
+from app.display import interval_text, layer_interval_lines
 from tests.tiny import save_tiny_model, tiny_config, wrap_bundle
 
 
@@ -140,3 +145,101 @@ def test_layer_mean_intervals_bootstrap_each_layers_mean_over_heads_and_examples
         values, _ = means.per_example(name)
         assert intervals[name].shape == (2, 2)
         assert intervals[name] == pytest.approx(bootstrap_mean_interval(values.mean(-1)))
+
+
+def perturbed_copy(bundle, scale=0.05, seed=7):
+    """A stand-in for a fine-tuned model: ``bundle``'s model with seeded noise added to every weight."""
+    model = copy.deepcopy(bundle.model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(scale * torch.randn(parameter.shape, generator=generator))
+    return wrap_bundle(model, "perturbed")
+
+
+def direct_cosines(base, tuned, examples, pad_to=None):
+    """(L, H) mean over the examples of each head's cosine, in numpy, one example at a time: the maps over the
+    example's real tokens (no padding at all), or with ``pad_to`` the whole pad_to x pad_to maps."""
+    per_example = []
+    for example in examples:
+        padding = {"padding": "max_length", "max_length": pad_to} if pad_to else {}
+        inputs = base.tokenizer(example.text, example.text_pair, return_tensors="pt", **padding)
+        with torch.no_grad():
+            maps = [np.stack([layer[0].numpy() for layer in bundle.model(**inputs, output_attentions=True).attentions])
+                    for bundle in (base, tuned)]  # (L, H, T, T) each
+        a, b = (m.reshape(*m.shape[:2], -1).astype(np.float64) for m in maps)
+        per_example.append((a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1))
+    return np.mean(per_example, axis=0)
+
+
+def test_cosine_matches_a_direct_numpy_computation_on_a_base_and_its_perturbed_copy(tokenizer):
+    """The cropped cosine is that of each example's maps over its real tokens alone (computed with no padding at
+    all), averaged over the examples; the padded one that of the whole fixed-length maps. Batches of two pad the
+    shorter example, which must change nothing."""
+    base = tiny(0, init=0.5)
+    tuned = perturbed_copy(base)
+    values = cmp.head_cosines(base, tuned, EXAMPLES, max_length=32, batch_size=2)
+    cropped = direct_cosines(base, tuned, EXAMPLES)
+    assert values["cosine_cropped"] == pytest.approx(cropped, abs=1e-5)
+    assert values["cosine_padded"] == pytest.approx(direct_cosines(base, tuned, EXAMPLES, pad_to=32), abs=1e-5)
+    assert 0.5 < cropped.min() and cropped.max() < 0.99999  # the copy's maps differ, but not wholly
+
+
+def test_models_of_other_shapes_or_a_model_tuned_on_another_task_are_refused_before_any_work(tokenizer, tmp_path,
+                                                                                              capsys):
+    """Two models of other layers x heads, or a fine-tuned model whose store record names another task than
+    --task, are one error line, and no run folder is written (before, another task was compared without a word)."""
+    base = save_tiny_model(tmp_path / "base", seed=0)
+    deeper = save_tiny_model(tmp_path / "deeper", seed=1, layers=3)
+    tuned = save_tiny_model(tmp_path / "tuned", seed=1)
+    (tuned / "attnpat.json").write_text(json.dumps({"base_model": str(base), "task": "rte"}))
+    runs = tmp_path / "runs"
+    common = ["--n", "4", "--max-length", "32", "--runs-dir", str(runs), "-q"]
+    capsys.readouterr()  # the bars of saving the models
+    assert main(["compare", "--base", str(base), "--finetuned", str(deeper), "--task", "sst2", *common]) == 2
+    err = capsys.readouterr().err
+    assert "error: the base and fine-tuned models differ in shape (2 x 4 vs 3 x 4 layers x heads)" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["compare", "--finetuned", str(tuned), "--task", "sst2", *common]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {tuned} was fine-tuned on rte, not sst2: compare it on its own task (--task rte)" in err
+    assert len(err.strip().splitlines()) == 1 and not runs.exists()
+    assert main(["compare", "--finetuned", str(tuned), "--task", "rte", "--no-patterns", *common]) == 0
+    assert (runs / "tuned" / "rte" / "cosine.csv").is_file()
+
+
+def test_every_per_layer_printout_is_one_function_whose_columns_stay_aligned():
+    """compare, overview, special, surface and grad-importance print `mean [low, high]` through
+    app.display.interval_text (before, compare and grad-importance each had an inline copy): a column is as wide as
+    its widest cell, whatever the number format."""
+    per_layer = pd.DataFrame({"layer": [0, 1], "sep": [1.5e-4, 12.25], "sep_ci_low": [1e-4, 11.0],
+                              "sep_ci_high": [2e-4, 13.5], "other": [0.5, 0.25], "other_ci_low": [0.4, 0.2],
+                              "other_ci_high": [0.6, 0.3]})
+    lines = layer_interval_lines(per_layer, {"sep": "[SEP]", "other": "other"})
+    assert lines[1] == f"    1 {interval_text(1.5e-4, 1e-4, 2e-4):<23} {interval_text(0.5, 0.4, 0.6)}"
+    assert lines[2] == "    2 12.250 [11.000, 13.500] 0.250 [0.200, 0.300]"
+    assert lines[0] == f"layer {'[SEP]':<23} other"
+    scientific = layer_interval_lines(per_layer, {"sep": "[SEP]"}, spec=".2e")
+    assert scientific[1:] == ["    1 1.50e-04 [1.00e-04, 2.00e-04]", "    2 1.22e+01 [1.10e+01, 1.35e+01]"]
+    assert interval_text(0.949, 0.945, 0.953, spec=".1%") == "94.9% [94.5%, 95.3%]"
+
+
+def test_the_mean_over_every_head_is_recorded_and_summed_up_with_its_interval(tokenizer, tmp_path):
+    """write_cosine records the mean over every head with its bootstrap interval (mean_interval), and the demo's
+    Fine-tuning line quotes it with that interval (before, a bare `cropped 0.932`)."""
+    from app.demo import FULL, TASK, _tab_lines  # noqa: PLC0415
+
+    base, tuned = tiny(0, init=0.5), tiny(1, init=0.5)
+    run = RunDir(FULL.name, TASK, tmp_path)
+    data = load_data("sst2", n=6, allow_hub=False)
+    values, _ = cmp.write_cosine(base, tuned, data, run, max_length=32, batch_size=3)
+    entry = run.manifest()["analyses"]["compare"]
+    means = cmp.cosine_means(base, tuned, data.examples, max_length=32, batch_size=3)
+    for name, bounds in means.model_intervals().items():
+        assert entry["mean_interval"][name] == pytest.approx(bounds.tolist())
+        assert bounds[0] < values[name].mean() < bounds[1]
+    pd.DataFrame({"metric": ["accuracy"], "value": [0.8]}).to_csv(run.file("finetune_eval.csv"), index=False)
+    pd.DataFrame({"feature": ["negation"]}).to_csv(run.file("linguistic.csv"), index=False)
+    line = _tab_lines(tmp_path, FULL)["Fine-tuning"]()
+    shown = interval_text(values["cosine_cropped"].mean(), *entry["mean_interval"]["cosine_cropped"])
+    assert f"mean cosine to minilm cropped {shown}, padded " in line

@@ -573,3 +573,57 @@ def test_a_full_disk_while_checkpointing_is_one_line_naming_the_checkpoint(token
     monkeypatch.setattr(torch, "save", lambda state, file: (_ for _ in ()).throw(RuntimeError("not a disk error")))
     with pytest.raises(RuntimeError, match="not a disk error"):  # a fault of torch's own is not passed off as one
         ft.save_checkpoint(checkpoint / "state.pt", {"step": 1})
+
+
+@pytest.mark.parametrize("task, label", [("sst2", -1), ("sst2", 2), ("sst2", 0.5), ("stsb", float("nan"))])
+def test_a_task_whose_labels_do_not_fit_its_head_is_refused_before_training(task, label, tmp_path, monkeypatch):
+    """A GLUE test split's -1, a class the task does not have, or a NaN score is one error line before the store
+    folder is made (before, the loss failed mid-training in a traceback, or a NaN score trained a NaN model)."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    examples = toy_examples(8)
+    examples[3] = Example("odd-one", "a film", None, label)
+
+    def load(task_name, split="validation", n=None, **options):
+        return TaskData(task_name, split, "toy", list(examples), ft.GLUE_TASKS[task_name].num_labels, "accuracy")
+
+    monkeypatch.setattr(ft, "load_data", load)
+    with pytest.raises(AttnpatError, match=f"label does not fit .*e.g. {label!r} in example odd-one"):
+        ft.finetune("minilm", task, name="tiny-odd", progress=False)
+    assert not (tmp_path / "models" / "tiny-odd").exists()
+    examples[3] = Example("fine", "a film", None, 1)
+    assert len(ft.finetune_splits(task)[0].examples) == 8  # the same data with a label that fits is taken
+
+
+def test_a_run_killed_mid_epoch_resumes_to_the_weights_of_one_go_and_records_what_it_was_made_of(tokenizer, tmp_path,
+                                                                                                 monkeypatch):
+    """`finetune` stopped mid-epoch (an exception after step 4 of 3 epochs x 3 steps, last checkpoint at step 4)
+    and run again ends with the weights an uninterrupted run of the same seed trains; attnpat.json and the run
+    manifest record the task, seed, epochs and the sha256 of the examples trained and evaluated on."""
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    base = _save_base(tmp_path / "tiny-base", tokenizer)
+    recipe = ft.Recipe(learning_rate=1e-3, batch_size=16, epochs=3, max_length=64, seed=5)
+    options = dict(recipe=recipe, split_dev=True, n_train=48, progress=False, allow_hub=False, checkpoint_every=2)
+    ft.finetune(str(base), "rte", name="one-go", **options)
+
+    def stop(step, loss):
+        if step == 5:
+            raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        ft.finetune(str(base), "rte", name="stopped", on_step=stop, **options)
+    assert not ft.is_finished(tmp_path / "models" / "stopped")
+    resumed = ft.finetune(str(base), "rte", name="stopped", **options)
+    assert resumed["resumed_from_step"] == 4 and resumed["steps"] == 9
+    one_go, again = (load_file(tmp_path / "models" / name / "model.safetensors") for name in ("one-go", "stopped"))
+    assert one_go.keys() == again.keys()
+    for name, weights in one_go.items():
+        assert torch.allclose(weights, again[name], atol=1e-5), name
+    train, evaluation, _ = ft.finetune_splits("rte", split_dev=True, seed=5, n_train=48, allow_hub=False)
+    digests = {"train": train.examples_digest(), "eval": evaluation.examples_digest()}
+    meta = json.loads((tmp_path / "models" / "stopped" / "attnpat.json").read_text())
+    assert (meta["task"], meta["seed"], meta["epochs"], meta["data_sha256"]) == ("rte", 5, 3, digests)
+    entry = rundir.RunDir("stopped", "rte").manifest()["analyses"]["finetune"]
+    assert (entry["task"], entry["recipe"]["seed"], entry["recipe"]["epochs"], entry["data_sha256"]) == (
+        "rte", 5, 3, digests)

@@ -6,6 +6,7 @@ import pytest
 
 from analysis.special import spacy_tagger
 from app.cli import main
+from app.display import interval_text
 from tests.tiny import save_tiny_model
 
 
@@ -41,7 +42,11 @@ def test_finetune_compare_special_verbs(workspace, capsys):
 
     assert main(["compare", "--base", base, "--finetuned", "tiny-rte", "--task", "rte", "--n", "6",
                  "--max-length", "48", "-q"]) == 0
-    assert "pattern class kept by" in capsys.readouterr().out
+    entry = json.loads((workspace / "runs" / "tiny-rte" / "rte" / "manifest.json").read_text())["analyses"][
+        "pattern_transitions"]
+    kept = interval_text(entry["unchanged"], *entry["unchanged_interval"], spec=".1%")
+    assert f"pattern class kept by {kept} of 48 maps (heads x examples; bootstrap 95% interval over the examples)" in \
+        capsys.readouterr().out
     # with no --base, the fine-tuned model's recorded base (before: minilm, whatever the model was made from)
     assert main(["compare", "--finetuned", "tiny-rte", "--task", "rte", "--n", "6", "--max-length", "48",
                  "--no-patterns", "-q"]) == 0

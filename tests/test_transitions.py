@@ -11,11 +11,19 @@ from analysis.data import load_data
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir
+from analysis.uncertainty import bootstrap_mean_interval
 from classifier.checkpoint import save_checkpoint
 from classifier.classify import head_class_counts
 from classifier.model import CHANNELS, INPUT_SIZE, STRIDES, PatternCNN
 from classifier.predict import load_classifier
-from classifier.transitions import count_transitions, pattern_transitions, transition_table, write_transitions
+from classifier.transitions import (
+    count_transitions,
+    example_transitions,
+    pattern_transitions,
+    transition_intervals,
+    transition_table,
+    write_transitions,
+)
 from tests.tiny import tiny_bundle, tiny_mpnet_bundle
 
 LAYERS, HEADS, N = 2, 3, 7
@@ -80,9 +88,11 @@ def test_identical_models_give_a_diagonal_matrix(base, classifier, data, tmp_pat
 
 def test_the_table_figure_and_manifest(base, tuned, classifier, data, tmp_path):
     run = RunDir(tuned.slug, data.task, tmp_path)
-    counts = write_transitions(base, tuned, data, run, classifier, batch_size=4)
+    counts, _ = write_transitions(base, tuned, data, run, classifier, batch_size=4)
     table = pd.read_csv(run.file("pattern_transitions.csv"))
-    assert list(table.columns) == ["base_class", "finetuned_class", "count", "fraction", "fraction_of_base"]
+    assert list(table.columns) == ["base_class", "finetuned_class", "count", "fraction", "fraction_ci_low",
+                                   "fraction_ci_high", "fraction_of_base", "fraction_of_base_ci_low",
+                                   "fraction_of_base_ci_high"]
     assert len(table) == 25 and table["count"].sum() == N * LAYERS * HEADS
     assert table["fraction"].sum() == pytest.approx(1.0)
     matrix = table.pivot(index="base_class", columns="finetuned_class", values="count").loc[list(CLASSES),
@@ -124,3 +134,46 @@ def test_the_manifest_counts_the_inputs_max_length_cut(base, tuned, classifier, 
     cut = sum(item.truncated for item in encode_examples(base.tokenizer, data.examples, 8))
     assert cut > 0
     assert run.manifest()["analyses"]["pattern_transitions"]["n_truncated"] == cut
+
+
+def test_each_example_counts_every_head_once_and_the_sum_is_the_matrix(base, tuned, classifier, data):
+    """Each (head, example) map counts once: every example's own matrix sums to layers x heads, and they add up to
+    the (5, 5) matrix (rows base class, columns fine-tuned class)."""
+    base_classes = torch.tensor([[[0, 1, 1], [2, 2, 4]], [[3, 3, 3], [0, 0, 1]]])  # (B, L, H)
+    tuned_classes = torch.tensor([[[0, 1, 2], [2, 4, 4]], [[3, 0, 3], [0, 1, 1]]])
+    each = example_transitions(base_classes, tuned_classes)
+    assert each.shape == (2, 5, 5) and (each.sum((1, 2)) == 6).all()
+    assert each[0, 1, 2] == 1 and each[0, 2, 4] == 1 and each[1, 3, 0] == 1 and each[1, 0, 1] == 1
+    assert (each.sum(0) == count_transitions(base_classes, tuned_classes)).all()
+    per_example = pattern_transitions(base, tuned, data.examples, classifier, batch_size=3, per_example=True)
+    assert per_example.shape == (N, 5, 5) and (per_example.sum((1, 2)) == LAYERS * HEADS).all()
+    assert (per_example.sum(0) == pattern_transitions(base, tuned, data.examples, classifier, batch_size=3)).all()
+
+
+def test_quoted_shares_carry_a_bootstrap_interval_over_the_examples(base, tuned, classifier, data, tmp_path, capsys):
+    """The share of maps that keep their class and every cell's share of all maps and of its row come with a
+    percentile bootstrap 95% interval that resamples examples (before, bare shares: "kept by 94.9%")."""
+    per_example = np.zeros((4, 5, 5), dtype=int)  # 4 examples x 6 maps: 6, 3, 4, 5 kept
+    per_example[0, 0, 0] = 6
+    per_example[1, 0, 0], per_example[1, 0, 1] = 3, 3
+    per_example[2, 2, 2], per_example[2, 2, 3] = 4, 2
+    per_example[3, 2, 2], per_example[3, 4, 1] = 5, 1
+    intervals = transition_intervals(per_example)
+    kept_per_example = np.array([6, 3, 4, 5]) / 6  # equally many maps per example: the share is their mean
+    assert intervals["unchanged"] == pytest.approx(bootstrap_mean_interval(kept_per_example))
+    assert intervals["unchanged"][0] < kept_per_example.mean() < intervals["unchanged"][1]
+    assert intervals["fraction"][0, 0] == pytest.approx(bootstrap_mean_interval(per_example[:, 0, 0] / 6))
+    assert np.isnan(intervals["fraction_of_base"][1]).all()  # no map of class 1 in the base model: no share
+    low, high = intervals["fraction_of_base"][0, 1]
+    assert 0 <= low < 3 / 9 < high <= 0.5  # 3 of the 9 class-0 maps move to class 1; only example 1 moves any
+
+    run = RunDir(tuned.slug, data.task, tmp_path)
+    counts, written = write_transitions(base, tuned, data, run, classifier, batch_size=4)
+    table = pd.read_csv(run.file("pattern_transitions.csv"))
+    for name in ("fraction", "fraction_of_base"):
+        rows = table[table[f"{name}_ci_low"].notna()]
+        assert (rows[f"{name}_ci_low"] <= rows[name] + 1e-12).all()
+        assert (rows[name] <= rows[f"{name}_ci_high"] + 1e-12).all()
+    entry = run.manifest()["analyses"]["pattern_transitions"]
+    assert entry["unchanged_interval"] == pytest.approx(written["unchanged"].tolist())
+    assert "bootstrap" in entry["interval"] and counts.sum() == N * LAYERS * HEADS
