@@ -159,8 +159,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("importance", "importance", "layer, head, metric (importance|importance_raw|importance_raw_ci_low|"
              "importance_raw_ci_high: percentile bootstrap 95% interval over the examples), value", "Disabling",
              figure=True),
-    Artifact("pruning", "prune", "fraction_pruned, n_pruned, metric, delta, ci_low, ci_high, p_mcnemar, p_holm",
-             "Disabling", figure=True),
+    Artifact("pruning", "prune", "fraction_pruned, n_pruned, metric, delta, ci_low, ci_high, p_mcnemar, p_holm, "
+             "ranked_on, n_ranked, scored_on, n_scored (heads ranked on the even-numbered examples, every other "
+             "column scored on the odd-numbered ones)", "Disabling", figure=True),
     # Clark et al.
     Artifact("surface", "surface", "layer, head, metric (prev|next|self|cls|sep|period|comma|sep_sep|entropy|"
              f"cls_entropy), value, {_OVER_EXAMPLES}", "Surface and clusters", figure=True),
@@ -214,6 +215,10 @@ ARTIFACTS: tuple[Artifact, ...] = (
              None, hint=_TRAIN, kind="checkpoint"),
     Artifact("maps", "extract", "map shards (float16 .npz per example batch; resumable)", None, kind="dir"),
     Artifact(".sweep-*", "disable", "resume state of a disabling sweep: .sweep-<mode>-<unit>/", None, kind="dir"),
+    Artifact(".importance", "importance", "resume state of importance: each batch's per-example gradients", None,
+             kind="dir"),
+    Artifact(".prune-*", "prune", "resume state of a pruning curve: .prune-rank-<mode>/ (each ranking's per-batch "
+             "gradients), .prune-curve-<mode>/ (each step's predictions)", None, kind="dir"),
     Artifact(".disable-inputs", "disable", "what each disabling mode's rows of disable_heads / disable_layers were "
              "computed on: {mode: {unit: model, revision, data, max_length}}", None, kind="json"),
 )

@@ -43,7 +43,7 @@ PATCHED_TYPES = {"mpnet"}
 GATED_TYPES = INTERFACE_TYPES | PATCHED_TYPES
 # Why the other families the foundation loads cannot be gated per head.
 UNSUPPORTED_REASONS = {
-    "albert": "ALBERT shares one attention module across all layers, so a head cannot be disabled in one layer only",
+    "albert": "ALBERT shares one attention module across all layers, so a head cannot be gated in one layer only",
     "deberta": "DeBERTa computes disentangled attention in its own code, not through the AttentionInterface",
     "deberta-v2": "DeBERTa-v2 computes disentangled attention in its own code, not through the AttentionInterface",
 }
@@ -231,14 +231,16 @@ def _register() -> None:
     _REGISTERED = True
 
 
-def check_supported(model: nn.Module) -> None:
-    """Raise a clear AttnpatError when per-head gates cannot work for this architecture."""
+def check_supported(model: nn.Module, verb: str | None = None) -> None:
+    """Raise a clear AttnpatError when per-head gates cannot work for this architecture. ``verb``: the command
+    that needs the gates (disable, importance, prune), named in the message; the gates serve all three, so the
+    message names the gating, not one verb's use of it."""
     model_type = getattr(model.config, "model_type", "?")
+    needs = f"{verb} needs head gating, which is" if verb else "head gating is"
     if model_type in UNSUPPORTED_REASONS:
-        raise AttnpatError(f"head disabling is not supported for {model_type} models: "
-                           f"{UNSUPPORTED_REASONS[model_type]}")
+        raise AttnpatError(f"{needs} not supported for {model_type} models: {UNSUPPORTED_REASONS[model_type]}")
     if model_type not in GATED_TYPES:
-        raise AttnpatError(f"head disabling is not supported for {model_type} models "
+        raise AttnpatError(f"{needs} not supported for {model_type} models "
                            f"(supported: {', '.join(sorted(GATED_TYPES))})")
 
 
@@ -285,7 +287,7 @@ def gated(model: nn.Module) -> Iterator[None]:
     check_supported(model)
     if model.config.model_type in PATCHED_TYPES:
         if model.config._attn_implementation != "eager":
-            raise AttnpatError(f"head disabling needs eager attention; the model uses "
+            raise AttnpatError(f"head gating needs eager attention; the model uses "
                                f"'{model.config._attn_implementation}' (load it with analysis.models.load_model)")
         with _patched_self_attention(model):
             yield
@@ -293,7 +295,7 @@ def gated(model: nn.Module) -> Iterator[None]:
     _register()
     previous = model.config._attn_implementation
     if previous != "eager" and previous != ATTENTION_NAME:
-        raise AttnpatError(f"head disabling needs eager attention; the model uses '{previous}' "
+        raise AttnpatError(f"head gating needs eager attention; the model uses '{previous}' "
                            "(load it with analysis.models.load_model)")
     model.set_attn_implementation(ATTENTION_NAME)
     try:

@@ -7,34 +7,42 @@ one backward pass gives every example's own gradient (rows of a batch do not int
 Pruning: heads are masked (gate 0) in increasing importance order, a share of all heads per step, and the
 task metric is measured after each step; ``iterative`` recomputes importance with the current mask before
 each step (bertology's prune_heads loop), the pruned heads masked as the curve masks them. Metrics come from
-the fast sweep engine (analysis.sweeps).
+the fast sweep engine (analysis.sweeps). The order is picked on the even-numbered examples and the curve
+scored on the odd-numbered ones (as analysis.probing splits sentences): ranked and scored on the same examples,
+the curve would flatter the order. Gradients (per batch) and each step's predictions are kept in the run folder
+as soon as they are known (analysis.sweeps.SweepStore), so a stopped run resumes.
 
 Shapes: ``L`` layers, ``H`` heads, ``B`` batch rows, ``N`` examples.
 """
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
+import dataclasses
+import hashlib
+from collections.abc import Callable, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
 
-from analysis.disable import check_mode, gated, head_gates, keep_mask, mask_gates
+from analysis.disable import check_mode, check_supported, gated, head_gates, keep_mask, mask_gates
 from analysis.errors import AttnpatError
 from analysis.figures import close, head_heatmap
 from analysis.metrics import metric_name, task_metric
+from analysis.probing import HELD_OUT, SELECTION, sentence_half
 from analysis.progress import progress_bar
 from analysis.rundir import long_table
-from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, iter_batches
+from analysis.stream import DEFAULT_MAX_LENGTH, TokenBatch, encode_examples, iter_batches
 from analysis.sweeps import (
     BASELINE,
+    SweepStore,
     Variant,
     classifier_head_note,
     effect_statistics,
     fast_sweep,
     predictions,
+    run_sweep,
+    sweep_fingerprint,
     task_labels,
 )
 from analysis.uncertainty import bootstrap_mean_interval, holm_adjust
@@ -78,16 +86,20 @@ def head_importance(bundle, batches: Sequence[TokenBatch], *, keep: np.ndarray |
 
 
 def example_importance(bundle, batches: Sequence[TokenBatch], *, keep: np.ndarray | None = None, mode: str = "zero",
-                       progress: bool | str = False) -> np.ndarray:
+                       progress: bool | str = False,
+                       on_batch: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
     """|dL(x)/d gate_h| of every example x (N, L, H), in the batches' order: :func:`head_importance` is their mean,
-    and a bootstrap over them gives its interval."""
+    and a bootstrap over them gives its interval. ``on_batch(position, gradients (B, L, H))`` is called as soon
+    as a batch's gradients are known (to persist them: :func:`stored_example_importance`)."""
     check_mode(mode)
     keep = keep_mask(bundle.num_layers, bundle.num_heads) if keep is None else np.asarray(keep, dtype=np.float32)
     parts = []
     bar = progress_bar(sum(len(batch.items) for batch in batches), progress, "importance")
     with gated(bundle.model):
-        for batch in batches:
+        for position, batch in enumerate(batches):
             parts.append(gate_gradients(bundle.model, batch, bundle.device, keep, mode).double().cpu().numpy())
+            if on_batch is not None:
+                on_batch(position, parts[-1])
             if bar is not None:
                 bar.update(len(batch.items))
     if bar is not None:
@@ -95,6 +107,59 @@ def example_importance(bundle, batches: Sequence[TokenBatch], *, keep: np.ndarra
     if not parts:
         raise AttnpatError("no examples to compute head importance on")
     return np.concatenate(parts)
+
+
+def mask_tag(keep: np.ndarray) -> str:
+    """A short name of a keep mask (L, H), for the resume records made under it."""
+    pruned = (np.asarray(keep) == 0).astype(np.uint8)
+    return hashlib.sha256(f"{pruned.shape}".encode() + pruned.tobytes()).hexdigest()[:16]
+
+
+def importance_fingerprint(bundle, data, mode: str, purpose: str, max_length: int, batch_size: int) -> dict:
+    """What stored per-batch gradients depend on: the sweep's fingerprint (model revision, every example, mode,
+    length limit) and the batch size, since the records are per batch (another size groups other examples)."""
+    return {**sweep_fingerprint(bundle, data, mode, purpose, max_length), "batch_size": batch_size}
+
+
+def stored_example_importance(bundle, batches: Sequence[TokenBatch], store: SweepStore, *,
+                              keep: np.ndarray | None = None, mode: str = "zero", progress: bool | str = False,
+                              cluster=None) -> np.ndarray:
+    """:func:`example_importance` (N, L, H) resumed from ``store``: each batch's gradients are saved there (one
+    record per keep mask and batch, written atomically) as soon as they are known, and a rerun computes only the
+    batches it lacks. The gradients are stored as float64 of float32 values, so read back they are bit-equal.
+    ``cluster`` (analysis.cluster.Cluster, zero mode with no pruned head only): the missing batches go to its
+    workers, and are stored once they all return."""
+    if not batches:
+        raise AttnpatError("no examples to compute head importance on")
+    keep = keep_mask(bundle.num_layers, bundle.num_heads) if keep is None else np.asarray(keep, dtype=np.float32)
+    tag, stored = mask_tag(keep), store.results()
+    names = [f"grad-{tag}-{position}" for position in range(len(batches))]
+    known: dict[int, np.ndarray] = {}
+    for position, (name, batch) in enumerate(zip(names, batches)):
+        record = stored.get(name, {})
+        if record.get("indices") == batch.indices and record.get("keep") == keep.tolist():
+            known[position] = np.asarray(record["gradients"], dtype=np.float64).reshape(len(batch.items), *keep.shape)
+    missing = [position for position in range(len(batches)) if position not in known]
+
+    def save(position: int, gradients: np.ndarray) -> None:
+        store.save(names[position], {"indices": batches[position].indices, "keep": keep.tolist(), "mode": mode,
+                                     "gradients": gradients.tolist()})
+        known[position] = gradients
+
+    todo = [batches[position] for position in missing]
+    if cluster is not None and mode != "zero":
+        raise AttnpatError("head importance on workers takes zero-mode gates only")
+    if todo and cluster is not None:
+        from analysis.distributed import distributed_importance  # noqa: PLC0415 (it builds on this module)
+
+        gradients = distributed_importance(cluster, bundle, todo, keep=keep, progress=progress, per_example=True)
+        edges = np.cumsum([0] + [len(batch.items) for batch in todo])
+        for i, position in enumerate(missing):
+            save(position, gradients[edges[i]:edges[i + 1]])
+    elif todo:
+        example_importance(bundle, todo, keep=keep, mode=mode, progress=progress,
+                           on_batch=lambda i, gradients: save(missing[i], gradients))
+    return np.concatenate([known[position] for position in range(len(batches))])
 
 
 def check_exponent(exponent: float) -> None:
@@ -187,10 +252,26 @@ def curve_statistics(baseline: np.ndarray, pruned: np.ndarray, labels: np.ndarra
     return {**stats, "p_holm": p_holm}
 
 
+def curve_table(masks: Sequence[np.ndarray], base: np.ndarray, pruned: np.ndarray, labels: np.ndarray,
+                metric: str):
+    """The curve's rows from predictions: base (N,) of the unpruned model, pruned (N, steps) under each keep mask
+    (L, H) of ``masks``; :func:`curve_statistics` on the same examples. Returns (DataFrame fraction_pruned,
+    n_pruned, metric, delta, ci_low, ci_high, p_mcnemar, p_holm; the unpruned metric)."""
+    baseline = task_metric(metric, base, labels)
+    stats = curve_statistics(base, pruned, labels, metric, np.array([(mask == 0).any() for mask in masks]))
+    rows = []
+    for step, mask in enumerate(masks):
+        value = task_metric(metric, pruned[:, step], labels)
+        rows.append({"fraction_pruned": int((mask == 0).sum()) / mask.size, "n_pruned": int((mask == 0).sum()),
+                     "metric": value, "delta": value - baseline,
+                     **{column: float(stats[column][step]) for column in ("ci_low", "ci_high", "p_mcnemar", "p_holm")}})
+    return pd.DataFrame(rows), baseline
+
+
 def pruning_curve(bundle, batches: Sequence[TokenBatch], masks: Sequence[np.ndarray], labels: np.ndarray,
                   metric: str, *, mode: str = "zero", progress: bool | str = False):
     """Task metric under each keep mask (fast engine), with the change from the unpruned model and how sure it
-    is (:func:`curve_statistics` on the same examples; Holm's correction across the steps that prune a head).
+    is (:func:`curve_table`; Holm's correction across the steps that prune a head). labels: (N,) in example order.
     Returns (DataFrame fraction_pruned, n_pruned, metric, delta, ci_low, ci_high, p_mcnemar, p_holm; the
     unpruned metric)."""
     check_mode(mode)
@@ -198,20 +279,8 @@ def pruning_curve(bundle, batches: Sequence[TokenBatch], masks: Sequence[np.ndar
         raise AttnpatError("a pruning curve needs at least one keep mask")
     variants = [Variant(f"prune-{i}", mask) for i, mask in enumerate(masks)]
     logits = fast_sweep(bundle, batches, variants, mode, progress=progress)
-    base = predictions(logits[BASELINE])
-    pruned_predictions = np.stack([predictions(logits[variant.name]) for variant in variants], 1)  # (N, steps)
-    baseline = task_metric(metric, base, labels)
-    stats = curve_statistics(base, pruned_predictions, labels, metric,
-                             np.array([(variant.keep == 0).any() for variant in variants]))
-    total = masks[0].size
-    rows = []
-    for step, variant in enumerate(variants):
-        pruned = int((variant.keep == 0).sum())
-        value = task_metric(metric, pruned_predictions[:, step], labels)
-        rows.append({"fraction_pruned": pruned / total, "n_pruned": pruned, "metric": value,
-                     "delta": value - baseline,
-                     **{column: float(stats[column][step]) for column in ("ci_low", "ci_high", "p_mcnemar", "p_holm")}})
-    return pd.DataFrame(rows), baseline
+    pruned = np.stack([predictions(logits[variant.name]) for variant in variants], 1)  # (N, steps)
+    return curve_table(masks, predictions(logits[BASELINE]), pruned, labels, metric)
 
 
 # ---------------------------------------------------------------- figures
@@ -260,8 +329,11 @@ def importance_analysis(bundle, data, run, *, by_layer: bool = True, exponent: f
                         global_minmax: bool = True, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
                         progress: bool = False, cluster=None) -> dict:
     """Compute and write importance.csv (metric importance = normalised, importance_raw) and the heatmap, and
-    record the run (manifest entry importance). ``cluster`` (analysis.cluster.Cluster): runs of batches go to
-    its workers (recorded in the manifest)."""
+    record the run (manifest entry importance). Each batch's gradients are kept in the run folder's
+    ``.importance/`` as soon as they are known, so a stopped run resumes. ``cluster``
+    (analysis.cluster.Cluster): runs of batches go to its workers (recorded in the manifest)."""
+    check_supported(bundle.model, "importance")  # before the record and the resume store touch the run folder
+    task_labels(data)
     with run.record("importance", bundle, data, normalize_layers=by_layer, exponent=exponent,
                     normalize_global=global_minmax, max_length=max_length,
                     model_note=classifier_head_note(bundle, data.task)) as entry:
@@ -276,12 +348,10 @@ def importance_analysis(bundle, data, run, *, by_layer: bool = True, exponent: f
 def _importance(bundle, data, run, *, by_layer: bool, exponent: float, global_minmax: bool, max_length: int,
                 batch_size: int, progress: bool, cluster=None) -> dict:
     batches, _ = _labelled_batches(bundle, data, max_length, batch_size)
-    importance = example_importance
-    if cluster is not None:
-        from analysis.distributed import distributed_importance  # noqa: PLC0415 (it builds on this module)
-
-        importance = functools.partial(distributed_importance, cluster, per_example=True)
-    per_example = importance(bundle, batches, progress="importance" if progress else False)  # (N, L, H)
+    store = SweepStore(run.file(".importance"),
+                       importance_fingerprint(bundle, data, "zero", "importance", max_length, batch_size))
+    per_example = stored_example_importance(bundle, batches, store, progress="importance" if progress else False,
+                                            cluster=cluster)  # (N, L, H)
     raw = per_example.mean(0)
     interval = bootstrap_mean_interval(per_example)  # (L, H, 2): how sure each head's raw score is
     scores = normalized_importance(raw, by_layer=by_layer, exponent=exponent, global_minmax=global_minmax)
@@ -298,41 +368,88 @@ def _importance(bundle, data, run, *, by_layer: bool, exponent: float, global_mi
             "n_truncated": _truncated(batches)}
 
 
+RANKED_ON, SCORED_ON = "even", "odd"  # the halves of the data: one ranks the heads, the other scores the curve
+SPLIT_NOTE = ("importance ranks the heads on the even-numbered examples (0, 2, ...) and the curve (metric, change, "
+              "interval, p) is scored on the odd-numbered ones, so the order is not picked on the examples it is "
+              "judged on")
+
+
+def check_split_size(count: int) -> None:
+    """Each half needs an example (the CLI checks --n before the model loads)."""
+    if count < 2:
+        raise AttnpatError(f"prune needs at least 2 examples, got {count}: {SPLIT_NOTE}")
+
+
+def ranking_and_scoring_halves(data):
+    """(ranking, scoring): copies of ``data`` holding its examples at even positions (they rank the heads) and at
+    odd positions (they score the curve), split as analysis.probing splits sentences; alternating spreads both
+    over the whole file. A clear error when a half would be empty."""
+    check_split_size(len(data.examples))
+    halves = ([example for position, example in enumerate(data.examples) if sentence_half(position) == half]
+              for half in (SELECTION, HELD_OUT))
+    return tuple(dataclasses.replace(data, examples=examples) for examples in halves)
+
+
 def prune_analysis(bundle, data, run, *, step: float = 0.1, max_fraction: float = 1.0, iterative: bool = False,
                    mode: str = "zero", by_layer: bool = True, exponent: float = 2.0, global_minmax: bool = True,
                    max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32, progress: bool = False) -> dict:
-    """Prune heads in importance order; write pruning.csv and the curve and record the run (manifest entry
-    pruning). Returns the curve and its baseline."""
+    """Prune heads in importance order (ranked on the even-numbered examples, scored on the odd-numbered ones);
+    write pruning.csv and the curve and record the run (manifest entry pruning). The gradients of each ranking
+    and the predictions of each step are kept in the run folder (``.prune-rank-<mode>/``,
+    ``.prune-curve-<mode>/``) as soon as they are known, so a stopped run resumes. Returns the curve and its
+    baseline."""
     check_mode(mode)
     check_pruning_shares(step, max_fraction)
+    check_supported(bundle.model, "prune")  # before the record and the resume stores touch the run folder
+    task_labels(data)
+    ranking, scoring = ranking_and_scoring_halves(data)
     with run.record("pruning", bundle, data, step=step, max_fraction=max_fraction, iterative=iterative, mode=mode,
                     normalize_layers=by_layer, exponent=exponent, normalize_global=global_minmax,
-                    max_length=max_length, model_note=classifier_head_note(bundle, data.task)) as entry:
-        result = _prune(bundle, data, run, step=step, max_fraction=max_fraction, iterative=iterative, mode=mode,
-                        by_layer=by_layer, exponent=exponent, global_minmax=global_minmax, max_length=max_length,
-                        batch_size=batch_size, progress=progress)
+                    max_length=max_length, model_note=classifier_head_note(bundle, data.task), held_out=SPLIT_NOTE,
+                    ranked_on=RANKED_ON, scored_on=SCORED_ON, n_ranked=len(ranking.examples),
+                    n_scored=len(scoring.examples)) as entry:
+        result = _prune(bundle, ranking, scoring, run, step=step, max_fraction=max_fraction, iterative=iterative,
+                        mode=mode, by_layer=by_layer, exponent=exponent, global_minmax=global_minmax,
+                        max_length=max_length, batch_size=batch_size, progress=progress)
         entry.update(outputs=result["outputs"], baseline=result["baseline"], n_truncated=result["n_truncated"])
     return result
 
 
-def _prune(bundle, data, run, *, step: float, max_fraction: float, iterative: bool, mode: str, by_layer: bool,
-           exponent: float, global_minmax: bool, max_length: int, batch_size: int, progress: bool) -> dict:
-    metric = metric_name(data.metric or data.task)
-    batches, labels = _labelled_batches(bundle, data, max_length, batch_size)
+def _prune(bundle, ranking, scoring, run, *, step: float, max_fraction: float, iterative: bool, mode: str,
+           by_layer: bool, exponent: float, global_minmax: bool, max_length: int, batch_size: int,
+           progress: bool) -> dict:
+    """ranking, scoring: the halves of the data (:func:`ranking_and_scoring_halves`)."""
+    metric = metric_name(scoring.metric or scoring.task)
+    rank_batches, _ = _labelled_batches(bundle, ranking, max_length, batch_size)
+    labels = task_labels(scoring)
+    scored = encode_examples(bundle.tokenizer, scoring.examples, max_length)  # a bad input fails before any work
     counts = pruning_counts(bundle.num_layers * bundle.num_heads, step, max_fraction)
+    rank_store = SweepStore(run.file(f".prune-rank-{mode}"),
+                            importance_fingerprint(bundle, ranking, mode, "prune-rank", max_length, batch_size))
 
     def score(keep: np.ndarray) -> np.ndarray:
-        raw = head_importance(bundle, batches, keep=keep, mode=mode)  # pruned heads masked as the curve masks them
+        # pruned heads masked as the curve masks them
+        raw = stored_example_importance(bundle, rank_batches, rank_store, keep=keep, mode=mode).mean(0)
         return normalized_importance(raw, by_layer=by_layer, exponent=exponent, global_minmax=global_minmax)
 
     shape = (bundle.num_layers, bundle.num_heads)
     masks = iterative_pruning_masks(score, counts, shape) if iterative else pruning_masks(score(np.ones(shape)), counts)
-    curve, baseline = pruning_curve(bundle, batches, masks, labels, metric, mode=mode,
-                                    progress="pruning" if progress else False)
+    # one variant per mask, named by it: a rerun with another --step reuses the steps it shares
+    variants = [Variant(f"prune-{mask_tag(mask)}", mask) for mask in masks]
+    curve_store = SweepStore(run.file(f".prune-curve-{mode}"),
+                             sweep_fingerprint(bundle, scoring, mode, "prune", max_length))
+    run_sweep(bundle, scoring, variants, mode, curve_store, max_length=max_length, batch_size=batch_size,
+              progress="pruning" if progress else False, encoded=scored)
+    predicted = curve_store.predictions([BASELINE] + [variant.name for variant in variants])  # (N, 1 + steps)
+    curve, baseline = curve_table(masks, predicted[:, 0], predicted[:, 1:], labels, metric)
+    curve = curve.assign(ranked_on=RANKED_ON, n_ranked=len(ranking.examples), scored_on=SCORED_ON,
+                         n_scored=len(scoring.examples))
     run.write_table("pruning", curve)
     label = f"{'iterative' if iterative else 'one-shot'}, {mode} masking"
-    fig = pruning_figure(curve, metric=metric, baseline=baseline, task=data.task, model=bundle.name, label=label)
+    fig = pruning_figure(curve, metric=metric, baseline=baseline, task=scoring.task, model=bundle.name, label=label)
     figures = run.write_figure("pruning", fig)
     close(fig)
     return {"curve": curve, "baseline": baseline, "metric_name": metric, "label": label,
-            "outputs": [str(run.file("pruning.csv"))] + [str(p) for p in figures], "n_truncated": _truncated(batches)}
+            "n_ranked": len(ranking.examples), "n_scored": len(scoring.examples),
+            "outputs": [str(run.file("pruning.csv"))] + [str(p) for p in figures],
+            "n_truncated": _truncated(rank_batches) + sum(item.truncated for item in scored)}

@@ -431,7 +431,12 @@ def run_sweep(bundle, data, variants: Sequence[Variant], mode: str, store: Sweep
 
 def sweep_fingerprint(bundle, data, mode: str, unit: str, max_length: int) -> dict:
     """What a sweep's stored results depend on: the model, the settings and every example's text and label
-    (the same data file read with another label or text column gives other results)."""
+    (the same data file read with another label or text column gives other results).
+
+    The batch size is left out: it changes only how much padding each example gets, which moves the logits by
+    float32 rounding (at most 3e-6 on a tiny model over batch sizes 1 to 24), so a stored prediction can differ
+    only on a float-rounding tie between two classes; keeping it would make a rerun with another --batch-size
+    start over for nothing."""
     return {"model": bundle.name, "revision": bundle.revision, "data": data.manifest(),
             "examples": data.examples_digest(), "mode": mode, "unit": unit, "max_length": max_length}
 
@@ -690,7 +695,7 @@ def disable_analysis(bundle, data, run, *, mode: str, units: Sequence[str], max_
     ``cluster``: see :func:`run_sweep` (recorded in the manifest)."""
     check_mode(mode)
     # inputs the sweeps would refuse are refused here, before the record and the sweep stores touch the run folder
-    check_supported(bundle.model)
+    check_supported(bundle.model, "disable")
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     units = list(units)
     current = sweep_inputs(bundle, data, max_length)

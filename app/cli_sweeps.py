@@ -7,7 +7,13 @@ from analysis.cluster import maybe_ray
 from analysis.data import load_data
 from analysis.disable import check_mode
 from analysis.errors import AttnpatError
-from analysis.importance import check_exponent, check_pruning_shares, importance_analysis, prune_analysis
+from analysis.importance import (
+    check_exponent,
+    check_pruning_shares,
+    check_split_size,
+    importance_analysis,
+    prune_analysis,
+)
 from analysis.rundir import RunDir
 from analysis.sweeps import UNITS, classifier_head_note, disable_analysis, seeded_classifier
 from app import options as opt
@@ -101,7 +107,8 @@ def importance(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt 
                ray_dashboard: bool = opt.RayDashboard) -> None:
     """Head importance (Michel et al.): the mean over the examples of |d loss / d gate|, the gate multiplying the
     head's output (as --mode zero, not uniform attention); heads are ranked by the score normalised as the options
-    below say, the table keeps the raw mean beside it (--ray: batches go to workers)."""
+    below say, the table keeps the raw mean beside it (resumable: rerun to continue; --ray: batches go to
+    workers)."""
     check_exponent(exponent)
     bundle, data, note = _load(model, task, split, n, text_column=text_column, pair_column=pair_column,
                                label_column=label_column)
@@ -130,10 +137,15 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
           label_column: opt.OptionalStr = opt.LabelColumn, runs_dir: opt.OptionalPath = opt.RunsDir,
           quiet: bool = opt.Quiet) -> None:
     """Pruning curve: the task metric as heads are masked in increasing importance order (one-shot by default),
-    each step's change with its paired bootstrap 95% interval and Holm-corrected McNemar p."""
+    each step's change with its paired bootstrap 95% interval and Holm-corrected McNemar p. Importance (every
+    recomputation with --iterative) ranks the heads on the even-numbered examples (0, 2, ...); the curve is
+    scored on the odd-numbered ones, so the order is not picked on the examples it is judged on (--n 800 scores
+    400). Resumable: rerun to continue."""
     check_mode(mode)
     check_pruning_shares(step, max_fraction)
     check_exponent(exponent)
+    if n is not None:
+        check_split_size(n)
     bundle, data, note = _load(model, task, split, n, text_column=text_column, pair_column=pair_column,
                                label_column=label_column)
     result = prune_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir), step=step,
@@ -141,6 +153,8 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
                             exponent=exponent, global_minmax=normalize_global, max_length=max_length,
                             batch_size=batch_size, progress=not quiet)
     typer.echo(f"{bundle.name} on {data.task}: {result['metric_name']} while pruning ({result['label']})")
+    typer.echo(f"heads ranked on the {result['n_ranked']} even-numbered {data.split} examples (0, 2, ...), the curve "
+               f"scored on the {result['n_scored']} odd-numbered ones")
     typer.echo(f"{'pruned':>7} {'heads':>6} {result['metric_name']:>10} {'change [95% interval]':>28} {'p (Holm)':>9}")
     for row in result["curve"].itertuples():
         change = _change(row.delta, row.ci_low, row.ci_high)

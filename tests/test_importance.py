@@ -1,12 +1,15 @@
 """Head importance (Michel et al.) and pruning curves (analysis.importance)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from transformers import AlbertConfig, AlbertForSequenceClassification
 
-from analysis import importance
+from analysis import importance, sweeps
 from analysis.disable import gated, head_gates, keep_mask, mask_gates
 from analysis.errors import AttnpatError
 from analysis.importance import (
@@ -109,9 +112,9 @@ def test_importance_under_uniform_pruning_is_the_gradient_of_the_uniform_masked_
 
     def spy(*args, **kwargs):
         modes.append(kwargs.get("mode"))
-        return head_importance(*args, **kwargs)
+        return example_importance(*args, **kwargs)
 
-    monkeypatch.setattr(importance, "head_importance", spy)
+    monkeypatch.setattr(importance, "example_importance", spy)
     prune_analysis(bundle, data, RunDir("tiny", "sst2", tmp_path), step=0.25, iterative=True,
                    mode="uniform", batch_size=4)
     assert modes == ["uniform"] * 4
@@ -230,7 +233,7 @@ def test_importance_and_prune_analyses_write_the_run_directory(tmp_path):
     result = prune_analysis(bundle, data, run, step=0.25, iterative=True, batch_size=4)
     curve = pd.read_csv(run.file("pruning.csv"))
     assert list(curve.columns) == ["fraction_pruned", "n_pruned", "metric", "delta", "ci_low", "ci_high",
-                                   "p_mcnemar", "p_holm"]
+                                   "p_mcnemar", "p_holm", "ranked_on", "n_ranked", "scored_on", "n_scored"]
     assert curve["n_pruned"].tolist() == [0, 3, 6, 9, 12]
     assert curve["metric"][0] == pytest.approx(result["baseline"])
     analyses = run.manifest()["analyses"]
@@ -244,3 +247,148 @@ def test_importance_and_prune_analyses_write_the_run_directory(tmp_path):
     assert cut > 0 and analyses["importance"]["n_truncated"] == analyses["pruning"]["n_truncated"] == cut
     for stem in ("importance", "pruning"):
         assert run.file(f"{stem}.png").stat().st_size > 0 and run.file(f"{stem}.svg").stat().st_size > 0
+
+
+# ---------------------------------------------------------------- held-out scoring, resume, refusals
+
+def mixed_data(n: int):
+    """tiny_data with labels 0, 0, 1, 1, ...: both classes at even and at odd positions (tiny_data alternates)."""
+    data = tiny_data(n)
+    return dataclasses.replace(data, examples=[dataclasses.replace(example, label=(k // 2) % 2)
+                                               for k, example in enumerate(data.examples)])
+
+
+def test_prune_ranks_heads_on_the_even_examples_and_scores_the_curve_on_the_odd_ones(tmp_path):
+    """The order is picked on examples 0, 2, ... and the curve measured on 1, 3, ... (before, both on every example:
+    the order was chosen on the examples it was judged on, which flatters the curve)."""
+    bundle = make_bundle(seed=3)
+    data = mixed_data(13)
+    run = RunDir("tiny", "sst2", tmp_path)
+    result = prune_analysis(bundle, data, run, step=0.25, batch_size=4)
+    even, odd = data.examples[0::2], data.examples[1::2]
+    ranked = head_importance(bundle, list(iter_batches(bundle, even, batch_size=4)))
+    masks = pruning_masks(normalized_importance(ranked), pruning_counts(12, 0.25))
+    labels = np.array([example.label for example in odd], dtype=float)
+    expected, baseline = pruning_curve(bundle, list(iter_batches(bundle, odd, batch_size=4)), masks, labels,
+                                       "accuracy")
+    curve = pd.read_csv(run.file("pruning.csv"))
+    pd.testing.assert_frame_equal(curve[expected.columns], expected, rtol=1e-9)
+    assert result["baseline"] == pytest.approx(baseline)
+    assert set(curve["ranked_on"]) == {"even"} and set(curve["scored_on"]) == {"odd"}
+    assert set(curve["n_ranked"]) == {7} and set(curve["n_scored"]) == {6}
+    entry = run.manifest()["analyses"]["pruning"]
+    assert (entry["ranked_on"], entry["n_ranked"], entry["scored_on"], entry["n_scored"]) == ("even", 7, "odd", 6)
+    assert "even-numbered" in entry["held_out"] and "odd-numbered" in entry["held_out"]
+    with pytest.raises(AttnpatError, match="at least 2 examples"):
+        prune_analysis(bundle, tiny_data(1), RunDir("tiny", "sst2", tmp_path / "one"), step=0.25)
+    assert not (tmp_path / "one").exists()
+
+
+class Stop(Exception):
+    """Stands for a kill: raised after a number of resume records are written."""
+
+
+def stop_after(monkeypatch, count: int) -> None:
+    """Make the count-th resume record written (a batch's gradients, a step's predictions) stop the run."""
+    save, written = sweeps.SweepStore.save, []
+
+    def stopping(store, name, record):
+        save(store, name, record)
+        written.append(name)
+        if len(written) == count:
+            raise Stop(name)
+
+    monkeypatch.setattr(sweeps.SweepStore, "save", stopping)
+
+
+def saves(monkeypatch) -> list[str]:
+    """The names of the resume records written from now on."""
+    save, written = sweeps.SweepStore.save, []
+
+    def counting(store, name, record):
+        written.append(name)
+        save(store, name, record)
+
+    monkeypatch.setattr(sweeps.SweepStore, "save", counting)
+    return written
+
+
+def half_written(folder) -> list[str]:
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*")
+                  if ".tmp" in path.name or path.name.startswith(".staging"))
+
+
+@pytest.mark.parametrize("verb, stops", [("importance", [2]), ("prune", [3]), ("prune", [9, 12, 14])])
+def test_importance_and_prune_stopped_and_rerun_resume_to_the_table_of_one_run(tmp_path, monkeypatch, verb, stops):
+    """Stopped after some batches' gradients (importance, prune's ranking: 3 batches per ranking, 4 rankings with
+    --iterative) or some steps' predictions (prune's curve, the records after the rankings), each rerun computes
+    only what the stops had not kept, and the last gives the table of one uninterrupted run; a stopped run leaves
+    no table, manifest entry or temporary file (before, both verbs started over)."""
+    bundle = make_bundle(seed=4)
+    data = mixed_data(20)
+    analysis = (lambda run: importance_analysis(bundle, data, run, batch_size=4)) if verb == "importance" else (
+        lambda run: prune_analysis(bundle, data, run, step=0.25, iterative=True, batch_size=4))
+    table = "importance.csv" if verb == "importance" else "pruning.csv"
+    whole = RunDir("tiny", "sst2", tmp_path / "whole")
+    total = saves(monkeypatch)
+    analysis(whole)
+    assert len(total) == (5 if verb == "importance" else 4 * 3 + 5 + 1)  # batches; rankings x batches, steps, baseline
+    stopped = RunDir("tiny", "sst2", tmp_path / "stopped")
+    kept = 0
+    for stop in stops:
+        monkeypatch.undo()
+        stop_after(monkeypatch, stop - kept)
+        with pytest.raises(Stop):
+            analysis(stopped)
+        kept = stop
+        assert not stopped.file(table).exists() and table[:-4] not in stopped.manifest().get("analyses", {})
+        assert half_written(stopped.path) == []
+    monkeypatch.undo()
+    rerun = saves(monkeypatch)
+    analysis(stopped)
+    assert len(rerun) == len(total) - stops[-1] and set(rerun) <= set(total)
+    assert stopped.file(table).read_bytes() == whole.file(table).read_bytes()
+    assert half_written(stopped.path) == []
+
+
+def test_importance_and_prune_refuse_an_ungateable_model_naming_what_they_need(tmp_path):
+    """ALBERT: one line naming the verb and the head gating it needs (before, "head disabling is not supported",
+    though neither verb disables heads), before the run folder is touched."""
+    bundle = make_bundle(AlbertConfig, AlbertForSequenceClassification)
+    run = RunDir("tiny", "sst2", tmp_path)
+    with pytest.raises(AttnpatError, match="^importance needs head gating, which is not supported for albert models: "
+                                           "ALBERT shares one attention module across all layers"):
+        importance_analysis(bundle, tiny_data(4), run)
+    with pytest.raises(AttnpatError, match="^prune needs head gating, which is not supported for albert models"):
+        prune_analysis(bundle, tiny_data(4), run, step=0.5)
+    assert list(tmp_path.rglob("*")) == []
+
+
+def test_importance_on_workers_stores_each_batch_and_equals_one_process(tmp_path, monkeypatch):
+    """--ray: the batches not yet stored go to the workers in one call, and each comes back as its own record, so
+    the table equals one process's and a rerun (with workers or without) reads them back."""
+    from analysis import distributed  # noqa: PLC0415 (the module whose function the workers' stand-in replaces)
+
+    calls = []
+
+    def on_workers(cluster, bundle, batches, *, keep=None, progress=False, per_example=False):
+        calls.append([batch.indices for batch in batches])
+        assert per_example
+        return example_importance(bundle, batches, keep=keep)
+
+    class Workers:
+        @staticmethod
+        def manifest() -> dict:
+            return {"workers": 2}
+
+    monkeypatch.setattr(distributed, "distributed_importance", on_workers)
+    bundle, data = make_bundle(), mixed_data(10)
+    alone, spread = RunDir("tiny", "sst2", tmp_path / "alone"), RunDir("tiny", "sst2", tmp_path / "spread")
+    importance_analysis(bundle, data, alone, batch_size=4)
+    written = saves(monkeypatch)
+    importance_analysis(bundle, data, spread, batch_size=4, cluster=Workers())
+    assert len(calls) == 1 and sorted(index for batch in calls[0] for index in batch) == list(range(10))
+    assert len(written) == 3 and spread.file("importance.csv").read_bytes() == alone.file("importance.csv").read_bytes()
+    importance_analysis(bundle, data, spread, batch_size=4, cluster=Workers())
+    importance_analysis(bundle, data, spread, batch_size=4)
+    assert len(calls) == 1 and len(written) == 3

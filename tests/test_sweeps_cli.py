@@ -83,6 +83,8 @@ def test_importance_and_prune_verbs(tiny_model_dir, tmp_path, capsys):
     assert main(["prune", *common, "--step", "0.25", "--iterative"]) == 0
     out = capsys.readouterr().out
     assert "iterative" in out and "100.0%" in out
+    assert "heads ranked on the 5 even-numbered validation examples (0, 2, ...), the curve scored on the 5 " \
+           "odd-numbered ones" in out
     run = tmp_path / "tiny-bert" / "sst2"
     importance = pd.read_csv(run / "importance.csv")
     scores = importance[importance.metric == "importance"].value.to_numpy().reshape(2, 4)
@@ -95,6 +97,7 @@ def test_importance_and_prune_verbs(tiny_model_dir, tmp_path, capsys):
     (["disable", "--unit", "neuron"], "--unit"),
     (["prune", "--step", "0"], "pruning step"),
     (["disable", "--task", "wiki", "--n", "2"], "without labels"),
+    (["prune", "--n", "1"], "prune needs at least 2 examples, got 1: importance ranks the heads on the even"),
 ])
 def test_bad_options_give_one_line_errors(argv, message, tiny_model_dir, tmp_path, capsys):
     assert main([*argv, "--model", str(tiny_model_dir), "--runs-dir", str(tmp_path), "-q"]) == 2
