@@ -150,6 +150,10 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("linguistic", "special", "layer, head, feature (negation|noun|verb|pronoun|subject|object), value, "
              "ci_low, ci_high (percentile bootstrap 95% interval over the inputs that have the feature)",
              "Fine-tuning"),
+    Artifact("linguistic_change", "special", "layer, head, feature (negation|noun|verb|pronoun|subject|object), value "
+             "(fine-tuned minus base, per input), ci_low, ci_high (paired percentile bootstrap 95% interval over the "
+             "inputs that have the feature for both models), inputs  (in the fine-tuned model's run, when special "
+             "also analyses its base)", "Fine-tuning"),
     # Disabling, importance, pruning (Kovaleva Figures 8-9, Michel et al.)
     Artifact("disable_heads", "disable", "layer, head, metric (<mode>_delta|<mode>_metric|<mode>_delta_ci_low|"
              "<mode>_delta_ci_high|<mode>_p_mcnemar|<mode>_p_holm), value  (best/worst heads and those that survive "

@@ -28,7 +28,9 @@ import pandas as pd
 import torch
 from scipy import sparse
 
+from analysis.compare import check_same_shape, check_same_tokenizer
 from analysis.data import Example
+from analysis.errors import AttnpatError
 from analysis.figures import close, panel_heatmaps
 from analysis.parsing import NOT_INSTALLED, PIPELINE_NAME, spacy_tagger  # noqa: F401 (spacy_tagger: the CLI's tagger)
 from analysis.probing import HELD_OUT, SELECTION, sentence_half
@@ -229,8 +231,9 @@ def special_statistics(bundle, examples: Sequence[Example], *, max_length: int =
     "intervals": {name: (L, H, 2)} their bootstrap 95% intervals over the examples (a feature's over the inputs that
     have it), "special_layers": one row per layer with the mean over its heads of to_cls and to_sep and their
     intervals (:meth:`HeadMeans.layer_table`), "model_intervals": {name: (2,)} the interval of the mean over every
-    head, "counts": {feature: inputs with the feature}, "cls_tally": TokenTally, "unavailable": {feature: why},
-    "n_truncated": inputs cut to max_length}."""
+    head, "counts": {feature: inputs with the feature}, "per_input": {feature: (values (E, L, H), present (E,) 0/1)}
+    each input's attention to the feature in the order of ``examples`` (:func:`feature_change` pairs two models'),
+    "cls_tally": TokenTally, "unavailable": {feature: why}, "n_truncated": inputs cut to max_length}."""
     encoded = encode_examples(bundle.tokenizer, examples, max_length)
     means, tally = HeadMeans(), TokenTally()
     counts = defaultdict(int)
@@ -258,7 +261,9 @@ def special_statistics(bundle, examples: Sequence[Example], *, max_length: int =
     halves = np.array([sentence_half(index) for index in order])
     strongest = {feature: strongest_heads(*means.per_example(feature), halves)
                  for feature, count in counts.items() if count}
-    return {"heads": means.result(), "intervals": means.intervals(), "strongest": strongest,
+    in_data_order = np.argsort(order)
+    per_input = {feature: tuple(part[in_data_order] for part in means.per_example(feature)) for feature in counts}
+    return {"heads": means.result(), "intervals": means.intervals(), "strongest": strongest, "per_input": per_input,
             "special_layers": means.layer_table(["to_cls", "to_sep"]), "model_intervals": means.model_intervals(),
             "counts": dict(counts), "cls_tally": tally, "unavailable": unavailable,
             "n_truncated": sum(item.truncated for item in encoded)}
@@ -286,6 +291,86 @@ def strongest_heads(values: np.ndarray, weights: np.ndarray, halves: np.ndarray)
                               "mean": float(weighted_means(scored, weights[rows])), "ci_low": float(low),
                               "ci_high": float(high), "inputs": int(held_out.sum())}
     return result
+
+
+def unpaired_reason(tuned_bundle, base_bundle) -> str | None:
+    """Why two models' attention to the features cannot be paired input by input (another tokenizer puts the
+    features at other positions; other layers x heads have no head (l, h) in common), or None when it can."""
+    try:
+        check_same_tokenizer(base_bundle.tokenizer, tuned_bundle.tokenizer)
+        check_same_shape(base_bundle, tuned_bundle)
+    except AttnpatError as exc:
+        return str(exc)
+    return None
+
+
+def feature_change(tuned: dict[str, tuple[np.ndarray, np.ndarray]],
+                   base: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, dict]:
+    """Paired change of each feature's attention, fine-tuned minus base, over the same inputs.
+
+    tuned, base: {feature: (values (E, L, H), present (E,) 0/1)} in data order (special_statistics' "per_input"),
+    the same E inputs and L x H heads. Only inputs that have the feature for both models count. The two models'
+    values of an input are differenced before resampling, so each bootstrap draw takes the same inputs for both
+    (paired: what the inputs share cancels). Returns {feature: {"change": (L, H) mean difference, "intervals":
+    (L, H, 2) its percentile bootstrap 95% interval over the inputs, "model": (3,) the mean over every head's
+    difference with its interval, "differences": (E, L, H), "weights": (E,)}} for the features both have on an input.
+    """
+    found = {}
+    for feature in [feature for feature in tuned if feature in base]:
+        (tuned_values, tuned_present), (base_values, base_present) = tuned[feature], base[feature]
+        if tuned_values.shape != base_values.shape:
+            raise AttnpatError(f"a paired change needs the same inputs and heads, got {tuned_values.shape} "
+                               f"fine-tuned and {base_values.shape} base values of {feature}")
+        weights = tuned_present * base_present
+        if not weights.any():
+            continue
+        differences = tuned_values.astype(np.float64) - base_values.astype(np.float64)  # (E, L, H)
+        per_input_mean = differences.mean((1, 2))  # (E,)
+        found[feature] = {"change": weighted_means(differences, weights),
+                          "intervals": bootstrap_weighted_mean_interval(differences, weights),
+                          "model": np.array([weighted_means(per_input_mean, weights),
+                                             *bootstrap_weighted_mean_interval(per_input_mean, weights)]),
+                          "differences": differences, "weights": weights}
+    return found
+
+
+def held_out_change(change: dict, layer: int, head: int) -> dict | None:
+    """One head's paired change (:func:`feature_change`'s entry of a feature) over the HELD_OUT half of the inputs
+    (odd data positions), for a head picked on the other half (strongest_heads' "held_out"): {"layer", "head",
+    "mean", "ci_low", "ci_high" (percentile bootstrap 95%), "inputs"}; None when that half has no input with it."""
+    held = np.array([sentence_half(position) for position in range(len(change["weights"]))]) == HELD_OUT
+    weights = change["weights"][held]
+    if not weights.any():
+        return None
+    scored = change["differences"][held][:, layer, head]  # (E_held,)
+    low, high = bootstrap_weighted_mean_interval(scored, weights)
+    return {"layer": layer, "head": head, "mean": float(weighted_means(scored, weights)), "ci_low": float(low),
+            "ci_high": float(high), "inputs": int(weights.sum())}
+
+
+def change_table(changes: dict[str, dict]) -> pd.DataFrame:
+    """Long table layer, head, feature, value (fine-tuned minus base), ci_low, ci_high, inputs (those with the
+    feature for both models) of :func:`feature_change`'s result, features in FEATURES order."""
+    features = [feature for feature in FEATURES if feature in changes]
+    if not features:
+        return pd.DataFrame(columns=["layer", "head", "feature", "value", "ci_low", "ci_high", "inputs"])
+    frame = long_table({feature: changes[feature]["change"] for feature in features}, key="feature",
+                       intervals={feature: changes[feature]["intervals"] for feature in features})
+    frame["inputs"] = frame["feature"].map({feature: int(changes[feature]["weights"].sum()) for feature in features})
+    return frame
+
+
+def write_feature_change(tuned_bundle, base_bundle, data, run, tuned_stats: dict, base_stats: dict) -> dict:
+    """Write linguistic_change.csv (:func:`change_table`) into the fine-tuned model's ``run``; returns
+    :func:`feature_change` of the two models' special_statistics over the same ``data``."""
+    changes = feature_change(tuned_stats["per_input"], base_stats["per_input"])
+    with run.record("special_change", tuned_bundle, data, base_model=base_bundle.name,
+                    base_revision=base_bundle.revision,
+                    interval="paired percentile bootstrap 95% interval of fine-tuned minus base over the inputs that "
+                             f"have the feature for both models ({EXAMPLE_INTERVAL.split('(')[-1]}") as entry:
+        run.write_table("linguistic_change", change_table(changes))
+        entry.update(feature_counts={feature: int(found["weights"].sum()) for feature, found in changes.items()})
+    return changes
 
 
 def weighted_means(values: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ from analysis.data import load_data
 from analysis.errors import AttnpatError
 from analysis.models import DEFAULT_MODEL, load_model
 from analysis.rundir import RunDir
-from analysis.special import spacy_tagger, write_special
+from analysis.special import held_out_change, spacy_tagger, unpaired_reason, write_feature_change, write_special
 from analysis.stats import per_layer_table
 from app import options as opt
 from app.display import interval_text, layer_interval_lines
@@ -158,11 +158,13 @@ def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
         names.append(base)
     # every model loads before the first table is written: a bad --base leaves no half-done run behind
     bundles = {name: bundle if name == model else load_model(name, map_kind=map_kind) for name in names}
+    unpaired = unpaired_reason(bundle, bundles[names[1]]) if len(names) > 1 else None
     tagger = spacy_tagger()
+    all_stats = {}
     for name, current in bundles.items():
         run = RunDir(current.slug, data.task, runs_dir)
-        stats = write_special(current, data, run, max_length=max_length, batch_size=batch_size, tagger=tagger,
-                              progress=f"{name}" if not quiet else False, top=top)
+        stats = all_stats[name] = write_special(current, data, run, max_length=max_length, batch_size=batch_size,
+                                                tagger=tagger, progress=f"{name}" if not quiet else False, top=top)
         heads, intervals, overall = stats["heads"], stats["intervals"], stats["model_intervals"]
         typer.echo(f"{name} on {data.task} ({len(data.examples)} {data.split} examples): mean attention over every "
                    "head [bootstrap 95% interval over the examples] to [CLS] "
@@ -181,3 +183,35 @@ def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
         for feature, why in stats["unavailable"].items():
             typer.echo(f"  {feature}: {why}")
         typer.echo(f"  tables: {run.path}/special_tokens.csv, cls_last_layer.csv, linguistic.csv")
+    if len(names) > 1:
+        echo_feature_change(bundle, bundles[names[1]], data, RunDir(bundle.slug, data.task, runs_dir),
+                            (all_stats[names[0]], all_stats[names[1]]), unpaired)
+
+
+def echo_feature_change(tuned, base, data, run: RunDir, both_stats: tuple[dict, dict], unpaired: str | None) -> None:
+    """Write and print the paired change fine-tuned minus base of the attention to each feature (or why there is
+    none): over every head, and at the heads each model's attention picks on the even-numbered inputs, scored on
+    the odd ones. both_stats: the fine-tuned and the base model's write_special statistics."""
+    if unpaired:
+        typer.echo(f"no paired change {tuned.name} minus {base.name}: {unpaired}")
+        return
+    tuned_stats, base_stats = both_stats
+    changes = write_feature_change(tuned, base, data, run, tuned_stats, base_stats)
+    typer.echo(f"{tuned.name} minus {base.name}, attention to each feature on the same inputs [paired bootstrap 95% "
+               "interval over the inputs that have it]:")
+    for feature, change in changes.items():
+        text = (f"  {feature}: over every head {interval_text(*change['model'], spec='+.3f')} "
+                f"({int(change['weights'].sum())} inputs)")
+        picks = {}  # head -> the models whose attention picked it on the even-numbered inputs
+        for model, stats in (("fine-tuned", tuned_stats), ("base", base_stats)):
+            picked = stats["strongest"][feature]["held_out"]
+            if picked:
+                picks.setdefault((picked["layer"], picked["head"]), []).append(model)
+        for (layer, head), models in picks.items():
+            held = held_out_change(change, layer, head)
+            if held:
+                text += (f"; at L{layer + 1}-H{head + 1} ({' and '.join(models)} head picked on the even-numbered "
+                         f"inputs) {interval_text(held['mean'], held['ci_low'], held['ci_high'], spec='+.3f')} on "
+                         f"the other {held['inputs']}")
+        typer.echo(text)
+    typer.echo(f"  per head: {run.file('linguistic_change.csv')}")

@@ -6,6 +6,7 @@ from transformers import BertModel, XLMRobertaTokenizer
 
 from analysis import special as sp
 from analysis.data import Example, TaskData, load_data
+from analysis.errors import AttnpatError
 from analysis.models import load_model
 from analysis.rundir import RunDir
 from analysis.stream import encode_examples, stream_maps, token_roles
@@ -255,3 +256,74 @@ def test_minilm_writes_special_tables_on_sst2(tmp_path):
     assert cls_table.loc[cls_table.token == "[CLS]", "count"].item() == 24
     assert (run.path / "special_tokens.png").is_file() and (run.path / "special_tokens.svg").is_file()
     assert run.manifest()["analyses"]["special"]["unavailable"]["verb"] == sp.UNAVAILABLE
+
+
+def test_feature_change_is_a_paired_bootstrap_of_per_input_differences():
+    """`special` gave each model's attention to a feature with its own interval, never the change fine-tuned minus
+    base. feature_change differences each input's values first: the spread between inputs, shared by both models,
+    cancels, so a small steady rise is told from zero where the two unpaired intervals overlap."""
+    rng = np.random.default_rng(0)
+    spread = rng.uniform(0.0, 0.5, size=(40, 1, 2))  # how much each input draws, the same in both models
+    base_values = spread
+    tuned_values = spread + np.array([0.02, 0.0]) + rng.normal(0, 0.002, size=(40, 1, 2))  # head 0 rises a little
+    present = np.ones(40)
+    present[[3, 8]] = 0  # the base lacks the feature on input 3, the fine-tuned one on 8: both drop out
+    tuned_present = np.ones(40)
+    tuned_present[8] = 0
+    changes = sp.feature_change({"negation": (tuned_values, tuned_present)},
+                                {"negation": (base_values, np.where(np.arange(40) == 3, 0.0, 1.0)), "noun":
+                                 (base_values, present)})
+    assert list(changes) == ["negation"]  # noun: only the base has it
+    change = changes["negation"]
+    counted = present > 0
+    expected = (tuned_values - base_values)[counted].mean(0)
+    assert np.allclose(change["change"], expected)
+    assert change["weights"].sum() == 38
+    low, high = change["intervals"][0, 0]
+    assert 0 < low < 0.02 < high  # the rise is real: its paired interval excludes 0
+    unpaired = bootstrap_weighted_mean_interval(tuned_values[:, 0, 0], present)
+    assert unpaired[0] < base_values[counted, 0, 0].mean()  # unpaired, the base mean lies inside the tuned interval
+    assert change["intervals"][0, 1, 0] < 0 < change["intervals"][0, 1, 1]  # head 1 did not move
+    assert change["model"][0] == pytest.approx(expected.mean())
+    # the held-out change: the odd-numbered inputs alone (3 is odd and lacks the feature)
+    held = sp.held_out_change(change, 0, 0)
+    odd = counted & (np.arange(40) % 2 == 1)
+    assert held["inputs"] == odd.sum() == 19
+    assert held["mean"] == pytest.approx((tuned_values - base_values)[odd, 0, 0].mean())
+    with pytest.raises(AttnpatError, match="same inputs and heads"):
+        sp.feature_change({"negation": (tuned_values, present)}, {"negation": (base_values[:, :, :1], present)})
+
+
+def test_special_writes_and_prints_the_paired_change_against_the_base(tmp_path, capsys):
+    """`attnpat special --model A --base B` printed each model's attention apart; it now also writes
+    linguistic_change.csv (A minus B per head, with its paired interval) into A's run and prints it. A base of
+    another shape has no head in common: one line says so and no change table is written."""
+    tuned, base = save_tiny_model(tmp_path / "tuned", seed=1), save_tiny_model(tmp_path / "base", seed=2)
+    other = save_tiny_model(tmp_path / "other", layers=1)
+    texts = ["the film is not good .", "never again", "I did n't like it", "no more", "a warm story",
+             "not bad , not at all", "nobody came", "it is not here"]
+    data_file = tmp_path / "texts.jsonl"
+    data_file.write_text("".join(f'{{"text": "{text}"}}\n' for text in texts))
+    runs = tmp_path / "runs"
+    assert main(["special", "--model", str(tuned), "--base", str(base), "--task", str(data_file), "-q",
+                 "--runs-dir", str(runs)]) == 0
+    out = capsys.readouterr().out
+    task = load_data(str(data_file)).task
+    tuned_run, base_run = (RunDir(load_model(str(path), device="cpu").slug, task, runs) for path in (tuned, base))
+    change = tuned_run.read_table("linguistic_change")
+    negation = change[change.feature == "negation"]
+    assert (negation.inputs == 7).all()  # "a warm story" has no negation
+    # every input with a negation has it for both models (one tokenizer): the mean change is the difference of means
+    levels = {run: run.read_table("linguistic").query("feature == 'negation'").value.to_numpy()
+              for run in (tuned_run, base_run)}
+    assert np.allclose(negation.value, levels[tuned_run] - levels[base_run], atol=1e-6)
+    assert ((negation.ci_low <= negation.value + 1e-9) & (negation.value <= negation.ci_high + 1e-9)).all()
+    assert (negation.ci_high > negation.ci_low).all()
+    assert "linguistic_change.csv" in tuned_run.manifest()["analyses"]["special_change"]["outputs"]
+    line = next(line for line in out.splitlines() if line.startswith("  negation: over every head"))
+    assert "(7 inputs); at L" in line and "picked on the even-numbered inputs" in line
+    assert main(["special", "--model", str(other), "--base", str(base), "--task", str(data_file), "-q",
+                 "--runs-dir", str(runs)]) == 0
+    assert "no paired change" in capsys.readouterr().out
+    other_run = RunDir(load_model(str(other), device="cpu").slug, task, runs)
+    assert (other_run.path / "linguistic.csv").is_file() and not (other_run.path / "linguistic_change.csv").exists()

@@ -114,6 +114,7 @@ def test_every_file_the_analyses_write_on_a_tiny_model_is_registered(tmp_path, m
         ["finetune", "--model", model, "--task", "rte", "--split-dev", "--n", "8", "--epochs", "1",
          "--batch-size", "4", "--name", "tiny-rte", "-q", "--runs-dir", str(tmp_path / "runs")],
         ["compare", "--base", model, "--finetuned", "tiny-rte", "--task", "rte", "--n", "4", *common],
+        ["special", "--model", "tiny-rte", "--task", "rte", "--n", "4", *common],  # with its base: the paired change
         ["train", "--data", "synthetic:4", "--folds", "2", "--epochs", "1", "--no-baselines", "--pool", "0",
          *common],
         ["evaluate", "--data", str(save_tiny_labeled_set(tmp_path / "labeled", 2)), "--panel-size", "4",
