@@ -309,3 +309,18 @@ def test_only_naming_no_step_is_one_error_line(workspace, monkeypatch, capsys, o
                                                "overview, classify, compare, special, disable, importance, prune, "
                                                "surface, cluster, probe-dep, probe-coref")
     assert ran == []
+
+
+def test_the_disabling_summary_quotes_the_pruning_change_on_the_held_out_examples(workspace):
+    """prune scores its curve on the odd-numbered examples only: the summary says on how many."""
+    folder = workspace / "runs" / demo.QUICK.name / "sst2"
+    folder.mkdir(parents=True)
+    pd.DataFrame({"layer": [0, 0], "head": [0, 1], "metric": "uniform_delta", "value": [-0.02, 0.01]}).to_csv(
+        folder / "disable_heads.csv", index=False)
+    pd.DataFrame({"layer": [0, 1], "delta": [-0.1, 0.0]}).to_csv(folder / "disable_layers.csv", index=False)
+    pd.DataFrame({"fraction_pruned": [0.0, 0.5, 1.0], "metric": [0.8, 0.75, 0.5], "delta": [0.0, -0.05, -0.3],
+                  "ci_low": [0.0, -0.1, -0.4], "ci_high": [0.0, 0.0, -0.2], "n_scored": 8}).to_csv(
+        folder / "pruning.csv", index=False)
+    line = demo._tab_lines(workspace / "runs", demo.QUICK)["Disabling"]()
+    assert "50.0% of heads pruned: accuracy 75.0% (-5.0 points, 95% interval -10.0 to +0.0), on the 8 held-out" in line
+    assert "by -2.0 to +1.0 points (L1-H2 best)" in line
