@@ -6,6 +6,7 @@ Which files a tab shows, and which folder holds each, comes from analysis.artifa
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import tempfile
 import threading
@@ -31,6 +32,17 @@ FIGURE_LOCK = threading.Lock()
 def slug_label(stem: str) -> str:
     """An artifact's name as a person reads it: "disable_heads" -> "disable heads"."""
     return stem.replace("_", " ")
+
+
+def recorded_model_name(manifest_path: Path) -> str | None:
+    """The model name a run manifest records (``model.name``); None for a missing, damaged or older manifest."""
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # ValueError: bad UTF-8 or JSON
+        return None
+    model = manifest.get("model") if isinstance(manifest, dict) else None
+    name = model.get("name") if isinstance(model, dict) else None
+    return name if isinstance(name, str) and name.strip() else None
 
 
 class Scratch:
@@ -124,6 +136,20 @@ class RunBrowser:
             if not part or part in {".", ".."} or "/" in part or "\\" in part:
                 raise AttnpatError(f"not a run name: {part!r}")
         return self.root / model / task
+
+    def model_name(self, model: str | None, task: str | None = None) -> str | None:
+        """The model as the user named it for run folder ``model`` ('org/model' for org__model, 'tiny@v2' for
+        tiny_at_v2), as the folder's manifests record it: the picked task's first, then its other tasks'. None when
+        none records one (a run from before manifests named the model): the folder's name stands in for it."""
+        if not model:
+            return None
+        try:
+            base = self.folder(model, task or "_")
+        except AttnpatError:
+            return None
+        manifests = [base / "manifest.json"] if task else []
+        manifests += sorted(self.root.joinpath(model).glob("*/manifest.json"))
+        return next(filter(None, map(recorded_model_name, manifests)), None)
 
     def artifact(self, model: str, task: str, stem: str) -> ArtifactView:
         folder = self.folder(model, registered(stem).folder or task)

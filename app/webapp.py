@@ -57,9 +57,10 @@ HIDE_SPECIAL_NOTE = ("Hiding [CLS]/[SEP] drops their rows and columns and renorm
                      "so it shows how the weight not spent on special tokens is spread.")
 
 
-def run_hints(stems, model: str, task: str) -> str:
-    """The distinct commands that would write ``stems``, as inline code."""
-    return ", ".join(f"`{command}`" for command in hints(stems, model, task))
+def run_hints(stems, model: str, task: str, model_name: str | None = None) -> str:
+    """The distinct commands that would write ``stems``, as inline code (``model_name``: the model as the run's
+    manifest names it, for ``--model``)."""
+    return ", ".join(f"`{command}`" for command in hints(stems, model, task, model_name))
 
 
 # ---------------------------------------------------------------- the app
@@ -264,8 +265,13 @@ class WebApp:
             folder = self.runs.folder(model, task) if model and task else None
         except AttnpatError as exc:
             return [_message(str(exc), "error"), *sum((self._artifact_outputs(None) for _ in stems), [])]
+        named = self.runs.model_name(model, task)  # --model as the user gave it, not the folder's slug
+
+        def commands(wanted) -> str:
+            return run_hints(wanted, model, task, named)
+
         if folder is not None and not folder.is_dir():
-            return [_message(f"no run {model}/{task} in {self.runs.root} yet: run {run_hints(stems, model, task)}",
+            return [_message(f"no run {model}/{task} in {self.runs.root} yet: run {commands(stems)}",
                              "info" if tab == CLASSIFIER_TAB else "error"),
                     *sum((self._artifact_outputs(None) for _ in stems), [])]
         for stem in stems:
@@ -288,16 +294,16 @@ class WebApp:
         empty = "info" if tab == CLASSIFIER_TAB else "error"
         if tab == CLASSIFIER_TAB and (not model or not task or len(missing) == len(stems)):
             message = _message(f"above: the shipped classifier's record. No training run in {self.runs.root} yet; "
-                               f"{run_hints(stems, model, task)} retrains it and shows its tables here", empty)
+                               f"{commands(stems)} retrains it and shows its tables here", empty)
         elif not model or not task:
             message = _message(f"no runs in {self.runs.root} yet: start one from the Runs tab or run "
                                "`attnpat demo --no-app`", empty)
         elif len(missing) == len(stems):
-            message = _message(f"no {tab.lower()} run for {model}/{task} yet: run {run_hints(stems, model, task)}",
+            message = _message(f"no {tab.lower()} run for {model}/{task} yet: run {commands(stems)}",
                                empty)
         elif missing:
             message = _message(f"{model}/{task}: also shown here once computed: "
-                               f"{', '.join(slug_label(s) for s in missing)} (run {run_hints(missing, model, task)})",
+                               f"{', '.join(slug_label(s) for s in missing)} (run {commands(missing)})",
                                "info")
         else:
             message = _message(f"{model}/{task}: every {tab.lower()} artifact is here", "ok")

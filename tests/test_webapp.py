@@ -26,9 +26,9 @@ from analysis.artifacts import tab_artifacts
 from analysis.data import Example, load_data
 from analysis.errors import AttnpatError
 from analysis.figures import GridLayout, grid_image, layer_head_figure
-from analysis.models import load_model
+from analysis.models import load_model, with_map_kind
 from analysis.patterns import CLASS_STYLE, CLASSES
-from analysis.rundir import long_table
+from analysis.rundir import RunDir, long_table
 from analysis.stream import encode_examples, stream_maps
 from app.cli import app
 from app.explore import LiveExplorer, ModelCache, sentence_maps
@@ -636,3 +636,34 @@ def test_a_port_in_use_is_one_error_and_loads_no_model(tmp_path, monkeypatch):
         assert len(warmed) == 1
     finally:
         demo.close()
+
+
+def test_suggested_commands_name_the_model_as_given_not_its_run_folder(tmp_path, monkeypatch):
+    """A run of model 'org/tiny-bert' lives in runs/org__tiny-bert/: the tabs' suggested commands said
+    `--model org__tiny-bert` (no such model); now they take the name the run's manifest records, also for a task
+    not run yet and for the norm-map folder, and fall back to the folder's name for a manifest without one."""
+    monkeypatch.chdir(tmp_path)
+    save_tiny_model(tmp_path / "org" / "tiny-bert")
+    bundle = load_model("org/tiny-bert", device="cpu")
+    assert bundle.slug == "org__tiny-bert"
+    runs = tmp_path / "runs"
+    run = RunDir(bundle.slug, "sst2", runs)
+    with run.record("sweeps", bundle):
+        run.write_table("disable_heads", long_table({"uniform_delta": np.zeros((2, 4))}))
+    web = WebApp(runs)
+    message = web.show_artifacts("Disabling", "org__tiny-bert", "sst2")[0]
+    assert "`attnpat importance --model org/tiny-bert --task sst2`" in message
+    assert "org__tiny-bert --task" not in message
+    message = web.show_artifacts("Pattern ratios", "org__tiny-bert", "rte")[0]  # no rte run: sst2's manifest names it
+    assert message.startswith("**error:** no run org__tiny-bert/rte") and "--model org/tiny-bert --task rte" in message
+    norm = RunDir("org__tiny-bert@norm", "sst2", runs)
+    with norm.record("classify", with_map_kind(bundle, "norm")):
+        norm.write_table("patterns", pd.DataFrame({"layer": [0], "head": [0], "class": ["block"], "count": [1],
+                                                   "fraction": [1.0]}))
+    message = web.show_artifacts("Pattern ratios", "org__tiny-bert@norm", "sst2")[0]
+    assert "`attnpat classify --model org/tiny-bert --task sst2 --map-kind norm`" in message
+    older = runs / "old__model" / "sst2"
+    older.mkdir(parents=True)
+    (older / "manifest.json").write_text(json.dumps({"task": "sst2", "analyses": {}}))  # no "model" recorded
+    message = web.show_artifacts("Pattern ratios", "old__model", "sst2")[0]
+    assert "`attnpat classify --model old__model --task sst2`" in message
