@@ -424,7 +424,7 @@ def test_run_tab_endpoints(client, server, runs_dir):
 
     message, artifacts = run_tab(client, "/fine_tuning", model, "sst2")
     assert is_error(message) and f"no fine-tuning run for {model}/sst2" in message
-    assert f"attnpat special --model {model} --task sst2" in message
+    assert f"attnpat special --model {server[2]} --task sst2" in message  # the model as given, as its manifest says
     assert not any(a["title"] or a["image"] or a["files"] for a in artifacts)
 
     message, (disable_heads, disable_layers, importance, pruning) = run_tab(client, "/disabling", model, "sst2")
