@@ -258,7 +258,7 @@ class WebApp:
         return gr.Dropdown(choices=models, value=model), gr.Dropdown(choices=tasks, value=task)
 
     def show_artifacts(self, tab: str, model, task):
-        """-> message, then per artifact of the tab: group, title, image, table, downloads (5 outputs)."""
+        """-> message, then per artifact of the tab: group, title, image, table, downloads, notes (6 outputs)."""
         stems = [artifact.stem for artifact in tab_artifacts(tab)]
         outputs, missing, problems = [], [], []
         try:
@@ -319,10 +319,10 @@ class WebApp:
 
     @staticmethod
     def _artifact_outputs(view: ArtifactView | None) -> list:
-        """group, title, image, table, downloads (CSV, PNG, SVG that exist) of one artifact."""
+        """group, title, image, table, downloads (CSV, PNG, SVG that exist), notes under the table of one artifact."""
         if view is None:
             return [gr.Group(visible=False), "", gr.Image(value=None, visible=False),
-                    gr.Dataframe(value=None, visible=False), None]
+                    gr.Dataframe(value=None, visible=False), None, ""]
         where = f"`{view.folder.parent.name}/{view.folder.name}`"
         # a table that says where its values come from (e.g. gold or silver parses) says so in the title too
         source = ""
@@ -331,8 +331,9 @@ class WebApp:
         title = f"#### {slug_label(view.stem)}{source}  \n<small>{where}</small>"
         files = [str(path) for path in (view.csv, view.png, view.svg) if path is not None]
         image = gr.Image(value=str(view.png) if view.png else None, visible=view.png is not None)
+        notes = "  \n".join(_message(note) for note in view.notes)
         return [gr.Group(visible=True), title, image,
-                gr.Dataframe(value=display_table(view.table), visible=view.table is not None), files]
+                gr.Dataframe(value=display_table(view.table), visible=view.table is not None), files, notes]
 
     # -------------------------------------------------------- Runs tab
 
@@ -508,10 +509,11 @@ class WebApp:
                     image = gr.Image(show_label=False, type="filepath", interactive=False,
                                      elem_id=f"{key}-{stem}-image")
                     table = gr.Dataframe(interactive=False, max_height=320, elem_id=f"{key}-{stem}-table")
+                    notes = gr.Markdown(elem_id=f"{key}-{stem}-notes")  # what the table alone does not say
                     # one file list per artifact (CSV, PNG, SVG): three buttons each would triple the page config
                     files = gr.File(label="download", file_count="multiple", interactive=False,
                                     elem_id=f"{key}-{stem}-files")
-                outputs += [group, title, image, table, files]
+                outputs += [group, title, image, table, files, notes]
 
             api = key.replace("-", "_")
 
