@@ -9,6 +9,7 @@ model and checks that every file they write is listed here.
 """
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from fnmatch import fnmatch
 
@@ -73,10 +74,14 @@ class Artifact:
         return ((f"{self.stem}.csv",) if self.table else ()) + ((f"{self.stem}.png", f"{self.stem}.svg")
                                                                    if self.figure else ())
 
-    def command(self, model: str, task: str) -> str:
+    def command(self, model: str, task: str, model_name: str | None = None) -> str:
         """The full command that writes this artifact, e.g. ``attnpat special --model minilm --task sst2``;
-        ``model`` is a run-folder name, so minilm@norm gives ``--model minilm ... --map-kind norm``."""
+        ``model`` is a run-folder name, so minilm@norm gives ``--model minilm ... --map-kind norm``.
+        ``model_name``: the model as the user named it (a run's manifest records it), which the folder's name
+        cannot give back for a hub id ('org/model' -> folder org__model) or a name with '@' (-> '_at_')."""
         model, kind = split_kind_folder(model) if model else (model, "weight")  # no run picked yet: None
+        if model_name:
+            model = shlex.quote(model_name)  # a path may hold spaces
         extra = f" --map-kind {kind}" if kind != "weight" and self.verb in MAP_KIND_VERBS else ""
         arguments = self.hint.format(model=model, task=task)
         return f"attnpat {self.verb} {arguments}".rstrip() + extra
@@ -256,9 +261,9 @@ def verbs() -> set[str]:
     return {entry.verb for entry in ARTIFACTS}
 
 
-def hints(stems, model: str, task: str) -> list[str]:
-    """The distinct commands that would write ``stems``, in order."""
-    return list(dict.fromkeys(artifact(stem).command(model, task) for stem in stems))
+def hints(stems, model: str, task: str, model_name: str | None = None) -> list[str]:
+    """The distinct commands that would write ``stems``, in order (``model_name``: see :meth:`Artifact.command`)."""
+    return list(dict.fromkeys(artifact(stem).command(model, task, model_name) for stem in stems))
 
 
 def listed(name: str) -> bool:

@@ -110,6 +110,14 @@ def with_map_kind(bundle: EncoderBundle, map_kind: str) -> EncoderBundle:
     return replace(bundle, map_kind=check_kind_supported(map_kind, getattr(bundle.config, "model_type", "?")))
 
 
+def check_model_kinds(name: str, kinds, option: str = "--model") -> None:
+    """An AttnpatError when model ``name``'s family cannot give one of ``kinds`` (norm maps of ALBERT), read from
+    its config alone: before its weights, a classifier or any data load."""
+    model_type = getattr(load_config(resolve_model(name), option), "model_type", "?")
+    for kind in kinds:
+        check_kind_supported(kind, model_type)
+
+
 def model_slug(name: str) -> str:
     """A file-system-safe name for run directories: 'bert-base-uncased', 'org__model', 'my-finetuned'. '@' becomes
     '_at_': it separates a map kind's run folder (runs/<model>@norm/), so a model named 'tiny@norm' (a store name or

@@ -18,7 +18,7 @@ from analysis.mapkinds import KIND_NOTES
 from analysis.models import load_model
 from analysis.rundir import RunDir, writable_path
 from app import options as opt
-from app.display import clipped_note, ratio_lines
+from app.display import ratio_lines, ratio_notes
 from classifier import SYNTHETIC_MIX
 
 
@@ -163,10 +163,8 @@ def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = 
             typer.echo(line)
         uncertainty = RunDir(bundle.slug, name, runs_dir).manifest().get("analyses", {}).get("classify", {}).get(
             "ratio_uncertainty", {})
-        if uncertainty.get("clipped"):
-            typer.echo(f"    note: {clipped_note(uncertainty['clipped'])}")
-        if str(uncertainty.get("adjusted", "")).startswith("unavailable"):
-            typer.echo(f"    note: adjusted ratios {uncertainty['adjusted']}")
+        for note in ratio_notes(uncertainty):
+            typer.echo(f"    note: {note}")
     last = RunDir(bundle.slug, list(ratios)[-1], runs_dir)
     typer.echo(f"tables and figures: {last.path} (per-task comparison: {RunDir(bundle.slug, 'all', runs_dir).path})")
 

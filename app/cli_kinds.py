@@ -10,7 +10,7 @@ import typer
 from analysis.data import load_data
 from analysis.errors import AttnpatError
 from analysis.mapkinds import KIND_NOTES, check_map_kind
-from analysis.models import load_model
+from analysis.models import check_model_kinds, load_model
 from analysis.rundir import RunDir
 from app import options as opt
 
@@ -37,6 +37,7 @@ def compare_kinds(model: str = opt.Model, task: str = opt.Task,
     wanted = list(dict.fromkeys(check_map_kind(kind.strip()) for kind in kinds.split(",") if kind.strip()))
     if len(wanted) < 2:
         raise AttnpatError(f"--kinds needs at least two map kinds, got {kinds!r}")
+    check_model_kinds(model, wanted)  # a kind the family cannot give: from its config, before anything loads
     data = load_data(task, split, n, text_column=text_column, pair_column=pair_column, label_column=label_column)
     bundle = load_model(model)
     cnn = load_classifier(str(classifier) if classifier else None)

@@ -17,6 +17,7 @@ from analysis.importance import (
 from analysis.rundir import RunDir
 from analysis.sweeps import UNITS, classifier_head_note, disable_analysis, seeded_classifier
 from app import options as opt
+from app.display import interval_text
 
 Mode = typer.Option("uniform", "--mode", help="uniform (Kovaleva: attention 1/n over real tokens) or zero "
                     "(Michel: the head's output times 0)")
@@ -48,9 +49,13 @@ def _head(entry: dict) -> str:
     return f"layer {entry['layer'] + 1} head {entry['head'] + 1}"
 
 
-def _change(delta: float, low: float, high: float) -> str:
-    """A metric change with its paired bootstrap 95% interval."""
-    return f"{delta:+.4f} [{low:+.4f}, {high:+.4f}]"
+# A metric change with its paired bootstrap 95% interval, signed: '+0.0250 [-0.0100, +0.0600]'.
+CHANGE = "+.4f"
+
+
+def _entry_change(entry: dict) -> str:
+    """A summary entry's (a head's or a layer's) change with its interval (delta, ci_low, ci_high)."""
+    return interval_text(entry["delta"], entry["ci_low"], entry["ci_high"], spec=CHANGE)
 
 
 def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N, split: str = opt.Split,
@@ -80,14 +85,14 @@ def disable(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
     if "best" in summary:
         for label, rows in (("helps", summary["best"]), ("hurts", summary["worst"])):
             typer.echo(f"disabling {label} most:  " + "; ".join(
-                f"{_head(e)} {_change(e['delta'], e['ci_low'], e['ci_high'])}" for e in rows))
+                f"{_head(e)} {_entry_change(e)}" for e in rows))
     if "layer_deltas" in summary:
         typer.echo("whole layer disabled:  " + "; ".join(
-            f"layer {i + 1} {_change(d, *interval)}"
+            f"layer {i + 1} {interval_text(d, *interval, spec=CHANGE)}"
             for i, (d, interval) in enumerate(zip(summary["layer_deltas"], summary["layer_intervals"]))))
     for unit, rows in summary.get("significant", {}).items():
         name = _head if unit == "heads" else (lambda e: f"layer {e['layer'] + 1}")
-        found = "; ".join(f"{name(e)} {_change(e['delta'], e['ci_low'], e['ci_high'])}" for e in rows)
+        found = "; ".join(f"{name(e)} {_entry_change(e)}" for e in rows)
         typer.echo(f"{unit} whose change survives Holm (p < 0.05; 95% bootstrap interval): {found or 'none'}")
     for unit, others in summary.get("dropped_modes", {}).items():
         for other in others:
@@ -157,7 +162,7 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
                f"scored on the {result['n_scored']} odd-numbered ones")
     typer.echo(f"{'pruned':>7} {'heads':>6} {result['metric_name']:>10} {'change [95% interval]':>28} {'p (Holm)':>9}")
     for row in result["curve"].itertuples():
-        change = _change(row.delta, row.ci_low, row.ci_high)
+        change = interval_text(row.delta, row.ci_low, row.ci_high, spec=CHANGE)
         typer.echo(f"{row.fraction_pruned * 100:6.1f}% {row.n_pruned:>6} {row.metric:>10.4f} {change:>28} "
                    f"{row.p_holm:>9.3g}")
     typer.echo("wrote " + ", ".join(result["outputs"]))

@@ -182,3 +182,16 @@ def clipped_note(classes: list[str]) -> str:
     return (f"adjusted {', '.join(classes)} clipped to 0: observed below what the classifier's cross-validated "
             "error rates allow, so those rates do not hold on these maps and the adjusted interval there is too "
             "narrow")
+
+
+def ratio_notes(uncertainty: dict) -> list[str]:
+    """The notes under a task's pattern ratios, from the manifest's ratio_uncertainty (classifier.classify): the
+    classes whose adjusted share was clipped to 0, and why adjusted ratios are unavailable; [] when neither."""
+    notes = []
+    clipped = uncertainty.get("clipped")
+    if isinstance(clipped, list) and clipped:
+        notes.append(clipped_note([str(name) for name in clipped]))
+    adjusted = uncertainty.get("adjusted")
+    if isinstance(adjusted, str) and adjusted.startswith("unavailable"):
+        notes.append(f"adjusted ratios {adjusted}")
+    return notes

@@ -6,13 +6,14 @@ Which files a tab shows, and which folder holds each, comes from analysis.artifa
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import tempfile
 import threading
 import time
 import uuid
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -23,6 +24,7 @@ from analysis.errors import AttnpatError, os_error_reason
 from analysis.figures import close, layer_head_figure
 from analysis.paths import runs_root
 from analysis.rundir import list_runs, save_figure
+from app.display import ratio_notes
 
 # pyplot keeps global state: requests served in parallel threads draw their figures one at a time.
 FIGURE_LOCK = threading.Lock()
@@ -31,6 +33,34 @@ FIGURE_LOCK = threading.Lock()
 def slug_label(stem: str) -> str:
     """An artifact's name as a person reads it: "disable_heads" -> "disable heads"."""
     return stem.replace("_", " ")
+
+
+def read_manifest(manifest_path: Path) -> dict:
+    """A run folder's manifest, or {} when it is missing or damaged (the Runs tab reports a damaged one)."""
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # ValueError: bad UTF-8 or JSON
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def recorded_model_name(manifest_path: Path) -> str | None:
+    """The model name a run manifest records (``model.name``); None for a missing, damaged or older manifest."""
+    model = read_manifest(manifest_path).get("model")
+    name = model.get("name") if isinstance(model, dict) else None
+    return name if isinstance(name, str) and name.strip() else None
+
+
+def pattern_ratio_notes(manifest: dict) -> list[str]:
+    """`classify`'s notes under pattern_ratios (clipped classes, adjusted ratios unavailable) from its manifest."""
+    analyses = manifest.get("analyses")
+    entry = analyses.get("classify") if isinstance(analyses, dict) else None
+    uncertainty = entry.get("ratio_uncertainty") if isinstance(entry, dict) else None
+    return ratio_notes(uncertainty) if isinstance(uncertainty, dict) else []
+
+
+# Artifacts shown with notes from their run's manifest: stem -> notes(manifest), lines of text under the table.
+ARTIFACT_NOTES = {"pattern_ratios": pattern_ratio_notes}
 
 
 class Scratch:
@@ -76,6 +106,7 @@ class ArtifactView:
     svg: Path | None = None
     table: pd.DataFrame | None = None
     error: str = ""
+    notes: list[str] = field(default_factory=list)  # what the table alone does not say (ARTIFACT_NOTES)
 
     @property
     def found(self) -> bool:
@@ -125,6 +156,20 @@ class RunBrowser:
                 raise AttnpatError(f"not a run name: {part!r}")
         return self.root / model / task
 
+    def model_name(self, model: str | None, task: str | None = None) -> str | None:
+        """The model as the user named it for run folder ``model`` ('org/model' for org__model, 'tiny@v2' for
+        tiny_at_v2), as the folder's manifests record it: the picked task's first, then its other tasks'. None when
+        none records one (a run from before manifests named the model): the folder's name stands in for it."""
+        if not model:
+            return None
+        try:
+            base = self.folder(model, task or "_")
+        except AttnpatError:
+            return None
+        manifests = [base / "manifest.json"] if task else []
+        manifests += sorted(self.root.joinpath(model).glob("*/manifest.json"))
+        return next(filter(None, map(recorded_model_name, manifests)), None)
+
     def artifact(self, model: str, task: str, stem: str) -> ArtifactView:
         folder = self.folder(model, registered(stem).folder or task)
         view = ArtifactView(stem, folder)
@@ -143,6 +188,8 @@ class RunBrowser:
                 view.table = None
         if view.png is None and view.table is not None:
             view.png, view.svg = self.derived_figure(view)
+        if view.table is not None and stem in ARTIFACT_NOTES:
+            view.notes = ARTIFACT_NOTES[stem](read_manifest(folder / "manifest.json"))
         return view
 
     def derived_figure(self, view: ArtifactView) -> tuple[Path | None, Path | None]:

@@ -57,9 +57,10 @@ HIDE_SPECIAL_NOTE = ("Hiding [CLS]/[SEP] drops their rows and columns and renorm
                      "so it shows how the weight not spent on special tokens is spread.")
 
 
-def run_hints(stems, model: str, task: str) -> str:
-    """The distinct commands that would write ``stems``, as inline code."""
-    return ", ".join(f"`{command}`" for command in hints(stems, model, task))
+def run_hints(stems, model: str, task: str, model_name: str | None = None) -> str:
+    """The distinct commands that would write ``stems``, as inline code (``model_name``: the model as the run's
+    manifest names it, for ``--model``)."""
+    return ", ".join(f"`{command}`" for command in hints(stems, model, task, model_name))
 
 
 # ---------------------------------------------------------------- the app
@@ -257,15 +258,20 @@ class WebApp:
         return gr.Dropdown(choices=models, value=model), gr.Dropdown(choices=tasks, value=task)
 
     def show_artifacts(self, tab: str, model, task):
-        """-> message, then per artifact of the tab: group, title, image, table, downloads (5 outputs)."""
+        """-> message, then per artifact of the tab: group, title, image, table, downloads, notes (6 outputs)."""
         stems = [artifact.stem for artifact in tab_artifacts(tab)]
         outputs, missing, problems = [], [], []
         try:
             folder = self.runs.folder(model, task) if model and task else None
         except AttnpatError as exc:
             return [_message(str(exc), "error"), *sum((self._artifact_outputs(None) for _ in stems), [])]
+        named = self.runs.model_name(model, task)  # --model as the user gave it, not the folder's slug
+
+        def commands(wanted) -> str:
+            return run_hints(wanted, model, task, named)
+
         if folder is not None and not folder.is_dir():
-            return [_message(f"no run {model}/{task} in {self.runs.root} yet: run {run_hints(stems, model, task)}",
+            return [_message(f"no run {model}/{task} in {self.runs.root} yet: run {commands(stems)}",
                              "info" if tab == CLASSIFIER_TAB else "error"),
                     *sum((self._artifact_outputs(None) for _ in stems), [])]
         for stem in stems:
@@ -288,16 +294,16 @@ class WebApp:
         empty = "info" if tab == CLASSIFIER_TAB else "error"
         if tab == CLASSIFIER_TAB and (not model or not task or len(missing) == len(stems)):
             message = _message(f"above: the shipped classifier's record. No training run in {self.runs.root} yet; "
-                               f"{run_hints(stems, model, task)} retrains it and shows its tables here", empty)
+                               f"{commands(stems)} retrains it and shows its tables here", empty)
         elif not model or not task:
             message = _message(f"no runs in {self.runs.root} yet: start one from the Runs tab or run "
                                "`attnpat demo --no-app`", empty)
         elif len(missing) == len(stems):
-            message = _message(f"no {tab.lower()} run for {model}/{task} yet: run {run_hints(stems, model, task)}",
+            message = _message(f"no {tab.lower()} run for {model}/{task} yet: run {commands(stems)}",
                                empty)
         elif missing:
             message = _message(f"{model}/{task}: also shown here once computed: "
-                               f"{', '.join(slug_label(s) for s in missing)} (run {run_hints(missing, model, task)})",
+                               f"{', '.join(slug_label(s) for s in missing)} (run {commands(missing)})",
                                "info")
         else:
             message = _message(f"{model}/{task}: every {tab.lower()} artifact is here", "ok")
@@ -313,10 +319,10 @@ class WebApp:
 
     @staticmethod
     def _artifact_outputs(view: ArtifactView | None) -> list:
-        """group, title, image, table, downloads (CSV, PNG, SVG that exist) of one artifact."""
+        """group, title, image, table, downloads (CSV, PNG, SVG that exist), notes under the table of one artifact."""
         if view is None:
             return [gr.Group(visible=False), "", gr.Image(value=None, visible=False),
-                    gr.Dataframe(value=None, visible=False), None]
+                    gr.Dataframe(value=None, visible=False), None, ""]
         where = f"`{view.folder.parent.name}/{view.folder.name}`"
         # a table that says where its values come from (e.g. gold or silver parses) says so in the title too
         source = ""
@@ -325,8 +331,9 @@ class WebApp:
         title = f"#### {slug_label(view.stem)}{source}  \n<small>{where}</small>"
         files = [str(path) for path in (view.csv, view.png, view.svg) if path is not None]
         image = gr.Image(value=str(view.png) if view.png else None, visible=view.png is not None)
+        notes = "  \n".join(_message(note) for note in view.notes)
         return [gr.Group(visible=True), title, image,
-                gr.Dataframe(value=display_table(view.table), visible=view.table is not None), files]
+                gr.Dataframe(value=display_table(view.table), visible=view.table is not None), files, notes]
 
     # -------------------------------------------------------- Runs tab
 
@@ -502,10 +509,11 @@ class WebApp:
                     image = gr.Image(show_label=False, type="filepath", interactive=False,
                                      elem_id=f"{key}-{stem}-image")
                     table = gr.Dataframe(interactive=False, max_height=320, elem_id=f"{key}-{stem}-table")
+                    notes = gr.Markdown(elem_id=f"{key}-{stem}-notes")  # what the table alone does not say
                     # one file list per artifact (CSV, PNG, SVG): three buttons each would triple the page config
                     files = gr.File(label="download", file_count="multiple", interactive=False,
                                     elem_id=f"{key}-{stem}-files")
-                outputs += [group, title, image, table, files]
+                outputs += [group, title, image, table, files, notes]
 
             api = key.replace("-", "_")
 

@@ -248,6 +248,17 @@ def test_bad_kinds_are_one_line_errors(bert, tmp_path):
 
 
 
+def save_tiny_albert(folder):
+    """A tiny random ALBERT (one attention module shared by its 2 layers) with the MiniLM tokenizer, saved."""
+    tokenizer = minilm_tokenizer()
+    config = AlbertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=37, embedding_size=16, attn_implementation="eager")
+    torch.manual_seed(0)
+    AlbertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def test_norm_maps_of_a_family_without_per_layer_projections_are_refused_before_any_work(tmp_path, monkeypatch,
                                                                                           capsys):
     """ALBERT shares one attention module across its layers, so it has no per-layer value and output projections
@@ -255,12 +266,7 @@ def test_norm_maps_of_a_family_without_per_layer_projections_are_refused_before_
     other verbs refused only at their first batch, after the model loaded. Now the kind is refused before the
     weights load (or, for a loaded model, before its first map); weight and rollout maps still work."""
     monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
-    tokenizer = minilm_tokenizer()
-    config = AlbertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          intermediate_size=37, embedding_size=16, attn_implementation="eager")
-    torch.manual_seed(0)
-    AlbertModel(config).save_pretrained(tmp_path / "models" / "tiny-albert")
-    tokenizer.save_pretrained(tmp_path / "models" / "tiny-albert")
+    save_tiny_albert(tmp_path / "models" / "tiny-albert")
     runs = tmp_path / "runs"
     common = ["--model", "tiny-albert", "--task", "sst2", "--n", "4", "--runs-dir", str(runs), "-q"]
     capsys.readouterr()  # transformers' bar for the shards saved above
@@ -330,6 +336,30 @@ def test_compare_kinds_writes_each_kinds_run_and_the_side_by_side_table(tmp_path
     assert main(argv) == 0
     after = json.loads((runs / "tiny@norm" / "sst2" / "manifest.json").read_text())["analyses"]["classify"]
     assert before == after
+
+
+def test_compare_kinds_refuses_a_kind_the_model_cannot_give_before_loading_anything(tmp_path, monkeypatch, capsys):
+    """`compare-kinds --kinds weight,norm` on ALBERT: the refusal comes from the model's config alone (before, the
+    data, the model's weights and the classifier's checkpoint were all loaded first, then the kind was refused)."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    save_tiny_albert(tmp_path / "models" / "tiny-albert")
+    loaded = []
+
+    def must_not_load(what):
+        def load(*args, **kwargs):
+            loaded.append(what)
+            raise AssertionError(f"{what} loaded before the map kind was checked")
+        return load
+
+    monkeypatch.setattr("analysis.models.AutoModel.from_pretrained", must_not_load("the model's weights"))
+    monkeypatch.setattr("classifier.predict.load_checkpoint", must_not_load("the classifier checkpoint"))
+    monkeypatch.setattr("app.cli_kinds.load_data", must_not_load("the data"))
+    capsys.readouterr()  # transformers' bar for the shards saved above
+    assert main(["compare-kinds", "--model", "tiny-albert", "--task", "sst2", "--n", "4", "--kinds", "weight,norm",
+                 "--runs-dir", str(tmp_path / "runs"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: norm maps are not supported for albert models") and err.count("\n") == 1
+    assert loaded == [] and not (tmp_path / "runs").exists()
 
 
 def test_compare_kinds_needs_two_kinds(capsys):

@@ -89,7 +89,11 @@ def test_importance_and_prune_verbs(tiny_model_dir, tmp_path, capsys):
     importance = pd.read_csv(run / "importance.csv")
     scores = importance[importance.metric == "importance"].value.to_numpy().reshape(2, 4)
     assert np.allclose(np.linalg.norm(scores, axis=1), 1.0)  # per-layer norm only
-    assert pd.read_csv(run / "pruning.csv").n_pruned.tolist() == [0, 2, 4, 6, 8]
+    curve = pd.read_csv(run / "pruning.csv")
+    assert curve.n_pruned.tolist() == [0, 2, 4, 6, 8]
+    # each step's change is printed with its interval, signed, as `disable` prints its changes
+    for row in curve.itertuples():
+        assert f" {row.delta:+.4f} [{row.ci_low:+.4f}, {row.ci_high:+.4f}] " in out
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -26,15 +26,15 @@ from analysis.artifacts import tab_artifacts
 from analysis.data import Example, load_data
 from analysis.errors import AttnpatError
 from analysis.figures import GridLayout, grid_image, layer_head_figure
-from analysis.models import load_model
+from analysis.models import load_model, with_map_kind
 from analysis.patterns import CLASS_STYLE, CLASSES
-from analysis.rundir import long_table
+from analysis.rundir import RunDir, long_table
 from analysis.stream import encode_examples, stream_maps
 from app.cli import app
 from app.explore import LiveExplorer, ModelCache, sentence_maps
 from app.jobs import BatchJobs, cli_verbs
 from app.webapp import WebApp
-from classifier.classify import pattern_table, ratio_table
+from classifier.classify import pattern_table, ratio_table, ratio_uncertainty
 from tests.tiny import save_tiny_model
 
 
@@ -396,11 +396,13 @@ def unwrap(value):
 
 
 def run_tab(client, api_name: str, model: str, task: str):
-    """(message, [artifact outputs]) of a run tab; per artifact the API returns title, image, table and the
-    downloadable files (the group's visibility is layout, not an API output; the title is empty when missing)."""
+    """(message, [artifact outputs]) of a run tab; per artifact the API returns title, image, table, the
+    downloadable files and the notes under the table (the group's visibility is layout, not an API output; the
+    title is empty when missing)."""
     out = [unwrap(value) for value in client.predict(model, task, api_name=api_name)]
-    fields = ("title", "image", "table", "files")
-    artifacts = [dict(zip(fields, out[1 + 4 * k: 5 + 4 * k])) for k in range((len(out) - 1) // 4)]
+    fields = ("title", "image", "table", "files", "notes")
+    width = len(fields)
+    artifacts = [dict(zip(fields, out[1 + width * k: 1 + width * (k + 1)])) for k in range((len(out) - 1) // width)]
     for artifact in artifacts:
         artifact["suffixes"] = sorted(Path(f).suffix for f in artifact["files"] or [])
     return out[0], artifacts
@@ -424,7 +426,7 @@ def test_run_tab_endpoints(client, server, runs_dir):
 
     message, artifacts = run_tab(client, "/fine_tuning", model, "sst2")
     assert is_error(message) and f"no fine-tuning run for {model}/sst2" in message
-    assert f"attnpat special --model {model} --task sst2" in message
+    assert f"attnpat special --model {server[2]} --task sst2" in message  # the model as given, as its manifest says
     assert not any(a["title"] or a["image"] or a["files"] for a in artifacts)
 
     message, (disable_heads, disable_layers, importance, pruning) = run_tab(client, "/disabling", model, "sst2")
@@ -567,7 +569,7 @@ def test_the_pattern_ratios_tab_shows_every_ratio_with_its_intervals_and_offers_
     stems = [artifact.stem for artifact in tab_artifacts("Pattern ratios")]
     for stem, columns in (("pattern_ratios", ["fraction", "ci_low", "ci_high", "adjusted", "adjusted_ci_low",
                                               "adjusted_ci_high"]), ("patterns", ["fraction", "ci_low", "ci_high"])):
-        table, files = outputs[1 + 5 * stems.index(stem) + 3], outputs[1 + 5 * stems.index(stem) + 4]
+        table, files = outputs[1 + 6 * stems.index(stem) + 3], outputs[1 + 6 * stems.index(stem) + 4]
         written = pd.read_csv(folder / f"{stem}.csv")
         shown = pd.DataFrame(table.value["data"], columns=table.value["headers"])
         assert shown[columns].values.tolist() == [[f"{value * 100:.1f}%" for value in row]
@@ -636,3 +638,62 @@ def test_a_port_in_use_is_one_error_and_loads_no_model(tmp_path, monkeypatch):
         assert len(warmed) == 1
     finally:
         demo.close()
+
+
+def test_suggested_commands_name_the_model_as_given_not_its_run_folder(tmp_path, monkeypatch):
+    """A run of model 'org/tiny-bert' lives in runs/org__tiny-bert/: the tabs' suggested commands said
+    `--model org__tiny-bert` (no such model); now they take the name the run's manifest records, also for a task
+    not run yet and for the norm-map folder, and fall back to the folder's name for a manifest without one."""
+    monkeypatch.chdir(tmp_path)
+    save_tiny_model(tmp_path / "org" / "tiny-bert")
+    bundle = load_model("org/tiny-bert", device="cpu")
+    assert bundle.slug == "org__tiny-bert"
+    runs = tmp_path / "runs"
+    run = RunDir(bundle.slug, "sst2", runs)
+    with run.record("sweeps", bundle):
+        run.write_table("disable_heads", long_table({"uniform_delta": np.zeros((2, 4))}))
+    web = WebApp(runs)
+    message = web.show_artifacts("Disabling", "org__tiny-bert", "sst2")[0]
+    assert "`attnpat importance --model org/tiny-bert --task sst2`" in message
+    assert "org__tiny-bert --task" not in message
+    message = web.show_artifacts("Pattern ratios", "org__tiny-bert", "rte")[0]  # no rte run: sst2's manifest names it
+    assert message.startswith("**error:** no run org__tiny-bert/rte") and "--model org/tiny-bert --task rte" in message
+    norm = RunDir("org__tiny-bert@norm", "sst2", runs)
+    with norm.record("classify", with_map_kind(bundle, "norm")):
+        norm.write_table("patterns", pd.DataFrame({"layer": [0], "head": [0], "class": ["block"], "count": [1],
+                                                   "fraction": [1.0]}))
+    message = web.show_artifacts("Pattern ratios", "org__tiny-bert@norm", "sst2")[0]
+    assert "`attnpat classify --model org/tiny-bert --task sst2 --map-kind norm`" in message
+    older = runs / "old__model" / "sst2"
+    older.mkdir(parents=True)
+    (older / "manifest.json").write_text(json.dumps({"task": "sst2", "analyses": {}}))  # no "model" recorded
+    message = web.show_artifacts("Pattern ratios", "old__model", "sst2")[0]
+    assert "`attnpat classify --model old__model --task sst2`" in message
+
+
+def test_the_pattern_ratios_tab_shows_classifys_notes_under_the_ratio_table(tmp_path):
+    """The notes `classify` prints under a task's ratios, from the run's manifest (ratio_uncertainty): a class whose
+    adjusted share was clipped to 0, and adjusted ratios unavailable for a confusion matrix that cannot be inverted
+    (before, the tab showed the table alone: a clipped 0.0% read as a measured zero)."""
+    counts = np.array([40, 10, 10, 20, 0]).reshape(1, 1, -1)  # no heterogeneous map classified
+    confusion = np.eye(5) * 70
+    confusion[3, 4] = 30  # 30% of true block maps are classified heterogeneous
+    never = np.array([[3, 0, 1, 0, 0], [0, 0, 2, 0, 2], [0, 0, 1, 0, 3], [0, 0, 0, 4, 0], [0, 0, 1, 0, 3]])
+    stems = [artifact.stem for artifact in tab_artifacts("Pattern ratios")]
+    for task, matrix in (("clipped", confusion), ("singular", never)):
+        folder = tmp_path / "runs" / "m" / task
+        folder.mkdir(parents=True)
+        table = ratio_table(counts, confusion=matrix if task == "clipped" else None)
+        table.to_csv(folder / "pattern_ratios.csv", index=False)
+        manifest = {"analyses": {"classify": {"ratio_uncertainty": ratio_uncertainty(10, matrix, table)}}}
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    web = WebApp(tmp_path / "runs")
+    notes = web.show_artifacts("Pattern ratios", "m", "clipped")[1 + 6 * stems.index("pattern_ratios") + 5]
+    assert notes.startswith("**note:** adjusted heterogeneous clipped to 0: observed below what the classifier's")
+    outputs = web.show_artifacts("Pattern ratios", "m", "singular")
+    assert outputs[1 + 6 * stems.index("pattern_ratios") + 5] == (
+        "**note:** adjusted ratios unavailable: the checkpoint's cross-validated confusion matrix cannot be inverted: "
+        "the classifier never predicted diagonal in cross-validation")
+    assert [outputs[1 + 6 * k + 5] for k, stem in enumerate(stems) if stem != "pattern_ratios"] == [""] * 3
+    (tmp_path / "runs" / "m" / "singular" / "manifest.json").write_text("{cut off")  # damaged: no notes, no error
+    assert web.show_artifacts("Pattern ratios", "m", "singular")[1 + 6 * stems.index("pattern_ratios") + 5] == ""

@@ -214,7 +214,7 @@ def test_run_tab_titles_say_where_values_come_from_and_tables_read_as_people_rea
     message, *outputs = web.show_artifacts("Surface and clusters", "minilm", "wiki")
     stems = [entry.stem for entry in tab_artifacts("Surface and clusters")]
     index = stems.index("probing_dependency")
-    title, table = outputs[5 * index + 1], outputs[5 * index + 3]
+    title, table = outputs[6 * index + 1], outputs[6 * index + 3]
     assert "probing dependency: silver parses (spaCy en_core_web_sm 3.8.0)" in title
     assert table.value["data"][0][4] == "68.0%" and table.value["data"][0][6] == "25.0%"
     assert message.startswith("**note:** ") and "also shown here once computed" in message
@@ -229,10 +229,10 @@ def test_a_heatmap_drawn_for_a_table_downloads_under_the_tables_name(tmp_path):
     web = WebApp(tmp_path)
     outputs = web.show_artifacts("Fine-tuning", "minilm", "sst2")[1:]
     index = [entry.stem for entry in tab_artifacts("Fine-tuning")].index("linguistic")
-    image, files = outputs[5 * index + 2], outputs[5 * index + 4]
+    image, files = outputs[6 * index + 2], outputs[6 * index + 4]
     assert sorted(Path(path).name for path in files) == ["linguistic.csv", "linguistic.png", "linguistic.svg"]
     assert Path(image.value["path"]).read_bytes()[:4] == b"\x89PNG"
-    assert web.show_artifacts("Fine-tuning", "minilm", "sst2")[1:][5 * index + 4] == files  # drawn once, then kept
+    assert web.show_artifacts("Fine-tuning", "minilm", "sst2")[1:][6 * index + 4] == files  # drawn once, then kept
 
 
 def test_disabling_tab_says_which_effects_survive_holm(tmp_path):
