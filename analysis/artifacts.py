@@ -19,8 +19,10 @@ from fnmatch import fnmatch
 KIND_SEPARATOR = "@"
 MAP_KIND_VERBS = ("extract", "classify", "special", "surface")
 
-# Placeholders of a hint: the run tab's model (run-directory name) and task.
+# Placeholders of a hint: the run tab's model (run-directory name) and task, and {base}: the base model the run's
+# model was fine-tuned from (DEFAULT_BASE when none is recorded).
 STANDARD = "--model {model} --task {task}"
+DEFAULT_BASE = "minilm"  # the embedded model, the base the fine-tuning hints start from
 # The labeled set that ships with the repository (the hint for the Classifier tab names it).
 SHIPPED_LABELED_SET = "annotation/labeled/v5"
 # The held-out panel's labels, which no checkpoint is trained on (the hint of `attnpat evaluate` names it).
@@ -48,9 +50,11 @@ class Artifact:
     """One result of an analysis: <stem>.csv (when ``table``), <stem>.png/.svg (when ``figure``).
 
     verb: the `attnpat` verb that writes it; tab: the app tab that shows it (None: not shown, e.g. the map
-    shards); hint: the verb's arguments, with {model} and {task} filled in by the tab; folder: a fixed task
-    folder that holds it whatever task is picked; kind: "dir" for a folder (its stem may be a glob pattern),
-    "checkpoint" for <stem>.safetensors with its <stem>.json metadata, "json" for <stem>.json.
+    shards); hint: the verb's arguments, with {model}, {task} and {base} filled in by the tab; folder: a fixed
+    task folder that holds it whatever task is picked; kind: "dir" for a folder (its stem may be a glob pattern),
+    "checkpoint" for <stem>.safetensors with its <stem>.json metadata, "json" for <stem>.json; finetuned: written
+    only in a fine-tuned model's run (it pairs the model with its base), so the app does not hint it for the run
+    of a model that has no base recorded.
     """
 
     stem: str
@@ -62,6 +66,7 @@ class Artifact:
     folder: str | None = None
     hint: str = STANDARD
     kind: str = "file"
+    finetuned: bool = False
 
     def files(self) -> tuple[str, ...]:
         """The file names this artifact puts in its run folder."""
@@ -74,16 +79,17 @@ class Artifact:
         return ((f"{self.stem}.csv",) if self.table else ()) + ((f"{self.stem}.png", f"{self.stem}.svg")
                                                                    if self.figure else ())
 
-    def command(self, model: str, task: str, model_name: str | None = None) -> str:
+    def command(self, model: str, task: str, model_name: str | None = None, base: str | None = None) -> str:
         """The full command that writes this artifact, e.g. ``attnpat special --model minilm --task sst2``;
         ``model`` is a run-folder name, so minilm@norm gives ``--model minilm ... --map-kind norm``.
         ``model_name``: the model as the user named it (a run's manifest records it), which the folder's name
-        cannot give back for a hub id ('org/model' -> folder org__model) or a name with '@' (-> '_at_')."""
+        cannot give back for a hub id ('org/model' -> folder org__model) or a name with '@' (-> '_at_').
+        ``base``: the base model the run's model was fine-tuned from, for {base} (default DEFAULT_BASE)."""
         model, kind = split_kind_folder(model) if model else (model, "weight")  # no run picked yet: None
         if model_name:
             model = shlex.quote(model_name)  # a path may hold spaces
         extra = f" --map-kind {kind}" if kind != "weight" and self.verb in MAP_KIND_VERBS else ""
-        arguments = self.hint.format(model=model, task=task)
+        arguments = self.hint.format(model=model, task=task, base=shlex.quote(base or DEFAULT_BASE))
         return f"attnpat {self.verb} {arguments}".rstrip() + extra
 
 
@@ -119,7 +125,6 @@ _LABEL_EVIDENCE = ("statistic (the rule's: prev|next|entropy|cls|sep|punct; empt
 _RATIOS = ("class, count, fraction (as classified), ci_low, ci_high (95% bootstrap over the examples), adjusted (for "
            "the classifier's cross-validated confusion matrix, projected onto the simplex), adjusted_ci_low, "
            "adjusted_ci_high (95% bootstrap over the examples and the confusion matrix's labeled maps)")
-_BASE = "minilm"  # the embedded base model the fine-tuning hints start from
 _PARSE = "--parse {task} --model {model}"  # silver parses of the task's sentences (a CoNLL-U file gives gold ones)
 
 ARTIFACTS: tuple[Artifact, ...] = (
@@ -137,18 +142,17 @@ ARTIFACTS: tuple[Artifact, ...] = (
     # Fine-tuning (Kovaleva Figures 5-7, section 4.4); written under the FINE-TUNED model's run dir
     Artifact("cosine", "compare", "layer, head, metric (cosine_<mode>, cosine_<mode>_ci_low|_ci_high: bootstrap "
              "95% over the examples; mode cropped|padded), value", "Fine-tuning",
-             figure=True, hint=f"--base {_BASE} --finetuned {{model}} --task {{task}}"),
+             figure=True, hint="--base {base} --finetuned {model} --task {task}", finetuned=True),
     Artifact("pattern_transitions", "compare", "base_class, finetuned_class, count, fraction, fraction_ci_low, "
              "fraction_ci_high, fraction_of_base, fraction_of_base_ci_low, fraction_of_base_ci_high  (pattern class "
              "of every head's map, base -> fine-tuned, same examples; bootstrap 95% over the examples)", "Fine-tuning",
-             figure=True,
-             hint=f"--base {_BASE} --finetuned {{model}} --task {{task}}"),
+             figure=True, hint="--base {base} --finetuned {model} --task {task}", finetuned=True),
     Artifact("special_tokens", "special", f"layer, head, metric (to_cls|to_sep), value, {_OVER_EXAMPLES}",
              "Fine-tuning", figure=True),
     Artifact("finetune_eval", "finetune", "metric (the task's metric and accuracy/F1 or Pearson/Spearman, each "
              "with <metric>_ci_low|_ci_high: 95% interval, Wilson for accuracy, bootstrap over the examples "
              "otherwise; n_eval, steps, elapsed_seconds), value", "Fine-tuning",
-             hint=f"--model {_BASE} --task {{task}} --split-dev"),
+             hint=f"--model {DEFAULT_BASE} --task {{task}} --split-dev", finetuned=True),
     Artifact("cls_last_layer", "special", "token, mean_attention (over its occurrences), ci_low, ci_high (percentile "
              "bootstrap 95% interval resampling the inputs; none for a token of one input), count, inputs",
              "Fine-tuning"),
@@ -158,7 +162,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("linguistic_change", "special", "layer, head, feature (negation|noun|verb|pronoun|subject|object), value "
              "(fine-tuned minus base, per input), ci_low, ci_high (paired percentile bootstrap 95% interval over the "
              "inputs that have the feature for both models), inputs  (in the fine-tuned model's run, when special "
-             "also analyses its base)", "Fine-tuning"),
+             "also analyses its base; removed when special runs without it)", "Fine-tuning",
+             hint="--model {model} --base {base} --task {task}", finetuned=True),
     # Disabling, importance, pruning (Kovaleva Figures 8-9, Michel et al.)
     Artifact("disable_heads", "disable", "layer, head, metric (<mode>_delta|<mode>_metric|<mode>_delta_ci_low|"
              "<mode>_delta_ci_high|<mode>_p_mcnemar|<mode>_p_holm), value  (best/worst heads and those that survive "
@@ -261,9 +266,10 @@ def verbs() -> set[str]:
     return {entry.verb for entry in ARTIFACTS}
 
 
-def hints(stems, model: str, task: str, model_name: str | None = None) -> list[str]:
-    """The distinct commands that would write ``stems``, in order (``model_name``: see :meth:`Artifact.command`)."""
-    return list(dict.fromkeys(artifact(stem).command(model, task, model_name) for stem in stems))
+def hints(stems, model: str, task: str, model_name: str | None = None, base: str | None = None) -> list[str]:
+    """The distinct commands that would write ``stems``, in order (``model_name``, ``base``: see
+    :meth:`Artifact.command`)."""
+    return list(dict.fromkeys(artifact(stem).command(model, task, model_name, base) for stem in stems))
 
 
 def listed(name: str) -> bool:

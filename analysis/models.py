@@ -428,6 +428,17 @@ def _store_meta(source: ModelSource) -> dict:
     return _read_meta(Path(source.path)) if source.kind in {"store", "local"} else {}
 
 
+def recorded_base(name: str) -> str | None:
+    """The base model that model ``name`` was fine-tuned from, as its attnpat.json records it (`attnpat finetune`
+    writes it); None for a model without one (an alias, a hub id, a folder attnpat did not fine-tune), or a name
+    that no longer resolves or whose record is damaged."""
+    try:
+        base = _store_meta(resolve_model(name)).get("base_model")
+    except AttnpatError:
+        return None
+    return base if isinstance(base, str) and base.strip() else None
+
+
 def list_store() -> list[dict]:
     """Fine-tuned models in the local store: name, path and their attnpat.json metadata."""
     root = model_store()

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.artifacts import Tab, tab_artifacts
+from analysis.artifacts import Tab, split_kind_folder, tab_artifacts
 from analysis.artifacts import artifact as registered
 from analysis.errors import AttnpatError, os_error_reason
 from analysis.figures import close, layer_head_figure
+from analysis.models import recorded_base
 from analysis.paths import runs_root
 from analysis.rundir import list_runs, save_figure
 from app.display import ratio_notes
@@ -49,6 +50,17 @@ def recorded_model_name(manifest_path: Path) -> str | None:
     model = read_manifest(manifest_path).get("model")
     name = model.get("name") if isinstance(model, dict) else None
     return name if isinstance(name, str) and name.strip() else None
+
+
+def manifest_base(manifest: dict) -> str | None:
+    """The base model a run manifest pairs its model with (the base_model of compare's or special's paired change
+    entry); None when no entry names one."""
+    analyses = manifest.get("analyses")
+    for entry in analyses.values() if isinstance(analyses, dict) else ():
+        base = entry.get("base_model") if isinstance(entry, dict) else None
+        if isinstance(base, str) and base.strip():
+            return base
+    return None
 
 
 def pattern_ratio_notes(manifest: dict) -> list[str]:
@@ -169,6 +181,18 @@ class RunBrowser:
         manifests = [base / "manifest.json"] if task else []
         manifests += sorted(self.root.joinpath(model).glob("*/manifest.json"))
         return next(filter(None, map(recorded_model_name, manifests)), None)
+
+    def base_model(self, model: str | None, task: str | None) -> str | None:
+        """The base model that run folder ``model``'s model was fine-tuned from: as the picked run's manifest pairs
+        them, else as the model store records it; None for a model with no base recorded (a pre-trained one)."""
+        if not model or not task:
+            return None
+        try:
+            folder = self.folder(model, task)
+        except AttnpatError:
+            return None
+        return (manifest_base(read_manifest(folder / "manifest.json"))
+                or recorded_base(self.model_name(model, task) or split_kind_folder(model)[0]))
 
     def artifact(self, model: str, task: str, stem: str) -> ArtifactView:
         folder = self.folder(model, registered(stem).folder or task)

@@ -22,7 +22,8 @@ import gradio as gr  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from analysis.artifacts import SHIPPED_LABELED_SET, TABS, hints, tab_artifacts  # noqa: E402
+from analysis.artifacts import SHIPPED_LABELED_SET, TABS, hints, split_kind_folder, tab_artifacts  # noqa: E402
+from analysis.artifacts import artifact as registered  # noqa: E402
 from analysis.artifacts import tab as tab_spec  # noqa: E402
 from analysis.data import ALL_TASKS  # noqa: E402
 from analysis.errors import AttnpatError, os_error_reason  # noqa: E402
@@ -57,10 +58,23 @@ HIDE_SPECIAL_NOTE = ("Hiding [CLS]/[SEP] drops their rows and columns and renorm
                      "so it shows how the weight not spent on special tokens is spread.")
 
 
-def run_hints(stems, model: str, task: str, model_name: str | None = None) -> str:
+def run_hints(stems, model: str, task: str, model_name: str | None = None, base: str | None = None) -> str:
     """The distinct commands that would write ``stems``, as inline code (``model_name``: the model as the run's
-    manifest names it, for ``--model``)."""
-    return ", ".join(f"`{command}`" for command in hints(stems, model, task, model_name))
+    manifest names it, for ``--model``; ``base``: the base it was fine-tuned from, for ``--base``)."""
+    return ", ".join(f"`{command}`" for command in hints(stems, model, task, model_name, base))
+
+
+def set_minus(stems, left_out) -> list:
+    """``stems`` without those in ``left_out``, in order."""
+    return [stem for stem in stems if stem not in left_out]
+
+
+def elsewhere_note(stems, model_name: str, task: str) -> str:
+    """Why a run of a model with no base recorded lacks the fine-tuned-run artifacts ``stems``, and how to get them:
+    they are written in the run of a model fine-tuned from this one."""
+    return _message(f"{', '.join(slug_label(stem) for stem in stems)}: shown in the run of a model fine-tuned from "
+                    f"this one ({model_name} has no base model recorded); `attnpat finetune --model {model_name} "
+                    f"--task {task} --split-dev` makes one, and that run's tab names the commands for the rest")
 
 
 # ---------------------------------------------------------------- the app
@@ -266,13 +280,21 @@ class WebApp:
         except AttnpatError as exc:
             return [_message(str(exc), "error"), *sum((self._artifact_outputs(None) for _ in stems), [])]
         named = self.runs.model_name(model, task)  # --model as the user gave it, not the folder's slug
+        fine_tuned_only = [stem for stem in stems if registered(stem).finetuned]
+        base = self.runs.base_model(model, task) if fine_tuned_only else None
+        # a model without a base never gets these in its own run: no hint that would write them somewhere else
+        never_here = fine_tuned_only if model and task and not base else []
 
         def commands(wanted) -> str:
-            return run_hints(wanted, model, task, named)
+            return run_hints(wanted, model, task, named, base)
+
+        def with_note(message: str, elsewhere) -> str:
+            return message + ("  \n" + elsewhere_note(elsewhere, named or split_kind_folder(model)[0], task)
+                              if elsewhere else "")
 
         if folder is not None and not folder.is_dir():
-            return [_message(f"no run {model}/{task} in {self.runs.root} yet: run {commands(stems)}",
-                             "info" if tab == CLASSIFIER_TAB else "error"),
+            message = f"no run {model}/{task} in {self.runs.root} yet: run {commands(set_minus(stems, never_here))}"
+            return [with_note(_message(message, "info" if tab == CLASSIFIER_TAB else "error"), never_here),
                     *sum((self._artifact_outputs(None) for _ in stems), [])]
         for stem in stems:
             try:
@@ -290,6 +312,8 @@ class WebApp:
             if view.error:
                 problems.append(view.error)
             outputs += self._artifact_outputs(view)
+        elsewhere = [stem for stem in missing if stem in never_here]
+        missing = set_minus(missing, elsewhere)
         # the Classifier tab is never empty: it shows the shipped checkpoint's record above the runs
         empty = "info" if tab == CLASSIFIER_TAB else "error"
         if tab == CLASSIFIER_TAB and (not model or not task or len(missing) == len(stems)):
@@ -298,15 +322,18 @@ class WebApp:
         elif not model or not task:
             message = _message(f"no runs in {self.runs.root} yet: start one from the Runs tab or run "
                                "`attnpat demo --no-app`", empty)
-        elif len(missing) == len(stems):
-            message = _message(f"no {tab.lower()} run for {model}/{task} yet: run {commands(stems)}",
+        elif missing and len(missing) + len(elsewhere) == len(stems):
+            message = _message(f"no {tab.lower()} run for {model}/{task} yet: run {commands(missing)}",
                                empty)
         elif missing:
             message = _message(f"{model}/{task}: also shown here once computed: "
                                f"{', '.join(slug_label(s) for s in missing)} (run {commands(missing)})",
                                "info")
+        elif elsewhere:
+            message = _message(f"{model}/{task}: every {tab.lower()} artifact of a model without a base is here", "ok")
         else:
             message = _message(f"{model}/{task}: every {tab.lower()} artifact is here", "ok")
+        message = with_note(message, elsewhere)
         if tab == DISABLING_TAB and folder is not None:
             try:
                 message += "".join(f"  \n{line}" for line in significance_lines(folder))

@@ -39,6 +39,10 @@ def test_hints_name_the_shipped_labeled_set_and_fill_model_and_task():
     assert Path(__file__).resolve().parent.parent.joinpath("annotation/labeled/v5/labels.csv").is_file()
     assert hints(["special_tokens", "linguistic", "cosine"], "m", "rte") == [
         "attnpat special --model m --task rte", "attnpat compare --base minilm --finetuned m --task rte"]
+    # the base the run's model was fine-tuned from, as recorded (a folder path quoted)
+    assert hints(["linguistic_change", "cosine"], "m", "rte", base="/models/my base") == [
+        "attnpat special --model m --base '/models/my base' --task rte",
+        "attnpat compare --base '/models/my base' --finetuned m --task rte"]
     # the model as its manifest names it: a store name with '@' (folder tiny_at_v2), a path with a space
     assert hints(["patterns"], "tiny_at_v2@norm", "sst2", "tiny@v2") == [
         "attnpat classify --model tiny@v2 --task sst2 --map-kind norm"]

@@ -235,6 +235,46 @@ def test_a_heatmap_drawn_for_a_table_downloads_under_the_tables_name(tmp_path):
     assert web.show_artifacts("Fine-tuning", "minilm", "sst2")[1:][6 * index + 4] == files  # drawn once, then kept
 
 
+def test_fine_tuning_tab_hints_the_paired_tables_only_where_they_can_be_written(tmp_path, monkeypatch):
+    """cosine, pattern transitions, finetune eval and linguistic change are written in a fine-tuned model's run. On a
+    base model's run the tab hinted `attnpat special --model minilm --task sst2` for linguistic change (and `compare
+    --base minilm --finetuned minilm`), which can never write them there; now it says where they come from. A
+    fine-tuned model's run gets commands naming its base, from the model store or from the run's manifest."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    runs = tmp_path / "runs"
+    feature_table = long_table({"negation": np.full((2, 3), 0.25)}, key="feature")
+    RunDir("minilm", "sst2", runs).write_table("linguistic", feature_table)
+    web = WebApp(runs)
+    message = web.show_artifacts("Fine-tuning", "minilm", "sst2")[0]
+    assert "(run `attnpat special --model minilm --task sst2`)" in message  # its own special tokens: still hinted
+    assert ("linguistic change: shown in the run of a model fine-tuned from this one (minilm has no base model "
+            "recorded); `attnpat finetune --model minilm --task sst2 --split-dev` makes one") in message
+    assert "--finetuned minilm" not in message and "--base" not in message
+    for stem in ("special_tokens", "cls_last_layer"):
+        RunDir("minilm", "sst2", runs).write_table(stem, feature_table)
+    message = web.show_artifacts("Fine-tuning", "minilm", "sst2")[0]
+    assert message.startswith("minilm/sst2: every fine-tuning artifact of a model without a base is here")
+    message = web.show_artifacts("Fine-tuning", "minilm", "rte")[0]  # no run yet
+    assert "`attnpat special --model minilm --task rte`" in message and "--finetuned" not in message
+    assert "has no base model recorded" in message
+
+    store_model = tmp_path / "models" / "tuned"  # fine-tuned by attnpat: its record names the base
+    store_model.mkdir(parents=True)
+    (store_model / "config.json").write_text("{}")
+    (store_model / "attnpat.json").write_text(json.dumps({"base_model": "mpnet", "task": "sst2"}))
+    RunDir("tuned", "sst2", runs).write_table("linguistic", feature_table)
+    message = web.show_artifacts("Fine-tuning", "tuned", "sst2")[0]
+    assert "`attnpat special --model tuned --base mpnet --task sst2`" in message
+    assert "`attnpat compare --base mpnet --finetuned tuned --task sst2`" in message
+    assert "no base model recorded" not in message
+
+    paired = RunDir("org__tuned", "sst2", runs)  # a hub model, paired with its base by an earlier compare
+    with paired.record("compare", base_model="org/base"):
+        paired.write_table("cosine", long_table({"cosine_cropped": np.ones((2, 3))}))
+    message = web.show_artifacts("Fine-tuning", "org__tuned", "sst2")[0]
+    assert "`attnpat special --model org__tuned --base org/base --task sst2`" in message
+
+
 def test_disabling_tab_says_which_effects_survive_holm(tmp_path):
     run = RunDir("tuned", "sst2", tmp_path)
     run.write_table("disable_heads", long_table({
