@@ -420,6 +420,7 @@ class RunDir:
         self.task = task
         self._written: list[str] | None = None  # inside record(): the files written so far, for its "outputs"
         self._retired: list[str] = []  # inside record(): files of an earlier run that this one does not write
+        self._retired_entries: list[str] = []  # inside record(): manifest entries that go with those files
         self._staging: list[Path] = []  # inside record(): its staging folders, innermost last
 
     def file(self, name: str) -> Path:
@@ -482,6 +483,11 @@ class RunDir:
         a failed run leaves them."""
         self._retired.extend(names)
 
+    def retire_entries(self, *analyses: str) -> None:
+        """Inside a record: manifest entries of other analyses whose files this run retires (:meth:`retire`); they
+        are dropped from the manifest in the same step that removes the files."""
+        self._retired_entries.extend(analyses)
+
     def _note(self, path: Path) -> Path:
         if self._written is not None:  # the innermost record's (an outer one's outputs are its own files)
             self._written.append(path.name)
@@ -529,6 +535,7 @@ class RunDir:
                 entry["data"] = data.manifest()
             outer, self._written = self._written, []
             outer_retired, self._retired = self._retired, []
+            outer_entries, self._retired_entries = self._retired_entries, []
             self._staging.append(staging)
             try:
                 yield entry
@@ -540,8 +547,8 @@ class RunDir:
                 with self.updating():
                     # everything written first, so that only renames remain, with a stop held back for them
                     with self._named_as_landing():
-                        atomic_write_json(staging / "manifest.json",
-                                          self._merged_manifest(analysis, entry, bundle, finished))
+                        atomic_write_json(staging / "manifest.json", self._merged_manifest(
+                            analysis, entry, bundle, finished, retired=self._retired_entries))
                     with signals_held():
                         for name in dict.fromkeys(written):
                             if (staging / name).is_file():  # a merged table is in place already
@@ -556,7 +563,7 @@ class RunDir:
                                 log.warning("could not remove %s, left by an earlier run: %s", self.file(name), exc)
                         os.replace(staging / "manifest.json", self.file("manifest.json"))
             finally:
-                self._written, self._retired = outer, outer_retired
+                self._written, self._retired, self._retired_entries = outer, outer_retired, outer_entries
                 self._staging.pop()
                 shutil.rmtree(staging, ignore_errors=True)
 
@@ -567,8 +574,9 @@ class RunDir:
         with locked(self.file(LOCK_FILE), str(self.path), wait=True):
             yield
 
-    def _merged_manifest(self, analysis: str, entry: dict, bundle, finished: float) -> dict:
-        """The manifest with ``entry`` recorded for ``analysis`` (read under :meth:`updating`)."""
+    def _merged_manifest(self, analysis: str, entry: dict, bundle, finished: float, retired=()) -> dict:
+        """The manifest with ``entry`` recorded for ``analysis`` and the entries of the analyses ``retired`` dropped
+        (read under :meth:`updating`)."""
         manifest = self.manifest()
         if bundle is not None:
             manifest["model"] = {"name": bundle.name, "source": bundle.source.kind, "path": bundle.source.path,
@@ -576,7 +584,10 @@ class RunDir:
                                  "map_kind": getattr(bundle, "map_kind", "weight")}
         manifest.setdefault("task", self.task)
         manifest["packages"] = package_versions()
-        manifest.setdefault("analyses", {})[analysis] = entry
+        analyses = manifest.setdefault("analyses", {})
+        for name in retired:
+            analyses.pop(name, None)
+        analyses[analysis] = entry
         manifest["updated"] = _iso(finished)
         return manifest
 

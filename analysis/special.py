@@ -56,6 +56,8 @@ TAGGER_FEATURES = ("noun", "verb", "pronoun", "subject", "object")
 FEATURES = ("negation",) + TAGGER_FEATURES
 UNAVAILABLE = NOT_INSTALLED
 APOSTROPHES = ("'", "\u2019")
+# the paired change fine-tuned minus base (write_feature_change): its table and its run-manifest entry
+CHANGE_TABLE, CHANGE_ENTRY = "linguistic_change", "special_change"
 
 # A tagger maps a text to (start_char, end_char, features) spans, one per word it tags.
 Tagger = Callable[[str], list[tuple[int, int, frozenset]]]
@@ -364,11 +366,11 @@ def write_feature_change(tuned_bundle, base_bundle, data, run, tuned_stats: dict
     """Write linguistic_change.csv (:func:`change_table`) into the fine-tuned model's ``run``; returns
     :func:`feature_change` of the two models' special_statistics over the same ``data``."""
     changes = feature_change(tuned_stats["per_input"], base_stats["per_input"])
-    with run.record("special_change", tuned_bundle, data, base_model=base_bundle.name,
+    with run.record(CHANGE_ENTRY, tuned_bundle, data, base_model=base_bundle.name,
                     base_revision=base_bundle.revision,
                     interval="paired percentile bootstrap 95% interval of fine-tuned minus base over the inputs that "
                              f"have the feature for both models ({EXAMPLE_INTERVAL.split('(')[-1]}") as entry:
-        run.write_table("linguistic_change", change_table(changes))
+        run.write_table(CHANGE_TABLE, change_table(changes))
         entry.update(feature_counts={feature: int(found["weights"].sum()) for feature, found in changes.items()})
     return changes
 
@@ -400,11 +402,16 @@ def linguistic_table(heads: dict[str, np.ndarray], intervals: dict[str, np.ndarr
 
 def write_special(bundle, data, run, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
                   tagger: Tagger | None = None, progress: bool | str = False, top: int = 30,
-                  min_count: int = 5) -> dict:
+                  min_count: int = 5, retire_change: bool = False) -> dict:
     """Compute :func:`special_statistics` for ``data`` and write special_tokens.csv/png/svg,
     cls_last_layer.csv and linguistic.csv into ``run`` (per-head tables: each mean with its bootstrap 95% interval
-    over the examples, ci_low and ci_high). Returns the statistics."""
+    over the examples, ci_low and ci_high). retire_change: no paired change against a base follows, so an earlier
+    run's linguistic_change.csv (:func:`write_feature_change`) and its manifest entry go when these tables land.
+    Returns the statistics."""
     with run.record("special", bundle, data, max_length=max_length) as entry:
+        if retire_change:  # another run's change beside these tables would read as theirs
+            run.retire(f"{CHANGE_TABLE}.csv")
+            run.retire_entries(CHANGE_ENTRY)
         stats = special_statistics(bundle, data.examples, max_length=max_length, batch_size=batch_size,
                                    tagger=tagger, progress=progress)
         heads, intervals = stats["heads"], stats["intervals"]

@@ -159,12 +159,14 @@ def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
     # every model loads before the first table is written: a bad --base leaves no half-done run behind
     bundles = {name: bundle if name == model else load_model(name, map_kind=map_kind) for name in names}
     unpaired = unpaired_reason(bundle, bundles[names[1]]) if len(names) > 1 else None
+    paired = len(names) > 1 and not unpaired  # else an earlier paired change in --model's run is removed
     tagger = spacy_tagger()
     all_stats = {}
     for name, current in bundles.items():
         run = RunDir(current.slug, data.task, runs_dir)
         stats = all_stats[name] = write_special(current, data, run, max_length=max_length, batch_size=batch_size,
-                                                tagger=tagger, progress=f"{name}" if not quiet else False, top=top)
+                                                tagger=tagger, progress=f"{name}" if not quiet else False, top=top,
+                                                retire_change=name == model and not paired)
         heads, intervals, overall = stats["heads"], stats["intervals"], stats["model_intervals"]
         typer.echo(f"{name} on {data.task} ({len(data.examples)} {data.split} examples): mean attention over every "
                    "head [bootstrap 95% interval over the examples] to [CLS] "

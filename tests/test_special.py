@@ -327,3 +327,26 @@ def test_special_writes_and_prints_the_paired_change_against_the_base(tmp_path, 
     assert "no paired change" in capsys.readouterr().out
     other_run = RunDir(load_model(str(other), device="cpu").slug, task, runs)
     assert (other_run.path / "linguistic.csv").is_file() and not (other_run.path / "linguistic_change.csv").exists()
+
+
+def test_special_without_its_base_removes_an_earlier_paired_change(tmp_path, capsys):
+    """linguistic_change.csv of `special --model A --base B` stayed in A's run after a later `special --model A
+    --no-base` (other inputs, perhaps), read as if it belonged to the new tables; now that run removes it with its
+    manifest entry special_change, when its own tables land. So does a run whose base cannot be paired."""
+    tuned, base = save_tiny_model(tmp_path / "tuned", seed=1), save_tiny_model(tmp_path / "base", seed=2)
+    other_shape = save_tiny_model(tmp_path / "other", layers=1)
+    data_file = tmp_path / "texts.jsonl"
+    data_file.write_text("".join(f'{{"text": "{text}"}}\n' for text in ["not good", "never again", "a warm story"]))
+    runs = tmp_path / "runs"
+    tuned_run = RunDir(load_model(str(tuned), device="cpu").slug, load_data(str(data_file)).task, runs)
+    options = ["--model", str(tuned), "--task", str(data_file), "-q", "--runs-dir", str(runs)]
+    for unpaired in (["--no-base"], ["--base", str(other_shape)]):
+        assert main(["special", *options, "--base", str(base)]) == 0
+        assert (tuned_run.path / "linguistic_change.csv").is_file()
+        assert "special_change" in tuned_run.manifest()["analyses"]
+        assert main(["special", *options, *unpaired]) == 0
+        capsys.readouterr()
+        assert not (tuned_run.path / "linguistic_change.csv").exists()
+        analyses = tuned_run.manifest()["analyses"]
+        assert "special_change" not in analyses and "linguistic.csv" in analyses["special"]["outputs"]
+        assert (tuned_run.path / "linguistic.csv").is_file()
