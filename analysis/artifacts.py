@@ -191,16 +191,17 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "Surface and clusters"),
     Artifact("grad_importance", "grad-importance", f"layer, target (sep|punct|other), value, {_OVER_EXAMPLES}",
              "Surface and clusters", figure=True),
-    Artifact("probing_dependency", "probe-dep", "relation, direction, best_layer, best_head (picked on the "
-             "even-numbered sentences), accuracy, ci_low, ci_high (on the odd-numbered ones; intervals resample "
-             "whole sentences), baseline_offset, baseline_accuracy, baseline_ci_low, baseline_ci_high, "
-             "head_minus_baseline, head_minus_baseline_ci_low, head_minus_baseline_ci_high (paired sentence-level "
-             "bootstrap), p_value (paired sign-flip test over the held-out sentences, head vs offset), "
-             "held_out_count (words), held_out_sentences (holding the relation), count, in_sample_accuracy "
-             "(Clark's: picked and scored on all), parses (gold or silver, and from what)", "Surface and clusters",
-             figure=True, hint=_PARSE),
-    Artifact("probing_dependency_heads", "probe-dep", "layer, head, direction, relation, accuracy, ci_low, ci_high "
-             "(resampling whole sentences), count, parses", "Surface and clusters", hint=_PARSE),
+    Artifact("probing_dependency", "probe-dep", "relation ((all): every scored word; else a DEPREL), direction, "
+             "best_layer, best_head (picked on the even-numbered sentences), accuracy, ci_low, ci_high (on the "
+             "odd-numbered ones; intervals resample whole sentences), baseline_offset, baseline_accuracy, "
+             "baseline_ci_low, baseline_ci_high, head_minus_baseline, head_minus_baseline_ci_low, "
+             "head_minus_baseline_ci_high (paired sentence-level bootstrap), p_value (paired sign-flip test over the "
+             "held-out sentences, head vs offset), held_out_count (words), held_out_sentences (holding the relation), "
+             "count, in_sample_accuracy (Clark's: picked and scored on all), parses (gold or silver, and from what)",
+             "Surface and clusters", figure=True, hint=_PARSE),
+    Artifact("probing_dependency_heads", "probe-dep", "layer, head, direction, relation ((all)|a DEPREL), "
+             "accuracy, ci_low, ci_high (resampling whole sentences), count, parses", "Surface and clusters",
+             hint=_PARSE),
     Artifact("probing_coref", "probe-coref", "layer, head, metric (accuracy|accuracy_ci_low|accuracy_ci_high: "
              "Wilson, each sentence one trial), value", "Surface and clusters",
              figure=True, folder="winobias", hint="--model {model}"),

@@ -5,7 +5,7 @@ pieces, FROM a word averages them) restricted to the real words, i.e. without [C
 
 Dependency (Clark's Table 1): each head predicts each word's head word as the other word it attends to
 most ("dep->head", the word's row) or the word that attends to it most ("head<-dep", the word's column);
-attention to itself is ignored. Accuracy per relation and overall ("all"); the root word has no head
+attention to itself is ignored. Accuracy per relation and overall ("(all)"); the root word has no head
 word to attend to and is not scored (Clark counted it as always wrong). Relations are the CoNLL-U DEPREL
 as written (subtypes such as nmod:poss kept); Clark's special case for possessive 's is not applied.
 Baselines predict the word a fixed offset away (-3..-1, +1..+3); an offset that leaves the sentence is
@@ -24,7 +24,7 @@ in every held-out sentence (p = 1) it is +- Wilson's 95% upper bound of the shar
 apart, 0 of S (z^2 / (S + z^2)); when every sentence differs by the same share (one held-out sentence) it is
 Newcombe's square-and-add bound from the two accuracies' intervals (sentence_difference_interval).
 Clark's in-sample figure is kept beside it (in_sample_accuracy). A word whose DEPREL is `_` (none given)
-counts in "all" only.
+counts in "(all)" only.
 The trees come from a CoNLL-U file (gold parses) or from parsing a task's or a user file's sentences with
 the offline English pipeline (analysis.parsing: silver parses, labelled so in every table and figure).
 
@@ -68,8 +68,10 @@ from analysis.uncertainty import (
 
 DIRECTIONS = ("dep->head", "head<-dep")
 OFFSETS = (-3, -2, -1, 1, 2, 3)
-ALL_RELATIONS = "all"
-NO_RELATION = "_"  # CoNLL-U's DEPREL for "none given": such words count in "all" only
+# The overall row's name: no relation can take it (Universal Dependencies relations are lowercase letters with
+# ':' subtypes; read_conllu refuses it as a DEPREL), as a treebank's relation "all" could
+ALL_RELATIONS = "(all)"
+NO_RELATION = "_"  # CoNLL-U's DEPREL for "none given": such words count in ALL_RELATIONS only
 # How the dependency tables bound their figures, as the manifest entry says it
 DEPENDENCY_INTERVAL = (f"95% intervals resample whole sentences ({DEFAULT_BOOTSTRAP} draws, seed 0; accuracy = words "
                        "right / words scored in the draw; where every draw agrees, as at 0% or 100%, Wilson's "
@@ -203,7 +205,7 @@ class DepSentence:
 def read_conllu(path: str | Path, n: int | None = None) -> list[DepSentence]:
     """Sentences of a CoNLL-U file (the `conllu` package). Multi-word token lines (2-3) and empty nodes (8.1)
     are skipped: the syntactic words are what the model sees. A missing or out-of-range HEAD, or a word that
-    is its own head, is an error."""
+    is its own head, or the DEPREL ALL_RELATIONS (the overall row's name), is an error."""
     path = Path(path)
     if not path.is_file():
         raise AttnpatError(f"CoNLL-U file {path} does not exist")
@@ -221,9 +223,12 @@ def read_conllu(path: str | Path, n: int | None = None) -> list[DepSentence]:
                     raise AttnpatError(f"{path.name}: sentence {number + 1} has a missing or out-of-range HEAD")
                 if own := [k for k, head in enumerate(heads, 1) if head == k]:  # no head nor offset could match it
                     raise AttnpatError(f"{path.name}: sentence {number + 1} has word {own[0]} as its own HEAD")
+                if ALL_RELATIONS in (relations := tuple(str(token["deprel"]) for token in words)):
+                    raise AttnpatError(f"{path.name}: sentence {number + 1} has the DEPREL '{ALL_RELATIONS}', the name "
+                                       "of the tables' overall row; rename that relation")
                 sentence_id = tokenlist.metadata.get("sent_id", f"{path.stem}-{number}")
                 sentences.append(DepSentence(sentence_id, tuple(token["form"] for token in words), tuple(heads),
-                                             tuple(str(token["deprel"]) for token in words)))
+                                             relations))
                 if n is not None and len(sentences) >= n:
                     break
     except (conllu.exceptions.ParseException, UnicodeDecodeError, ValueError) as exc:
@@ -308,7 +313,7 @@ class DependencyScores:
     def add(self, predicted: np.ndarray, sentence: DepSentence, scored: np.ndarray, half: int) -> None:
         """One sentence. predicted: (D, L, H, N) 1-indexed predicted heads for all N words (any value where not
         scored); scored: (N,) bool words to score; half: the sentence's half (sentence_half). A word without a
-        relation (DEPREL ``_``) counts in "all" only."""
+        relation (DEPREL ``_``) counts in ALL_RELATIONS only."""
         gold = np.asarray(sentence.heads)
         relations = np.asarray(sentence.relations, dtype=object)
         hits = predicted == gold  # (D, L, H, N)
@@ -364,7 +369,7 @@ class DependencyScores:
         return (correct.sum(0) if half is None else correct[half]) / self.count(relation, half)
 
     def relations(self, min_count: int = 1) -> list[str]:
-        """"all" first, then relations by frequency (ties by name): those seen at least ``min_count`` times, and
+        """ALL_RELATIONS first, then relations by frequency (ties by name): those seen at least ``min_count`` times, and
         in both halves (a head is picked on one half and scored on the other)."""
         listed = [r for r, counts in self.half_counts.items() if counts.sum() >= min_count and counts.all()]
         rest = sorted((r for r in listed if r != ALL_RELATIONS), key=lambda r: (-self.count(r), r))

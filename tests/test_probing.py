@@ -354,7 +354,8 @@ def test_one_held_out_sentence_gives_its_difference_newcombes_interval_not_a_poi
 
 
 def test_words_without_a_relation_count_in_all_only():
-    """CoNLL-U's DEPREL `_` gives no relation: such words are scored in "all", and no relation named `_` is listed."""
+    """CoNLL-U's DEPREL `_` gives no relation: such words are scored in the overall row ALL_RELATIONS, and no
+    relation named `_` is listed."""
     sentence = DepSentence("s", ("a", "b", "c", "d"), heads=(2, 0, 2, 2), relations=("nsubj", "root", "_", "_"))
     scores = DependencyScores(layers=1, heads=1)
     for half in (SELECTION, HELD_OUT):
@@ -363,6 +364,28 @@ def test_words_without_a_relation_count_in_all_only():
     table = dependency_table(scores)
     assert table.relation.tolist() == [ALL_RELATIONS, "nsubj"] and table.held_out_count.tolist() == [3, 1]
     assert set(dependency_head_table(scores).relation) == {ALL_RELATIONS, "nsubj"}
+
+
+def test_a_relation_named_all_is_its_own_row_beside_the_overall_one(tmp_path):
+    """The overall row was named "all": a treebank relation "all" merged with it (its words counted twice in the
+    overall accuracy, no row of its own). The overall row is now "(all)", a name no UD relation can take (lowercase
+    letters and ':'); a non-UD file that uses it as a DEPREL is one error line."""
+    treebank = tmp_path / "all.conllu"
+    treebank.write_text("1\tDogs\tdog\tNOUN\t_\t_\t2\tnsubj\t_\t_\n2\tbark\tbark\tVERB\t_\t_\t0\troot\t_\t_\n"
+                        "3\tall\tall\tDET\t_\t_\t2\tall\t_\t_\n\n")
+    sentences = read_conllu(treebank)
+    assert sentences[0].relations == ("nsubj", "root", "all")
+    scores = DependencyScores(layers=1, heads=1)
+    for half in (SELECTION, HELD_OUT):
+        scores.add(np.full((len(DIRECTIONS), 1, 1, 3), 2), sentences[0], np.array([True, False, True]), half)
+    assert dict(scores.counts) == {ALL_RELATIONS: 4, "nsubj": 2, "all": 2}
+    table = dependency_table(scores).set_index("relation")
+    assert table.loc[ALL_RELATIONS, "held_out_count"] == 2 and table.loc["all", "held_out_count"] == 1
+    assert ALL_RELATIONS == "(all)" and set(dependency_head_table(scores).relation) == {ALL_RELATIONS, "nsubj", "all"}
+    treebank.write_text(treebank.read_text().replace("\tall\t_\t_", "\t(all)\t_\t_"))
+    with pytest.raises(AttnpatError, match=r"all.conllu: sentence 1 has the DEPREL '\(all\)', the name of the "
+                                           "tables' overall row; rename that relation"):
+        read_conllu(treebank)
 
 
 def test_truncated_words_are_not_scored(tokenizer):
@@ -492,11 +515,11 @@ def test_cli_probes_on_minilm(tmp_path, capsys):
     folder = tmp_path / "minilm" / file_task_name(FIXTURE, FIXTURE.read_bytes())
     assert folder.name.startswith("tiny-") and len(folder.name) == len("tiny-") + 8
     table = pd.read_csv(folder / "probing_dependency.csv")
-    assert table.relation.iloc[0] == "all" and table.accuracy.between(0, 1).all()
+    assert table.relation.iloc[0] == ALL_RELATIONS and table.accuracy.between(0, 1).all()
     assert set(table.parses) == {GOLD_PARSES} and GOLD_PARSES in out
     heads = pd.read_csv(folder / "probing_dependency_heads.csv")
     assert len(heads) == table.shape[0] * 2 * 72
-    assert np.isclose(heads.groupby("relation").accuracy.max().loc["all"], table.in_sample_accuracy.iloc[0])
+    assert np.isclose(heads.groupby("relation").accuracy.max().loc[ALL_RELATIONS], table.in_sample_accuracy.iloc[0])
     assert (heads.ci_low <= heads.accuracy).all() and (heads.accuracy <= heads.ci_high).all()
     assert (table.ci_low <= table.accuracy).all() and (table.accuracy <= table.ci_high).all()
     assert table.p_value.between(0, 1).all() and "in-sample" in out and "[" in out
