@@ -129,6 +129,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("pattern_ratios", "classify", f"{_RATIOS}  (bars with the intervals)", "Pattern ratios", figure=True),
     Artifact("patterns", "classify", "layer, head, class, count, fraction, ci_low, ci_high (Wilson 95% interval over "
              "the examples)  (per-head class heatmap)", "Pattern ratios", figure=True),
+    # each example's maps per class: what a paired comparison of two classifications (compare-kinds) resamples
+    Artifact("example_patterns", "classify", "index (position in the data), example_id, <class>... (the example's "
+             "maps in each class, summed over its heads)", None),
     # Weight against norm maps (Kobayashi et al. 2020), in the weight run folder; each kind's own classification
     # lands in runs/<model>@<kind>/<task>/
     Artifact("map_kinds", "compare-kinds", "task, group (pattern_ratio|attention), measure (<class>|to_cls|to_sep|"
