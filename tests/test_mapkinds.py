@@ -415,6 +415,28 @@ def test_compare_kinds_gives_every_figure_an_interval_and_the_change_a_paired_on
                          cls["norm_minus_weight_ci_high"], spec="+.3f") in line
 
 
+def test_compare_kinds_classifies_again_a_kind_classified_before_example_patterns_were_kept(tmp_path, monkeypatch):
+    """A kind's run folder that an earlier version classified (no example_patterns.csv, so no per-example counts to
+    pair) is not taken as current: compare-kinds classifies it again and writes the paired change, rather than
+    failing on the missing table or leaving the change without its interval."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    save_tiny_model(tmp_path / "models" / "tiny", layers=2, heads=4, initializer_range=0.3)
+    runs = tmp_path / "runs"
+    argv = ["compare-kinds", "--model", "tiny", "--task", "sst2", "--n", "5", "--runs-dir", str(runs), "-q"]
+    assert main(argv) == 0
+    folder = runs / "tiny@norm" / "sst2"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    del manifest["analyses"]["classify"]["table_digests"]["example_patterns.csv"]  # as the earlier version recorded
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "example_patterns.csv").unlink()
+    assert main(argv) == 0
+    assert (folder / "example_patterns.csv").is_file()
+    after = json.loads((folder / "manifest.json").read_text())["analyses"]["classify"]
+    assert "example_patterns.csv" in after["table_digests"]  # only a classification writes both
+    table = pd.read_csv(runs / "tiny" / "sst2" / "map_kinds.csv")
+    assert table["norm_minus_weight_ci_low"].notna().all()
+
+
 def test_compare_kinds_refuses_a_kind_the_model_cannot_give_before_loading_anything(tmp_path, monkeypatch, capsys):
     """`compare-kinds --kinds weight,norm` on ALBERT: the refusal comes from the model's config alone (before, the
     data, the model's weights and the classifier's checkpoint were all loaded first, then the kind was refused)."""
