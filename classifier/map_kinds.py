@@ -5,9 +5,11 @@ For every kind the task is classified into that kind's own run folder (runs/<mod
 when current) and one more pass over the maps averages the attention to the special tokens. The joined table,
 runs/<model>/<task>/map_kinds.csv, has one row per measure: the five pattern ratios (share of all the task's
 maps in each class, as the CNN classifies them) and the mean attention to [CLS], [SEP] and punctuation, over all
-heads ("all") and per layer. Norm maps are rows renormalised to sum 1 (analysis.mapkinds), so both kinds are
-shares of one row; the CNN was trained on weight maps, so its classes of norm maps are read as "what the
-weight-map classifier sees", not a separate ground truth.
+heads ("all") and per layer. Every figure has its 95% interval over the examples, and with weight and norm the
+change norm minus weight has a paired bootstrap interval: each example's two values are differenced before the
+examples are resampled (the ratios' from each kind's example_patterns.csv). Norm maps are rows renormalised to
+sum 1 (analysis.mapkinds), so both kinds are shares of one row; the CNN was trained on weight maps, so its
+classes of norm maps are read as "what the weight-map classifier sees", not a separate ground truth.
 """
 from __future__ import annotations
 
