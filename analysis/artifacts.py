@@ -134,11 +134,17 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("pattern_ratios", "classify", f"{_RATIOS}  (bars with the intervals)", "Pattern ratios", figure=True),
     Artifact("patterns", "classify", "layer, head, class, count, fraction, ci_low, ci_high (Wilson 95% interval over "
              "the examples)  (per-head class heatmap)", "Pattern ratios", figure=True),
+    # each example's maps per class: what a paired comparison of two classifications (compare-kinds) resamples
+    Artifact("example_patterns", "classify", "index (position in the data), example_id, <class>... (the example's "
+             "maps in each class, summed over its heads)", None),
     # Weight against norm maps (Kobayashi et al. 2020), in the weight run folder; each kind's own classification
     # lands in runs/<model>@<kind>/<task>/
     Artifact("map_kinds", "compare-kinds", "task, group (pattern_ratio|attention), measure (<class>|to_cls|to_sep|"
-             "to_punct), layer (all|0..L-1), <kind>... (weight, norm: rows renormalised), norm_minus_weight",
-             "Pattern ratios", figure=True),
+             "to_punct), layer (all|0..L-1), <kind>... (per kind <kind>, <kind>_ci_low, <kind>_ci_high: weight, norm "
+             "with rows renormalised; the ratios' intervals from each kind's pattern_ratios.csv, the attention's a "
+             "percentile bootstrap 95% over the examples), [norm_minus_weight] (with weight and norm), "
+             "[norm_minus_weight_ci_low], [norm_minus_weight_ci_high] (paired bootstrap 95%: the same example draws "
+             "for both kinds)  (per-layer lines and ratio bars with error bars)", "Pattern ratios", figure=True),
     # Fine-tuning (Kovaleva Figures 5-7, section 4.4); written under the FINE-TUNED model's run dir
     Artifact("cosine", "compare", "layer, head, metric (cosine_<mode>, cosine_<mode>_ci_low|_ci_high: bootstrap "
              "95% over the examples; mode cropped|padded), value", "Fine-tuning",

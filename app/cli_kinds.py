@@ -13,6 +13,10 @@ from analysis.mapkinds import KIND_NOTES, check_map_kind
 from analysis.models import check_model_kinds, load_model
 from analysis.rundir import RunDir
 from app import options as opt
+from app.display import interval_text
+
+# classifier.map_kinds.CHANGE, the paired change's column (that module is imported inside the verb)
+CHANGE = "norm_minus_weight"
 
 
 def register(app: typer.Typer) -> None:
@@ -46,11 +50,25 @@ def compare_kinds(model: str = opt.Model, task: str = opt.Task,
     typer.echo(f"{bundle.name} on {data.task} ({len(data.examples)} examples): all heads and layers")
     for kind in wanted:
         typer.echo(f"  {kind}: {KIND_NOTES[kind]}")
-    overall = table[table["layer"] == "all"]
-    header = f"{'measure':<18}" + "".join(f"{kind:>10}" for kind in wanted)
-    has_change = "norm_minus_weight" in table.columns
-    typer.echo(header + (f"{'norm-weight':>13}" if has_change else ""))
-    for row in overall.itertuples(index=False):
-        line = f"{row.measure:<18}" + "".join(f"{getattr(row, kind):>10.3f}" for kind in wanted)
-        typer.echo(line + (f"{row.norm_minus_weight:>+13.3f}" if has_change else ""))
+    for line in overall_lines(table, wanted):
+        typer.echo(line)
     typer.echo(f"table and figure: {RunDir(bundle.slug, data.task, runs_dir).file('map_kinds.csv')}")
+
+
+def overall_lines(table, kinds: list[str]) -> list[str]:
+    """The printout of map_kinds.csv's all-heads rows: a header, then per measure each kind's value [95% interval]
+    and, with weight and norm, their paired change [95% interval] (app.display.interval_text)."""
+    overall = table[table["layer"] == "all"].to_dict("records")
+    titles = {kind: kind for kind in kinds}
+    if CHANGE in table.columns:
+        titles[CHANGE] = "norm-weight (paired)"
+    cells = {column: [interval_text(row[column], row[f"{column}_ci_low"], row[f"{column}_ci_high"],
+                                    spec="+.3f" if column == CHANGE else ".3f") for row in overall]
+             for column in titles}
+    widths = {column: max([len(title), *map(len, cells[column])]) for column, title in titles.items()}
+    lines = [f"{'measure':<18}" + "  ".join(title.ljust(widths[column]) for column, title in titles.items())]
+    lines += [f"{row['measure']:<18}" + "  ".join(cells[column][index].ljust(widths[column]) for column in titles)
+              for index, row in enumerate(overall)]
+    note = "(95% intervals over the examples" + ("; the change pairs each example's two kinds)" if CHANGE in titles
+                                                 else ")")
+    return [line.rstrip() for line in lines] + [note]

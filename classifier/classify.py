@@ -29,7 +29,7 @@ from analysis.models import hub_reachable
 from analysis.patterns import CLASS_COLOURS, CLASSES
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir, list_runs, save_table
-from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps
+from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, MapBatch, encode_examples, length_sorted_batches, stream_maps
 from analysis.uncertainty import (
     DEFAULT_BOOTSTRAP,
     adjusted_ratio_interval,
@@ -146,6 +146,18 @@ def ratio_table(counts: np.ndarray, per_example: np.ndarray | None = None, confu
     return frame
 
 
+def example_pattern_table(encoded: Sequence[Encoded], per_example: np.ndarray) -> pd.DataFrame:
+    """index (position in the data), example_id, <class>... (how many of the example's maps fall in each class,
+    summed over its heads), in data order. per_example: (E, 5) in stream order (length-sorted, as
+    :func:`head_class_counts` returns it). A paired comparison of two classifications of the same examples
+    (compare-kinds) resamples these rows."""
+    in_stream = [item for batch in length_sorted_batches(encoded, max(len(encoded), 1)) for item in batch]
+    frame = pd.DataFrame(np.asarray(per_example, dtype=np.int64), columns=list(CLASSES))
+    frame.insert(0, "example_id", [item.example_id for item in in_stream])
+    frame.insert(0, "index", [item.index for item in in_stream])
+    return frame.sort_values("index", kind="stable").reset_index(drop=True)
+
+
 def ratio_uncertainty(n_examples: int, confusion: np.ndarray | None, ratios: pd.DataFrame) -> dict:
     """How pattern_ratios.csv's intervals and adjusted shares were made, and what they leave out (the manifest's
     ratio_uncertainty); ``clipped`` names the classes whose exact adjustment was negative (set to 0 by the
@@ -213,6 +225,7 @@ def classify_task(bundle, data: TaskData, classifier: PatternClassifier, run: Ru
         entry.update(ratio_uncertainty=ratio_uncertainty(len(per_example), confusion, ratios))
         run.write_table("patterns", patterns)
         run.write_table("pattern_ratios", ratios)
+        run.write_table("example_patterns", example_pattern_table(encoded, per_example))
         _save(run, "patterns",
               head_class_figure(counts, f"{bundle.name} on {data.task}: most frequent pattern per head"))
         _save(run, "pattern_ratios", ratio_figure({data.task: ratios}, f"{bundle.name}: pattern ratios"))
@@ -221,7 +234,7 @@ def classify_task(bundle, data: TaskData, classifier: PatternClassifier, run: Ru
     return patterns
 
 
-TABLES = ("patterns.csv", "pattern_ratios.csv")
+TABLES = ("patterns.csv", "pattern_ratios.csv", "example_patterns.csv")
 
 
 def classify_settings(bundle, data: TaskData, classifier: PatternClassifier, max_length: int) -> dict:

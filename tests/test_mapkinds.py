@@ -25,6 +25,7 @@ from analysis.mapstore import iter_saved_maps
 from analysis.models import load_model, with_map_kind
 from analysis.stream import stream_maps, token_roles
 from app.cli import main
+from app.display import interval_text
 from app.explore import LiveExplorer, ModelCache
 from app.webapp import WebApp
 from tests.test_disable import make_bundle
@@ -304,7 +305,8 @@ def test_compare_kinds_writes_each_kinds_run_and_the_side_by_side_table(tmp_path
     manifest = json.loads((runs / "tiny@norm" / "sst2" / "manifest.json").read_text())
     assert manifest["model"]["map_kind"] == "norm" and manifest["model"]["name"] == "tiny"
     table = pd.read_csv(runs / "tiny" / "sst2" / "map_kinds.csv", dtype={"layer": str})
-    assert list(table.columns) == ["task", "group", "measure", "layer", "weight", "norm", "norm_minus_weight"]
+    assert list(table.columns) == ["task", "group", "measure", "layer", *(f"{column}{part}" for column in
+                                   ("weight", "norm", "norm_minus_weight") for part in ("", "_ci_low", "_ci_high"))]
     for stem in ("map_kinds.png", "map_kinds.svg"):
         assert (runs / "tiny" / "sst2" / stem).is_file()
     # the pattern ratios are the ones each kind's classification wrote
@@ -336,6 +338,103 @@ def test_compare_kinds_writes_each_kinds_run_and_the_side_by_side_table(tmp_path
     assert main(argv) == 0
     after = json.loads((runs / "tiny@norm" / "sst2" / "manifest.json").read_text())["analyses"]["classify"]
     assert before == after
+
+
+def per_example_special_attention(bundle, data, kind: str) -> dict[str, np.ndarray]:
+    """{measure: (E, L) float64} each example's mean attention of each layer's heads to [CLS], [SEP] or punctuation,
+    averaged over its real query rows, in data order: computed map by map, apart from classifier.map_kinds."""
+    found = {measure: {} for measure in ("to_cls", "to_sep", "to_punct")}
+    for batch in stream_maps(bundle, data.examples, map_kind=kind, batch_size=5):
+        roles = token_roles(bundle.tokenizer, batch.batch.input_ids, batch.batch.attention_mask)
+        for i, item in enumerate(batch.batch.items):
+            n = int(batch.batch.lengths[i])
+            maps = batch.example_maps(i).double()  # (L, H, n, n)
+            for measure, role in (("to_cls", "cls"), ("to_sep", "sep"), ("to_punct", "punct")):
+                found[measure][item.index] = maps[..., roles[role][i, :n]].sum(-1).mean(-1).mean(-1).numpy()
+    return {measure: np.stack([rows[e] for e in range(len(rows))]) for measure, rows in found.items()}
+
+
+def numpy_bootstrap_interval(values: np.ndarray, seed: int = 0, draws: int = 1000) -> np.ndarray:
+    """The plain percentile bootstrap 95% interval of the mean of values (E, ...): (..., 2)."""
+    picks = np.random.default_rng(seed).integers(0, len(values), (draws, len(values)))
+    return np.moveaxis(np.percentile(values[picks].mean(1), [2.5, 97.5], axis=0), 0, -1)
+
+
+def test_compare_kinds_gives_every_figure_an_interval_and_the_change_a_paired_one(tmp_path, monkeypatch, capsys):
+    """map_kinds.csv holds each kind's 95% interval (the pattern ratios' from each kind's pattern_ratios.csv) and the
+    paired bootstrap interval of norm minus weight: the same example draws for both kinds, equal to a direct numpy
+    bootstrap of the per-example differences with seed 0. Before, the table and the printout held bare means."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    save_tiny_model(tmp_path / "models" / "tiny", layers=2, heads=4, initializer_range=0.3)
+    runs = tmp_path / "runs"
+    assert main(["compare-kinds", "--model", "tiny", "--task", "sst2", "--n", "12", "--batch-size", "4",
+                 "--runs-dir", str(runs), "-q"]) == 0
+    out = capsys.readouterr().out
+    table = pd.read_csv(runs / "tiny" / "sst2" / "map_kinds.csv", dtype={"layer": str})
+    for column in ("weight", "norm", "norm_minus_weight"):
+        assert table[[column, f"{column}_ci_low", f"{column}_ci_high"]].notna().all().all()
+        assert (table[f"{column}_ci_low"] <= table[column] + 1e-12).all()
+        assert (table[column] <= table[f"{column}_ci_high"] + 1e-12).all()
+    assert (table["norm_minus_weight_ci_high"] > table["norm_minus_weight_ci_low"]).any()  # not all degenerate
+    ratios = table[table["group"] == "pattern_ratio"].set_index("measure")
+    patterns = {}
+    for kind, folder in (("weight", "tiny"), ("norm", "tiny@norm")):
+        written = pd.read_csv(runs / folder / "sst2" / "pattern_ratios.csv").set_index("class")
+        np.testing.assert_allclose(ratios.loc[written.index, [f"{kind}_ci_low", f"{kind}_ci_high"]],
+                                   written[["ci_low", "ci_high"]])
+        patterns[kind] = pd.read_csv(runs / folder / "sst2" / "example_patterns.csv")
+        assert list(patterns[kind]["index"]) == list(range(12))
+        per_head = pd.read_csv(runs / folder / "sst2" / "patterns.csv").groupby("class")["count"].sum()
+        np.testing.assert_array_equal(patterns[kind][list(per_head.index)].sum(0), per_head)  # every map, once
+    # the ratios' change: each example's change of its share of maps, resampled by a plain numpy bootstrap
+    classes = list(ratios.index)
+    shares = {kind: frame[classes].to_numpy(float) / 8 for kind, frame in patterns.items()}  # 2 x 4 maps each
+    np.testing.assert_allclose(ratios[["norm_minus_weight_ci_low", "norm_minus_weight_ci_high"]],
+                               numpy_bootstrap_interval(shares["norm"] - shares["weight"]), atol=1e-12)
+    # the attention's change, over every head and per layer, from per-example values computed map by map
+    bundle = load_model(str(tmp_path / "models" / "tiny"), device="cpu")
+    data = load_data("sst2", "validation", 12)
+    weight, norm = (per_example_special_attention(bundle, data, kind) for kind in ("weight", "norm"))
+    for measure in weight:
+        rows = table[table["measure"] == measure].set_index("layer")
+        difference = norm[measure] - weight[measure]  # (E, L)
+        expected = {"all": numpy_bootstrap_interval(difference.mean(1)),
+                    **{str(layer): numpy_bootstrap_interval(difference[:, layer]) for layer in range(2)}}
+        for layer, bounds in expected.items():
+            np.testing.assert_allclose(rows.loc[layer, ["norm_minus_weight_ci_low", "norm_minus_weight_ci_high"]],
+                                       bounds, atol=1e-6)
+            assert rows.loc[layer, "norm_minus_weight"] == pytest.approx(
+                difference.mean() if layer == "all" else difference[:, int(layer)].mean(), abs=1e-6)
+        np.testing.assert_allclose(rows.loc["all", ["weight_ci_low", "weight_ci_high"]],
+                                   numpy_bootstrap_interval(weight[measure].mean(1)), atol=1e-6)
+    # the printout: each kind's value and the change with their intervals, as app.display.interval_text writes them
+    cls = table[(table["measure"] == "to_cls") & (table["layer"] == "all")].iloc[0]
+    line = next(line for line in out.splitlines() if line.startswith("to_cls"))
+    assert interval_text(cls["weight"], cls["weight_ci_low"], cls["weight_ci_high"]) in line
+    assert interval_text(cls["norm_minus_weight"], cls["norm_minus_weight_ci_low"],
+                         cls["norm_minus_weight_ci_high"], spec="+.3f") in line
+
+
+def test_compare_kinds_classifies_again_a_kind_classified_before_example_patterns_were_kept(tmp_path, monkeypatch):
+    """A kind's run folder that an earlier version classified (no example_patterns.csv, so no per-example counts to
+    pair) is not taken as current: compare-kinds classifies it again and writes the paired change, rather than
+    failing on the missing table or leaving the change without its interval."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    save_tiny_model(tmp_path / "models" / "tiny", layers=2, heads=4, initializer_range=0.3)
+    runs = tmp_path / "runs"
+    argv = ["compare-kinds", "--model", "tiny", "--task", "sst2", "--n", "5", "--runs-dir", str(runs), "-q"]
+    assert main(argv) == 0
+    folder = runs / "tiny@norm" / "sst2"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    del manifest["analyses"]["classify"]["table_digests"]["example_patterns.csv"]  # as the earlier version recorded
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "example_patterns.csv").unlink()
+    assert main(argv) == 0
+    assert (folder / "example_patterns.csv").is_file()
+    after = json.loads((folder / "manifest.json").read_text())["analyses"]["classify"]
+    assert "example_patterns.csv" in after["table_digests"]  # only a classification writes both
+    table = pd.read_csv(runs / "tiny" / "sst2" / "map_kinds.csv")
+    assert table["norm_minus_weight_ci_low"].notna().all()
 
 
 def test_compare_kinds_refuses_a_kind_the_model_cannot_give_before_loading_anything(tmp_path, monkeypatch, capsys):
