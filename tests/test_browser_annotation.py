@@ -4,6 +4,7 @@ Screenshots land in test-artifacts/.
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +24,32 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync"]
 
 
-def test_label_a_map_in_the_browser_and_pull_it(label_studio, synthetic_sample, tmp_path):
-    from playwright.sync_api import expect, sync_playwright  # noqa: PLC0415 (optional: only the browser tests need it)
+@contextlib.contextmanager
+def task_page(label_studio, project_id: int, task_id: int, *, height: int):
+    """A 1400-pixel-wide Chromium page logged in to the test's Label Studio server and opened on one task of a
+    project; the browser closes on leaving."""
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415 (optional: only the browser tests need it)
 
     assert Path(CHROMIUM).is_file(), "Debian chromium is missing: run `make browser`"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": height})
+            page.set_default_timeout(90_000)  # a busy 2-core machine renders the labeling app slowly
+            page.goto(f"{label_studio.url}/user/login/")
+            page.fill("input[name=email]", label_studio.email)
+            page.fill("input[name=password]", label_studio.password)
+            page.click("button[type=submit], input[type=submit]")
+            page.wait_for_url(lambda url: "/user/login" not in url)
+            page.goto(f"{label_studio.url}/projects/{project_id}/data?task={task_id}")
+            yield page
+        finally:
+            browser.close()
+
+
+def test_label_a_map_in_the_browser_and_pull_it(label_studio, synthetic_sample, tmp_path):
+    from playwright.sync_api import expect  # noqa: PLC0415 (optional: only the browser tests need it)
+
     sample, state = synthetic_sample("browser", 2), tmp_path / "projects.json"
     report = ls.push(label_studio, sample, state_file=state, progress=False, log=lambda m: None)
     tasks = ls.existing_tasks(ls.connect(label_studio), label_studio.url, report.project_id)
@@ -36,29 +59,17 @@ def test_label_a_map_in_the_browser_and_pull_it(label_studio, synthetic_sample, 
     choice = next(name for name in ("diagonal", "block") if name != predicted)  # differs from the pre-annotation
     ARTIFACTS.mkdir(exist_ok=True)
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.set_default_timeout(90_000)  # a busy 2-core machine renders the labeling app slowly
-            page.goto(f"{label_studio.url}/user/login/")
-            page.fill("input[name=email]", label_studio.email)
-            page.fill("input[name=password]", label_studio.password)
-            page.click("button[type=submit], input[type=submit]")
-            page.wait_for_url(lambda url: "/user/login" not in url)
-            page.goto(f"{label_studio.url}/projects/{report.project_id}/data?task={task['id']}")
-            # each choice is a checkbox named after its value, labelled "<value>[hotkey]"
-            box = page.locator(f"input[type=checkbox][name='{choice}']")
-            page.wait_for_load_state("networkidle")  # the labeling app re-renders while it loads the task
-            page.locator("label", has=box).click()  # Playwright re-finds the element and scrolls to it
-            expect(box).to_be_checked()
-            page.screenshot(path=str(ARTIFACTS / "browser-annotation-choice.png"))
-            with page.expect_response(lambda r: "/annotations" in r.url and r.request.method == "POST") as posted:
-                page.get_by_role("button", name="Submit").click()
-            assert posted.value.status == 201
-            page.screenshot(path=str(ARTIFACTS / "browser-annotation-submitted.png"))
-        finally:
-            browser.close()
+    with task_page(label_studio, report.project_id, task["id"], height=1100) as page:
+        # each choice is a checkbox named after its value, labelled "<value>[hotkey]"
+        box = page.locator(f"input[type=checkbox][name='{choice}']")
+        page.wait_for_load_state("networkidle")  # the labeling app re-renders while it loads the task
+        page.locator("label", has=box).click()  # Playwright re-finds the element and scrolls to it
+        expect(box).to_be_checked()
+        page.screenshot(path=str(ARTIFACTS / "browser-annotation-choice.png"))
+        with page.expect_response(lambda r: "/annotations" in r.url and r.request.method == "POST") as posted:
+            page.get_by_role("button", name="Submit").click()
+        assert posted.value.status == 201
+        page.screenshot(path=str(ARTIFACTS / "browser-annotation-submitted.png"))
 
     out = tmp_path / "labeled"
     pulled = ls.pull(label_studio, sample, out, state_file=state)
@@ -74,37 +85,23 @@ def test_every_gallery_map_in_the_instructions_keeps_three_pixels_per_token(labe
     """The instructions panel of a pushed project, opened as an annotator opens it: every gallery map is shown
     at three screen pixels per token or more, as the guideline promises (in the old four-column tables a
     128-token map was 60 pixels wide), and is scaled without smoothing."""
-    from playwright.sync_api import sync_playwright  # noqa: PLC0415 (optional: only the browser tests need it)
-
     sample = synthetic_sample("gallery", 1)
     report = ls.push(label_studio, sample, state_file=tmp_path / "projects.json", progress=False, log=lambda m: None)
     tasks = ls.existing_tasks(ls.connect(label_studio), label_studio.url, report.project_id)
     task_id = next(iter(tasks.values()))["id"]
     tokens = {entry.image: int(entry.cues.split()[1]) for entry in gallery_entries(GALLERY.read_text())}
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(90_000)
-            page.goto(f"{label_studio.url}/user/login/")
-            page.fill("input[name=email]", label_studio.email)
-            page.fill("input[name=password]", label_studio.password)
-            page.click("button[type=submit], input[type=submit]")
-            page.wait_for_url(lambda url: "/user/login" not in url)
-            page.goto(f"{label_studio.url}/projects/{report.project_id}/data?task={task_id}")
-            page.wait_for_load_state("networkidle")
-            page.get_by_role("button", name="Instructions").click()
-            gallery = page.locator("img[src*='local-files']")
-            gallery.last.wait_for()
-            page.wait_for_function("() => [...document.querySelectorAll(\"img[src*='local-files']\")]"
-                                   ".every(image => image.complete && image.naturalWidth > 0)")
-            shown = page.evaluate("() => [...document.querySelectorAll(\"img[src*='local-files']\")].map(image => "
-                                  "[image.src.split('/').pop(), image.naturalWidth,"
-                                  " image.getBoundingClientRect().width, getComputedStyle(image).imageRendering])")
-            page.screenshot(path=str(ARTIFACTS / "browser-instructions-gallery.png"))
-        finally:
-            browser.close()
+    with task_page(label_studio, report.project_id, task_id, height=1000) as page:
+        page.wait_for_load_state("networkidle")
+        page.get_by_role("button", name="Instructions").click()
+        gallery = page.locator("img[src*='local-files']")
+        gallery.last.wait_for()
+        page.wait_for_function("() => [...document.querySelectorAll(\"img[src*='local-files']\")]"
+                               ".every(image => image.complete && image.naturalWidth > 0)")
+        shown = page.evaluate("() => [...document.querySelectorAll(\"img[src*='local-files']\")].map(image => "
+                              "[image.src.split('/').pop(), image.naturalWidth,"
+                              " image.getBoundingClientRect().width, getComputedStyle(image).imageRendering])")
+        page.screenshot(path=str(ARTIFACTS / "browser-instructions-gallery.png"))
     assert sorted({name for name, *_ in shown}) == sorted(tokens)
     for name, natural, width, rendering in shown:
         assert cell_size(tokens[name]) * width / natural >= 3, (name, width)

@@ -48,19 +48,27 @@ def mpnet(tmp_path_factory):
     return tiny_mpnet_bundle(tmp_path_factory.mktemp("mpnet") / "tiny-mpnet", layers=3, heads=4, initializer_range=0.3)
 
 
-def kobayashi_reference(bundle, text: str) -> np.ndarray:
-    """Norm maps of one unpadded example from the definition: f_h(x_j) = (x_j W_V + b_V)_h W_O^h built as vectors,
-    ||alpha_ij f_h(x_j)|| per head, then each row divided by its sum. Returns (L, H, n, n)."""
-    values = []
-    parts = attention_parts(bundle.model)
+def projected_forward(bundle, parts, inputs) -> tuple[tuple, list, list]:
+    """One forward pass of ``inputs`` recording, per layer, what the value projection and the output projection of
+    ``parts`` (attention_parts) return. Returns (attentions: per layer (1, H, n, n), values: per layer (1, n, H*d),
+    outputs: per layer (1, n, D))."""
+    values, outputs = [], []
     handles = [value.register_forward_hook(lambda m, a, out: values.append(out)) for value, _ in parts]
-    inputs = bundle.tokenizer(text, return_tensors="pt")
+    handles += [output.register_forward_hook(lambda m, a, out: outputs.append(out)) for _, output in parts]
     try:
         with torch.no_grad():
             attentions = bundle.model(**inputs, output_attentions=True).attentions
     finally:
         for handle in handles:
             handle.remove()
+    return attentions, values, outputs
+
+
+def kobayashi_reference(bundle, text: str) -> np.ndarray:
+    """Norm maps of one unpadded example from the definition: f_h(x_j) = (x_j W_V + b_V)_h W_O^h built as vectors,
+    ||alpha_ij f_h(x_j)|| per head, then each row divided by its sum. Returns (L, H, n, n)."""
+    parts = attention_parts(bundle.model)
+    attentions, values, _ = projected_forward(bundle, parts, bundle.tokenizer(text, return_tensors="pt"))
     heads = bundle.num_heads
     maps = []
     for layer, (_, output) in enumerate(parts):
@@ -143,17 +151,9 @@ def test_each_heads_transformed_values_add_up_to_the_output_projections_output(f
     bundle = {"bert": bert, "mpnet": mpnet}.get(family) or make_bundle(DistilBertConfig,
                                                                          DistilBertForSequenceClassification)
     parts = attention_parts(bundle.model)
-    values, outputs = [], []
-    handles = [value.register_forward_hook(lambda m, a, out: values.append(out)) for value, _ in parts]
-    handles += [output.register_forward_hook(lambda m, a, out: outputs.append(out)) for _, output in parts]
     inputs = bundle.tokenizer(TEXTS[0], TEXTS[1], return_tensors="pt")
     inputs.pop("token_type_ids", None)
-    try:
-        with torch.no_grad():
-            attentions = bundle.model(**inputs, output_attentions=True).attentions
-    finally:
-        for handle in handles:
-            handle.remove()
+    attentions, values, outputs = projected_forward(bundle, parts, inputs)
     heads = bundle.num_heads
     for layer, (_, output) in enumerate(parts):
         value, weight = values[layer][0].double(), output.weight.double()  # (n, H*d), (D, H*d)
