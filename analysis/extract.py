@@ -9,7 +9,16 @@ from analysis.data import TaskData
 from analysis.distributed import extract_shards
 from analysis.errors import AttnpatError
 from analysis.mapkinds import DEFAULT_MAP_KIND
-from analysis.mapstore import EXTRACT_INDEX, FORMAT, SavedMap, is_whole_map_file, write_shard
+from analysis.mapstore import (
+    EXTRACT_INDEX,
+    FORMAT,
+    SavedMap,
+    is_whole_map_file,
+    read_shard_identity,
+    shard_identity,
+    shard_name,
+    write_shard,
+)
 from analysis.rundir import RunDir, atomic_write_json, locked, long_table, read_json
 from analysis.stats import HeadMeans, attention_to, mean_entropy
 from analysis.stream import DEFAULT_MAX_LENGTH, encode_examples, length_sorted_batches, stream_maps, token_roles
@@ -50,14 +59,18 @@ def _extract_maps(bundle, data: TaskData, out_dir: Path, *, max_length: int, bat
         if not isinstance(previous, dict) or {k: previous.get(k, legacy.get(k)) for k in settings} != settings:
             raise AttnpatError(f"{out_dir} holds maps made with other settings; choose another --out")
     settings["source"] = data.source  # recorded, not compared
-    atomic_write_json(index_path, {**settings, "complete": False})
     groups = length_sorted_batches(encoded, shard_size)
-    present = [k for k in range(len(groups)) if (out_dir / f"shard-{k:05d}.npz").is_file()]
+    identities = [shard_identity([bundle.slug] * len(group), [data.task] * len(group),
+                                 [item.example_id for item in group]) for group in groups]
+    present = [k for k in range(len(groups)) if (out_dir / shard_name(k)).is_file()]
     # a shard damaged since it was written (cut short by a full disk or a stopped copy) is computed again
-    damaged = [k for k in present if not is_whole_map_file(out_dir / f"shard-{k:05d}.npz")]
+    damaged = [k for k in present if not is_whole_map_file(out_dir / shard_name(k))
+               or read_shard_identity(out_dir / shard_name(k)) is None]
+    check_resumed_shards(out_dir, {k: identities[k] for k in sorted(set(present) - set(damaged))})
+    atomic_write_json(index_path, {**settings, "complete": False})
     missing = sorted(set(range(len(groups))) - set(present) | set(damaged))
     if cluster is not None:
-        extract_shards(cluster, bundle, data, {out_dir / f"shard-{k:05d}.npz": groups[k] for k in missing},
+        extract_shards(cluster, bundle, data, {out_dir / shard_name(k): groups[k] for k in missing},
                        batch_size=batch_size, max_length=max_length, progress=progress)
     here = missing if cluster is None else []  # the shards this process computes
     todo = [item for k in here for item in groups[k]]
@@ -72,9 +85,10 @@ def _extract_maps(bundle, data: TaskData, out_dir: Path, *, max_length: int, bat
             pending[k].append(SavedMap(item.example_id, map_batch.example_maps(i).numpy(), item.tokens,
                                        np.asarray(types), bundle.slug, data.task))
             if len(pending[k]) == len(groups[k]):
-                write_shard(out_dir / f"shard-{k:05d}.npz", pending.pop(k))
+                write_shard(out_dir / shard_name(k), pending.pop(k))
     summary = {**settings, "complete": True, "n_shards": len(groups), "n_truncated": sum(e.truncated for e in encoded),
-               "resumed_shards": len(groups) - len(missing), "damaged_shards": len(damaged)}
+               "resumed_shards": len(groups) - len(missing), "damaged_shards": len(damaged),
+               "shards": identities}  # what each shard holds, which readers check (analysis.mapstore)
     atomic_write_json(index_path, summary)
     return summary
 
@@ -89,6 +103,17 @@ def check_no_orphan_shards(out_dir: Path) -> None:
         raise AttnpatError(f"{out_dir} holds {len(orphans)} map shard(s) (shard-*.npz) but no {EXTRACT_INDEX} "
                            "telling what they were extracted from; remove them (or the folder) to extract afresh, "
                            "or choose another --out")
+
+
+def check_resumed_shards(out_dir: Path, expected: dict[int, str]) -> None:
+    """An AttnpatError when a shard an extraction would keep ({k: its :func:`shard_identity`}) holds other examples,
+    model or task than this extraction puts there (another extraction's shard copied in): resumed, it would pass
+    for these maps; like shards without an index, it is neither kept nor overwritten (it could be the only copy)."""
+    wrong = [k for k, identity in expected.items() if read_shard_identity(out_dir / shard_name(k)) != identity]
+    if wrong:
+        raise AttnpatError(f"{out_dir / shard_name(wrong[0])} holds other maps than this extraction puts there "
+                           f"(other examples, model or task; {len(wrong)} such shard(s)); remove them, or choose "
+                           "another --out")
 
 
 def write_maps(bundle, data: TaskData, run: RunDir, out: str | Path | None = None, *,

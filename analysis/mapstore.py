@@ -19,6 +19,7 @@ by :func:`parse_map_id`; unique and stable, so labels, predictions and tasks joi
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import zipfile
 import zlib
@@ -320,8 +321,34 @@ def read_shard(path: str | Path) -> list[SavedMap]:
                      group.task) for group in read_maps(path)]
 
 
+def shard_name(k: int) -> str:
+    """The file name of an extraction's k-th shard (0-indexed)."""
+    return f"shard-{k:05d}.npz"
+
+
+def shard_identity(models: Sequence[str], tasks: Sequence[str], example_ids: Sequence[str]) -> str:
+    """sha256 naming what a shard holds: each group's model slug, task (as stored, ':' made '_') and example id, in
+    order. An extraction records one per shard in its index.json; its maps are not hashed (reading them is the cost
+    a reader saves)."""
+    content = [[_field(model), _field(task), str(example)] for model, task, example in
+               zip(models, tasks, example_ids, strict=True)]
+    return hashlib.sha256(json.dumps(content).encode()).hexdigest()
+
+
+def read_shard_identity(path: str | Path) -> str | None:
+    """:func:`shard_identity` of a map file, read from its three small name arrays only (no map is decompressed);
+    None when they cannot be read."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return shard_identity(*(data[name].tolist() for name in ("models", "tasks", "example_ids")))
+    except (OSError, ValueError, EOFError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, zlib.error,
+            NotImplementedError, RuntimeError):
+        return None
+
+
 def shard_files(path: str | Path) -> list[Path]:
-    """A single .npz file, or every .npz in a folder (sorted)."""
+    """A single .npz file, or every .npz in a folder (sorted); an extraction's folder only when it checks out
+    (:func:`check_extraction_finished`)."""
     path = Path(path)
     if path.is_file():
         return [path]
@@ -335,9 +362,11 @@ def shard_files(path: str | Path) -> list[Path]:
 
 
 def check_extraction_finished(folder: Path) -> None:
-    """A folder of `attnpat extract` shards (an index beside them) is read only when the extraction finished and
-    every shard it wrote is there: a killed extraction holds the shards of its shortest examples (shards are
-    length-sorted), which would pass for the whole data set. A folder without the index is read as it is."""
+    """A folder of `attnpat extract` shards (an index beside them) is read only when the extraction finished, every
+    shard it wrote is there, the folder holds no other map file, and each shard holds the examples the index records
+    for it: a killed extraction holds the shards of its shortest examples (shards are length-sorted), which would
+    pass for the whole data set, and a map file copied in (another extraction's shard, a sample) would be read as
+    part of it. A folder without the index is read as it is."""
     index_path = folder / EXTRACT_INDEX
     if not index_path.is_file():
         return
@@ -348,11 +377,22 @@ def check_extraction_finished(folder: Path) -> None:
         raise AttnpatError(f"{folder} holds an unfinished extraction (stopped or still running): run the same "
                            "`attnpat extract` again to finish it")
     n_shards = index.get("n_shards")
-    absent = [name for name in (f"shard-{k:05d}.npz" for k in range(n_shards if isinstance(n_shards, int) else 0))
-              if not (folder / name).is_file()]
+    names = [shard_name(k) for k in range(n_shards if isinstance(n_shards, int) else 0)]
+    absent = [name for name in names if not (folder / name).is_file()]
     if absent:
         raise AttnpatError(f"{folder} lacks {absent[0]} of its extraction ({len(absent)} of {n_shards} shards "
                            "missing): run the same `attnpat extract` again to make them")
+    foreign = sorted({path.name for path in folder.glob("*.npz")} - set(names))
+    if foreign:
+        raise AttnpatError(f"{folder} holds {foreign[0]}, which its extraction ({EXTRACT_INDEX}: {n_shards} shards) "
+                           f"did not write ({len(foreign)} such file(s)); move them out of the folder")
+    recorded = index.get("shards")  # absent in indexes written before shards were recorded: not checked
+    if isinstance(recorded, list) and len(recorded) == len(names):
+        for name, identity in zip(names, recorded, strict=True):
+            if read_shard_identity(folder / name) != identity:
+                raise AttnpatError(f"{folder / name} holds other maps than its extraction wrote (other examples, "
+                                   f"model or task than {EXTRACT_INDEX} records); remove it and run the same "
+                                   "`attnpat extract` again")
 
 
 def iter_map_groups(path: str | Path) -> Iterator[MapGroup]:

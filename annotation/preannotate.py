@@ -7,7 +7,9 @@ baseline the CNN must beat. The rules are annotation/guideline.md's cues with th
 (the band also counts a line two tokens off the diagonal, a line beside it, which the cue's -1..+1 misses).
 
   a column counts  top column >= COLUMN, and on a map under SHORT_MAP tokens a mid-grey one (under
-                   DARK_COLUMN) only where it is the heaviest key on at least MOST_ROWS of the rows (rule 9)
+                   DARK_COLUMN) only where it is the heaviest key on at least MOST_ROWS of the rows (rule 9);
+                   and it is clearly darker than the background: at least CLEARLY_DARKER times the mean weight
+                   of the row's other keys (only short maps can fail this once past COLUMN: under 13 tokens)
   a band counts    band (offsets -1..+1) >= BAND and broadness < BROAD
 
   column and band                                    -> vertical+diagonal
@@ -37,6 +39,11 @@ BAND_OFFSETS = PROFILE_OFFSETS
 # tests/test_preannotate.py checks that the guideline still says them.
 GUIDELINE_CUES = {"COLUMN": 0.15, "DARK_COLUMN": 0.35, "MOST_ROWS": 0.5, "SHORT_MAP": 25, "BAND": 0.15,
                   "BROAD": 0.85}
+# "A column counts when it is ... clearly darker than the background" (guideline, vertical), measured as the
+# guideline measures "clearly darker" elsewhere ("cells twice as dark as their neighbours"): the column's mean
+# weight against the mean of the other keys. COLUMN alone is an absolute share, which every column of a uniform map
+# under 7 tokens reaches (1/n): those near-uniform maps were called vertical, where rule 3 makes them block.
+CLEARLY_DARKER = 2.0
 FEATURE_NAMES = ("cls_mass", "sep_mass", "punct_mass", "top1_column", "top2_columns", "prev_mass", "self_mass",
                  "next_mass", "band", "within_segment", "entropy", "broadness")
 
@@ -110,8 +117,9 @@ def classify_cues(cues: dict[str, float], n: int, thresholds: dict[str, float] =
     [0, 1]): how far past its threshold the deciding cue is (a rough confidence for Label Studio's prediction)."""
     t = thresholds
     column, band, broadness = cues["top_column"], cues["band"], cues["broadness"]
-    column_counts = column >= t["COLUMN"] and (n >= t["SHORT_MAP"] or column >= t["DARK_COLUMN"]
-                                               or cues["rows_on_top_column"] >= t["MOST_ROWS"])  # rule 9
+    column_counts = (column >= t["COLUMN"] and darker_than_background(column, n)
+                     and (n >= t["SHORT_MAP"] or column >= t["DARK_COLUMN"]
+                          or cues["rows_on_top_column"] >= t["MOST_ROWS"]))  # rule 9
     band_counts = band >= t["BAND"] and broadness < t["BROAD"]
     if column_counts and band_counts:
         return "vertical+diagonal", _margin(min(column - t["COLUMN"], band - t["BAND"]))
@@ -122,6 +130,13 @@ def classify_cues(cues: dict[str, float], n: int, thresholds: dict[str, float] =
     if broadness >= t["BROAD"]:
         return "block", _margin(broadness - t["BROAD"])
     return "heterogeneous", _margin(t["BROAD"] - broadness)
+
+
+def darker_than_background(column: float, n: int) -> bool:
+    """Whether a key column holding ``column`` of each row's weight on average (the top-column cue) is clearly
+    darker than the background of an n-token map: at least CLEARLY_DARKER times the mean weight, (1 - column) /
+    (n - 1), of the other keys. A uniform map's columns (1/n each) never are."""
+    return column * (n - 1) >= CLEARLY_DARKER * (1.0 - column) - 1e-9  # tolerance: a column exactly at the ratio
 
 
 def _margin(distance: float) -> float:

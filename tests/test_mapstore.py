@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from analysis.data import load_data
 from analysis.errors import AttnpatError
@@ -19,6 +21,7 @@ from analysis.mapstore import (
     MapGroup,
     SavedMap,
     iter_map_groups,
+    iter_saved_maps,
     make_map_id,
     maps_digest,
     parse_map_id,
@@ -231,3 +234,64 @@ def test_a_map_file_with_a_few_bytes_overwritten_is_one_error(tmp_path):
     for name in (*damages, "raw"):
         with pytest.raises(AttnpatError, match="is not an attnpat map file"):
             read_maps(tmp_path / f"{name}.npz")
+
+
+def direct_maps(bundle, example, max_length: int) -> tuple[np.ndarray, list[str]]:
+    """(L, H, n, n) float32 maps of one example by a forward pass of its own (no batch, no padding), and its tokens."""
+    parts = (example.text,) if example.text_pair is None else (example.text, example.text_pair)
+    encoded = bundle.tokenizer(*parts, truncation=True, max_length=max_length, return_tensors="pt")
+    with torch.no_grad():
+        attentions = bundle.model(**encoded, output_attentions=True).attentions
+    return torch.stack(attentions, 1)[0].numpy(), bundle.tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
+
+
+def test_extracted_maps_are_the_direct_float32_maps_within_the_documented_tolerance(tmp_path):
+    """Each stored map, read back, is the example's own unpadded forward pass within 2.5e-4 (float16's half step
+    below 1, what `attnpat extract --help` states), cropped to its real tokens, layer by layer and head by head,
+    under its example id; rows still sum to 1 within 5e-4; truncation by --max-length is counted in the index."""
+    bundle = tiny_bundle(tmp_path / "model", layers=3, heads=4)
+    rows = [{"text": " ".join(["the cat sat on the mat ."] * repeats)}
+            for repeats in (1, 9, 3, 20, 2)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = load_data(str(tmp_path / "d.jsonl"))
+    summary = extract_maps(bundle, data, tmp_path / "maps", max_length=48, shard_size=2, batch_size=3, progress=False)
+    saved = {m.example_id: m for m in iter_saved_maps(tmp_path / "maps")}
+    assert sorted(saved) == sorted(example.id for example in data.examples) and len(saved) == len(rows)
+    for example in data.examples:
+        expected, tokens = direct_maps(bundle, example, 48)
+        got = saved[example.id]
+        assert got.attn.shape == expected.shape == (3, 4, len(tokens), len(tokens)) and got.tokens == tokens
+        assert np.abs(got.attn - expected).max() <= 2.5e-4
+        assert np.abs(got.attn.sum(-1) - 1).max() <= 5e-4
+    index = json.loads((tmp_path / "maps" / "index.json").read_text())
+    assert summary["n_truncated"] == index["n_truncated"] == 2 and index["max_length"] == 48  # 9 and 20 repeats
+
+
+def test_a_map_file_that_is_not_the_extractions_is_refused_on_read_and_on_resume(tmp_path):
+    """A shard of another extraction copied over one of a finished extraction, or a map file added beside its
+    shards: every reader took them in as part of the extraction (maps of another task or model, or examples twice),
+    and a rerun resumed the copied shard as its own. Now a reader stops with one line naming the file (index.json
+    records what each shard holds), and so does a rerun, which writes and deletes nothing."""
+    bundle = tiny_bundle(tmp_path / "model")
+    sst2 = load_data("sst2", n=6)
+    extract_maps(bundle, sst2, tmp_path / "a", shard_size=2, progress=False)
+    extract_maps(bundle, load_data("mrpc", n=6), tmp_path / "b", shard_size=2, progress=False)
+    folder = tmp_path / "a"
+    shutil.copy(tmp_path / "b" / "shard-00002.npz", folder / "extra.npz")
+    with pytest.raises(AttnpatError, match=r"holds extra\.npz, which its extraction \(index.json: 3 shards\) did "
+                                           r"not write .*; move them out of the folder$"):
+        list(iter_map_groups(folder))
+    (folder / "extra.npz").unlink()
+    shutil.copy(tmp_path / "b" / "shard-00001.npz", folder / "shard-00001.npz")
+    for read in (iter_map_groups, iter_saved_maps, read_single_maps):
+        with pytest.raises(AttnpatError, match=r"shard-00001\.npz holds other maps than its extraction wrote .*"
+                                               r"remove it and run the same `attnpat extract` again$"):
+            list(read(folder))
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    with pytest.raises(AttnpatError, match=r"shard-00001\.npz holds other maps than this extraction puts there"):
+        extract_maps(bundle, sst2, folder, shard_size=2, progress=False)
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+    (folder / "shard-00001.npz").unlink()  # as the line says: the rerun makes it again
+    summary = extract_maps(bundle, sst2, folder, shard_size=2, progress=False)
+    assert summary["resumed_shards"] == 2
+    assert sorted(g.example_id for g in iter_map_groups(folder)) == sorted(e.id for e in sst2.examples)

@@ -12,10 +12,12 @@ from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from analysis.rendering import map_cues
 from annotation.preannotate import (
+    CLEARLY_DARKER,
     FEATURE_NAMES,
     GUIDELINE_CUES,
     RulePreannotator,
     classify_cues,
+    darker_than_background,
     feature_matrix,
     map_features,
     preannotate,
@@ -242,3 +244,22 @@ def test_rule_9_a_mid_grey_column_on_a_short_map_counts_only_on_half_the_rows():
     # a dark column counts on any share of rows, and on 25 tokens or more rules 1-8 decide
     assert classify_cues(few | {"top_column": GUIDELINE_CUES["DARK_COLUMN"]}, n)[0] == "vertical"
     assert classify_cues(few, GUIDELINE_CUES["SHORT_MAP"])[0] == "vertical"
+
+
+@pytest.mark.parametrize("n", range(2, 13))
+def test_near_uniform_short_maps_are_block_not_vertical(n):
+    """Guideline rule 3: a near-uniform map is block, and a column counts only when it is clearly darker than the
+    background. On a map under 7 tokens every column of a uniform map holds 1/n >= COLUMN (0.15), and the rules
+    called such maps vertical (before: vertical for the uniform map of 2-6 tokens and for a quarter to all of the
+    near-uniform ones); a column must now hold CLEARLY_DARKER times the mean weight of the row's other keys."""
+    rng = np.random.default_rng(n)
+    near_uniform = np.exp(rng.normal(0.0, 0.05, (20, n, n)))
+    near_uniform /= near_uniform.sum(-1, keepdims=True)
+    for attn in (np.full((n, n), 1.0 / n), *near_uniform):
+        assert preannotate(attn)[0] == "block"
+    # the same short map with a column twice as dark as the rest of each row is vertical (rules 1 and 9)
+    with_column = np.full((n, n), 1.0)
+    with_column[:, 0] = CLEARLY_DARKER
+    assert preannotate(with_column / with_column.sum(1, keepdims=True))[0] == "vertical"
+    assert darker_than_background(CLEARLY_DARKER / (CLEARLY_DARKER + n - 1), n)
+    assert not darker_than_background(0.99 * CLEARLY_DARKER / (CLEARLY_DARKER + n - 1), n)
