@@ -681,7 +681,7 @@ def coref_table(choices: np.ndarray, baseline_choices: dict[str, np.ndarray], ha
 
     rows = [row(name, right[held_out], float(mcnemar_exact(right[held_out], head_right)))
             for name, right in baseline_choices.items()]
-    rows.append(row(f"{model_name} head {layer}-{head} (0-indexed)", head_right, np.nan))
+    rows.append(row(f"{model_name} head L{layer + 1}-H{head + 1}", head_right, np.nan))
     return pd.DataFrame(rows)
 
 

@@ -175,7 +175,7 @@ def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U fi
                                   min_count=min_count, text_column=text_column)
     entry = run.manifest()["analyses"]["probing_dependency"]
     typer.echo(f"{bundle.name} on {run.task} ({entry['n_sentences']} sentences, {entry['parses']}); "
-               "heads layer-head, 0-indexed")
+               "layers and heads 1-indexed")
     typer.echo("head and offset picked on the even-numbered sentences; words, accuracy [95% interval] on the "
                f"odd-numbered ones ({entry['n_held_out_sentences']}); intervals resample whole sentences; "
                "head-base: accuracy difference; p: paired sign-flip test over the held-out sentences; "
@@ -188,7 +188,7 @@ def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U fi
         difference = _percent_interval(row.head_minus_baseline, row.head_minus_baseline_ci_low,
                                        row.head_minus_baseline_ci_high, sign="+")
         typer.echo(f"{row.relation[:14]:<14} {row.held_out_count:>6} {attention}  "
-                   f"{f'{row.best_layer}-{row.best_head} {row.direction}':<14} {row.baseline_offset:>+6d} "
+                   f"{f'L{row.best_layer + 1}-H{row.best_head + 1} {row.direction}':<14} {row.baseline_offset:>+6d} "
                    f"{baseline} {difference} {row.p_value:>7.2g} {100 * row.in_sample_accuracy:>9.1f}")
     typer.echo(f"tables and figure: {run.path}")
 

@@ -468,7 +468,7 @@ def test_coref_table_picks_the_head_on_one_half_and_reports_everything_on_the_ot
     nearest = np.array([True, False] * 4)  # right on every selection sentence, wrong on every held-out one
     first = np.array([False, True] * 4)  # wrong on every selection sentence, right on every held-out one
     table = coref_table(choices, {"nearest mention": nearest, "first mention": first}, halves, "tiny")
-    assert table.model.tolist() == ["nearest mention", "first mention", "tiny head 0-0 (0-indexed)"]
+    assert table.model.tolist() == ["nearest mention", "first mention", "tiny head L1-H1"]
     assert table.accuracy.tolist() == [0.0, 1.0, 0.0] and (table["count"] == 4).all()
     assert (table.ci_low.iloc[1], table.ci_high.iloc[1]) == pytest.approx(tuple(wilson_interval(4, 4)))
     # held out: first mention right alone on 4 sentences, exact McNemar p = 2 x (1/2)^4; nearest and the head agree
@@ -523,6 +523,10 @@ def test_cli_probes_on_minilm(tmp_path, capsys):
     assert (heads.ci_low <= heads.accuracy).all() and (heads.accuracy <= heads.ci_high).all()
     assert (table.ci_low <= table.accuracy).all() and (table.accuracy <= table.ci_high).all()
     assert table.p_value.between(0, 1).all() and "in-sample" in out and "[" in out
+    # heads print 1-indexed, as figures and prose name them; the table keeps 0-indexed layer and head columns
+    first = table.iloc[0]
+    assert "layers and heads 1-indexed" in out
+    assert f"L{first.best_layer + 1}-H{first.best_head + 1} {first.direction}" in out
 
     assert main(["probe-coref", "--n", "40", "--quiet", "--runs-dir", runs]) == 0
     out = capsys.readouterr().out
