@@ -190,7 +190,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("overview", "overview", f"layer, head, metric (to_cls|to_sep|entropy), value, {_OVER_EXAMPLES}",
              "Surface and clusters"),
     Artifact("head_labels", "surface", f"layer, head, label, {_LABEL_EVIDENCE}", "Surface and clusters"),
-    Artifact("clusters", "cluster", f"layer, head, x, y, behaviour, {_LABEL_EVIDENCE}", "Surface and clusters",
+    Artifact("clusters", "cluster", "layer, head, x, y, position_radius (95th percentile of the distance from x, y "
+             f"over 100 bootstrap draws, Procrustes-aligned MDS refits), behaviour, {_LABEL_EVIDENCE}",
+             "Surface and clusters",
              figure=True),
     Artifact("head_distances", "cluster", "layer, head, other_layer, other_head, value (JS divergence, nats), "
              f"{_OVER_EXAMPLES}",

@@ -149,9 +149,20 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
     typer.echo("stability: " + ("needs at least 2 examples and 2 heads that differ" if split_half is None else
                                 f"split-half correlation of the distance matrices r = {split_half:.4f} (even- vs "
                                 "odd-numbered examples); per-pair bootstrap 95% intervals in head_distances.csv"))
+    typer.echo(_position_line(record))
     typer.echo(_label_line(record))
     _note_unreachable_broad(record["uniform_entropy"], thresholds.broad)
     typer.echo(f"tables and figure: {run.file('clusters.csv')}")
+
+
+def _position_line(record: dict) -> str:
+    """'positions: median radius ...' from a clusters manifest record."""
+    relative = record["median_radius_to_spread"]
+    if relative is None:
+        return "positions: no radius (needs at least 2 examples and 2 heads that differ)"
+    return (f"positions: median 95% radius {record['median_position_radius']:.4f} = {relative:.1%} of the plot's "
+            f"spread (RMS distance of the heads from their centre, {record['plot_spread']:.4f}); "
+            f"{record['position_interval']}; per head in clusters.csv (position_radius), circles in the figure")
 
 
 def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U file with gold dependency trees"),

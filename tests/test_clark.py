@@ -26,6 +26,10 @@ from analysis.clustering import (
     js_divergence,
     mds_embedding,
     pair_matrix,
+    pair_values,
+    plot_spread,
+    position_stability,
+    procrustes_align,
     smooth,
     split_half_correlation,
 )
@@ -128,6 +132,44 @@ def test_head_distance_stability_split_half_and_pair_intervals():
     assert np.isnan(distance_intervals(steady[:1], 8)[off]).all()
 
 
+def test_procrustes_alignment_recovers_a_rotated_reflected_and_shifted_copy_exactly():
+    """MDS fixes positions only up to a rotation, reflection and translation: the alignment undoes any of them
+    (and does not rescale)."""
+    points = np.random.default_rng(1).standard_normal((9, 2))
+    angle = 0.7
+    rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    for motion in (rotation, rotation @ np.diag([1.0, -1.0])):  # a rotation, then a rotation with a reflection
+        moved = points @ motion + np.array([3.0, -2.0])
+        assert np.allclose(procrustes_align(moved, points), points, atol=1e-12)
+    shrunk = procrustes_align(0.5 * points, points)  # no scaling: half the spread stays half
+    assert plot_spread(shrunk) == pytest.approx(0.5 * plot_spread(points))
+
+
+def head_groups_per_example(noise: float, examples: int = 40, seed: int = 0) -> np.ndarray:
+    """(E, P) per-example divergences of 9 heads in three well-separated groups, plus per-example noise."""
+    rng = np.random.default_rng(seed)
+    centres = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, 0.9]])
+    positions = np.repeat(centres, 3, axis=0) + 0.03 * rng.standard_normal((9, 2))
+    distances = np.linalg.norm(positions[:, None] - positions[None], axis=-1)
+    return np.abs(pair_values(torch.tensor(distances)).numpy() + noise * rng.standard_normal((examples, 36)))
+
+
+def test_position_radii_are_small_for_separated_groups_and_large_for_noise():
+    """The MDS positions had no stability of their own. Each head's bootstrap radius (aligned MDS refits over
+    resampled examples) is now small against the plot's spread when three groups are well separated, and of the
+    spread's size when the distances are noise; one example gives no radius."""
+    grouped = head_groups_per_example(noise=0.05)
+    noise_only = np.random.default_rng(2).random((40, 36))
+    relative = {}
+    for name, per_example in (("grouped", grouped), ("noise", noise_only)):
+        points = mds_embedding(pair_matrix(per_example.mean(0), 9))
+        radii = position_stability(per_example, points, n_boot=20)
+        assert radii.shape == (9,) and (radii > 0).all()
+        relative[name] = np.median(radii) / plot_spread(points)
+    assert relative["grouped"] < 0.1 < 0.5 < relative["noise"]
+    assert np.isnan(position_stability(grouped[:1], np.zeros((9, 2)))).all()
+
+
 def test_cluster_verb_on_heads_that_attend_alike_and_one_example(tmp_path, capsys):
     """`attnpat cluster --n 1` on a model whose heads all attend uniformly (zero queries): exit 0, no sklearn
     warnings; the output says every head lies at one point and that stability needs 2 examples."""
@@ -144,8 +186,10 @@ def test_cluster_verb_on_heads_that_attend_alike_and_one_example(tmp_path, capsy
                      "--runs-dir", str(tmp_path / "runs")]) == 0
     out = capsys.readouterr().out
     assert "all heads embedded at one point" in out and "stability: needs at least 2 examples" in out
+    assert "positions: no radius (needs at least 2 examples" in out
     clusters = pd.read_csv(tmp_path / "runs" / "same" / "wiki" / "clusters.csv")
     assert (clusters[["x", "y"]].to_numpy() == 0).all() and not clusters.certain.any()
+    assert clusters.position_radius.isna().all()
     distances = pd.read_csv(tmp_path / "runs" / "same" / "wiki" / "head_distances.csv")
     assert (distances.value.abs() < 1e-6).all()
 
@@ -156,8 +200,8 @@ def test_head_clusters_on_a_tiny_model_write_the_tables(tokenizer, tmp_path):
     data = TaskData("toy", "validation", "test", SENTENCES)
     run = RunDir(bundle.slug, "toy", tmp_path)
     clusters = head_clusters(bundle, data, run, progress=False)
-    assert list(clusters.columns) == ["layer", "head", "x", "y", "behaviour", "statistic", "value", "ci_low",
-                                      "ci_high", "threshold", "certain"]
+    assert list(clusters.columns) == ["layer", "head", "x", "y", "position_radius", "behaviour", "statistic",
+                                      "value", "ci_low", "ci_high", "threshold", "certain"]
     assert len(clusters) == 8 and np.isfinite(clusters[["x", "y"]].to_numpy()).all()
     distances = pd.read_csv(run.file("head_distances.csv"))
     assert len(distances) == 64
@@ -168,6 +212,10 @@ def test_head_clusters_on_a_tiny_model_write_the_tables(tokenizer, tmp_path):
     assert (off.ci_high > off.ci_low).all()
     record = run.manifest()["analyses"]["clusters"]
     assert -1 <= record["split_half_correlation"] <= 1 and not record["all_identical"]
+    # each head's position carries its bootstrap radius, summarised against the plot's spread
+    assert (clusters.position_radius > 0).all() and np.isfinite(clusters.position_radius).all()
+    assert record["median_position_radius"] == pytest.approx(clusters.position_radius.median())
+    assert record["median_radius_to_spread"] == pytest.approx(record["median_position_radius"] / record["plot_spread"])
     assert sum(record["label_counts"].values()) == 8
     for suffix in ("png", "svg"):
         assert run.file(f"clusters.{suffix}").stat().st_size > 0
@@ -430,6 +478,8 @@ def test_cli_surface_cluster_and_grad_on_minilm(tmp_path, capsys):
     assert main(["cluster", "--task", "wiki", "--n", "4", "--quiet", "--runs-dir", runs]) == 0
     clusters = pd.read_csv(tmp_path / "minilm" / "wiki" / "clusters.csv")
     assert len(clusters) == 72 and set(clusters.behaviour) <= {"next", "prev", "broad", "cls", "sep", "punct", "other"}
+    radius = clusters.position_radius.median()
+    assert f"positions: median 95% radius {radius:.4f} = " in capsys.readouterr().out
     assert main(["grad-importance", "--n", "2", "--quiet", "--runs-dir", runs]) == 2
     assert "unavailable" in capsys.readouterr().err
 
