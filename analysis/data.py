@@ -719,7 +719,7 @@ def load_file(path: str | Path, text_column: str | None = None, pair_column: str
         num_labels, metric = _label_kind(labels, names)
     except AttnpatError as exc:
         raise AttnpatError(f"{path.name}: {exc}") from None
-    examples = [Example(f"{path.stem}-{position}", text_value, pair, label)
+    examples = [Example(f"{display_name(path.stem)}-{position}", text_value, pair, label)
                 for position, (text_value, pair, label) in enumerate(zip(texts, pairs, labels))]
     return TaskData(file_task_name(path, content), "file", f"file:{path.resolve()}", examples[:n] if n else examples,
                     num_labels=num_labels, metric=metric, label_names=names,
