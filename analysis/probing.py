@@ -111,9 +111,10 @@ def sentence_share_interval(correct: np.ndarray, words: np.ndarray) -> np.ndarra
     per_sentence = np.divide(correct, spread, out=np.zeros_like(correct), where=spread > 0)
     bounds = bootstrap_weighted_mean_interval(per_sentence, words)
     share = correct.sum(0) / words.sum()
-    flat = np.isclose(bounds[..., 0], bounds[..., 1], rtol=0, atol=1e-12)
+    sentences = int((words > 0).sum())
+    # one sentence gets NaN bounds from the bootstrap (MIN_RESAMPLED): it is flat too
+    flat = np.isclose(bounds[..., 0], bounds[..., 1], rtol=0, atol=1e-12) | (sentences == 1)
     if flat.any():
-        sentences = int((words > 0).sum())
         bounds[flat] = wilson_intervals(share[flat] * sentences, sentences)
     bounds[..., 0] = np.minimum(bounds[..., 0], share)
     bounds[..., 1] = np.maximum(bounds[..., 1], share)
@@ -158,10 +159,11 @@ def sentence_difference_interval(head_right: np.ndarray, baseline_right: np.ndar
     """
     difference = np.divide(head_right - baseline_right, words, out=np.zeros_like(words), where=words > 0)
     bounds = bootstrap_weighted_mean_interval(difference, words)
-    if not np.isclose(bounds[0], bounds[1], rtol=0, atol=1e-12):
+    sentences = int((words > 0).sum())  # one sentence gets NaN bounds from the bootstrap (MIN_RESAMPLED): it agrees
+    if sentences == 0 or (sentences > 1 and not np.isclose(bounds[0], bounds[1], rtol=0, atol=1e-12)):
         return bounds
     if (head_right == baseline_right).all():
-        reach = wilson_interval(0, int((words > 0).sum()))[1]
+        reach = wilson_interval(0, sentences)[1]
         return np.array([-reach, reach])
     head, baseline = share_of_words(head_right, words), share_of_words(baseline_right, words)
     change = head - baseline

@@ -216,9 +216,8 @@ class TokenTally:
             return pd.DataFrame(columns=columns)
         sums, counts = self.per_input()
         total = np.asarray(counts.sum(0)).ravel()
-        bounds = bootstrap_sparse_ratio_interval(sums, counts)  # (tokens, 2)
+        bounds = bootstrap_sparse_ratio_interval(sums, counts)  # (tokens, 2), NaN for a token of one input
         inputs = np.diff(counts.tocsc().indptr)  # inputs holding each token
-        bounds[inputs < 2] = np.nan
         frame = pd.DataFrame({"token": list(self.ids), "mean_attention": np.asarray(sums.sum(0)).ravel() / total,
                               "ci_low": bounds[:, 0], "ci_high": bounds[:, 1], "count": total.astype(np.int64),
                               "inputs": inputs})

@@ -14,6 +14,9 @@ from scipy.stats import binom, norm
 from analysis.errors import AttnpatError
 
 DEFAULT_BOOTSTRAP = 1000
+# A bootstrap interval needs this many resampled units (examples, inputs): every draw of a single one is that one, so
+# its interval would be [v, v], which reads as certainty; with fewer the bounds are NaN (a blank cell, no interval)
+MIN_RESAMPLED = 2
 # How the per-head and per-layer means of HeadMeans (overview, special, surface) and grad-importance are bounded,
 # as their manifest entries say it
 EXAMPLE_INTERVAL = f"percentile bootstrap 95% interval over the examples ({DEFAULT_BOOTSTRAP} draws, seed 0)"
@@ -42,9 +45,12 @@ def bootstrap_ratio_interval(counts: np.ndarray, *, level: float = 0.95, n_boot:
     """Percentile bootstrap interval of class ratios, resampling examples.
 
     counts: (E, K) as :func:`bootstrap_ratio_draws` takes them. Returns (K, 2) lower and upper bounds of each
-    class's share of all maps.
+    class's share of all maps; NaN when fewer than MIN_RESAMPLED examples hold any map.
     """
-    return percentile_bounds(bootstrap_ratio_draws(counts, n_boot=n_boot, seed=seed, chunk=chunk), level)
+    bounds = percentile_bounds(bootstrap_ratio_draws(counts, n_boot=n_boot, seed=seed, chunk=chunk), level)
+    if (np.asarray(counts, dtype=np.float64).sum(1) > 0).sum() < MIN_RESAMPLED:
+        bounds[:] = np.nan
+    return bounds
 
 
 def adjusted_ratio_interval(counts: np.ndarray, confusion: np.ndarray, *, level: float = 0.95,
@@ -203,7 +209,8 @@ def bootstrap_weighted_mean_interval(values: np.ndarray, weights: np.ndarray | N
     resampled sums, so uncounted examples add nothing and how many counted ones a draw holds varies as in a fresh
     sample; values of uncounted examples are never read. Every cell uses the same draws (paired), those of
     ``np.random.default_rng(seed).integers(0, E, (n_boot, E))``. Draws with no counted example are left out of that
-    cell's interval; a cell with no counted example, or a NaN among its counted values, gets NaN bounds.
+    cell's interval; a cell with fewer than MIN_RESAMPLED counted examples (one example resampled shows no spread,
+    and [v, v] would read as certainty), or a NaN among its counted values, gets NaN bounds.
     Returns (..., 2).
     """
     values = np.asarray(values, dtype=np.float64)
@@ -228,7 +235,9 @@ def bootstrap_weighted_mean_interval(values: np.ndarray, weights: np.ndarray | N
         with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0: no counted example drawn
             means[start:stop] = sums / (counts @ group_weights)[:, :, None]
     bounds = percentile_bounds(means.reshape(n_boot, -1), level)  # (cells, 2)
-    bounds[np.isnan(weighted).any(0).ravel()] = np.nan
+    counted = (group_weights > 0).sum(0)  # (G,) examples each weight group counts
+    too_few = np.broadcast_to((counted < MIN_RESAMPLED)[:, None], weighted.shape[1:]).ravel()
+    bounds[np.isnan(weighted).any(0).ravel() | too_few] = np.nan
     return bounds.reshape(*values.shape[1:], 2)
 
 
@@ -241,7 +250,8 @@ def bootstrap_sparse_ratio_interval(numerators, denominators, *, level: float = 
     receives and how often it occurs (most inputs hold few of the M tokens). The same interval as
     :func:`bootstrap_weighted_mean_interval` of values n/d with weights d, the same draws (seed ``seed``, all E
     examples resampled in each), without a dense (E, M) copy: cells go ``block`` at a time, each block with the
-    same draws. Draws with zero denominator are left out of a cell; a cell with none gets NaN bounds. Returns (M, 2).
+    same draws. Draws with zero denominator are left out of a cell; a cell with fewer than MIN_RESAMPLED examples of
+    nonzero denominator (e.g. a token of one input) gets NaN bounds. Returns (M, 2).
     """
     numerators, denominators = sparse.csc_matrix(numerators, dtype=np.float64), sparse.csc_matrix(denominators,
                                                                                                  dtype=np.float64)
@@ -261,6 +271,7 @@ def bootstrap_sparse_ratio_interval(numerators, denominators, *, level: float = 
             with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0: the cell's examples not drawn
                 ratios[start:stop] = sums / (denominators[:, first:last].T @ counts.T).T
         bounds[first:last] = percentile_bounds(ratios, level)
+    bounds[np.asarray((denominators != 0).sum(0)).ravel() < MIN_RESAMPLED] = np.nan
     return bounds
 
 

@@ -317,7 +317,7 @@ def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
                 f"{100 * layers.delta.min():+.1f} to {100 * layers.delta.max():+.1f}; importance; "
                 f"{_percent(half.fraction_pruned)} of heads pruned: accuracy {_percent(half.metric)}"
                 + (f" ({100 * half.delta:+.1f} points, 95% interval {100 * half.ci_low:+.1f} to "
-                   f"{100 * half.ci_high:+.1f})" if "ci_low" in pruning.columns else "")
+                   f"{100 * half.ci_high:+.1f})" if "ci_low" in pruning.columns and pd.notna(half.ci_low) else "")
                 + (f", on the {int(half.n_scored)} held-out examples" if "n_scored" in pruning.columns else ""))
 
     def surface() -> str:

@@ -134,7 +134,10 @@ def display_table(frame: pd.DataFrame | None) -> pd.DataFrame | None:
 
 def interval_text(value: float, low: float, high: float, *, spec: str = ".3f") -> str:
     """A mean with its interval as the CLI prints it: '0.123 [0.100, 0.150]'; ``spec`` formats all three numbers
-    (".2e" for gradients: '1.23e-04 [1.01e-04, 1.45e-04]')."""
+    (".2e" for gradients: '1.23e-04 [1.01e-04, 1.45e-04]'). The bare value ('0.123') when a bound is missing (NaN:
+    fewer than 2 examples to resample), as :func:`share_interval_text` shows a share without one."""
+    if math.isnan(low) or math.isnan(high):
+        return f"{value:{spec}}"
     return f"{value:{spec}} [{low:{spec}}, {high:{spec}}]"
 
 

@@ -224,6 +224,20 @@ def test_every_per_layer_printout_is_one_function_whose_columns_stay_aligned():
     assert interval_text(0.949, 0.945, 0.953, spec=".1%") == "94.9% [94.5%, 95.3%]"
 
 
+def test_a_mean_without_an_interval_prints_its_bare_value():
+    """A mean over one example has NaN bounds (analysis.uncertainty.MIN_RESAMPLED); interval_text printed
+    '0.123 [nan, nan]'. It prints the bare value, as share_interval_text does, and the per-layer table stays
+    aligned."""
+    assert interval_text(0.1234, float("nan"), float("nan")) == "0.123"
+    assert interval_text(-0.01, float("nan"), 0.2, spec="+.3f") == "-0.010"
+    per_layer = pd.DataFrame({"layer": [0, 1], "sep": [0.5, 0.25], "sep_ci_low": [float("nan"), 0.2],
+                              "sep_ci_high": [float("nan"), 0.3], "other": [0.5, 0.25],
+                              "other_ci_low": [0.4, 0.2], "other_ci_high": [0.6, 0.3]})
+    lines = layer_interval_lines(per_layer, {"sep": "[SEP]", "other": "other"})
+    assert lines[1:] == [f"    1 {'0.500':<{len('0.250 [0.200, 0.300]')}} 0.500 [0.400, 0.600]",
+                         "    2 0.250 [0.200, 0.300] 0.250 [0.200, 0.300]"]
+
+
 def test_the_mean_over_every_head_is_recorded_and_summed_up_with_its_interval(tokenizer, tmp_path):
     """write_cosine records the mean over every head with its bootstrap interval (mean_interval), and the demo's
     Fine-tuning line quotes it with that interval (before, a bare `cropped 0.932`)."""

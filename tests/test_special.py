@@ -165,7 +165,7 @@ def pronoun_tagger(text):
 def test_special_tables_give_every_head_a_bootstrap_interval_over_the_counted_inputs(tiny, tmp_path):
     """special_tokens.csv and linguistic.csv carried bare per-head means; each now has its percentile bootstrap 95%
     interval over the examples (ci_low, ci_high), a feature's over the inputs that have it: a feature of one input
-    has the interval of that input's value alone, a feature of none has none."""
+    or of none has none (blank bounds: one input resampled shows no spread)."""
     texts = ["the film is not good .", "a fine , warm story", "never again , said nobody", "short and sharp",
              "it is what it is", "sad songs say so much"]
     data = TaskData("toy", "validation", "test", [Example(str(i), text) for i, text in enumerate(texts)])
@@ -173,12 +173,12 @@ def test_special_tables_give_every_head_a_bootstrap_interval_over_the_counted_in
     stats = sp.write_special(tiny, data, run, tagger=pronoun_tagger)
     assert [stats["counts"][name] for name in ("negation", "pronoun", "noun", "verb")] == [2, 1, 6, 0]
     tokens, linguistic = run.read_table("special_tokens"), run.read_table("linguistic")
-    for table in (tokens, linguistic[linguistic.feature.isin(["negation", "noun", "pronoun"])]):
+    for table in (tokens, linguistic[linguistic.feature.isin(["negation", "noun"])]):
         assert list(table.columns)[-2:] == ["ci_low", "ci_high"]
         assert (table.ci_low <= table.value + 1e-12).all() and (table.value <= table.ci_high + 1e-12).all()
     assert (tokens.ci_high > tokens.ci_low).all()
     pronoun = linguistic[linguistic.feature == "pronoun"]
-    assert np.allclose(pronoun.ci_low, pronoun.value) and np.allclose(pronoun.ci_high, pronoun.value)
+    assert pronoun.value.notna().all() and pronoun[["ci_low", "ci_high"]].isna().all().all()
     assert linguistic[linguistic.feature == "verb"][["value", "ci_low", "ci_high"]].isna().all().all()
     assert "bootstrap" in run.manifest()["analyses"]["special"]["interval"]
 
@@ -216,6 +216,32 @@ def test_special_prints_its_means_with_the_intervals_the_analysis_computes(tmp_p
     first = tokens[tokens["count"] >= 5].iloc[0]
     shown = interval_text(first.mean_attention, first.ci_low, first.ci_high)
     assert f"over the inputs]: {first.token} ({shown}, n={first['count']})" in out
+
+
+def test_special_leaves_the_interval_of_a_feature_of_one_input_blank_and_prints_its_bare_value(tmp_path, capsys):
+    """A feature in one input only got the zero-width interval [v, v] in linguistic.csv and the printout, which
+    reads as certainty (while cls_last_layer.csv left a token of one input blank). Its bounds are now blank in the
+    CSV and the printout shows the bare value; features of two inputs or more keep their interval."""
+    model = save_tiny_model(tmp_path / "tiny")
+    texts = ["the film is not good .", "a fine , warm story", "short and sharp", "sad songs say so much"]
+    data_file = tmp_path / "texts.jsonl"
+    data_file.write_text("".join(f'{{"text": "{text}"}}\n' for text in texts))
+    assert main(["special", "--model", str(model), "--task", str(data_file), "--no-base", "-q", "--runs-dir",
+                 str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    run = RunDir(load_model(str(model), device="cpu").slug, load_data(str(data_file)).task, tmp_path / "runs")
+    linguistic = run.read_table("linguistic")
+    negation = linguistic[linguistic.feature == "negation"]
+    assert len(negation) and negation.value.notna().all()
+    assert negation[["ci_low", "ci_high"]].isna().all().all()
+    written = [line for line in (run.path / "linguistic.csv").read_text().splitlines() if ",negation," in line]
+    assert written and all(line.endswith(",,") for line in written)  # empty cells, not "nan"
+    tokens = run.read_table("special_tokens")
+    assert tokens[["ci_low", "ci_high"]].notna().all().all()  # four inputs: intervals stay
+    line = next(line for line in out.splitlines() if line.startswith("  negation: 1 inputs"))
+    best = negation.loc[negation.value.idxmax()]
+    assert f"strongest head L{best.layer + 1}-H{best['head'] + 1} {best.value:.3f} in-sample" in line
+    assert "[" not in line and "nan" not in line
 
 
 def test_the_strongest_head_is_picked_on_half_the_inputs_and_scored_on_the_other():

@@ -224,11 +224,26 @@ def test_include_masked_statistics_resample_only_counted_examples():
     assert interval == pytest.approx(direct_bootstrap(values, include.astype(float)), abs=1e-12)
     assert np.all(counted.min(0) <= interval[..., 0]) and np.all(interval[..., 1] <= counted.max(0))
     assert np.all(interval[..., 0] <= counted.mean(0)) and np.all(counted.mean(0) <= interval[..., 1])
-    # one counted example: every draw that holds it gives its value; none counted: no interval
-    single = np.zeros(60, bool)
-    single[4] = True
-    assert streamed(values, single).intervals()["stat"] == pytest.approx(np.stack([values[4]] * 2, -1))
+    # none counted: no interval (one counted: test_head_means_of_one_counted_example_have_no_interval)
     assert np.isnan(streamed(values, np.zeros(60, bool)).intervals()["stat"]).all()
+
+
+def test_head_means_of_one_counted_example_have_no_interval():
+    """A mean counted on one example (a feature of one input, surface --n 1) got the zero-width interval [v, v]
+    (every draw that holds the example gives its value), which reads as certainty; now its bounds are NaN, as
+    cls_last_layer.csv leaves a token of one input, for every head, layer and the model-wide mean. Two counted
+    examples give finite bounds."""
+    values = np.random.default_rng(3).random((6, 2, 3))
+    single, pair = np.zeros(6, bool), np.zeros(6, bool)
+    single[4] = True
+    pair[[1, 4]] = True
+    for means, value in ((streamed(values, single), values[4]), (streamed(values[:1]), values[0])):
+        assert means.result()["stat"] == pytest.approx(value)  # the mean stays
+        for intervals in (means.intervals(), means.layer_intervals(), means.model_intervals()):
+            assert np.isnan(intervals["stat"]).all()
+        assert means.layer_table()[["stat_ci_low", "stat_ci_high"]].isna().all().all()
+    bounds = streamed(values, pair).intervals()["stat"]
+    assert np.isfinite(bounds).all() and (bounds[..., 0] < bounds[..., 1]).all()
 
 
 def test_statistics_of_the_same_examples_share_the_draws():

@@ -6,6 +6,7 @@ from scipy.stats import binomtest
 
 from analysis.errors import AttnpatError
 from analysis.uncertainty import (
+    MIN_RESAMPLED,
     adjusted_ratio_draws,
     adjusted_ratio_interval,
     adjusted_ratios,
@@ -273,7 +274,7 @@ def test_the_sparse_ratio_bootstrap_is_the_weighted_mean_bootstrap_without_a_den
         sparse_bounds = bootstrap_sparse_ratio_interval(sparse.csr_matrix(sums), sparse.csr_matrix(counts),
                                                         n_boot=300, seed=3, block=block)
         assert np.allclose(sparse_bounds, dense, equal_nan=True)
-    assert np.isnan(dense[8]).all() and dense[7] == pytest.approx([sums[3, 7] / 2] * 2)
+    assert np.isnan(dense[8]).all() and np.isnan(dense[7]).all()  # test_an_interval_of_one_example_is_nan
     with pytest.raises(AttnpatError, match="equal"):
         bootstrap_sparse_ratio_interval(sums, counts[:, :3])
 
@@ -287,3 +288,28 @@ def test_wilson_interval_matches_its_formula_and_always_holds_the_share():
         for k in range(n + 1):
             low, high = wilson_interval(k, n)
             assert 0 <= low <= k / n <= high <= 1, (k, n)
+
+
+def test_an_interval_of_one_example_is_nan():
+    """A mean over one example (or counted on one) got the zero-width bootstrap interval [v, v], which reads as
+    certainty; every bootstrap of a mean or ratio over examples now gives NaN bounds with fewer than 2 examples
+    (MIN_RESAMPLED) to resample, and finite ones from 2 examples on."""
+    rng = np.random.default_rng(6)
+    one, two = rng.random((1, 2, 3)), rng.random((2, 2, 3))
+    assert MIN_RESAMPLED == 2
+    assert np.isnan(bootstrap_mean_interval(one)).all()
+    assert np.isfinite(bootstrap_mean_interval(two)).all()
+    # weighted: counted examples are the units, whatever E is; per weight group
+    values = rng.random((5, 2, 3))
+    weights = np.array([[0, 1], [0, 1], [1, 0], [0, 0], [0, 0]], dtype=float)  # group 0: one example, group 1: two
+    bounds = bootstrap_weighted_mean_interval(values, weights)
+    assert np.isnan(bounds[0]).all() and np.isfinite(bounds[1]).all()
+    assert np.isnan(bootstrap_weighted_mean_interval(values[:, 0, 0], weights[:, 0])).all()
+    # sparse ratios: a cell held by one input, and one held by two
+    counts = np.array([[2, 1], [0, 3], [0, 0]], dtype=float)
+    sums = counts * rng.random((3, 2))
+    ratio_bounds = bootstrap_sparse_ratio_interval(sparse.csr_matrix(sums), sparse.csr_matrix(counts))
+    assert np.isnan(ratio_bounds[0]).all() and np.isfinite(ratio_bounds[1]).all()
+    # class ratios: one example with maps, then two
+    assert np.isnan(bootstrap_ratio_interval(np.array([[3, 1], [0, 0]]))).all()
+    assert np.isfinite(bootstrap_ratio_interval(np.array([[3, 1], [1, 3]]))).all()

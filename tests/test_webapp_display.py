@@ -127,6 +127,17 @@ def test_each_interval_of_a_long_table_is_shown_beside_its_estimate():
     assert display_table(orphan).metric.tolist() == ["accuracy_ci_low", "accuracy_ci_high", "n_eval"]
 
 
+def test_an_estimate_without_an_interval_shows_empty_bounds():
+    """A head mean over one input has NaN bounds (analysis.uncertainty.MIN_RESAMPLED): the tab shows its value
+    beside empty bounds, in a long table's folded columns and in a wide table's bounded columns alike."""
+    linguistic = long_table({"negation": np.full((1, 2), 0.25)},
+                            intervals={"negation": np.full((1, 2, 2), np.nan)}, key="feature")
+    shown = display_table(linguistic)
+    assert shown[["value", "ci_low", "ci_high"]].values.tolist() == [["25.0%", "", ""]] * 2
+    tokens = pd.DataFrame({"token": ["."], "mean_attention": [0.4], "ci_low": [np.nan], "ci_high": [np.nan]})
+    assert display_table(tokens).iloc[0].tolist() == [".", readable(0.4, True), "", ""]  # a share, as written
+
+
 def test_classifier_card_shows_the_shipped_checkpoints_record():
     meta = json.loads(DEFAULT_CHECKPOINT.with_suffix(".json").read_text())
     card = classifier_card(read_metadata())
