@@ -11,12 +11,15 @@ the two matrices correlate at Pearson 0.9994 (16 inputs). The matrix is embedded
 Stability (Clark reports none): each pair's divergence carries a percentile bootstrap 95% interval over the
 examples, and the run records the split-half correlation, Pearson's r between the distance matrices of the
 even- and odd-numbered examples over the pairs of distinct heads. Both need at least 2 examples (NaN below).
-The 2-D positions carry their own stability (Clark reports none): the MDS is refitted, with the same seed and
-random starts, on the mean distances of MDS_BOOTSTRAP bootstrap draws over the examples (the first of the draws
-behind the pair intervals), each draw's positions are aligned to the full-data positions by orthogonal
+The 2-D positions carry their own stability (Clark reports none): the MDS is refitted, starting from the
+full-data positions, on the mean distances of MDS_BOOTSTRAP bootstrap draws over the examples (the first of the
+draws behind the pair intervals), each draw's positions are aligned to the full-data positions by orthogonal
 Procrustes (rotation or reflection plus translation, no scaling: metric MDS keeps the distances' scale), and each
 head's radius is the 95th percentile of its aligned positions' distances from its full-data position. 100 draws,
-not 1,000: each refit takes ~0.3 s at 72 heads.
+not 1,000: each refit takes ~0.3 s at 72 heads. Started from random points instead, the refits land in other
+local optima of the stress, which moves the heads even on unchanged data (on MiniLM's wiki distances, 5 other
+seeds move the median head by 43% of the plot's spread): that is the layout's own ambiguity, reported apart as
+the median layout radius (:func:`layout_radii`).
 A model with one head, or whose heads all attend alike (every distance below IDENTICAL_NATS), embeds every head
 at the origin: that is the exact embedding, and MDS would divide by a zero total distance.
 """
@@ -46,10 +49,14 @@ EVIDENCE_COLUMNS = ("statistic", "value", "ci_low", "ci_high", "threshold", "cer
 IDENTICAL_NATS = 1e-6  # float32 rounding leaves ~1e-7 nats between identical heads
 DEFAULT_THRESHOLDS = LabelThresholds()
 MDS_BOOTSTRAP = 100  # MDS refits for the position radii (~0.3 s each at 72 heads)
+LAYOUT_SEEDS = tuple(range(1, 6))  # other random starts of the full-data MDS (layout_radii)
 RADIUS_LEVEL = 0.95
 POSITION_INTERVAL = (f"95th percentile of the distance from the full-data position over {MDS_BOOTSTRAP} bootstrap "
-                     "draws over the examples (seed 0), each draw's MDS aligned by orthogonal Procrustes "
-                     "(rotation/reflection + translation, no scaling)")
+                     "draws over the examples (seed 0), each draw's MDS started from the full-data positions and "
+                     "aligned by orthogonal Procrustes (rotation/reflection + translation, no scaling)")
+LAYOUT_NOTE = (f"largest distance from the full-data position over {len(LAYOUT_SEEDS)} refits of the full-data "
+               "distances from other random starts, aligned the same way: large values mean other layouts fit "
+               "about as well")
 
 
 # ---------------------------------------------------------------- pure functions
@@ -89,16 +96,17 @@ def all_identical(distances: np.ndarray) -> bool:
     return distances.shape[0] < 2 or float(np.abs(distances).max()) < IDENTICAL_NATS
 
 
-def mds_embedding(distances: np.ndarray, seed: int = 0) -> np.ndarray:
-    """2-D metric MDS of a (K, K) symmetric distance matrix -> (K, 2); all zeros when :func:`all_identical`."""
+def mds_embedding(distances: np.ndarray, seed: int = 0, start: np.ndarray | None = None) -> np.ndarray:
+    """2-D metric MDS of a (K, K) symmetric distance matrix -> (K, 2); all zeros when :func:`all_identical`.
+    The best of 4 random starts drawn with ``seed``, or one fit from ``start`` (K, 2) when given."""
     distances = np.asarray(distances, dtype=float)
     if distances.ndim != 2 or distances.shape[0] != distances.shape[1] or not np.isfinite(distances).all():
         raise AttnpatError(f"MDS needs a finite square distance matrix, got shape {distances.shape}")
     if all_identical(distances):
         return np.zeros((distances.shape[0], 2))
-    mds = MDS(n_components=2, metric="precomputed", metric_mds=True, n_init=4, init="random", max_iter=1000,
-              eps=1e-9, random_state=seed, normalized_stress="auto")
-    return mds.fit_transform((distances + distances.T) / 2)
+    mds = MDS(n_components=2, metric="precomputed", metric_mds=True, n_init=4 if start is None else 1,
+              init="random", max_iter=1000, eps=1e-9, random_state=seed, normalized_stress="auto")
+    return mds.fit_transform((distances + distances.T) / 2, init=start)
 
 
 def procrustes_align(points: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -115,14 +123,16 @@ def bootstrap_positions(per_example: np.ndarray, reference: np.ndarray, *, n_boo
 
     per_example: (E, P) divergences of the P head pairs; reference: (K, 2) the full-data MDS positions, fitted
     with ``seed``. The draws are the first ``n_boot`` of ``np.random.default_rng(0)``'s, as in
-    :func:`distance_intervals`; every refit uses ``seed`` too. Returns (n_boot, K, 2).
+    :func:`distance_intervals`. Every refit starts from ``reference``: MDS has many near-equal local optima, and
+    refits from random starts would measure which one a start falls into (:func:`layout_radii`), not how the
+    data move the positions. Returns (n_boot, K, 2).
     """
     examples, heads = per_example.shape[0], reference.shape[0]
     means = draw_counts(np.random.default_rng(0), examples, n_boot) @ per_example.astype(np.float64) / examples
     bar = progress_bar(n_boot, progress, "MDS bootstrap", unit="draws")
     aligned = np.empty((n_boot, heads, 2))
     for draw, pairs in enumerate(means):
-        aligned[draw] = procrustes_align(mds_embedding(pair_matrix(pairs, heads), seed), reference)
+        aligned[draw] = procrustes_align(mds_embedding(pair_matrix(pairs, heads), seed, start=reference), reference)
         if bar is not None:
             bar.update()
     if bar is not None:
@@ -134,6 +144,18 @@ def position_radii(draws: np.ndarray, reference: np.ndarray, level: float = RADI
     """(B, K, 2) aligned positions at B draws, (K, 2) full-data positions -> (K,) each head's ``level`` quantile
     of its distance from its full-data position."""
     return np.quantile(np.linalg.norm(draws - reference, axis=-1), level, axis=0)
+
+
+def layout_radii(distances: np.ndarray, reference: np.ndarray, seeds=LAYOUT_SEEDS) -> np.ndarray:
+    """How unique the layout is, apart from the data: the full-data distances (K, K) embedded again from the random
+    starts of each of ``seeds``, aligned to ``reference`` (K, 2) by :func:`procrustes_align` -> (K,) each head's
+    largest distance from its reference position. Large radii mean other layouts fit the distances about as
+    well, so where a head sits in the figure, beyond what its distances say, is not to be read."""
+    if all_identical(distances):
+        return np.zeros(reference.shape[0])
+    moved = [np.linalg.norm(procrustes_align(mds_embedding(distances, seed), reference) - reference, axis=1)
+             for seed in seeds]
+    return np.max(moved, axis=0)
 
 
 def plot_spread(points: np.ndarray) -> float:
@@ -240,6 +262,7 @@ def head_clusters(bundle, data: TaskData, run: RunDir, *, max_length: int = DEFA
         radii = position_stability(measured.per_example, points, seed=seed,
                                    progress="MDS bootstrap" if progress else False)
         spread = plot_spread(points)
+        layout = layout_radii(distances, points)
         evidence = measured.labels
         clusters = pd.DataFrame({"layer": evidence.layer, "head": evidence["head"], "x": points[:, 0],
                                  "y": points[:, 1], "position_radius": radii, "behaviour": evidence.label,
@@ -260,7 +283,9 @@ def head_clusters(bundle, data: TaskData, run: RunDir, *, max_length: int = DEFA
                      uniform_entropy=measured.uniform_entropy,
                      split_half_correlation=None if np.isnan(measured.split_half_r) else measured.split_half_r,
                      all_identical=all_identical(distances), position_interval=POSITION_INTERVAL,
-                     **position_summary(radii, spread),
+                     **position_summary(radii, spread), layout_note=LAYOUT_NOTE,
+                     median_layout_radius=float(np.median(layout)),
+                     median_layout_radius_to_spread=float(np.median(layout)) / spread if spread > 0 else None,
                      label_counts={label: count["heads"] for label, count in counts.items()},
                      certain_label_counts={label: count["certain"] for label, count in counts.items()})
     return clusters

@@ -162,7 +162,17 @@ def _position_line(record: dict) -> str:
         return "positions: no radius (needs at least 2 examples and 2 heads that differ)"
     return (f"positions: median 95% radius {record['median_position_radius']:.4f} = {relative:.1%} of the plot's "
             f"spread (RMS distance of the heads from their centre, {record['plot_spread']:.4f}); "
-            f"{record['position_interval']}; per head in clusters.csv (position_radius), circles in the figure")
+            f"{record['position_interval']}; per head in clusters.csv (position_radius), circles in the figure"
+            + _layout_text(record))
+
+
+def _layout_text(record: dict) -> str:
+    """'; layout: ...' from a clusters manifest record (none in a record made before it was kept)."""
+    layout = record.get("median_layout_radius_to_spread")
+    if layout is None:
+        return ""
+    return (f"\nlayout: median radius {record['median_layout_radius']:.4f} = {layout:.1%} of the spread, the "
+            f"{record['layout_note']}")
 
 
 def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U file with gold dependency trees"),

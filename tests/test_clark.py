@@ -24,6 +24,7 @@ from analysis.clustering import (
     head_clusters,
     head_js_divergences,
     js_divergence,
+    layout_radii,
     mds_embedding,
     pair_matrix,
     pair_values,
@@ -170,6 +171,24 @@ def test_position_radii_are_small_for_separated_groups_and_large_for_noise():
     assert np.isnan(position_stability(grouped[:1], np.zeros((9, 2)))).all()
 
 
+def test_position_radii_measure_the_data_not_which_local_optimum_a_random_start_reaches():
+    """MDS of near-equal distances has many near-equal optima: refitted from other random starts, the same
+    distances move the heads (layout radii > 0). Examples that all agree leave nothing to resample, so the
+    bootstrap radii, refitted from the full-data positions, stay at 0 (before, refits from random starts gave
+    them the optimiser's ambiguity)."""
+    distances = np.random.default_rng(2).random(66)  # 12 heads, distances without a 2-D shape
+    per_example = np.tile(distances, (20, 1))  # every example the same: no sampling uncertainty at all
+    points = mds_embedding(pair_matrix(distances, 12))
+    layout = layout_radii(pair_matrix(distances, 12), points)
+    assert layout.shape == (12,) and np.median(layout) > 0.3 * plot_spread(points)
+    # positions from another start's optimum: refits from random starts (seed 0) would land far from them
+    other = procrustes_align(mds_embedding(pair_matrix(distances, 12), seed=1), points)
+    assert np.linalg.norm(other - points, axis=1).max() > 0.3 * plot_spread(points)  # some heads sit elsewhere
+    for reference in (points, other):
+        assert np.allclose(position_stability(per_example, reference, n_boot=5), 0, atol=1e-4)
+    assert np.allclose(layout_radii(np.zeros((9, 9)), np.zeros((9, 2))), 0)
+
+
 def test_cluster_verb_on_heads_that_attend_alike_and_one_example(tmp_path, capsys):
     """`attnpat cluster --n 1` on a model whose heads all attend uniformly (zero queries): exit 0, no sklearn
     warnings; the output says every head lies at one point and that stability needs 2 examples."""
@@ -216,6 +235,7 @@ def test_head_clusters_on_a_tiny_model_write_the_tables(tokenizer, tmp_path):
     assert (clusters.position_radius > 0).all() and np.isfinite(clusters.position_radius).all()
     assert record["median_position_radius"] == pytest.approx(clusters.position_radius.median())
     assert record["median_radius_to_spread"] == pytest.approx(record["median_position_radius"] / record["plot_spread"])
+    assert record["median_layout_radius"] >= 0 and "other random starts" in record["layout_note"]
     assert sum(record["label_counts"].values()) == 8
     for suffix in ("png", "svg"):
         assert run.file(f"clusters.{suffix}").stat().st_size > 0
