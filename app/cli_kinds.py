@@ -13,7 +13,7 @@ from analysis.mapkinds import KIND_NOTES, check_map_kind
 from analysis.models import check_model_kinds, load_model
 from analysis.rundir import RunDir
 from app import options as opt
-from app.display import interval_text
+from app.display import interval_table_lines
 
 # classifier.map_kinds.CHANGE, the paired change's column (that module is imported inside the verb)
 CHANGE = "norm_minus_weight"
@@ -57,18 +57,13 @@ def compare_kinds(model: str = opt.Model, task: str = opt.Task,
 
 def overall_lines(table, kinds: list[str]) -> list[str]:
     """The printout of map_kinds.csv's all-heads rows: a header, then per measure each kind's value [95% interval]
-    and, with weight and norm, their paired change [95% interval] (app.display.interval_text)."""
+    and, with weight and norm, their paired change [95% interval] (app.display.interval_table_lines)."""
     overall = table[table["layer"] == "all"].to_dict("records")
     titles = {kind: kind for kind in kinds}
     if CHANGE in table.columns:
         titles[CHANGE] = "norm-weight (paired)"
-    cells = {column: [interval_text(row[column], row[f"{column}_ci_low"], row[f"{column}_ci_high"],
-                                    spec="+.3f" if column == CHANGE else ".3f") for row in overall]
-             for column in titles}
-    widths = {column: max([len(title), *map(len, cells[column])]) for column, title in titles.items()}
-    lines = [f"{'measure':<18}" + "  ".join(title.ljust(widths[column]) for column, title in titles.items())]
-    lines += [f"{row['measure']:<18}" + "  ".join(cells[column][index].ljust(widths[column]) for column in titles)
-              for index, row in enumerate(overall)]
+    lines = interval_table_lines(f"{'measure':<18}", [f"{row['measure']:<18}" for row in overall], overall, titles,
+                                 specs={CHANGE: "+.3f"}, separator="  ")
     note = "(95% intervals over the examples" + ("; the change pairs each example's two kinds)" if CHANGE in titles
                                                  else ")")
-    return [line.rstrip() for line in lines] + [note]
+    return lines + [note]

@@ -141,19 +141,29 @@ def interval_text(value: float, low: float, high: float, *, spec: str = ".3f") -
     return f"{value:{spec}} [{low:{spec}}, {high:{spec}}]"
 
 
+def interval_table_lines(header: str, keys: list[str], rows: list[dict], titles: dict[str, str], *,
+                         specs: dict[str, str] | None = None, separator: str = " ") -> list[str]:
+    """A CLI table of estimates with their intervals: ``header`` then per row its key (``keys``, already padded)
+    and each column's value [ci_low, ci_high] (:func:`interval_text`, ``specs`` {column: spec}, ".3f" by default)
+    from ``rows`` (dicts with <column>, <column>_ci_low, <column>_ci_high). Each column is as wide as its title
+    or its widest cell, so the columns stay aligned whatever the numbers' width."""
+    specs = specs or {}
+    cells = {column: [interval_text(row[column], row[f"{column}_ci_low"], row[f"{column}_ci_high"],
+                                    spec=specs.get(column, ".3f")) for row in rows] for column in titles}
+    widths = {column: max([len(title), *map(len, cells[column])]) for column, title in titles.items()}
+    lines = [header + separator.join(title.ljust(widths[column]) for column, title in titles.items())]
+    lines += [key + separator.join(cells[column][index].ljust(widths[column]) for column in titles)
+              for index, key in enumerate(keys)]
+    return [line.rstrip() for line in lines]
+
+
 def layer_interval_lines(per_layer: pd.DataFrame, titles: dict[str, str], *, spec: str = ".3f") -> list[str]:
     """The CLI's per-layer table: a header of ``titles`` ({column: title}) and a line per layer (1-indexed) with each
-    column's value [ci_low, ci_high] (:func:`interval_text` with ``spec``), from ``per_layer`` (layer, <column>,
-    <column>_ci_low, <column>_ci_high, as analysis.stats.per_layer_table makes it). Each column is as wide as its
-    title or its widest cell, so the columns stay aligned whatever the numbers' width."""
+    column's value [ci_low, ci_high] (:func:`interval_table_lines` with ``spec``), from ``per_layer`` (layer,
+    <column>, <column>_ci_low, <column>_ci_high, as analysis.stats.per_layer_table makes it)."""
     rows = per_layer.to_dict("records")
-    cells = {column: [interval_text(row[column], row[f"{column}_ci_low"], row[f"{column}_ci_high"], spec=spec)
-                      for row in rows] for column in titles}
-    widths = {column: max([len(title), *map(len, cells[column])]) for column, title in titles.items()}
-    lines = [f"{'layer':>5} " + " ".join(title.ljust(widths[column]) for column, title in titles.items())]
-    lines += [f"{int(row['layer']) + 1:>5} " + " ".join(cells[column][index].ljust(widths[column]) for column in titles)
-              for index, row in enumerate(rows)]
-    return [line.rstrip() for line in lines]
+    return interval_table_lines(f"{'layer':>5} ", [f"{int(row['layer']) + 1:>5} " for row in rows], rows, titles,
+                                specs=dict.fromkeys(titles, spec))
 
 
 def share_interval_text(value: float, low: float | None = None, high: float | None = None) -> str:
