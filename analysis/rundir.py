@@ -606,16 +606,23 @@ def _iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, tz=UTC).isoformat(timespec="seconds")
 
 
+def readable_manifest(manifest_path: Path) -> dict | None:
+    """A run folder's manifest, or None when it is missing, unreadable, damaged or not a JSON object (for readers
+    that show what there is, such as the run browser, instead of stopping at one damaged folder)."""
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # ValueError: bad UTF-8 or JSON
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
 def list_runs(root: str | Path | None = None) -> list[dict]:
     """Every run directory under ``root``: model slug, task, path and manifest."""
     root = runs_root(root)
     runs = []
     for manifest_path in sorted(root.glob("*/*/manifest.json")):
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):  # ValueError: bad UTF-8 or JSON
-            manifest = None
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("analyses", {}), dict):
+        manifest = readable_manifest(manifest_path)
+        if manifest is None or not isinstance(manifest.get("analyses", {}), dict):
             manifest = {"error": "unreadable manifest"}
         runs.append({"model": manifest_path.parent.parent.name, "task": manifest_path.parent.name,
                      "path": str(manifest_path.parent), "manifest": manifest})

@@ -6,7 +6,6 @@ Which files a tab shows, and which folder holds each, comes from analysis.artifa
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import tempfile
 import threading
@@ -24,7 +23,7 @@ from analysis.errors import AttnpatError, os_error_reason
 from analysis.figures import close, layer_head_figure
 from analysis.models import recorded_base
 from analysis.paths import runs_root
-from analysis.rundir import list_runs, save_figure
+from analysis.rundir import list_runs, readable_manifest, save_figure
 from app.display import ratio_notes
 
 # pyplot keeps global state: requests served in parallel threads draw their figures one at a time.
@@ -38,11 +37,7 @@ def slug_label(stem: str) -> str:
 
 def read_manifest(manifest_path: Path) -> dict:
     """A run folder's manifest, or {} when it is missing or damaged (the Runs tab reports a damaged one)."""
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # ValueError: bad UTF-8 or JSON
-        return {}
-    return manifest if isinstance(manifest, dict) else {}
+    return readable_manifest(manifest_path) or {}
 
 
 def recorded_model_name(manifest_path: Path) -> str | None:
