@@ -189,12 +189,15 @@ _GREYS = (255 - np.arange(256)).astype(np.uint8)  # darker = more weight, as in 
 
 
 def grid_image(maps: torch.Tensor | np.ndarray, classes: list[list[str]] | None = None,
-               layout: GridLayout | None = None) -> Image.Image:
+               layout: GridLayout | None = None, *, scale_each: bool = False) -> Image.Image:
     """All heads as one image: a mosaic of small maps (layers = rows, heads = columns, 1-indexed labels).
 
-    maps: (L, H, n, n). Each map is scaled to its own maximum and resized to ``layout.cell`` pixels
-    (nearest neighbour when enlarging, max-pooling when shrinking) in one tensor operation for all
-    heads, then pasted into a numpy canvas: no per-axis matplotlib drawing.
+    maps: (L, H, n, n) weights in [0, 1]. Each map is resized to ``layout.cell`` pixels (nearest neighbour when
+    enlarging, max-pooling when shrinking) in one tensor operation for all heads, then pasted into a numpy
+    canvas: no per-axis matplotlib drawing. Greys are absolute weights on the labeling guideline's scale
+    (analysis.rendering.absolute_grey, as draw_map), so heads compare as annotators saw them and a near-uniform
+    map stays light; with ``scale_each`` each map is scaled linearly to its own maximum instead, which shows
+    faint structure but makes every map look as strong as the strongest.
     classes: optional [L][H] class names, drawn as a coloured tag under each map. Returns a PIL image.
     """
     maps = torch.as_tensor(maps).float()
@@ -208,8 +211,11 @@ def grid_image(maps: torch.Tensor | np.ndarray, classes: list[list[str]] | None 
     else:
         index = torch.arange(cell) * n // cell
         small = maps.index_select(-1, index).index_select(-2, index)  # (L, H, cell, cell)
-    peak = small.amax(dim=(-1, -2), keepdim=True).clamp(min=1e-12)
-    shades = _GREYS[(small / peak * 255).round().to(torch.uint8).numpy()]  # (L, H, cell, cell)
+    if scale_each:
+        peak = small.amax(dim=(-1, -2), keepdim=True).clamp(min=1e-12)
+        shades = _GREYS[(small / peak * 255).round().to(torch.uint8).numpy()]  # (L, H, cell, cell)
+    else:
+        shades = absolute_grey(small.numpy())  # (L, H, cell, cell)
 
     width, height = layout.size
     canvas = np.full((height, width, 3), 255, dtype=np.uint8)

@@ -173,6 +173,60 @@ class ExploreView:
     note: str = ""
 
 
+class ViewClock:
+    """Which of one browser session's Explore requests may still be shown: a result is shown only when nothing
+    that supersedes it began since, so a slow request cannot replace a newer view (one thread per request).
+
+    A grid request is superseded by a later grid request or a model pick; a head request (the large view) by a
+    later head request, a grid request, a model pick, or a grid shown after it began (its grid may be gone).
+    Tickets are ints; the grid ticket of a shown grid also lets exactly one head request follow that grid.
+    """
+
+    def __init__(self):
+        self._grid = 0
+        self._head = 0
+        self._followed = 0
+        self._lock = threading.Lock()
+
+    def __deepcopy__(self, memo) -> ViewClock:
+        return ViewClock()  # gr.State deep-copies its initial value for each session: each starts its own clock
+
+    def start_grid(self) -> int:
+        """A grid request (or a model pick, which clears the grid) begins: -> its ticket."""
+        with self._lock:
+            self._grid += 1
+            self._head += 1
+            return self._grid
+
+    def show_grid(self, ticket: int) -> bool:
+        """Whether the grid of ``ticket`` may be shown; if so, head requests begun before it are superseded."""
+        with self._lock:
+            if ticket != self._grid:
+                return False
+            self._head += 1
+            return True
+
+    def start_head(self) -> int:
+        """A head request begins: -> its ticket."""
+        with self._lock:
+            self._head += 1
+            return self._head
+
+    def show_head(self, ticket: int) -> bool:
+        with self._lock:
+            return ticket == self._head
+
+    def follow(self, grid_ticket: int) -> int | None:
+        """A head request that follows the grid of ``grid_ticket`` begins: -> its head ticket, or None when that
+        grid is superseded or already followed (a superseded grid's follow-up would otherwise draw a head too)."""
+        with self._lock:
+            if grid_ticket != self._grid or grid_ticket == self._followed:
+                return None
+            self._followed = grid_ticket
+            self._head += 1
+            return self._head
+
+
 class LiveExplorer:
     """Maps, head classes and the grid for one input, with models, maps and predictions cached in-process.
 
@@ -229,8 +283,9 @@ class LiveExplorer:
         return self.memo.get(bundle, text, text_pair)
 
     def explore(self, model: str, text: str, text_pair: str | None = None, *, word_level: bool = False,
-                hide_special: bool = False, map_kind: str = "weight") -> ExploreView:
-        """Text to grid: maps of every head, each head's predicted class, the grid image."""
+                hide_special: bool = False, map_kind: str = "weight", scale_each: bool = False) -> ExploreView:
+        """Text to grid: maps of every head, each head's predicted class, the grid image (absolute weights, or
+        with ``scale_each`` each map scaled to its own maximum: analysis.figures.grid_image)."""
         live = self.live_maps(model, text, text_pair, map_kind)
         classes, probs = self.predictions(live)
         maps, labels = displayed_maps(live.maps, live.item, word_level=word_level, hide_special=hide_special)
@@ -238,7 +293,8 @@ class LiveExplorer:
         note = self.classifier_note
         if map_kind and map_kind != "weight":
             note = f"{KIND_NOTES[map_kind]}. {note}".strip()
-        return ExploreView(grid_image(maps, classes, layout), layout, maps, labels, classes, probs, note)
+        grid = grid_image(maps, classes, layout, scale_each=scale_each)
+        return ExploreView(grid, layout, maps, labels, classes, probs, note)
 
     def head_map(self, model: str, text: str, text_pair: str | None, layer: int, head: int, *,
                  word_level: bool = False, hide_special: bool = False,

@@ -35,7 +35,7 @@ from analysis.rundir import save_figure, save_table  # noqa: E402
 from analysis.sweeps import significance_lines  # noqa: E402
 from app.classifier_card import classifier_card, read_metadata  # noqa: E402
 from app.display import display_table  # noqa: E402
-from app.explore import MAX_LIVE_TOKENS, LiveExplorer, ModelCache  # noqa: E402
+from app.explore import MAX_LIVE_TOKENS, LiveExplorer, ModelCache, ViewClock  # noqa: E402
 from app.jobs import BatchJobs, Job, RecordedJob, cli_verbs  # noqa: E402
 from app.options import check_address  # noqa: E402
 from app.run_browser import FIGURE_LOCK, ArtifactView, RunBrowser, Scratch, slug_label  # noqa: E402
@@ -54,6 +54,9 @@ CLASSIFIER_TAB = "Classifier"
 DISABLING_TAB = "Disabling"
 PICKED_HEAD_NOTE = ("The large view shows a head of the grid above, picked on it or by the layer and head boxes: after "
                     "editing the sentence, press Enter or Show all heads to draw its grid.")
+# How the grid's greys read, said in its status line.
+GRID_SCALES = {False: "greys are absolute weights (white = 0, black = 1), as in the large view",
+               True: "each map scaled to its own maximum (black = its largest weight)"}
 HIDE_SPECIAL_NOTE = ("Hiding [CLS]/[SEP] drops their rows and columns and renormalises each remaining row to sum to 1, "
                      "so it shows how the weight not spent on special tokens is spread.")
 
@@ -119,6 +122,7 @@ class DrawnInput:
     word_level: bool
     hide_special: bool
     map_kind: str
+    grid: int = 0  # its ViewClock ticket: the head drawn after it follows this grid only while it is the newest
 
     def head_map_inputs(self, layer, head) -> tuple:
         """WebApp.head_map's arguments for ``layer``, ``head`` (1-indexed) of this drawing."""
@@ -127,6 +131,11 @@ class DrawnInput:
 
 # A head asked for while no grid is drawn (a model was picked since): said in the large view's caption.
 NO_GRID = "no grid drawn: press Show all heads to draw one, then pick a head on it"
+
+
+def skipped(count: int) -> tuple:
+    """``count`` outputs left as they are: a superseded request's result (ViewClock) changes nothing on screen."""
+    return tuple(gr.skip() for _ in range(count))
 
 
 def model_choices() -> list[str]:
@@ -148,11 +157,12 @@ class WebApp:
 
     # -------------------------------------------------------- Explore
 
-    def explore(self, text, text_pair, model, word_level, hide_special, map_kind="weight"):
+    def explore(self, text, text_pair, model, word_level, hide_special, map_kind="weight", scale_each=False):
         """-> status, grid image path, class table, grid PNG, grid SVG, classes CSV."""
         try:
             view = self.explorer.explore(model, text, text_pair, word_level=bool(word_level),
-                                         hide_special=bool(hide_special), map_kind=map_kind or "weight")
+                                         hide_special=bool(hide_special), map_kind=map_kind or "weight",
+                                         scale_each=bool(scale_each))
         except AttnpatError as exc:
             return self._explore_failure(str(exc))
         except Exception as exc:  # keep serving; the log has the traceback
@@ -173,17 +183,23 @@ class WebApp:
         unit = "words" if word_level else "tokens"
         kind = f"{KIND_NOTES[map_kind]}; " if map_kind and map_kind != "weight" else ""
         status = _message(f"{len(view.labels)} {unit}, {layers} layers x {heads} heads (1-indexed); {kind}"
-                          f"click a map for a large view. {note}", "ok")
+                          f"{GRID_SCALES[bool(scale_each)]}; click a map for a large view. {note}", "ok")
         return (status, str(png), gr.Dataframe(value=wide, visible=wide is not None),
                 gr.DownloadButton(value=str(png), visible=True),
                 gr.DownloadButton(value=str(svg), visible=True),
                 gr.DownloadButton(value=str(csv) if csv else None, visible=csv is not None))
 
-    def draw(self, text, text_pair, model, word_level, hide_special, map_kind="weight"):
-        """explore's outputs, then the DrawnInput that a pick on the grid is shown for."""
+    def draw(self, text, text_pair, model, word_level, hide_special, map_kind="weight", scale_each=False,
+             clock: ViewClock | None = None):
+        """explore's outputs, then the DrawnInput that a pick on the grid is shown for; all left as they are when
+        ``clock`` (the session's) says a later drawing or a model pick began meanwhile."""
+        ticket = clock.start_grid() if clock is not None else 0
         drawn = DrawnInput(text or "", text_pair or "", model or "", bool(word_level), bool(hide_special),
-                           map_kind or "weight")
-        return (*self.explore(text, text_pair, model, word_level, hide_special, map_kind), drawn)
+                           map_kind or "weight", ticket)
+        shown = (*self.explore(text, text_pair, model, word_level, hide_special, map_kind, scale_each), drawn)
+        if clock is not None and not clock.show_grid(ticket):
+            return skipped(len(shown))
+        return shown
 
     def _explore_failure(self, message: str):
         hidden = gr.DownloadButton(value=None, visible=False)
@@ -216,17 +232,30 @@ class WebApp:
         return (_message(f"{title}; {shown}. Rows are queries, columns keys; darker = more attention.", "ok"), str(png),
                 gr.DownloadButton(value=str(png), visible=True), gr.DownloadButton(value=str(svg), visible=True))
 
-    def drawn_head_map(self, drawn: DrawnInput | None, layer, head):
-        """head_map of the grid on screen (``drawn``), for a head picked on it: -> caption, map, map PNG, map SVG."""
+    def drawn_head_map(self, drawn: DrawnInput | None, layer, head, clock: ViewClock | None = None):
+        """head_map of the grid on screen (``drawn``), for a head picked on it: -> caption, map, map PNG, map SVG;
+        left as they are when ``clock`` says a later head, drawing or model pick began meanwhile."""
+        ticket = clock.start_head() if clock is not None else 0
+        shown = self._drawn_head_map(drawn, layer, head)
+        return skipped(len(shown)) if clock is not None and not clock.show_head(ticket) else shown
+
+    def _drawn_head_map(self, drawn: DrawnInput | None, layer, head):
         if drawn is None:
             hidden = gr.DownloadButton(value=None, visible=False)
             return _message(NO_GRID, "info"), None, hidden, hidden
         return self.head_map(*drawn.head_map_inputs(layer, head))
 
-    def follow_head(self, drawn: DrawnInput | None, layer, head):
+    def follow_head(self, drawn: DrawnInput | None, layer, head, clock: ViewClock | None = None):
         """After a new grid (``drawn``): -> layer, head (moved only when outside the model's layers and heads, as
         after a model with fewer of them was picked: a box set again to the value it held when this began would
-        undo a click on the grid made meanwhile), then head_map's caption, large map, map PNG, map SVG."""
+        undo a click on the grid made meanwhile), then head_map's caption, large map, map PNG, map SVG. With the
+        session's ``clock``, all left as they are unless ``drawn`` is the newest grid shown, not followed yet (a
+        superseded drawing is followed too), and no later head, drawing or model pick began meanwhile."""
+        ticket = 0
+        if clock is not None:
+            ticket = clock.follow(drawn.grid) if drawn is not None else None
+            if ticket is None:
+                return skipped(6)
         kept = layer, head
         try:
             layers, heads = self.explorer.live_maps(drawn.model, drawn.text, drawn.pair, drawn.map_kind).maps.shape[:2]
@@ -234,13 +263,17 @@ class WebApp:
         except (AttnpatError, AttributeError, TypeError, ValueError, OverflowError):  # drawn_head_map says why
             pass
         boxes = [gr.update() if new == old else new for new, old in zip(kept, (layer, head))]
-        return (*boxes, *self.drawn_head_map(drawn, *kept))
+        shown = (*boxes, *self._drawn_head_map(drawn, *kept))
+        return skipped(len(shown)) if clock is not None and not clock.show_head(ticket) else shown
 
-    def forget_grid(self, model):
+    def forget_grid(self, model, clock: ViewClock | None = None):
         """A model picked: -> the explore outputs with the grid gone and a note to draw the picked model's (the
         grid shown was another model's: a click on it would be read with the picked model's layout), then the
         large view's caption, map, map PNG, map SVG, emptied too (its head was the other model's), and no
-        DrawnInput (no grid is on screen)."""
+        DrawnInput (no grid is on screen). The session's ``clock`` is moved on, so a grid or head of the other
+        model still being computed is not shown when it ends."""
+        if clock is not None:
+            clock.start_grid()
         _, *cleared = self._explore_failure("")
         hidden = gr.DownloadButton(value=None, visible=False)
         return (_message(f"model {model} picked: press Show all heads to draw its maps", "info"), *cleared,
@@ -459,6 +492,7 @@ class WebApp:
             with gr.Row():
                 word_level = gr.Checkbox(label="word level (pieces pooled)", value=False, elem_id="explore-words")
                 hide_special = gr.Checkbox(label="hide [CLS]/[SEP]", value=False, elem_id="explore-hide")
+                scale_each = gr.Checkbox(label="scale each map to its maximum", value=False, elem_id="explore-scale")
                 map_kind = gr.Radio(list(MAP_KINDS), value="weight", label="map", elem_id="explore-kind",
                                     info="weight: attention; norm: ||alpha f(x)|| (Kobayashi), rows renormalised; "
                                          "rollout: per layer (Abnar & Zuidema)")
@@ -491,29 +525,34 @@ class WebApp:
             # what the grid on screen was drawn from: a head picked on it is shown for these inputs, not for a
             # sentence edited since (before, a click showed the edited sentence's head under the old grid)
             drawn = gr.State(None)
-            inputs = [text, pair, model, word_level, hide_special, map_kind]
+            # which of this session's requests may still be shown: a slow grid or head finishing after a newer
+            # request or a model pick is dropped (before, it replaced the newer view, or drew the old model's head
+            # after the pick); one ViewClock per session, shared by reference by every handler below
+            clock = gr.State(ViewClock())
+            inputs = [text, pair, model, word_level, hide_special, map_kind, scale_each, clock]
             map_inputs = [text, pair, model, word_level, hide_special, layer, head, map_kind]
             map_outputs = [caption, big, map_png, map_svg]
             outputs = [status, grid, classes, grid_png, grid_svg, classes_csv]
             # the example sentence's grid is computed when the page opens, so the tab is never empty
             for trigger in (run.click, text.submit, pair.submit, word_level.input, hide_special.input,
-                            map_kind.input, demo.load):
+                            map_kind.input, scale_each.input, demo.load):
                 # the API's /explore has explore's outputs: a State is not part of an endpoint
                 trigger(self.draw, inputs, [*outputs, drawn], api_name="explore" if trigger == run.click else False,
                         concurrency_limit=4, concurrency_id="live").then(
-                    self.follow_head, [drawn, layer, head], [layer, head, *map_outputs], api_name=False,
+                    self.follow_head, [drawn, layer, head, clock], [layer, head, *map_outputs], api_name=False,
                     concurrency_limit=4, concurrency_id="live")
             # a picked model clears the grid rather than redrawing it: picked and then "Show all heads" at once would
             # draw it twice, and the first drawing's head could replace a head clicked on the second
-            model.input(self.forget_grid, [model], [*outputs, *map_outputs, drawn], api_name=False)
+            model.input(self.forget_grid, [model, clock], [*outputs, *map_outputs, drawn], api_name=False)
             for number in (layer, head):
-                number.submit(self.drawn_head_map, [drawn, layer, head], map_outputs, api_name=False,
+                number.submit(self.drawn_head_map, [drawn, layer, head, clock], map_outputs, api_name=False,
                               concurrency_id="live")
             # the API's head map names its input: any sentence, drawn or not
             gr.Button("Show head", size="sm", visible=False).click(
                 self.head_map, map_inputs, map_outputs, api_name="head_map", concurrency_id="live")
             grid.select(self.pick_head, [drawn, layer, head], [layer, head], api_name=False).then(
-                self.drawn_head_map, [drawn, layer, head], map_outputs, api_name=False, concurrency_id="live")
+                self.drawn_head_map, [drawn, layer, head, clock], map_outputs, api_name=False,
+                concurrency_id="live")
 
     def _run_tab(self, tab_name: str, demo: gr.Blocks) -> None:
         spec = tab_spec(tab_name)

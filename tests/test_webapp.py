@@ -149,6 +149,36 @@ def test_grid_shrinks_long_maps_keeping_stripes():
     assert len(dark_columns) >= 1 and abs(dark_columns[0] - 137 * layout.cell / 200) <= 1
 
 
+def test_the_grid_shows_absolute_weights_unless_each_map_is_scaled_to_its_maximum(tmp_path, tiny_dir):
+    """A near-uniform map (weights 0.1 +- 0.01 over 10 keys) is light grey in the grid, as on the guideline's scale of
+    the large view and the annotators' images (before, every map was scaled to its own maximum, so it was as dark as
+    a one-key stripe); the checkbox "scale each map to its maximum" draws it dark, and the status says which."""
+    rng = np.random.default_rng(0)
+    broad = torch.from_numpy(0.1 + rng.uniform(-0.01, 0.01, (10, 10))).float()
+    maps = torch.stack([broad / broad.sum(-1, keepdim=True), torch.eye(10)])[None]  # (1, 2, 10, 10)
+    layout = GridLayout(1, 2)
+    top = layout.margin_top
+
+    def cells(**options):
+        image = np.asarray(grid_image(maps, layout=layout, **options))[..., 0]
+        return [image[top:top + layout.cell, layout.margin_left + h * layout.pitch_x:][:, :layout.cell]
+                for h in range(2)]
+
+    (broad_absolute, stripe_absolute), (broad_scaled, stripe_scaled) = cells(), cells(scale_each=True)
+    expected = 255 * (1 - np.sqrt(maps[0, 0].numpy()))  # the guideline's grey (analysis.rendering.absolute_grey)
+    assert abs(broad_absolute.mean() - expected.mean()) < 2 and broad_absolute.min() > 150
+    assert broad_scaled.max() < 70  # near-black (its least weight is over 3/4 of its most): its speckle looks dark
+    assert stripe_absolute.min() == stripe_scaled.min() == 0  # a weight of 1 is black either way
+
+    web = WebApp(tmp_path / "runs", LiveExplorer(ModelCache(), classifier_loader=random_classifier),
+                 allow_any_model=True)
+    absolute = web.explore(SENTENCE, "", str(tiny_dir), False, False)
+    scaled = web.explore(SENTENCE, "", str(tiny_dir), False, False, "weight", True)
+    assert webapp.GRID_SCALES[False] in absolute[0] and "absolute weights" in absolute[0]
+    assert webapp.GRID_SCALES[True] in scaled[0] and "own maximum" in scaled[0]
+    assert np.asarray(Image.open(absolute[1])).mean() > np.asarray(Image.open(scaled[1])).mean()
+
+
 def test_model_cache_loads_each_model_once_and_reports_unknown_ones():
     calls = []
 
