@@ -6,6 +6,7 @@ screenshot of each under test-artifacts/browser/.
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from test_webapp_support import SENTENCE, browser_page, populate_runs, serve, ti
 
 from analysis.artifacts import TABS as RUN_TABS
 from analysis.figures import GridLayout
+from app.explore import ViewClock
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser"
 TABS = ("Explore", *(tab.name for tab in RUN_TABS), "Runs")
@@ -26,7 +28,7 @@ def app_url(tmp_path_factory):
     model_dir = tiny_model_dir(root)
     populate_runs(root / "runs", model_dir)
     demo, web, url, model = serve(root / "runs", model_dir)
-    yield url, Path(model).name, model
+    yield url, Path(model).name, model, web
     demo.close()
 
 
@@ -52,7 +54,7 @@ def status_text(page, elem_id: str, pattern: str) -> str:
 
 def test_the_page_opens_with_the_example_sentences_grid(page):
     text = status_text(page, "explore-status", r"6 layers x 12 heads")  # no click: computed on load
-    assert "13 tokens" in text
+    assert "13 tokens" in text and "greys are absolute weights" in text
     page.locator("#explore-grid img").wait_for()
     page.locator("#explore-classes").filter(has_text="head 12").wait_for()
     status_text(page, "explore-caption", r"layer 1, head 1")
@@ -142,6 +144,46 @@ def test_another_model_clears_the_grid_and_the_large_view(page, app_url):
     status_text(page, "explore-status", r"2 layers x 4 heads")
     status_text(page, "explore-caption", r"layer 2, head 4 ")
     page.locator("#explore-map img").wait_for()
+
+
+def test_a_slow_grid_ending_after_a_model_pick_is_not_shown(page, app_url, monkeypatch):
+    """A sentence drawn with MiniLM and, while its grid is computed, the tiny model picked: when the grid ends it
+    is dropped, so the page keeps the pick's empty view and its note (before, MiniLM's grid and head appeared
+    under the tiny model's name). Checks that every request of a page shares its session's ViewClock."""
+    slow = "A sentence whose grid is slow."
+    page.reload()
+    status_text(page, "explore-status", r"13 tokens, 6 layers x 12 heads")
+    status_text(page, "explore-caption", r"layer \d+, head \d+ ")  # the page load's head: nothing is pending
+    explorer = app_url[3].explorer
+    held, release, judged = threading.Event(), threading.Event(), threading.Event()
+    live_maps, show_grid = explorer.live_maps, ViewClock.show_grid
+
+    def slow_live_maps(model, text, *args, **kwargs):
+        if text == slow:
+            held.set()
+            assert release.wait(120)
+        return live_maps(model, text, *args, **kwargs)
+
+    def judge(clock, ticket):  # the drawing decides whether it is shown just before it returns
+        shown = show_grid(clock, ticket)
+        judged.set()
+        return shown
+
+    monkeypatch.setattr(explorer, "live_maps", slow_live_maps)
+    monkeypatch.setattr(ViewClock, "show_grid", judge)
+    page.locator("#explore-text textarea").fill(slow)
+    page.locator("#explore-text textarea").press("Enter")
+    assert held.wait(60)
+    page.locator("#explore-model input").fill(app_url[2])
+    page.locator("#explore-model input").press("Enter")
+    status_text(page, "explore-status", "press Show all heads")
+    release.set()
+    assert judged.wait(60)
+    # a later request of this page: the page gets its answer after the slow drawing's
+    page.locator("#explore-head input").press("Enter")
+    status_text(page, "explore-caption", "no grid drawn")
+    assert "press Show all heads" in page.locator("#explore-status").inner_text()
+    assert page.locator("#explore-grid img").count() == 0 and page.locator("#explore-map img").count() == 0
 
 
 @pytest.mark.parametrize("tab", TABS[1:-1])
