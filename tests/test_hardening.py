@@ -1252,8 +1252,7 @@ def test_a_job_stops_when_the_web_app_that_started_it_is_killed(tmp_path, tiny_m
     run = RunDir(load_model(str(tiny_model)).slug, "sst2", runs)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
     job_pid = None
-    # the run folder's lock held here: the job does its work, then waits for it without a word more, as a job
-    # in a long quiet stretch does (a job that writes again finds its log pipe closed and fails by itself)
+    # the run folder's lock held here: the job does its work, then waits for it, so it is killed mid-run
     other_app = BatchJobs(runs)  # a second app on the same runs folder (or the app restarted)
     with locked(run.file(".lock"), "the test's hold on the run folder"):
         app = subprocess.Popen([sys.executable, "-c", APP_WITH_A_JOB, str(runs), str(tiny_model)], env=env,
@@ -1281,6 +1280,8 @@ def test_a_job_stops_when_the_web_app_that_started_it_is_killed(tmp_path, tiny_m
     assert not last.is_running() and last.stopped
     assert last.status().startswith("stopped: the app that ran it ended before it finished; rerun it to resume")
     assert "waiting:" in last.log_text()
+    # what the job printed once its app was gone is in its log too (before, lost with the app's end of a pipe)
+    assert last.log_text().endswith("terminated; rerun the same command to resume"), last.log_text()
     assert not list(run.path.glob(".staging-*"))  # stopped by its SIGTERM, cleaning up: not killed mid-work
 
 
