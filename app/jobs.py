@@ -124,9 +124,21 @@ def process_start_ticks(pid: int) -> int | None:
         return None
 
 
-def is_running(pid: int, start_ticks: int | None) -> bool:
-    """Whether the process that had ``pid`` and started at ``start_ticks`` still runs (not a later one given the
-    same pid). Without /proc (not Linux) the pid alone is checked."""
+def boot_id() -> str | None:
+    """This boot's id (Linux; None elsewhere): start ticks count from boot, so a process is named by pid, start
+    ticks and boot."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def is_running(pid: int, start_ticks: int | None, boot: str | None = None) -> bool:
+    """Whether the process that had ``pid`` and started at ``start_ticks`` during boot ``boot`` (None: not
+    recorded) still runs (not a later one given the same pid, after a reboot too). Without /proc (not Linux) the
+    pid alone is checked."""
+    if boot is not None and boot != boot_id():  # recorded before a reboot: every process of then is gone
+        return False
     if not Path("/proc/self/stat").exists():
         try:
             os.kill(pid, 0)
@@ -182,7 +194,7 @@ class Job:
         state = {"id": self.id, "argv": self.argv, "pid": self.process.pid,
                  "pid_start": process_start_ticks(self.process.pid), "started": self.started,
                  "log": self.log_path.name if self.log_path else "", "app_pid": os.getpid(),
-                 "app_start": process_start_ticks(os.getpid())}
+                 "app_start": process_start_ticks(os.getpid()), "boot": boot_id()}
         return {**state, **self.end_state()} if self.returncode is not None else state
 
     def end_state(self) -> dict:
@@ -216,10 +228,10 @@ class RecordedJob:
         return was_stopped(self.returncode, bool(self.state.get("stop_requested")))
 
     def process_alive(self) -> bool:
-        return is_running(self.state["pid"], self.state.get("pid_start"))
+        return is_running(self.state["pid"], self.state.get("pid_start"), self.state.get("boot"))
 
     def _app_alive(self) -> bool:
-        return is_running(self.state["app_pid"], self.state.get("app_start"))
+        return is_running(self.state["app_pid"], self.state.get("app_start"), self.state.get("boot"))
 
     def is_running(self) -> bool:
         """Running, or ended a moment ago while its app, still running, has yet to record the exit status."""

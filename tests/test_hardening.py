@@ -48,7 +48,7 @@ from annotation.server import (
     server_dir,
 )
 from app.cli import main
-from app.jobs import KEEP_JOB_LOGS, BatchJobs, Job, RecordedJob, process_start_ticks, prune_logs
+from app.jobs import KEEP_JOB_LOGS, BatchJobs, Job, RecordedJob, boot_id, process_start_ticks, prune_logs
 from app.webapp import WebApp, launch
 from classifier.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
 from tests.conftest import free_port
@@ -1382,7 +1382,7 @@ def _recorded_job_state(runs: Path, pid: int, **extra) -> None:
 def test_another_apps_job_is_shown_from_the_runs_folder_and_none_starts_beside_it(tmp_path):
     """Batch jobs lived only in their app's memory: a restarted app, or a second app on the same runs folder, showed
     no job, lost its log, and could start a second one beside it. Now the last job's state and log are kept in
-    <runs>/.jobs/, and its status follows the recorded process (its pid and start time: pids are reused)."""
+    <runs>/.jobs/, and its status follows the recorded process (its pid, start time and boot: pids are reused)."""
     runs = tmp_path / "runs"
     (runs / ".jobs").mkdir(parents=True)
     (runs / ".jobs" / "20250101-120000-abcdef.log").write_bytes(b"loading\nbar 10%\rbar 50%\nper-head table\n")
@@ -1402,6 +1402,12 @@ def test_another_apps_job_is_shown_from_the_runs_folder_and_none_starts_beside_i
         # the same pid, but a process started at another time: a reused pid, not the job
         _recorded_job_state(runs, sleeper.pid, pid_start=process_start_ticks(sleeper.pid) + 1)
         assert not BatchJobs(runs).current().is_running()
+        # the same pid and start ticks, recorded before a reboot (ticks count from boot): not the job either
+        _recorded_job_state(runs, sleeper.pid, boot="an-earlier-boot")
+        assert not BatchJobs(runs).current().is_running()
+        assert BatchJobs(runs).current().status().startswith("stopped: the app that ran it ended before it finished")
+        _recorded_job_state(runs, sleeper.pid, boot=boot_id())
+        assert BatchJobs(runs).current().is_running()
     finally:
         sleeper.kill()
         sleeper.wait()
