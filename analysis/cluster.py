@@ -105,23 +105,30 @@ class WorkerPool:
         self.listeners: list[Callable[[Hashable, Any], None]] = []
 
     def pids(self) -> list[int]:
-        """The process id of every worker (they change when Ray restarts a worker)."""
-        return self._ray.get([worker.pid.remote() for worker in self.actors])
+        """The process id of every live worker, in slot order (they change when Ray restarts a worker). A worker
+        lost for good is replaced as :meth:`run` replaces it, and the new one's pid given; an empty slot is left
+        out (none when no worker is left)."""
+        return self._ask_every(lambda worker: worker.pid.remote())
 
     def each(self, function: Callable, *args) -> list:
         """``function(state, *args)`` on every worker (loading the state where needed), e.g. to check that all
         loaded the same model; the answers in slot order. A worker lost for good is replaced as :meth:`run`
         replaces it, and the new one asked; a slot left empty (no new worker started, or its replacements used up)
         is skipped. One error line when no worker answers; a loader's AttnpatError is raised here as one line."""
-        from ray.exceptions import RayActorError  # noqa: PLC0415 (Ray is optional, see the module doc)
+        answers = self._ask_every(lambda worker: worker.run.remote(self.key, self.loader, function, *args))
+        if not answers:
+            raise AttnpatError("every Ray worker died; rerun the command to resume")
+        return answers
 
-        def ask(index: int) -> tuple[Any, Any]:
-            worker = self.actors[index]
-            return worker, worker.run.remote(self.key, self.loader, function, *args)
+    def _ask_every(self, ask: Callable[[Any], Any]) -> list:
+        """``ask(worker)``'s answer (it returns an ObjectRef) from every worker, all asked at once, in slot order;
+        a worker lost for good is replaced (:meth:`_worker_back`) and the new one asked, an empty slot skipped."""
+        from ray.exceptions import RayActorError  # noqa: PLC0415 (Ray is optional, see the module doc)
 
         replaced: Counter = Counter()  # worker index -> new workers started in its slot
         answers: dict[int, Any] = {}
-        asked = {index: ask(index) for index in range(len(self.actors))}  # all at once: the workers load together
+        # all at once: the workers load together
+        asked = {index: (self.actors[index], ask(self.actors[index])) for index in range(len(self.actors))}
         while asked:
             lost = []
             for index, (worker, ref) in asked.items():
@@ -130,9 +137,7 @@ class WorkerPool:
                 except RayActorError:
                     if self._worker_back(index, worker, replaced):
                         lost.append(index)
-            asked = {index: ask(index) for index in lost}
-        if not answers:
-            raise AttnpatError("every Ray worker died; rerun the command to resume")
+            asked = {index: (self.actors[index], ask(self.actors[index])) for index in lost}
         return [answers[index] for index in sorted(answers)]
 
     def _worker_back(self, index: int, dead, replaced: Counter) -> bool:

@@ -3,11 +3,11 @@ one at a time per runs folder, with their log as it grows.
 
 Each job's state (argv, pid, start, exit status once it ends) is kept in <runs>/.jobs/current.json and its log in
 <runs>/.jobs/<id>.log, so a restarted app, or a second app on the same runs folder, shows the last job and
-refuses to start another beside a running one."""
+refuses to start another beside a running one. The job writes its output straight into its log file, so what it
+printed is there whatever is killed (the app or the job, even by SIGKILL), and the app shows the file's tail."""
 from __future__ import annotations
 
 import atexit
-import codecs
 import inspect
 import logging
 import os
@@ -25,6 +25,7 @@ from pathlib import Path
 
 from analysis.data import ALL_TASKS, check_split, check_task, is_data_file
 from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, os_error_message
+from analysis.progress import FILE_LOG_INTERVAL_ENV
 from analysis.rundir import atomic_write_json, locked, read_json
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,9 @@ JOBS_FOLDER = ".jobs"  # in the runs folder: current.json (the last job's state)
 STATE_FILE = "current.json"
 KEEP_JOB_LOGS = 5
 LOG_TAIL_BYTES = 64 * 1024  # enough for 60 lines; a progress bar's redraws are cut at the first full line
-LOG_LINES = 500  # lines kept in memory for the app's own job
+# A job's progress bars redraw into its log file this often (seconds): as often as the Runs tab reads it, not
+# every FILE_LOG_INTERVAL s as in a terminal's `2> log`, nor at tqdm's 0.1 s, which would swell the file
+JOB_PROGRESS_INTERVAL = 0.5
 STATE_FIELDS = {"id": str, "argv": list, "pid": int, "started": (int, float), "log": str, "app_pid": int}
 
 
@@ -121,9 +124,21 @@ def process_start_ticks(pid: int) -> int | None:
         return None
 
 
-def is_running(pid: int, start_ticks: int | None) -> bool:
-    """Whether the process that had ``pid`` and started at ``start_ticks`` still runs (not a later one given the
-    same pid). Without /proc (not Linux) the pid alone is checked."""
+def boot_id() -> str | None:
+    """This boot's id (Linux; None elsewhere): start ticks count from boot, so a process is named by pid, start
+    ticks and boot."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def is_running(pid: int, start_ticks: int | None, boot: str | None = None) -> bool:
+    """Whether the process that had ``pid`` and started at ``start_ticks`` during boot ``boot`` (None: not
+    recorded) still runs (not a later one given the same pid, after a reboot too). Without /proc (not Linux) the
+    pid alone is checked."""
+    if boot is not None and boot != boot_id():  # recorded before a reboot: every process of then is gone
+        return False
     if not Path("/proc/self/stat").exists():
         try:
             os.kill(pid, 0)
@@ -141,27 +156,26 @@ def _clock(timestamp: float) -> str:
 
 @dataclass
 class Job:
-    """This app's `attnpat <verb>` subprocess and its log (tqdm's carriage-return updates overwrite the last line),
-    kept in memory and, as it streams, in ``log_path``."""
+    """This app's `attnpat <verb>` subprocess, which writes its output into ``log_path`` (tqdm's carriage-return
+    updates overwrite the last line when it is shown)."""
 
     argv: list[str]
     process: subprocess.Popen
     started: float = field(default_factory=time.time)
-    lines: list[str] = field(default_factory=lambda: [""])
     finished: float | None = None
     stop_requested: bool = False  # set by BatchJobs.stop: a SIGKILL after its SIGTERM is the Stop's, not a crash
     id: str = ""
     log_path: Path | None = None
 
     def log_text(self, tail: int = 60) -> str:
-        return "\n".join(self.lines[-tail:]).strip("\n")
+        return log_file_tail(self.log_path, tail) if self.log_path else ""
 
     @property
     def returncode(self) -> int | None:
         return self.process.poll()
 
     def is_running(self) -> bool:
-        """True until the process ended and its log was read to the end."""
+        """True until the process ended and this app took note of how (:meth:`BatchJobs._wait`)."""
         return self.returncode is None or self.finished is None
 
     def status(self) -> str:
@@ -180,7 +194,7 @@ class Job:
         state = {"id": self.id, "argv": self.argv, "pid": self.process.pid,
                  "pid_start": process_start_ticks(self.process.pid), "started": self.started,
                  "log": self.log_path.name if self.log_path else "", "app_pid": os.getpid(),
-                 "app_start": process_start_ticks(os.getpid())}
+                 "app_start": process_start_ticks(os.getpid()), "boot": boot_id()}
         return {**state, **self.end_state()} if self.returncode is not None else state
 
     def end_state(self) -> dict:
@@ -214,10 +228,10 @@ class RecordedJob:
         return was_stopped(self.returncode, bool(self.state.get("stop_requested")))
 
     def process_alive(self) -> bool:
-        return is_running(self.state["pid"], self.state.get("pid_start"))
+        return is_running(self.state["pid"], self.state.get("pid_start"), self.state.get("boot"))
 
     def _app_alive(self) -> bool:
-        return is_running(self.state["app_pid"], self.state.get("app_start"))
+        return is_running(self.state["app_pid"], self.state.get("app_start"), self.state.get("boot"))
 
     def is_running(self) -> bool:
         """Running, or ended a moment ago while its app, still running, has yet to record the exit status."""
@@ -330,41 +344,32 @@ class BatchJobs:
             log_path = self.folder / f"{job_id}.log"
             try:
                 prune_logs(self.folder, KEEP_JOB_LOGS - 1)
-                log_file = open(log_path, "xb")  # noqa: SIM115 (written by the reader thread, which closes it)
+                log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
             except OSError as exc:
                 raise AttnpatError(os_error_message(exc, "cannot write the job log")) from exc
             env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False",
-                   JOB_PARENT_ENV: str(os.getpid())}
-            # a pipe, not the log file: a job's progress bars redraw every 0.1 s on a pipe, every 10 s on a file
-            process = subprocess.Popen([sys.executable, "-m", "app.cli", *argv], stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+                   JOB_PARENT_ENV: str(os.getpid()), FILE_LOG_INTERVAL_ENV: str(JOB_PROGRESS_INTERVAL)}
+            # the log file itself, not a pipe read by this app: a SIGKILLed app lost what was still in the pipe and
+            # all the job printed after (its stop line too), and the job failed on its next write to the closed pipe
+            try:
+                process = subprocess.Popen([sys.executable, "-m", "app.cli", *argv], stdout=log_fd,
+                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            finally:
+                os.close(log_fd)  # the job holds its own copy
             job = Job(argv, process, id=job_id, log_path=log_path)
             try:
                 atomic_write_json(self.folder / STATE_FILE, job.state())
             except AttnpatError:  # a job nobody else could see: not started
                 process.kill()
                 process.wait()
-                log_file.close()
                 log_path.unlink(missing_ok=True)
                 raise
             self.job = job
-            threading.Thread(target=self._read, args=(job, log_file), daemon=True).start()
+            threading.Thread(target=self._wait, args=(job,), daemon=True).start()
             return job
 
-    def _read(self, job: Job, log_file) -> None:
-        stream = job.process.stdout
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two reads
-        with log_file:
-            while chunk := stream.read1(4096):
-                add_output(job.lines, decoder.decode(chunk))
-                del job.lines[:-LOG_LINES]
-                if not log_file.closed:
-                    try:
-                        log_file.write(chunk)
-                        log_file.flush()
-                    except OSError as exc:  # a full disk: the job runs on, its log kept in memory only
-                        log.warning("%s", os_error_message(exc, "cannot write the job log"))
-                        log_file.close()
+    def _wait(self, job: Job) -> None:
+        """In a thread: once the job ends, record how."""
         job.process.wait()
         job.finished = time.time()
         self._record_end(job)

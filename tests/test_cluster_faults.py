@@ -32,6 +32,14 @@ class StandInWorker:
     def __init__(self, deadly: frozenset = frozenset()):
         self.dead, self.deadly, self.ran = False, deadly, []
         self.run = SimpleNamespace(remote=self._remote)
+        self.pid = SimpleNamespace(remote=self._pid)
+
+    def _pid(self):
+        def result():
+            if self.dead:
+                raise ActorDiedError()
+            return id(self)
+        return result
 
     def _remote(self, key, loader, function, *args):
         def result():
@@ -172,3 +180,18 @@ def test_each_replaces_a_dead_worker_and_skips_a_slot_left_empty():
     with pytest.raises(AttnpatError, match="every Ray worker died"):
         pool_of([dead], dying_replacement).each(revision_of, "revision")
     assert len(keeps_dying) == cluster_module.MAX_REPLACEMENTS  # a slot is refilled a bounded number of times
+
+
+def test_pids_name_the_live_workers_when_one_was_lost_for_good():
+    """`WorkerPool.pids` asked every worker at once and raised Ray's ActorDiedError when one was lost for good.
+    Now the lost one is replaced as a run replaces it and the new one's pid given; an empty slot is left out."""
+    dying, healthy = StandInWorker(), StandInWorker()
+    started = []
+    pool = pool_of([dying, healthy], lambda dead: started.append(StandInWorker()) or started[-1])
+    dying.dead = True
+    assert pool.pids() == [id(started[0]), id(healthy)] and pool.actors == [started[0], healthy]
+    dying, healthy = StandInWorker(), StandInWorker()
+    dying.dead = True
+    assert pool_of([dying, healthy]).pids() == [id(healthy)]  # no new worker: its slot is left out
+    dying.dead = healthy.dead = True
+    assert pool_of([dying, healthy]).pids() == []

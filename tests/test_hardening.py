@@ -48,7 +48,7 @@ from annotation.server import (
     server_dir,
 )
 from app.cli import main
-from app.jobs import KEEP_JOB_LOGS, BatchJobs, Job, RecordedJob, process_start_ticks, prune_logs
+from app.jobs import KEEP_JOB_LOGS, BatchJobs, Job, RecordedJob, boot_id, process_start_ticks, prune_logs
 from app.webapp import WebApp, launch
 from classifier.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
 from tests.conftest import free_port
@@ -1252,8 +1252,7 @@ def test_a_job_stops_when_the_web_app_that_started_it_is_killed(tmp_path, tiny_m
     run = RunDir(load_model(str(tiny_model)).slug, "sst2", runs)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
     job_pid = None
-    # the run folder's lock held here: the job does its work, then waits for it without a word more, as a job
-    # in a long quiet stretch does (a job that writes again finds its log pipe closed and fails by itself)
+    # the run folder's lock held here: the job does its work, then waits for it, so it is killed mid-run
     other_app = BatchJobs(runs)  # a second app on the same runs folder (or the app restarted)
     with locked(run.file(".lock"), "the test's hold on the run folder"):
         app = subprocess.Popen([sys.executable, "-c", APP_WITH_A_JOB, str(runs), str(tiny_model)], env=env,
@@ -1281,6 +1280,8 @@ def test_a_job_stops_when_the_web_app_that_started_it_is_killed(tmp_path, tiny_m
     assert not last.is_running() and last.stopped
     assert last.status().startswith("stopped: the app that ran it ended before it finished; rerun it to resume")
     assert "waiting:" in last.log_text()
+    # what the job printed once its app was gone is in its log too (before, lost with the app's end of a pipe)
+    assert last.log_text().endswith("terminated; rerun the same command to resume"), last.log_text()
     assert not list(run.path.glob(".staging-*"))  # stopped by its SIGTERM, cleaning up: not killed mid-work
 
 
@@ -1381,7 +1382,7 @@ def _recorded_job_state(runs: Path, pid: int, **extra) -> None:
 def test_another_apps_job_is_shown_from_the_runs_folder_and_none_starts_beside_it(tmp_path):
     """Batch jobs lived only in their app's memory: a restarted app, or a second app on the same runs folder, showed
     no job, lost its log, and could start a second one beside it. Now the last job's state and log are kept in
-    <runs>/.jobs/, and its status follows the recorded process (its pid and start time: pids are reused)."""
+    <runs>/.jobs/, and its status follows the recorded process (its pid, start time and boot: pids are reused)."""
     runs = tmp_path / "runs"
     (runs / ".jobs").mkdir(parents=True)
     (runs / ".jobs" / "20250101-120000-abcdef.log").write_bytes(b"loading\nbar 10%\rbar 50%\nper-head table\n")
@@ -1401,6 +1402,12 @@ def test_another_apps_job_is_shown_from_the_runs_folder_and_none_starts_beside_i
         # the same pid, but a process started at another time: a reused pid, not the job
         _recorded_job_state(runs, sleeper.pid, pid_start=process_start_ticks(sleeper.pid) + 1)
         assert not BatchJobs(runs).current().is_running()
+        # the same pid and start ticks, recorded before a reboot (ticks count from boot): not the job either
+        _recorded_job_state(runs, sleeper.pid, boot="an-earlier-boot")
+        assert not BatchJobs(runs).current().is_running()
+        assert BatchJobs(runs).current().status().startswith("stopped: the app that ran it ended before it finished")
+        _recorded_job_state(runs, sleeper.pid, boot=boot_id())
+        assert BatchJobs(runs).current().is_running()
     finally:
         sleeper.kill()
         sleeper.wait()

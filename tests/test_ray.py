@@ -270,6 +270,26 @@ def test_workers_lost_for_good_are_replaced_and_the_classification_is_complete(m
     assert spread.read_table("patterns").groupby(["layer", "head"])["count"].sum().eq(40).all()  # none twice, none lost
 
 
+def _running(pid: int) -> bool:
+    return _processes().get(pid, (0, "Z"))[1] != "Z"
+
+
+def test_pids_after_a_worker_was_lost_for_good_name_live_workers(models, cluster):
+    """A worker killed for good (its restarts used up, its node gone): `pool.pids()` raised Ray's ActorDiedError.
+    Now it gives the pid of the new worker started in the dead one's slot (as a run would start), never the dead
+    process's."""
+    pool = cluster.pool(model_loader(load_model(str(models["base"]))))
+    before, dead = pool.pids(), pool.actors[0]
+    ray.kill(dead, no_restart=True)
+    deadline = time.monotonic() + 60
+    while _running(before[0]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(before[0])
+    after = pool.pids()
+    assert len(after) == 2 and after[1] == before[1] and after[0] != before[0] and pool.actors[0] is not dead
+    assert all(_running(pid) for pid in after)
+
+
 def test_killed_workers_leave_a_complete_disabling_sweep(models, cluster, tmp_path):
     data = load_data("sst2", n=16)
     bundle = seeded_classifier(str(models["classifier"]), data.num_labels)

@@ -250,18 +250,25 @@ def test_token_roles_follow_each_tokenizer_even_when_python_reuses_an_id(tmp_pat
 
 
 def test_progress_bars_update_rarely_when_stderr_is_a_log_file(tmp_path, monkeypatch):
-    """A bar's updates are appended to a log file, not redrawn: there it updates every FILE_LOG_INTERVAL s; on a
-    pipe (the web app reads its jobs' logs through one) it keeps tqdm's default."""
+    """A bar's updates are appended to a log file, not redrawn: there it updates every FILE_LOG_INTERVAL s, or as
+    often as FILE_LOG_INTERVAL_ENV says (the web app's jobs, whose log file the Runs tab follows); on a pipe it
+    keeps tqdm's default."""
     import os  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    from analysis.progress import FILE_LOG_INTERVAL, progress_bar  # noqa: PLC0415
+    from analysis.progress import FILE_LOG_INTERVAL, FILE_LOG_INTERVAL_ENV, progress_bar  # noqa: PLC0415
 
     with open(tmp_path / "log", "w") as log:
         monkeypatch.setattr(sys, "stderr", log)
         bar = progress_bar(10, True, "maps")
         assert bar.mininterval == FILE_LOG_INTERVAL
         bar.close()
+        for value, interval in (("0.5", 0.5), ("nonsense", FILE_LOG_INTERVAL), ("-1", FILE_LOG_INTERVAL)):
+            monkeypatch.setenv(FILE_LOG_INTERVAL_ENV, value)
+            bar = progress_bar(10, True, "maps")
+            assert bar.mininterval == interval, value
+            bar.close()
+        monkeypatch.delenv(FILE_LOG_INTERVAL_ENV)
     read, write = os.pipe()
     with os.fdopen(read), os.fdopen(write, "w") as pipe:  # the writing end closes first
         monkeypatch.setattr(sys, "stderr", pipe)
