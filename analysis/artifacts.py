@@ -20,7 +20,8 @@ KIND_SEPARATOR = "@"
 MAP_KIND_VERBS = ("extract", "classify", "special", "surface")
 
 # Placeholders of a hint: the run tab's model (run-directory name) and task, and {base}: the base model the run's
-# model was fine-tuned from (DEFAULT_BASE when none is recorded).
+# model was fine-tuned from (DEFAULT_BASE when none is recorded). A verb without --map-kind writes only the weight
+# run folder, so a <model>@<kind> run never holds its artifacts and hints none (Artifact.written_in).
 STANDARD = "--model {model} --task {task}"
 DEFAULT_BASE = "minilm"  # the embedded model, the base the fine-tuning hints start from
 # The labeled set that ships with the repository (the hint for the Classifier tab names it).
@@ -78,6 +79,11 @@ class Artifact:
             return (f"{self.stem}.json",)
         return ((f"{self.stem}.csv",) if self.table else ()) + ((f"{self.stem}.png", f"{self.stem}.svg")
                                                                    if self.figure else ())
+
+    def written_in(self, kind: str) -> bool:
+        """Whether this artifact can be in a run folder of map kind ``kind``: weight folders hold every artifact,
+        a <model>@<kind> folder only those of the verbs that take --map-kind."""
+        return kind == "weight" or self.verb in MAP_KIND_VERBS
 
     def command(self, model: str, task: str, model_name: str | None = None, base: str | None = None) -> str:
         """The full command that writes this artifact, e.g. ``attnpat special --model minilm --task sst2``;
@@ -158,7 +164,7 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("finetune_eval", "finetune", "metric (the task's metric and accuracy/F1 or Pearson/Spearman, each "
              "with <metric>_ci_low|_ci_high: 95% interval, Wilson for accuracy, bootstrap over the examples "
              "otherwise; n_eval, steps, elapsed_seconds), value", "Fine-tuning",
-             hint=f"--model {DEFAULT_BASE} --task {{task}} --split-dev", finetuned=True),
+             hint="--model {base} --task {task} --split-dev --name {model}", finetuned=True),
     Artifact("cls_last_layer", "special", "token, mean_attention (over its occurrences), ci_low, ci_high (percentile "
              "bootstrap 95% interval resampling the inputs; none for a token of one input), count, inputs",
              "Fine-tuning"),
@@ -276,9 +282,18 @@ def verbs() -> set[str]:
 
 
 def hints(stems, model: str, task: str, model_name: str | None = None, base: str | None = None) -> list[str]:
-    """The distinct commands that would write ``stems``, in order (``model_name``, ``base``: see
-    :meth:`Artifact.command`)."""
-    return list(dict.fromkeys(artifact(stem).command(model, task, model_name, base) for stem in stems))
+    """The distinct commands that would write ``stems`` into run folder ``model``, in order (``model_name``,
+    ``base``: see :meth:`Artifact.command`); none for a stem that folder cannot hold (:func:`weight_only`)."""
+    left_out = set(weight_only(stems, model))
+    return list(dict.fromkeys(artifact(stem).command(model, task, model_name, base) for stem in stems
+                              if stem not in left_out))
+
+
+def weight_only(stems, model: str | None) -> list[str]:
+    """Those of ``stems`` that run folder ``model`` cannot hold: on a <model>@<kind> folder, the artifacts of verbs
+    without --map-kind (they are written in the weight run folder <model> only); none on a weight folder."""
+    kind = split_kind_folder(model)[1] if model else "weight"
+    return [stem for stem in stems if not artifact(stem).written_in(kind)]
 
 
 def listed(name: str) -> bool:

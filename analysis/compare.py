@@ -191,7 +191,7 @@ def write_cosine(base, finetuned, data, run, *, modes: Sequence[str] = MODES, ma
     (the fine-tuned model's run directory), each head's mean with its bootstrap 95% interval over the examples
     (cosine_<mode>_ci_low / _ci_high). Returns ({"cosine_<mode>": (L, H)} means, {"cosine_<mode>": (L, 2)}
     bootstrap 95% intervals of each layer's mean, also in the manifest entry as layer_interval)."""
-    with run.record("compare", finetuned, data, base_model=base.name, base_revision=base.revision,
+    with run.record("compare", finetuned, data, base_model=base.reference, base_revision=base.revision,
                     modes=list(modes), max_length=max_length) as entry:
         encoded = encode_examples(base.tokenizer, data.examples, max_length)
         means = cosine_means(base, finetuned, data.examples, modes=modes, max_length=max_length,

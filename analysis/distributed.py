@@ -97,7 +97,7 @@ def shard_bytes(bundle, items: list[Encoded], examples: list[Example], model_slu
             saved.append(SavedMap(item.example_id, map_batch.example_maps(i).numpy(), item.tokens, np.asarray(types),
                                   model_slug, task))
     with tempfile.TemporaryDirectory() as folder:
-        return write_shard(Path(folder) / "shard.npz", saved).read_bytes()
+        return write_shard(Path(folder) / "shard.npz", saved, bundle.revision).read_bytes()
 
 
 def extract_shards(cluster: Cluster, bundle, data, shards: dict[Path, Sequence[Encoded]], *, batch_size: int,

@@ -14,6 +14,7 @@ from analysis.mapstore import (
     FORMAT,
     SavedMap,
     is_whole_map_file,
+    other_weights,
     read_shard_identity,
     shard_identity,
     shard_name,
@@ -66,7 +67,7 @@ def _extract_maps(bundle, data: TaskData, out_dir: Path, *, max_length: int, bat
     # a shard damaged since it was written (cut short by a full disk or a stopped copy) is computed again
     damaged = [k for k in present if not is_whole_map_file(out_dir / shard_name(k))
                or read_shard_identity(out_dir / shard_name(k)) is None]
-    check_resumed_shards(out_dir, {k: identities[k] for k in sorted(set(present) - set(damaged))})
+    check_resumed_shards(out_dir, {k: identities[k] for k in sorted(set(present) - set(damaged))}, bundle.revision)
     atomic_write_json(index_path, {**settings, "complete": False})
     missing = sorted(set(range(len(groups))) - set(present) | set(damaged))
     if cluster is not None:
@@ -85,7 +86,7 @@ def _extract_maps(bundle, data: TaskData, out_dir: Path, *, max_length: int, bat
             pending[k].append(SavedMap(item.example_id, map_batch.example_maps(i).numpy(), item.tokens,
                                        np.asarray(types), bundle.slug, data.task))
             if len(pending[k]) == len(groups[k]):
-                write_shard(out_dir / shard_name(k), pending.pop(k))
+                write_shard(out_dir / shard_name(k), pending.pop(k), bundle.revision)
     summary = {**settings, "complete": True, "n_shards": len(groups), "n_truncated": sum(e.truncated for e in encoded),
                "resumed_shards": len(groups) - len(missing), "damaged_shards": len(damaged),
                "shards": identities}  # what each shard holds, which readers check (analysis.mapstore)
@@ -105,14 +106,21 @@ def check_no_orphan_shards(out_dir: Path) -> None:
                            "or choose another --out")
 
 
-def check_resumed_shards(out_dir: Path, expected: dict[int, str]) -> None:
+def check_resumed_shards(out_dir: Path, expected: dict[int, str], revision: str) -> None:
     """An AttnpatError when a shard an extraction would keep ({k: its :func:`shard_identity`}) holds other examples,
-    model or task than this extraction puts there (another extraction's shard copied in): resumed, it would pass
+    model or task than this extraction puts there (another extraction's shard copied in), or maps of other weights
+    than ``revision`` (EncoderBundle.revision; a shard that records none is not checked): resumed, it would pass
     for these maps; like shards without an index, it is neither kept nor overwritten (it could be the only copy)."""
     wrong = [k for k, identity in expected.items() if read_shard_identity(out_dir / shard_name(k)) != identity]
     if wrong:
         raise AttnpatError(f"{out_dir / shard_name(wrong[0])} holds other maps than this extraction puts there "
                            f"(other examples, model or task; {len(wrong)} such shard(s)); remove them, or choose "
+                           "another --out")
+    weights = {k: why for k in expected if (why := other_weights(out_dir / shard_name(k), revision))}
+    if weights:
+        first = min(weights)
+        raise AttnpatError(f"{out_dir / shard_name(first)} holds maps of other weights of the model than this "
+                           f"extraction's ({weights[first]}; {len(weights)} such shard(s)); remove them, or choose "
                            "another --out")
 
 

@@ -241,17 +241,11 @@ def _settings_text(made_with: dict) -> str:
     return ", ".join(parts) if identity else ", ".join(parts) + ", no record of its base model and task"
 
 
-def base_reference(bundle, base: str) -> str:
-    """The base model as a later command can load it from anywhere: a local folder as its absolute path (typed
-    as ``./bert``, it would not load from another folder), an alias, store name or hub id as given."""
-    return bundle.source.path if bundle.source.kind == "local" else base
-
-
-def training_identity(bundle, base: str, task: str, num_labels: int, train) -> dict:
-    """What a fine-tuning run is besides its recipe: the base (:func:`base_reference`) and its revision, the
+def training_identity(bundle, task: str, num_labels: int, train) -> dict:
+    """What a fine-tuning run is besides its recipe: the base (EncoderBundle.reference) and its revision, the
     task, the label count and a digest of the training examples (``train``: TaskData). A checkpoint of another
     run (another base under the same store name, another --split-dev share) is never resumed."""
-    return {"base_model": base_reference(bundle, base), "base_revision": bundle.revision, "task": task,
+    return {"base_model": bundle.reference, "base_revision": bundle.revision, "task": task,
             "num_labels": num_labels, "examples": train.examples_digest()}
 
 
@@ -607,7 +601,14 @@ def finetune(base: str, task: str, *, name: str | None = None, recipe: Recipe | 
         if is_finished(path) and not force:
             meta = _store_meta(resolve_model(name))
             _check_same_model(meta, name, base, task)
-            return {**meta, "path": str(path), "skipped": True, "other_settings": asked_otherwise(meta)}
+            other = asked_otherwise(meta)
+            # this runs folder (another --runs-dir, a fresh one) lacks the model's evaluation: written from its record
+            # rather than trained again, so the command the app hints for it does write it
+            missing_eval = not other and not RunDir(name, task, runs_dir).file("finetune_eval.csv").is_file()
+            if missing_eval:
+                write_eval_record(name, task, runs_dir)
+            return {**meta, "path": str(path), "skipped": True, "other_settings": other,
+                    "eval_written": missing_eval}
         if force:  # train afresh; the finished model stays usable (the web app's Explore) until the new one lands
             shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
         run = RunDir(name, task, runs_dir)
@@ -656,11 +657,11 @@ def _train_into_store(base: str, task: str, path: Path, recipe: Recipe, *, split
     checkpoint = path / CHECKPOINT_DIR / STATE_FILE
     result = finetune_encoder(bundle, train.examples, recipe, checkpoint, num_labels=num_labels,
                               checkpoint_every=checkpoint_every, progress=progress, on_step=on_step,
-                              identity=training_identity(bundle, base, task, num_labels, train))
+                              identity=training_identity(bundle, task, num_labels, train))
     eval_started = time.time()
     scores = evaluate(bundle, evaluation, num_labels=num_labels, max_length=recipe.max_length, progress=progress)
     meta = {
-        "base_model": base_reference(bundle, base), "base_revision": bundle.revision, "task": task,
+        "base_model": bundle.reference, "base_revision": bundle.revision, "task": task,
         "num_labels": num_labels,
         "metric": scores["metric"], "metric_value": scores["value"], "scores": scores["scores"],
         "split": split_info, "data_sha256": data_digests(train, evaluation), "seed": recipe.seed,

@@ -12,6 +12,8 @@ samples and labeled sets, float32). Arrays (no pickled objects: files load with 
   has_tokens      (G,) bool: whether the group's tokens are stored (labeled sets may have none)
   tokens          (sum n over groups with tokens,) str
   token_type_ids  (same,) int8
+  revision        () str, optional: the weights the maps were computed with (EncoderBundle.revision; extraction
+                  shards record it, so a shard of other weights of the same model is told apart)
 
 Map id: '<model-slug>:<task>:<example>:L<layer>H<head>' (0-indexed), made by :func:`make_map_id` and read
 by :func:`parse_map_id`; unique and stable, so labels, predictions and tasks join on it.
@@ -139,8 +141,9 @@ class SavedMap:
         return self.group().map_ids
 
 
-def write_maps(path: str | Path, groups: Sequence[MapGroup], dtype=np.float32) -> Path:
-    """Write ``groups`` to one map file (atomically); maps are stored as ``dtype`` (float16 halves the size)."""
+def write_maps(path: str | Path, groups: Sequence[MapGroup], dtype=np.float32, revision: str | None = None) -> Path:
+    """Write ``groups`` to one map file (atomically); maps are stored as ``dtype`` (float16 halves the size);
+    ``revision``: the model weights' identity, recorded when given."""
     if not groups:
         raise AttnpatError("no maps to write")
     for group in groups:
@@ -166,6 +169,8 @@ def write_maps(path: str | Path, groups: Sequence[MapGroup], dtype=np.float32) -
             np.asarray(group.token_type_ids if group.token_type_ids is not None else np.zeros(len(group.tokens)),
                        np.int8) for group in with_tokens]),
     }
+    if revision is not None:
+        arrays["revision"] = np.asarray(str(revision))
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as handle:
@@ -293,14 +298,15 @@ def read_single_maps(path: str | Path) -> dict[str, np.ndarray]:
     return found
 
 
-def write_shard(path: str | Path, maps: list[SavedMap]) -> Path:
-    """Whole examples (every head) as float16 groups."""
+def write_shard(path: str | Path, maps: list[SavedMap], revision: str | None = None) -> Path:
+    """Whole examples (every head) as float16 groups; ``revision``: the model weights' identity
+    (EncoderBundle.revision), which readers check against the extraction's index.json."""
     for item in maps:
         n = len(item.tokens)
         if item.attn.ndim != 4 or item.attn.shape[2:] != (n, n) or item.attn.shape[:2] != maps[0].attn.shape[:2]:
             raise AttnpatError(f"map {item.example_id} has shape {item.attn.shape}, expected "
                                f"{(*maps[0].attn.shape[:2], n, n)}")
-    return write_maps(path, [item.group() for item in maps], np.float16)
+    return write_maps(path, [item.group() for item in maps], np.float16, revision)
 
 
 def is_whole_map_file(path: str | Path) -> bool:
@@ -344,6 +350,26 @@ def read_shard_identity(path: str | Path) -> str | None:
     except (OSError, ValueError, EOFError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, zlib.error,
             NotImplementedError, RuntimeError):
         return None
+
+
+def read_shard_revision(path: str | Path) -> str | None:
+    """The model weights' identity a map file records (its small ``revision`` array; no map is decompressed); None
+    when it records none (a file written before shards recorded it, an annotation sample) or cannot be read."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return str(data["revision"]) if "revision" in data.files else None
+    except (OSError, ValueError, EOFError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, zlib.error,
+            NotImplementedError, RuntimeError):
+        return None
+
+
+def other_weights(path: str | Path, revision: str | None) -> str | None:
+    """Why map file ``path`` is not made from the model weights ``revision`` ('revision X, not Y'); None when it
+    is, or when either is unknown (a shard written before shards recorded their weights)."""
+    recorded = read_shard_revision(path)
+    if recorded is None or not revision or recorded == revision:
+        return None
+    return f"revision {recorded}, not {revision}"
 
 
 def shard_files(path: str | Path) -> list[Path]:
@@ -393,6 +419,12 @@ def check_extraction_finished(folder: Path) -> None:
                 raise AttnpatError(f"{folder / name} holds other maps than its extraction wrote (other examples, "
                                    f"model or task than {EXTRACT_INDEX} records); remove it and run the same "
                                    "`attnpat extract` again")
+    for name in names:  # a shard of other weights of the model holds the same examples under the same names
+        why = other_weights(folder / name, index.get("revision"))
+        if why:
+            raise AttnpatError(f"{folder / name} holds maps of other weights of the model than its extraction's "
+                               f"({why} as {EXTRACT_INDEX} records); remove it and run the same `attnpat extract` "
+                               "again")
 
 
 def iter_map_groups(path: str | Path) -> Iterator[MapGroup]:

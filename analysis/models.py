@@ -99,6 +99,12 @@ class EncoderBundle:
         return int(self.config.num_attention_heads)
 
     @property
+    def reference(self) -> str:
+        """The model as a later command can name it from any folder: a local folder as its absolute path (typed as
+        ``./bert``, it would load only from the folder it was typed in); an alias, store name or hub id as given."""
+        return self.source.path if self.source.kind == "local" else self.name
+
+    @property
     def slug(self) -> str:
         """The run-directory name: the model's slug, with @<kind> for maps other than attention weights."""
         return kind_folder(model_slug(self.name), self.map_kind)

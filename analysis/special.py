@@ -365,7 +365,7 @@ def write_feature_change(tuned_bundle, base_bundle, data, run, tuned_stats: dict
     """Write linguistic_change.csv (:func:`change_table`) into the fine-tuned model's ``run``; returns
     :func:`feature_change` of the two models' special_statistics over the same ``data``."""
     changes = feature_change(tuned_stats["per_input"], base_stats["per_input"])
-    with run.record(CHANGE_ENTRY, tuned_bundle, data, base_model=base_bundle.name,
+    with run.record(CHANGE_ENTRY, tuned_bundle, data, base_model=base_bundle.reference,
                     base_revision=base_bundle.revision,
                     interval="paired percentile bootstrap 95% interval of fine-tuned minus base over the inputs that "
                              f"have the feature for both models ({EXAMPLE_INTERVAL.split('(')[-1]}") as entry:

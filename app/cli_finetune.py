@@ -54,6 +54,9 @@ def finetune(model: str = opt.Model, task: str = GlueTask,
         typer.echo(f"{store_name} is already fine-tuned ({meta['metric']} {meta['metric_value']:.4f}"
                    f"{_interval_text(meta)})" + (f" with other settings ({'; '.join(differences)})"
                                                   if differences else "") + "; use --force to retrain")
+        if meta.get("eval_written"):
+            written = RunDir(store_name, meta["task"], runs_dir).file("finetune_eval.csv")
+            typer.echo(f"its evaluation, from the model store's record: {written}")
         return
     typer.echo(f"fine-tuned {model} on {meta['task']} in {meta['elapsed_seconds']:.0f} s on {meta['device']} "
                f"({meta['steps']} steps; {meta['split']['n_train']} train examples from {meta['train_source']})")

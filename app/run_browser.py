@@ -41,9 +41,16 @@ def read_manifest(manifest_path: Path) -> dict:
 
 
 def recorded_model_name(manifest_path: Path) -> str | None:
-    """The model name a run manifest records (``model.name``); None for a missing, damaged or older manifest."""
+    """The model a run manifest records, as a command run from any folder can name it: a local folder's absolute
+    path (``model.path``; the name it was typed as, ``./my-model``, loads only from where it was typed), else
+    ``model.name`` as given (an alias, store name or hub id); None for a missing, damaged or older manifest."""
     model = read_manifest(manifest_path).get("model")
-    name = model.get("name") if isinstance(model, dict) else None
+    if not isinstance(model, dict):
+        return None
+    path = model.get("path")
+    if model.get("source") == "local" and isinstance(path, str) and Path(path).is_absolute():
+        return path
+    name = model.get("name")
     return name if isinstance(name, str) and name.strip() else None
 
 

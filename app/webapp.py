@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import threading
 import time
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import gradio as gr  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from analysis.artifacts import SHIPPED_LABELED_SET, TABS, hints, split_kind_folder, tab_artifacts  # noqa: E402
+from analysis.artifacts import SHIPPED_LABELED_SET, TABS, hints, split_kind_folder, tab_artifacts, weight_only  # noqa: E402
 from analysis.artifacts import artifact as registered  # noqa: E402
 from analysis.artifacts import tab as tab_spec  # noqa: E402
 from analysis.data import ALL_TASKS  # noqa: E402
@@ -72,12 +73,27 @@ def set_minus(stems, left_out) -> list:
     return [stem for stem in stems if stem not in left_out]
 
 
+def weight_run_note(stems, model: str, task: str) -> str:
+    """Why run folder ``model`` (<model>@<kind>) lacks ``stems`` and where they are: their verbs take no --map-kind,
+    so they are computed on attention weights only, in the weight run; '' for no stems."""
+    if not stems:
+        return ""
+    weight_folder, kind = split_kind_folder(model)
+    verbs = ", ".join(dict.fromkeys(f"`{registered(stem).verb}`" for stem in stems))
+    return _message(f"{', '.join(slug_label(stem) for stem in stems)}: not computed on {kind} maps ({verbs} take no "
+                    f"--map-kind); shown in the attention-weight run {weight_folder}/{task}, whose tab names the "
+                    "commands")
+
+
 def elsewhere_note(stems, model_name: str, task: str) -> str:
     """Why a run of a model with no base recorded lacks the fine-tuned-run artifacts ``stems``, and how to get them:
-    they are written in the run of a model fine-tuned from this one."""
+    they are written in the run of a model fine-tuned from this one; '' for no stems."""
+    if not stems:
+        return ""
+    command = f"attnpat finetune --model {shlex.quote(model_name)} --task {task} --split-dev"
     return _message(f"{', '.join(slug_label(stem) for stem in stems)}: shown in the run of a model fine-tuned from "
-                    f"this one ({model_name} has no base model recorded); `attnpat finetune --model {model_name} "
-                    f"--task {task} --split-dev` makes one, and that run's tab names the commands for the rest")
+                    f"this one ({model_name} has no base model recorded); `{command}` makes one, and that run's tab "
+                    "names the commands for the rest")
 
 
 # ---------------------------------------------------------------- the app
@@ -313,20 +329,26 @@ class WebApp:
         except AttnpatError as exc:
             return [_message(str(exc), "error"), *sum((self._artifact_outputs(None) for _ in stems), [])]
         named = self.runs.model_name(model, task)  # --model as the user gave it, not the folder's slug
-        fine_tuned_only = [stem for stem in stems if registered(stem).finetuned]
+        # a norm or rollout run never holds what verbs without --map-kind write: no hint, a note naming the weight run
+        in_weight_run = weight_only(stems, model)
+        fine_tuned_only = set_minus([stem for stem in stems if registered(stem).finetuned], in_weight_run)
         base = self.runs.base_model(model, task) if fine_tuned_only else None
         # a model without a base never gets these in its own run: no hint that would write them somewhere else
-        never_here = fine_tuned_only if model and task and not base else []
+        without_base = fine_tuned_only if model and task and not base else []
+        never_here = in_weight_run + without_base
 
         def commands(wanted) -> str:
             return run_hints(wanted, model, task, named, base)
 
         def with_note(message: str, elsewhere) -> str:
-            return message + ("  \n" + elsewhere_note(elsewhere, named or split_kind_folder(model)[0], task)
-                              if elsewhere else "")
+            notes = [weight_run_note([stem for stem in elsewhere if stem in in_weight_run], model, task),
+                     elsewhere_note([stem for stem in elsewhere if stem in without_base],
+                                    named or split_kind_folder(model)[0], task)]
+            return "  \n".join([message, *filter(None, notes)])
 
         if folder is not None and not folder.is_dir():
-            message = f"no run {model}/{task} in {self.runs.root} yet: run {commands(set_minus(stems, never_here))}"
+            wanted = set_minus(stems, never_here)
+            message = f"no run {model}/{task} in {self.runs.root} yet" + (f": run {commands(wanted)}" if wanted else "")
             return [with_note(_message(message, "info" if tab == CLASSIFIER_TAB else "error"), never_here),
                     *sum((self._artifact_outputs(None) for _ in stems), [])]
         for stem in stems:
@@ -362,6 +384,12 @@ class WebApp:
             message = _message(f"{model}/{task}: also shown here once computed: "
                                f"{', '.join(slug_label(s) for s in missing)} (run {commands(missing)})",
                                "info")
+        elif len(elsewhere) == len(stems):  # a norm run on the Disabling tab: nothing of it belongs here
+            message = _message(f"{model}/{task}: no {tab.lower()} artifact is computed on "
+                               f"{split_kind_folder(model)[1]} maps", "ok")
+        elif set(elsewhere) & set(in_weight_run):
+            message = _message(f"{model}/{task}: every {tab.lower()} artifact of {split_kind_folder(model)[1]} maps "
+                               "is here", "ok")
         elif elsewhere:
             message = _message(f"{model}/{task}: every {tab.lower()} artifact of a model without a base is here", "ok")
         else:

@@ -158,7 +158,7 @@ def write_transitions(base, finetuned, data, run, classifier: PatternClassifier,
     """Compute :func:`pattern_transitions` on ``data`` and write pattern_transitions.csv and .png/.svg into
     ``run`` (the fine-tuned model's run directory). Returns the (5, 5) counts and their
     :func:`transition_intervals`."""
-    with run.record(TABLE, finetuned, data, base_model=base.name, base_revision=base.revision,
+    with run.record(TABLE, finetuned, data, base_model=base.reference, base_revision=base.revision,
                     max_length=max_length, classifier=classifier.path or "default",
                     classifier_trained_on=classifier.trained_on) as entry:
         encoded = encode_examples(base.tokenizer, data.examples, max_length)

@@ -379,6 +379,31 @@ def test_a_finished_model_of_other_settings_is_kept_but_named_as_such(tokenizer,
         "--n 16, not all"]
 
 
+def test_finetune_of_a_finished_model_writes_its_evaluation_into_a_runs_folder_that_lacks_it(tokenizer, tmp_path,
+                                                                                            monkeypatch, capsys):
+    """The Fine-tuning tab hints `attnpat finetune --model <base> ... --name <model>` for a fine-tuned run that lacks
+    finetune_eval.csv (the model was fine-tuned into another --runs-dir); that command skipped the finished model
+    and wrote nothing, so the hint never helped. Now it writes the evaluation from the model's record (not trained
+    again) when the settings are the ones recorded, and says so; with other settings it writes nothing."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    base = _save_base(tmp_path / "base", tokenizer)
+    args = ["finetune", "--model", str(base), "--task", "rte", "--split-dev", "--n", "16", "--epochs", "1",
+            "--batch-size", "16", "--lr", "1e-3", "--max-length", "32", "--name", "m", "-q"]
+    assert main(args) == 0
+    written = (tmp_path / "runs" / "m" / "rte" / "finetune_eval.csv").read_bytes()
+    other_runs = tmp_path / "elsewhere"
+    assert main([*args, "--seed", "1", "--runs-dir", str(other_runs)]) == 0  # other settings: not this model's
+    assert not (other_runs / "m" / "rte" / "finetune_eval.csv").exists()
+    assert main([*args, "--runs-dir", str(other_runs)]) == 0
+    out = capsys.readouterr().out
+    assert (other_runs / "m" / "rte" / "finetune_eval.csv").read_bytes() == written
+    assert f"its evaluation, from the model store's record: {other_runs / 'm' / 'rte' / 'finetune_eval.csv'}" in out
+    manifest = json.loads((other_runs / "m" / "rte" / "manifest.json").read_text())
+    assert manifest["analyses"]["finetune"]["from_store"] is True
+    assert main([*args, "--runs-dir", str(other_runs)]) == 0  # there now: nothing written again
+    assert "its evaluation" not in capsys.readouterr().out
+
+
 def _files(folder: Path) -> dict[str, bytes]:
     """Every file under ``folder`` (hidden ones too) by its relative path, with its bytes."""
     return {str(file.relative_to(folder)): file.read_bytes() for file in sorted(folder.rglob("*")) if file.is_file()}

@@ -27,6 +27,7 @@ from analysis.mapstore import (
     parse_map_id,
     read_maps,
     read_shard,
+    read_shard_revision,
     read_single_maps,
     single_map,
     write_maps,
@@ -265,6 +266,37 @@ def test_extracted_maps_are_the_direct_float32_maps_within_the_documented_tolera
         assert np.abs(got.attn.sum(-1) - 1).max() <= 5e-4
     index = json.loads((tmp_path / "maps" / "index.json").read_text())
     assert summary["n_truncated"] == index["n_truncated"] == 2 and index["max_length"] == 48  # 9 and 20 repeats
+
+
+def test_a_shard_of_other_weights_of_the_same_model_is_refused_on_read_and_on_resume(tmp_path):
+    """Two revisions of one model (same folder name, so the same model slug and map ids) extracted on the same
+    examples: a shard of one copied into the other's folder passed the shard check (index.json recorded only the
+    shard's model name, task and examples) and was read, or resumed, as the other's maps. Now each shard records
+    the model weights' identity (EncoderBundle.revision, already computed at load: no extra hashing) and readers
+    and a rerun refuse it with one line; nothing is written or deleted."""
+    old = tiny_bundle(tmp_path / "v1" / "model", seed=0)
+    new = tiny_bundle(tmp_path / "v2" / "model", seed=1)
+    assert old.slug == new.slug and old.revision != new.revision
+    sst2 = load_data("sst2", n=6)
+    extract_maps(old, sst2, tmp_path / "a", shard_size=2, progress=False)
+    extract_maps(new, sst2, tmp_path / "b", shard_size=2, progress=False)
+    assert read_shard_revision(tmp_path / "a" / "shard-00001.npz") == old.revision
+    folder = tmp_path / "a"
+    shutil.copy(tmp_path / "b" / "shard-00001.npz", folder / "shard-00001.npz")
+    for read in (iter_map_groups, iter_saved_maps, read_single_maps):
+        with pytest.raises(AttnpatError, match=rf"shard-00001\.npz holds maps of other weights of the model than its "
+                                               rf"extraction's \(revision {new.revision}, not {old.revision} as "
+                                               r"index\.json records\); remove it and run the same `attnpat extract` "
+                                               r"again$"):
+            list(read(folder))
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    with pytest.raises(AttnpatError, match=r"shard-00001\.npz holds maps of other weights of the model than this "
+                                           r"extraction's \(revision .*; 1 such shard\(s\)\); remove them"):
+        extract_maps(old, sst2, folder, shard_size=2, progress=False)
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+    (folder / "shard-00001.npz").unlink()
+    assert extract_maps(old, sst2, folder, shard_size=2, progress=False)["resumed_shards"] == 2
+    assert len(list(iter_map_groups(folder))) == 6
 
 
 def test_a_map_file_that_is_not_the_extractions_is_refused_on_read_and_on_resume(tmp_path):

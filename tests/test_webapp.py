@@ -672,8 +672,9 @@ def test_a_port_in_use_is_one_error_and_loads_no_model(tmp_path, monkeypatch):
 
 def test_suggested_commands_name_the_model_as_given_not_its_run_folder(tmp_path, monkeypatch):
     """A run of model 'org/tiny-bert' lives in runs/org__tiny-bert/: the tabs' suggested commands said
-    `--model org__tiny-bert` (no such model); now they take the name the run's manifest records, also for a task
-    not run yet and for the norm-map folder, and fall back to the folder's name for a manifest without one."""
+    `--model org__tiny-bert` (no such model); now they take the model the run's manifest records (this local
+    folder: its absolute path), also for a task not run yet and for the norm-map folder, and fall back to the
+    folder's name for a manifest without one."""
     monkeypatch.chdir(tmp_path)
     save_tiny_model(tmp_path / "org" / "tiny-bert")
     bundle = load_model("org/tiny-bert", device="cpu")
@@ -684,21 +685,64 @@ def test_suggested_commands_name_the_model_as_given_not_its_run_folder(tmp_path,
         run.write_table("disable_heads", long_table({"uniform_delta": np.zeros((2, 4))}))
     web = WebApp(runs)
     message = web.show_artifacts("Disabling", "org__tiny-bert", "sst2")[0]
-    assert "`attnpat importance --model org/tiny-bert --task sst2`" in message
+    named = bundle.reference  # a folder typed relative to here: named from anywhere
+    assert named == str((tmp_path / "org" / "tiny-bert").resolve())
+    assert f"`attnpat importance --model {named} --task sst2`" in message
     assert "org__tiny-bert --task" not in message
     message = web.show_artifacts("Pattern ratios", "org__tiny-bert", "rte")[0]  # no rte run: sst2's manifest names it
-    assert message.startswith("**error:** no run org__tiny-bert/rte") and "--model org/tiny-bert --task rte" in message
+    assert message.startswith("**error:** no run org__tiny-bert/rte") and f"--model {named} --task rte" in message
     norm = RunDir("org__tiny-bert@norm", "sst2", runs)
     with norm.record("classify", with_map_kind(bundle, "norm")):
         norm.write_table("patterns", pd.DataFrame({"layer": [0], "head": [0], "class": ["block"], "count": [1],
                                                    "fraction": [1.0]}))
     message = web.show_artifacts("Pattern ratios", "org__tiny-bert@norm", "sst2")[0]
-    assert "`attnpat classify --model org/tiny-bert --task sst2 --map-kind norm`" in message
+    assert f"`attnpat classify --model {named} --task sst2 --map-kind norm`" in message
     older = runs / "old__model" / "sst2"
     older.mkdir(parents=True)
     (older / "manifest.json").write_text(json.dumps({"task": "sst2", "analyses": {}}))  # no "model" recorded
     message = web.show_artifacts("Pattern ratios", "old__model", "sst2")[0]
     assert "`attnpat classify --model old__model --task sst2`" in message
+
+
+def test_a_norm_runs_tabs_hint_no_command_that_writes_the_weight_run(tmp_path):
+    """On a norm run (runs/m@norm/sst2/) the Fine-tuning tab suggested `attnpat compare --base ... --finetuned m
+    ...` and `attnpat finetune ...`, whose verbs take no --map-kind and so write the weight run m/sst2, never this
+    one (and the Disabling tab hinted disable, importance and prune the same way). Now a kind run hints only the
+    commands with --map-kind <kind>, and says where the rest are."""
+    runs = tmp_path / "runs"
+    norm = RunDir("m@norm", "sst2", runs)
+    norm.write_table("special_tokens", long_table({"to_cls": np.full((2, 3), 0.5)}))
+    (norm.path / "manifest.json").write_text(json.dumps({"model": {"name": "m", "source": "store", "path": "/x/m"},
+                                                         "analyses": {"special_change": {"base_model": "minilm"}}}))
+    web = WebApp(runs)
+    message = web.show_artifacts("Fine-tuning", "m@norm", "sst2")[0]
+    assert "`attnpat special --model m --base minilm --task sst2 --map-kind norm`" in message
+    assert "attnpat compare" not in message and "attnpat finetune" not in message
+    assert ("cosine, pattern transitions, finetune eval: not computed on norm maps (`compare`, `finetune` take no "
+            "--map-kind); shown in the attention-weight run m/sst2") in message
+    message = web.show_artifacts("Disabling", "m@norm", "sst2")[0]
+    assert message.startswith("m@norm/sst2: no disabling artifact is computed on norm maps")
+    assert "attnpat disable" not in message and "attnpat importance" not in message
+    message = web.show_artifacts("Disabling", "m@norm", "rte")[0]  # no such run yet: no command to run either
+    assert message.startswith("**error:** no run m@norm/rte in ") and "attnpat" not in message
+
+
+def test_suggested_commands_name_a_local_model_by_its_absolute_path(tmp_path, monkeypatch):
+    """A run of a model typed as `--model ./my-model` was hinted as `attnpat ... --model ./my-model`, which loads
+    only from the folder it was typed in; now the hints name the folder's absolute path (the manifest records it),
+    and a base typed as a relative path is recorded absolute by compare and special too. Aliases, store names and
+    hub ids stay as typed."""
+    monkeypatch.chdir(tmp_path)
+    save_tiny_model(tmp_path / "my-model")
+    bundle = load_model("./my-model", device="cpu")
+    assert bundle.reference == str((tmp_path / "my-model").resolve()) and bundle.name == "./my-model"
+    runs = tmp_path / "runs"
+    run = RunDir(bundle.slug, "sst2", runs)
+    with run.record("sweeps", bundle):
+        run.write_table("disable_heads", long_table({"uniform_delta": np.zeros((2, 4))}))
+    message = WebApp(runs).show_artifacts("Disabling", bundle.slug, "sst2")[0]
+    assert f"`attnpat importance --model {bundle.reference} --task sst2`" in message and "./my-model" not in message
+    assert load_model("minilm", device="cpu").reference == "minilm"
 
 
 def test_the_pattern_ratios_tab_shows_classifys_notes_under_the_ratio_table(tmp_path):

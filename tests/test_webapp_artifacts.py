@@ -11,7 +11,18 @@ import click
 import pytest
 import typer
 
-from analysis.artifacts import ARTIFACTS, TABS, Artifact, artifact, hints, listed, tab_artifacts
+from analysis.artifacts import (
+    ARTIFACTS,
+    MAP_KIND_VERBS,
+    TABS,
+    Artifact,
+    artifact,
+    hints,
+    listed,
+    split_kind_folder,
+    tab_artifacts,
+    weight_only,
+)
 from analysis.probing import WINOBIAS_TASK
 from app.cli import app as cli_app
 from app.cli import main
@@ -25,12 +36,50 @@ def cli_command(verb: str) -> click.Command:
     return group.commands[verb]
 
 
-def test_every_hint_is_a_command_the_cli_accepts():
-    for entry in ARTIFACTS:
-        command = entry.command("minilm", "sst2")
-        argv = shlex.split(command)
-        assert argv[0] == "attnpat" and argv[1] == entry.verb and not any("<" in a for a in argv), command
-        cli_command(entry.verb).make_context(entry.verb, argv[2:])  # raises on an unknown option or a bad value
+def parse_hint(command: str) -> list[str]:
+    """``command`` parsed by the CLI's own parser (typer's click): raises on an unknown verb or option or a bad
+    value (--map-kind's check included); returns its arguments."""
+    argv = shlex.split(command)
+    assert argv[0] == "attnpat" and not any("<" in a for a in argv), command
+    cli_command(argv[1]).make_context(argv[1], argv[2:])
+    return argv
+
+
+@pytest.mark.parametrize("folder", ["minilm", "minilm@norm", "minilm@rollout"])
+@pytest.mark.parametrize("base", [None, "/models/my base"])
+def test_every_hint_of_every_tab_is_accepted_by_the_cli_and_writes_the_runs_map_kind(folder, base):
+    """Each tab's suggested commands (and those of the artifacts no tab shows), for a weight run and a norm or
+    rollout run (runs/minilm@norm/...), with and without a recorded base, parse with the real CLI parser. On a
+    norm run the Fine-tuning tab suggested `attnpat compare ...`, which has no --map-kind and writes the weight
+    run only: now a kind run's hints all carry --map-kind <kind>, and the artifacts of verbs without it get none."""
+    kind = split_kind_folder(folder)[1]
+    groups = [[entry.stem for entry in tab_artifacts(tab.name)] for tab in TABS]
+    groups.append([entry.stem for entry in ARTIFACTS if entry.tab is None])
+    for stems in groups:
+        left_out = weight_only(stems, folder)
+        commands = hints(stems, folder, "sst2", base=base)
+        for stem in set(stems) - set(left_out):  # every artifact the run can hold has its command
+            assert artifact(stem).command(folder, "sst2", base=base) in commands
+        for command in commands:
+            argv = parse_hint(command)
+            if kind != "weight":
+                assert argv[-2:] == ["--map-kind", kind], command
+        assert all(artifact(stem).verb not in MAP_KIND_VERBS for stem in left_out)
+        assert left_out == ([] if kind == "weight" else
+                            [stem for stem in stems if artifact(stem).verb not in MAP_KIND_VERBS])
+    assert weight_only(["cosine", "pattern_transitions", "finetune_eval", "special_tokens"], folder) == (
+        [] if kind == "weight" else ["cosine", "pattern_transitions", "finetune_eval"])
+
+
+def test_the_finetune_eval_hint_names_the_runs_base_and_model():
+    """A fine-tuned run's finetune_eval hint said `attnpat finetune --model minilm ...` whatever the run's model was
+    fine-tuned from, and trained a model of another name: now it names the recorded base and the run's model as
+    the store name (the other hints already named the base)."""
+    assert hints(["finetune_eval", "cosine"], "tiny-rte", "rte", base="/models/my base") == [
+        "attnpat finetune --model '/models/my base' --task rte --split-dev --name tiny-rte",
+        "attnpat compare --base '/models/my base' --finetuned tiny-rte --task rte"]
+    assert hints(["finetune_eval"], "mpnet-sst2", "sst2", base="mpnet") == [
+        "attnpat finetune --model mpnet --task sst2 --split-dev --name mpnet-sst2"]
 
 
 def test_hints_name_the_shipped_labeled_set_and_fill_model_and_task():
