@@ -9,8 +9,8 @@ over its masked tokens), summed over the batch, so the gradients do not depend o
 MLM masking: 15% of each example's real non-special tokens (at least one; [UNK] counts as text) are replaced by
 [MASK], drawn from the example's own generator (seeded by the seed and the example's position in the data, so the
 same tokens are masked whatever the batch size); BERT's 80/10/10 mask/random/keep split is not used (every chosen
-token is [MASK]). An example of special tokens only (text such as "[SEP]") has no token to mask and is refused
-before any work.
+token is [MASK]). Key types are those of the masked input the model sees: a masked '.' counts as "other". An example
+of special tokens only (text such as "[SEP]") has no token to mask and is refused before any work.
 With eager attention the returned attention tensors are the ones used in the forward pass (dropout is
 the identity in eval mode), so their gradients are exact; tests check this against a perturbation.
 """
@@ -168,13 +168,14 @@ def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_lengt
     bar = progress_bar(len(encoded), progress, "gradients")
     bundle.model.eval()
     for batch in iter_batches(bundle, data.examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
-        roles = token_roles(tokenizer, batch.input_ids, batch.attention_mask)
         mlm_labels = None
         if objective == "mlm":
             maskable = batch.attention_mask.bool() & text_tokens(tokenizer, batch.input_ids)
             masked_ids, mlm_labels = mask_tokens(batch.input_ids, maskable, tokenizer.mask_token_id,
                                                  mask_probability, [example_generator(seed, i) for i in batch.indices])
             batch = replace(batch, input_ids=masked_ids)
+        # the key types of the tokens the model sees: a masked '.' is a [MASK], an "other" key
+        roles = token_roles(tokenizer, batch.input_ids, batch.attention_mask)
         grads = attention_gradients(bundle.model, batch, objective, bundle.device, mlm_labels)
         for target, (total, count) in gradient_by_key_type(grads, key_types(roles), roles["real"]).items():
             sums[target].append(total.double().numpy())

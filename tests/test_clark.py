@@ -424,6 +424,20 @@ def test_key_type_means_are_ratios_of_sums_with_their_bootstrap_interval():
     assert np.isnan(empty["punct"]).all()
 
 
+def test_a_masked_period_is_an_other_key_not_punctuation(tokenizer):
+    """Key types were read from the input before masking, so attention to a '.' or ',' replaced by [MASK] counted
+    as attention to punctuation. They are now the masked input's: with every text token masked the model sees no
+    '.' or ',', so punct has no weight (NaN) while [SEP] (never masked) and other keep theirs."""
+    torch.manual_seed(0)
+    bundle = wrap_bundle(BertForMaskedLM(tiny_config()))
+    data = TaskData("toy", "validation", "test", SENTENCES)
+    values, _, _ = compute_grad_importance(bundle, data, "mlm", progress=False, mask_probability=1.0)
+    assert np.isnan(values["punct"]).all()
+    assert np.isfinite(values["sep"]).all() and np.isfinite(values["other"]).all() and (values["other"] > 0).all()
+    masked_some, _, _ = compute_grad_importance(bundle, data, "mlm", progress=False, mask_probability=0.15)
+    assert np.isfinite(masked_some["punct"]).all()  # unmasked periods and commas are punctuation keys
+
+
 def test_an_example_of_special_tokens_only_is_refused_before_any_work(tokenizer, tmp_path, capsys):
     """A text such as "[SEP]" is tokenised as the special tokens themselves ([CLS] [SEP] [SEP]). surface and
     cluster averaged its maps into every head's statistics and labels, and grad-importance masked none of its
