@@ -189,8 +189,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "ranked_on, n_ranked, scored_on, n_scored (heads ranked on the even-numbered examples, every other "
              "column scored on the odd-numbered ones)", "Disabling", figure=True),
     # Clark et al.
-    Artifact("surface", "surface", "layer, head, metric (prev|next|self|cls|sep|period|comma|sep_sep|entropy|"
-             f"cls_entropy), value, {_OVER_EXAMPLES}", "Surface and clusters", figure=True),
+    Artifact("surface", "surface", "layer, head, metric (prev|next|self|cls|sep|period|comma|sep_sep: shares of "
+             "attention; entropy|cls_entropy: nats; token level, each input weighed equally), value, "
+             f"{_OVER_EXAMPLES}", "Surface and clusters", figure=True),
     Artifact("surface_entropy", "surface", "(figure only: mean and [CLS]-row entropy per head)",
              "Surface and clusters", figure=True, table=False),
     Artifact("overview", "overview", f"layer, head, metric (to_cls|to_sep|entropy), value, {_OVER_EXAMPLES}",
@@ -203,7 +204,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("head_distances", "cluster", "layer, head, other_layer, other_head, value (JS divergence, nats), "
              f"{_OVER_EXAMPLES}",
              "Surface and clusters"),
-    Artifact("grad_importance", "grad-importance", f"layer, target (sep|punct|other), value, {_OVER_EXAMPLES}",
+    Artifact("grad_importance", "grad-importance", "layer, target (sep|punct|other: the key's token in the "
+             "input the model sees), value (mean |d loss / d attention weight| over the layer's heads, real query "
+             f"rows and keys of the target, the weights of all examples pooled), {_OVER_EXAMPLES}",
              "Surface and clusters", figure=True),
     Artifact("probing_dependency", "probe-dep", "relation ((all): every scored word; else a DEPREL), direction, "
              "best_layer, best_head (picked on the even-numbered sentences), accuracy, ci_low, ci_high (on the "

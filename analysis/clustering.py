@@ -40,7 +40,7 @@ from analysis.errors import AttnpatError
 from analysis.figures import close
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir
-from analysis.stream import DEFAULT_MAX_LENGTH, encode_examples, stream_maps
+from analysis.stream import DEFAULT_MAX_LENGTH, check_has_text, encode_examples, stream_maps
 from analysis.surface import LABEL_COLOURS, LABEL_NAMES, LabelThresholds, SurfaceAccumulator, label_counts
 from analysis.uncertainty import EXAMPLE_INTERVAL, bootstrap_mean_interval, draw_counts
 
@@ -231,6 +231,7 @@ def compute_head_distances(bundle, data: TaskData, *, max_length: int = DEFAULT_
                            progress: bool = True, thresholds: LabelThresholds = DEFAULT_THRESHOLDS) -> HeadDistances:
     """One pass over ``data``: head divergences with their stability, and the surface labels of the heads."""
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
+    check_has_text(bundle.tokenizer, encoded)
     surface = SurfaceAccumulator(bundle.tokenizer)
     heads = bundle.num_layers * bundle.num_heads
     per_example = []  # (P,) float32 per example: 41 kB for 144 heads, what the bootstrap resamples

@@ -6,10 +6,11 @@ and example. The loss is the masked-language-model loss (BERT's pre-training obj
 has an MLM head; otherwise the task loss of a fine-tuned classifier. Each example's loss is its own (mean
 over its masked tokens), summed over the batch, so the gradients do not depend on the batch size.
 
-MLM masking: 15% of each example's real non-special tokens (at least one) are replaced by [MASK], drawn from
-the example's own generator (seeded by the seed and the example's position in the data, so the same tokens
-are masked whatever the batch size); BERT's 80/10/10 mask/random/keep split is not used (every chosen token
-is [MASK]).
+MLM masking: 15% of each example's real non-special tokens (at least one; [UNK] counts as text) are replaced by
+[MASK], drawn from the example's own generator (seeded by the seed and the example's position in the data, so the
+same tokens are masked whatever the batch size); BERT's 80/10/10 mask/random/keep split is not used (every chosen
+token is [MASK]). Key types are those of the masked input the model sees: a masked '.' counts as "other". An example
+of special tokens only (text such as "[SEP]") has no token to mask and is refused before any work.
 With eager attention the returned attention tensors are the ones used in the forward pass (dropout is
 the identity in eval mode), so their gradients are exact; tests check this against a perturbation.
 """
@@ -31,9 +32,11 @@ from analysis.rundir import RunDir
 from analysis.stream import (
     DEFAULT_MAX_LENGTH,
     TokenBatch,
+    check_has_text,
     encode_examples,
     forward_attentions,
     iter_batches,
+    text_tokens,
     token_roles,
 )
 from analysis.uncertainty import EXAMPLE_INTERVAL, bootstrap_weighted_mean_interval
@@ -159,18 +162,20 @@ def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_lengt
     if objective == "mlm" and tokenizer.mask_token_id is None:
         raise AttnpatError(f"model '{bundle.name}' has no [MASK] token, so the MLM loss is unavailable")
     encoded = encode_examples(tokenizer, data.examples, max_length)
+    check_has_text(tokenizer, encoded)  # before any work: an example of special tokens only has nothing to mask
     sums: dict[str, list[np.ndarray]] = {target: [] for target in GRAD_TARGETS}  # per batch: (B, L)
     counts: dict[str, list[np.ndarray]] = {target: [] for target in GRAD_TARGETS}  # per batch: (B,)
     bar = progress_bar(len(encoded), progress, "gradients")
     bundle.model.eval()
     for batch in iter_batches(bundle, data.examples, max_length=max_length, batch_size=batch_size, encoded=encoded):
-        roles = token_roles(tokenizer, batch.input_ids, batch.attention_mask)
         mlm_labels = None
         if objective == "mlm":
-            maskable = roles["real"] & ~roles["cls"] & ~roles["sep"]
+            maskable = batch.attention_mask.bool() & text_tokens(tokenizer, batch.input_ids)
             masked_ids, mlm_labels = mask_tokens(batch.input_ids, maskable, tokenizer.mask_token_id,
                                                  mask_probability, [example_generator(seed, i) for i in batch.indices])
             batch = replace(batch, input_ids=masked_ids)
+        # the key types of the tokens the model sees: a masked '.' is a [MASK], an "other" key
+        roles = token_roles(tokenizer, batch.input_ids, batch.attention_mask)
         grads = attention_gradients(bundle.model, batch, objective, bundle.device, mlm_labels)
         for target, (total, count) in gradient_by_key_type(grads, key_types(roles), roles["real"]).items():
             sums[target].append(total.double().numpy())

@@ -90,9 +90,11 @@ def example_importance(bundle, batches: Sequence[TokenBatch], *, keep: np.ndarra
                        on_batch: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
     """|dL(x)/d gate_h| of every example x (N, L, H), in the batches' order: :func:`head_importance` is their mean,
     and a bootstrap over them gives its interval. ``on_batch(position, gradients (B, L, H))`` is called as soon
-    as a batch's gradients are known (to persist them: :func:`stored_example_importance`)."""
+    as a batch's gradients are known (to persist them: :func:`stored_example_importance`). The model is put in
+    eval mode first (dropout off)."""
     check_mode(mode)
     keep = keep_mask(bundle.num_layers, bundle.num_heads) if keep is None else np.asarray(keep, dtype=np.float32)
+    bundle.model.eval()  # dropout off: the importance of the model as it predicts, the same on every run
     parts = []
     bar = progress_bar(sum(len(batch.items) for batch in batches), progress, "importance")
     with gated(bundle.model):

@@ -202,6 +202,29 @@ def encode_examples(tokenizer, examples: Sequence[Example], max_length: int = DE
     return encoded
 
 
+def structural_token_ids(tokenizer) -> list[int]:
+    """Ids of the tokenizer's special tokens ([CLS], [SEP], [PAD], [MASK], ...) except [UNK], which stands for
+    real text the vocabulary lacks."""
+    return sorted(set(tokenizer.all_special_ids) - {tokenizer.unk_token_id})
+
+
+def text_tokens(tokenizer, input_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: the positions whose token is text, not a special token (:func:`structural_token_ids`).
+    input_ids: (B, T) long. Padding positions are special ([PAD]), so they are never text."""
+    return ~torch.isin(input_ids, torch.tensor(structural_token_ids(tokenizer), dtype=input_ids.dtype))
+
+
+def check_has_text(tokenizer, encoded: Sequence[Encoded]) -> None:
+    """Refuse an example whose tokens are all special tokens: a text such as "[SEP]" or "[CLS] [SEP]" is
+    tokenised as the special tokens themselves, so the statistics over it would describe only the tokenizer's
+    frame and the masked-language-model loss would have no token to mask (a silent zero gradient)."""
+    special = set(structural_token_ids(tokenizer))
+    for item in encoded:
+        if all(token in special for token in item.input_ids):
+            raise AttnpatError(f"example {item.example_id} has only special tokens ({' '.join(item.tokens)}), no "
+                               "text to analyse")
+
+
 def cut_words(full, enc) -> frozenset[tuple[int, int]]:
     """(sequence id, word index) of the words of which ``enc`` (truncated) keeps fewer pieces than ``full``."""
     pieces = Counter(zip(full.sequence_ids(), full.word_ids(), strict=True))

@@ -40,7 +40,14 @@ from analysis.stats import (
     same_token_selector,
     uniform_entropy,
 )
-from analysis.stream import DEFAULT_MAX_LENGTH, MapBatch, encode_examples, stream_maps, token_roles
+from analysis.stream import (
+    DEFAULT_MAX_LENGTH,
+    MapBatch,
+    check_has_text,
+    encode_examples,
+    stream_maps,
+    token_roles,
+)
 from analysis.uncertainty import EXAMPLE_INTERVAL
 
 SURFACE_METRICS = ("prev", "next", "self", "cls", "sep", "period", "comma", "sep_sep", "entropy", "cls_entropy")
@@ -218,6 +225,7 @@ def compute_surface(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LEN
     the examples, the per-layer table of :meth:`SurfaceAccumulator.layer_table`, uniform entropy, number of
     truncated examples)."""
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
+    check_has_text(bundle.tokenizer, encoded)
     accumulator = SurfaceAccumulator(bundle.tokenizer)
     for map_batch in stream_maps(bundle, data.examples, max_length=max_length, batch_size=batch_size,
                                  progress="surface" if progress else False, encoded=encoded):

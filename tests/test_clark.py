@@ -49,7 +49,7 @@ from analysis.gradients import (
 )
 from analysis.models import load_model
 from analysis.rundir import RunDir
-from analysis.stream import iter_batches
+from analysis.stream import check_has_text, encode_examples, iter_batches
 from analysis.surface import SURFACE_METRICS, compute_surface, surface_statistics
 from app.cli import main
 from app.display import layer_interval_lines
@@ -422,6 +422,46 @@ def test_key_type_means_are_ratios_of_sums_with_their_bootstrap_interval():
         assert intervals[target] == pytest.approx(np.percentile(ratios, [2.5, 97.5], axis=0).T)
     empty, _ = key_type_means({"punct": np.zeros((3, 2))}, {"punct": np.zeros(3)})
     assert np.isnan(empty["punct"]).all()
+
+
+def test_a_masked_period_is_an_other_key_not_punctuation(tokenizer):
+    """Key types were read from the input before masking, so attention to a '.' or ',' replaced by [MASK] counted
+    as attention to punctuation. They are now the masked input's: with every text token masked the model sees no
+    '.' or ',', so punct has no weight (NaN) while [SEP] (never masked) and other keep theirs."""
+    torch.manual_seed(0)
+    bundle = wrap_bundle(BertForMaskedLM(tiny_config()))
+    data = TaskData("toy", "validation", "test", SENTENCES)
+    values, _, _ = compute_grad_importance(bundle, data, "mlm", progress=False, mask_probability=1.0)
+    assert np.isnan(values["punct"]).all()
+    assert np.isfinite(values["sep"]).all() and np.isfinite(values["other"]).all() and (values["other"] > 0).all()
+    masked_some, _, _ = compute_grad_importance(bundle, data, "mlm", progress=False, mask_probability=0.15)
+    assert np.isfinite(masked_some["punct"]).all()  # unmasked periods and commas are punctuation keys
+
+
+def test_an_example_of_special_tokens_only_is_refused_before_any_work(tokenizer, tmp_path, capsys):
+    """A text such as "[SEP]" is tokenised as the special tokens themselves ([CLS] [SEP] [SEP]). surface and
+    cluster averaged its maps into every head's statistics and labels, and grad-importance masked none of its
+    tokens: its MLM loss was 0, and its zero gradients pulled every layer's mean down (two such texts beside two
+    sentences lowered [SEP]'s by 44%). Each verb now refuses it with one error line, before any work."""
+    data = TaskData("toy", "validation", "test", [*SENTENCES, Example("d", "[CLS] [SEP]")])
+    torch.manual_seed(0)
+    only_special = r"example d has only special tokens \(\[CLS\] \[CLS\] \[SEP\] \[SEP\]\), no text"
+    with pytest.raises(AttnpatError, match=only_special):
+        compute_surface(wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False)), data, progress=False)
+    with pytest.raises(AttnpatError, match=only_special):
+        compute_grad_importance(wrap_bundle(BertForMaskedLM(tiny_config())), data, "mlm", progress=False)
+    # [UNK] stands for text the vocabulary lacks: an input of it alone is text
+    check_has_text(tokenizer, encode_examples(tokenizer, [Example("e", "\N{GRINNING FACE}")]))
+    base, mlm = save_tiny_model(tmp_path / "tiny"), save_tiny_model(tmp_path / "tiny-mlm", kind="mlm")
+    capsys.readouterr()  # the models' saving progress
+    file = tmp_path / "special.jsonl"
+    file.write_text('{"text": "A real sentence."}\n{"text": "[SEP]"}\n')
+    runs = tmp_path / "runs"
+    for verb, model in (("surface", base), ("cluster", base), ("grad-importance", mlm)):
+        assert main([verb, "--model", str(model), "--task", str(file), "-q", "--runs-dir", str(runs)]) == 2, verb
+        err = capsys.readouterr().err.strip()
+        assert err == "error: example special-1 has only special tokens ([CLS] [SEP] [SEP]), no text to analyse"
+    assert not [path for path in runs.rglob("*") if path.is_file() and path.suffix in (".csv", ".png", ".json")]
 
 
 # ---------------------------------------------------------------- surface pass

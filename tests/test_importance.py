@@ -60,6 +60,17 @@ def test_importance_is_the_mean_absolute_per_example_gradient():
     assert together.shape == (3, 4) and (together > 0).all()
 
 
+def test_importance_is_taken_with_dropout_off_whatever_mode_the_model_is_in():
+    """Michel's importance is that of the model as it predicts. A model left in training mode (dropout on) gave
+    each run other, noisier gradients; the model is now put in eval mode first."""
+    bundle = make_bundle()
+    batches = list(iter_batches(bundle, tiny_data(6).examples, batch_size=3))
+    expected = head_importance(bundle, batches)
+    bundle.model.train()
+    assert np.allclose(head_importance(bundle, batches), expected, rtol=1e-6, atol=0)
+    assert not bundle.model.training
+
+
 def test_importance_under_a_mask_differs_and_needs_labels():
     bundle = make_bundle()
     data = tiny_data(6)
