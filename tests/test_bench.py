@@ -160,3 +160,18 @@ def test_a_bad_benchmark_option_is_one_error_line_before_the_work(script, args, 
     assert result.stderr.strip().splitlines() == [result.stderr.strip()] and result.stderr.startswith("error: ")
     assert message in result.stderr and result.stdout == ""
 
+
+def test_the_runner_with_out_has_every_benchmark_write_its_json_into_that_folder(tmp_path, monkeypatch):
+    # before: `make bench` only printed; a re-measurement left no file to compare with the docs
+    run_all = bench_module("run_all")
+    commands = []
+    monkeypatch.setattr(run_all.subprocess, "call", lambda command, **kwargs: commands.append(command) or 0)
+    out = tmp_path / "results"
+    assert run_all.main(["--out", str(out), "sweeps", "explore"]) == 0
+    assert out.is_dir()
+    assert [(Path(command[1]).name, command[2:]) for command in commands] == [
+        ("bench_explore.py", ["--json", str(out / "explore.json")]),
+        ("bench_sweeps.py", ["--json", str(out / "sweeps.json")])]
+    (tmp_path / "file").write_text("")
+    assert run_all.main(["--out", str(tmp_path / "file")]) == 2 and run_all.main(["--out"]) == 2
+    assert len(commands) == 2  # nothing ran after a bad --out
