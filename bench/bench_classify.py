@@ -10,22 +10,25 @@ most 1.5x the bare forward pass with attentions over the same data; peak memory 
 
 Timing: the bare pass is analysis.stream.stream_maps consumed without work (the same batches, padding,
 masking and copy to the CPU the classifier gets); the classified pass is classifier.classify.head_class_counts
-(stream + crop + resize + CNN + counting). Each is run --repeats times, alternating, and the best time is
-reported (a shared machine only ever adds time); the CPU time of the process is reported too, since on a
-busy machine it is far more stable than wall time (use --threads 1 for the cleanest CPU-time ratio).
-Memory: peak resident set size (ru_maxrss) of a fresh
-process that loads the model and classifies n examples, for each n in --memory-n.
+(stream + crop + resize + CNN + counting). Model and CNN are loaded, and both passes run once on 64 examples
+(a warm-up), before any timing. Then each pass runs --repeats times, alternating, and the ratio classify / bare
+is taken per repeat (the two passes of a repeat saw the same machine load): its median is the figure, with the
+range over the repeats. The CPU time of the process is reported the same way, since on a busy machine it is far
+more stable than wall time. One torch thread unless --threads says otherwise (0: torch's default).
+Memory: peak resident set size (VmHWM) of a fresh process that loads the model and classifies n examples, for
+each n in --memory-n.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import statistics
 import subprocess
 import sys
 import time
 
 import torch
+from measure import peak_rss_mib, ratio_spread, spread_text
 
 from analysis.data import load_data
 from analysis.errors import AttnpatError
@@ -36,7 +39,7 @@ from classifier.classify import head_class_counts
 from classifier.predict import load_classifier
 
 
-def _setup(threads: int | None, checkpoint: str | None = None, precision: str = "auto", model: str = "minilm"):
+def _setup(threads: int, checkpoint: str | None = None, precision: str = "auto", model: str = "minilm"):
     if threads:
         torch.set_num_threads(threads)
     bf16 = {"auto": None, "fp32": False, "bf16": True}[precision]
@@ -58,12 +61,12 @@ def classified_pass(bundle, examples, classifier, batch_size: int) -> tuple[floa
     return time.perf_counter() - started, time.process_time() - cpu, int(counts.sum())
 
 
-def peak_memory_child(n: int, threads: int | None, batch_size: int, checkpoint: str | None,
+def peak_memory_child(n: int, threads: int, batch_size: int, checkpoint: str | None,
                       model: str = "minilm", precision: str = "auto") -> None:
-    """Runs in a fresh process: classify n examples and print the peak RSS in MiB."""
+    """Runs in a fresh process: classify n examples and print this process's peak RSS in MiB."""
     bundle, classifier = _setup(threads, checkpoint, precision, model)
     _, _, maps = classified_pass(bundle, load_data("sst2", n=n).examples, classifier, batch_size)
-    print(json.dumps({"n": n, "maps": maps, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"n": n, "maps": maps, "peak_rss_mib": peak_rss_mib()}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="minilm", help="the encoder (e.g. mpnet after `attnpat models fetch mpnet`)")
     parser.add_argument("--n", type=int, default=872, help="SST-2 dev examples to time (872 = all)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1; 0 = torch's default)")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating timed runs of each pass (default 3)")
     parser.add_argument("--memory-n", type=int, nargs="*", default=[100, 872], help="example counts for peak memory")
     parser.add_argument("--classifier", default=None, help="checkpoint (default: the shipped one)")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
-        if args.repeats < 1 or (args.threads or 0) < 0 or any(n < 1 for n in args.memory_n):
+        if args.repeats < 1 or args.threads < 0 or any(n < 1 for n in args.memory_n):
             raise AttnpatError("--repeats and every --memory-n must be at least 1 and --threads at least 0")
         if args.json:
             writable_path(args.json)  # before the work
@@ -107,22 +110,22 @@ def measure(args) -> int:
         wall, cpu, maps = classified_pass(bundle, examples, classifier, args.batch_size)
         classify_times.append(wall)
         classify_cpu.append(cpu)
-    bare, classified = min(bare_times), min(classify_times)
+    ratio, cpu_ratio = ratio_spread(classify_times, bare_times), ratio_spread(classify_cpu, bare_cpu)
+    bare, classified = statistics.median(bare_times), statistics.median(classify_times)
     result = {"model": bundle.name, "layers": bundle.num_layers, "heads": bundle.num_heads,
-              "examples": len(examples), "maps": maps, "threads": torch.get_num_threads(),
+              "examples": len(examples), "maps": maps, "threads": torch.get_num_threads(), "repeats": args.repeats,
               "cnn_dtype": str(classifier.input_dtype).replace("torch.", ""),
-              "bare_forward_s": round(bare, 2), "classify_s": round(classified, 2),
-              "ratio": round(classified / bare, 3),
-              "bare_forward_cpu_s": round(min(bare_cpu), 2), "classify_cpu_s": round(min(classify_cpu), 2),
-              "cpu_ratio": round(min(classify_cpu) / min(bare_cpu), 3),
-              "maps_per_s": round(maps / classified), "bare_runs_s": [round(t, 2) for t in bare_times],
-              "classify_runs_s": [round(t, 2) for t in classify_times], "target_ratio": 1.5}
+              "bare_forward_s_median": round(bare, 2), "classify_s_median": round(classified, 2),
+              "ratio": ratio, "cpu_ratio": cpu_ratio, "maps_per_s_median": round(maps / classified),
+              "bare_runs_s": [round(t, 2) for t in bare_times],
+              "classify_runs_s": [round(t, 2) for t in classify_times],
+              "bare_cpu_runs_s": [round(t, 2) for t in bare_cpu],
+              "classify_cpu_runs_s": [round(t, 2) for t in classify_cpu], "target_ratio": 1.5}
     memory = []
     for n in args.memory_n:
         command = [sys.executable, __file__, "--child", str(n), "--batch-size", str(args.batch_size),
                    "--model", args.model, "--precision", args.precision]
-        if args.threads:
-            command += ["--threads", str(args.threads)]
+        command += ["--threads", str(args.threads)]
         if args.classifier:
             command += ["--classifier", args.classifier]
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
@@ -135,13 +138,12 @@ def measure(args) -> int:
     print(f"SST-2 dev, {result['examples']} examples, {bundle.name} ({bundle.num_layers} x {bundle.num_heads} heads), "
           f"CPU, {result['threads']} threads, "
           f"CNN in {result['cnn_dtype']}")
-    print(f"  bare forward pass with attentions : {bare:7.2f} s   (runs: {result['bare_runs_s']})")
-    print(f"  classify all {maps} maps       : {classified:7.2f} s   (runs: {result['classify_runs_s']}), "
-          f"{result['maps_per_s']} maps/s")
-    print(f"  ratio classify / forward          : {result['ratio']:.2f}   (target <= 1.5: "
-          f"{'met' if result['ratio'] <= 1.5 else 'NOT met'})")
-    print(f"  CPU-time ratio (robust on a busy machine): {result['cpu_ratio']:.2f}   "
-          f"({result['classify_cpu_s']} s / {result['bare_forward_cpu_s']} s)")
+    print(f"  bare forward pass with attentions : median {bare:7.2f} s   (runs: {result['bare_runs_s']})")
+    print(f"  classify all {maps} maps       : median {classified:7.2f} s   (runs: {result['classify_runs_s']}), "
+          f"{result['maps_per_s_median']} maps/s")
+    print(f"  ratio classify / forward          : {spread_text(ratio)}   (target <= 1.5 on the median: "
+          f"{'met' if ratio['median'] <= 1.5 else 'NOT met'})")
+    print(f"  CPU-time ratio (robust on a busy machine): {spread_text(cpu_ratio)}")
     if "peak_memory_ratio" in result:
         print(f"  peak RSS by examples (MiB)        : {result['peak_rss_mib']}   "
               f"ratio {result['peak_memory_ratio']:.2f} "

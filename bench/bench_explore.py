@@ -6,7 +6,7 @@ app's whole handler (the same plus writing the PNG/SVG/CSV downloads). Inputs ar
 (no cached maps). Uses the shipped classifier checkpoint when present, otherwise an untrained classifier
 of the same architecture (same cost).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_explore.py [--repeats 20] [--threads 1]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_explore.py [--repeats 20] [--threads 1] [--json explore.json]
 """
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from analysis.errors import AttnpatError
 from analysis.figures import grid_image
+from analysis.rundir import atomic_write_json, writable_path
 from analysis.stream import displayed_maps
 from app.explore import LiveExplorer, ModelCache, sentence_maps
 from app.webapp import WebApp
@@ -54,9 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1, as `attnpat app` runs; 0 = torch's default)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
-    if args.repeats < 1 or args.threads < 0:
-        print("error: --repeats must be at least 1 and --threads at least 0", file=sys.stderr)
+    try:
+        if args.repeats < 1 or args.threads < 0:
+            raise AttnpatError("--repeats must be at least 1 and --threads at least 0")
+        if args.json:
+            writable_path(args.json)  # before the work
+    except AttnpatError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -77,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         explorer.explore("minilm", fresh(SENTENCES["short"], -k))
 
     web = WebApp(explorer=LiveExplorer(models, classifier_loader=lambda: classifier))  # handlers; no page built
-    worst = 0.0
+    worst, rows = 0.0, []
     print(f"{'input':<28} {'tokens':>6} {'maps ms':>8} {'classify ms':>11} {'grid ms':>8} "
           f"{'text->grid median ms':>20} {'max ms':>7} {'app handler median ms':>21}")
     for name, text in SENTENCES.items():
@@ -104,10 +112,17 @@ def main(argv: list[str] | None = None) -> int:
             stages["handler"].append(time.perf_counter() - start)
         med = {key: statistics.median(values) * 1000 for key, values in stages.items()}
         worst = max(worst, statistics.median(stages["handler"]), statistics.median(stages["total"]))
+        rows.append({"input": name, "tokens": tokens, "repeats": args.repeats,
+                     **{f"{key}_ms_median": round(value, 1) for key, value in med.items()},
+                     "total_ms_max": round(max(stages["total"]) * 1000, 1)})
         print(f"{name:<28} {tokens:>6} {med['maps']:>8.1f} {med['classify']:>11.1f} {med['grid']:>8.1f} "
               f"{med['total']:>20.1f} {max(stages['total']) * 1000:>7.1f} {med['handler']:>21.1f}")
     verdict = "PASS" if worst <= TARGET_SECONDS else "FAIL"
     print(f"target: live Explore view <= {TARGET_SECONDS:.1f} s; slowest median {worst:.3f} s -> {verdict}")
+    if args.json:
+        atomic_write_json(args.json, {"model": "minilm", "threads": torch.get_num_threads(), "classifier": source,
+                                      "inputs": rows, "slowest_median_s": round(worst, 3),
+                                      "target_s": TARGET_SECONDS, "verdict": verdict})
     return 0 if verdict == "PASS" else 1
 
 

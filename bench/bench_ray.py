@@ -1,8 +1,9 @@
 """Benchmark: Ray scale-out against one process, on MiniLM, CPU.
 
-Two jobs, each run once in one process with 1 torch thread and once on a local Ray (started here, on
-127.0.0.1) with --workers workers of 1 thread each; the figure is the ratio of the two wall times, measured in
-the same run (target: at least 1.7x with 2 workers on 2 cores):
+Two jobs, each run --repeats times in one process with 1 torch thread and as often on a local Ray (started here,
+on 127.0.0.1) with --workers workers of 1 thread each; the figure is the ratio of the two wall times, the i-th
+one-process run over the i-th Ray run, reported as the median with the range over the repeats, all measured in the
+same run (target: at least 1.7x on the median with 2 workers on 2 cores):
 
 - classify --task all --n 872: every available GLUE task, the first 872 examples of each, every head's map
   classified by the shipped CNN (classifier.classify.classify_tasks);
@@ -10,14 +11,14 @@ the same run (target: at least 1.7x with 2 workers on 2 cores):
   --unit head, uniform mode).
 
 Ray's start-up (ray.init, the workers starting and each loading the model once) is timed apart and
-reported, with the ratio it gives when counted in. classify runs twice on each side: the ratio of the second
-runs is the steady state (what a long job sees), the ratio of the first runs adds each process's first pass
+reported, with the ratio it gives when counted in. classify runs once more on each side before its repeats: the
+repeats' ratio is the steady state (what a long job sees), the ratio of the first runs adds each process's first pass
 (fresh Ray workers first fault in the memory their batches need: about 1 s more on this VM). Results must be equal
 (identical pattern counts and sweep metrics).
 The load average before and after is printed: on a shared machine other work takes cores from both sides.
 
     .venv/bin/python bench/bench_ray.py
-    .venv/bin/python bench/bench_ray.py --n-classify 200 --n-sweep 100 --tasks sst2 mrpc --json out.json
+    .venv/bin/python bench/bench_ray.py --n-classify 200 --n-sweep 100 --tasks sst2 mrpc --repeats 2 --json out.json
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import atexit
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -35,6 +37,8 @@ import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from measure import peak_rss_mib, ratio_spread, spread_text  # noqa: E402
 
 from analysis.cluster import ray_cluster  # noqa: E402
 from analysis.data import load_data  # noqa: E402
@@ -53,6 +57,7 @@ def parse(argv: list[str] | None):
     parser.add_argument("--workers", type=int, default=2, help="Ray workers of 1 thread each (default 2)")
     parser.add_argument("--n-classify", type=int, default=872, help="examples per task for classify (default 872)")
     parser.add_argument("--n-sweep", type=int, default=400, help="SST-2 sentences for the head sweep (default 400)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each job on each side (default 3)")
     parser.add_argument("--tasks", nargs="*", default=None, help="classify these tasks (default: all available GLUE)")
     parser.add_argument("--sweep-model", default=None, help="default: minilm-sst2 from the model store, else minilm "
                         "with a random (seeded) classification head; timings are the same")
@@ -60,6 +65,8 @@ def parse(argv: list[str] | None):
     args = parser.parse_args(argv)
     if args.workers < 1:  # else only the Ray half would refuse it, after the whole single-process half
         raise AttnpatError(f"--workers must be at least 1, got {args.workers}")
+    if args.repeats < 1:
+        raise AttnpatError(f"--repeats must be at least 1, got {args.repeats}")
     if args.json:
         writable_path(args.json)  # before the work
     return args
@@ -104,12 +111,10 @@ def frames_equal(left: Path, right: Path, names: list[str]) -> bool:
     return True
 
 
-def peak_rss_mib(pid: int) -> float:
-    """Peak resident memory of a local process (VmHWM), in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+def repeated(function, pids: list[int], repeats: int) -> tuple[list[float], list[float]]:
+    """(wall seconds, busy share) of each of ``repeats`` runs of ``function`` (see :func:`busy_timed`)."""
+    runs = [busy_timed(function, pids)[1:] for _ in range(repeats)]
+    return [wall for wall, _ in runs], [busy for _, busy in runs]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -137,18 +142,18 @@ def main(argv: list[str] | None = None) -> dict:
 
     me = [os.getpid()]
     _, classify_one_first = timed(lambda: classify("one-first"))
-    _, classify_one, classify_one_busy = busy_timed(lambda: classify("one"), me)
-    _, sweep_one, sweep_one_busy = busy_timed(lambda: sweep("one"), me)
+    classify_one, classify_one_busy = repeated(lambda: classify("one"), me, args.repeats)
+    sweep_one, sweep_one_busy = repeated(lambda: sweep("one"), me, args.repeats)
     started = time.perf_counter()
     with ray_cluster("local", workers=args.workers) as cluster:
         connect = time.perf_counter() - started
         # each worker starts and loads the model and the CNN (then the sweep's model) once, before the timing
         pool, classify_load = timed(lambda: classify_pool(cluster, bundle, cnn))
         _, classify_ray_first = timed(lambda: classify("ray-first", cluster))
-        _, classify_ray, classify_ray_busy = busy_timed(lambda: classify("ray", cluster), pool.pids())
+        classify_ray, classify_ray_busy = repeated(lambda: classify("ray", cluster), pool.pids(), args.repeats)
         classify_peak = max(peak_rss_mib(pid) for pid in pool.pids())
         pool, sweep_load = timed(lambda: worker_pool(cluster, sweep_bundle, "classifier"))
-        _, sweep_ray, sweep_ray_busy = busy_timed(lambda: sweep("ray", cluster), pool.pids())
+        sweep_ray, sweep_ray_busy = repeated(lambda: sweep("ray", cluster), pool.pids(), args.repeats)
         sweep_peak = max(peak_rss_mib(pid) for pid in pool.pids())  # peak over both jobs (same processes)
         recorded = cluster.manifest()
     load_after = os.getloadavg()
@@ -158,51 +163,56 @@ def main(argv: list[str] | None = None) -> dict:
     sweep_equal = frames_equal(root / "one" / sweep_bundle.slug / "sst2", root / "ray" / sweep_bundle.slug / "sst2",
                                ["disable_heads.csv"])
     maps = examples * bundle.num_layers * bundle.num_heads
+    classify_speedup, sweep_speedup = ratio_spread(classify_one, classify_ray), ratio_spread(sweep_one, sweep_ray)
+    median = statistics.median
     result = {
         "model": bundle.name, "sweep_model": sweep_bundle.name, "workers": args.workers, "threads_per_worker": 1,
-        "cpu_count": os.cpu_count(), "tasks": tasks,
+        "cpu_count": os.cpu_count(), "tasks": tasks, "repeats": args.repeats,
         "classify_job": classify_job(tasks, not args.tasks, args.n_classify), "classify_examples": examples,
         "classify_maps": maps,
         "sweep_examples": len(sweep_data.examples), "sweep_variants": sweep_bundle.num_layers * sweep_bundle.num_heads,
-        "classify_one_seconds": round(classify_one, 2), "classify_ray_seconds": round(classify_ray, 2),
-        "classify_speedup": round(classify_one / classify_ray, 2),
+        "classify_one_runs_s": [round(t, 2) for t in classify_one],
+        "classify_ray_runs_s": [round(t, 2) for t in classify_ray], "classify_speedup": classify_speedup,
         "classify_one_first_seconds": round(classify_one_first, 2),
         "classify_ray_first_seconds": round(classify_ray_first, 2),
         "classify_speedup_first_runs": round(classify_one_first / classify_ray_first, 2),
-        "classify_maps_per_second_one": round(maps / classify_one, 1),
-        "classify_maps_per_second_ray": round(maps / classify_ray, 1),
-        "sweep_one_seconds": round(sweep_one, 2), "sweep_ray_seconds": round(sweep_ray, 2),
-        "sweep_speedup": round(sweep_one / sweep_ray, 2),
+        "classify_maps_per_second_one_median": round(maps / median(classify_one), 1),
+        "classify_maps_per_second_ray_median": round(maps / median(classify_ray), 1),
+        "sweep_one_runs_s": [round(t, 2) for t in sweep_one], "sweep_ray_runs_s": [round(t, 2) for t in sweep_ray],
+        "sweep_speedup": sweep_speedup,
         "ray_init_seconds": round(connect, 2), "classify_workers_load_seconds": round(classify_load, 2),
         "sweep_workers_load_seconds": round(sweep_load, 2),
         "classify_speedup_with_startup": round(classify_one_first / (connect + classify_load + classify_ray_first), 2),
-        "sweep_speedup_with_load": round(sweep_one / (sweep_load + sweep_ray), 2),
-        "busy_share": {"classify_one": round(classify_one_busy, 2), "classify_ray_workers": round(classify_ray_busy, 2),
-                       "sweep_one": round(sweep_one_busy, 2), "sweep_ray_workers": round(sweep_ray_busy, 2)},
+        "sweep_speedup_with_load": round(sweep_one[0] / (sweep_load + sweep_ray[0]), 2),
+        "busy_share_median": {"classify_one": round(median(classify_one_busy), 2),
+                              "classify_ray_workers": round(median(classify_ray_busy), 2),
+                              "sweep_one": round(median(sweep_one_busy), 2),
+                              "sweep_ray_workers": round(median(sweep_ray_busy), 2)},
         "worker_peak_rss_mib_classify": round(classify_peak), "worker_peak_rss_mib_after_sweep": round(sweep_peak),
         "classify_equal": classify_equal, "sweep_equal": sweep_equal, "cluster": recorded,
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in load_after],
     }
+    busy = result["busy_share_median"]
     print(f"ray bench: local Ray, {args.workers} workers x 1 thread, against 1 process x 1 thread; "
           f"{os.cpu_count()} CPUs; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
     print(f"  {result['classify_job']}: {len(tasks)} tasks, {examples} examples, {maps} maps, {bundle.name}; "
-          f"one {classify_one:.1f} s, Ray {classify_ray:.1f} s = {result['classify_speedup']:.2f}x "
-          f"(target >= 1.7x; second runs); equal: {classify_equal}")
+          f"one {median(classify_one):.1f} s, Ray {median(classify_ray):.1f} s (medians) = "
+          f"{spread_text(classify_speedup)} (target >= 1.7x; after the first runs); equal: {classify_equal}")
     print(f"    first runs: one {classify_one_first:.1f} s, Ray {classify_ray_first:.1f} s = "
           f"{result['classify_speedup_first_runs']:.2f}x")
     print(f"  SST-2 head sweep, n = {len(sweep_data.examples)} ({result['sweep_variants']} variants, "
-          f"{sweep_bundle.name}): one {sweep_one:.1f} s, Ray {sweep_ray:.1f} s = {result['sweep_speedup']:.2f}x "
-          f"(target >= 1.7x); equal: {sweep_equal}")
+          f"{sweep_bundle.name}): one {median(sweep_one):.1f} s, Ray {median(sweep_ray):.1f} s (medians) = "
+          f"{spread_text(sweep_speedup)} (target >= 1.7x); equal: {sweep_equal}")
     print(f"  start-up, not in the ratios above: ray.init {connect:.1f} s, workers starting and loading MiniLM + CNN "
           f"{classify_load:.1f} s, then loading the sweep's model {sweep_load:.1f} s; counted in: classify "
           f"(first runs) {result['classify_speedup_with_startup']:.2f}x, "
-          f"sweep {result['sweep_speedup_with_load']:.2f}x")
-    print(f"  throughput: {result['classify_maps_per_second_one']:.0f} maps/s in one process, "
-          f"{result['classify_maps_per_second_ray']:.0f} maps/s on Ray")
-    print(f"  CPU busy (CPU seconds / wall seconds per process; below 1 = waiting, mostly for other programs on the "
-          f"machine): one process {classify_one_busy:.0%} (classify), {sweep_one_busy:.0%} (sweep); each Ray worker "
-          f"{classify_ray_busy:.0%} (classify), {sweep_ray_busy:.0%} (sweep)")
+          f"sweep (first runs) {result['sweep_speedup_with_load']:.2f}x")
+    print(f"  throughput (medians): {result['classify_maps_per_second_one_median']:.0f} maps/s in one process, "
+          f"{result['classify_maps_per_second_ray_median']:.0f} maps/s on Ray")
+    print(f"  CPU busy (CPU seconds / wall seconds per process, medians; below 1 = waiting, mostly for other programs "
+          f"on the machine): one process {busy['classify_one']:.0%} (classify), {busy['sweep_one']:.0%} (sweep); "
+          f"each Ray worker {busy['classify_ray_workers']:.0%} (classify), {busy['sweep_ray_workers']:.0%} (sweep)")
     print(f"  worker peak memory: {classify_peak:.0f} MiB after classify, {sweep_peak:.0f} MiB after the sweep")
     if args.json:
         atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")

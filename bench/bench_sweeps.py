@@ -10,21 +10,26 @@ over the layers and multiplied by the number of passes (``--naive-variants all``
 layer inputs, each head's variant run only from its own layer, the heads of a layer stacked in one pass,
 length-sorted dynamically padded batches. The logits of the measured naive variants are compared with the
 fast ones (they must agree to 1e-5). Before either is timed, both run once on the first --batch-size examples
-(a warm-up, not timed), so the one timed first does not pay the process's one-time costs.
+(a warm-up, not timed), so the one timed first does not pay the process's one-time costs. Then fast and naive
+run in alternation --repeats times; the speed-up is taken per repeat (the two saw the same machine load) and
+reported as its median with the range over the repeats, in wall and in CPU time. One torch thread unless
+--threads says otherwise (0: torch's default).
 
-    .venv/bin/python bench/bench_sweeps.py                  # full SST-2 dev set (872 sentences)
-    .venv/bin/python bench/bench_sweeps.py --n 200 --threads 2
+    .venv/bin/python bench/bench_sweeps.py                  # full SST-2 dev set (872 sentences), 3 repeats
+    .venv/bin/python bench/bench_sweeps.py --n 64 --naive-variants 2 --repeats 2 --json sweeps.json
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+from measure import ratio_spread, spread_text
 
 from analysis.data import load_data
 from analysis.errors import AttnpatError
@@ -32,8 +37,6 @@ from analysis.models import list_store
 from analysis.rundir import atomic_write_text, writable_path
 from analysis.stream import encode_examples, iter_batches
 from analysis.sweeps import BASELINE, fast_sweep, head_variants, naive_sweep, recompute_share, seeded_classifier
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def parse(argv: list[str] | None):
@@ -45,13 +48,15 @@ def parse(argv: list[str] | None):
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--naive-variants", default="3", help="naive passes to time (the rest extrapolated), or 'all'")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating timed runs of both engines (default 3)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1; 0 = torch's default)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     if args.naive_variants != "all" and not (args.naive_variants.isdigit() and int(args.naive_variants) >= 1):
         raise AttnpatError(f"--naive-variants takes a count of 1 or more or 'all', got '{args.naive_variants}'")
-    if (args.threads or 0) < 0:
-        raise AttnpatError(f"--threads must be at least 0, got {args.threads}")
+    if args.threads < 0 or args.repeats < 1:
+        raise AttnpatError(f"--threads must be at least 0 and --repeats at least 1, got {args.threads} and "
+                           f"{args.repeats}")
     if args.json:
         writable_path(args.json)  # before the work
     return args
@@ -88,34 +93,39 @@ def main(argv: list[str] | None = None) -> dict:
     padded_fixed = len(encoded) * args.max_length
 
     warm_up_examples = warm_up(bundle, data.examples, encoded, variants, args)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    fast = fast_sweep(bundle, batches, variants, args.mode)
-    fast_seconds, fast_cpu = time.perf_counter() - start, time.process_time() - cpu_start
-
     if args.naive_variants == "all":
         timed = variants
     else:  # spread over the layers: the first head of evenly spaced layers
         k = int(args.naive_variants)
         layers = sorted({round(i * (L - 1) / max(1, k - 1)) for i in range(k)})
         timed = [variants[layer * H] for layer in layers]
-    start, cpu_start = time.perf_counter(), time.process_time()
-    naive = naive_sweep(bundle, encoded, timed, args.mode, width=args.max_length, batch_size=args.batch_size,
-                        include_baseline=False)
-    per_pass = (time.perf_counter() - start) / len(timed)
-    per_pass_cpu = (time.process_time() - cpu_start) / len(timed)
     passes = len(variants) + 1  # every head, plus the baseline
-    naive_seconds, naive_cpu = per_pass * passes, per_pass_cpu * passes
+    runs = {"fast_s": [], "fast_cpu_s": [], "naive_s": [], "naive_cpu_s": []}
+    for _ in range(args.repeats):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        fast = fast_sweep(bundle, batches, variants, args.mode)
+        runs["fast_s"].append(time.perf_counter() - start)
+        runs["fast_cpu_s"].append(time.process_time() - cpu_start)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        naive = naive_sweep(bundle, encoded, timed, args.mode, width=args.max_length, batch_size=args.batch_size,
+                            include_baseline=False)
+        # every naive pass costs the same: the timed ones, extrapolated to all passes
+        runs["naive_s"].append((time.perf_counter() - start) / len(timed) * passes)
+        runs["naive_cpu_s"].append((time.process_time() - cpu_start) / len(timed) * passes)
+    fast_seconds, naive_seconds = statistics.median(runs["fast_s"]), statistics.median(runs["naive_s"])
+    speedup, speedup_cpu = ratio_spread(runs["naive_s"], runs["fast_s"]), ratio_spread(runs["naive_cpu_s"],
+                                                                                        runs["fast_cpu_s"])
+    per_pass = naive_seconds / passes
     difference = max(float((fast[v.name] - naive[v.name]).abs().max()) for v in timed)
     result = {
         "model": bundle.name, "classifier_head": "fine-tuned" if bundle.meta.get("task") else "random (seeded)",
         "examples": len(encoded), "warm_up_examples": warm_up_examples, "mode": args.mode, "layers": L, "heads": H,
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(), "batch_size": args.batch_size, "max_length": args.max_length,
-        "naive_passes": passes, "naive_passes_timed": len(timed), "naive_seconds_per_pass": round(per_pass, 3),
-        "naive_seconds": round(naive_seconds, 2), "fast_seconds": round(fast_seconds, 2),
-        "speedup": round(naive_seconds / fast_seconds, 2),
-        "naive_cpu_seconds": round(naive_cpu, 2), "fast_cpu_seconds": round(fast_cpu, 2),
-        "speedup_cpu_time": round(naive_cpu / fast_cpu, 2),
+        "naive_passes": passes, "naive_passes_timed": len(timed), "repeats": args.repeats,
+        "naive_seconds_per_pass_median": round(per_pass, 3), "naive_seconds_median": round(naive_seconds, 2),
+        "fast_seconds_median": round(fast_seconds, 2), "speedup": speedup, "speedup_cpu_time": speedup_cpu,
+        **{f"{name}_runs": [round(value, 2) for value in values] for name, values in runs.items()},
         "recompute_bound": round(recompute_share(variants, L), 4),
         "real_tokens_share_dynamic": round(real_tokens / padded_dynamic, 4),
         "real_tokens_share_fixed": round(real_tokens / padded_fixed, 4),
@@ -125,11 +135,13 @@ def main(argv: list[str] | None = None) -> dict:
           f"sentences, {args.mode} disabling of each of {L}x{H} heads, CPU, {result['threads']} threads "
           "(after an untimed warm-up of both engines)")
     print(f"  naive (1 full pass per head + baseline, padded to {args.max_length}, batch {args.batch_size}): "
-          f"{passes} passes x {per_pass:.2f} s = {naive_seconds:.1f} s  ({len(timed)} passes timed)")
-    print(f"  fast engine (measured in full):                  {fast_seconds:.1f} s")
-    print(f"  speed-up:                                        {result['speedup']:.1f}x  (target >= 5x)")
-    print(f"  in process CPU time (naive / fast):              {naive_cpu:.1f} s / {fast_cpu:.1f} s = "
-          f"{result['speedup_cpu_time']:.1f}x  (steadier on a shared machine)")
+          f"{passes} passes x {per_pass:.2f} s = {naive_seconds:.1f} s  (median; {len(timed)} passes timed per "
+          f"repeat; runs {result['naive_s_runs']})")
+    print(f"  fast engine (measured in full):                  {fast_seconds:.1f} s  (median; runs "
+          f"{result['fast_s_runs']})")
+    print(f"  speed-up:                                        {spread_text(speedup)}  (target >= 5x on the median)")
+    print(f"  in process CPU time (naive / fast):              {spread_text(speedup_cpu)}  (steadier on a shared "
+          "machine)")
     print(f"  recompute bound (layer evaluations fast/naive):  {result['recompute_bound']:.3f}  "
           f"((L+1)/(2L) = {(L + 1) / (2 * L):.3f})")
     print(f"  real tokens / computed tokens:                   dynamic {result['real_tokens_share_dynamic']:.3f}, "
