@@ -314,6 +314,8 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
                          panel_size: int | None = None) -> Evaluation:
     """Classify every map of ``labeled``, score the predictions against its labels and write the tables and the
     confusion figure into ``run``; with ``panel_size``, also what a fresh panel of that size would score."""
+    if not len(labeled):  # before, 'scoring needs one prediction per labeled map, got 0 for 0', after the load
+        raise AttnpatError(f"{labeled.path}: labels.csv lists no maps; there is nothing to evaluate")
     if panel_size is not None:
         check_panel_size(panel_size, len(labeled))  # before the maps are classified
     probabilities = predict_in_batches(classifier, labeled.maps, progress)

@@ -305,8 +305,11 @@ def test_bad_inputs_are_one_error_line_and_write_nothing(tiny, tmp_path, capsys)
     evaluated, _, checkpoint = tiny
     (tmp_path / "empty").mkdir()
     (tmp_path / "broken.safetensors").write_bytes(b"not a checkpoint")
+    unlabeled = shutil.copytree(evaluated, tmp_path / "unlabeled")  # labels.csv with its header only
+    (unlabeled / "labels.csv").write_text((unlabeled / "labels.csv").read_text().splitlines()[0] + "\n")
     cases = [(["--data", tmp_path / "missing"], "missing does not exist"),
              (["--data", tmp_path / "empty"], "is not a labeled set"),
+             (["--data", unlabeled, "--classifier", checkpoint], "labels.csv lists no maps; there is nothing to"),
              (["--data", evaluated, "--classifier", tmp_path / "broken.safetensors"], "not a readable safetensors"),
              (["--data", evaluated, "--classifier", tmp_path / "absent.safetensors"], "not found"),
              (["--data", evaluated, "--classifier", checkpoint, "--panel-size", 0], "--panel-size must be at least 1")]
