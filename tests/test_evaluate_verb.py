@@ -355,6 +355,26 @@ def test_a_map_trained_on_under_another_id_counts_as_in_the_training_set(tiny, t
     assert manifest["analyses"]["evaluate"]["maps_in_training"] == 4
 
 
+def test_a_panel_of_another_models_maps_is_named_as_such(tiny, tmp_path, capsys):
+    """The checkpoint learned from maps of one model ('tiny' here, MiniLM for the shipped one); a panel of another
+    model's maps is a fair test of transfer (docs/results.md), but its scores are for heads the classifier never
+    saw. Before, nothing said so: the output read as a held-out score of the classifier's own kind."""
+    evaluated, _, checkpoint = tiny
+    labeled = load_labeled_set(evaluated)
+    renamed = {map_id.replace("tiny:", "bert:", 1): attn for map_id, attn in zip(labeled.map_ids, labeled.maps)}
+    rows = [{"map_id": map_id, "label": CLASSES[label]} for map_id, label in zip(renamed, labeled.labels)]
+    other = write_labeled_folder(tmp_path / "bert-panel", rows, renamed, [], {})
+    note = ("note: maps of bert, a model the classifier learned from no map of: these scores are for heads it never "
+            "saw (docs/results.md: about 0.11 below its own model's)")
+    code, out, err = run_evaluate(capsys, "--data", other, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0, err
+    assert note in out.splitlines()
+    manifest = json.loads((tmp_path / "classifier" / "bert-panel" / "manifest.json").read_text())
+    assert manifest["analyses"]["evaluate"]["other_models"] == ["bert"]
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0 and "note: maps of" not in out, err
+
+
 def test_held_out_does_not_claim_the_unlabeled_pool_it_never_checked(tiny, tmp_path, capsys):
     """A checkpoint trained with teacher-labeled unlabeled maps (train's default --pool 2000) also learned from maps
     no labeled set holds, and their ids are not recorded: the shipped checkpoint's pool holds 37 maps of panels 1-7.
