@@ -114,6 +114,9 @@ def load_labeled_set(folder: str | Path) -> LabeledSet:
     maps, tokens = {}, {}
     for group in read_maps(folder / "maps.npz"):
         for map_id, attn in zip(group.map_ids, group.attn, strict=True):
+            if map_id in maps and not np.array_equal(maps[map_id], attn):  # before, the last one was taken silently
+                raise AttnpatError(f"{folder.name}: maps.npz holds map {ascii(map_id[:80])} twice with different "
+                                   "values; which one was labeled cannot be told")
             maps[map_id] = attn
             if group.tokens is not None:
                 tokens[map_id] = group.tokens

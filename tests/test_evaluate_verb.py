@@ -13,6 +13,7 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precisio
 
 from analysis.artifacts import ARTIFACTS, listed
 from analysis.errors import AttnpatError
+from analysis.mapstore import single_map, write_maps
 from analysis.patterns import CLASSES
 from annotation.dataset import labeled_set_name, load_labeled_set, write_labeled_folder
 from app.cli import main
@@ -307,9 +308,14 @@ def test_bad_inputs_are_one_error_line_and_write_nothing(tiny, tmp_path, capsys)
     (tmp_path / "broken.safetensors").write_bytes(b"not a checkpoint")
     unlabeled = shutil.copytree(evaluated, tmp_path / "unlabeled")  # labels.csv with its header only
     (unlabeled / "labels.csv").write_text((unlabeled / "labels.csv").read_text().splitlines()[0] + "\n")
+    doubled = shutil.copytree(evaluated, tmp_path / "doubled")  # one map id twice in maps.npz, other values
+    first = load_labeled_set(evaluated)
+    write_maps(doubled / "maps.npz", [single_map(map_id, attn) for map_id, attn in zip(first.map_ids, first.maps)]
+               + [single_map(first.map_ids[0], first.maps[0] + 0.5)])
     cases = [(["--data", tmp_path / "missing"], "missing does not exist"),
              (["--data", tmp_path / "empty"], "is not a labeled set"),
              (["--data", unlabeled, "--classifier", checkpoint], "labels.csv lists no maps; there is nothing to"),
+             (["--data", doubled, "--classifier", checkpoint], f"holds map '{first.map_ids[0]}' twice with different"),
              (["--data", evaluated, "--classifier", tmp_path / "broken.safetensors"], "not a readable safetensors"),
              (["--data", evaluated, "--classifier", tmp_path / "absent.safetensors"], "not found"),
              (["--data", evaluated, "--classifier", checkpoint, "--panel-size", 0], "--panel-size must be at least 1")]
