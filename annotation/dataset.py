@@ -285,7 +285,8 @@ def write_labeled_folder(out: Path, rows: list[dict], maps: dict[str, np.ndarray
 
 def fleiss_kappa(label_lists: list[list[str]], classes=CLASSES) -> float:
     """Fleiss' kappa for items rated by several annotators (equal to Cohen's kappa's chance model for 2
-    raters of equal marginals). label_lists: one list of labels per item, each of length >= 2."""
+    raters of equal marginals). label_lists: one list of labels per item, each of length >= 2. NaN when every
+    label is one class: chance agreement is then certain and kappa is 0 / 0, not a perfect 1."""
     counts = np.asarray([[labels.count(c) for c in classes] for labels in label_lists], dtype=float)
     raters = counts.sum(1)
     if (raters < 2).any():
@@ -294,4 +295,4 @@ def fleiss_kappa(label_lists: list[list[str]], classes=CLASSES) -> float:
     p_bar = per_item.mean()
     shares = counts.sum(0) / counts.sum()
     p_e = float((shares ** 2).sum())
-    return float((p_bar - p_e) / (1 - p_e)) if p_e < 1 else 1.0
+    return float((p_bar - p_e) / (1 - p_e)) if p_e < 1 else float("nan")

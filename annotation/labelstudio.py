@@ -442,7 +442,8 @@ def independent_kappa(label_lists: list[list[str]]) -> tuple[float | None, int, 
     """Fleiss' kappa of the independent labels: label_lists, one list per labeled map, earliest label first.
     The independent round is as many labels as most maps have; a tie among them is settled by a further label
     (docs/labeling.md), chosen because the round disagreed, so counting it would raise the agreement measured.
-    Returns (kappa or None, maps with two or more independent labels, settling labels left out)."""
+    Returns (kappa, or None when no map has two labels or every label is one class (kappa undefined), maps with two
+    or more independent labels, settling labels left out)."""
     if not label_lists:
         return None, 0, 0
     sizes = Counter(len(labels) for labels in label_lists)
@@ -450,7 +451,8 @@ def independent_kappa(label_lists: list[list[str]]) -> tuple[float | None, int, 
     independent = [independent_labels(labels, round_size) for labels in label_lists]
     settling = sum(len(labels) - len(kept) for labels, kept in zip(label_lists, independent, strict=True))
     several = [labels for labels in independent if len(labels) > 1]
-    return (fleiss_kappa(several) if several else None), len(several), settling
+    kappa = fleiss_kappa(several) if several else float("nan")
+    return (None if np.isnan(kappa) else kappa), len(several), settling
 
 
 def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, title: str | None = None,

@@ -156,6 +156,9 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
                    else "")
         typer.echo(f"inter-annotator agreement: Fleiss' kappa {report.kappa:.3f} over {report.kappa_maps} maps "
                    f"with several annotators ({report.n_annotators} annotators{settled})")
+    elif report.kappa_maps:  # every label one class: nothing to tell agreement from chance by
+        typer.echo(f"inter-annotator agreement: Fleiss' kappa undefined over {report.kappa_maps} maps with several "
+                   "annotators: every label is the same class")
     for name, items in (("drafts (not submitted)", report.drafts),
                         ("maps left out because their annotators skipped them", report.skipped),
                         ("unknown labels or maps", report.unknown), ("maps changed since push", report.hash_mismatch),

@@ -580,6 +580,31 @@ def test_pulls_kappa_leaves_out_the_labels_that_settled_ties(tmp_path, synthetic
             "(4 annotators; before the 1 labels that settled ties)") in out.splitlines()
 
 
+def test_pulls_kappa_is_undefined_not_perfect_when_every_label_is_one_class(tmp_path, synthetic_sample, monkeypatch,
+                                                                          capsys):
+    """Two annotators who both call every map vertical: chance agreement is certain, so kappa is 0 / 0. Before,
+    fleiss_kappa returned 1.0 and pull printed `Fleiss' kappa 1.000`, a perfect agreement beyond chance that the
+    labels cannot show."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    sample = Path(shutil.copytree(synthetic_sample("one-class", 3), tmp_path / "workspace" / "annotation" / "samples"
+                                  / "one-class"))
+    tasks = _export_of(sample, {})
+    for task in tasks:
+        task["annotations"] = [{"id": 10 * task["id"] + user, "completed_by": user, "was_cancelled": False,
+                                "created_at": f"2026-01-01T00:{task['id']:02d}:{user:02d}Z",
+                                "result": [{"value": {"choices": ["vertical"]}}]} for user in (1, 2)]
+    (tmp_path / "export.json").write_text(json.dumps(tasks))
+    assert np.isnan(fleiss_kappa([["vertical", "vertical"], ["vertical", "vertical", "vertical"]]))
+    code, out, err, _ = run_cli(["annotate", "pull", "--sample", "one-class", "--export", tmp_path / "export.json"],
+                                capsys)
+    assert code == 0, err
+    assert ("inter-annotator agreement: Fleiss' kappa undefined over 3 maps with several annotators: every label is "
+            "the same class") in out.splitlines()
+    report = json.loads(next((tmp_path / "workspace" / "annotation" / "labeled" / "one-class").glob(
+        "v*/pull_report.json")).read_text())
+    assert report["kappa"] is None and report["kappa_maps"] == 3
+
+
 def test_pull_counts_each_task_once_and_the_parts_add_up_to_the_project(tmp_path, synthetic_sample, monkeypatch,
                                                                        capsys):
     """`not yet labeled: N tasks` counted the maps left out by skips again (a skipped map is in both lines), so
