@@ -379,13 +379,20 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
     return Evaluation(scores, confusion, overlap, files, len(labeled), comparison, panel, unseen)
 
 
+def ci_text(row: pd.Series) -> str:
+    """'95% CI 0.879-0.971' for a row of the scores table, or what stands in for it when one map gave no interval."""
+    if np.isnan(row.low) or np.isnan(row.high):
+        return "no 95% CI: one map"
+    return f"95% CI {row.low:.3f}-{row.high:.3f}"
+
+
 def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
     """What `attnpat evaluate` prints: macro-F1 with its interval, accuracy, F1 per class, the classes not scored
     and whether the maps are held out (data: the folder as the user named it)."""
     macro, accuracy = found.value("macro_f1"), found.value("accuracy")
-    lines = [f"macro-F1 {macro.value:.3f} (95% CI {macro.low:.3f}-{macro.high:.3f}) on {found.n_maps} maps of {data} "
+    lines = [f"macro-F1 {macro.value:.3f} ({ci_text(macro)}) on {found.n_maps} maps of {data} "
              f"(classifier trained on {trained_on})",
-             f"accuracy {accuracy.value:.3f} (95% CI {accuracy.low:.3f}-{accuracy.high:.3f})",
+             f"accuracy {accuracy.value:.3f} ({ci_text(accuracy)})",
              "F1 per class: " + ", ".join(f"{cls} {found.value('f1', cls).value:.3f} "
                                           f"(n={int(found.value('support', cls).value)})"
                                           for cls in CLASSES if cls not in found.absent)]

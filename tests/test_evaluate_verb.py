@@ -325,6 +325,28 @@ def test_bad_inputs_are_one_error_line_and_write_nothing(tiny, tmp_path, capsys)
     assert not (tmp_path / "runs").exists()
 
 
+def test_one_labeled_map_gives_no_interval_not_a_certain_one(tiny, tmp_path, capsys):
+    """One map resampled is the same map in every draw: the bootstrap showed '95% CI 1.000-1.000' and paired
+    intervals of zero width, a certainty one map cannot give. Now the bounds are empty, as every mean over one
+    example is (analysis.uncertainty.MIN_RESAMPLED), and the lines say why."""
+    evaluated, _, checkpoint = tiny
+    labeled = load_labeled_set(evaluated)
+    one = write_labeled_folder(tmp_path / "one", labeled.rows[:1], dict(zip(labeled.map_ids, labeled.maps)), [], {})
+    code, out, err = run_evaluate(capsys, "--data", one, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("macro-F1 ") and "(no 95% CI: one map) on 1 maps" in lines[0]
+    assert lines[1].endswith("(no 95% CI: one map)") and "CI 1.000-1.000" not in out
+    run = tmp_path / "classifier" / "one"
+    scores = pd.read_csv(run / "evaluation_scores.csv")
+    assert scores[["low", "high"]].isna().all().all()
+    versus = pd.read_csv(run / "evaluation_vs_baselines.csv")
+    assert versus[["ci_low", "ci_high"]].isna().all().all() and (versus.verdict == "level").all()
+    compared = [line for line in lines if line.startswith("CNN vs ")]
+    assert len(compared) == len(versus) and all("no 95% paired bootstrap interval from one map" in line
+                                                for line in compared)
+
+
 def test_a_panel_size_above_the_labeled_maps_is_refused_before_any_work(tiny, tmp_path, capsys):
     """A fresh panel is drawn from the evaluated maps: more maps than they are would claim a spread narrower than
     the maps themselves support (before, a panel of 100 drawn from 15 maps read 0.13-0.21 in 90% of draws, beside
