@@ -387,13 +387,15 @@ def bootstrap_statistic_interval(statistic: Callable[[np.ndarray], float | np.nd
     statistic(draw) -> float or (M,) values: the statistic of the items at ``draw``, an (n,) int index array with
     repeats. Every value is computed on the same draws. Returns (2,) lower and upper bounds for a scalar
     statistic, (M, 2) for M values; draws where a value is undefined (NaN, e.g. a class absent from the draw)
-    are left out of that value's interval, and a value undefined in every draw gets NaN bounds.
+    are left out of that value's interval, and a value undefined in every draw gets NaN bounds. Fewer than
+    MIN_RESAMPLED items give NaN bounds too: one item resampled shows no spread, not a certain value.
     """
     values = bootstrap_draws(statistic, n, n_boot=n_boot, seed=seed)  # (n_boot,) or (n_boot, M)
     tail = (1 - level) / 2 * 100
     with warnings.catch_warnings():  # an all-NaN value warns; its NaN bounds say it
         warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanpercentile(values, [tail, 100 - tail], axis=0).T
+        bounds = np.nanpercentile(values, [tail, 100 - tail], axis=0).T
+    return np.full_like(bounds, np.nan) if n < MIN_RESAMPLED else bounds
 
 
 def bootstrap_difference_interval(statistic: Callable[[np.ndarray, np.ndarray], float], baseline: np.ndarray,

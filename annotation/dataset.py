@@ -114,6 +114,9 @@ def load_labeled_set(folder: str | Path) -> LabeledSet:
     maps, tokens = {}, {}
     for group in read_maps(folder / "maps.npz"):
         for map_id, attn in zip(group.map_ids, group.attn, strict=True):
+            if map_id in maps and not np.array_equal(maps[map_id], attn):  # before, the last one was taken silently
+                raise AttnpatError(f"{folder.name}: maps.npz holds map {ascii(map_id[:80])} twice with different "
+                                   "values; which one was labeled cannot be told")
             maps[map_id] = attn
             if group.tokens is not None:
                 tokens[map_id] = group.tokens
@@ -282,7 +285,8 @@ def write_labeled_folder(out: Path, rows: list[dict], maps: dict[str, np.ndarray
 
 def fleiss_kappa(label_lists: list[list[str]], classes=CLASSES) -> float:
     """Fleiss' kappa for items rated by several annotators (equal to Cohen's kappa's chance model for 2
-    raters of equal marginals). label_lists: one list of labels per item, each of length >= 2."""
+    raters of equal marginals). label_lists: one list of labels per item, each of length >= 2. NaN when every
+    label is one class: chance agreement is then certain and kappa is 0 / 0, not a perfect 1."""
     counts = np.asarray([[labels.count(c) for c in classes] for labels in label_lists], dtype=float)
     raters = counts.sum(1)
     if (raters < 2).any():
@@ -291,4 +295,4 @@ def fleiss_kappa(label_lists: list[list[str]], classes=CLASSES) -> float:
     p_bar = per_item.mean()
     shares = counts.sum(0) / counts.sum()
     p_e = float((shares ** 2).sum())
-    return float((p_bar - p_e) / (1 - p_e)) if p_e < 1 else 1.0
+    return float((p_bar - p_e) / (1 - p_e)) if p_e < 1 else float("nan")

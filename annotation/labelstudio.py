@@ -322,7 +322,9 @@ class PullReport:
     with no label yet (no annotation, or only ones without a usable class); no_choice: annotations submitted
     without a class; repeated: maps where one annotator submitted twice (their latest annotation counts, once; a
     later skip or empty one withdraws their label); ties: maps whose annotators split evenly (the earliest
-    annotation's label was kept). tasks: the project's tasks, each in exactly one part of :meth:`task_parts`."""
+    annotation's label was kept). tasks: the project's tasks, each in exactly one part of :meth:`task_parts`.
+    kappa: Fleiss' kappa over the kappa_maps maps with two or more independent labels, before the
+    settling_labels that settled ties (:func:`independent_kappa`)."""
 
     folder: Path
     labeled: int
@@ -340,6 +342,7 @@ class PullReport:
     prediction_agreement: float | None = None
     kappa: float | None = None
     kappa_maps: int = 0
+    settling_labels: int = 0  # labels that settled a tie after the independent round: not in the kappa
     n_annotators: int = 0
 
     def task_parts(self) -> dict[str, int]:
@@ -422,6 +425,36 @@ def resolve_project(client, url: str, title: str, state: dict) -> int:
     return project_id
 
 
+def is_tie(labels: list[str]) -> bool:
+    """Whether the most frequent labels of a map's list are two or more equally frequent ones."""
+    ranked = Counter(labels).most_common()
+    return len(ranked) > 1 and ranked[0][1] == ranked[1][1]
+
+
+def independent_labels(labels: list[str], round_size: int) -> list[str]:
+    """A map's labels (earliest first) without those that settled a tie: when its first ``round_size`` labels
+    (the independent round) tie, the later ones were asked for because of it, and are left out."""
+    independent = labels[:round_size]
+    return independent if len(labels) > round_size and is_tie(independent) else labels
+
+
+def independent_kappa(label_lists: list[list[str]]) -> tuple[float | None, int, int]:
+    """Fleiss' kappa of the independent labels: label_lists, one list per labeled map, earliest label first.
+    The independent round is as many labels as most maps have; a tie among them is settled by a further label
+    (docs/labeling.md), chosen because the round disagreed, so counting it would raise the agreement measured.
+    Returns (kappa, or None when no map has two labels or every label is one class (kappa undefined), maps with two
+    or more independent labels, settling labels left out)."""
+    if not label_lists:
+        return None, 0, 0
+    sizes = Counter(len(labels) for labels in label_lists)
+    round_size = max(sizes, key=lambda size: (sizes[size], -size))  # the most common count (the smaller on a tie)
+    independent = [independent_labels(labels, round_size) for labels in label_lists]
+    settling = sum(len(labels) - len(kept) for labels, kept in zip(label_lists, independent, strict=True))
+    several = [labels for labels in independent if len(labels) > 1]
+    kappa = fleiss_kappa(several) if several else float("nan")
+    return (None if np.isnan(kappa) else kappa), len(several), settling
+
+
 def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, title: str | None = None,
          state_file: Path | None = None, export: str | Path | None = None, new_version: bool = False) -> PullReport:
     """Export annotations, join them to the sample's raw maps and write a labeled set to ``out``.
@@ -453,7 +486,7 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
         tasks = existing_tasks(client, credentials.url, project_id)
         names, url = _user_names(client, credentials.url), credentials.url
     report = PullReport(out, 0, {})
-    all_annotations, final_rows, agree, compared, multi = [], [], 0, 0, []
+    all_annotations, final_rows, agree, compared, label_lists = [], [], 0, 0, []
     report.tasks = len(tasks)
     for map_id, task in sorted(tasks.items()):
         if map_id not in rows:
@@ -499,10 +532,9 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
         all_annotations.extend(annotations)
         labels = [a["label"] for a in annotations]
         ranked = Counter(labels).most_common()  # equal counts keep first-seen order: the earliest wins a tie
-        if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+        if is_tie(labels):
             report.ties.append(map_id)
-        if len(labels) > 1:
-            multi.append(labels)
+        label_lists.append(labels)
         final = ranked[0][0]
         prediction = _choice((task.get("predictions") or [{}])[0])
         if prediction is not None:
@@ -521,7 +553,7 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
     report.labeled = len(final_rows)
     report.class_counts = dict(Counter(r["label"] for r in final_rows))
     report.prediction_agreement = agree / compared if compared else None
-    report.kappa, report.kappa_maps = (fleiss_kappa(multi), len(multi)) if multi else (None, 0)
+    report.kappa, report.kappa_maps, report.settling_labels = independent_kappa(label_lists)
     report.n_annotators = len({a["annotator"] for a in all_annotations})
     summary = {**{k: v for k, v in report.__dict__.items() if k != "folder"}, "project_id": project_id,
                "url": url, "sample": sample.name,

@@ -152,8 +152,13 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
     if report.prediction_agreement is not None:
         typer.echo(f"pre-annotation agreement with final labels: {report.prediction_agreement:.3f}")
     if report.kappa is not None:
+        settled = (f"; before the {report.settling_labels} labels that settled ties" if report.settling_labels
+                   else "")
         typer.echo(f"inter-annotator agreement: Fleiss' kappa {report.kappa:.3f} over {report.kappa_maps} maps "
-                   f"with several annotators ({report.n_annotators} annotators)")
+                   f"with several annotators ({report.n_annotators} annotators{settled})")
+    elif report.kappa_maps:  # every label one class: nothing to tell agreement from chance by
+        typer.echo(f"inter-annotator agreement: Fleiss' kappa undefined over {report.kappa_maps} maps with several "
+                   "annotators: every label is the same class")
     for name, items in (("drafts (not submitted)", report.drafts),
                         ("maps left out because their annotators skipped them", report.skipped),
                         ("unknown labels or maps", report.unknown), ("maps changed since push", report.hash_mismatch),

@@ -22,7 +22,7 @@ macro-F1 printed and in evaluation_scores.csv.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,7 @@ import pandas as pd
 from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
 
 from analysis.errors import AttnpatError
-from analysis.mapstore import maps_digest
+from analysis.mapstore import maps_digest, parse_map_id
 from analysis.paths import display_name, repo_root, workspace
 from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
@@ -255,6 +255,34 @@ def training_overlap(labeled: LabeledSet, metadata: dict, roots: tuple[Path, ...
     return TrainingOverlap(maps_in(training, labeled), str(folder), changed=True, **pool_counts)
 
 
+def map_models(map_ids: list[str]) -> set[str]:
+    """The models named by map ids (<model>:<task>:<example>:L<layer>H<head>); ids of another form name none."""
+    models = set()
+    for map_id in map_ids:
+        try:
+            models.add(parse_map_id(map_id).model)
+        except AttnpatError:
+            continue
+    return models
+
+
+def trained_models(overlap: TrainingOverlap, metadata: dict) -> set[str]:
+    """The models whose maps the classifier learned from, as far as they are known here: its labeled training set's
+    (when found unchanged) and its unlabeled pool's; empty when neither is known."""
+    models = map_models(overlap.training.map_ids) if overlap.training is not None else set()
+    pool = metadata.get("unlabeled_pool")
+    if isinstance(pool, dict) and isinstance(pool.get("model"), str):
+        models.add(pool["model"])
+    return models
+
+
+def other_models(labeled: LabeledSet, metadata: dict, overlap: TrainingOverlap) -> list[str]:
+    """The models of ``labeled``'s maps that the classifier learned from no map of (sorted); [] when they are all
+    among its models or those are unknown."""
+    trained = trained_models(overlap, metadata)
+    return sorted(map_models(labeled.map_ids) - trained) if trained else []
+
+
 # ---------------------------------------------------------------- the verb
 
 @dataclass
@@ -270,6 +298,7 @@ class Evaluation:
     n_maps: int
     comparison: pd.DataFrame
     panel: pd.DataFrame | None = None  # panel_score_quantiles, with --panel-size
+    other_models: list[str] = field(default_factory=list)  # models of these maps the classifier never learned from
 
     def value(self, metric: str, cls: str = "") -> pd.Series:
         """value, low, high of one row of the scores table."""
@@ -314,6 +343,8 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
                          panel_size: int | None = None) -> Evaluation:
     """Classify every map of ``labeled``, score the predictions against its labels and write the tables and the
     confusion figure into ``run``; with ``panel_size``, also what a fresh panel of that size would score."""
+    if not len(labeled):  # before, 'scoring needs one prediction per labeled map, got 0 for 0', after the load
+        raise AttnpatError(f"{labeled.path}: labels.csv lists no maps; there is nothing to evaluate")
     if panel_size is not None:
         check_panel_size(panel_size, len(labeled))  # before the maps are classified
     probabilities = predict_in_batches(classifier, labeled.maps, progress)
@@ -324,6 +355,7 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
         scores = score_table(labeled.labels, predicted, n_boot=n_boot, seed=seed)
         confusion = confusion_matrix(labeled.labels, predicted, labels=list(range(len(CLASSES))))
         overlap = training_overlap(labeled, classifier.metadata)
+        unseen = other_models(labeled, classifier.metadata, overlap)
         predictions = {"cnn": predicted, **baseline_predictions_on(labeled, overlap.training, seed, progress)}
         comparison = baseline_comparison(predictions, labeled.labels, "cnn", n_boot=n_boot, seed=seed)
         title = f"CNN against {display_name(Path(labeled.path or '.').name)} ({len(labeled)} maps)"
@@ -343,17 +375,24 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
         entry.update(n_maps=len(labeled), macro_f1=float(found.macro_f1),
                      accuracy=float(found.accuracy), maps_in_training=overlap.in_training,
                      maps_in_unlabeled_pool=overlap.in_pool, training_set=overlap.training_set,
-                     vs_baselines=comparison_record(comparison), panel_size=panel_size)
-    return Evaluation(scores, confusion, overlap, files, len(labeled), comparison, panel)
+                     vs_baselines=comparison_record(comparison), panel_size=panel_size, other_models=unseen)
+    return Evaluation(scores, confusion, overlap, files, len(labeled), comparison, panel, unseen)
+
+
+def ci_text(row: pd.Series) -> str:
+    """'95% CI 0.879-0.971' for a row of the scores table, or what stands in for it when one map gave no interval."""
+    if np.isnan(row.low) or np.isnan(row.high):
+        return "no 95% CI: one map"
+    return f"95% CI {row.low:.3f}-{row.high:.3f}"
 
 
 def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
     """What `attnpat evaluate` prints: macro-F1 with its interval, accuracy, F1 per class, the classes not scored
     and whether the maps are held out (data: the folder as the user named it)."""
     macro, accuracy = found.value("macro_f1"), found.value("accuracy")
-    lines = [f"macro-F1 {macro.value:.3f} (95% CI {macro.low:.3f}-{macro.high:.3f}) on {found.n_maps} maps of {data} "
+    lines = [f"macro-F1 {macro.value:.3f} ({ci_text(macro)}) on {found.n_maps} maps of {data} "
              f"(classifier trained on {trained_on})",
-             f"accuracy {accuracy.value:.3f} (95% CI {accuracy.low:.3f}-{accuracy.high:.3f})",
+             f"accuracy {accuracy.value:.3f} ({ci_text(accuracy)})",
              "F1 per class: " + ", ".join(f"{cls} {found.value('f1', cls).value:.3f} "
                                           f"(n={int(found.value('support', cls).value)})"
                                           for cls in CLASSES if cls not in found.absent)]
@@ -365,6 +404,9 @@ def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
         lines.append(f"a fresh panel of {int(found.panel.panel_size.iloc[0])} maps drawn like these: macro-F1 "
                      f"{quantile[0.05]:.3f}-{quantile[0.95]:.3f} in 90% of draws, median {quantile[0.5]:.3f} "
                      "(evaluation_panel_size.csv)")
+    if found.other_models:
+        lines.append(f"note: maps of {', '.join(found.other_models)}, a model the classifier learned from no map of: "
+                     "these scores are for heads it never saw (docs/results.md: about 0.11 below its own model's)")
     overlap = found.overlap
     if overlap.training is None:
         lines.append("note: the fitted baselines (logreg, boosting, boosting_profile) need the classifier's training "

@@ -126,8 +126,11 @@ def comparison_text(entry: dict, level: float = 0.95) -> str:
         return f"{round(float(value), 3) + 0.0:+.3f}"
 
     test = f"; permutation p = {entry['p_holm']:.3f} (Holm)" if entry.get("p_holm") is not None else ""
-    return (f"{signed(entry['difference'])} macro-F1 ({level:.0%} paired bootstrap {signed(entry['ci_low'])} to "
-            f"{signed(entry['ci_high'])}{test}): {entry['verdict']}")
+    if np.isnan(entry["ci_low"]) or np.isnan(entry["ci_high"]):  # one map: nothing to resample
+        interval = f"no {level:.0%} paired bootstrap interval from one map"
+    else:
+        interval = f"{level:.0%} paired bootstrap {signed(entry['ci_low'])} to {signed(entry['ci_high'])}"
+    return f"{signed(entry['difference'])} macro-F1 ({interval}{test}): {entry['verdict']}"
 
 
 def comparison_lines(comparison: pd.DataFrame, reference: str = "CNN", level: float = 0.95) -> list[str]:

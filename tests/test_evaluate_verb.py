@@ -13,6 +13,7 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precisio
 
 from analysis.artifacts import ARTIFACTS, listed
 from analysis.errors import AttnpatError
+from analysis.mapstore import single_map, write_maps
 from analysis.patterns import CLASSES
 from annotation.dataset import labeled_set_name, load_labeled_set, write_labeled_folder
 from app.cli import main
@@ -305,8 +306,16 @@ def test_bad_inputs_are_one_error_line_and_write_nothing(tiny, tmp_path, capsys)
     evaluated, _, checkpoint = tiny
     (tmp_path / "empty").mkdir()
     (tmp_path / "broken.safetensors").write_bytes(b"not a checkpoint")
+    unlabeled = shutil.copytree(evaluated, tmp_path / "unlabeled")  # labels.csv with its header only
+    (unlabeled / "labels.csv").write_text((unlabeled / "labels.csv").read_text().splitlines()[0] + "\n")
+    doubled = shutil.copytree(evaluated, tmp_path / "doubled")  # one map id twice in maps.npz, other values
+    first = load_labeled_set(evaluated)
+    write_maps(doubled / "maps.npz", [single_map(map_id, attn) for map_id, attn in zip(first.map_ids, first.maps)]
+               + [single_map(first.map_ids[0], first.maps[0] + 0.5)])
     cases = [(["--data", tmp_path / "missing"], "missing does not exist"),
              (["--data", tmp_path / "empty"], "is not a labeled set"),
+             (["--data", unlabeled, "--classifier", checkpoint], "labels.csv lists no maps; there is nothing to"),
+             (["--data", doubled, "--classifier", checkpoint], f"holds map '{first.map_ids[0]}' twice with different"),
              (["--data", evaluated, "--classifier", tmp_path / "broken.safetensors"], "not a readable safetensors"),
              (["--data", evaluated, "--classifier", tmp_path / "absent.safetensors"], "not found"),
              (["--data", evaluated, "--classifier", checkpoint, "--panel-size", 0], "--panel-size must be at least 1")]
@@ -314,6 +323,28 @@ def test_bad_inputs_are_one_error_line_and_write_nothing(tiny, tmp_path, capsys)
         code, out, err = run_evaluate(capsys, *argv, "--runs-dir", tmp_path / "runs")
         assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
     assert not (tmp_path / "runs").exists()
+
+
+def test_one_labeled_map_gives_no_interval_not_a_certain_one(tiny, tmp_path, capsys):
+    """One map resampled is the same map in every draw: the bootstrap showed '95% CI 1.000-1.000' and paired
+    intervals of zero width, a certainty one map cannot give. Now the bounds are empty, as every mean over one
+    example is (analysis.uncertainty.MIN_RESAMPLED), and the lines say why."""
+    evaluated, _, checkpoint = tiny
+    labeled = load_labeled_set(evaluated)
+    one = write_labeled_folder(tmp_path / "one", labeled.rows[:1], dict(zip(labeled.map_ids, labeled.maps)), [], {})
+    code, out, err = run_evaluate(capsys, "--data", one, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("macro-F1 ") and "(no 95% CI: one map) on 1 maps" in lines[0]
+    assert lines[1].endswith("(no 95% CI: one map)") and "CI 1.000-1.000" not in out
+    run = tmp_path / "classifier" / "one"
+    scores = pd.read_csv(run / "evaluation_scores.csv")
+    assert scores[["low", "high"]].isna().all().all()
+    versus = pd.read_csv(run / "evaluation_vs_baselines.csv")
+    assert versus[["ci_low", "ci_high"]].isna().all().all() and (versus.verdict == "level").all()
+    compared = [line for line in lines if line.startswith("CNN vs ")]
+    assert len(compared) == len(versus) and all("no 95% paired bootstrap interval from one map" in line
+                                                for line in compared)
 
 
 def test_a_panel_size_above_the_labeled_maps_is_refused_before_any_work(tiny, tmp_path, capsys):
@@ -350,6 +381,26 @@ def test_a_map_trained_on_under_another_id_counts_as_in_the_training_set(tiny, t
     assert "held out: none" not in out
     manifest = json.loads((tmp_path / "classifier" / "panel" / "manifest.json").read_text())
     assert manifest["analyses"]["evaluate"]["maps_in_training"] == 4
+
+
+def test_a_panel_of_another_models_maps_is_named_as_such(tiny, tmp_path, capsys):
+    """The checkpoint learned from maps of one model ('tiny' here, MiniLM for the shipped one); a panel of another
+    model's maps is a fair test of transfer (docs/results.md), but its scores are for heads the classifier never
+    saw. Before, nothing said so: the output read as a held-out score of the classifier's own kind."""
+    evaluated, _, checkpoint = tiny
+    labeled = load_labeled_set(evaluated)
+    renamed = {map_id.replace("tiny:", "bert:", 1): attn for map_id, attn in zip(labeled.map_ids, labeled.maps)}
+    rows = [{"map_id": map_id, "label": CLASSES[label]} for map_id, label in zip(renamed, labeled.labels)]
+    other = write_labeled_folder(tmp_path / "bert-panel", rows, renamed, [], {})
+    note = ("note: maps of bert, a model the classifier learned from no map of: these scores are for heads it never "
+            "saw (docs/results.md: about 0.11 below its own model's)")
+    code, out, err = run_evaluate(capsys, "--data", other, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0, err
+    assert note in out.splitlines()
+    manifest = json.loads((tmp_path / "classifier" / "bert-panel" / "manifest.json").read_text())
+    assert manifest["analyses"]["evaluate"]["other_models"] == ["bert"]
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0 and "note: maps of" not in out, err
 
 
 def test_held_out_does_not_claim_the_unlabeled_pool_it_never_checked(tiny, tmp_path, capsys):

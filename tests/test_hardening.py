@@ -37,7 +37,7 @@ from analysis.patterns import CLASSES
 from analysis.rundir import RunDir, atomic_write_json, atomic_write_text, locked
 from annotation import labelstudio as ls
 from annotation import server
-from annotation.dataset import load_labeled_set
+from annotation.dataset import fleiss_kappa, load_labeled_set
 from annotation.sample import ensure_sample, read_index
 from annotation.server import (
     Credentials,
@@ -549,6 +549,60 @@ def test_pull_counts_the_maps_that_skips_left_out_of_the_set_once_each(tmp_path,
     code, out, err, _ = run_cli(["annotate", "pull", "--sample", "skips", "--export", tmp_path / "export.json"], capsys)
     assert code == 0 and "labeled set" in out and ": 3 maps" in out, err
     assert f"maps left out because their annotators skipped them: 2 (first: {ids[0]})" in out.splitlines()
+
+
+def test_pulls_kappa_leaves_out_the_labels_that_settled_ties(tmp_path, synthetic_sample, monkeypatch, capsys):
+    """A three-way split is settled by a fourth label (docs/labeling.md), asked for because the three disagreed.
+    Fleiss' kappa counted it, so pull's agreement rose with every tie settled (panel-7-images-only: 0.872 where its
+    card, counting the three independent labels, says 0.871). Now the kappa is the independent round's, and the
+    printed line says how many settling labels it leaves out; a map that simply has more annotators keeps them."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    sample = Path(shutil.copytree(synthetic_sample("settled", 6), tmp_path / "workspace" / "annotation" / "samples"
+                                  / "settled"))
+    tasks = _export_of(sample, {})
+    rounds = [["vertical", "block", "diagonal", "block"],  # a three-way split, settled by a fourth label
+              ["vertical", "vertical", "block"], ["block", "block", "block"], ["diagonal", "diagonal", "diagonal"],
+              ["block", "vertical", "block"],
+              ["vertical", "vertical", "block", "vertical"]]  # no tie among the first three: all four count
+    for task, labels in zip(tasks, rounds, strict=True):
+        task["annotations"] = [{"id": 10 * task["id"] + k, "completed_by": k + 1, "was_cancelled": False,
+                                "created_at": f"2026-01-01T00:{task['id']:02d}:{k:02d}Z",
+                                "result": [{"value": {"choices": [label]}}]} for k, label in enumerate(labels)]
+    (tmp_path / "export.json").write_text(json.dumps(tasks))
+    report = ls.pull(None, sample, tmp_path / "labeled", export=tmp_path / "export.json")
+    independent = [rounds[0][:3], *rounds[1:]]
+    assert report.kappa == pytest.approx(fleiss_kappa(independent)) and report.kappa_maps == 6
+    assert report.kappa < fleiss_kappa(rounds) and report.settling_labels == 1 and report.ties == []
+    code, out, err, _ = run_cli(["annotate", "pull", "--sample", "settled", "--export", tmp_path / "export.json"],
+                                capsys)
+    assert code == 0, err
+    assert (f"inter-annotator agreement: Fleiss' kappa {report.kappa:.3f} over 6 maps with several annotators "
+            "(4 annotators; before the 1 labels that settled ties)") in out.splitlines()
+
+
+def test_pulls_kappa_is_undefined_not_perfect_when_every_label_is_one_class(tmp_path, synthetic_sample, monkeypatch,
+                                                                          capsys):
+    """Two annotators who both call every map vertical: chance agreement is certain, so kappa is 0 / 0. Before,
+    fleiss_kappa returned 1.0 and pull printed `Fleiss' kappa 1.000`, a perfect agreement beyond chance that the
+    labels cannot show."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    sample = Path(shutil.copytree(synthetic_sample("one-class", 3), tmp_path / "workspace" / "annotation" / "samples"
+                                  / "one-class"))
+    tasks = _export_of(sample, {})
+    for task in tasks:
+        task["annotations"] = [{"id": 10 * task["id"] + user, "completed_by": user, "was_cancelled": False,
+                                "created_at": f"2026-01-01T00:{task['id']:02d}:{user:02d}Z",
+                                "result": [{"value": {"choices": ["vertical"]}}]} for user in (1, 2)]
+    (tmp_path / "export.json").write_text(json.dumps(tasks))
+    assert np.isnan(fleiss_kappa([["vertical", "vertical"], ["vertical", "vertical", "vertical"]]))
+    code, out, err, _ = run_cli(["annotate", "pull", "--sample", "one-class", "--export", tmp_path / "export.json"],
+                                capsys)
+    assert code == 0, err
+    assert ("inter-annotator agreement: Fleiss' kappa undefined over 3 maps with several annotators: every label is "
+            "the same class") in out.splitlines()
+    report = json.loads(next((tmp_path / "workspace" / "annotation" / "labeled" / "one-class").glob(
+        "v*/pull_report.json")).read_text())
+    assert report["kappa"] is None and report["kappa_maps"] == 3
 
 
 def test_pull_counts_each_task_once_and_the_parts_add_up_to_the_project(tmp_path, synthetic_sample, monkeypatch,
