@@ -372,8 +372,10 @@ class DependencyScores:
 
     def relations(self, min_count: int = 1) -> list[str]:
         """ALL_RELATIONS first, then relations by frequency (ties by name): those seen at least ``min_count`` times, and
-        in both halves (a head is picked on one half and scored on the other)."""
-        listed = [r for r, counts in self.half_counts.items() if counts.sum() >= min_count and counts.all()]
+        in both halves (a head is picked on one half and scored on the other). ``min_count`` filters relations, not
+        the overall row, which is always listed when both halves hold a scored word."""
+        listed = [r for r, counts in self.half_counts.items()
+                  if (counts.sum() >= min_count or r == ALL_RELATIONS) and counts.all()]
         rest = sorted((r for r in listed if r != ALL_RELATIONS), key=lambda r: (-self.count(r), r))
         return [ALL_RELATIONS, *rest] if ALL_RELATIONS in listed else rest
 

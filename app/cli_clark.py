@@ -181,7 +181,8 @@ def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U fi
                                                   "with spaCy en_core_web_sm 3.8.0 (silver parses)"),
               model: str = opt.Model, n: opt.OptionalInt = opt.n_option(None, "first N sentences"),
               split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
-              min_count: int = typer.Option(1, "--min-count", min=1, help="list relations seen at least this often"),
+              min_count: int = typer.Option(1, "--min-count", min=1, help="list relations seen at least this often "
+                                            "(the overall row is always listed)"),
               text_column: opt.OptionalStr = opt.TextColumn,
               runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Which head finds each word's syntactic head? Best head per relation vs offset baselines (Clark Table 1)."""

@@ -366,6 +366,21 @@ def test_words_without_a_relation_count_in_all_only():
     assert set(dependency_head_table(scores).relation) == {ALL_RELATIONS, "nsubj"}
 
 
+def test_a_min_count_above_every_relation_keeps_the_overall_row():
+    """--min-count above every relation's count filtered out the overall row too: an empty probing_dependency.csv,
+    then a traceback (pandas' "No objects to concatenate") building probing_dependency_heads.csv. The overall row
+    is no relation and is always listed."""
+    sentence = DepSentence("s", ("a", "b", "c"), heads=(2, 0, 2), relations=("nsubj", "root", "obj"))
+    scores = DependencyScores(layers=1, heads=1)
+    for half in (SELECTION, HELD_OUT):
+        scores.add(np.full((len(DIRECTIONS), 1, 1, 3), 2), sentence, np.array([True, False, True]), half)
+    assert scores.relations(min_count=2) == [ALL_RELATIONS, "nsubj", "obj"]
+    assert scores.relations(min_count=100) == [ALL_RELATIONS]
+    assert dependency_table(scores, min_count=100).relation.tolist() == [ALL_RELATIONS]
+    heads = dependency_head_table(scores, min_count=100)
+    assert set(heads.relation) == {ALL_RELATIONS} and (heads["count"] == 4).all()
+
+
 def test_a_relation_named_all_is_its_own_row_beside_the_overall_one(tmp_path):
     """The overall row was named "all": a treebank relation "all" merged with it (its words counted twice in the
     overall accuracy, no row of its own). The overall row is now "(all)", a name no UD relation can take (lowercase
