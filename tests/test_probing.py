@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from analysis.data import file_task_name
+from analysis.data import Example, file_task_name
 from analysis.errors import AttnpatError
 from analysis.models import embedded_model_path
 from analysis.parsing import GOLD_PARSES
@@ -207,6 +207,32 @@ def test_synthetic_maps_pointing_at_gold_heads_score_100_percent(tokenizer):
     assert table.held_out_count.tolist() == [3, 1, 1, 1]  # s2: Dogs, loudly, '.'
     assert (table.held_out_sentences == 1).all()
     assert set(table.parses) == {GOLD_PARSES}  # a CoNLL-U file's trees are gold
+
+
+def test_word_level_heads_sum_a_words_pieces_average_its_queries_and_skip_cls_and_sep(tokenizer):
+    """A hand-made map where only Clark's word-level reading finds the gold heads. Tokens: [CLS] dogs anti ##dis
+    ##est ##ab ##lish ##ment ##arian ##ism bark [SEP]; gold: dogs -> antidis... -> bark (the root).
+    - dogs gives [CLS] 0.4, [SEP] 0.2, bark 0.15 and each of the long word's 8 pieces 0.03125: by token, [CLS],
+      [SEP] or bark wins; summed over its pieces the long word gets 0.25 and wins once [CLS] and [SEP] are out;
+    - the long word's first piece attends to dogs, its other 7 to bark: their mean (7/8 on bark) finds the head,
+      its first piece alone would not."""
+    sentence = DepSentence("s", ("Dogs", "antidisestablishmentarianism", "bark"), (2, 3, 0), ("nsubj", "amod", "root"))
+    examples = [Example(sentence.id, " ".join(sentence.words), words=sentence.words)]
+    encoded = encode_examples(tokenizer, examples)
+    assert encoded[0].word_ids == [None, 0, *[1] * 8, 2, None]
+    maps = torch.zeros(1, 1, 1, 12, 12)
+    maps[0, 0, 0, :, 0] = 1.0  # every other token: all on [CLS]
+    maps[0, 0, 0, 1] = torch.tensor([0.4, 0, *[0.03125] * 8, 0.15, 0.2])  # dogs
+    maps[0, 0, 0, 2] = torch.tensor([0.0, 1.0, *[0.0] * 10])  # the long word's first piece -> dogs
+    maps[0, 0, 0, 3:10] = torch.tensor([0.0] * 10 + [1.0, 0.0])  # its other pieces -> bark
+    map_batch = MapBatch(maps, collate(encoded, tokenizer.pad_token_id))
+    word_maps, word_ids = word_level_maps(map_batch, 0)
+    assert word_ids.tolist() == [0, 1, 2] and word_maps.shape == (1, 1, 3, 3)  # no [CLS] or [SEP] row or column
+    assert word_maps[0, 0, 0].tolist() == pytest.approx([0.0, 0.25, 0.15])
+    assert word_maps[0, 0, 1].tolist() == pytest.approx([1 / 8, 0.0, 7 / 8])
+    predicted, scored = score_sentence(word_maps, word_ids, sentence)
+    assert scored.tolist() == [True, True, False]  # bark is the root
+    assert predicted[DIRECTIONS.index("dep->head"), 0, 0].tolist() == [2, 3, 1]  # both gold heads found
 
 
 def test_offset_baselines_match_a_hand_count(tokenizer):
