@@ -14,6 +14,7 @@ from analysis.parsing import GOLD_PARSES
 from analysis.probing import (
     ALL_RELATIONS,
     DIRECTIONS,
+    FEW_SENTENCES,
     HELD_OUT,
     NO_RELATION,
     OFFSETS,
@@ -44,7 +45,7 @@ from analysis.probing import (
 )
 from analysis.rundir import table_to_array
 from analysis.stream import MapBatch, collate, encode_examples
-from analysis.uncertainty import DEFAULT_BOOTSTRAP, wilson_interval
+from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_weighted_mean_interval, wilson_interval
 from app.cli import main
 from tests.tiny import save_tiny_model, tiny_bundle
 
@@ -308,18 +309,20 @@ def add_sentence(scores: DependencyScores, sentence: DepSentence, right: int, ha
 
 
 def test_held_out_intervals_resample_whole_sentences():
-    """Two long sentences hold most words, each all right or all wrong: the words are no independent trials, and
+    """Long sentences hold most words, each all right or all wrong: the words are no independent trials, and
     the interval resamples sentences (words right / words scored in each draw), not words."""
     scores = DependencyScores(layers=1, heads=1)
     add_sentence(scores, chain_sentence(2), 1, SELECTION)  # offset -1 alone is right here: it is picked
-    held_out = [(21, 20), (21, 0), (4, 2), (4, 1), (3, 2), (4, 3)]  # (words with the root, words right)
+    # (words with the root, words right); 24 sentences, enough (FEW_SENTENCES) for the bootstrap alone
+    held_out = [(21, 20), (21, 0), (4, 2), (4, 1), (3, 2), (4, 3)] * 4
+    assert len(held_out) >= FEW_SENTENCES
     for length, right in held_out:
         add_sentence(scores, chain_sentence(length), right, HELD_OUT)
     row = dependency_table(scores).set_index("relation").loc["obj"]
     words = np.array([length - 1 for length, _ in held_out])
     head_right = np.array([right for _, right in held_out])
     offset_right = np.ones(len(held_out))  # offset -1: word 2 of each sentence
-    assert row.baseline_offset == -1 and row.held_out_count == words.sum() and row.held_out_sentences == 6
+    assert row.baseline_offset == -1 and row.held_out_count == words.sum() and row.held_out_sentences == 24
     assert row.accuracy == pytest.approx(head_right.sum() / words.sum())
     # the same draws, straight from numpy: the helpers' seed 0 and draw layout
     draws = np.random.default_rng(0).integers(0, len(words), (DEFAULT_BOOTSTRAP, len(words)))
@@ -335,7 +338,36 @@ def test_held_out_intervals_resample_whole_sentences():
     flips = np.where(np.random.default_rng(0).random((DEFAULT_BOOTSTRAP, len(words))) < 0.5, -1, 1)
     difference = head_right - offset_right
     reached = (np.abs(flips @ difference) >= abs(difference.sum()) - 1e-9).sum()
-    assert row.p_value == pytest.approx((1 + reached) / (1 + DEFAULT_BOOTSTRAP)) and 0.01 < row.p_value < 1
+    assert row.p_value == pytest.approx((1 + reached) / (1 + DEFAULT_BOOTSTRAP)) and 0.001 < row.p_value < 1
+
+
+def test_a_relation_in_few_sentences_gets_at_least_wilsons_interval_over_its_sentences():
+    """A relation seen in 5 held-out sentences that agree closely: a percentile bootstrap over 5 sentences has few
+    distinct draws and its 95% interval is too narrow (it covered 85% of simulated relations). Below FEW_SENTENCES
+    the interval is widened to at least Wilson's with each sentence one trial; the difference's to at least
+    Newcombe's bound."""
+    scores = DependencyScores(layers=1, heads=1)
+    add_sentence(scores, chain_sentence(2), 1, SELECTION)  # head and offset -1 right: both picked
+    held_out = [(5, 3), (5, 3), (5, 2), (5, 3), (5, 3)]  # (words with the root, words right): 14 of 20 right
+    for length, right in held_out:
+        add_sentence(scores, chain_sentence(length), right, HELD_OUT)
+    row = dependency_table(scores).set_index("relation").loc["obj"]
+    assert row.held_out_sentences == 5 < FEW_SENTENCES and row.accuracy == pytest.approx(14 / 20)
+    words = np.full(5, 4.0)
+    head_right = np.array([3.0, 3.0, 2.0, 3.0, 3.0])
+    bootstrap = bootstrap_weighted_mean_interval(head_right / words, words)  # the interval reported before
+    wilson = wilson_interval(14 / 20 * 5, 5)
+    assert (row.ci_low, row.ci_high) == pytest.approx((min(bootstrap[0], wilson[0]), max(bootstrap[1], wilson[1])))
+    assert row.ci_high - row.ci_low > 3 * (bootstrap[1] - bootstrap[0])  # the bootstrap alone: [0.6, 0.75]
+    # the offset (-1) is right on one word a sentence, 5 of 20: the difference's interval holds Newcombe's bound
+    assert row.baseline_accuracy == pytest.approx(0.25)
+    head, baseline = (row.accuracy, row.ci_low, row.ci_high), (0.25, row.baseline_ci_low, row.baseline_ci_high)
+    newcombe = (head[0] - baseline[0] - np.hypot(head[0] - head[1], baseline[2] - baseline[0]),
+                head[0] - baseline[0] + np.hypot(head[2] - head[0], baseline[0] - baseline[1]))
+    difference = bootstrap_weighted_mean_interval((head_right - 1) / words, words)
+    assert row.head_minus_baseline_ci_low == pytest.approx(min(newcombe[0], difference[0]))
+    assert row.head_minus_baseline_ci_high == pytest.approx(max(newcombe[1], difference[1]))
+    assert row.head_minus_baseline_ci_low < difference[0]
 
 
 def test_a_share_of_0_or_100_percent_keeps_an_interval_as_wide_as_its_sentences_allow():
