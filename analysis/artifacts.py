@@ -209,8 +209,9 @@ ARTIFACTS: tuple[Artifact, ...] = (
              f"rows and keys of the target, the weights of all examples pooled), {_OVER_EXAMPLES}",
              "Surface and clusters", figure=True),
     Artifact("probing_dependency", "probe-dep", "relation ((all): every scored word; else a DEPREL), direction, "
-             "best_layer, best_head (picked on the even-numbered sentences), accuracy, ci_low, ci_high (on the "
-             "odd-numbered ones; intervals resample whole sentences), baseline_offset, baseline_accuracy, "
+             "best_layer, best_head (picked on the even-numbered sentences), accuracy (on silver parses: agreement "
+             "with spaCy's parser), ci_low, ci_high (on the odd-numbered ones; intervals resample whole sentences, "
+             "widened below 20), baseline_offset, baseline_accuracy, "
              "baseline_ci_low, baseline_ci_high, head_minus_baseline, head_minus_baseline_ci_low, "
              "head_minus_baseline_ci_high (paired sentence-level bootstrap), p_value (paired sign-flip test over the "
              "held-out sentences, head vs offset), held_out_count (words), held_out_sentences (holding the relation), "

@@ -12,8 +12,9 @@ from analysis.errors import AttnpatError
 from analysis.gradients import OBJECTIVES, load_gradient_model
 from analysis.gradients import grad_importance as run_grad_importance
 from analysis.models import load_model
+from analysis.parsing import SILVER_PARSES
+from analysis.probing import FEW_SENTENCES, probe_dependency, score_name
 from analysis.probing import probe_coref as run_probe_coref
-from analysis.probing import probe_dependency
 from analysis.rundir import RunDir
 from analysis.surface import SURFACE_METRICS, LabelThresholds, surface_statistics
 from app import options as opt
@@ -181,7 +182,8 @@ def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U fi
                                                   "with spaCy en_core_web_sm 3.8.0 (silver parses)"),
               model: str = opt.Model, n: opt.OptionalInt = opt.n_option(None, "first N sentences"),
               split: str = opt.Split, max_length: int = opt.MaxLength, batch_size: int = opt.BatchSize,
-              min_count: int = typer.Option(1, "--min-count", min=1, help="list relations seen at least this often"),
+              min_count: int = typer.Option(1, "--min-count", min=1, help="list relations seen at least this often "
+                                            "(the overall row is always listed)"),
               text_column: opt.OptionalStr = opt.TextColumn,
               runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Which head finds each word's syntactic head? Best head per relation vs offset baselines (Clark Table 1)."""
@@ -195,20 +197,24 @@ def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U fi
                                   max_length=max_length, batch_size=batch_size, progress=not quiet,
                                   min_count=min_count, text_column=text_column)
     entry = run.manifest()["analyses"]["probing_dependency"]
+    score = score_name(entry["parses"])
     typer.echo(f"{bundle.name} on {run.task} ({entry['n_sentences']} sentences, {entry['parses']}); "
                "layers and heads 1-indexed")
-    typer.echo("head and offset picked on the even-numbered sentences; words, accuracy [95% interval] on the "
-               f"odd-numbered ones ({entry['n_held_out_sentences']}); intervals resample whole sentences; "
-               "head-base: accuracy difference; p: paired sign-flip test over the held-out sentences; "
+    if entry["parses"] == SILVER_PARSES:
+        typer.echo(f"silver parses: every figure is {score}'s head words, not accuracy against gold trees")
+    typer.echo(f"head and offset picked on the even-numbered sentences; words (in sents sentences), {score} "
+               f"[95% interval] on the odd-numbered ones ({entry['n_held_out_sentences']}); intervals resample "
+               f"whole sentences, and below {FEW_SENTENCES} sentences are widened to Wilson's over the sentences; "
+               f"head-base: {score.split()[0]} difference; p: paired sign-flip test over the held-out sentences; "
                "in-sample: Clark's best head picked and scored on all sentences")
-    typer.echo(f"{'relation':<14} {'words':>6} {'attn [95% interval]':<19}  {'head':<14} {'offset':>6} "
+    typer.echo(f"{'relation':<14} {'words':>6} {'sents':>5} {'attn [95% interval]':<19}  {'head':<14} {'offset':>6} "
                f"{'base [95% interval]':<19} {'head-base [95% interval]':<23} {'p':>7} {'in-sample':>9}")
     for row in table.itertuples():
         attention = _percent_interval(row.accuracy, row.ci_low, row.ci_high)
         baseline = _percent_interval(row.baseline_accuracy, row.baseline_ci_low, row.baseline_ci_high)
         difference = _percent_interval(row.head_minus_baseline, row.head_minus_baseline_ci_low,
                                        row.head_minus_baseline_ci_high, sign="+")
-        typer.echo(f"{row.relation[:14]:<14} {row.held_out_count:>6} {attention}  "
+        typer.echo(f"{row.relation[:14]:<14} {row.held_out_count:>6} {row.held_out_sentences:>5} {attention}  "
                    f"{f'L{row.best_layer + 1}-H{row.best_head + 1} {row.direction}':<14} {row.baseline_offset:>+6d} "
                    f"{baseline} {difference} {row.p_value:>7.2g} {100 * row.in_sample_accuracy:>9.1f}")
     typer.echo(f"tables and figure: {run.path}")

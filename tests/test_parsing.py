@@ -103,6 +103,9 @@ def test_probe_dep_parse_on_a_user_file_with_a_tiny_model(tmp_path, capsys):
     assert main(["probe-dep", "--parse", str(reviews), "--model", str(model), "-q", "--runs-dir", str(runs)]) == 0
     out = capsys.readouterr().out
     assert "4 sentences" in out and parsing.SILVER_PARSES in out  # "Wow" is one word: not a sentence to score
+    # a parser's trees are no gold: the figures are agreement with it, and the printout says so
+    assert "every figure is agreement with spaCy en_core_web_sm 3.8.0's head words, not accuracy against gold" in out
+    assert "words (in sents sentences), agreement with spaCy" in out and "accuracy [95% interval]" not in out
     (run,) = (runs / "tiny").glob("reviews*")  # a user file's run folder is its stem plus a content hash
     table = pd.read_csv(run / "probing_dependency.csv")
     assert set(table.parses) == {parsing.SILVER_PARSES}
@@ -114,6 +117,7 @@ def test_probe_dep_parse_on_a_user_file_with_a_tiny_model(tmp_path, capsys):
     assert set(heads.parses) == {parsing.SILVER_PARSES} and len(heads) == len(table) * 2 * 2 * 4
     entry = json.loads((run / "manifest.json").read_text())["analyses"]["probing_dependency"]
     assert entry["parses"] == parsing.SILVER_PARSES and entry["n_sentences"] == 4
+    assert entry["measures"] == "agreement with spaCy en_core_web_sm 3.8.0"
     assert (run / "probing_dependency.png").is_file() and (run / "probing_dependency.svg").is_file()
 
 

