@@ -499,7 +499,9 @@ def _delimited_records(path: Path, text: str, delimiter: str) -> list[_Record]:
     # never the start of a cell that runs over the next rows
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     csv.field_size_limit(CSV_FIELD_LIMIT)  # a long text is truncated to --max-length tokens, not refused
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quoting=quoting)
+    # strict: a CSV cell opened by a quote that never closes is an error, not every later row read as its text
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quoting=quoting,
+                        strict=delimiter != "\t")
     header, records = None, []
     try:
         while True:
@@ -522,6 +524,9 @@ def _delimited_records(path: Path, text: str, delimiter: str) -> list[_Record]:
                                    f"the header has {len(header)}")
             records.append(_Record(f"line {start}", dict(zip(header, row))))
     except csv.Error as exc:
+        if str(exc) == "unexpected end of data":  # the csv module's words for a quote still open at the end
+            raise AttnpatError(f"{path.name} is not valid {kind}: line {start}: a cell opens with a quote that is "
+                               "never closed (a quote inside a cell is written twice, \"\")") from exc
         raise AttnpatError(f"{path.name} is not valid {kind}: line {reader.line_num}: {exc}") from exc
     return records
 
@@ -662,6 +667,21 @@ def _check_distinct_columns(path: Path, columns: dict[str, str | None]) -> None:
         seen[column] = role
 
 
+# A data file is read whole: its bytes, its text and one record per row are held at once, about 18 times the
+# file's size at the peak (a 100 MB CSV of short sentences: 1.8 GB, 22 s). Past this size a file would fill
+# a laptop's memory before the first map; one line says so before a byte is read.
+MAX_DATA_FILE_BYTES = 256 * 2**20
+
+
+def check_file_size(path: Path) -> None:
+    """An AttnpatError when the data file at ``path`` is past MAX_DATA_FILE_BYTES."""
+    size = path.stat().st_size
+    if size > MAX_DATA_FILE_BYTES:
+        raise AttnpatError(f"{path.name} is {size / 2**20:,.0f} MiB; a data file is read whole into memory (about "
+                           f"18 times its size), so at most {MAX_DATA_FILE_BYTES // 2**20} MiB is taken: split it, "
+                           f"or take a sample of its rows (head -n 100001 keeps a CSV's header and 100,000 rows)")
+
+
 def load_file(path: str | Path, text_column: str | None = None, pair_column: str | None = None,
               label_column: str | None = None, n: int | None = None) -> TaskData:
     """User data: JSONL, CSV or TSV with a text column and optional text-pair and label columns (a .json file:
@@ -680,6 +700,7 @@ def load_file(path: str | Path, text_column: str | None = None, pair_column: str
     if not path.is_file():
         raise AttnpatError(f"data file {path} " + ("is a folder, not a file" if path.is_dir() else
                                                     "is not a regular file" if path.exists() else "does not exist"))
+    check_file_size(path)
     try:
         content = path.read_bytes()
     except OSError as exc:

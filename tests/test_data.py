@@ -337,3 +337,26 @@ def test_mnlis_splits_are_asked_of_the_hub_by_their_matched_names(split, expecte
         with pytest.raises(AttnpatError) as caught:
             load_data("mnli", split=split, allow_hub=False)
         assert f"split='{expected}'" in str(caught.value)
+
+
+def test_a_data_file_past_the_size_limit_is_one_error_before_it_is_read(tmp_path):
+    """A data file is read whole (about 18 times its size in memory); a 1 GB file filled a laptop's memory before
+    the first map. Now one line, from its size alone: the sparse file here holds no data to read."""
+    big = tmp_path / "big.csv"
+    with open(big, "wb") as handle:
+        handle.truncate(data_module.MAX_DATA_FILE_BYTES + 1)
+    with pytest.raises(AttnpatError, match=r"big.csv is 256 MiB; a data file is read whole into memory .* at most "
+                                           r"256 MiB is taken: split it, or take a sample of its rows"):
+        load_file(big)
+    (tmp_path / "small.csv").write_text("text,label\na,1\n")
+    assert len(load_file(tmp_path / "small.csv").examples) == 1
+
+
+@pytest.mark.parametrize("content, line", [('text\n"unclosed start\nsecond row\nthird row\n', 2),
+                                           ('text,label\ngood,1\n"bad start,0\nfine,1\n', 3)])
+def test_a_csv_quote_that_never_closes_is_one_error_naming_its_line(tmp_path, content, line):
+    """Before, the cell ran to the end of the file: a one-column file loaded every later row as one text."""
+    (tmp_path / "q.csv").write_text(content)
+    with pytest.raises(AttnpatError, match=f"q.csv is not valid CSV: line {line}: a cell opens with a quote that is "
+                                           "never closed"):
+        load_file(tmp_path / "q.csv")
