@@ -636,13 +636,14 @@ MAX_CLASSES = 1000
 
 
 def _label_kind(labels: list, names: tuple[str, ...] | None) -> tuple[int | None, str | None]:
-    """(num_labels, metric) of a user file: class names or whole numbers are classes (accuracy); any other
-    numbers are regression scores (one output, Pearson/Spearman); no labels, no metric."""
+    """(num_labels, metric) of a user file: class names or whole numbers are classes (accuracy), at least two
+    (one output would be a regression score); any other numbers are regression scores (one output,
+    Pearson/Spearman); no labels, no metric."""
     present = [label for label in labels if label is not None]
     if not present:
         return None, None
-    if names is not None:
-        return len(names), "accuracy"
+    if names is not None:  # a file of one class name ("positive" only) is a subset of a two-class task
+        return max(len(names), 2), "accuracy"
     if all(isinstance(label, int) and label >= 0 for label in present):
         if max(present) >= MAX_CLASSES:  # e.g. ids in the label column: a head that size would exhaust memory
             raise AttnpatError(f"label {max(present)} is a class id past {MAX_CLASSES} classes (ids run 0..K-1); "

@@ -360,3 +360,14 @@ def test_a_csv_quote_that_never_closes_is_one_error_naming_its_line(tmp_path, co
     with pytest.raises(AttnpatError, match=f"q.csv is not valid CSV: line {line}: a cell opens with a quote that is "
                                            "never closed"):
         load_file(tmp_path / "q.csv")
+
+
+def test_a_file_of_one_class_name_is_two_classes_not_a_score(tmp_path):
+    """Before, one class name gave one output, which every verb reads as a regression score: a fresh head's raw
+    scores were compared with class 0 for accuracy (always about 0), and SST-2's head was refused as taking
+    '1 output (a score)'. Now two classes, as a file of whole numbers 1 only is; the name's id is checked against a
+    trained head's (tests/test_hardening.py)."""
+    (tmp_path / "pos.csv").write_text("text,label\ngood,positive\nfine,positive\n")
+    data = load_file(tmp_path / "pos.csv")
+    assert (data.num_labels, data.metric, data.label_names) == (2, "accuracy", ("positive",))
+    assert [e.label for e in data.examples] == [0, 0]
