@@ -511,6 +511,7 @@ def _json_array_records(path: Path, text: str) -> list[_Record]:
     return records
 
 
+QUOTE_ADVICE = 'a quote inside a cell is written twice, "", in a cell quoted whole'
 CSV_FIELD_LIMIT = 2**31 - 1  # the csv module's limit is a C long; 2**31 - 1 fits every platform's
 
 
@@ -547,8 +548,9 @@ def _delimited_records(path: Path, text: str, delimiter: str) -> list[_Record]:
     except csv.Error as exc:
         if str(exc) == "unexpected end of data":  # the csv module's words for a quote still open at the end
             raise AttnpatError(f"{path.name} is not valid {kind}: line {start}: a cell opens with a quote that is "
-                               "never closed (a quote inside a cell is written twice, \"\")") from exc
-        raise AttnpatError(f"{path.name} is not valid {kind}: line {reader.line_num}: {exc}") from exc
+                               f"never closed ({QUOTE_ADVICE})") from exc
+        advice = f" ({QUOTE_ADVICE})" if "expected after '\"'" in str(exc) else ""  # "Great" movie,1
+        raise AttnpatError(f"{path.name} is not valid {kind}: line {reader.line_num}: {exc}{advice}") from exc
     return records
 
 

@@ -363,6 +363,16 @@ def test_a_csv_quote_that_never_closes_is_one_error_naming_its_line(tmp_path, co
         load_file(tmp_path / "q.csv")
 
 
+def test_a_csv_cell_with_text_after_its_closing_quote_is_one_error_saying_how_to_quote(tmp_path):
+    """Before, `"Great" movie` was read as `Great movie`, its quotes dropped without a word."""
+    (tmp_path / "q.csv").write_text('text,label\n"Great" movie,1\n')
+    with pytest.raises(AttnpatError, match="q.csv is not valid CSV: line 2: .* expected after .*a quote inside a "
+                                           "cell is written twice"):
+        load_file(tmp_path / "q.csv")
+    (tmp_path / "q.csv").write_text('text,label\n"""Great"" movie",1\n5" screen,0\n')
+    assert [e.text for e in load_file(tmp_path / "q.csv").examples] == ['"Great" movie', '5" screen']
+
+
 def test_a_file_of_one_class_name_is_two_classes_not_a_score(tmp_path):
     """Before, one class name gave one output, which every verb reads as a regression score: a fresh head's raw
     scores were compared with class 0 for accuracy (always about 0), and SST-2's head was refused as taking
