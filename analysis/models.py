@@ -237,15 +237,13 @@ def _offline_kwargs(source: ModelSource) -> dict:
 def check_class_order(name: str, config, label_names: Sequence[str] | None) -> None:
     """An AttnpatError when the model's head names its classes (``config.id2label``) with the data's class names
     (``label_names``: the class of id 0, 1, ...) in another order: each id would be scored as another class
-    (roberta-large-mnli's 0 is contradiction, GLUE's entailment; a file's names take ids in sorted order).
-    Generic names (LABEL_0, ...) or other names say nothing about the order."""
+    (roberta-large-mnli's 0 is contradiction, GLUE's entailment; a file's names take ids in sorted order), also
+    when the data names only some of them (a file of `positive` only numbers it 0, SST-2's head 1). Generic names
+    (LABEL_0, ...) or other names say nothing about the order."""
     id2label = {int(key): str(value) for key, value in (getattr(config, "id2label", None) or {}).items()}
     model_names = [id2label.get(i, "") for i in range(len(id2label))]
-    if not label_names or len(model_names) != len(label_names):
-        return
-    folded = [label.casefold() for label in label_names]
-    model_folded = [label.casefold() for label in model_names]
-    if sorted(model_folded) != sorted(folded) or model_folded == folded:
+    model_ids = {label.casefold(): i for i, label in enumerate(model_names)}
+    if not label_names or all(model_ids.get(label.casefold(), i) == i for i, label in enumerate(label_names)):
         return
 
     def numbered(names: Sequence[str]) -> str:

