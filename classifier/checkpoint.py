@@ -15,7 +15,7 @@ from analysis.patterns import CLASSES
 from analysis.rundir import atomic_write_together, json_text, writable_path
 from analysis.stats import PROFILE_NAMES
 from analysis.uncertainty import confusion_rates
-from classifier.model import PatternCNN
+from classifier.model import PROFILE_FEATURES, PatternCNN
 
 FORMAT = "attnpat-pattern-cnn/1"
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
@@ -102,8 +102,10 @@ def _check_metadata(path: Path, metadata: dict) -> None:
             raise AttnpatError(f"{path} has invalid {name} {ascii(values)[:80]} (8 integers in "
                                f"{allowed.start}..{allowed.stop - 1})")
     size = metadata.get("input_size")
-    if type(size) is not int or not 8 <= size <= 256:
-        raise AttnpatError(f"{path} has an invalid input size {ascii(size)[:40]}")
+    # the profile channel's first row holds the PROFILE_FEATURES scalars: a smaller image cannot carry them
+    if type(size) is not int or not PROFILE_FEATURES <= size <= 256:
+        raise AttnpatError(f"{path} has an invalid input size {ascii(size)[:40]} (an integer in "
+                           f"{PROFILE_FEATURES}..256: the input's profile row holds {PROFILE_FEATURES} scalars)")
     names = metadata.get("profile_features")
     if names is not None and names != list(PROFILE_NAMES):
         # same count, other order or meaning: the weights would load and read every scalar as another one

@@ -4,7 +4,9 @@ Labeled maps are scarce (about a thousand) while unlabeled ones are free: any he
 teacher, gradient boosting on the profile scalars (the same 20 numbers the CNN's head sees), is fitted on
 the labeled training part only and gives every pool map a class distribution; the CNN then learns from
 the labels and, with weight ``TrainConfig.pool_weight``, from those soft targets. In cross-validation the
-teacher of each fold sees that fold's training maps only, so no test label leaks into the pool.
+teacher of each fold sees that fold's training maps only, so no test label leaks into the pool. It sees the
+CNN's early-stopping maps too (they are training maps): that makes the epoch choice a little optimistic, not
+the out-of-fold score (docs/results.md, "What a fold's fits see").
 
 Shapes: images (N, INPUT_CHANNELS, S, S) as classifier.model.prepare_maps makes them; probabilities (P, 5).
 """

@@ -1,13 +1,15 @@
 """Training the pattern CNN: class-weighted loss, early stopping, stratified k-fold cross-validation.
 
 Every random choice (folds, initialisation, batches, augmentation) derives from one seed, and torch
-runs deterministic ops on the CPU, so the same data and seed give the same scores and weights.
+runs deterministic ops on the CPU, so the same data and seed give the same scores and weights under the same
+:func:`numerics` (torch version, CPU kernel set, thread count: each changes the rounding of the sums).
 """
 from __future__ import annotations
 
 import copy
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +29,8 @@ from classifier.checkpoint import load_checkpoint, save_checkpoint
 from classifier.distill import teacher_probabilities
 from classifier.model import CHANNELS, IMAGE_CHANNELS, INPUT_SIZE, PROFILE_BINS, STRIDES, PatternCNN, prepare_maps
 from classifier.synthetic import synthetic_dataset
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -289,16 +293,14 @@ def cross_validate_cnn(maps: Sequence[np.ndarray], labels: np.ndarray, config: T
     images = prepare_maps(maps, config.input_size)
     extra = synthetic_extra(config)
     pool_images = prepare_maps(pool_maps, config.input_size) if pool_maps else None
-    digest = _inputs_digest(images, labels, config, pool_images) if resume is not None else None
+    kept_paths = [None] * len(folds)
+    if resume is not None:
+        digest = _inputs_digest(images, labels, config, pool_images)
+        kept_paths = [_fold_path(resume, digest, k, *fold) for k, fold in enumerate(folds)]
+        _note_stale_folds(resume, {path.name for path in kept_paths})
     probabilities = np.full((len(labels), len(CLASSES)), np.nan)
     bar = progress_bar(len(folds), bool(progress), "cnn folds", unit="it")
-    for k, (train_idx, test_idx) in enumerate(folds):
-        kept = None
-        if resume is not None:
-            fold = hashlib.sha256(f"{digest} fold {k}".encode())
-            fold.update(np.ascontiguousarray(train_idx, dtype=np.int64).tobytes())
-            fold.update(np.ascontiguousarray(test_idx, dtype=np.int64).tobytes())
-            kept = resume / f"fold-{k}-{fold.hexdigest()[:16]}.npy"
+    for k, ((train_idx, test_idx), kept) in enumerate(zip(folds, kept_paths, strict=True)):
         found = _read_fold(kept, (len(test_idx), len(CLASSES)))
         if found is None:
             result = fit_with_pool(images[train_idx], labels[train_idx], config, config.seed + k, extra, pool_images)
@@ -313,10 +315,37 @@ def cross_validate_cnn(maps: Sequence[np.ndarray], labels: np.ndarray, config: T
     return probabilities
 
 
+def _fold_path(resume: Path, digest: str, k: int, train_idx: np.ndarray, test_idx: np.ndarray) -> Path:
+    """Where fold ``k``'s (test maps, 5) probabilities are kept: named by the inputs' digest and the fold's indices."""
+    fold = hashlib.sha256(f"{digest} fold {k}".encode())
+    fold.update(np.ascontiguousarray(train_idx, dtype=np.int64).tobytes())
+    fold.update(np.ascontiguousarray(test_idx, dtype=np.int64).tobytes())
+    return resume / f"fold-{k}-{fold.hexdigest()[:16]}.npy"
+
+
+def _note_stale_folds(resume: Path, used: set[str]) -> None:
+    """Say so when ``resume`` keeps folds this run could not use (a rerun with other data, settings or numerics
+    trains every fold again, silently before: the user had been told the rerun resumes)."""
+    stale = sorted(path.name for path in resume.glob("fold-*.npy") if path.name not in used)
+    if stale:
+        log.warning("%d fold(s) kept by a stopped train were trained on other maps, labels, settings or numerics "
+                    "(this run's: %s) and are not reused; their folds are trained again", len(stale),
+                    ", ".join(f"{key} {value}" for key, value in numerics().items()))
+
+
+def numerics() -> dict:
+    """What a seeded CPU fit's bits depend on besides its inputs: the torch version, the CPU kernel set torch
+    dispatches to and its intra-op thread count (1 and 2 threads, or AVX2 and the default kernels, train other
+    weights from the same seed)."""
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads()}
+
+
 def _inputs_digest(images: torch.Tensor, labels: np.ndarray, config: TrainConfig,
                    pool_images: torch.Tensor | None) -> str:
-    """sha256 over what a fold's probabilities depend on besides the fold: the prepared maps, labels, config, pool."""
-    digest = hashlib.sha256(json.dumps(asdict(config), sort_keys=True).encode())
+    """sha256 over what a fold's probabilities depend on besides the fold: the prepared maps, labels, config, pool
+    and :func:`numerics` (a fold kept under other numerics would not be the fold this run trains)."""
+    digest = hashlib.sha256(json.dumps([asdict(config), numerics()], sort_keys=True).encode())
     for array in (images.numpy(), np.asarray(labels, dtype=np.int64),
                   pool_images.numpy() if pool_images is not None else np.zeros(0)):
         digest.update(str(array.shape).encode())

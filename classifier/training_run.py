@@ -44,6 +44,7 @@ from classifier.train import (
     check_labels,
     cross_validate_cnn,
     fold_groups,
+    numerics,
     stratified_folds,
     train_final,
 )
@@ -115,7 +116,7 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
     labels = check_labels(data.labels, config.folds)
     folds = stratified_folds(labels, config.folds, config.seed, fold_groups(data.map_ids, fold_grouping))
     with run.record("train", folds=config.folds, fold_groups=fold_grouping, seed=config.seed, data_source=data.source,
-                    pool=None) as entry:
+                    pool=None, numerics=numerics()) as entry:
         # the drawn pool, finished folds and the final fit are kept here, so that a stopped run resumes; the folder
         # goes when this run lands
         run.retire(RESUME_FOLDER)
@@ -160,6 +161,8 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
             },
             "final_fit": {"epochs": final.epochs, "best_epoch": final.best_epoch,
                           "validation_macro_f1": final.validation_f1},
+            # the same seed gives these weights again only under the same numerics (classifier.train.numerics)
+            "numerics": numerics(),
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         if pool is not None:

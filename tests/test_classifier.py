@@ -393,6 +393,20 @@ def test_bad_checkpoints_give_one_line_errors(tmp_path, random_checkpoint):
         assert "\n" not in str(info.value)
 
 
+def test_a_checkpoint_whose_input_size_cannot_hold_the_profile_scalars_is_refused_at_load(tmp_path):
+    """An input size under PROFILE_FEATURES loaded, and classify stopped in a RuntimeError traceback on its first
+    map: the profile channel's first row cannot hold the scalars."""
+    maps = [synthetic_map("diagonal", 25, np.random.default_rng(0))]
+    for size in (8, PROFILE_FEATURES - 1):
+        small = save_checkpoint(PatternCNN(), tmp_path / f"size-{size}.safetensors", {**METADATA, "input_size": size})
+        with pytest.raises(AttnpatError, match=f"invalid input size {size} .an integer in {PROFILE_FEATURES}..256"):
+            load_classifier(small)
+    # the network pools globally: a checkpoint of any size that holds the scalars loads and classifies
+    for size in (PROFILE_FEATURES, 32):
+        fitting = save_checkpoint(PatternCNN(), tmp_path / f"size-{size}.safetensors", {**METADATA, "input_size": size})
+        assert load_classifier(fitting, bf16=False).predict(maps)[0] in CLASSES
+
+
 def test_shipped_default_checkpoint_loads_and_says_what_it_was_trained_on():
     classifier = load_classifier()
     assert DEFAULT_CHECKPOINT.is_file() and DEFAULT_CHECKPOINT.stat().st_size < 5_000_000

@@ -38,6 +38,7 @@ from classifier.classify import (
 from classifier.evaluate import scores
 from classifier.model import CHANNELS, INPUT_SIZE, STRIDES, PatternCNN, prepare_maps
 from classifier.predict import load_classifier
+from classifier.train import TrainConfig, cross_validate_cnn, numerics, stratified_folds
 from tests.tiny import save_tiny_model, tiny_bundle
 
 LAYERS, HEADS = 2, 3
@@ -436,6 +437,8 @@ def test_train_verb_writes_scores_and_checkpoint(tmp_path, capsys):
         assert all(tallied[key] == count for key, count in counted.items()) and counted.sum() == 30
     classifier = load_classifier(out)
     assert classifier.metadata["n_maps"] == 30 and len(classifier.metadata["data_hash"]) == 64
+    # what the seed's weights also depend on (torch version, CPU kernels, threads), for whoever retrains it
+    assert classifier.metadata["numerics"] == numerics() and numerics()["threads"] == torch.get_num_threads()
     assert classifier.metadata["cross_validation"]["folds"] == 2
     assert set(classifier.metadata["cross_validation"]["baselines_macro_f1"]) == {"rules", "logreg", "boosting",
                                                                                   "boosting_profile"}
@@ -561,3 +564,36 @@ def test_a_stopped_train_resumes_after_its_finished_folds_with_the_same_result(t
         assert torch.equal(value, resumed[key]), key
     assert json.loads((again / "classifier" / "synthetic-4" / "classifier.json").read_text())["final_fit"] == \
         json.loads((whole / "classifier.json").read_text())["final_fit"]
+
+
+def test_folds_kept_under_another_thread_count_are_trained_again_and_the_log_says_so(tmp_path, monkeypatch, caplog):
+    """A seeded fit's weights depend on torch's thread count (1 and 2 threads train other weights): a rerun under
+    another count took the folds a stopped run had kept, mixing two runs' numerics in one table. Now they are
+    trained again, and the log says why."""
+    import classifier.train as train_module  # noqa: PLC0415
+    from classifier.synthetic import synthetic_dataset  # noqa: PLC0415
+
+    maps, labels = synthetic_dataset(4, np.random.default_rng(0), lengths=(6, 12))
+    folds, config = stratified_folds(labels, 2, seed=0), TrainConfig(max_epochs=1, batch_size=8)
+    real_fit, fitted = train_module.fit_with_pool, []
+
+    def counting_fit(*args, **kwargs):
+        fitted.append(args[3])  # the fit's seed
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "fit_with_pool", counting_fit)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        first = cross_validate_cnn(maps, labels, config, folds, resume=tmp_path)
+        assert cross_validate_cnn(maps, labels, config, folds, resume=tmp_path) == pytest.approx(first, abs=0)
+        assert fitted == [0, 1] and not caplog.records  # same numerics: both kept folds taken, nothing to say
+        torch.set_num_threads(2)
+        cross_validate_cnn(maps, labels, config, folds, resume=tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    assert fitted == [0, 1, 0, 1]
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 1 and said[0].startswith("2 fold(s) kept by a stopped train were trained on other maps, "
+                                                 "labels, settings or numerics (this run's: torch "), said
+    assert "threads 2)" in said[0]

@@ -55,6 +55,38 @@ def test_each_fold_teacher_sees_only_that_folds_training_maps(monkeypatch):
         assert pool_size == len(pool_maps)
 
 
+def test_no_test_map_reaches_a_folds_cnn_teacher_or_early_stopping(monkeypatch):
+    """The leakage check of docs/results.md: each fold's CNN fit (its training part and the early-stopping split it
+    takes from it) and its teacher get that fold's training maps and labels only, and the pool holds no labeled map.
+    The teacher gets the CNN's early-stopping maps too, by design: they are training maps, never test maps."""
+    maps, labels = synthetic_dataset(4, np.random.default_rng(0), lengths=(6, 12))
+    pool_maps, _ = synthetic_dataset(2, np.random.default_rng(1), lengths=(6, 12))
+    images, pool_images = prepare_maps(maps), prepare_maps(pool_maps)
+    fitted, taught, real_fit = [], [], train.fit
+
+    def recording_fit(fit_images, fit_labels, config, seed, **kwargs):
+        fitted.append((fit_images.clone(), fit_labels.copy(), kwargs["pool"][0].clone()))
+        return real_fit(fit_images, fit_labels, config, seed, **kwargs)
+
+    def recording_teacher(train_images, train_labels, pool, seed=0):
+        taught.append((train_images.clone(), train_labels.copy()))
+        return np.full((len(pool), len(CLASSES)), 1.0 / len(CLASSES))
+
+    monkeypatch.setattr(train, "fit", recording_fit)
+    monkeypatch.setattr(train, "teacher_probabilities", recording_teacher)
+    folds = stratified_folds(labels, 2, seed=0)
+    cross_validate_cnn(maps, labels, TrainConfig(max_epochs=1, batch_size=8), folds, pool_maps=pool_maps)
+    assert len(fitted) == len(taught) == len(folds)
+    for (train_idx, test_idx), (fit_images, fit_labels, pool), (teacher_images, teacher_labels) in zip(
+            folds, fitted, taught, strict=True):
+        assert torch.equal(fit_images, images[train_idx]) and np.array_equal(fit_labels, labels[train_idx])
+        assert torch.equal(teacher_images, fit_images) and np.array_equal(teacher_labels, fit_labels)
+        assert torch.equal(pool, pool_images)
+        for test_image in images[test_idx]:  # not one test map, under any index, in the fit, its split or the pool
+            assert not (fit_images == test_image).flatten(1).all(1).any()
+            assert not (pool == test_image).flatten(1).all(1).any()
+
+
 def test_second_round_learns_from_teacher_and_first_cnn_together(monkeypatch):
     maps, labels = synthetic_dataset(3, np.random.default_rng(0), lengths=(6, 12))
     pool_maps, _ = synthetic_dataset(2, np.random.default_rng(1), lengths=(6, 12))
