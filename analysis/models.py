@@ -15,8 +15,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
+import httpx2
 import torch
+from huggingface_hub import set_client_factory
+from huggingface_hub.utils._http import default_client_factory
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -25,6 +29,7 @@ from transformers import (
     AutoTokenizer,
 )
 from transformers.utils import logging as hf_logging
+from transformers.utils.hub import extract_commit_hash
 
 from analysis.artifacts import KIND_SEPARATOR, kind_folder
 from analysis.errors import AttnpatError, os_error_reason
@@ -50,9 +55,28 @@ DEFAULT_MODEL = "minilm"
 
 ModelKind = Literal["base", "mlm", "classifier"]
 
-# Short network timeouts: a machine without the hub should fail in seconds, not minutes.
-os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
-os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "20")
+# Every hub request gets a timeout: huggingface_hub sends some (the repo-info call transformers 5 makes to resolve a
+# revision) with none, so a hub that accepts the connection but never answers hung a command forever.
+HUB_TIMEOUT_S = 20.0
+
+
+def bound_hub_timeouts(request: httpx2.Request) -> None:
+    """A request hook: each of the request's timeouts (connect, read, write, pool) that is None becomes
+    HUB_TIMEOUT_S; those huggingface_hub set (10 s on file metadata) are kept."""
+    timeouts = request.extensions.get("timeout", {})
+    request.extensions["timeout"] = {name: HUB_TIMEOUT_S if value is None else value
+                                     for name, value in timeouts.items()}
+
+
+def bounded_hub_client() -> httpx2.Client:
+    """huggingface_hub's own HTTP client, with :func:`bound_hub_timeouts` on every request."""
+    client = default_client_factory()
+    hooks = client.event_hooks
+    client.event_hooks = {**hooks, "request": [*hooks.get("request", []), bound_hub_timeouts]}
+    return client
+
+
+set_client_factory(bounded_hub_client)
 
 
 @dataclass
@@ -213,6 +237,27 @@ def _weights_fingerprint(path: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def _cached_hub_commit(repo_id: str) -> str | None:
+    """The commit whose snapshot in the Hugging Face cache holds hub model ``repo_id``'s config (the one its main
+    branch pointed to when last loaded), or None when none is cached."""
+    from huggingface_hub import try_to_load_from_cache  # noqa: PLC0415 (only hub models need it)
+
+    config_file = try_to_load_from_cache(repo_id, "config.json")
+    return extract_commit_hash(config_file, None) if isinstance(config_file, str) else None
+
+
+def model_revision(source: ModelSource) -> str:
+    """What identifies the weights a loaded model came from: a hub model's commit (transformers 5 no longer puts it
+    on the config), else the fingerprint of the model folder's files (:func:`_weights_fingerprint`)."""
+    if source.kind != "hub":
+        return _weights_fingerprint(source.path)
+    commit = _cached_hub_commit(source.path)
+    if commit is None:
+        raise AttnpatError(f"model '{source.name}' loaded, but the Hugging Face cache ($HF_HOME) holds no snapshot "
+                           "of it to name its revision; load it again")
+    return commit
+
+
 def model_files_stamp(name: str) -> tuple | None:
     """What changes when a store or local model is rewritten (``finetune --force``): name, size and modification
     time of its config and weight files. None for the embedded model and hub ids, which do not change under a
@@ -282,22 +327,14 @@ def load_config(source: ModelSource, option: str = "--model"):
     when reachable, so an offline machine fails in seconds instead of retrying. ``option``: the verb's option that
     named the model, for the error's advice."""
     try:
-        try:
+        with quiet_transformers():  # a non-encoder's config warnings (GPT-2's token ids) before it is refused
             config = AutoConfig.from_pretrained(source.path, local_files_only=True)
-            if source.kind == "hub":
-                source.offline = True  # cached: load everything from the cache
-        except Exception:
-            if source.kind != "hub" or not hub_reachable():
-                raise
-            config = AutoConfig.from_pretrained(source.path)
-    except Exception as exc:
         if source.kind == "hub":
-            aliases = ", ".join(EMBEDDED_ALIASES)
-            raise AttnpatError(
-                f"could not load model '{source.name}' from the Hugging Face hub or a local path "
-                f"({type(exc).__name__}); offline, use {option} {aliases} (the embedded all-MiniLM-L6-v2)"
-            ) from exc
-        raise AttnpatError(f"could not read the model config at {source.path}: {exc}") from exc
+            source.offline = True  # cached: load everything from the cache
+    except Exception as exc:
+        if source.kind != "hub":
+            raise AttnpatError(f"could not read the model config at {source.path}: {exc}") from exc
+        config = _config_from_hub(source, option)
     model_type = getattr(config, "model_type", "?")
     if model_type not in ENCODER_TYPES or getattr(config, "is_decoder", False):
         raise AttnpatError(
@@ -305,6 +342,56 @@ def load_config(source: ModelSource, option: str = "--model"):
             f"(supported: {', '.join(sorted(ENCODER_TYPES))})"
         )
     return config
+
+
+def _config_from_hub(source: ModelSource, option: str):
+    """The config of a hub model that is not cached, after :func:`check_hub_model` has asked the hub about it."""
+    endpoint = hub_endpoint()
+    if not hub_reachable():
+        raise AttnpatError(f"could not load model '{source.name}': it is not in the local Hugging Face cache and the "
+                           f"hub {endpoint} is unreachable; offline, use {option} {', '.join(EMBEDDED_ALIASES)} "
+                           "(the embedded all-MiniLM-L6-v2)")
+    check_hub_model(source.name, endpoint, option)
+    try:
+        with quiet_transformers():
+            return AutoConfig.from_pretrained(source.path)
+    except Exception as exc:
+        raise AttnpatError(f"could not load model '{source.name}' from the hub {endpoint} "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
+
+
+def check_hub_model(repo_id: str, endpoint: str, option: str = "--model") -> None:
+    """One request (HUB_TIMEOUT_S at most) for the repo's info, so that what the hub answers becomes one error
+    line: no such model, gated, a refused token, no answer. Nothing is raised when the hub serves the model."""
+    from huggingface_hub import HfApi  # noqa: PLC0415 (only hub models need it)
+    from huggingface_hub.errors import (  # noqa: PLC0415
+        GatedRepoError,
+        HfHubHTTPError,
+        HFValidationError,
+        RepositoryNotFoundError,
+    )
+
+    failed = f"could not load model '{repo_id}':"
+    token_advice = "log in with `hf auth login` or set HF_TOKEN"
+    try:
+        HfApi(endpoint=endpoint).model_info(repo_id, timeout=HUB_TIMEOUT_S)
+    except HFValidationError as exc:
+        raise AttnpatError(f"{failed} not an alias, a model-store name, a model folder or a hub id (org/name)") from exc
+    except GatedRepoError as exc:
+        raise AttnpatError(f"{failed} it is gated on the hub {endpoint}: accept its terms on its page there, then "
+                           f"{token_advice} with a token that may read it") from exc
+    except RepositoryNotFoundError as exc:
+        raise AttnpatError(f"{failed} the hub {endpoint} (reachable) has no such model; check the id, or, for a "
+                           f"private model, {token_advice}") from exc
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else "?"
+        advice = f"; the token was refused: {token_advice} again" if status in (401, 403) else ""
+        raise AttnpatError(f"{failed} the hub {endpoint} answered HTTP {status}{advice}") from exc
+    except httpx2.TimeoutException as exc:
+        raise AttnpatError(f"{failed} the hub {endpoint} accepted the connection but did not answer within "
+                           f"{HUB_TIMEOUT_S:.0f} s; try again later, or use {option} minilm offline") from exc
+    except (httpx2.HTTPError, OSError) as exc:
+        raise AttnpatError(f"{failed} the hub {endpoint} could not be reached ({type(exc).__name__})") from exc
 
 
 def load_model(
@@ -371,7 +458,7 @@ def load_model(
         # a tokenizer without a recorded maximum (or a larger one) would let --max-length past the position table
         tokenizer.model_max_length = positions
     model.to(device).eval()
-    revision = getattr(model.config, "_commit_hash", None) or _weights_fingerprint(source.path)
+    revision = model_revision(source)
     return EncoderBundle(name, source, model, tokenizer, device, revision, meta, map_kind)
 
 
@@ -456,12 +543,33 @@ def list_store() -> list[dict]:
     return found
 
 
+def hub_endpoint() -> str:
+    """The hub huggingface_hub talks to: $HF_ENDPOINT (a mirror, a private hub) or https://huggingface.co."""
+    from huggingface_hub import constants  # noqa: PLC0415 (read when asked: it reads HF_ENDPOINT at import)
+
+    return constants.ENDPOINT
+
+
+def endpoint_address(endpoint: str) -> tuple[str, int]:
+    """(host, port) of a hub URL: the port given, else 443 for https and 80 for http."""
+    parts = urlsplit(endpoint)
+    try:
+        port = parts.port
+    except ValueError:  # HF_ENDPOINT=http://host:notaport: nothing to reach
+        port = None
+    return parts.hostname or "", port or (80 if parts.scheme == "http" else 443)
+
+
 def hub_reachable(timeout: float = 3.0) -> bool:
-    """True when huggingface.co answers within ``timeout`` seconds (and HF_HUB_OFFLINE is not set)."""
+    """True when the configured hub (:func:`hub_endpoint`) accepts a connection within ``timeout`` seconds and
+    HF_HUB_OFFLINE is not set. Only that hub is probed: with HF_ENDPOINT set, huggingface.co is never contacted."""
     if os.environ.get("HF_HUB_OFFLINE", "0") not in {"", "0", "false", "False"}:
         return False
+    host, port = endpoint_address(hub_endpoint())
+    if not host:
+        return False
     try:
-        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+        with socket.create_connection((host, port), timeout=timeout):
             return True
     except OSError:
         return False

@@ -6,7 +6,7 @@ import typer
 from analysis.cluster import maybe_ray
 from analysis.data import available_tasks, load_data
 from analysis.extract import write_maps, write_overview
-from analysis.models import EMBEDDED_ALIASES, FETCHED_ALIASES, hub_reachable, list_store, load_model
+from analysis.models import EMBEDDED_ALIASES, FETCHED_ALIASES, hub_endpoint, hub_reachable, list_store, load_model
 from analysis.rundir import RunDir
 from app import options as opt
 from app.display import layer_interval_lines
@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
 def info() -> None:
     """List the models and tasks available offline and online."""
     hub = hub_reachable()
-    typer.echo(f"hub (huggingface.co): {'reachable' if hub else 'unreachable; working offline'}")
+    typer.echo(f"hub ({hub_endpoint()}): {'reachable' if hub else 'unreachable; working offline'}")
     typer.echo("models:")
     for alias, description in EMBEDDED_ALIASES.items():
         typer.echo(f"  {alias:<24} embedded: {description}")
