@@ -245,7 +245,7 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "many maps, drawn as the labeled set's were: --panel-size)", None, hint=_EVALUATE + " --panel-size 270"),
     Artifact("evaluation_paired", "evaluate", "metric (accuracy|macro_f1), value, paired_value, difference, ci_low, "
              "ci_high (against --data's labels minus against --paired-with's, same maps; 95% paired bootstrap)", None,
-             hint=_EVALUATE + " --paired-with <another labeled set of the same maps>"),
+             hint="--data annotation/labeled/panel-5 --paired-with annotation/labeled/panel-5-images-only"),
     Artifact("evaluation_annotator_pairs", "evaluate", "annotator_a, annotator_b, maps, macro_f1, macro_f1_low, "
              "macro_f1_high, agreement, agreement_low, agreement_high (each pair of annotators against each other, "
              "first-round labels; 95% bootstrap)", None, hint=_EVALUATE),

@@ -259,7 +259,8 @@ def paired_lines(paired: pd.DataFrame, data: str, other: str) -> list[str]:
     for row in paired.to_dict("records"):
         interval = ("no 95% paired interval from one map" if np.isnan(row["ci_low"]) else
                     f"95% paired bootstrap {signed(row['ci_low'])} to {signed(row['ci_high'])}")
-        lines.append(f"{row['metric']} against {data} minus against {other} on the same maps: "
+        metric = {"macro_f1": "macro-F1"}.get(row["metric"], row["metric"])
+        lines.append(f"{metric} against {data} minus against {other} on the same maps: "
                      f"{row['value']:.3f} - {row['paired_value']:.3f} = {signed(row['difference'])} ({interval})")
     return lines
 

@@ -574,6 +574,12 @@ def test_an_annotator_unknown_or_without_first_round_labels_is_one_error_line(ti
              (evaluated, "a", "no annotations.csv, so its single annotators' labels are unknown")]
     (evaluated_copy := shutil.copytree(evaluated, tmp_path / "bare")).joinpath("annotations.csv").unlink()
     cases[2] = (evaluated_copy, "a", cases[2][1])
+    twice = shutil.copytree(panel, tmp_path / "twice")  # a labels map 1 a second time
+    annotations = pd.read_csv(twice / "annotations.csv")
+    pd.concat([annotations, annotations[annotations.annotator == "a"].iloc[[1]]]).to_csv(twice / "annotations.csv",
+                                                                                        index=False)
+    map_id = load_labeled_set(panel).map_ids[1]
+    cases.append((twice, "b", f"annotator 'a' labeled map '{map_id}' twice; an annotator may label a map once"))
     for folder, annotator, message in cases:
         code, _, err = run_evaluate(capsys, "--data", folder, "--classifier", checkpoint, "--annotator", annotator,
                                     "--runs-dir", tmp_path / "runs")
