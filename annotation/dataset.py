@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ class LabeledSet:
     rows: list[dict]
     path: Path | None = None
     tokens: dict[str, list[str]] = field(default_factory=dict)
+    annotator: str | None = None  # whose first-round labels these are (annotator_labeled_set); None: the set's own
 
     @property
     def data_hash(self) -> str:
@@ -296,3 +298,76 @@ def fleiss_kappa(label_lists: list[list[str]], classes=CLASSES) -> float:
     shares = counts.sum(0) / counts.sum()
     p_e = float((shares ** 2).sum())
     return float((p_bar - p_e) / (1 - p_e)) if p_e < 1 else float("nan")
+
+
+# ---------------------------------------------------------------- single annotators
+
+def is_tie(labels: list[str]) -> bool:
+    """Whether the most frequent labels of a map's list are two or more equally frequent ones."""
+    ranked = Counter(labels).most_common()
+    return len(ranked) > 1 and ranked[0][1] == ranked[1][1]
+
+
+def first_round_size(label_lists: Sequence[Sequence[str]]) -> int:
+    """The independent round's size: the most common number of labels per map (the smaller on a tie)."""
+    sizes = Counter(len(labels) for labels in label_lists)
+    return max(sizes, key=lambda size: (sizes[size], -size))
+
+
+def independent_labels(labels: list[str], round_size: int) -> list[str]:
+    """A map's labels (earliest first) without those that settled a tie: when its first ``round_size`` labels
+    (the independent round) tie, the later ones were asked for because of it, and are left out."""
+    independent = labels[:round_size]
+    return independent if len(labels) > round_size and is_tie(independent) else labels
+
+
+def read_single_annotations(labeled: LabeledSet) -> pd.DataFrame:
+    """The set's annotations.csv rows on its maps (map_id, label, annotator, ...), each map's earliest first as
+    `annotate pull` writes them. AttnpatError when the set has none, or one annotator labeled a map twice (a
+    pull keeps each annotator's last word only, so such a file was written by hand and cannot be read as votes)."""
+    path = labeled.path / "annotations.csv" if labeled.path is not None else None
+    if path is None or not path.is_file():
+        raise AttnpatError(f"{labeled.path}: no annotations.csv, so its single annotators' labels are unknown")
+    frame = read_text_table(path, ("map_id", "label", "annotator"))
+    frame = frame[frame.map_id.isin(set(labeled.map_ids))]
+    twice = frame[frame.duplicated(["map_id", "annotator"])]
+    if len(twice):
+        raise AttnpatError(f"{path}: annotator {ascii(twice.annotator.iloc[0][:80])} labeled map "
+                           f"{ascii(twice.map_id.iloc[0][:80])} twice; an annotator may label a map once")
+    unknown = sorted(set(frame.label) - set(CLASSES))
+    if unknown:
+        raise AttnpatError(f"{path}: unknown labels {unknown}; the classes are {', '.join(CLASSES)}")
+    return frame
+
+
+def first_round_annotations(labeled: LabeledSet) -> pd.DataFrame:
+    """The independent (first-round) annotations of the set's maps: :func:`read_single_annotations` without the
+    labels that settled a tie, as Fleiss' kappa leaves them out (annotation.labelstudio.independent_kappa)."""
+    frame = read_single_annotations(labeled)
+    groups = [group for _, group in frame.groupby("map_id", sort=False)]
+    if not groups:
+        return frame
+    round_size = first_round_size([list(group.label) for group in groups])
+    kept = [group.iloc[:len(independent_labels(list(group.label), round_size))] for group in groups]
+    return pd.concat(kept)
+
+
+def annotator_labeled_set(labeled: LabeledSet, annotator: str) -> LabeledSet:
+    """The maps of ``labeled`` that ``annotator`` labeled in the first round, with that annotator's labels (in the
+    set's map order). An unknown annotator, or one who gave only labels that settled ties, is one AttnpatError
+    naming the annotators there are."""
+    first_round = first_round_annotations(labeled)
+    known = sorted(set(read_single_annotations(labeled).annotator))
+    if annotator not in known:
+        raise AttnpatError(f"{labeled.path}: no annotator {ascii(annotator)}; its annotators are "
+                           f"{', '.join(known) or 'none'}")
+    own = dict(zip(*first_round[first_round.annotator == annotator][["map_id", "label"]].to_numpy().T))
+    if not own:
+        raise AttnpatError(f"{labeled.path}: {annotator} only settled ties (no first-round label); the first-round "
+                           f"annotators are {', '.join(sorted(set(first_round.annotator)))}")
+    keep = [i for i, map_id in enumerate(labeled.map_ids) if map_id in own]
+    ids = [labeled.map_ids[i] for i in keep]
+    labels = np.asarray([CLASSES.index(own[map_id]) for map_id in ids], dtype=np.int64)
+    rows = [{**labeled.rows[i], "label": own[labeled.map_ids[i]], "annotator": annotator} for i in keep]
+    return LabeledSet([labeled.maps[i] for i in keep], labels, ids, rows, labeled.path,
+                      {map_id: labeled.tokens[map_id] for map_id in ids if map_id in labeled.tokens}, annotator)

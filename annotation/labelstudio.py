@@ -25,7 +25,15 @@ from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
 from analysis.rendering import cue_text
 from analysis.rundir import atomic_write_json, read_json
-from annotation.dataset import check_labeled_out, fleiss_kappa, write_labeled_folder, write_new_version
+from annotation.dataset import (
+    check_labeled_out,
+    first_round_size,
+    fleiss_kappa,
+    independent_labels,
+    is_tie,
+    write_labeled_folder,
+    write_new_version,
+)
 from annotation.instructions import GALLERY, instructions_html
 from annotation.preannotate import preannotate
 from annotation.sample import read_index
@@ -425,19 +433,6 @@ def resolve_project(client, url: str, title: str, state: dict) -> int:
     return project_id
 
 
-def is_tie(labels: list[str]) -> bool:
-    """Whether the most frequent labels of a map's list are two or more equally frequent ones."""
-    ranked = Counter(labels).most_common()
-    return len(ranked) > 1 and ranked[0][1] == ranked[1][1]
-
-
-def independent_labels(labels: list[str], round_size: int) -> list[str]:
-    """A map's labels (earliest first) without those that settled a tie: when its first ``round_size`` labels
-    (the independent round) tie, the later ones were asked for because of it, and are left out."""
-    independent = labels[:round_size]
-    return independent if len(labels) > round_size and is_tie(independent) else labels
-
-
 def independent_kappa(label_lists: list[list[str]]) -> tuple[float | None, int, int]:
     """Fleiss' kappa of the independent labels: label_lists, one list per labeled map, earliest label first.
     The independent round is as many labels as most maps have; a tie among them is settled by a further label
@@ -446,8 +441,7 @@ def independent_kappa(label_lists: list[list[str]]) -> tuple[float | None, int, 
     or more independent labels, settling labels left out)."""
     if not label_lists:
         return None, 0, 0
-    sizes = Counter(len(labels) for labels in label_lists)
-    round_size = max(sizes, key=lambda size: (sizes[size], -size))  # the most common count (the smaller on a tie)
+    round_size = first_round_size(label_lists)
     independent = [independent_labels(labels, round_size) for labels in label_lists]
     settling = sum(len(labels) - len(kept) for labels, kept in zip(label_lists, independent, strict=True))
     several = [labels for labels in independent if len(labels) > 1]

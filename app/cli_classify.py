@@ -174,20 +174,29 @@ def evaluate(data: str = typer.Option(..., "--data", help=f"labeled-set folder (
                                                          help="checkpoint (default: the shipped one)"),
              panel_size: int | None = typer.Option(None, "--panel-size", help="also the macro-F1 that a fresh panel "
                                                    "of this many maps, drawn as these were, would score"),
+             annotator: str | None = typer.Option(None, "--annotator", help="score against this annotator's own "
+                                                  "first-round labels (annotations.csv), on the maps they labeled"),
+             paired_with: str | None = typer.Option(None, "--paired-with", help="another labeled set of the same "
+                                                    "maps: also the scores against --data's labels minus against "
+                                                    "its labels, with a 95% paired bootstrap interval"),
              runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Score the classifier against a labeled set: macro-F1 with a 95% bootstrap interval over maps, accuracy,
-    per-class precision, recall and F1, the confusion matrix; warns when some maps were in its training set."""
-    from annotation.dataset import load_labeled_set  # noqa: PLC0415
+    per-class precision, recall and F1, the confusion matrix, and its annotators against each other; warns when
+    some maps were in its training set."""
+    from annotation.dataset import annotator_labeled_set, load_labeled_set  # noqa: PLC0415
     from classifier.agreement import evaluate_labeled_set, evaluation_run, overlap_warning, summary_lines  # noqa: PLC0415
     from classifier.predict import load_classifier  # noqa: PLC0415
 
     labeled = load_labeled_set(data)
+    if annotator is not None:
+        labeled = annotator_labeled_set(labeled, annotator)
+    other = load_labeled_set(paired_with) if paired_with is not None else None
     cnn = load_classifier(classifier, bf16=False)  # float32: the scores do not depend on the CPU
-    found = evaluate_labeled_set(labeled, cnn, evaluation_run(data, runs_dir), progress=not quiet,
-                                 panel_size=panel_size)
+    found = evaluate_labeled_set(labeled, cnn, evaluation_run(data, runs_dir, annotator), progress=not quiet,
+                                 panel_size=panel_size, paired_with=other)
     warning = overlap_warning(found)
     if warning:
         typer.echo(warning, err=True)
-    for line in summary_lines(found, data, cnn.trained_on):
+    for line in summary_lines(found, data, cnn.trained_on, paired_with):
         typer.echo(line)
     typer.echo("tables and figure: " + ", ".join(str(path) for path in found.files))

@@ -12,6 +12,16 @@ Outputs in the run directory runs/classifier/<labeled set folder name>/:
                               set is here and unchanged, exactly as in cross-validation.
   evaluation_panel_size.csv   panel_size, quantile, macro_f1 (with --panel-size): what a fresh panel of that many maps,
                               drawn as these were, would score (panel_score_quantiles)
+  evaluation_paired.csv       metric (accuracy|macro_f1), value, paired_value, difference, ci_low, ci_high (with
+                              --paired-with B): the CNN's score against these labels minus against B's labels of the
+                              same maps, 95% paired bootstrap over maps (paired_label_comparison)
+  evaluation_annotator_pairs.csv  annotator_a, annotator_b, maps, macro_f1, macro_f1_low, macro_f1_high, agreement,
+                              agreement_low, agreement_high (when annotations.csv holds two or more annotators): each
+                              pair of annotators scored against each other on the maps both labeled in the first
+                              round (annotator_pair_table)
+
+With --annotator NAME the labels are that annotator's own first-round ones (annotation.dataset
+.annotator_labeled_set), on the maps they labeled, and the run directory is <labeled set>-by-<NAME>.
 
 Which classes are scored: those present in the labels or the predictions (what sklearn's f1_score does when
 given no class list). A class absent from both has no precision, recall or F1 (an empty cell, never 0 or 1)
@@ -22,7 +32,9 @@ macro-F1 printed and in evaluation_scores.csv.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +48,7 @@ from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir
 from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_draws, bootstrap_statistic_interval
-from annotation.dataset import LabeledSet, labeled_set_name, load_labeled_set
+from annotation.dataset import LabeledSet, first_round_annotations, labeled_set_name, load_labeled_set
 from classifier.evaluate import (
     baseline_comparison,
     comparison_lines,
@@ -44,6 +56,7 @@ from classifier.evaluate import (
     confusion_rows_of,
     held_out_baseline_predictions,
     rule_class_indices,
+    signed,
 )
 from classifier.figures import write_confusion_figure
 from classifier.predict import PatternClassifier
@@ -165,6 +178,98 @@ def prediction_table(map_ids: list[str], labels: np.ndarray, probabilities: np.n
     for i, cls in enumerate(CLASSES):
         frame[f"p_{cls}"] = probabilities[:, i]
     return frame
+
+
+# ---------------------------------------------------------------- two label sets, and annotators, side by side
+
+def paired_labels(labeled: LabeledSet, other: LabeledSet) -> np.ndarray:
+    """(N,) ``other``'s labels of ``labeled``'s N maps, in ``labeled``'s order. AttnpatError, naming the first
+    difference, unless ``other`` holds exactly the same map ids with the same maps."""
+    ours, theirs = set(labeled.map_ids), set(other.map_ids)
+    if ours != theirs:
+        missing, extra = sorted(ours - theirs), sorted(theirs - ours)
+        first = f"{ascii(missing[0][:80])} not in it" if missing else f"{ascii(extra[0][:80])} only in it"
+        raise AttnpatError(f"--paired-with {other.path} must hold the same maps as --data {labeled.path}: "
+                           f"{len(missing)} missing, {len(extra)} more (first: {first})")
+    index = {map_id: i for i, map_id in enumerate(other.map_ids)}
+    for map_id, attn in zip(labeled.map_ids, labeled.maps, strict=True):
+        if not np.array_equal(attn, other.maps[index[map_id]]):
+            raise AttnpatError(f"--paired-with {other.path} holds map {ascii(map_id[:80])} with other values than "
+                               f"--data {labeled.path}; the label sets must label the same maps")
+    return other.labels[[index[map_id] for map_id in labeled.map_ids]]
+
+
+def paired_label_comparison(labels: np.ndarray, paired: np.ndarray, predicted: np.ndarray, *, level: float = 0.95,
+                            n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> pd.DataFrame:
+    """The same (N,) predictions scored against two (N,) label sets of the same maps. Returns metric (accuracy,
+    macro_f1), value (against ``labels``), paired_value (against ``paired``), difference (value minus
+    paired_value), ci_low, ci_high: percentile bootstrap over maps, each draw scoring both label sets on the same
+    maps (class_scores), so the interval is of the paired difference."""
+    labels, predicted = scored_pairs(labels, predicted)
+    paired, _ = scored_pairs(paired, predicted)
+
+    def both(draw: np.ndarray) -> np.ndarray:  # (2, 2): accuracy, macro_f1 x labels, paired
+        found = [class_scores(given[draw], predicted[draw]) for given in (labels, paired)]
+        return np.array([[score.accuracy for score in found], [score.macro_f1 for score in found]])
+
+    values = both(np.arange(len(labels)))
+    bounds = bootstrap_statistic_interval(lambda draw: np.subtract(*both(draw).T), len(labels), level=level,
+                                          n_boot=n_boot, seed=seed)  # (2, 2)
+    return pd.DataFrame({"metric": ["accuracy", "macro_f1"], "value": values[:, 0], "paired_value": values[:, 1],
+                         "difference": values[:, 0] - values[:, 1], "ci_low": bounds[:, 0], "ci_high": bounds[:, 1]})
+
+
+def pair_scores(first: np.ndarray, second: np.ndarray, draw: np.ndarray) -> np.ndarray:
+    """(2,) macro-F1 and agreement of two annotators' (N,) labels at ``draw`` (indices into N)."""
+    found = class_scores(first[draw], second[draw])
+    return np.array([found.macro_f1, found.accuracy])
+
+
+PAIR_COLUMNS = ["annotator_a", "annotator_b", "maps", "macro_f1", "macro_f1_low", "macro_f1_high", "agreement",
+                "agreement_low", "agreement_high"]
+
+
+def annotator_pair_table(labeled: LabeledSet, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
+                         seed: int = 0) -> pd.DataFrame:
+    """Every pair of annotators of ``labeled``'s maps scored against each other, on the maps both labeled in the
+    first round (annotation.dataset.first_round_annotations): macro-F1 as evaluate scores the CNN (class_scores;
+    it is the same either way round), agreement (the share of maps labeled alike), each with a percentile
+    bootstrap interval over those maps. Columns PAIR_COLUMNS; no rows without annotations.csv or two annotators."""
+    if labeled.path is None or not (labeled.path / "annotations.csv").is_file():
+        return pd.DataFrame(columns=PAIR_COLUMNS)
+    table = first_round_annotations(labeled).pivot(index="map_id", columns="annotator", values="label")
+    annotators = sorted(table.columns)
+    rows = []
+    for k, first in enumerate(annotators):
+        for second in annotators[k + 1:]:
+            both = table[[first, second]].dropna()
+            if both.empty:
+                continue
+            a, b = (np.asarray([CLASSES.index(label) for label in both[name]]) for name in (first, second))
+            found = pair_scores(a, b, np.arange(len(a)))
+            bounds = bootstrap_statistic_interval(partial(pair_scores, a, b), len(a), level=level, n_boot=n_boot,
+                                                  seed=seed)  # (2, 2)
+            rows.append([first, second, len(a), found[0], *bounds[0], found[1], *bounds[1]])
+    return pd.DataFrame(rows, columns=PAIR_COLUMNS)
+
+
+def paired_lines(paired: pd.DataFrame, data: str, other: str) -> list[str]:
+    """What evaluate prints for --paired-with: the difference per metric with its interval."""
+    lines = []
+    for row in paired.to_dict("records"):
+        interval = ("no 95% paired interval from one map" if np.isnan(row["ci_low"]) else
+                    f"95% paired bootstrap {signed(row['ci_low'])} to {signed(row['ci_high'])}")
+        metric = {"macro_f1": "macro-F1"}.get(row["metric"], row["metric"])
+        lines.append(f"{metric} against {data} minus against {other} on the same maps: "
+                     f"{row['value']:.3f} - {row['paired_value']:.3f} = {signed(row['difference'])} ({interval})")
+    return lines
+
+
+def pair_lines(pairs: pd.DataFrame) -> list[str]:
+    """What evaluate prints of the annotator pairs: one line per pair."""
+    return [f"annotators {row['annotator_a']} vs {row['annotator_b']} ({row['maps']} maps, first round): macro-F1 "
+            f"{row['macro_f1']:.3f} ({ci_text(pd.Series({'low': row['macro_f1_low'], 'high': row['macro_f1_high']}))}),"
+            f" agreement {row['agreement']:.3f}" for row in pairs.to_dict("records")]
 
 
 # ---------------------------------------------------------------- is the labeled set held out?
@@ -299,6 +404,9 @@ class Evaluation:
     comparison: pd.DataFrame
     panel: pd.DataFrame | None = None  # panel_score_quantiles, with --panel-size
     other_models: list[str] = field(default_factory=list)  # models of these maps the classifier never learned from
+    annotator: str | None = None  # whose first-round labels were scored (--annotator); None: the set's own
+    pairs: pd.DataFrame | None = None  # annotator_pair_table, when two or more annotators labeled these maps
+    paired: pd.DataFrame | None = None  # paired_label_comparison, with --paired-with
 
     def value(self, metric: str, cls: str = "") -> pd.Series:
         """value, low, high of one row of the scores table."""
@@ -310,9 +418,13 @@ class Evaluation:
         return unscored_classes(np.array([self.value("f1", cls).value for cls in CLASSES], dtype=float))
 
 
-def evaluation_run(folder: str | Path, root: str | Path | None = None) -> RunDir:
-    """runs/classifier/<the labeled set's name>/ (annotation.dataset.labeled_set_name)."""
-    return RunDir(RUN_MODEL, labeled_set_name(folder), root)
+def evaluation_run(folder: str | Path, root: str | Path | None = None, annotator: str | None = None) -> RunDir:
+    """runs/classifier/<the labeled set's name>/ (annotation.dataset.labeled_set_name), or, scoring one
+    annotator's labels, <name>-by-<annotator> (characters other than letters, digits, '.', '_', '-' as '-')."""
+    name = labeled_set_name(folder)
+    if annotator is not None:
+        name += "-by-" + re.sub(r"[^A-Za-z0-9._-]+", "-", annotator)
+    return RunDir(RUN_MODEL, name, root)
 
 
 def predict_in_batches(classifier: PatternClassifier, maps: list[np.ndarray], progress: bool = True,
@@ -340,25 +452,30 @@ def baseline_predictions_on(labeled: LabeledSet, training: LabeledSet | None, se
 
 def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run: RunDir, *,
                          n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0, progress: bool = True,
-                         panel_size: int | None = None) -> Evaluation:
+                         panel_size: int | None = None, paired_with: LabeledSet | None = None) -> Evaluation:
     """Classify every map of ``labeled``, score the predictions against its labels and write the tables and the
-    confusion figure into ``run``; with ``panel_size``, also what a fresh panel of that size would score."""
+    confusion figure into ``run``; with ``panel_size``, also what a fresh panel of that size would score; with
+    ``paired_with`` (another label set of the same maps), the scores' difference between the two label sets;
+    when annotations.csv holds two or more annotators, how they score against each other."""
     if not len(labeled):  # before, 'scoring needs one prediction per labeled map, got 0 for 0', after the load
         raise AttnpatError(f"{labeled.path}: labels.csv lists no maps; there is nothing to evaluate")
     if panel_size is not None:
         check_panel_size(panel_size, len(labeled))  # before the maps are classified
+    other_labels = paired_labels(labeled, paired_with) if paired_with is not None else None
+    pairs = annotator_pair_table(labeled, n_boot=n_boot, seed=seed)  # a malformed annotations.csv fails here
     probabilities = predict_in_batches(classifier, labeled.maps, progress)
     predicted = probabilities.argmax(1)
     with run.record("evaluate", data_source=str(labeled.path), data_hash=labeled.data_hash,
-                    classifier=classifier.path or "shipped default", trained_on=classifier.trained_on,
-                    n_boot=n_boot, seed=seed) as entry:
+                    annotator=labeled.annotator, classifier=classifier.path or "shipped default",
+                    trained_on=classifier.trained_on, n_boot=n_boot, seed=seed) as entry:
         scores = score_table(labeled.labels, predicted, n_boot=n_boot, seed=seed)
         confusion = confusion_matrix(labeled.labels, predicted, labels=list(range(len(CLASSES))))
         overlap = training_overlap(labeled, classifier.metadata)
         unseen = other_models(labeled, classifier.metadata, overlap)
         predictions = {"cnn": predicted, **baseline_predictions_on(labeled, overlap.training, seed, progress)}
         comparison = baseline_comparison(predictions, labeled.labels, "cnn", n_boot=n_boot, seed=seed)
-        title = f"CNN against {display_name(Path(labeled.path or '.').name)} ({len(labeled)} maps)"
+        whose = f", {display_name(labeled.annotator)}'s labels" if labeled.annotator is not None else ""
+        title = f"CNN against {display_name(Path(labeled.path or '.').name)}{whose} ({len(labeled)} maps)"
         files = [run.write_table("evaluation_scores", scores),
                  run.write_table("evaluation_confusion", confusion_table(confusion)),
                  *write_confusion_figure(run, "evaluation_confusion", confusion, title),
@@ -371,12 +488,26 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
             files.append(run.write_table("evaluation_panel_size", panel))
         else:  # an earlier run's, made with --panel-size (perhaps of another checkpoint), leaves with it
             run.retire("evaluation_panel_size.csv")
+        paired = None
+        if other_labels is not None:
+            paired = paired_label_comparison(labeled.labels, other_labels, predicted, n_boot=n_boot, seed=seed)
+            files.append(run.write_table("evaluation_paired", paired))
+        else:
+            run.retire("evaluation_paired.csv")
+        if len(pairs):
+            files.append(run.write_table("evaluation_annotator_pairs", pairs))
+        else:
+            run.retire("evaluation_annotator_pairs.csv")
         found = scores[scores["class"] == ""].set_index("metric").value
         entry.update(n_maps=len(labeled), macro_f1=float(found.macro_f1),
                      accuracy=float(found.accuracy), maps_in_training=overlap.in_training,
                      maps_in_unlabeled_pool=overlap.in_pool, training_set=overlap.training_set,
-                     vs_baselines=comparison_record(comparison), panel_size=panel_size, other_models=unseen)
-    return Evaluation(scores, confusion, overlap, files, len(labeled), comparison, panel, unseen)
+                     vs_baselines=comparison_record(comparison), panel_size=panel_size, other_models=unseen,
+                     paired_with=str(paired_with.path) if paired_with is not None else None,
+                     paired=paired.set_index("metric").to_dict("index") if paired is not None else None,
+                     annotator_pairs=pairs.to_dict("records"))
+    return Evaluation(scores, confusion, overlap, files, len(labeled), comparison, panel, unseen, labeled.annotator,
+                      pairs if len(pairs) else None, paired)
 
 
 def ci_text(row: pd.Series) -> str:
@@ -386,11 +517,12 @@ def ci_text(row: pd.Series) -> str:
     return f"95% CI {row.low:.3f}-{row.high:.3f}"
 
 
-def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
+def summary_lines(found: Evaluation, data: str, trained_on: str, paired_with: str | None = None) -> list[str]:
     """What `attnpat evaluate` prints: macro-F1 with its interval, accuracy, F1 per class, the classes not scored
-    and whether the maps are held out (data: the folder as the user named it)."""
+    and whether the maps are held out (data, paired_with: the folders as the user named them)."""
     macro, accuracy = found.value("macro_f1"), found.value("accuracy")
-    lines = [f"macro-F1 {macro.value:.3f} ({ci_text(macro)}) on {found.n_maps} maps of {data} "
+    whose = f" labeled by {found.annotator} (first round)" if found.annotator is not None else ""
+    lines = [f"macro-F1 {macro.value:.3f} ({ci_text(macro)}) on {found.n_maps} maps of {data}{whose} "
              f"(classifier trained on {trained_on})",
              f"accuracy {accuracy.value:.3f} ({ci_text(accuracy)})",
              "F1 per class: " + ", ".join(f"{cls} {found.value('f1', cls).value:.3f} "
@@ -399,6 +531,10 @@ def summary_lines(found: Evaluation, data: str, trained_on: str) -> list[str]:
     if found.absent:
         lines.append(f"not scored (neither labeled nor predicted): {', '.join(found.absent)}")
     lines += comparison_lines(found.comparison)
+    if found.paired is not None:
+        lines += paired_lines(found.paired, data, paired_with or "the paired set")
+    if found.pairs is not None:
+        lines += pair_lines(found.pairs)
     if found.panel is not None:
         quantile = found.panel.set_index("quantile").macro_f1
         lines.append(f"a fresh panel of {int(found.panel.panel_size.iloc[0])} maps drawn like these: macro-F1 "

@@ -118,13 +118,15 @@ def comparison_record(comparison: pd.DataFrame) -> dict[str, dict]:
         .to_dict("index")
 
 
+def signed(value: float) -> str:
+    """'+0.019': rounded first, so that -0.0000001 reads +0.000, not -0.000."""
+    return f"{round(float(value), 3) + 0.0:+.3f}"
+
+
 def comparison_text(entry: dict, level: float = 0.95) -> str:
     """One comparison (a row of :func:`baseline_comparison`, or its record in the checkpoint metadata) as text:
     '+0.037 macro-F1 (95% paired bootstrap +0.013 to +0.060; permutation p = 0.004 (Holm)): above' (``level``:
     the one it was computed at; a checkpoint trained by an earlier version records no p, and its text shows none)."""
-    def signed(value: float) -> str:  # rounded first, so that -0.0000001 reads +0.000, not -0.000
-        return f"{round(float(value), 3) + 0.0:+.3f}"
-
     test = f"; permutation p = {entry['p_holm']:.3f} (Holm)" if entry.get("p_holm") is not None else ""
     if np.isnan(entry["ci_low"]) or np.isnan(entry["ci_high"]):  # one map: nothing to resample
         interval = f"no {level:.0%} paired bootstrap interval from one map"

@@ -15,7 +15,7 @@ from analysis.artifacts import ARTIFACTS, listed
 from analysis.errors import AttnpatError
 from analysis.mapstore import single_map, write_maps
 from analysis.patterns import CLASSES
-from annotation.dataset import labeled_set_name, load_labeled_set, write_labeled_folder
+from annotation.dataset import labeled_set_name, load_labeled_set, save_labeled_set, write_labeled_folder
 from app.cli import main
 from classifier.agreement import class_scores, panel_score_quantiles, score_table, training_folder
 from classifier.checkpoint import save_checkpoint
@@ -105,7 +105,9 @@ def test_evaluate_writes_registered_tables_that_agree_with_sklearn(tiny, tmp_pat
     run = tmp_path / "classifier" / "panel"
     written = {path.name for path in run.iterdir()}
     expected = {name for entry in ARTIFACTS if entry.verb == "evaluate" for name in entry.files()}
-    assert written == expected | {"manifest.json"} and all(listed(name) for name in written)
+    # written only with --paired-with, and for a set whose annotations.csv holds annotators (tests below)
+    conditional = {"evaluation_paired.csv", "evaluation_annotator_pairs.csv"}
+    assert written == (expected - conditional) | {"manifest.json"} and all(listed(name) for name in written)
 
     predictions = pd.read_csv(run / "evaluation_predictions.csv")
     labels = load_labeled_set(evaluated)
@@ -507,3 +509,134 @@ def test_a_panel_without_a_rare_class_is_evaluated_and_merged(tiny, tmp_path, ca
                  "-q"])
     err = capsys.readouterr().err
     assert code == 2 and "heterogeneous (0)" in err
+
+
+# ---------------------------------------------------------------- single annotators, and two label sets
+
+def annotated_copy(source: Path, folder: Path) -> tuple[Path, dict[str, list[str]]]:
+    """``source`` with an annotations.csv: a labels every map as labels.csv does; b the first 20 maps, a third of
+    them otherwise; c every map, a fifth otherwise; on map 0 the three split three ways and d settles the tie
+    after them (a fourth label, not of the first round). Returns the folder and each annotator's map ids."""
+    labeled = load_labeled_set(source)
+    labels = [CLASSES[i] for i in labeled.labels]
+    shifted = [CLASSES[(i + 1) % len(CLASSES)] for i in labeled.labels]
+    votes = {"a": labels, "b": [shifted[i] if i % 3 == 0 else labels[i] for i in range(20)],
+             "c": [shifted[i] if i % 5 == 0 else labels[i] for i in range(len(labels))]}
+    votes["c"][0] = CLASSES[(labeled.labels[0] + 2) % len(CLASSES)]  # a, b, c differ on map 0: a tie
+    rows = [{"map_id": labeled.map_ids[i], "label": label, "annotator": who, "labeled_at": f"t{i:03d}"}
+            for i in range(len(labels)) for who in "abc" if i < len(votes[who]) for label in [votes[who][i]]]
+    rows.append({"map_id": labeled.map_ids[0], "label": labels[0], "annotator": "d", "labeled_at": "t999"})
+    folder = shutil.copytree(source, folder)
+    pd.DataFrame(rows).to_csv(folder / "annotations.csv", index=False)
+    return folder, votes
+
+
+def test_one_annotators_first_round_labels_are_scored_in_a_run_of_their_own(tiny, tmp_path, capsys):
+    evaluated, _, checkpoint = tiny
+    panel, votes = annotated_copy(evaluated, tmp_path / "panel")
+    labeled = load_labeled_set(panel)
+    code, out, err = run_evaluate(capsys, "--data", panel, "--classifier", checkpoint, "--runs-dir", tmp_path / "runs",
+                                  "--annotator", "b")
+    assert code == 0, err
+    run = tmp_path / "runs" / "classifier" / "panel-by-b"
+    predictions = pd.read_csv(run / "evaluation_predictions.csv")
+    assert list(predictions.map_id) == labeled.map_ids[:20] and list(predictions.label) == votes["b"]
+    scores = pd.read_csv(run / "evaluation_scores.csv").fillna({"class": ""})
+    overall = scores[scores["class"] == ""].set_index("metric").value
+    assert overall.macro_f1 == pytest.approx(f1_score(votes["b"], predictions.predicted, average="macro"))
+    assert f"on 20 maps of {panel} labeled by b (first round)" in out
+    manifest = json.loads((run / "manifest.json").read_text())["analyses"]["evaluate"]
+    assert manifest["annotator"] == "b" and manifest["n_maps"] == 20
+
+    # the annotators against each other, in the first round: d's tie-settling label is in no pair
+    code, out, err = run_evaluate(capsys, "--data", panel, "--classifier", checkpoint, "--runs-dir", tmp_path / "runs")
+    assert code == 0, err
+    pairs = pd.read_csv(tmp_path / "runs" / "classifier" / "panel" / "evaluation_annotator_pairs.csv")
+    assert [tuple(pair) for pair in pairs[["annotator_a", "annotator_b"]].to_numpy()] == [("a", "b"), ("a", "c"),
+                                                                                         ("b", "c")]
+    for row in pairs.to_dict("records"):
+        first, second = votes[row["annotator_a"]], votes[row["annotator_b"]]
+        shared = min(len(first), len(second))
+        assert row["maps"] == shared
+        assert row["macro_f1"] == pytest.approx(f1_score(first[:shared], second[:shared], average="macro"))
+        assert row["agreement"] == pytest.approx(accuracy_score(first[:shared], second[:shared]))
+        assert row["macro_f1_low"] <= row["macro_f1"] <= row["macro_f1_high"]
+        low, high = f"{row['macro_f1_low']:.3f}", f"{row['macro_f1_high']:.3f}"
+        assert (f"annotators {row['annotator_a']} vs {row['annotator_b']} ({shared} maps, first round): macro-F1 "
+                f"{row['macro_f1']:.3f} (95% CI {low}-{high})") in out
+
+
+def test_an_annotator_unknown_or_without_first_round_labels_is_one_error_line(tiny, tmp_path, capsys):
+    evaluated, _, checkpoint = tiny
+    panel, _ = annotated_copy(evaluated, tmp_path / "panel")
+    cases = [(panel, "nobody", f"{panel}: no annotator 'nobody'; its annotators are a, b, c, d"),
+             (panel, "d", "d only settled ties (no first-round label); the first-round annotators are a, b, c"),
+             (evaluated, "a", "no annotations.csv, so its single annotators' labels are unknown")]
+    (evaluated_copy := shutil.copytree(evaluated, tmp_path / "bare")).joinpath("annotations.csv").unlink()
+    cases[2] = (evaluated_copy, "a", cases[2][1])
+    twice = shutil.copytree(panel, tmp_path / "twice")  # a labels map 1 a second time
+    annotations = pd.read_csv(twice / "annotations.csv")
+    pd.concat([annotations, annotations[annotations.annotator == "a"].iloc[[1]]]).to_csv(twice / "annotations.csv",
+                                                                                        index=False)
+    map_id = load_labeled_set(panel).map_ids[1]
+    cases.append((twice, "b", f"annotator 'a' labeled map '{map_id}' twice; an annotator may label a map once"))
+    for folder, annotator, message in cases:
+        code, _, err = run_evaluate(capsys, "--data", folder, "--classifier", checkpoint, "--annotator", annotator,
+                                    "--runs-dir", tmp_path / "runs")
+        assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def relabeled_copy(source: Path, folder: Path, every: int) -> Path:
+    """``source`` with every ``every``-th map's label moved to the next class, its rows in reverse order."""
+    labeled = load_labeled_set(source)
+    rows = [{**row, "label": CLASSES[(label + (i % every == 0)) % len(CLASSES)]}
+            for i, (row, label) in enumerate(zip(labeled.rows, labeled.labels, strict=True))]
+    return save_labeled_set(folder, rows[::-1], dict(zip(labeled.map_ids, labeled.maps, strict=True)))
+
+
+def test_paired_with_scores_the_difference_between_two_label_sets_of_the_same_maps(tiny, tmp_path, capsys):
+    evaluated, _, checkpoint = tiny
+    other = relabeled_copy(evaluated, tmp_path / "other", every=3)
+    code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path,
+                                  "--paired-with", other)
+    assert code == 0, err
+    run = tmp_path / "classifier" / "panel"
+    predictions = pd.read_csv(run / "evaluation_predictions.csv")
+    theirs = pd.read_csv(other / "labels.csv").set_index("map_id").label[predictions.map_id]
+    assert (theirs.to_numpy() != predictions.label.to_numpy()).sum() == 10  # the labels differ, on maps aligned by id
+    paired = pd.read_csv(run / "evaluation_paired.csv").set_index("metric")
+    y, p = predictions.label, predictions.predicted
+    assert paired.value.accuracy == pytest.approx(accuracy_score(y, p))
+    assert paired.paired_value.accuracy == pytest.approx(accuracy_score(theirs, p))
+    assert paired.paired_value.macro_f1 == pytest.approx(f1_score(theirs, p, average="macro"))
+    np.testing.assert_allclose(paired.difference, paired.value - paired.paired_value)
+    assert ((paired.ci_low <= paired.difference + 1e-12) & (paired.difference <= paired.ci_high + 1e-12)).all()
+    assert paired.ci_low.accuracy < paired.ci_high.accuracy  # maps differ in whether each label is met: a spread
+    row = paired.loc["accuracy"]
+    assert (f"accuracy against {evaluated} minus against {other} on the same maps: {row.value:.3f} - "
+            f"{row.paired_value:.3f} = {row.difference:+.3f}") in out
+    assert json.loads((run / "manifest.json").read_text())["analyses"]["evaluate"]["paired_with"] == str(other)
+
+    # a rerun without it takes the table away
+    code, _, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    assert code == 0, err
+    assert not (run / "evaluation_paired.csv").exists()
+
+
+def test_paired_with_a_set_of_other_maps_is_one_error_line_before_any_work(tiny, tmp_path, capsys):
+    evaluated, training, checkpoint = tiny
+    labeled = load_labeled_set(evaluated)
+    fewer = save_labeled_set(tmp_path / "fewer", labeled.rows[1:], dict(zip(labeled.map_ids, labeled.maps)))
+    changed = save_labeled_set(tmp_path / "changed", labeled.rows, {map_id: attn * 0.5 for map_id, attn
+                                                                    in zip(labeled.map_ids, labeled.maps)})
+    cases = [(fewer, f"must hold the same maps as --data {evaluated}: 1 missing, 0 more (first: "
+                     f"'{labeled.map_ids[0]}' not in it)"),
+             (training, "must hold the same maps"),
+             (changed, f"holds map '{labeled.map_ids[0]}' with other values than --data"),
+             (tmp_path / "missing", "missing does not exist")]
+    for other, message in cases:
+        code, _, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--paired-with", other,
+                                    "--runs-dir", tmp_path / "runs")
+        assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: ") and message in err, err
+    assert not (tmp_path / "runs").exists()

@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 import click
+import pandas as pd
 import pytest
 import typer
 
@@ -154,6 +155,10 @@ def test_every_file_the_analyses_write_on_a_tiny_model_is_registered(tmp_path, m
     model = str(save_tiny_model(tmp_path / "tiny", kind="mlm"))
     common = ["--runs-dir", str(tmp_path / "runs"), "-q"]
     small = ["--model", model, "--task", "sst2", "--n", "6", "--batch-size", "3", *common]
+    labeled = save_tiny_labeled_set(tmp_path / "labeled", 2)
+    labels = pd.read_csv(labeled / "labels.csv")  # two annotators who agree: evaluate scores the pair
+    pd.concat([labels.assign(annotator=who)[["map_id", "label", "annotator"]] for who in "ab"]).to_csv(
+        labeled / "annotations.csv", index=False)
     runs = [
         ["overview", *small],
         ["extract", *small],
@@ -175,7 +180,7 @@ def test_every_file_the_analyses_write_on_a_tiny_model_is_registered(tmp_path, m
         ["special", "--model", "tiny-rte", "--task", "rte", "--n", "4", *common],  # with its base: the paired change
         ["train", "--data", "synthetic:4", "--folds", "2", "--epochs", "1", "--no-baselines", "--pool", "0",
          *common],
-        ["evaluate", "--data", str(save_tiny_labeled_set(tmp_path / "labeled", 2)), "--panel-size", "4",
+        ["evaluate", "--data", str(labeled), "--panel-size", "4", "--paired-with", str(labeled),
          "--classifier", str(tmp_path / "runs" / "classifier" / "synthetic-4" / "classifier.safetensors"), *common],
     ]
     for argv in runs:
