@@ -341,9 +341,9 @@ class WebApp:
             return run_hints(wanted, model, task, named, base)
 
         def with_note(message: str, elsewhere) -> str:
+            unbased = [stem for stem in elsewhere if stem in without_base]  # never when no run is picked (model None)
             notes = [weight_run_note([stem for stem in elsewhere if stem in in_weight_run], model, task),
-                     elsewhere_note([stem for stem in elsewhere if stem in without_base],
-                                    named or split_kind_folder(model)[0], task)]
+                     elsewhere_note(unbased, named or split_kind_folder(model)[0], task) if unbased else ""]
             return "  \n".join([message, *filter(None, notes)])
 
         if folder is not None and not folder.is_dir():

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 import app.run_browser as run_browser
 import app.webapp as webapp
-from analysis.artifacts import tab_artifacts
+from analysis.artifacts import TABS, tab_artifacts
 from analysis.data import Example, load_data
 from analysis.errors import AttnpatError
 from analysis.figures import GridLayout, grid_image, layer_head_figure
@@ -771,3 +771,13 @@ def test_the_pattern_ratios_tab_shows_classifys_notes_under_the_ratio_table(tmp_
     assert [outputs[1 + 6 * k + 5] for k, stem in enumerate(stems) if stem != "pattern_ratios"] == [""] * 3
     (tmp_path / "runs" / "m" / "singular" / "manifest.json").write_text("{cut off")  # damaged: no notes, no error
     assert web.show_artifacts("Pattern ratios", "m", "singular")[1 + 6 * stems.index("pattern_ratios") + 5] == ""
+
+
+def test_every_tab_with_no_run_picked_shows_its_message_not_a_crash(tmp_path):
+    """With no run yet (model and task None), the Classifier tab raised AttributeError in the note for models
+    without a base, and showed nothing, where it shows the shipped classifier's record."""
+    web = WebApp(tmp_path / "runs")
+    for tab in TABS:
+        message = web.show_artifacts(tab.name, None, None)[0]
+        expected = "the shipped classifier's record" if tab.name == "Classifier" else "no runs in"
+        assert expected in message, (tab.name, message)
