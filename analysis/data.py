@@ -350,8 +350,12 @@ class OfflineSource:
     tasks: tuple[str, ...]
     load: Callable[[TaskSpec, int | None, int], TaskData | None]
 
+    def missing(self) -> list[str]:
+        """Those of its packages that are not installed (import names)."""
+        return [package for package in self.packages if package_dir(package) is None]
+
     def installed(self) -> bool:
-        return all(package_dir(package) is not None for package in self.packages)
+        return not self.missing()
 
 
 # The one rule for which GLUE splits work without the hub: split -> its packages and the tasks they hold. SST-2's
@@ -411,12 +415,12 @@ def _load_task(task: str, split: str = "validation", n: int | None = None, *, al
         return data
     if source is None:
         tried.append(f"no packaged {split} split for {task}")
-        raise NoTaskSource(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}",
-                           "" if task in OFFLINE_GLUE else hub_only_advice(spec, split))
-    missing = [package for package in source.packages if package_dir(package) is None]
-    tried.append(f"{source.name} ({'not installed' if missing else f'installed, without its {split} files'})")
-    raise NoTaskSource(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}",
-                       capitalised(install_advice(*(missing or source.packages))))
+        advice = "" if task in OFFLINE_GLUE else hub_only_advice(spec, split)
+    else:
+        missing = source.missing()
+        tried.append(f"{source.name} ({'not installed' if missing else f'installed, without its {split} files'})")
+        advice = capitalised(install_advice(*(missing or source.packages)))
+    raise NoTaskSource(f"no source for task '{task}' split '{split}'; tried: {'; '.join(tried)}", advice)
 
 
 FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")

@@ -374,7 +374,7 @@ def check_hub_model(repo_id: str, endpoint: str, option: str = "--model") -> Non
     failed = f"could not load model '{repo_id}':"
     token_advice = "log in with `hf auth login` or set HF_TOKEN"
     try:
-        HfApi(endpoint=endpoint).model_info(repo_id, timeout=HUB_TIMEOUT_S)
+        HfApi(endpoint=endpoint).model_info(repo_id)  # bounded by bound_hub_timeouts, as every hub request
     except HFValidationError as exc:
         raise AttnpatError(f"{failed} not an alias, a model-store name, a model folder or a hub id (org/name)") from exc
     except GatedRepoError as exc:

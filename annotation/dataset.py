@@ -343,7 +343,12 @@ def read_single_annotations(labeled: LabeledSet) -> pd.DataFrame:
 def first_round_annotations(labeled: LabeledSet) -> pd.DataFrame:
     """The independent (first-round) annotations of the set's maps: :func:`read_single_annotations` without the
     labels that settled a tie, as Fleiss' kappa leaves them out (annotation.labelstudio.independent_kappa)."""
-    frame = read_single_annotations(labeled)
+    return first_round_of(read_single_annotations(labeled))
+
+
+def first_round_of(frame: pd.DataFrame) -> pd.DataFrame:
+    """Annotations ``frame`` (:func:`read_single_annotations`, each map's earliest first) without the labels that
+    settled a tie (:func:`independent_labels`)."""
     groups = [group for _, group in frame.groupby("map_id", sort=False)]
     if not groups:
         return frame
@@ -356,8 +361,9 @@ def annotator_labeled_set(labeled: LabeledSet, annotator: str) -> LabeledSet:
     """The maps of ``labeled`` that ``annotator`` labeled in the first round, with that annotator's labels (in the
     set's map order). An unknown annotator, or one who gave only labels that settled ties, is one AttnpatError
     naming the annotators there are."""
-    first_round = first_round_annotations(labeled)
-    known = sorted(set(read_single_annotations(labeled).annotator))
+    annotations = read_single_annotations(labeled)  # read once: the first round is taken from it
+    first_round = first_round_of(annotations)
+    known = sorted(set(annotations.annotator))
     if annotator not in known:
         raise AttnpatError(f"{labeled.path}: no annotator {ascii(annotator)}; its annotators are "
                            f"{', '.join(known) or 'none'}")

@@ -55,6 +55,7 @@ from classifier.evaluate import (
     comparison_record,
     confusion_rows_of,
     held_out_baseline_predictions,
+    paired_interval_text,
     rule_class_indices,
     signed,
 )
@@ -257,8 +258,7 @@ def paired_lines(paired: pd.DataFrame, data: str, other: str) -> list[str]:
     """What evaluate prints for --paired-with: the difference per metric with its interval."""
     lines = []
     for row in paired.to_dict("records"):
-        interval = ("no 95% paired interval from one map" if np.isnan(row["ci_low"]) else
-                    f"95% paired bootstrap {signed(row['ci_low'])} to {signed(row['ci_high'])}")
+        interval = paired_interval_text(row["ci_low"], row["ci_high"])
         metric = {"macro_f1": "macro-F1"}.get(row["metric"], row["metric"])
         lines.append(f"{metric} against {data} minus against {other} on the same maps: "
                      f"{row['value']:.3f} - {row['paired_value']:.3f} = {signed(row['difference'])} ({interval})")
@@ -268,7 +268,7 @@ def paired_lines(paired: pd.DataFrame, data: str, other: str) -> list[str]:
 def pair_lines(pairs: pd.DataFrame) -> list[str]:
     """What evaluate prints of the annotator pairs: one line per pair."""
     return [f"annotators {row['annotator_a']} vs {row['annotator_b']} ({row['maps']} maps, first round): macro-F1 "
-            f"{row['macro_f1']:.3f} ({ci_text(pd.Series({'low': row['macro_f1_low'], 'high': row['macro_f1_high']}))}),"
+            f"{row['macro_f1']:.3f} ({ci_text(row['macro_f1_low'], row['macro_f1_high'])}),"
             f" agreement {row['agreement']:.3f}" for row in pairs.to_dict("records")]
 
 
@@ -510,11 +510,11 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
                       pairs if len(pairs) else None, paired)
 
 
-def ci_text(row: pd.Series) -> str:
-    """'95% CI 0.879-0.971' for a row of the scores table, or what stands in for it when one map gave no interval."""
-    if np.isnan(row.low) or np.isnan(row.high):
+def ci_text(low: float, high: float) -> str:
+    """'95% CI 0.879-0.971' for an interval's bounds, or what stands in for it when one map gave NaN bounds."""
+    if np.isnan(low) or np.isnan(high):
         return "no 95% CI: one map"
-    return f"95% CI {row.low:.3f}-{row.high:.3f}"
+    return f"95% CI {low:.3f}-{high:.3f}"
 
 
 def summary_lines(found: Evaluation, data: str, trained_on: str, paired_with: str | None = None) -> list[str]:
@@ -522,9 +522,9 @@ def summary_lines(found: Evaluation, data: str, trained_on: str, paired_with: st
     and whether the maps are held out (data, paired_with: the folders as the user named them)."""
     macro, accuracy = found.value("macro_f1"), found.value("accuracy")
     whose = f" labeled by {found.annotator} (first round)" if found.annotator is not None else ""
-    lines = [f"macro-F1 {macro.value:.3f} ({ci_text(macro)}) on {found.n_maps} maps of {data}{whose} "
+    lines = [f"macro-F1 {macro.value:.3f} ({ci_text(macro.low, macro.high)}) on {found.n_maps} maps of {data}{whose} "
              f"(classifier trained on {trained_on})",
-             f"accuracy {accuracy.value:.3f} ({ci_text(accuracy)})",
+             f"accuracy {accuracy.value:.3f} ({ci_text(accuracy.low, accuracy.high)})",
              "F1 per class: " + ", ".join(f"{cls} {found.value('f1', cls).value:.3f} "
                                           f"(n={int(found.value('support', cls).value)})"
                                           for cls in CLASSES if cls not in found.absent)]

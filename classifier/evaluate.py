@@ -128,11 +128,16 @@ def comparison_text(entry: dict, level: float = 0.95) -> str:
     '+0.037 macro-F1 (95% paired bootstrap +0.013 to +0.060; permutation p = 0.004 (Holm)): above' (``level``:
     the one it was computed at; a checkpoint trained by an earlier version records no p, and its text shows none)."""
     test = f"; permutation p = {entry['p_holm']:.3f} (Holm)" if entry.get("p_holm") is not None else ""
-    if np.isnan(entry["ci_low"]) or np.isnan(entry["ci_high"]):  # one map: nothing to resample
-        interval = f"no {level:.0%} paired bootstrap interval from one map"
-    else:
-        interval = f"{level:.0%} paired bootstrap {signed(entry['ci_low'])} to {signed(entry['ci_high'])}"
+    interval = paired_interval_text(entry["ci_low"], entry["ci_high"], level)
     return f"{signed(entry['difference'])} macro-F1 ({interval}{test}): {entry['verdict']}"
+
+
+def paired_interval_text(low: float, high: float, level: float = 0.95) -> str:
+    """'95% paired bootstrap +0.013 to +0.060', or, when one map gave NaN bounds (nothing to resample), what stands
+    in for it."""
+    if np.isnan(low) or np.isnan(high):
+        return f"no {level:.0%} paired bootstrap interval from one map"
+    return f"{level:.0%} paired bootstrap {signed(low)} to {signed(high)}"
 
 
 def comparison_lines(comparison: pd.DataFrame, reference: str = "CNN", level: float = 0.95) -> list[str]:

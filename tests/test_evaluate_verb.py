@@ -334,7 +334,8 @@ def test_one_labeled_map_gives_no_interval_not_a_certain_one(tiny, tmp_path, cap
     evaluated, _, checkpoint = tiny
     labeled = load_labeled_set(evaluated)
     one = write_labeled_folder(tmp_path / "one", labeled.rows[:1], dict(zip(labeled.map_ids, labeled.maps)), [], {})
-    code, out, err = run_evaluate(capsys, "--data", one, "--classifier", checkpoint, "--runs-dir", tmp_path)
+    code, out, err = run_evaluate(capsys, "--data", one, "--classifier", checkpoint, "--runs-dir", tmp_path,
+                                  "--paired-with", one)
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("macro-F1 ") and "(no 95% CI: one map) on 1 maps" in lines[0]
@@ -347,6 +348,10 @@ def test_one_labeled_map_gives_no_interval_not_a_certain_one(tiny, tmp_path, cap
     compared = [line for line in lines if line.startswith("CNN vs ")]
     assert len(compared) == len(versus) and all("no 95% paired bootstrap interval from one map" in line
                                                 for line in compared)
+    # --paired-with words its missing interval as the baseline comparisons do (one helper, paired_interval_text)
+    paired = [line for line in lines if " minus against " in line]
+    assert len(paired) == 2 and all(line.endswith("(no 95% paired bootstrap interval from one map)") for line in paired)
+    assert pd.read_csv(run / "evaluation_paired.csv")[["ci_low", "ci_high"]].isna().all().all()
 
 
 def test_a_panel_size_above_the_labeled_maps_is_refused_before_any_work(tiny, tmp_path, capsys):
