@@ -427,6 +427,11 @@ class RunDir:
         """Where ``name`` lives in the run folder (inside a record, once the analysis has finished)."""
         return self.path / name
 
+    def check_writable(self) -> None:
+        """A one-line AttnpatError unless this run folder can be written (writable_path on its manifest); verbs call
+        it before their work, as record does, so a read-only runs folder fails before the work, not after it."""
+        writable_path(self.file("manifest.json"))
+
     def current(self, name: str) -> Path:
         """The file ``name`` as this process sees it now: inside a record, the staged copy it wrote, if any."""
         for staging in reversed(self._staging):
@@ -519,7 +524,7 @@ class RunDir:
 
         wait: when another process records the same analysis here, wait for it (a short update that several
         commands make in turn) instead of stopping with an error."""
-        writable_path(self.file("manifest.json"))
+        self.check_writable()
         self.manifest()  # a damaged manifest is an error now, before the analysis writes its tables
         # one process per analysis and run folder: a second would overwrite the first one's tables mid-run
         with locked(self.file(f"{LOCK_FILE}-{analysis}"), f"{analysis} in {self.path}", wait=wait):

@@ -459,6 +459,7 @@ def evaluate_labeled_set(labeled: LabeledSet, classifier: PatternClassifier, run
     when annotations.csv holds two or more annotators, how they score against each other."""
     if not len(labeled):  # before, 'scoring needs one prediction per labeled map, got 0 for 0', after the load
         raise AttnpatError(f"{labeled.path}: labels.csv lists no maps; there is nothing to evaluate")
+    run.check_writable()  # before the maps are classified: a read-only runs folder failed only after the work
     if panel_size is not None:
         check_panel_size(panel_size, len(labeled))  # before the maps are classified
     other_labels = paired_labels(labeled, paired_with) if paired_with is not None else None

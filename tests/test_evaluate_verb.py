@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -368,6 +369,34 @@ def test_a_panel_size_above_the_labeled_maps_is_refused_before_any_work(tiny, tm
     code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--panel-size", 30,
                                   "--runs-dir", tmp_path / "runs")
     assert code == 0 and "a fresh panel of 30 maps drawn like these" in out, err
+
+
+def test_a_runs_folder_that_cannot_be_written_is_one_error_line_before_any_map_is_classified(tiny, tmp_path, capsys,
+                                                                                              monkeypatch):
+    """Before, every map was classified and only then did the run folder turn out unwritable (RunDir.record's
+    check came after the classification); now RunDir.check_writable runs first and the classifier is never
+    called."""
+    evaluated, _, checkpoint = tiny
+
+    def never(*args, **kwargs):
+        raise AssertionError("the maps were classified before the run folder was checked")
+
+    monkeypatch.setattr("classifier.agreement.predict_in_batches", never)
+    (tmp_path / "a-file").write_text("not a folder")
+    unwritable = {tmp_path / "a-file" / "runs": "a-file is a file, not a folder"}
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if not os.access(read_only, os.W_OK):  # root writes a read-only folder all the same: only the file case there
+        unwritable[read_only] = f"permission denied on {read_only}"
+    try:
+        for runs, reason in unwritable.items():
+            code, out, err = run_evaluate(capsys, "--data", evaluated, "--classifier", checkpoint, "--runs-dir", runs)
+            assert code == 2 and len(err.splitlines()) == 1, err
+            assert err.startswith("error: cannot write ") and reason in err, err
+    finally:
+        read_only.chmod(0o755)
+    assert list(read_only.iterdir()) == []
 
 
 def test_a_map_trained_on_under_another_id_counts_as_in_the_training_set(tiny, tmp_path, capsys):
