@@ -23,8 +23,9 @@ from analysis.errors import AttnpatError, os_error_reason
 from analysis.figures import close, layer_head_figure
 from analysis.models import recorded_base
 from analysis.paths import runs_root
+from analysis.probing import score_name
 from analysis.rundir import list_runs, readable_manifest, save_figure
-from app.display import ratio_notes
+from app.display import display_table, ratio_notes
 
 # pyplot keeps global state: requests served in parallel threads draw their figures one at a time.
 FIGURE_LOCK = threading.Lock()
@@ -77,6 +78,22 @@ def pattern_ratio_notes(manifest: dict) -> list[str]:
 ARTIFACT_NOTES = {"pattern_ratios": pattern_ratio_notes}
 
 
+def measured_headers(table: pd.DataFrame) -> dict[str, str]:
+    """{column: shown header} for a dependency probing table: on silver parses its accuracy columns measure only
+    agreement with the parser (analysis.probing.score_name), so accuracy, baseline_accuracy and in_sample_accuracy
+    are shown as agreement, baseline_agreement, in_sample_agreement; {} on gold parses (or a table of both)."""
+    if "parses" not in table.columns:
+        return {}
+    words = {score_name(str(parses)).split()[0] for parses in table["parses"].dropna().unique()}
+    if words != {"agreement"}:
+        return {}
+    return {column: column.replace("accuracy", "agreement") for column in table.columns if "accuracy" in column}
+
+
+# Artifacts whose shown headers depend on their values: stem -> headers(table), {CSV column: shown header}.
+ARTIFACT_HEADERS = {"probing_dependency": measured_headers, "probing_dependency_heads": measured_headers}
+
+
 class Scratch:
     """A private temporary folder for per-request downloads; folders older than ``max_age`` s are pruned, and
     the whole folder goes when the Scratch is collected or the process exits."""
@@ -121,10 +138,17 @@ class ArtifactView:
     table: pd.DataFrame | None = None
     error: str = ""
     notes: list[str] = field(default_factory=list)  # what the table alone does not say (ARTIFACT_NOTES)
+    headers: dict[str, str] = field(default_factory=dict)  # {CSV column: header shown} (ARTIFACT_HEADERS)
 
     @property
     def found(self) -> bool:
         return self.csv is not None or self.png is not None
+
+    def displayed_table(self) -> pd.DataFrame | None:
+        """The table as the tab shows it: numbers readable (app.display.display_table), headers renamed (headers);
+        the CSV download keeps its own columns."""
+        shown = display_table(self.table)
+        return None if shown is None else shown.rename(columns=self.headers)
 
 
 class RunBrowser:
@@ -214,6 +238,8 @@ class RunBrowser:
                 view.table = None
         if view.png is None and view.table is not None:
             view.png, view.svg = self.derived_figure(view)
+        if view.table is not None and stem in ARTIFACT_HEADERS:
+            view.headers = ARTIFACT_HEADERS[stem](view.table)
         if view.table is not None and stem in ARTIFACT_NOTES:
             view.notes = ARTIFACT_NOTES[stem](read_manifest(folder / "manifest.json"))
         return view

@@ -421,7 +421,7 @@ class WebApp:
         image = gr.Image(value=str(view.png) if view.png else None, visible=view.png is not None)
         notes = "  \n".join(_message(note) for note in view.notes)
         return [gr.Group(visible=True), title, image,
-                gr.Dataframe(value=display_table(view.table), visible=view.table is not None), files, notes]
+                gr.Dataframe(value=view.displayed_table(), visible=view.table is not None), files, notes]
 
     # -------------------------------------------------------- Runs tab
 

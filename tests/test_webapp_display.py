@@ -232,6 +232,39 @@ def test_run_tab_titles_say_where_values_come_from_and_tables_read_as_people_rea
     assert "error" not in message
 
 
+def test_a_silver_parse_probing_table_heads_its_scores_agreement_and_a_gold_one_accuracy(tmp_path):
+    """Silver parses measure only agreement with spaCy's parser (analysis.probing.score_name), but the tab headed
+    the column "accuracy" on either parses; now the shown headers say agreement on silver runs, and the CSV download
+    keeps its columns."""
+    from analysis.parsing import GOLD_PARSES, SILVER_PARSES  # noqa: PLC0415
+    row = {"relation": ["(all)"], "direction": ["dependent->head"], "best_layer": [0], "best_head": [1],
+           "accuracy": [0.5], "ci_low": [0.4], "ci_high": [0.6], "baseline_offset": [1], "baseline_accuracy": [0.25],
+           "in_sample_accuracy": [0.55]}
+    heads = {"layer": [0], "head": [1], "direction": ["dependent->head"], "relation": ["(all)"], "accuracy": [0.5],
+             "ci_low": [0.4], "ci_high": [0.6], "count": [10]}
+    for task, parses in (("wiki", SILVER_PARSES), ("gold", GOLD_PARSES)):
+        run = RunDir("minilm", task, tmp_path)
+        run.write_table("probing_dependency", pd.DataFrame({**row, "parses": [parses]}))
+        run.write_table("probing_dependency_heads", pd.DataFrame({**heads, "parses": [parses]}))
+    stems = [entry.stem for entry in tab_artifacts("Surface and clusters")]
+    web = WebApp(tmp_path)
+    shown = {}
+    for task in ("wiki", "gold"):
+        _, *outputs = web.show_artifacts("Surface and clusters", "minilm", task)
+        shown[task] = {stem: outputs[6 * stems.index(stem) + 3].value for stem in
+                       ("probing_dependency", "probing_dependency_heads")}
+    silver = shown["wiki"]["probing_dependency"]["headers"]
+    assert [name for name in silver if "agreement" in name or "accuracy" in name] == [
+        "agreement", "baseline_agreement", "in_sample_agreement"]
+    assert "agreement" in shown["wiki"]["probing_dependency_heads"]["headers"]
+    assert "accuracy" not in shown["wiki"]["probing_dependency_heads"]["headers"]
+    assert shown["wiki"]["probing_dependency"]["data"][0][silver.index("agreement")] == "50.0%"  # still a share
+    for stem in ("probing_dependency", "probing_dependency_heads"):
+        gold = shown["gold"][stem]["headers"]
+        assert "accuracy" in gold and not any("agreement" in name for name in gold)
+        assert "accuracy" in pd.read_csv(tmp_path / "minilm" / "wiki" / f"{stem}.csv").columns  # the CSV stays
+
+
 def test_a_heatmap_drawn_for_a_table_downloads_under_the_tables_name(tmp_path):
     """A layer x head table without a figure of its own gets one drawn in the tab (before, its downloads were
     named linguistic-709b1588971d10ad.png and .svg; the run folder's own figures are <stem>.png)."""
