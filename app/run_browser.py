@@ -22,8 +22,8 @@ from analysis.artifacts import artifact as registered
 from analysis.errors import AttnpatError, os_error_reason
 from analysis.figures import close, layer_head_figure
 from analysis.models import recorded_base
+from analysis.parsing import SILVER_PARSES
 from analysis.paths import runs_root
-from analysis.probing import score_name
 from analysis.rundir import list_runs, readable_manifest, save_figure
 from app.display import display_table, ratio_notes
 
@@ -80,12 +80,10 @@ ARTIFACT_NOTES = {"pattern_ratios": pattern_ratio_notes}
 
 def measured_headers(table: pd.DataFrame) -> dict[str, str]:
     """{column: shown header} for a dependency probing table: on silver parses its accuracy columns measure only
-    agreement with the parser (analysis.probing.score_name), so accuracy, baseline_accuracy and in_sample_accuracy
-    are shown as agreement, baseline_agreement, in_sample_agreement; {} on gold parses (or a table of both)."""
-    if "parses" not in table.columns:
-        return {}
-    words = {score_name(str(parses)).split()[0] for parses in table["parses"].dropna().unique()}
-    if words != {"agreement"}:
+    agreement with the parser (as analysis.probing.score_name says), so accuracy, baseline_accuracy and
+    in_sample_accuracy are shown as agreement, baseline_agreement, in_sample_agreement; {} on gold parses (or a
+    table of both)."""
+    if "parses" not in table.columns or set(table["parses"].dropna().astype(str)) != {SILVER_PARSES}:
         return {}
     return {column: column.replace("accuracy", "agreement") for column in table.columns if "accuracy" in column}
 
