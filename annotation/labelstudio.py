@@ -264,8 +264,10 @@ def build_task(row: dict, attn: np.ndarray, png: bytes) -> dict:
     label, score = preannotate(attn, row["tokens"])
     # a map of a cut input is of part of the text: the annotator is told, as the sample's index records it
     cut = " (input truncated to these)" if row.get("truncated") else ""
-    caption = (f"{row['task']} · layer {row['layer'] + 1} · head {row['head'] + 1} (1-indexed) · {row['n']} tokens"
-               f"{cut}\ncues: {cue_text(attn, row['tokens'])}")
+    # layer and head as the map id, the gallery and labels.csv number them (0-indexed): a caption's numbers find
+    # the map's row in labels.csv and index.jsonl as written (a 1-indexed caption's "layer 3" was L2 there)
+    caption = (f"map {row['map_id']} · layer {row['layer']} · head {row['head']} (0-indexed, as in the map id) · "
+               f"{row['n']} tokens{cut}\ncues: {cue_text(attn, row['tokens'])}")
     return {
         "data": {"image": "data:image/png;base64," + base64.b64encode(png).decode(), "caption": caption,
                  "map_id": row["map_id"], "map_sha256": map_sha256(attn), "task": row["task"],

@@ -457,6 +457,23 @@ def test_maps_of_inputs_cut_at_max_length_say_so_in_the_index_the_log_and_the_ca
                                          b"")["data"]["caption"]
 
 
+def test_the_annotators_caption_numbers_layer_and_head_as_the_map_id_does(tmp_path):
+    """The caption shown with each map names the map id and numbers its layer and head from 0, as the id, the
+    gallery and labels.csv do (before, 'layer 3 · head 8 (1-indexed)' beside the id's L2H7)."""
+    from annotation.labelstudio import build_task  # noqa: PLC0415 (the Label Studio SDK loads slowly)
+
+    model = save_tiny_model(tmp_path / "tiny", layers=2, heads=4)
+    folder = ensure_sample(tmp_path / "samples", str(model), 6, ["sst2"], seed=2, name="ids", log=lambda _: None)
+    maps = read_single_maps(folder / "maps.npz")
+    rows = read_index(folder)
+    assert any(row["layer"] or row["head"] for row in rows)  # a 0 alone cannot tell the numberings apart
+    for row in rows:
+        caption = build_task(row, maps[row["map_id"]], b"")["data"]["caption"]
+        named = parse_map_id(row["map_id"])
+        assert caption.startswith(f"map {row['map_id']} · layer {named.layer} · head {named.head} (0-indexed, as "
+                                  "in the map id)"), caption
+
+
 def test_a_bad_maps_source_or_max_length_is_one_error_line_before_the_server_is_contacted(tmp_path):
     """`annotate push --maps` of a missing path or of a sample (single heads), and `--max-length 2`: one error line
     before the server is contacted or anything written (before, each was found after the server check, the
