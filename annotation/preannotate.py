@@ -22,9 +22,13 @@ The other features (map_features) feed the learned baselines of classifier.evalu
 """
 from __future__ import annotations
 
+import ast
 import hashlib
+import inspect
 import json
+import marshal
 import math
+import textwrap
 
 import numpy as np
 import torch
@@ -32,7 +36,7 @@ import torch
 from analysis.figures import check_map
 from analysis.patterns import CLASSES
 from analysis.rendering import cues_of_profile
-from analysis.stats import PROFILE_OFFSETS, named_profile
+from analysis.stats import PROFILE_OFFSETS, map_profile, map_profile_batch_last, named_profile
 from analysis.stream import PUNCTUATION
 
 # Diagonals whose line is "along the main diagonal or beside it" (the guideline's diagonal class): -2..+2
@@ -48,15 +52,6 @@ GUIDELINE_CUES = {"COLUMN": 0.15, "DARK_COLUMN": 0.35, "MOST_ROWS": 0.5, "SHORT_
 CLEARLY_DARKER = 2.0
 
 
-def rules_version(cues: dict[str, float], clearly_darker: float, band_offsets) -> str:
-    """The rules' name on every pre-annotation pushed (Label Studio's model_version), from their thresholds: labels
-    pulled from tasks pushed under other thresholds can be told apart (the name stayed "attnpat-rules-v1" through
-    rule 9 and CLEARLY_DARKER)."""
-    settings = {"cues": cues, "clearly_darker": clearly_darker, "band_offsets": list(band_offsets)}
-    return "attnpat-rules-" + hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
-
-
-RULES_VERSION = rules_version(GUIDELINE_CUES, CLEARLY_DARKER, BAND_OFFSETS)
 FEATURE_NAMES = ("cls_mass", "sep_mass", "punct_mass", "top1_column", "top2_columns", "prev_mass", "self_mass",
                  "next_mass", "band", "within_segment", "entropy", "broadness")
 
@@ -169,6 +164,45 @@ def preannotate(attn: np.ndarray, tokens: list[str] | None = None) -> tuple[str,
 def strongest_band(profile: dict[str, float]) -> float:
     """The mean mass on the heaviest single diagonal of BAND_OFFSETS, from a map's named profile."""
     return max(profile[f"band{offset:+d}"] for offset in BAND_OFFSETS)
+
+
+# Every function whose code decides a pre-annotation, from the map to the label and score: the rules and the cues
+# they read (analysis.rendering, analysis.stats). Their code is part of the rules' version.
+RULE_FUNCTIONS = (preannotate, classify_cues, darker_than_background, _margin, strongest_band, cues_of_profile,
+                  named_profile, map_profile, map_profile_batch_last)
+
+
+def code_digest(functions) -> str:
+    """A sha256 of what ``functions`` compute: their syntax trees, without docstrings, comments or layout, so a
+    reworded comment keeps the digest and any change to the code changes it."""
+    digest = hashlib.sha256()
+    for function in functions:
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+        except (OSError, TypeError):  # no source shipped (bytecode only): the compiled code stands in for it
+            digest.update(marshal.dumps(function.__code__))
+            continue
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body
+                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+        digest.update(f"{function.__qualname__}\n{ast.dump(tree)}\n".encode())
+    return digest.hexdigest()
+
+
+def rules_version(cues: dict[str, float], clearly_darker: float, band_offsets, functions=None) -> str:
+    """The rules' name on every pre-annotation pushed (Label Studio's model_version), from their thresholds and the
+    code of the functions that apply them (RULE_FUNCTIONS unless given): labels pulled from tasks pushed under other
+    rules can be told apart. The name stayed "attnpat-rules-v1" through rule 9 and CLEARLY_DARKER, and then followed
+    the thresholds only, so a change to the rule code kept it."""
+    settings = {"cues": cues, "clearly_darker": clearly_darker, "band_offsets": list(band_offsets),
+                "code": code_digest(RULE_FUNCTIONS if functions is None else functions)}
+    return "attnpat-rules-" + hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+
+
+RULES_VERSION = rules_version(GUIDELINE_CUES, CLEARLY_DARKER, BAND_OFFSETS)
 
 
 def rule_classes(maps, tokens: list[str] | None = None) -> list[str]:

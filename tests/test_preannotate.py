@@ -1,6 +1,7 @@
 """The rule-based pre-annotator on hand-built maps (exact feature values) and on synthetic maps of every class."""
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections import Counter
 from pathlib import Path
@@ -16,6 +17,7 @@ from annotation.preannotate import (
     CLEARLY_DARKER,
     FEATURE_NAMES,
     GUIDELINE_CUES,
+    RULE_FUNCTIONS,
     RULES_VERSION,
     RulePreannotator,
     classify_cues,
@@ -286,3 +288,33 @@ def test_the_rules_version_follows_their_thresholds():
     assert RULES_VERSION == rules_version(GUIDELINE_CUES, CLEARLY_DARKER, BAND_OFFSETS) != "attnpat-rules-v1"
     assert rules_version(GUIDELINE_CUES | {"BAND": 0.2}, CLEARLY_DARKER, BAND_OFFSETS) != RULES_VERSION
     assert rules_version(GUIDELINE_CUES, 1.5, BAND_OFFSETS) != RULES_VERSION
+
+
+def _rules_version_of(source: str, folder: Path, name: str) -> str:
+    """RULES_VERSION of the pre-annotator module written as ``source`` (imported under another name)."""
+    path = folder / f"{name}.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.RULES_VERSION
+
+
+def test_the_rules_version_follows_the_rule_code_not_its_comments(tmp_path):
+    """A change to the code that decides a pre-annotation changes the version pushed with it, so pre-annotations of
+    older rules are noticed at pull (before, the version digested the thresholds only: the same name for other
+    rules); a reworded comment or docstring keeps it."""
+    import annotation.preannotate as rules  # noqa: PLC0415
+
+    source = Path(rules.__file__).read_text(encoding="utf-8")
+    assert _rules_version_of(source, tmp_path, "rules_as_shipped") == RULES_VERSION
+    decision = 'return "heterogeneous", _margin(t["BROAD"] - broadness)'
+    assert source.count(decision) == 1
+    changed = source.replace(decision, 'return "block", _margin(t["BROAD"] - broadness)')
+    assert _rules_version_of(changed, tmp_path, "rules_changed") != RULES_VERSION
+    reworded = source.replace('"""The pre-annotation of one map', '"""The label of one map', 1).replace(
+        "# a line two tokens off", "# note: a line two tokens off", 1)
+    assert reworded != source and _rules_version_of(reworded, tmp_path, "rules_reworded") == RULES_VERSION
+    # the cues the rules read are theirs too: another profile function is another version
+    assert rules_version(GUIDELINE_CUES, CLEARLY_DARKER, BAND_OFFSETS,
+                         (*RULE_FUNCTIONS[:-1], darker_than_background)) != RULES_VERSION
