@@ -317,7 +317,8 @@ def classify_saved_maps(path: str | Path, classifier: PatternClassifier, progres
     labels.csv), predicted, p_<class>...
     """
     frames, images, map_ids = [], [], []
-    shard_files(path)  # a missing or empty path: one error line before a progress bar is drawn
+    files = shard_files(path)  # a missing or empty path: one error line before a progress bar is drawn
+    check_copies_agree(files, progress)  # two differing copies of a map: one error line before any is classified
     bar = progress_bar(None, bool(progress), "classify", unit="maps", unit_scale=True)
 
     def flush() -> None:
@@ -331,10 +332,10 @@ def classify_saved_maps(path: str | Path, classifier: PatternClassifier, progres
         images.clear()
         map_ids.clear()
 
-    seen: dict[str, tuple[Path, bytes]] = {}
-    for file in shard_files(path):
+    classified: set[str] = set()
+    for file in files:
         for group in read_maps(file):
-            new = first_occurrences(group, file, seen)
+            new = not_yet_classified(group.map_ids, classified)
             if new.any():
                 images.append(resize_maps(torch.from_numpy(group.attn[new]), classifier.input_size))
                 map_ids.extend(map_id for map_id, keep in zip(group.map_ids, new) if keep)
@@ -347,6 +348,30 @@ def classify_saved_maps(path: str | Path, classifier: PatternClassifier, progres
     if not frames:
         raise AttnpatError(f"{path} holds no maps")
     return pd.concat(frames, ignore_index=True)
+
+
+def check_copies_agree(files: Sequence[Path], progress: bool = True) -> None:
+    """Read every map of ``files`` once, before any is classified: a map id met again with other values is an
+    AttnpatError naming the id and both files (first_occurrences), raised before any work is done on the maps."""
+    seen: dict[str, tuple[Path, bytes]] = {}
+    bar = progress_bar(None, bool(progress), "check map copies", unit="maps", unit_scale=True)
+    for file in files:
+        for group in read_maps(file):
+            first_occurrences(group, file, seen)
+            if bar is not None:
+                bar.update(len(group.map_ids))
+    if bar is not None:
+        bar.close()
+
+
+def not_yet_classified(map_ids: Sequence[str], classified: set[str]) -> np.ndarray:
+    """(k,) bool: which of k map ids ``classified`` does not hold yet (the first of a repeated one); adds them."""
+    new = np.zeros(len(map_ids), dtype=bool)
+    for k, map_id in enumerate(map_ids):
+        if map_id not in classified:
+            classified.add(map_id)
+            new[k] = True
+    return new
 
 
 def first_occurrences(group: MapGroup, file: Path, seen: dict[str, tuple[Path, bytes]]) -> np.ndarray:

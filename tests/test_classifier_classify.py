@@ -392,6 +392,28 @@ def test_overlapping_map_files_without_an_index_give_one_row_per_map_or_one_erro
     assert not (folder / "map_classes.csv").exists()
 
 
+def test_differing_copies_of_a_map_are_refused_before_any_map_is_classified(checkpoint, tmp_path):
+    """Two files holding one map id with different values: the error comes before the classifier sees a map (before,
+    the copies were compared as the files were read, so the maps of the files before the second copy were classified
+    first, work thrown away)."""
+    rng = np.random.default_rng(1)
+    maps = {f"m:t:{k}:L0H{k}": rng.dirichlet(np.ones(5), size=5).astype(np.float32) for k in range(4)}
+    shared = "m:t:3:L0H3"
+    folder = tmp_path / "maps"
+    write_single_maps(folder / "a.npz", {key: maps[key] for key in ("m:t:0:L0H0", "m:t:1:L0H1", shared)})
+    write_single_maps(folder / "b.npz", {"m:t:2:L0H2": maps["m:t:2:L0H2"], shared: maps[shared][::-1].copy()})
+    classifier = load_classifier(checkpoint)
+    calls = []
+    classifier.proba_images = lambda images: calls.append(len(images)) or torch.full((len(images), len(CLASSES)),
+                                                                                     1 / len(CLASSES))
+    with pytest.raises(AttnpatError, match=f"map {shared} is in .*a.npz and in .*b.npz with different values"):
+        classify_saved_maps(folder, classifier, progress=False, batch_maps=1)
+    assert calls == []
+    write_single_maps(folder / "b.npz", {"m:t:2:L0H2": maps["m:t:2:L0H2"], shared: maps[shared]})
+    frame = classify_saved_maps(folder, classifier, progress=False, batch_maps=1)  # the same copy twice: one row
+    assert sorted(frame.map_id) == sorted(maps) and sum(calls) == len(maps)
+
+
 def test_classify_maps_refuses_the_options_that_choose_a_tasks_maps(bundle, checkpoint, tmp_path, capsys):
     """--maps classifies the saved maps as they are: --n, --map-kind, --max-length, a data file's columns ... are one
     error line naming them, before any map is read (before, they were ignored without a word: `--n 5` classified
