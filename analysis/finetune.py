@@ -190,21 +190,53 @@ def trained_example_ids(meta: dict) -> set[str]:
     return {example.id for example in train.examples} if train.examples_digest() == recorded else set()
 
 
-def without_trained_examples(data: TaskData, meta: dict) -> tuple[TaskData, int]:
-    """``data`` without the examples the fine-tuned model (attnpat.json ``meta``) was trained on (a --split-dev
-    share of this very dev set), and how many were left out: its maps on those would be in-sample."""
-    if data.task != meta.get("task") or data.split != "validation":
-        return data, 0
-    trained = trained_example_ids(meta)
-    kept = [example for example in data.examples if example.id not in trained]
-    left_out = len(data.examples) - len(kept)
+def without_trained_examples(data: TaskData, meta: dict, n: int | None = None) -> tuple[TaskData, int]:
+    """The first ``n`` (None: all) of ``data``'s examples that the fine-tuned model (attnpat.json ``meta``) was not
+    trained on (a --split-dev share of this very dev set: its maps on those would be in-sample), and how many it was
+    trained on were left out on the way to them."""
+    return _first_held_out(data, _trained_ids_of_split(data, meta), n)
+
+
+def _first_held_out(data: TaskData, trained: set[str], n: int | None) -> tuple[TaskData, int]:
+    """:func:`without_trained_examples` given the ids trained on."""
+    kept, left_out = [], 0
+    for example in data.examples:
+        if n is not None and len(kept) == n:
+            break
+        if example.id in trained:
+            left_out += 1
+        else:
+            kept.append(example)
     if not left_out:
-        return data, 0
+        return (data if len(kept) == len(data.examples) else replace(data, examples=kept)), 0
     if not kept:
         raise AttnpatError(f"every one of the {len(data.examples)} examples was trained on (--split-dev); raise --n "
                            "to reach the held-out ones")
     note = f"{left_out} example(s) the fine-tuned model was trained on (--split-dev) left out"
+    if n is not None and len(kept) < n:
+        note += f"; only {len(kept)} it was not trained on remain, fewer than --n {n}"
     return replace(data, examples=kept, notes=[*data.notes, note]), left_out
+
+
+def held_out_data(first: TaskData, meta: dict, n: int | None,
+                  load_whole: Callable[[], TaskData]) -> tuple[TaskData, int]:
+    """The first ``n`` examples of a split that the fine-tuned model (``meta``) was not trained on, and how many it was
+    trained on were left out on the way: ``first`` holds the split's first n examples (all for None), and
+    ``load_whole()`` loads the whole split, called only where ``first`` holds some it was trained on, so that n are
+    compared wherever the split has them (before, the trained ones were left out of the first n: fewer than n)."""
+    trained = _trained_ids_of_split(first, meta)
+    more = n is not None and len(first.examples) == n  # fewer than n: ``first`` is the whole split already
+    if more and any(example.id in trained for example in first.examples):
+        return _first_held_out(load_whole(), trained, n)
+    return _first_held_out(first, trained, n)
+
+
+def _trained_ids_of_split(data: TaskData, meta: dict) -> set[str]:
+    """The ids of ``data``'s split that the fine-tuned model was trained on (empty unless it is the dev set of the
+    model's task)."""
+    if data.task != meta.get("task") or data.split != "validation":
+        return set()
+    return trained_example_ids(meta)
 
 
 def label_fits(label, num_labels: int) -> bool:

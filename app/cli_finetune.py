@@ -91,7 +91,8 @@ def compare(base: str | None = typer.Option(None, "--base", help="the model befo
                                             "fine-tuned model's base from the model store, else minilm)"),
             finetuned: str = typer.Option(..., "--finetuned", help="the fine-tuned model (model-store name or path)"),
             task: str = opt.Task,
-            n: int = opt.n_option(1000, "compare on the first N dev examples (the paper: up to 1000)"),
+            n: int = opt.n_option(1000, "compare on the first N dev examples (the paper: up to 1000); of a "
+                                      "--split-dev model's own dev set, the first N it was not trained on"),
             mode: str = typer.Option("both", "--mode", help="cropped (real tokens), padded (the paper's fixed "
                                      "length) or both"),
             split: str = opt.Split, max_length: int = opt.MaxLength,
@@ -113,7 +114,8 @@ def compare(base: str | None = typer.Option(None, "--base", help="the model befo
     base = base or tuned_bundle.meta.get("base_model") or DEFAULT_MODEL
     base_bundle = load_model(base)
     check_comparable(base_bundle, tuned_bundle, data.task)
-    data, left_out = ft.without_trained_examples(data, tuned_bundle.meta)
+    data, left_out = ft.held_out_data(data, tuned_bundle.meta, n, lambda: load_data(
+        task, split, None, text_column=text_column, pair_column=pair_column, label_column=label_column))
     run = RunDir(tuned_bundle.slug, data.task, runs_dir)
     if patterns:
         # the classifier package loads torchvision and the CNN (seconds): only when the transitions are wanted;
@@ -124,7 +126,7 @@ def compare(base: str | None = typer.Option(None, "--base", help="the model befo
         pattern_classifier = load_classifier(str(classifier) if classifier else None)
     values, layer_intervals = write_cosine(base_bundle, tuned_bundle, data, run, modes=modes, max_length=max_length,
                                            batch_size=batch_size, progress="comparing" if not quiet else False)
-    held_out = f", leaving out {left_out} it was trained on (--split-dev)" if left_out else ""
+    held_out = f", leaving out {left_out} it was trained on (--split-dev){short_of_n(data, n)}" if left_out else ""
     typer.echo(f"{base} vs {finetuned} on {data.task} ({len(data.examples)} {data.split} examples{held_out}); "
                "mean cosine per layer [bootstrap 95% interval] (layers 1-indexed):")
     for line in layer_interval_lines(per_layer_table(values, layer_intervals), {name: name for name in values}):
@@ -138,6 +140,14 @@ def compare(base: str | None = typer.Option(None, "--base", help="the model befo
         typer.echo(f"pattern class kept by {kept} of {counts.sum()} maps (heads x examples; bootstrap 95% interval "
                    "over the examples); matrix (rows: base class, columns: fine-tuned class): "
                    f"{run.file('pattern_transitions.csv')}, {run.file('pattern_transitions.png')}")
+
+
+def short_of_n(data, n: int | None) -> str:
+    """'; only K examples it was not trained on, fewer than --n N' where a --split-dev model's held-out examples
+    are fewer than --n ('' otherwise)."""
+    if n is None or len(data.examples) >= n:
+        return ""
+    return f"; only {len(data.examples)} {data.split} examples it was not trained on, fewer than --n {n}"
 
 
 def strongest_head_text(means, intervals, strongest: dict) -> str:
@@ -169,9 +179,11 @@ def special(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = o
         raise AttnpatError("--base and --no-base together: give one (--no-base analyses --model alone)")
     data = load_data(task, split, n, text_column=text_column, pair_column=pair_column, label_column=label_column)
     bundle = load_model(model, map_kind=map_kind)
-    data, left_out = ft.without_trained_examples(data, bundle.meta)
+    data, left_out = ft.held_out_data(data, bundle.meta, n, lambda: load_data(
+        task, split, None, text_column=text_column, pair_column=pair_column, label_column=label_column))
     if left_out:
-        typer.echo(f"leaving out {left_out} of the {data.split} examples {model} was trained on (--split-dev)")
+        typer.echo(f"leaving out {left_out} of the {data.split} examples {model} was trained on (--split-dev)"
+                   f"{short_of_n(data, n)}")
     names = [model]
     base = None if no_base else base or bundle.meta.get("base_model")
     if base and base != model:

@@ -331,6 +331,28 @@ def test_the_dev_examples_a_split_dev_fine_tune_trained_on_are_left_out_of_its_c
     with pytest.raises(AttnpatError, match="every one of the 24 examples was trained on"):
         ft.without_trained_examples(only_trained, meta)
 
+    # --n 100: the first 100 it was not trained on, reached past the trained ones (before, the trained ones were
+    # left out of the first 100, so fewer were compared)
+    first = data_module.load_data("rte", "validation", 100, allow_hub=False)
+    assert any(example.id in ft.trained_example_ids(meta) for example in first.examples)
+    held, left_out = ft.held_out_data(first, meta, 100, lambda: dev)
+    expected = [example for example in dev.examples if example.id not in ft.trained_example_ids(meta)][:100]
+    assert held.examples == expected and len(held.examples) == 100
+    assert left_out == sum(example.id in ft.trained_example_ids(meta)
+                           for example in dev.examples[:dev.examples.index(expected[-1])])
+    # more than the held-out ones: all of them, and the note says how many and why
+    held, left_out = ft.held_out_data(data_module.load_data("rte", "validation", 270, allow_hub=False), meta, 270,
+                                      lambda: dev)
+    assert len(held.examples) == 277 - 24 and left_out == 24
+    assert held.notes[-1].endswith(f"left out; only {277 - 24} it was not trained on remain, fewer than --n 270")
+
+    def never():
+        raise AssertionError("the whole split was loaded though the first n held no trained example")
+
+    assert ft.held_out_data(first, {**meta, "task": "mrpc"}, 100, never) == (first, 0)
+    whole, left_out = ft.held_out_data(dev, meta, 300, never)  # fewer than --n: already the whole split
+    assert len(whole.examples) == 277 - 24 and left_out == 24
+
 
 def _stop_at(last_step):
     def stop(step, loss):

@@ -58,22 +58,29 @@ def test_finetune_compare_special_verbs(workspace, capsys):
     assert len(cosine) == 3 * 2 * 2 * 4 and cosine.value.between(-1, 1.000001).all()  # 2 modes x (mean, ci)
     transitions = pd.read_csv(workspace / "runs" / "tiny-rte" / "rte" / "pattern_transitions.csv")
     assert len(transitions) == 25 and transitions["count"].sum() == 6 * 2 * 4  # examples x layers x heads
-    # the first 120 dev examples hold some of the 24 trained on: left out (before, compared as unseen ones)
+    # the first 120 dev examples hold some of the 24 trained on: left out (before, compared as unseen ones), and
+    # the 120 compared are the first 120 it was not trained on (before, 120 minus those left out)
     trained = ft.trained_example_ids(meta)
-    in_first = sum(f"rte-validation-{i}" in trained for i in range(120))
-    assert in_first > 0
+    held_out = [i for i in range(277) if f"rte-validation-{i}" not in trained][:120]
+    passed_over = sum(f"rte-validation-{i}" in trained for i in range(held_out[-1]))
+    assert passed_over > 0
     assert main(["compare", "--finetuned", "tiny-rte", "--task", "rte", "--n", "120", "--max-length", "48",
                  "--no-patterns", "-q"]) == 0
-    assert f"({120 - in_first} validation examples, leaving out {in_first} it was trained on (--split-dev))" in \
+    assert f"(120 validation examples, leaving out {passed_over} it was trained on (--split-dev))" in \
         capsys.readouterr().out
     assert json.loads((workspace / "runs" / "tiny-rte" / "rte" / "manifest.json").read_text())[
-        "analyses"]["compare"]["data"]["n_examples"] == 120 - in_first
+        "analyses"]["compare"]["data"]["n_examples"] == 120
 
     assert main(["special", "--model", "tiny-rte", "--task", "rte", "--n", "120", "--no-base", "-q"]) == 0
-    assert f"leaving out {in_first} of the validation examples tiny-rte was trained on (--split-dev)" in \
+    assert f"leaving out {passed_over} of the validation examples tiny-rte was trained on (--split-dev)\n" in \
         capsys.readouterr().out
     assert json.loads((workspace / "runs" / "tiny-rte" / "rte" / "manifest.json").read_text())[
-        "analyses"]["special"]["data"]["n_examples"] == 120 - in_first
+        "analyses"]["special"]["data"]["n_examples"] == 120
+    # more than it was not trained on: all of them, and one line says how many and why
+    assert main(["compare", "--finetuned", "tiny-rte", "--task", "rte", "--n", "270", "--max-length", "48",
+                 "--no-patterns", "-q"]) == 0
+    assert (f"({277 - 24} validation examples, leaving out 24 it was trained on (--split-dev); only {277 - 24} "
+            "validation examples it was not trained on, fewer than --n 270)") in capsys.readouterr().out
     assert main(["special", "--model", "tiny-rte", "--task", "rte", "--n", "6", "-q"]) == 0
     out = capsys.readouterr().out
     if spacy_tagger() is None:
