@@ -173,8 +173,8 @@ RULE_FUNCTIONS = (preannotate, classify_cues, darker_than_background, _margin, s
 
 
 def code_digest(functions) -> str:
-    """A sha256 of what ``functions`` compute: their syntax trees, without docstrings, comments or layout, so a
-    reworded comment keeps the digest and any change to the code changes it."""
+    """A sha256 of what ``functions`` compute: their code as its syntax tree writes it back, without docstrings,
+    comments or layout, so a reworded comment keeps the digest and any change to the code changes it."""
     digest = hashlib.sha256()
     for function in functions:
         try:
@@ -188,7 +188,7 @@ def code_digest(functions) -> str:
                     and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                     and isinstance(body[0].value.value, str)):
                 node.body = body[1:] or [ast.Pass()]
-        digest.update(f"{function.__qualname__}\n{ast.dump(tree)}\n".encode())
+        digest.update(f"{function.__qualname__}\n{ast.unparse(tree)}\n".encode())  # unparse: stabler across Pythons than dump
     return digest.hexdigest()
 
 
