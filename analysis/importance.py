@@ -130,7 +130,7 @@ def stored_example_importance(bundle, batches: Sequence[TokenBatch], store: Swee
     record per keep mask and batch, written atomically) as soon as they are known, and a rerun computes only the
     batches it lacks. The gradients are stored as float64 of float32 values, so read back they are bit-equal.
     ``cluster`` (analysis.cluster.Cluster, zero mode with no pruned head only): the missing batches go to its
-    workers, and are stored once they all return."""
+    workers, each run of batches stored as soon as its job returns."""
     if not batches:
         raise AttnpatError("no examples to compute head importance on")
     keep = keep_mask(bundle.num_layers, bundle.num_heads) if keep is None else np.asarray(keep, dtype=np.float32)
@@ -154,10 +154,10 @@ def stored_example_importance(bundle, batches: Sequence[TokenBatch], store: Swee
     if todo and cluster is not None:
         from analysis.distributed import distributed_importance  # noqa: PLC0415 (it builds on this module)
 
-        gradients = distributed_importance(cluster, bundle, todo, keep=keep, progress=progress, per_example=True)
-        edges = np.cumsum([0] + [len(batch.items) for batch in todo])
-        for i, position in enumerate(missing):
-            save(position, gradients[edges[i]:edges[i + 1]])
+        # each run of batches is kept as soon as its job returns: a stopped run, or one a lost worker ends, keeps
+        # what came back, and the batches still in flight are computed again on the rerun
+        distributed_importance(cluster, bundle, todo, keep=keep, progress=progress, per_example=True,
+                               on_batch=lambda i, gradients: save(missing[i], gradients))
     elif todo:
         example_importance(bundle, todo, keep=keep, mode=mode, progress=progress,
                            on_batch=lambda i, gradients: save(missing[i], gradients))

@@ -382,10 +382,10 @@ def test_importance_on_workers_stores_each_batch_and_equals_one_process(tmp_path
 
     calls = []
 
-    def on_workers(cluster, bundle, batches, *, keep=None, progress=False, per_example=False):
+    def on_workers(cluster, bundle, batches, *, keep=None, progress=False, per_example=False, on_batch=None):
         calls.append([batch.indices for batch in batches])
         assert per_example
-        return example_importance(bundle, batches, keep=keep)
+        return example_importance(bundle, batches, keep=keep, on_batch=on_batch)
 
     class Workers:
         @staticmethod
@@ -403,3 +403,47 @@ def test_importance_on_workers_stores_each_batch_and_equals_one_process(tmp_path
     importance_analysis(bundle, data, spread, batch_size=4, cluster=Workers())
     importance_analysis(bundle, data, spread, batch_size=4)
     assert len(calls) == 1 and len(written) == 3
+
+
+def test_importance_on_workers_keeps_each_returned_job_when_the_run_is_stopped(tmp_path, monkeypatch):
+    """--ray stopped (Ctrl-C, or the run ended by a worker lost for good) after some jobs came back: their batches
+    are kept, and the rerun sends only the batches that were in flight or queued (before, the batches were stored
+    only once every job had returned, so a stopped run kept nothing and the rerun started over)."""
+    from analysis import distributed  # noqa: PLC0415 (the module whose worker pool the stand-in replaces)
+
+    class Pool:
+        """Runs the jobs in this process, in the driver's order, as Ray's pool hands them back; stops after
+        ``stop_after`` jobs when set."""
+        actors = [0, 1]
+        stop_after: int | None = None
+        sent: list = []
+
+        def run(self, jobs, *, progress=False, unit="jobs", on_result=None):
+            results = {}
+            for number, job in enumerate(jobs):
+                if number == self.stop_after:
+                    raise Stop(job.key)
+                Pool.sent.extend(index for batch in job.args[0] for index in batch.indices)
+                value = job.function(bundle, *job.args)
+                results[job.key] = value if on_result is None else on_result(job.key, value)
+            return results
+
+    class Workers:
+        @staticmethod
+        def manifest() -> dict:
+            return {"workers": 2}
+
+    monkeypatch.setattr(distributed, "worker_pool", lambda cluster, bundle, kind="base": Pool())
+    bundle, data = make_bundle(), mixed_data(20)
+    alone, spread = RunDir("tiny", "sst2", tmp_path / "alone"), RunDir("tiny", "sst2", tmp_path / "spread")
+    importance_analysis(bundle, data, alone, batch_size=2)  # 10 batches: 8 jobs on 2 workers, 2 of two batches
+    Pool.stop_after = 3
+    with pytest.raises(Stop):
+        importance_analysis(bundle, data, spread, batch_size=2, cluster=Workers())
+    kept = sorted(path.name for path in spread.file(".importance").glob("v-*.json"))
+    first = sorted(Pool.sent)
+    assert len(kept) == 4 and len(first) == 8  # the three jobs that came back: four batches of two examples
+    Pool.stop_after, Pool.sent = None, []
+    importance_analysis(bundle, data, spread, batch_size=2, cluster=Workers())
+    assert sorted(Pool.sent + first) == list(range(20))  # only what was not kept went out again
+    assert spread.file("importance.csv").read_bytes() == alone.file("importance.csv").read_bytes()
