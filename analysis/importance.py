@@ -190,6 +190,13 @@ def normalized_importance(raw: np.ndarray, *, by_layer: bool = True, exponent: f
     return normalize_global(scores) if global_minmax else scores
 
 
+def kept_importance(raw: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Raw importance (L, H) with the heads ``keep`` (L, H) prunes set to 0. A pruned head's gate still has a
+    gradient (at 0 in zero mode, scaling its uniform output in uniform mode), but the head is gone: left in, it
+    would enter its layer's norm and the global min-max, and move the kept heads' normalised scores."""
+    return np.where(np.asarray(keep) > 0, raw, 0.0)
+
+
 # ---------------------------------------------------------------- pruning
 
 def check_pruning_shares(step: float, max_fraction: float) -> None:
@@ -430,9 +437,10 @@ def _prune(bundle, ranking, scoring, run, *, step: float, max_fraction: float, i
                             importance_fingerprint(bundle, ranking, mode, "prune-rank", max_length, batch_size))
 
     def score(keep: np.ndarray) -> np.ndarray:
-        # pruned heads masked as the curve masks them
+        # pruned heads masked as the curve masks them, and scored 0 (gone) before the normalisations
         raw = stored_example_importance(bundle, rank_batches, rank_store, keep=keep, mode=mode).mean(0)
-        return normalized_importance(raw, by_layer=by_layer, exponent=exponent, global_minmax=global_minmax)
+        return normalized_importance(kept_importance(raw, keep), by_layer=by_layer, exponent=exponent,
+                                     global_minmax=global_minmax)
 
     shape = (bundle.num_layers, bundle.num_heads)
     masks = iterative_pruning_masks(score, counts, shape) if iterative else pruning_masks(score(np.ones(shape)), counts)

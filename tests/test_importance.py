@@ -447,3 +447,37 @@ def test_importance_on_workers_keeps_each_returned_job_when_the_run_is_stopped(t
     importance_analysis(bundle, data, spread, batch_size=2, cluster=Workers())
     assert sorted(Pool.sent + first) == list(range(20))  # only what was not kept went out again
     assert spread.file("importance.csv").read_bytes() == alone.file("importance.csv").read_bytes()
+
+
+def test_a_pruned_head_scores_zero_before_the_normalisations_so_it_cannot_move_the_kept_heads_order():
+    """A pruned head's gate still has a gradient; left in, it entered its layer's L2 norm and shrank its kept
+    neighbours' scores. Here layer 0's pruned head (10) made head (0, 1) look least important; gone, (1, 0) is."""
+    raw = np.array([[10.0, 1.0], [0.5, 0.6]])
+    keep = np.array([[0.0, 1.0], [1.0, 1.0]])
+    assert least_important(normalized_importance(raw), keep, 1) == [(0, 1)]  # what the ranking did before
+    scores = normalized_importance(importance.kept_importance(raw, keep))
+    assert least_important(scores, keep, 1) == [(1, 0)]
+    assert scores[0, 0] == 0.0 and np.allclose(importance.kept_importance(raw, np.ones((2, 2))), raw)
+
+
+@pytest.mark.parametrize("mode", ["zero", "uniform"])
+def test_iterative_pruning_scores_the_pruned_heads_zero_under_the_current_mask(tmp_path, monkeypatch, mode):
+    """prune --iterative: each step's scores are the normalised importance of the kept heads, the pruned ones 0
+    (before, their gate gradients, nonzero in both modes, went into the per-layer norm and the global min-max)."""
+    scorers = []
+
+    def spy(score, counts, shape):
+        scorers.append(score)
+        return iterative_pruning_masks(score, counts, shape)
+
+    monkeypatch.setattr(importance, "iterative_pruning_masks", spy)
+    bundle, data = make_bundle(seed=5), mixed_data(12)
+    prune_analysis(bundle, data, RunDir("tiny", "sst2", tmp_path), step=0.25, iterative=True, mode=mode,
+                   batch_size=4)
+    keep = keep_mask(3, 4, [(0, 1), (1, 2), (1, 3)])
+    raw = head_importance(bundle, list(iter_batches(bundle, data.examples[0::2], batch_size=4)), keep=keep,
+                          mode=mode)
+    assert (raw[keep == 0] > 0).all()  # the pruned heads' gates do have gradients
+    scores = scorers[0](keep)
+    assert (scores[keep == 0] == 0).all()
+    np.testing.assert_allclose(scores, normalized_importance(np.where(keep > 0, raw, 0.0)), rtol=1e-6, atol=1e-9)
