@@ -342,6 +342,7 @@ def importance_analysis(bundle, data, run, *, by_layer: bool = True, exponent: f
     ``.importance/`` as soon as they are known, so a stopped run resumes. ``cluster``
     (analysis.cluster.Cluster): runs of batches go to its workers (recorded in the manifest)."""
     check_supported(bundle.model, "importance")  # before the record and the resume store touch the run folder
+    check_exponent(exponent)  # used only once every gradient is known
     task_labels(data)
     with run.record("importance", bundle, data, normalize_layers=by_layer, exponent=exponent,
                     normalize_global=global_minmax, max_length=max_length,
@@ -408,8 +409,9 @@ def prune_analysis(bundle, data, run, *, step: float = 0.1, max_fraction: float 
     ``.prune-curve-<mode>/``) as soon as they are known, so a stopped run resumes. Returns the curve and its
     baseline."""
     check_mode(mode)
-    check_pruning_shares(step, max_fraction)
     check_supported(bundle.model, "prune")  # before the record and the resume stores touch the run folder
+    check_exponent(exponent)  # used only once the ranking's gradients are known
+    pruning_counts(bundle.num_layers * bundle.num_heads, step, max_fraction)  # also checks the shares
     task_labels(data)
     ranking, scoring = ranking_and_scoring_halves(data)
     with run.record("pruning", bundle, data, step=step, max_fraction=max_fraction, iterative=iterative, mode=mode,

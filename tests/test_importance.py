@@ -481,3 +481,20 @@ def test_iterative_pruning_scores_the_pruned_heads_zero_under_the_current_mask(t
     scores = scorers[0](keep)
     assert (scores[keep == 0] == 0).all()
     np.testing.assert_allclose(scores, normalized_importance(np.where(keep > 0, raw, 0.0)), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("verb, options, message", [
+    ("importance", {"exponent": 0.0}, "normalisation exponent must be a positive number, got 0.0"),
+    ("prune", {"exponent": -1.0}, "normalisation exponent must be a positive number, got -1.0"),
+    ("prune", {"step": 0.01, "max_fraction": 0.04}, "a step of 0.01 up to 0.04 prunes no head of 12"),
+    ("prune", {"step": 1.5}, "pruning step must be a share of heads in"),
+])
+def test_the_analyses_refuse_bad_options_before_any_gradient(tmp_path, monkeypatch, verb, options, message):
+    """A Python caller's bad exponent (or a step pruning no head) is refused before the run folder is touched
+    and before any gradient (before, the exponent only after every batch's gradients, as the CLI does not)."""
+    monkeypatch.setattr(importance, "example_importance",
+                        lambda *a, **k: pytest.fail("a gradient was computed before the check"))
+    analysis = importance_analysis if verb == "importance" else prune_analysis
+    with pytest.raises(AttnpatError, match=message):
+        analysis(make_bundle(), mixed_data(6), RunDir("tiny", "sst2", tmp_path), **options)
+    assert list(tmp_path.rglob("*")) == []
