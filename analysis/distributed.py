@@ -8,7 +8,8 @@ computes them.
   fast engine (analysis.sweeps.fast_sweep) stacks into one forward pass; each worker runs the fast engine on
   its group, and the driver hands every variant's logits to the caller as the one-process sweep does (the
   ``disable`` verb persists them in its .sweep-* folder, its resume state).
-- importance: one job per run of batches; workers return gradient sums, the driver divides once.
+- importance: one job per run of batches; workers return each example's gradients, and the driver hands each run
+  to the caller (to keep it) as soon as its job comes back.
 
 A job's batches are the one-process run's batches, so results are equal to it (counts identical, logits equal
 up to float rounding). Every worker loads the driver's model once (:func:`model_loader`) and must hold the
