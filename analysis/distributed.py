@@ -8,7 +8,8 @@ computes them.
   fast engine (analysis.sweeps.fast_sweep) stacks into one forward pass; each worker runs the fast engine on
   its group, and the driver hands every variant's logits to the caller as the one-process sweep does (the
   ``disable`` verb persists them in its .sweep-* folder, its resume state).
-- importance: one job per run of batches; workers return gradient sums, the driver divides once.
+- importance: one job per run of batches; workers return each example's gradients, and the driver hands each run
+  to the caller (to keep it) as soon as its job comes back.
 
 A job's batches are the one-process run's batches, so results are equal to it (counts identical, logits equal
 up to float rounding). Every worker loads the driver's model once (:func:`model_loader`) and must hold the
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -191,9 +192,12 @@ def importance_parts(bundle, batches: list[TokenBatch], keep: np.ndarray | None)
 
 def distributed_importance(cluster: Cluster, bundle, batches: Sequence[TokenBatch], *,
                            keep: np.ndarray | None = None, progress: bool | str = False,
-                           per_example: bool = False) -> np.ndarray:
+                           per_example: bool = False,
+                           on_batch: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
     """analysis.importance.head_importance with runs of batches spread over the workers: (L, H); with
-    ``per_example``, analysis.importance.example_importance's (N, L, H) instead, in the batches' order."""
+    ``per_example``, analysis.importance.example_importance's (N, L, H) instead, in the batches' order.
+    ``on_batch(position, gradients (B, L, H))`` is called in the driver for each batch of a run as soon as that
+    run's job comes back (to persist it), so a run stopped, or ended by a lost worker, keeps what came back."""
     batches = list(batches)
     if not batches:
         raise AttnpatError("no examples to compute head importance on")
@@ -205,7 +209,16 @@ def distributed_importance(cluster: Cluster, bundle, batches: Sequence[TokenBatc
         run = batches[edges[part]:edges[part + 1]]
         jobs.append(Job(part, importance_parts, (run, keep),
                         cost=sum(padded_cost(batch.items) for batch in run), size=sum(len(b.items) for b in run)))
+
+    def returned(part: int, gradients: np.ndarray) -> np.ndarray:
+        """A run's gradients (n, L, H), handed to ``on_batch`` batch by batch."""
+        if on_batch is not None:
+            rows = np.cumsum([0] + [len(batch.items) for batch in batches[edges[part]:edges[part + 1]]])
+            for offset in range(len(rows) - 1):
+                on_batch(int(edges[part]) + offset, gradients[rows[offset]:rows[offset + 1]])
+        return gradients
+
     found = pool.run(jobs, progress=progress if isinstance(progress, str) else ("importance" if progress else False),
-                     unit="ex")
+                     unit="ex", on_result=returned)
     gradients = np.concatenate([found[part] for part in range(parts)])
     return gradients if per_example else gradients.mean(0)

@@ -130,7 +130,7 @@ def stored_example_importance(bundle, batches: Sequence[TokenBatch], store: Swee
     record per keep mask and batch, written atomically) as soon as they are known, and a rerun computes only the
     batches it lacks. The gradients are stored as float64 of float32 values, so read back they are bit-equal.
     ``cluster`` (analysis.cluster.Cluster, zero mode with no pruned head only): the missing batches go to its
-    workers, and are stored once they all return."""
+    workers, each run of batches stored as soon as its job returns."""
     if not batches:
         raise AttnpatError("no examples to compute head importance on")
     keep = keep_mask(bundle.num_layers, bundle.num_heads) if keep is None else np.asarray(keep, dtype=np.float32)
@@ -154,10 +154,10 @@ def stored_example_importance(bundle, batches: Sequence[TokenBatch], store: Swee
     if todo and cluster is not None:
         from analysis.distributed import distributed_importance  # noqa: PLC0415 (it builds on this module)
 
-        gradients = distributed_importance(cluster, bundle, todo, keep=keep, progress=progress, per_example=True)
-        edges = np.cumsum([0] + [len(batch.items) for batch in todo])
-        for i, position in enumerate(missing):
-            save(position, gradients[edges[i]:edges[i + 1]])
+        # each run of batches is kept as soon as its job returns: a stopped run, or one a lost worker ends, keeps
+        # what came back, and the batches still in flight are computed again on the rerun
+        distributed_importance(cluster, bundle, todo, keep=keep, progress=progress, per_example=True,
+                               on_batch=lambda i, gradients: save(missing[i], gradients))
     elif todo:
         example_importance(bundle, todo, keep=keep, mode=mode, progress=progress,
                            on_batch=lambda i, gradients: save(missing[i], gradients))
@@ -188,6 +188,13 @@ def normalized_importance(raw: np.ndarray, *, by_layer: bool = True, exponent: f
     """The options applied in bertology's order: per-layer norm, then global min-max."""
     scores = normalize_by_layer(raw, exponent) if by_layer else raw
     return normalize_global(scores) if global_minmax else scores
+
+
+def kept_importance(raw: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Raw importance (L, H) with the heads ``keep`` (L, H) prunes set to 0. A pruned head's gate still has a
+    gradient (at 0 in zero mode, scaling its uniform output in uniform mode), but the head is gone: left in, it
+    would enter its layer's norm and the global min-max, and move the kept heads' normalised scores."""
+    return np.where(np.asarray(keep) > 0, raw, 0.0)
 
 
 # ---------------------------------------------------------------- pruning
@@ -335,6 +342,7 @@ def importance_analysis(bundle, data, run, *, by_layer: bool = True, exponent: f
     ``.importance/`` as soon as they are known, so a stopped run resumes. ``cluster``
     (analysis.cluster.Cluster): runs of batches go to its workers (recorded in the manifest)."""
     check_supported(bundle.model, "importance")  # before the record and the resume store touch the run folder
+    check_exponent(exponent)  # used only once every gradient is known
     task_labels(data)
     with run.record("importance", bundle, data, normalize_layers=by_layer, exponent=exponent,
                     normalize_global=global_minmax, max_length=max_length,
@@ -401,8 +409,9 @@ def prune_analysis(bundle, data, run, *, step: float = 0.1, max_fraction: float 
     ``.prune-curve-<mode>/``) as soon as they are known, so a stopped run resumes. Returns the curve and its
     baseline."""
     check_mode(mode)
-    check_pruning_shares(step, max_fraction)
     check_supported(bundle.model, "prune")  # before the record and the resume stores touch the run folder
+    check_exponent(exponent)  # used only once the ranking's gradients are known
+    pruning_counts(bundle.num_layers * bundle.num_heads, step, max_fraction)  # also checks the shares
     task_labels(data)
     ranking, scoring = ranking_and_scoring_halves(data)
     with run.record("pruning", bundle, data, step=step, max_fraction=max_fraction, iterative=iterative, mode=mode,
@@ -430,9 +439,10 @@ def _prune(bundle, ranking, scoring, run, *, step: float, max_fraction: float, i
                             importance_fingerprint(bundle, ranking, mode, "prune-rank", max_length, batch_size))
 
     def score(keep: np.ndarray) -> np.ndarray:
-        # pruned heads masked as the curve masks them
+        # pruned heads masked as the curve masks them, and scored 0 (gone) before the normalisations
         raw = stored_example_importance(bundle, rank_batches, rank_store, keep=keep, mode=mode).mean(0)
-        return normalized_importance(raw, by_layer=by_layer, exponent=exponent, global_minmax=global_minmax)
+        return normalized_importance(kept_importance(raw, keep), by_layer=by_layer, exponent=exponent,
+                                     global_minmax=global_minmax)
 
     shape = (bundle.num_layers, bundle.num_heads)
     masks = iterative_pruning_masks(score, counts, shape) if iterative else pruning_masks(score(np.ones(shape)), counts)

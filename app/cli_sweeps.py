@@ -34,10 +34,13 @@ def register(app: typer.Typer) -> None:
     app.command("prune")(prune)
 
 
-def _load(model: str, task: str, split: str, n, **columns):
+def _load(model: str, task: str, split: str, n, check_data=None, **columns):
     """Data plus the model as a classifier; a fresh head is seeded so that reruns (and resumes) agree.
-    ``columns``: a data file's text_column, pair_column and label_column."""
+    ``check_data(data)``: the verb's checks of the data, before the model loads. ``columns``: a data file's
+    text_column, pair_column and label_column."""
     data = load_data(task, split, n, **columns)
+    if check_data is not None:
+        check_data(data)
     bundle = seeded_classifier(model, data.num_labels, label_names=data.label_names)
     note = classifier_head_note(bundle, data.task)
     if note:
@@ -167,8 +170,8 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
     check_exponent(exponent)
     if n is not None:
         check_split_size(n)
-    bundle, data, note = _load(model, task, split, n, text_column=text_column, pair_column=pair_column,
-                               label_column=label_column)
+    bundle, data, note = _load(model, task, split, n, lambda data: check_split_size(len(data.examples)),
+                               text_column=text_column, pair_column=pair_column, label_column=label_column)
     result = prune_analysis(bundle, data, RunDir(bundle.slug, data.task, runs_dir), step=step,
                             max_fraction=max_fraction, iterative=iterative, mode=mode, by_layer=normalize_layers,
                             exponent=exponent, global_minmax=normalize_global, max_length=max_length,

@@ -382,10 +382,10 @@ def test_importance_on_workers_stores_each_batch_and_equals_one_process(tmp_path
 
     calls = []
 
-    def on_workers(cluster, bundle, batches, *, keep=None, progress=False, per_example=False):
+    def on_workers(cluster, bundle, batches, *, keep=None, progress=False, per_example=False, on_batch=None):
         calls.append([batch.indices for batch in batches])
         assert per_example
-        return example_importance(bundle, batches, keep=keep)
+        return example_importance(bundle, batches, keep=keep, on_batch=on_batch)
 
     class Workers:
         @staticmethod
@@ -403,3 +403,98 @@ def test_importance_on_workers_stores_each_batch_and_equals_one_process(tmp_path
     importance_analysis(bundle, data, spread, batch_size=4, cluster=Workers())
     importance_analysis(bundle, data, spread, batch_size=4)
     assert len(calls) == 1 and len(written) == 3
+
+
+def test_importance_on_workers_keeps_each_returned_job_when_the_run_is_stopped(tmp_path, monkeypatch):
+    """--ray stopped (Ctrl-C, or the run ended by a worker lost for good) after some jobs came back: their batches
+    are kept, and the rerun sends only the batches that were in flight or queued (before, the batches were stored
+    only once every job had returned, so a stopped run kept nothing and the rerun started over)."""
+    from analysis import distributed  # noqa: PLC0415 (the module whose worker pool the stand-in replaces)
+
+    class Pool:
+        """Runs the jobs in this process, in the driver's order, as Ray's pool hands them back; stops after
+        ``stop_after`` jobs when set."""
+        actors = [0, 1]
+        stop_after: int | None = None
+        sent: list = []
+
+        def run(self, jobs, *, progress=False, unit="jobs", on_result=None):
+            results = {}
+            for number, job in enumerate(jobs):
+                if number == self.stop_after:
+                    raise Stop(job.key)
+                Pool.sent.extend(index for batch in job.args[0] for index in batch.indices)
+                value = job.function(bundle, *job.args)
+                results[job.key] = value if on_result is None else on_result(job.key, value)
+            return results
+
+    class Workers:
+        @staticmethod
+        def manifest() -> dict:
+            return {"workers": 2}
+
+    monkeypatch.setattr(distributed, "worker_pool", lambda cluster, bundle, kind="base": Pool())
+    bundle, data = make_bundle(), mixed_data(20)
+    alone, spread = RunDir("tiny", "sst2", tmp_path / "alone"), RunDir("tiny", "sst2", tmp_path / "spread")
+    importance_analysis(bundle, data, alone, batch_size=2)  # 10 batches: 8 jobs on 2 workers, 2 of two batches
+    Pool.stop_after = 3
+    with pytest.raises(Stop):
+        importance_analysis(bundle, data, spread, batch_size=2, cluster=Workers())
+    kept = sorted(path.name for path in spread.file(".importance").glob("v-*.json"))
+    first = sorted(Pool.sent)
+    assert len(kept) == 4 and len(first) == 8  # the three jobs that came back: four batches of two examples
+    Pool.stop_after, Pool.sent = None, []
+    importance_analysis(bundle, data, spread, batch_size=2, cluster=Workers())
+    assert sorted(Pool.sent + first) == list(range(20))  # only what was not kept went out again
+    assert spread.file("importance.csv").read_bytes() == alone.file("importance.csv").read_bytes()
+
+
+def test_a_pruned_head_scores_zero_before_the_normalisations_so_it_cannot_move_the_kept_heads_order():
+    """A pruned head's gate still has a gradient; left in, it entered its layer's L2 norm and shrank its kept
+    neighbours' scores. Here layer 0's pruned head (10) made head (0, 1) look least important; gone, (1, 0) is."""
+    raw = np.array([[10.0, 1.0], [0.5, 0.6]])
+    keep = np.array([[0.0, 1.0], [1.0, 1.0]])
+    assert least_important(normalized_importance(raw), keep, 1) == [(0, 1)]  # what the ranking did before
+    scores = normalized_importance(importance.kept_importance(raw, keep))
+    assert least_important(scores, keep, 1) == [(1, 0)]
+    assert scores[0, 0] == 0.0 and np.allclose(importance.kept_importance(raw, np.ones((2, 2))), raw)
+
+
+@pytest.mark.parametrize("mode", ["zero", "uniform"])
+def test_iterative_pruning_scores_the_pruned_heads_zero_under_the_current_mask(tmp_path, monkeypatch, mode):
+    """prune --iterative: each step's scores are the normalised importance of the kept heads, the pruned ones 0
+    (before, their gate gradients, nonzero in both modes, went into the per-layer norm and the global min-max)."""
+    scorers = []
+
+    def spy(score, counts, shape):
+        scorers.append(score)
+        return iterative_pruning_masks(score, counts, shape)
+
+    monkeypatch.setattr(importance, "iterative_pruning_masks", spy)
+    bundle, data = make_bundle(seed=5), mixed_data(12)
+    prune_analysis(bundle, data, RunDir("tiny", "sst2", tmp_path), step=0.25, iterative=True, mode=mode,
+                   batch_size=4)
+    keep = keep_mask(3, 4, [(0, 1), (1, 2), (1, 3)])
+    raw = head_importance(bundle, list(iter_batches(bundle, data.examples[0::2], batch_size=4)), keep=keep,
+                          mode=mode)
+    assert (raw[keep == 0] > 0).all()  # the pruned heads' gates do have gradients
+    scores = scorers[0](keep)
+    assert (scores[keep == 0] == 0).all()
+    np.testing.assert_allclose(scores, normalized_importance(np.where(keep > 0, raw, 0.0)), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("verb, options, message", [
+    ("importance", {"exponent": 0.0}, "normalisation exponent must be a positive number, got 0.0"),
+    ("prune", {"exponent": -1.0}, "normalisation exponent must be a positive number, got -1.0"),
+    ("prune", {"step": 0.01, "max_fraction": 0.04}, "a step of 0.01 up to 0.04 prunes no head of 12"),
+    ("prune", {"step": 1.5}, "pruning step must be a share of heads in"),
+])
+def test_the_analyses_refuse_bad_options_before_any_gradient(tmp_path, monkeypatch, verb, options, message):
+    """A Python caller's bad exponent (or a step pruning no head) is refused before the run folder is touched
+    and before any gradient (before, the exponent only after every batch's gradients, as the CLI does not)."""
+    monkeypatch.setattr(importance, "example_importance",
+                        lambda *a, **k: pytest.fail("a gradient was computed before the check"))
+    analysis = importance_analysis if verb == "importance" else prune_analysis
+    with pytest.raises(AttnpatError, match=message):
+        analysis(make_bundle(), mixed_data(6), RunDir("tiny", "sst2", tmp_path), **options)
+    assert list(tmp_path.rglob("*")) == []

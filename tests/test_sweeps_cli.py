@@ -205,3 +205,14 @@ def test_minilm_importance_on_sst2(minilm):
     scores = head_importance(minilm, list(iter_batches(minilm, data.examples, batch_size=8)))
     assert scores.shape == (6, 12) and np.isfinite(scores).all() and (scores > 0).all()
     assert scores.std() > 0
+
+
+def test_prune_on_a_data_file_of_one_example_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    """Without --n the example count is known once the file is read: checked then, not after the model loaded."""
+    monkeypatch.setattr(cli_sweeps, "seeded_classifier", lambda *a, **k: pytest.fail("the model loaded first"))
+    data = tmp_path / "one.csv"
+    data.write_text("text,label\na fine film,1\n")
+    assert main(["prune", "--task", str(data), "--runs-dir", str(tmp_path / "runs")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: prune needs at least 2 examples, got 1: ") and "\n" not in error
+    assert not (tmp_path / "runs").exists()
