@@ -20,22 +20,17 @@ from PIL import Image, ImageDraw  # noqa: E402
 
 from analysis.errors import AttnpatError  # noqa: E402
 from analysis.patterns import CLASS_STYLE  # noqa: E402
-from analysis.rendering import absolute_grey  # noqa: E402
+from analysis.rendering import absolute_grey, check_attention_map  # noqa: E402
 
 # Tokens marked on the axes of rendered maps (the guideline: [CLS], [SEP], '.' and ',').
 MARKED_TOKENS = {"[CLS]": "[CLS]", "<s>": "[CLS]", "[SEP]": "[SEP]", "</s>": "[SEP]", ".": ".", ",": ","}
 
 
 def check_map(attn: np.ndarray, tokens: list[str] | None = None) -> np.ndarray:
-    """Validate one map: (n, n), finite, non-negative; tokens (if given) of length n."""
-    attn = np.asarray(attn, dtype=np.float32)
-    if attn.ndim != 2 or attn.shape[0] != attn.shape[1]:
-        raise AttnpatError(f"an attention map must be square (n, n), got shape {attn.shape}")
-    if not np.isfinite(attn).all() or (attn < 0).any():
-        raise AttnpatError("an attention map must be finite and non-negative")
-    if tokens is not None and len(tokens) != attn.shape[0]:
-        raise AttnpatError(f"{len(tokens)} tokens for a map of size {attn.shape[0]}")
-    return attn
+    """Validate one map as render_map does (analysis.rendering.check_attention_map): (n, n) with n >= 1, finite,
+    weights in [0, 1]; tokens (if given) of length n. Rows need not sum to 1: the app's maps without [CLS]/[SEP]
+    lose those columns' weight."""
+    return check_attention_map(attn, tokens, rows_sum_to_one=False)
 
 
 def marked_positions(tokens: list[str]) -> list[tuple[int, str]]:
