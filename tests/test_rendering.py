@@ -103,9 +103,41 @@ def test_a_map_that_is_not_attention_weights_is_refused_not_drawn_blank_or_black
 def test_the_apps_large_map_refuses_an_empty_map_and_weights_above_one():
     """The large map checks maps as render_map does, rows aside (a map without [CLS]/[SEP] loses their weight):
     before, an empty map drew an empty figure and weights above 1 were all black."""
-    from analysis.figures import map_figure  # noqa: PLC0415 (matplotlib only for this test)
+    from analysis.figures import close, map_figure  # noqa: PLC0415 (matplotlib only for this test)
 
     for bad in (np.zeros((0, 0)), np.full((3, 3), 2.0)):
         with pytest.raises(AttnpatError):
             map_figure(bad)
-    assert map_figure(np.full((3, 3), 0.2)) is not None  # rows of 0.6: a map without its special tokens
+    close(map_figure(np.full((3, 3), 0.2)))  # rows of 0.6: a map without its special tokens is drawn
+
+
+def runs_of(row: np.ndarray) -> list[tuple[int, int]]:
+    """(value, length) of each run of equal values along a row of pixels."""
+    edges = np.flatnonzero(np.diff(row)) + 1
+    starts, ends = np.r_[0, edges], np.r_[edges, len(row)]
+    return [(int(row[start]), int(end - start)) for start, end in zip(starts, ends)]
+
+
+@pytest.mark.parametrize("n", [17, 128, 200])
+def test_the_apps_large_map_gives_every_token_the_same_whole_number_of_pixels(tmp_path, n):
+    """Saved as the app saves it, every token column of the large map is cell_size(n) pixels wide, as in render_map:
+    before, the map was resampled to its axes, and at 128 tokens its columns were 3 to 6 pixels wide."""
+    from PIL import Image  # noqa: PLC0415
+
+    from analysis.figures import close, map_figure  # noqa: PLC0415 (matplotlib only for this test)
+    from analysis.rundir import save_figure  # noqa: PLC0415
+
+    attn = np.zeros((n, n), dtype=np.float32)
+    attn[:, 1::2] = 0.25  # every other key 0.25 (grey 128), the rest 0 (white): alternating one-token columns
+    fig = map_figure(attn, ["[CLS]"] + ["w"] * (n - 2) + ["[SEP]"], all_ticks=n <= 64, title="t")
+    png = save_figure(fig, tmp_path / "map")[0]
+    close(fig)
+    image = np.asarray(Image.open(png).convert("L")).astype(int)
+    cell = cell_size(n)
+    # pixel columns grey over most of the map's height: the map's grey token columns (no label text is that tall)
+    grey = (image == 128).sum(0) >= n * cell // 2
+    runs = runs_of(grey.astype(int))
+    first = next(k for k, (value, _) in enumerate(runs) if value)
+    last = max(k for k, (value, _) in enumerate(runs) if value)
+    inside = runs[first:last + 1]  # grey, white, grey, ..., grey
+    assert len(inside) == 2 * (n // 2) - 1 and {length for _, length in inside} == {cell}
