@@ -121,7 +121,7 @@ def runs_of(row: np.ndarray) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("n", [17, 128, 200])
 def test_the_apps_large_map_gives_every_token_the_same_whole_number_of_pixels(tmp_path, n):
     """Saved as the app saves it, every token column of the large map is cell_size(n) pixels wide, as in render_map:
-    before, the map was resampled to its axes, and at 128 tokens its columns were 3 to 6 pixels wide."""
+    before, the map was resampled to its axes, and at 128 tokens its columns were 4 to 6 pixels wide."""
     from PIL import Image  # noqa: PLC0415
 
     from analysis.figures import close, map_figure  # noqa: PLC0415 (matplotlib only for this test)
