@@ -20,22 +20,18 @@ from PIL import Image, ImageDraw  # noqa: E402
 
 from analysis.errors import AttnpatError  # noqa: E402
 from analysis.patterns import CLASS_STYLE  # noqa: E402
-from analysis.rendering import absolute_grey  # noqa: E402
+from analysis.rendering import absolute_grey, cell_size, check_attention_map  # noqa: E402
+from analysis.rundir import FIGURE_DPI  # noqa: E402
 
 # Tokens marked on the axes of rendered maps (the guideline: [CLS], [SEP], '.' and ',').
 MARKED_TOKENS = {"[CLS]": "[CLS]", "<s>": "[CLS]", "[SEP]": "[SEP]", "</s>": "[SEP]", ".": ".", ",": ","}
 
 
 def check_map(attn: np.ndarray, tokens: list[str] | None = None) -> np.ndarray:
-    """Validate one map: (n, n), finite, non-negative; tokens (if given) of length n."""
-    attn = np.asarray(attn, dtype=np.float32)
-    if attn.ndim != 2 or attn.shape[0] != attn.shape[1]:
-        raise AttnpatError(f"an attention map must be square (n, n), got shape {attn.shape}")
-    if not np.isfinite(attn).all() or (attn < 0).any():
-        raise AttnpatError("an attention map must be finite and non-negative")
-    if tokens is not None and len(tokens) != attn.shape[0]:
-        raise AttnpatError(f"{len(tokens)} tokens for a map of size {attn.shape[0]}")
-    return attn
+    """Validate one map as render_map does (analysis.rendering.check_attention_map): (n, n) with n >= 1, finite,
+    weights in [0, 1]; tokens (if given) of length n. Rows need not sum to 1: the app's maps without [CLS]/[SEP]
+    lose those columns' weight."""
+    return check_attention_map(attn, tokens, rows_sum_to_one=False)
 
 
 def marked_positions(tokens: list[str]) -> list[tuple[int, str]]:
@@ -76,12 +72,27 @@ def draw_map(ax, attn: np.ndarray, tokens: list[str] | None = None, *, all_ticks
         ax.set_title(title, fontsize=9)
 
 
-def map_figure(attn: np.ndarray, tokens: list[str] | None = None, *, size: float = 4.0, all_ticks: bool = False,
+# Inches around the large map for its tick labels and title (save_figure's tight bounding box trims the rest).
+MAP_MARGINS = {"left": 0.9, "bottom": 0.9, "right": 0.2, "top": 0.4}
+
+
+def map_figure(attn: np.ndarray, tokens: list[str] | None = None, *, panel: int = 512, all_ticks: bool = False,
                title: str | None = None):
-    """A single-map figure: the app's large map, drawn on the guideline's absolute scale (:func:`draw_map`)."""
-    fig, ax = plt.subplots(figsize=(size, size))
+    """A single-map figure: the app's large map, drawn as render_map draws the annotators' maps: the guideline's
+    absolute scale (:func:`draw_map`) and, once saved (analysis.rundir.save_figure, FIGURE_DPI), a whole number of
+    pixels per token, at least 3, filling about ``panel`` pixels (analysis.rendering.cell_size). attn: (n, n).
+
+    The axes are sized in those pixels: an axes of another size resamples the map to it, and its one-token columns
+    come out some a pixel wider than others (before: 4 to 6 pixels each at 128 tokens, 39 or 40 at 17)."""
+    n = check_map(attn, tokens).shape[0]
+    side = n * cell_size(n, panel) / FIGURE_DPI
+    width = side + MAP_MARGINS["left"] + MAP_MARGINS["right"]
+    height = side + MAP_MARGINS["bottom"] + MAP_MARGINS["top"]
+    fig = plt.figure(figsize=(width, height), dpi=FIGURE_DPI)
+    ax = fig.add_axes((MAP_MARGINS["left"] / width, MAP_MARGINS["bottom"] / height, side / width, side / height))
+    for spine in ax.spines.values():  # drawn on the map's edge, a frame would cover part of [CLS]'s column
+        spine.set_position(("outward", 1))
     draw_map(ax, attn, tokens, all_ticks=all_ticks, title=title)
-    fig.tight_layout()
     return fig
 
 

@@ -32,6 +32,32 @@ STRIP = 6  # pixels of the token-mark strips above and left of the map
 GAP = 8  # pixels between the map and its inset
 
 
+# How far a row's sum may stray from 1: maps stored as float16 or computed in bfloat16 are off by well under 1%.
+ROW_SUM_TOLERANCE = 0.02
+
+
+def check_attention_map(attn, tokens: list[str] | None = None, *, rows_sum_to_one: bool = True) -> np.ndarray:
+    """attn as a float32 (n, n) array, n >= 1, after checking it is a map the absolute 0..1 scale can draw: square,
+    finite, weights in [0, 1] and, with ``rows_sum_to_one``, every row summing to 1 (a softmax row; norm and
+    rollout rows are renormalised to 1 too). Anything else is an AttnpatError: drawn, weights above 1 would all be
+    black and a map of zeros all white, an empty-looking picture an annotator would label. tokens: n or None."""
+    attn = np.asarray(attn, dtype=np.float32)
+    if attn.ndim != 2 or attn.shape[0] != attn.shape[1] or attn.shape[0] == 0:
+        raise AttnpatError(f"an attention map must be square (n, n) with n >= 1, got shape {attn.shape}")
+    if not np.isfinite(attn).all() or (attn < 0).any():
+        raise AttnpatError("an attention map must be finite and non-negative")
+    if attn.max() > 1 + ROW_SUM_TOLERANCE:
+        raise AttnpatError(f"an attention map holds weights in [0, 1], got a maximum of {attn.max():.3g}")
+    if rows_sum_to_one:
+        sums = attn.sum(1, dtype=np.float64)
+        off = int(np.abs(sums - 1).argmax())
+        if abs(sums[off] - 1) > ROW_SUM_TOLERANCE:
+            raise AttnpatError(f"each row of an attention map must sum to 1, but row {off} sums to {sums[off]:.3g}")
+    if tokens is not None and len(tokens) != attn.shape[0]:
+        raise AttnpatError(f"{len(tokens)} tokens for a map of size {attn.shape[0]}")
+    return attn
+
+
 def absolute_grey(attn: np.ndarray) -> np.ndarray:
     """attn: (n, n) weights in [0, 1] -> (n, n) uint8 grey, 255 = weight 0, 0 = weight 1 (square-root scale)."""
     return (255.0 * (1.0 - np.sqrt(np.clip(attn, 0.0, 1.0)))).round().astype(np.uint8)
@@ -59,14 +85,8 @@ def render_map(attn: np.ndarray, tokens: list[str] | None = None, *, panel: int 
     Returns an RGB image: the absolute-weight map (about ``panel`` pixels square) with token-mark strips on
     its top and left edges and, if ``inset``, a max-scaled copy a quarter of its size to the right.
     """
-    attn = np.asarray(attn, dtype=np.float32)
-    if attn.ndim != 2 or attn.shape[0] != attn.shape[1] or attn.shape[0] == 0:
-        raise AttnpatError(f"an attention map must be square (n, n) with n >= 1, got shape {attn.shape}")
-    if not np.isfinite(attn).all() or (attn < 0).any():
-        raise AttnpatError("an attention map must be finite and non-negative")
+    attn = check_attention_map(attn, tokens)
     n = attn.shape[0]
-    if tokens is not None and len(tokens) != n:
-        raise AttnpatError(f"{len(tokens)} tokens for a map of size {n}")
     cell = cell_size(n, panel, min_cell)
     main = _upscale(absolute_grey(attn), cell)
     side = max(1, cell // 4) if inset else 0

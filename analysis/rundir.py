@@ -342,6 +342,9 @@ def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+FIGURE_DPI = 130  # every saved figure's resolution (analysis.figures.map_figure sizes its map in these pixels)
+
+
 def save_figure(fig, stem: str | Path, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
     """Save a matplotlib figure as stem.png and stem.svg, atomically."""
     stem = Path(stem)
@@ -350,7 +353,7 @@ def save_figure(fig, stem: str | Path, formats: tuple[str, ...] = ("png", "svg")
         warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font")
         for fmt in formats:
             written.append(atomic_write(stem.with_suffix(f".{fmt}"), lambda tmp, fmt=fmt: fig.savefig(
-                tmp, format=fmt, dpi=130, bbox_inches="tight")))
+                tmp, format=fmt, dpi=FIGURE_DPI, bbox_inches="tight")))
     return written
 
 

@@ -26,7 +26,7 @@ from analysis.data import check_task, json_lines
 from analysis.errors import AttnpatError
 from analysis.mapstore import iter_map_groups, make_map_id, read_single_maps, write_single_maps
 from analysis.models import load_model, model_slug
-from analysis.rendering import render_map
+from analysis.rendering import check_attention_map, render_map
 from analysis.rundir import atomic_write, atomic_write_text, read_json
 from analysis.sampling import (
     Predictor,
@@ -58,6 +58,16 @@ def render_png(sampled: SampledMap, path: Path) -> Path:
     return path
 
 
+def check_drawable(maps: Sequence[SampledMap]) -> None:
+    """An AttnpatError naming the first map render_map cannot draw as attention weights (see
+    analysis.rendering.check_attention_map): checked before the first image is written, not halfway through."""
+    for sampled in maps:
+        try:
+            check_attention_map(sampled.attn, sampled.tokens)
+        except AttnpatError as exc:
+            raise AttnpatError(f"map {sampled.map_id}: {exc}") from None
+
+
 def write_sample(folder: str | Path, maps: Sequence[SampledMap], *, render: bool = True) -> Path:
     """Write index.jsonl, maps.npz and (optionally) the PNGs; existing PNGs are kept (resumable)."""
     folder = Path(folder)
@@ -66,6 +76,7 @@ def write_sample(folder: str | Path, maps: Sequence[SampledMap], *, render: bool
     ids = [m.map_id for m in maps]
     if len(set(ids)) != len(ids):
         raise AttnpatError("duplicate map ids in a sample")
+    check_drawable(maps)
     if render:
         for sampled in maps:
             target = folder / "png" / image_name(sampled)
@@ -220,6 +231,7 @@ def ensure_sample(samples_dir: Path, model: str, count: int, tasks: Sequence[str
     if maps is not None:
         log(f"sampling {count} maps from {maps} into {folder}")
         drawn = sample_saved_maps(maps, count, seed, excluded)
+        check_drawable(drawn)  # a map file's maps may be anything finite: refused before the sample folder is made
         atomic_write_text(settings_file, json.dumps(settings, indent=2))
         write_sample(folder, drawn)
         return folder

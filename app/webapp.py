@@ -241,7 +241,7 @@ class WebApp:
         title = f"layer {layer + 1}, head {head + 1} (1-indexed){kind}{predicted}"
         folder = self.scratch.new_dir()
         with FIGURE_LOCK:
-            fig = map_figure(attn, labels, size=6.0, all_ticks=len(labels) <= 64, title=title)
+            fig = map_figure(attn, labels, all_ticks=len(labels) <= 64, title=title)
             png, svg = save_figure(fig, folder / f"map_L{layer + 1}_H{head + 1}")
             close(fig)
         shown = f"{len(labels)} {'words' if word_level else 'tokens'}{' without [CLS]/[SEP]' if hide_special else ''}"

@@ -47,18 +47,20 @@ INTERVALS = {"ratio": "each kind's pattern_ratios.csv interval (percentile boots
 
 
 def special_attention(bundle, examples, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
-                      progress: bool | str = False) -> dict[str, np.ndarray]:
-    """{"to_cls"|"to_sep"|"to_punct": (E, L, H)} each example's mean over its real query rows of the map mass on
-    those tokens, for the maps of the bundle's kind, in data order (row e is examples[e], whatever the stream's
-    length-sorted order), so two kinds' values pair example by example."""
-    means, order = HeadMeans(), []
+                      progress: bool | str = False) -> tuple[dict[str, np.ndarray], int]:
+    """({"to_cls"|"to_sep"|"to_punct": (E, L, H)}, n_truncated): each example's mean over its real query rows of the
+    map mass on those tokens, for the maps of the bundle's kind, in data order (row e is examples[e], whatever the
+    stream's length-sorted order), so two kinds' values pair example by example; and how many examples were cut
+    to ``max_length`` tokens (their maps are of the part kept)."""
+    means, order, n_truncated = HeadMeans(), [], 0
     for map_batch in stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size, progress=progress):
         roles = token_roles(bundle.tokenizer, map_batch.batch.input_ids, map_batch.batch.attention_mask)
         order += [item.index for item in map_batch.batch.items]
+        n_truncated += sum(item.truncated for item in map_batch.batch.items)
         for measure, role in TOKEN_MEASURES.items():
             means.add(measure, attention_to(map_batch.attentions, roles[role], roles["real"]))
     in_data_order = np.argsort(order, kind="stable")
-    return {measure: means.per_example(measure)[0][in_data_order] for measure in TOKEN_MEASURES}
+    return {measure: means.per_example(measure)[0][in_data_order] for measure in TOKEN_MEASURES}, n_truncated
 
 
 def attention_cells(per_example: dict[str, np.ndarray]) -> tuple[list[tuple[str, str]], np.ndarray]:
@@ -159,9 +161,10 @@ def compare_map_kinds(bundle, data: TaskData, classifier: PatternClassifier, *, 
             if not classification_is_current(kind_run, classify_settings(viewed, data, classifier, max_length)):
                 classify_task(viewed, data, classifier, kind_run, batch_size=batch_size, progress=progress,
                               max_length=max_length)
-            cells, attention[kind] = attention_cells(special_attention(
-                viewed, data.examples, max_length=max_length, batch_size=batch_size,
-                progress=f"{kind} maps" if progress else False))
+            per_example, n_truncated = special_attention(viewed, data.examples, max_length=max_length,
+                                                         batch_size=batch_size,
+                                                         progress=f"{kind} maps" if progress else False)
+            cells, attention[kind] = attention_cells(per_example)
             patterns[kind] = kind_run.read_table("example_patterns")
             parts += [ratio_rows(data.task, kind_run.read_table("pattern_ratios")).assign(kind=kind),
                       mean_rows(data.task, "attention", cells, attention[kind]).assign(kind=kind)]
@@ -172,7 +175,8 @@ def compare_map_kinds(bundle, data: TaskData, classifier: PatternClassifier, *, 
         fig = map_kinds_figure(table, kinds, f"{bundle.name} on {data.task}: {' vs '.join(kinds)} maps")
         run.write_figure(TABLE, fig)
         close(fig)
-        entry.update(run_folders={kind: str(RunDir(viewed.slug, data.task, root).path)
+        entry.update(n_truncated=n_truncated,  # the same inputs under every kind
+                     run_folders={kind: str(RunDir(viewed.slug, data.task, root).path)
                                   for kind, viewed in viewed_bundles.items()})
     return table
 

@@ -564,3 +564,25 @@ def test_an_exclude_of_another_models_maps_is_named_as_excluding_nothing(tmp_pat
     first = ensure_sample(tmp_path / "samples", str(model), 2, ["sst2"], seed=2, name="y", log=said.append)
     ensure_sample(tmp_path / "samples", str(model), 2, ["sst2"], seed=2, name="z", exclude=[first], log=said.append)
     assert not any(line.startswith("note: --exclude") for line in said)
+
+
+def test_a_sample_holding_a_map_that_is_not_attention_weights_is_refused_before_any_image(tmp_path):
+    """Maps read from files are rendered as they are: a map of zeros was drawn as a white image for annotators
+    (weights above 1 as a black one), after the images of the maps before it. Now the map is named before the
+    sample folder is made (from a map file) or any image is written."""
+    from analysis.mapstore import MapGroup, write_maps  # noqa: PLC0415
+    from analysis.sampling import SampledMap  # noqa: PLC0415
+    from annotation.sample import write_sample  # noqa: PLC0415
+
+    tokens = ["[CLS]", "a", "[SEP]"]
+    attn = np.full((2, 3, 3), 1 / 3, dtype=np.float32)
+    attn[1] = 0.0  # head (0, 1) of the example: a map of zeros
+    write_maps(tmp_path / "maps.npz", [MapGroup("m", "sst2", "e0", np.array([[0, 0], [0, 1]]), attn, tokens)])
+    with pytest.raises(AttnpatError, match="map m:sst2:e0:L0H1: each row of an attention map must sum to 1"):
+        ensure_sample(tmp_path / "samples", "minilm", 2, [], maps=tmp_path / "maps.npz", log=lambda _: None)
+    assert not (tmp_path / "samples").exists()
+    good = SampledMap("m:sst2:e0:0:0", "sst2", "e0", 0, 0, tokens, attn[0])
+    black = SampledMap("m:sst2:e1:0:0", "sst2", "e1", 0, 0, tokens, np.full((3, 3), 5.0, dtype=np.float32))
+    with pytest.raises(AttnpatError, match="map m:sst2:e1:0:0: an attention map holds weights in"):
+        write_sample(tmp_path / "sample", [good, black])
+    assert not (tmp_path / "sample").exists()

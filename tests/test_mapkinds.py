@@ -340,6 +340,22 @@ def test_compare_kinds_writes_each_kinds_run_and_the_side_by_side_table(tmp_path
     assert before == after
 
 
+def test_compare_kinds_records_how_many_inputs_it_cut_to_max_length(tmp_path, monkeypatch):
+    """Every other verb's manifest counts the inputs cut to --max-length (the option's help says they are counted);
+    compare-kinds' map_kinds entry had no count, so its attention means over cut inputs were not told apart."""
+    from analysis.stream import encode_examples  # noqa: PLC0415
+
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    save_tiny_model(tmp_path / "models" / "tiny", layers=1, heads=2)
+    runs = tmp_path / "runs"
+    assert main(["compare-kinds", "--model", "tiny", "--task", "sst2", "--n", "4", "--max-length", "12",
+                 "--runs-dir", str(runs), "-q"]) == 0
+    entry = json.loads((runs / "tiny" / "sst2" / "manifest.json").read_text())["analyses"]["map_kinds"]
+    examples = load_data("sst2", "validation", 4).examples
+    cut = sum(item.truncated for item in encode_examples(minilm_tokenizer(), examples, 12))
+    assert 0 < cut < 4 and entry["n_truncated"] == cut
+
+
 def per_example_special_attention(bundle, data, kind: str) -> dict[str, np.ndarray]:
     """{measure: (E, L) float64} each example's mean attention of each layer's heads to [CLS], [SEP] or punctuation,
     averaged over its real query rows, in data order: computed map by map, apart from classifier.map_kinds."""
