@@ -120,7 +120,7 @@ def mds_embedding(distances: np.ndarray, seed: int = 0, start: np.ndarray | None
 def kruskal_stress(distances: np.ndarray, points: np.ndarray) -> float:
     """How much of a (K, K) distance matrix a (K, 2) embedding misses: Kruskal's stress-1,
     sqrt(sum (d_ij - |x_i - x_j|)^2 / sum d_ij^2) over the pairs i < j. 0 when the layout is exact (also when
-    :func:`all_identical`); Kruskal's guide reads 0.05 as good, 0.1 fair, 0.2 poor."""
+    :func:`all_identical`); :func:`kruskal_reading` gives Kruskal's words for it."""
     if all_identical(distances):  # every head at one point is the exact embedding (rounding leaves ~1e-7 nats)
         return 0.0
     rows, cols = np.triu_indices(distances.shape[0], k=1)
@@ -131,19 +131,31 @@ def kruskal_stress(distances: np.ndarray, points: np.ndarray) -> float:
 
 
 # Kruskal's (1964) benchmarks for stress-1, read as bands between them: (upper bound, reading), best first.
-KRUSKAL_BANDS = ((0.0, "exact"), (0.05, "good"), (0.1, "good to fair"), (0.2, "fair to poor"))
+KRUSKAL_BANDS = ((0.0, "perfect"), (0.025, "excellent"), (0.05, "excellent to good"), (0.1, "good to fair"),
+                 (0.2, "fair to poor"))
+KRUSKAL_GUIDE = "0 perfect, 0.025 excellent, 0.05 good, 0.1 fair, 0.2 poor"
 
 
 def kruskal_reading(stress: float) -> str:
-    """A stress-1 value (:func:`kruskal_stress`) as Kruskal's guide reads it: 0 exact, up to 0.05 good, then good
-    to fair up to 0.1, fair to poor up to 0.2, poor above (the guide names the points 0.05, 0.1, 0.2 only)."""
+    """A stress-1 value (:func:`kruskal_stress`) as Kruskal's guide reads it: 0 perfect, up to 0.025 excellent, then
+    excellent to good up to 0.05, good to fair up to 0.1, fair to poor up to 0.2, poor above (the guide names the
+    points 0.025, 0.05, 0.1, 0.2 only)."""
     return next((reading for bound, reading in KRUSKAL_BANDS if stress <= bound), "poor")
 
 
 def kruskal_points_within(low: float, high: float) -> tuple[float, ...]:
-    """The guide's points (0.05, 0.1, 0.2) that a stress interval [low, high] straddles, so that its ends read in
-    different bands of :func:`kruskal_reading` (p counts when low <= p < high: p itself reads the band below)."""
+    """The guide's points (0.025, 0.05, 0.1, 0.2) that a stress interval [low, high] straddles, so that its ends read
+    in different bands of :func:`kruskal_reading` (p counts when low <= p < high: p itself reads the band below)."""
     return tuple(point for point, _ in KRUSKAL_BANDS[1:] if low <= point < high)
+
+
+def stress_reading(stress: float, bounds=None) -> str:
+    """The words the CLI and the web app print after a stress-1 value: "fair to poor by Kruskal's guide (0 perfect,
+    ..., 0.2 poor)", adding "; its interval straddles 0.2" when ``bounds`` (low, high), if given, reach across a
+    point of the guide (:func:`kruskal_points_within`)."""
+    straddled = kruskal_points_within(*bounds) if bounds is not None else ()
+    across = f"; its interval straddles {' and '.join(f'{point:g}' for point in straddled)}" if straddled else ""
+    return f"{kruskal_reading(stress)} by Kruskal's guide ({KRUSKAL_GUIDE}{across})"
 
 
 def procrustes_align(points: np.ndarray, reference: np.ndarray) -> np.ndarray:

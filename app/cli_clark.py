@@ -161,12 +161,13 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
 
 
 def _stress_line(record: dict) -> str:
-    """'MDS fit: Kruskal stress-1 ...' from a clusters manifest record."""
+    """'MDS fit: Kruskal stress-1 ..., fair to poor by Kruskal's guide (...)' from a clusters manifest record."""
+    from analysis.clustering import stress_reading  # noqa: PLC0415 (scikit-learn loads slowly, as in cluster)
+
     bounds = record.get("mds_stress_interval")
     spread = "" if bounds is None else f" [{bounds[0]:.3f}, {bounds[1]:.3f}] (95% over the bootstrap draws)"
     return (f"MDS fit: Kruskal stress-1 {record['mds_stress']:.3f}{spread} (RMS gap between the figure's distances "
-            "and the divergences, relative to the divergences; 0 exact, Kruskal's guide: 0.05 good, 0.1 fair, "
-            "0.2 poor)")
+            f"and the divergences, relative to the divergences), {stress_reading(record['mds_stress'], bounds)}")
 
 
 def _position_line(record: dict) -> str:

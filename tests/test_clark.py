@@ -58,7 +58,9 @@ from analysis.rundir import RunDir
 from analysis.stream import check_has_text, encode_examples, iter_batches
 from analysis.surface import SURFACE_METRICS, compute_surface, surface_statistics
 from app.cli import main
+from app.cli_clark import _stress_line
 from app.display import layer_interval_lines
+from app.run_browser import cluster_fit_notes
 from tests.test_importance import half_written
 from tests.tiny import minilm_tokenizer, save_tiny_model, tiny_config, wrap_bundle
 
@@ -149,7 +151,8 @@ def test_kruskal_stress_is_zero_for_an_exact_layout_and_the_hand_computed_gap_ot
 
 
 @pytest.mark.parametrize("stress, reading", [
-    (0.0, "exact"), (0.03, "good"), (0.05, "good"), (0.07, "good to fair"), (0.1, "good to fair"),
+    (0.0, "perfect"), (0.01, "excellent"), (0.025, "excellent"), (0.03, "excellent to good"),
+    (0.05, "excellent to good"), (0.07, "good to fair"), (0.1, "good to fair"),
     (0.15, "fair to poor"), (0.2, "fair to poor"), (0.35, "poor"),
 ])
 def test_kruskal_reading_bands_stress_between_the_guides_points(stress, reading):
@@ -162,6 +165,19 @@ def test_a_stress_interval_straddles_the_guides_points_where_its_ends_read_apart
         assert (kruskal_reading(low) != kruskal_reading(high)) == bool(straddled), (low, high)
     assert kruskal_points_within(0.04, 0.12) == (0.05, 0.1)
     assert kruskal_points_within(0.19, 0.21) == (0.2,)
+    assert kruskal_points_within(0.02, 0.04) == (0.025,)
+
+
+def test_the_cli_and_the_web_app_read_the_stress_with_the_same_words_of_kruskals_whole_guide():
+    """The cluster verb's stress line gave the number with no reading, and the guide without 0.025 excellent and
+    0 perfect; it and the web app's fit note now end in analysis.clustering.stress_reading's words."""
+    record = {"mds_stress": 0.0312, "mds_stress_interval": [0.021, 0.043]}
+    words = ("excellent to good by Kruskal's guide (0 perfect, 0.025 excellent, 0.05 good, 0.1 fair, 0.2 poor; "
+             "its interval straddles 0.025)")
+    assert _stress_line(record).endswith(", " + words)
+    assert cluster_fit_notes({"analyses": {"clusters": record}})[0].endswith(", " + words)
+    assert _stress_line({"mds_stress": 0.0, "mds_stress_interval": None}).endswith(
+        "perfect by Kruskal's guide (0 perfect, 0.025 excellent, 0.05 good, 0.1 fair, 0.2 poor)")
 
 
 def test_mds_of_heads_that_all_attend_alike_is_one_point_without_warnings():
