@@ -44,8 +44,22 @@ from analysis.errors import AttnpatError
 from analysis.figures import close
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir
-from analysis.stream import DEFAULT_MAX_LENGTH, check_has_text, encode_examples, stream_maps
-from analysis.surface import LABEL_COLOURS, LABEL_NAMES, LabelThresholds, SurfaceAccumulator, label_counts
+from analysis.stream import (
+    DEFAULT_MAX_LENGTH,
+    check_has_text,
+    encode_examples,
+    length_sorted_batches,
+    stream_maps,
+)
+from analysis.surface import (
+    LABEL_COLOURS,
+    LABEL_NAMES,
+    LabelThresholds,
+    SurfaceAccumulator,
+    label_counts,
+    statistics_from_record,
+    statistics_record,
+)
 from analysis.sweeps import SweepStore, sweep_fingerprint
 from analysis.uncertainty import EXAMPLE_INTERVAL, bootstrap_mean_interval, draw_counts, percentile_bounds
 
@@ -324,16 +338,31 @@ def kept_pairs(record: dict, indices: list[int], n_pairs: int) -> np.ndarray | N
     return pairs if pairs.shape == (len(indices), n_pairs) else None
 
 
+def kept_batch(record: dict, indices: list[int], n_pairs: int, layers: int, heads: int) -> tuple | None:
+    """A kept batch record of the examples ``indices`` as ((B, P) float32 pair divergences, the batch's surface
+    statistics of analysis.surface.SurfaceAccumulator.batch_statistics); None when either is missing or damaged
+    (a record of an attnpat that kept the divergences only, too): the batch is streamed again."""
+    pairs = kept_pairs(record, indices, n_pairs)
+    surface = statistics_from_record(record.get("surface"), len(indices), layers, heads)
+    return None if pairs is None or surface is None else (pairs, surface)
+
+
+def batch_pairs(map_batch, heads: int) -> np.ndarray:
+    """One MapBatch's (B, P) float32 divergences of the P head pairs (:func:`head_js_divergences`), K = ``heads``
+    layers x heads."""
+    return torch.stack([pair_values(head_js_divergences(maps.reshape(heads, *maps.shape[-2:]))).float()
+                        for maps in map(map_batch.example_maps, range(len(map_batch)))]).numpy()
+
+
 def compute_head_distances(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
                            progress: bool = True, thresholds: LabelThresholds = DEFAULT_THRESHOLDS,
                            resume_folder: Path | None = None) -> HeadDistances:
     """One pass over ``data``: head divergences with their stability, and the surface labels of the heads.
 
-    ``resume_folder``: each batch's (B, P) pair divergences are kept there (analysis.sweeps.SweepStore, one
-    record per batch, written atomically) as soon as they are known, so a stopped run resumes: a rerun reads
-    them back bit-equal (float32 through JSON) and computes the divergences, the costly part, only of the batches
-    it lacks; the maps are streamed again for the surface labels. Records of other settings
-    (:func:`resume_fingerprint`) are discarded."""
+    ``resume_folder``: each batch's (B, P) pair divergences and its surface statistics are kept there
+    (analysis.sweeps.SweepStore, one record per batch, written atomically) as soon as they are known, so a
+    stopped run resumes: a rerun reads them back bit-equal (through JSON) and streams the maps only of the
+    batches it lacks. Records of other settings (:func:`resume_fingerprint`) are discarded."""
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     check_has_text(bundle.tokenizer, encoded)
     # made after the checks, so bad input writes nothing
@@ -341,26 +370,33 @@ def compute_head_distances(bundle, data: TaskData, *, max_length: int = DEFAULT_
                                                           resume_fingerprint(bundle, data, max_length, batch_size))
     stored = store.results() if store is not None else {}  # {batch-<position>: what a stopped run kept}
     surface = SurfaceAccumulator(bundle.tokenizer)
-    heads = bundle.num_layers * bundle.num_heads
+    layers, heads = bundle.num_layers, bundle.num_layers * bundle.num_heads
     n_pairs = heads * (heads - 1) // 2
+    batches = length_sorted_batches(encoded, batch_size)
+    kept = [kept_batch(stored.get(f"batch-{position}", {}), [item.index for item in items], n_pairs, layers,
+                       bundle.num_heads) for position, items in enumerate(batches)]
+    # The batches still needed, streamed alone: every batch but the last is full, so sorting and cutting their
+    # examples again yields the very same batches (same padding, same float32 rounding) in the same order.
+    needed = [item for items, batch_kept in zip(batches, kept) if batch_kept is None for item in items]
+    streamed = stream_maps(bundle, data.examples, max_length=max_length, batch_size=batch_size,
+                           progress="head distances" if progress and needed else False, encoded=needed)
     # (B, P) float32 per batch (41 kB an example at 144 heads): what the bootstrap resamples
     per_example, resumed = [], 0
-    for position, map_batch in enumerate(stream_maps(bundle, data.examples, max_length=max_length,
-                                                     batch_size=batch_size,
-                                                     progress="head distances" if progress else False,
-                                                     encoded=encoded)):
-        surface.add(map_batch)
-        name, indices = f"batch-{position}", map_batch.batch.indices
-        kept = kept_pairs(stored.get(name, {}), indices, n_pairs)
-        if kept is not None:
-            per_example.append(kept)
-            resumed += len(indices)
-            continue
-        pairs = torch.stack([pair_values(head_js_divergences(maps.reshape(heads, *maps.shape[-2:]))).float()
-                             for maps in map(map_batch.example_maps, range(len(map_batch)))]).numpy()
-        if store is not None:
-            store.save(name, {"indices": indices, "pairs": pairs.tolist()})
+    for position, (items, batch_kept) in enumerate(zip(batches, kept)):
+        if batch_kept is not None:
+            pairs, statistics = batch_kept
+            resumed += len(items)
+        else:
+            map_batch = next(streamed)
+            if map_batch.batch.indices != [item.index for item in items]:  # cannot happen: see `needed`
+                raise RuntimeError(f"batch {position} streamed as other examples than planned")
+            pairs, statistics = batch_pairs(map_batch, heads), surface.batch_statistics(map_batch)
+            if store is not None:
+                store.save(f"batch-{position}", {"indices": map_batch.batch.indices, "pairs": pairs.tolist(),
+                                                 "surface": statistics_record(statistics)})
+        surface.add_statistics(statistics)
         per_example.append(pairs)
+    next(streamed, None)  # the stream runs to its end: its progress bar closes
     pairs = np.concatenate(per_example) if per_example else np.zeros((0, n_pairs), np.float32)
     mean = pair_matrix(pairs.astype(np.float64).mean(0), heads) if len(pairs) else np.zeros((heads, heads))
     return HeadDistances(mean=mean, intervals=distance_intervals(pairs, heads), per_example=pairs,

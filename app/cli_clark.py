@@ -145,8 +145,9 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
     record = run.manifest()["analyses"]["clusters"]
     typer.echo(f"{len(clusters)} heads embedded (JS divergence in nats, {len(data.examples)} examples)")
     if record.get("resumed_examples"):
-        typer.echo(f"resumed: the divergences of {record['resumed_examples']} of the {len(data.examples)} inputs were "
-                   "kept by a stopped run (.clusters/ in the run folder)")
+        typer.echo(f"resumed: the divergences and surface statistics of {record['resumed_examples']} of the "
+                   f"{len(data.examples)} inputs were kept by a stopped run (.clusters/ in the run folder); only the "
+                   "other inputs' maps were streamed")
     if record["all_identical"]:
         typer.echo("every head attends alike (all divergences below 1e-6 nats): all heads embedded at one point")
     split_half = record["split_half_correlation"]

@@ -1,4 +1,5 @@
 """Clark et al. analyses: JS divergence and clustering, gradient importance, the surface pass and the CLI verbs."""
+import json
 import math
 import warnings
 from dataclasses import asdict
@@ -396,6 +397,19 @@ def divergence_calls(monkeypatch) -> list[int]:
     return calls
 
 
+def batches_streamed(monkeypatch) -> list[list[int]]:
+    """The example indices of every batch of maps the cluster pass streams from now on."""
+    stream, streamed = clustering.stream_maps, []
+
+    def counting(*args, **kwargs):
+        for map_batch in stream(*args, **kwargs):
+            streamed.append(map_batch.batch.indices)
+            yield map_batch
+
+    monkeypatch.setattr(clustering, "stream_maps", counting)
+    return streamed
+
+
 def test_cluster_stopped_and_rerun_resumes_to_the_tables_of_one_run(tmp_path, monkeypatch, capsys):
     """`attnpat cluster` stopped by Ctrl-C after 2 of 4 batches: the rerun computes the divergences of the other 4
     inputs only, says 4 were resumed, and writes the CSVs of an uninterrupted run byte for byte; a stopped run
@@ -421,16 +435,50 @@ def test_cluster_stopped_and_rerun_resumes_to_the_tables_of_one_run(tmp_path, mo
         assert "clusters" not in RunDir("tiny", "wiki", tmp_path / runs).manifest().get("analyses", {})
         assert len(list((folder / ".clusters").glob("v-*.json"))) == 2
     monkeypatch.undo()
-    calls = divergence_calls(monkeypatch)
+    calls, streamed = divergence_calls(monkeypatch), batches_streamed(monkeypatch)
     capsys.readouterr()
     assert cluster("stopped") == 0
-    assert len(calls) == 4 and "resumed: the divergences of 4 of the 8 inputs" in capsys.readouterr().out
+    assert len(calls) == 4 and "resumed: the divergences and surface statistics of 4 of the 8 inputs" in \
+        capsys.readouterr().out
+    assert len(streamed) == 2  # the maps of the 2 batches not kept only
     assert tables("stopped") == tables("whole")
     assert RunDir("tiny", "wiki", tmp_path / "stopped").manifest()["analyses"]["clusters"]["resumed_examples"] == 4
     calls.clear()
     assert cluster("other") == 0  # the kept batches were made with another --max-length: computed again
     assert len(calls) == 8 and "resumed:" not in capsys.readouterr().out
     assert tables("other") == tables("whole") and half_written(tmp_path / "other") == []
+
+
+def test_a_resumed_cluster_pass_streams_only_the_batches_it_lacks(tokenizer, tmp_path, monkeypatch):
+    """The kept batches hold the surface statistics beside the divergences, so a rerun streams the maps of the
+    batches it lacks only (before, every map again: 3 of 3 batches here), and measures what one pass does, to the
+    bit; a record of an attnpat that kept the divergences only is streamed again."""
+    torch.manual_seed(0)
+    bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
+    data = TaskData("toy", "validation", "test", SENTENCES)
+    folder = tmp_path / ".clusters"
+    streamed = batches_streamed(monkeypatch)
+    whole = compute_head_distances(bundle, data, batch_size=1, progress=False, resume_folder=folder)
+    order = list(streamed)
+    assert len(order) == 3 and whole.n_resumed == 0
+    (folder / "v-batch-1.json").unlink()  # a run stopped before its second batch was kept
+    streamed.clear()
+    resumed = compute_head_distances(bundle, data, batch_size=1, progress=False, resume_folder=folder)
+    assert streamed == [order[1]] and resumed.n_resumed == 2
+    for name in ("mean", "intervals", "per_example"):
+        assert np.array_equal(getattr(resumed, name), getattr(whole, name)), name
+    pd.testing.assert_frame_equal(resumed.labels, whole.labels, check_exact=True)
+    assert (resumed.uniform_entropy, resumed.split_half_r) == (whole.uniform_entropy, whole.split_half_r)
+    older = json.loads((folder / "v-batch-2.json").read_text())
+    del older["surface"]
+    (folder / "v-batch-2.json").write_text(json.dumps(older))
+    streamed.clear()
+    again = compute_head_distances(bundle, data, batch_size=1, progress=False, resume_folder=folder)
+    assert streamed == [order[2]] and again.n_resumed == 2
+    pd.testing.assert_frame_equal(again.labels, whole.labels, check_exact=True)
+    streamed.clear()
+    assert compute_head_distances(bundle, data, batch_size=1, progress=False, resume_folder=folder).n_resumed == 3
+    assert streamed == []
 
 
 # ---------------------------------------------------------------- gradient importance
