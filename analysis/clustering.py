@@ -64,7 +64,7 @@ from analysis.sweeps import SweepStore, sweep_fingerprint
 from analysis.uncertainty import EXAMPLE_INTERVAL, bootstrap_mean_interval, draw_counts, percentile_bounds
 
 SMOOTHING = 0.001
-RESUME_FOLDER = ".clusters"  # in the run folder: each batch's pair divergences, kept for a stopped run's rerun
+RESUME_FOLDER = ".clusters"  # in the run folder: each batch's divergences and statistics, for a stopped run's rerun
 EVIDENCE_COLUMNS = ("statistic", "value", "ci_low", "ci_high", "threshold", "certain")  # see label_evidence
 IDENTICAL_NATS = 1e-6  # float32 rounding leaves ~1e-7 nats between identical heads
 DEFAULT_THRESHOLDS = LabelThresholds()
@@ -410,7 +410,7 @@ def head_clusters(bundle, data: TaskData, run: RunDir, *, max_length: int = DEFA
     """Write clusters.csv (layer, head, x, y, position_radius, behaviour and the label's evidence),
     head_distances.csv (every ordered pair's divergence with its interval) and clusters.png/svg; return clusters.
     Each batch's divergences are kept in the run folder's ``.clusters/`` as soon as they are known, so a stopped
-    run resumes (:func:`compute_head_distances`)."""
+    run resumes (:func:`compute_head_distances`); a finished run removes it when its tables and figure land."""
     layers, heads = bundle.num_layers, bundle.num_heads
     with run.record("clusters", bundle, data, max_length=max_length, smoothing=SMOOTHING, seed=seed,
                     thresholds=asdict(thresholds)) as entry:
@@ -439,6 +439,7 @@ def head_clusters(bundle, data: TaskData, run: RunDir, *, max_length: int = DEFA
         fig = cluster_figure(clusters, stress)
         run.write_figure("clusters", fig)
         close(fig)
+        run.retire(RESUME_FOLDER)  # removed once the tables and figure have landed; a stopped run keeps it
         counts = label_counts(evidence)
         entry.update(n_truncated=measured.n_truncated, resumed_examples=measured.n_resumed, interval=EXAMPLE_INTERVAL,
                      uniform_entropy=measured.uniform_entropy,

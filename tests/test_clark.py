@@ -441,6 +441,7 @@ def test_cluster_stopped_and_rerun_resumes_to_the_tables_of_one_run(tmp_path, mo
     assert len(calls) == 4 and "resumed: the divergences and surface statistics of 4 of the 8 inputs" in \
         capsys.readouterr().out
     assert len(streamed) == 2  # the maps of the 2 batches not kept only
+    assert not (tmp_path / "stopped" / "tiny" / "wiki" / ".clusters").exists()  # the finished run's kept batches
     assert tables("stopped") == tables("whole")
     assert RunDir("tiny", "wiki", tmp_path / "stopped").manifest()["analyses"]["clusters"]["resumed_examples"] == 4
     calls.clear()
@@ -479,6 +480,34 @@ def test_a_resumed_cluster_pass_streams_only_the_batches_it_lacks(tokenizer, tmp
     streamed.clear()
     assert compute_head_distances(bundle, data, batch_size=1, progress=False, resume_folder=folder).n_resumed == 3
     assert streamed == []
+
+
+def test_a_finished_cluster_run_removes_its_kept_batches_and_a_failed_one_keeps_them(tokenizer, tmp_path,
+                                                                                     monkeypatch):
+    """`.clusters/` was left in the run folder after a finished run; it now goes when the tables and figure land,
+    and stays (for the rerun to resume) when the run fails after its maps were streamed, the figure unwritten."""
+    torch.manual_seed(0)
+    bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
+    data = TaskData("toy", "validation", "test", SENTENCES)
+    run = RunDir(bundle.slug, "toy", tmp_path)
+    kept = run.file(clustering.RESUME_FOLDER)
+    failing = {"figure": True}
+    figure = clustering.cluster_figure
+
+    def cluster_figure(*args, **kwargs):
+        if failing["figure"]:
+            raise OSError("disk full")
+        return figure(*args, **kwargs)
+
+    monkeypatch.setattr(clustering, "cluster_figure", cluster_figure)
+    with pytest.raises(OSError, match="disk full"):
+        head_clusters(bundle, data, run, batch_size=1, progress=False)
+    assert len(list(kept.glob("v-batch-*.json"))) == 3 and not run.file("clusters.csv").exists()
+    failing["figure"] = False
+    streamed = batches_streamed(monkeypatch)
+    head_clusters(bundle, data, run, batch_size=1, progress=False)
+    assert streamed == [] and run.manifest()["analyses"]["clusters"]["resumed_examples"] == 3
+    assert run.file("clusters.csv").is_file() and run.file("clusters.png").is_file() and not kept.exists()
 
 
 # ---------------------------------------------------------------- gradient importance
