@@ -43,6 +43,7 @@ from analysis.clustering import (
 )
 from analysis.data import Example, TaskData, load_data
 from analysis.errors import AttnpatError
+from analysis.figures import close
 from analysis.gradients import (
     GRAD_TARGETS,
     attention_gradients,
@@ -508,6 +509,28 @@ def test_a_finished_cluster_run_removes_its_kept_batches_and_a_failed_one_keeps_
     head_clusters(bundle, data, run, batch_size=1, progress=False)
     assert streamed == [] and run.manifest()["analyses"]["clusters"]["resumed_examples"] == 3
     assert run.file("clusters.csv").is_file() and run.file("clusters.png").is_file() and not kept.exists()
+
+
+def test_the_cluster_figure_draws_each_heads_position_radius_as_a_round_circle_on_stretched_layouts():
+    """The circles are what the title says, each head's 95% position radius around its point, and stay circles
+    when the layout is 7 times wider than tall: both panels scale x and y alike (equal aspect)."""
+    rng = np.random.default_rng(0)
+    clusters = pd.DataFrame({"layer": np.repeat(np.arange(4), 6), "head": np.tile(np.arange(6), 4),
+                             "x": rng.normal(0, 1.0, 24), "y": rng.normal(0, 0.15, 24),
+                             "position_radius": rng.uniform(0.02, 0.2, 24),
+                             "behaviour": rng.choice(["broad", "prev", "other"], 24)})
+    fig = clustering.cluster_figure(clusters, 0.12)
+    fig.canvas.draw()
+    try:
+        assert "circles: each head's 95% position radius" in fig._suptitle.get_text()
+        wanted = sorted(zip(clusters.x, clusters.y, clusters.position_radius))
+        for ax in fig.axes[:2]:
+            origin, right, up = ax.transData.transform([(0, 0), (1, 0), (0, 1)])
+            assert right[0] - origin[0] == pytest.approx(up[1] - origin[1])  # one data unit is as long in x as in y
+            drawn = sorted((*circle.center, circle.radius) for circle in ax.patches if hasattr(circle, "radius"))
+            assert np.allclose(drawn, wanted)
+    finally:
+        close(fig)
 
 
 # ---------------------------------------------------------------- gradient importance
