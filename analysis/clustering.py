@@ -44,13 +44,27 @@ from analysis.errors import AttnpatError
 from analysis.figures import close
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir
-from analysis.stream import DEFAULT_MAX_LENGTH, check_has_text, encode_examples, stream_maps
-from analysis.surface import LABEL_COLOURS, LABEL_NAMES, LabelThresholds, SurfaceAccumulator, label_counts
+from analysis.stream import (
+    DEFAULT_MAX_LENGTH,
+    check_has_text,
+    encode_examples,
+    length_sorted_batches,
+    stream_maps,
+)
+from analysis.surface import (
+    LABEL_COLOURS,
+    LABEL_NAMES,
+    LabelThresholds,
+    SurfaceAccumulator,
+    label_counts,
+    statistics_from_record,
+    statistics_record,
+)
 from analysis.sweeps import SweepStore, sweep_fingerprint
 from analysis.uncertainty import EXAMPLE_INTERVAL, bootstrap_mean_interval, draw_counts, percentile_bounds
 
 SMOOTHING = 0.001
-RESUME_FOLDER = ".clusters"  # in the run folder: each batch's pair divergences, kept for a stopped run's rerun
+RESUME_FOLDER = ".clusters"  # in the run folder: each batch's divergences and statistics, for a stopped run's rerun
 EVIDENCE_COLUMNS = ("statistic", "value", "ci_low", "ci_high", "threshold", "certain")  # see label_evidence
 IDENTICAL_NATS = 1e-6  # float32 rounding leaves ~1e-7 nats between identical heads
 DEFAULT_THRESHOLDS = LabelThresholds()
@@ -120,7 +134,7 @@ def mds_embedding(distances: np.ndarray, seed: int = 0, start: np.ndarray | None
 def kruskal_stress(distances: np.ndarray, points: np.ndarray) -> float:
     """How much of a (K, K) distance matrix a (K, 2) embedding misses: Kruskal's stress-1,
     sqrt(sum (d_ij - |x_i - x_j|)^2 / sum d_ij^2) over the pairs i < j. 0 when the layout is exact (also when
-    :func:`all_identical`); Kruskal's guide reads 0.05 as good, 0.1 fair, 0.2 poor."""
+    :func:`all_identical`); :func:`kruskal_reading` gives Kruskal's words for it."""
     if all_identical(distances):  # every head at one point is the exact embedding (rounding leaves ~1e-7 nats)
         return 0.0
     rows, cols = np.triu_indices(distances.shape[0], k=1)
@@ -131,19 +145,31 @@ def kruskal_stress(distances: np.ndarray, points: np.ndarray) -> float:
 
 
 # Kruskal's (1964) benchmarks for stress-1, read as bands between them: (upper bound, reading), best first.
-KRUSKAL_BANDS = ((0.0, "exact"), (0.05, "good"), (0.1, "good to fair"), (0.2, "fair to poor"))
+KRUSKAL_BANDS = ((0.0, "perfect"), (0.025, "excellent"), (0.05, "excellent to good"), (0.1, "good to fair"),
+                 (0.2, "fair to poor"))
+KRUSKAL_GUIDE = "0 perfect, 0.025 excellent, 0.05 good, 0.1 fair, 0.2 poor"
 
 
 def kruskal_reading(stress: float) -> str:
-    """A stress-1 value (:func:`kruskal_stress`) as Kruskal's guide reads it: 0 exact, up to 0.05 good, then good
-    to fair up to 0.1, fair to poor up to 0.2, poor above (the guide names the points 0.05, 0.1, 0.2 only)."""
+    """A stress-1 value (:func:`kruskal_stress`) as Kruskal's guide reads it: 0 perfect, up to 0.025 excellent, then
+    excellent to good up to 0.05, good to fair up to 0.1, fair to poor up to 0.2, poor above (the guide names the
+    points 0.025, 0.05, 0.1, 0.2 only)."""
     return next((reading for bound, reading in KRUSKAL_BANDS if stress <= bound), "poor")
 
 
 def kruskal_points_within(low: float, high: float) -> tuple[float, ...]:
-    """The guide's points (0.05, 0.1, 0.2) that a stress interval [low, high] straddles, so that its ends read in
-    different bands of :func:`kruskal_reading` (p counts when low <= p < high: p itself reads the band below)."""
+    """The guide's points (0.025, 0.05, 0.1, 0.2) that a stress interval [low, high] straddles, so that its ends read
+    in different bands of :func:`kruskal_reading` (p counts when low <= p < high: p itself reads the band below)."""
     return tuple(point for point, _ in KRUSKAL_BANDS[1:] if low <= point < high)
+
+
+def stress_reading(stress: float, bounds=None) -> str:
+    """The words the CLI and the web app print after a stress-1 value: "fair to poor by Kruskal's guide (0 perfect,
+    ..., 0.2 poor)", adding "; its interval straddles 0.2" when ``bounds`` (low, high), if given, reach across a
+    point of the guide (:func:`kruskal_points_within`)."""
+    straddled = kruskal_points_within(*bounds) if bounds is not None else ()
+    across = f"; its interval straddles {' and '.join(f'{point:g}' for point in straddled)}" if straddled else ""
+    return f"{kruskal_reading(stress)} by Kruskal's guide ({KRUSKAL_GUIDE}{across})"
 
 
 def procrustes_align(points: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -312,16 +338,31 @@ def kept_pairs(record: dict, indices: list[int], n_pairs: int) -> np.ndarray | N
     return pairs if pairs.shape == (len(indices), n_pairs) else None
 
 
+def kept_batch(record: dict, indices: list[int], n_pairs: int, layers: int, heads: int) -> tuple | None:
+    """A kept batch record of the examples ``indices`` as ((B, P) float32 pair divergences, the batch's surface
+    statistics of analysis.surface.SurfaceAccumulator.batch_statistics); None when either is missing or damaged
+    (a record of an attnpat that kept the divergences only, too): the batch is streamed again."""
+    pairs = kept_pairs(record, indices, n_pairs)
+    surface = statistics_from_record(record.get("surface"), len(indices), layers, heads)
+    return None if pairs is None or surface is None else (pairs, surface)
+
+
+def batch_pairs(map_batch, heads: int) -> np.ndarray:
+    """One MapBatch's (B, P) float32 divergences of the P head pairs (:func:`head_js_divergences`), K = ``heads``
+    layers x heads."""
+    return torch.stack([pair_values(head_js_divergences(maps.reshape(heads, *maps.shape[-2:]))).float()
+                        for maps in map(map_batch.example_maps, range(len(map_batch)))]).numpy()
+
+
 def compute_head_distances(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
                            progress: bool = True, thresholds: LabelThresholds = DEFAULT_THRESHOLDS,
                            resume_folder: Path | None = None) -> HeadDistances:
     """One pass over ``data``: head divergences with their stability, and the surface labels of the heads.
 
-    ``resume_folder``: each batch's (B, P) pair divergences are kept there (analysis.sweeps.SweepStore, one
-    record per batch, written atomically) as soon as they are known, so a stopped run resumes: a rerun reads
-    them back bit-equal (float32 through JSON) and computes the divergences, the costly part, only of the batches
-    it lacks; the maps are streamed again for the surface labels. Records of other settings
-    (:func:`resume_fingerprint`) are discarded."""
+    ``resume_folder``: each batch's (B, P) pair divergences and its surface statistics are kept there
+    (analysis.sweeps.SweepStore, one record per batch, written atomically) as soon as they are known, so a
+    stopped run resumes: a rerun reads them back bit-equal (through JSON) and streams the maps only of the
+    batches it lacks. Records of other settings (:func:`resume_fingerprint`) are discarded."""
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     check_has_text(bundle.tokenizer, encoded)
     # made after the checks, so bad input writes nothing
@@ -329,26 +370,33 @@ def compute_head_distances(bundle, data: TaskData, *, max_length: int = DEFAULT_
                                                           resume_fingerprint(bundle, data, max_length, batch_size))
     stored = store.results() if store is not None else {}  # {batch-<position>: what a stopped run kept}
     surface = SurfaceAccumulator(bundle.tokenizer)
-    heads = bundle.num_layers * bundle.num_heads
+    layers, heads = bundle.num_layers, bundle.num_layers * bundle.num_heads
     n_pairs = heads * (heads - 1) // 2
+    batches = length_sorted_batches(encoded, batch_size)
+    kept = [kept_batch(stored.get(f"batch-{position}", {}), [item.index for item in items], n_pairs, layers,
+                       bundle.num_heads) for position, items in enumerate(batches)]
+    # The batches still needed, streamed alone: every batch but the last is full, so sorting and cutting their
+    # examples again yields the very same batches (same padding, same float32 rounding) in the same order.
+    needed = [item for items, batch_kept in zip(batches, kept) if batch_kept is None for item in items]
+    streamed = stream_maps(bundle, data.examples, max_length=max_length, batch_size=batch_size,
+                           progress="head distances" if progress and needed else False, encoded=needed)
     # (B, P) float32 per batch (41 kB an example at 144 heads): what the bootstrap resamples
     per_example, resumed = [], 0
-    for position, map_batch in enumerate(stream_maps(bundle, data.examples, max_length=max_length,
-                                                     batch_size=batch_size,
-                                                     progress="head distances" if progress else False,
-                                                     encoded=encoded)):
-        surface.add(map_batch)
-        name, indices = f"batch-{position}", map_batch.batch.indices
-        kept = kept_pairs(stored.get(name, {}), indices, n_pairs)
-        if kept is not None:
-            per_example.append(kept)
-            resumed += len(indices)
-            continue
-        pairs = torch.stack([pair_values(head_js_divergences(maps.reshape(heads, *maps.shape[-2:]))).float()
-                             for maps in map(map_batch.example_maps, range(len(map_batch)))]).numpy()
-        if store is not None:
-            store.save(name, {"indices": indices, "pairs": pairs.tolist()})
+    for position, (items, batch_kept) in enumerate(zip(batches, kept)):
+        if batch_kept is not None:
+            pairs, statistics = batch_kept
+            resumed += len(items)
+        else:
+            map_batch = next(streamed)
+            if map_batch.batch.indices != [item.index for item in items]:  # cannot happen: see `needed`
+                raise RuntimeError(f"batch {position} streamed as other examples than planned")
+            pairs, statistics = batch_pairs(map_batch, heads), surface.batch_statistics(map_batch)
+            if store is not None:
+                store.save(f"batch-{position}", {"indices": map_batch.batch.indices, "pairs": pairs.tolist(),
+                                                 "surface": statistics_record(statistics)})
+        surface.add_statistics(statistics)
         per_example.append(pairs)
+    next(streamed, None)  # the stream runs to its end: its progress bar closes
     pairs = np.concatenate(per_example) if per_example else np.zeros((0, n_pairs), np.float32)
     mean = pair_matrix(pairs.astype(np.float64).mean(0), heads) if len(pairs) else np.zeros((heads, heads))
     return HeadDistances(mean=mean, intervals=distance_intervals(pairs, heads), per_example=pairs,
@@ -362,7 +410,7 @@ def head_clusters(bundle, data: TaskData, run: RunDir, *, max_length: int = DEFA
     """Write clusters.csv (layer, head, x, y, position_radius, behaviour and the label's evidence),
     head_distances.csv (every ordered pair's divergence with its interval) and clusters.png/svg; return clusters.
     Each batch's divergences are kept in the run folder's ``.clusters/`` as soon as they are known, so a stopped
-    run resumes (:func:`compute_head_distances`)."""
+    run resumes (:func:`compute_head_distances`); a finished run removes it when its tables and figure land."""
     layers, heads = bundle.num_layers, bundle.num_heads
     with run.record("clusters", bundle, data, max_length=max_length, smoothing=SMOOTHING, seed=seed,
                     thresholds=asdict(thresholds)) as entry:
@@ -391,6 +439,7 @@ def head_clusters(bundle, data: TaskData, run: RunDir, *, max_length: int = DEFA
         fig = cluster_figure(clusters, stress)
         run.write_figure("clusters", fig)
         close(fig)
+        run.retire(RESUME_FOLDER)  # removed once the tables and figure have landed; a stopped run keeps it
         counts = label_counts(evidence)
         entry.update(n_truncated=measured.n_truncated, resumed_examples=measured.n_resumed, interval=EXAMPLE_INTERVAL,
                      uniform_entropy=measured.uniform_entropy,

@@ -185,16 +185,26 @@ class SurfaceAccumulator:
         self.uniform_sum = 0.0
         self.n_examples = 0
 
-    def add(self, map_batch: MapBatch) -> None:
+    def batch_statistics(self, map_batch: MapBatch) -> dict:
+        """What one batch of B examples adds (:meth:`add_statistics`): {"means": {statistic: ((B, L, H) values,
+        (B,) bool examples counted or None for all)}, "uniform_sum": float, "n_examples": B}."""
         batch = map_batch.batch
         roles = token_roles(self.tokenizer, batch.input_ids, batch.attention_mask)
-        statistics = surface_batch(map_batch.attentions, roles, batch.lengths)
-        for name, (values, include) in statistics.items():
-            self.means.add(name, values, include)
+        means = surface_batch(map_batch.attentions, roles, batch.lengths)
         # the punct label's statistic, kept per example so that its interval is that of the sum
-        self.means.add("punct", statistics["period"][0] + statistics["comma"][0])
-        self.uniform_sum += float(uniform_entropy(batch.lengths).sum())
-        self.n_examples += len(batch.items)
+        means["punct"] = (means["period"][0] + means["comma"][0], None)
+        return {"means": means, "uniform_sum": float(uniform_entropy(batch.lengths).sum()),
+                "n_examples": len(batch.items)}
+
+    def add_statistics(self, statistics: dict) -> None:
+        """Add one batch's :meth:`batch_statistics` (computed now, or read back by :func:`statistics_from_record`)."""
+        for name, (values, include) in statistics["means"].items():
+            self.means.add(name, values, include)
+        self.uniform_sum += statistics["uniform_sum"]
+        self.n_examples += statistics["n_examples"]
+
+    def add(self, map_batch: MapBatch) -> None:
+        self.add_statistics(self.batch_statistics(map_batch))
 
     def result(self) -> tuple[dict[str, np.ndarray], float]:
         """({metric: (L, H)}, mean uniform-attention entropy in nats)."""
@@ -214,6 +224,40 @@ class SurfaceAccumulator:
         """One row per layer: layer, and for every metric its mean over the layer's heads with the bootstrap 95%
         interval over the examples (<metric>_ci_low, <metric>_ci_high)."""
         return self.means.layer_table(SURFACE_METRICS)
+
+
+BATCH_STATISTICS = (*SURFACE_METRICS, "punct")  # the statistics of SurfaceAccumulator.batch_statistics
+STORED_DTYPES = ("float32", "float64")
+
+
+def statistics_record(statistics: dict) -> dict:
+    """:meth:`SurfaceAccumulator.batch_statistics` as JSON values that :func:`statistics_from_record` reads back
+    bit-equal (float32 and float64 both survive JSON's decimal text)."""
+    means = {name: {"values": values.numpy().tolist(), "dtype": str(values.numpy().dtype),
+                    "include": None if include is None else include.tolist()}
+             for name, (values, include) in statistics["means"].items()}
+    return {"means": means, "uniform_sum": statistics["uniform_sum"], "n_examples": statistics["n_examples"]}
+
+
+def statistics_from_record(record, n_examples: int, layers: int, heads: int) -> dict | None:
+    """A :func:`statistics_record` of ``n_examples`` examples of a ``layers`` x ``heads`` model back as
+    :meth:`SurfaceAccumulator.batch_statistics`; None when it is missing or damaged (the batch is streamed
+    again)."""
+    try:
+        if set(record["means"]) != set(BATCH_STATISTICS) or record["n_examples"] != n_examples:
+            return None
+        means = {}
+        for name, kept in record["means"].items():
+            if kept["dtype"] not in STORED_DTYPES:
+                return None
+            values = torch.from_numpy(np.asarray(kept["values"], dtype=kept["dtype"]))
+            include = None if kept["include"] is None else torch.tensor(kept["include"], dtype=torch.bool)
+            if values.shape != (n_examples, layers, heads) or (include is not None and include.shape != (n_examples,)):
+                return None
+            means[name] = (values, include)
+        return {"means": means, "uniform_sum": float(record["uniform_sum"]), "n_examples": n_examples}
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------- the pass over a data set

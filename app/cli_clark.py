@@ -145,8 +145,9 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
     record = run.manifest()["analyses"]["clusters"]
     typer.echo(f"{len(clusters)} heads embedded (JS divergence in nats, {len(data.examples)} examples)")
     if record.get("resumed_examples"):
-        typer.echo(f"resumed: the divergences of {record['resumed_examples']} of the {len(data.examples)} inputs were "
-                   "kept by a stopped run (.clusters/ in the run folder)")
+        typer.echo(f"resumed: the divergences and surface statistics of {record['resumed_examples']} of the "
+                   f"{len(data.examples)} inputs were kept by a stopped run (.clusters/ in the run folder); only the "
+                   "other inputs' maps were streamed")
     if record["all_identical"]:
         typer.echo("every head attends alike (all divergences below 1e-6 nats): all heads embedded at one point")
     split_half = record["split_half_correlation"]
@@ -161,12 +162,13 @@ def cluster(model: str = opt.Model, task: str = WikiTask, n: opt.OptionalInt = o
 
 
 def _stress_line(record: dict) -> str:
-    """'MDS fit: Kruskal stress-1 ...' from a clusters manifest record."""
+    """'MDS fit: Kruskal stress-1 ..., fair to poor by Kruskal's guide (...)' from a clusters manifest record."""
+    from analysis.clustering import stress_reading  # noqa: PLC0415 (scikit-learn loads slowly, as in cluster)
+
     bounds = record.get("mds_stress_interval")
     spread = "" if bounds is None else f" [{bounds[0]:.3f}, {bounds[1]:.3f}] (95% over the bootstrap draws)"
     return (f"MDS fit: Kruskal stress-1 {record['mds_stress']:.3f}{spread} (RMS gap between the figure's distances "
-            "and the divergences, relative to the divergences; 0 exact, Kruskal's guide: 0.05 good, 0.1 fair, "
-            "0.2 poor)")
+            f"and the divergences, relative to the divergences), {stress_reading(record['mds_stress'], bounds)}")
 
 
 def _position_line(record: dict) -> str:

@@ -21,7 +21,7 @@ import pandas as pd
 
 from analysis.artifacts import Tab, split_kind_folder, tab_artifacts
 from analysis.artifacts import artifact as registered
-from analysis.clustering import kruskal_points_within, kruskal_reading
+from analysis.clustering import stress_reading
 from analysis.errors import AttnpatError, os_error_reason
 from analysis.figures import close, layer_head_figure
 from analysis.models import recorded_base
@@ -92,13 +92,10 @@ def _stress_text(record: dict) -> str | None:
         return None
     bounds = record.get("mds_stress_interval")
     bounds = [_finite(bound) for bound in bounds] if isinstance(bounds, list) and len(bounds) == 2 else [None]
-    interval, straddled = "", ()
-    if None not in bounds:
-        interval = f" [{bounds[0]:.3f}, {bounds[1]:.3f}] (95% over bootstrap draws)"
-        straddled = kruskal_points_within(*bounds)
-    across = f"; its interval straddles {' and '.join(f'{point:g}' for point in straddled)}" if straddled else ""
-    return (f"MDS fit: Kruskal stress-1 {stress:.3f}{interval}, {kruskal_reading(stress)} by Kruskal's guide "
-            f"(0.05 good, 0.1 fair, 0.2 poor{across})")
+    if None in bounds:
+        return f"MDS fit: Kruskal stress-1 {stress:.3f}, {stress_reading(stress)}"
+    return (f"MDS fit: Kruskal stress-1 {stress:.3f} [{bounds[0]:.3f}, {bounds[1]:.3f}] (95% over bootstrap draws), "
+            f"{stress_reading(stress, bounds)}")
 
 
 def _split_half_text(record: dict) -> str | None:

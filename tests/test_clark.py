@@ -1,4 +1,5 @@
 """Clark et al. analyses: JS divergence and clustering, gradient importance, the surface pass and the CLI verbs."""
+import json
 import math
 import warnings
 from dataclasses import asdict
@@ -42,6 +43,7 @@ from analysis.clustering import (
 )
 from analysis.data import Example, TaskData, load_data
 from analysis.errors import AttnpatError
+from analysis.figures import close
 from analysis.gradients import (
     GRAD_TARGETS,
     attention_gradients,
@@ -58,7 +60,9 @@ from analysis.rundir import RunDir
 from analysis.stream import check_has_text, encode_examples, iter_batches
 from analysis.surface import SURFACE_METRICS, compute_surface, surface_statistics
 from app.cli import main
+from app.cli_clark import _stress_line
 from app.display import layer_interval_lines
+from app.run_browser import cluster_fit_notes
 from tests.test_importance import half_written
 from tests.tiny import minilm_tokenizer, save_tiny_model, tiny_config, wrap_bundle
 
@@ -149,7 +153,8 @@ def test_kruskal_stress_is_zero_for_an_exact_layout_and_the_hand_computed_gap_ot
 
 
 @pytest.mark.parametrize("stress, reading", [
-    (0.0, "exact"), (0.03, "good"), (0.05, "good"), (0.07, "good to fair"), (0.1, "good to fair"),
+    (0.0, "perfect"), (0.01, "excellent"), (0.025, "excellent"), (0.03, "excellent to good"),
+    (0.05, "excellent to good"), (0.07, "good to fair"), (0.1, "good to fair"),
     (0.15, "fair to poor"), (0.2, "fair to poor"), (0.35, "poor"),
 ])
 def test_kruskal_reading_bands_stress_between_the_guides_points(stress, reading):
@@ -162,6 +167,19 @@ def test_a_stress_interval_straddles_the_guides_points_where_its_ends_read_apart
         assert (kruskal_reading(low) != kruskal_reading(high)) == bool(straddled), (low, high)
     assert kruskal_points_within(0.04, 0.12) == (0.05, 0.1)
     assert kruskal_points_within(0.19, 0.21) == (0.2,)
+    assert kruskal_points_within(0.02, 0.04) == (0.025,)
+
+
+def test_the_cli_and_the_web_app_read_the_stress_with_the_same_words_of_kruskals_whole_guide():
+    """The cluster verb's stress line gave the number with no reading, and the guide without 0.025 excellent and
+    0 perfect; it and the web app's fit note now end in analysis.clustering.stress_reading's words."""
+    record = {"mds_stress": 0.0312, "mds_stress_interval": [0.021, 0.043]}
+    words = ("excellent to good by Kruskal's guide (0 perfect, 0.025 excellent, 0.05 good, 0.1 fair, 0.2 poor; "
+             "its interval straddles 0.025)")
+    assert _stress_line(record).endswith(", " + words)
+    assert cluster_fit_notes({"analyses": {"clusters": record}})[0].endswith(", " + words)
+    assert _stress_line({"mds_stress": 0.0, "mds_stress_interval": None}).endswith(
+        "perfect by Kruskal's guide (0 perfect, 0.025 excellent, 0.05 good, 0.1 fair, 0.2 poor)")
 
 
 def test_mds_of_heads_that_all_attend_alike_is_one_point_without_warnings():
@@ -380,6 +398,19 @@ def divergence_calls(monkeypatch) -> list[int]:
     return calls
 
 
+def batches_streamed(monkeypatch) -> list[list[int]]:
+    """The example indices of every batch of maps the cluster pass streams from now on."""
+    stream, streamed = clustering.stream_maps, []
+
+    def counting(*args, **kwargs):
+        for map_batch in stream(*args, **kwargs):
+            streamed.append(map_batch.batch.indices)
+            yield map_batch
+
+    monkeypatch.setattr(clustering, "stream_maps", counting)
+    return streamed
+
+
 def test_cluster_stopped_and_rerun_resumes_to_the_tables_of_one_run(tmp_path, monkeypatch, capsys):
     """`attnpat cluster` stopped by Ctrl-C after 2 of 4 batches: the rerun computes the divergences of the other 4
     inputs only, says 4 were resumed, and writes the CSVs of an uninterrupted run byte for byte; a stopped run
@@ -405,16 +436,101 @@ def test_cluster_stopped_and_rerun_resumes_to_the_tables_of_one_run(tmp_path, mo
         assert "clusters" not in RunDir("tiny", "wiki", tmp_path / runs).manifest().get("analyses", {})
         assert len(list((folder / ".clusters").glob("v-*.json"))) == 2
     monkeypatch.undo()
-    calls = divergence_calls(monkeypatch)
+    calls, streamed = divergence_calls(monkeypatch), batches_streamed(monkeypatch)
     capsys.readouterr()
     assert cluster("stopped") == 0
-    assert len(calls) == 4 and "resumed: the divergences of 4 of the 8 inputs" in capsys.readouterr().out
+    assert len(calls) == 4 and "resumed: the divergences and surface statistics of 4 of the 8 inputs" in \
+        capsys.readouterr().out
+    assert len(streamed) == 2  # the maps of the 2 batches not kept only
+    assert not (tmp_path / "stopped" / "tiny" / "wiki" / ".clusters").exists()  # the finished run's kept batches
     assert tables("stopped") == tables("whole")
     assert RunDir("tiny", "wiki", tmp_path / "stopped").manifest()["analyses"]["clusters"]["resumed_examples"] == 4
     calls.clear()
     assert cluster("other") == 0  # the kept batches were made with another --max-length: computed again
     assert len(calls) == 8 and "resumed:" not in capsys.readouterr().out
     assert tables("other") == tables("whole") and half_written(tmp_path / "other") == []
+
+
+def test_a_resumed_cluster_pass_streams_only_the_batches_it_lacks(tokenizer, tmp_path, monkeypatch):
+    """The kept batches hold the surface statistics beside the divergences, so a rerun streams the maps of the
+    batches it lacks only (before, every map again: 3 of 3 batches here), and measures what one pass does, to the
+    bit; a record of an attnpat that kept the divergences only is streamed again."""
+    torch.manual_seed(0)
+    bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
+    data = TaskData("toy", "validation", "test", SENTENCES)
+    folder = tmp_path / ".clusters"
+    streamed = batches_streamed(monkeypatch)
+    whole = compute_head_distances(bundle, data, batch_size=1, progress=False, resume_folder=folder)
+    order = list(streamed)
+    assert len(order) == 3 and whole.n_resumed == 0
+    (folder / "v-batch-1.json").unlink()  # a run stopped before its second batch was kept
+    streamed.clear()
+    resumed = compute_head_distances(bundle, data, batch_size=1, progress=False, resume_folder=folder)
+    assert streamed == [order[1]] and resumed.n_resumed == 2
+    for name in ("mean", "intervals", "per_example"):
+        assert np.array_equal(getattr(resumed, name), getattr(whole, name)), name
+    pd.testing.assert_frame_equal(resumed.labels, whole.labels, check_exact=True)
+    assert (resumed.uniform_entropy, resumed.split_half_r) == (whole.uniform_entropy, whole.split_half_r)
+    older = json.loads((folder / "v-batch-2.json").read_text())
+    del older["surface"]
+    (folder / "v-batch-2.json").write_text(json.dumps(older))
+    streamed.clear()
+    again = compute_head_distances(bundle, data, batch_size=1, progress=False, resume_folder=folder)
+    assert streamed == [order[2]] and again.n_resumed == 2
+    pd.testing.assert_frame_equal(again.labels, whole.labels, check_exact=True)
+    streamed.clear()
+    assert compute_head_distances(bundle, data, batch_size=1, progress=False, resume_folder=folder).n_resumed == 3
+    assert streamed == []
+
+
+def test_a_finished_cluster_run_removes_its_kept_batches_and_a_failed_one_keeps_them(tokenizer, tmp_path,
+                                                                                     monkeypatch):
+    """`.clusters/` was left in the run folder after a finished run; it now goes when the tables and figure land,
+    and stays (for the rerun to resume) when the run fails after its maps were streamed, the figure unwritten."""
+    torch.manual_seed(0)
+    bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
+    data = TaskData("toy", "validation", "test", SENTENCES)
+    run = RunDir(bundle.slug, "toy", tmp_path)
+    kept = run.file(clustering.RESUME_FOLDER)
+    failing = {"figure": True}
+    figure = clustering.cluster_figure
+
+    def cluster_figure(*args, **kwargs):
+        if failing["figure"]:
+            raise OSError("disk full")
+        return figure(*args, **kwargs)
+
+    monkeypatch.setattr(clustering, "cluster_figure", cluster_figure)
+    with pytest.raises(OSError, match="disk full"):
+        head_clusters(bundle, data, run, batch_size=1, progress=False)
+    assert len(list(kept.glob("v-batch-*.json"))) == 3 and not run.file("clusters.csv").exists()
+    failing["figure"] = False
+    streamed = batches_streamed(monkeypatch)
+    head_clusters(bundle, data, run, batch_size=1, progress=False)
+    assert streamed == [] and run.manifest()["analyses"]["clusters"]["resumed_examples"] == 3
+    assert run.file("clusters.csv").is_file() and run.file("clusters.png").is_file() and not kept.exists()
+
+
+def test_the_cluster_figure_draws_each_heads_position_radius_as_a_round_circle_on_stretched_layouts():
+    """The circles are what the title says, each head's 95% position radius around its point, and stay circles
+    when the layout is 7 times wider than tall: both panels scale x and y alike (equal aspect)."""
+    rng = np.random.default_rng(0)
+    clusters = pd.DataFrame({"layer": np.repeat(np.arange(4), 6), "head": np.tile(np.arange(6), 4),
+                             "x": rng.normal(0, 1.0, 24), "y": rng.normal(0, 0.15, 24),
+                             "position_radius": rng.uniform(0.02, 0.2, 24),
+                             "behaviour": rng.choice(["broad", "prev", "other"], 24)})
+    fig = clustering.cluster_figure(clusters, 0.12)
+    fig.canvas.draw()
+    try:
+        assert "circles: each head's 95% position radius" in fig._suptitle.get_text()
+        wanted = sorted(zip(clusters.x, clusters.y, clusters.position_radius))
+        for ax in fig.axes[:2]:
+            origin, right, up = ax.transData.transform([(0, 0), (1, 0), (0, 1)])
+            assert right[0] - origin[0] == pytest.approx(up[1] - origin[1])  # one data unit is as long in x as in y
+            drawn = sorted((*circle.center, circle.radius) for circle in ax.patches if hasattr(circle, "radius"))
+            assert np.allclose(drawn, wanted)
+    finally:
+        close(fig)
 
 
 # ---------------------------------------------------------------- gradient importance

@@ -356,16 +356,18 @@ def test_clusters_show_the_mds_fit_stability_and_position_radius_from_the_manife
     outputs = web.show_artifacts("Surface and clusters", "m", "full")
     assert outputs[notes_at] == (
         "**note:** MDS fit: Kruskal stress-1 0.134 [0.121, 0.151] (95% over bootstrap draws), fair to poor by "
-        "Kruskal's guide (0.05 good, 0.1 fair, 0.2 poor); split-half r = 0.987 (distances of the even- vs "
+        "Kruskal's guide (0 perfect, 0.025 excellent, 0.05 good, 0.1 fair, 0.2 poor); split-half r = 0.987 "
+        "(distances of the even- vs "
         "odd-numbered examples); median position radius 4.2% of the plot's spread")
     assert [outputs[1 + 6 * k + 5] for k, stem in enumerate(stems) if stem != "clusters"] == [""] * (len(stems) - 1)
     straddling = {**records["full"], "mds_stress": 0.204, "mds_stress_interval": [0.193, 0.219]}
     (tmp_path / "m" / "full" / "manifest.json").write_text(json.dumps({"analyses": {"clusters": straddling}}))
     assert web.show_artifacts("Surface and clusters", "m", "full")[notes_at].startswith(
         "**note:** MDS fit: Kruskal stress-1 0.204 [0.193, 0.219] (95% over bootstrap draws), poor by Kruskal's guide "
-        "(0.05 good, 0.1 fair, 0.2 poor; its interval straddles 0.2); split-half r = 0.987")
+        "(0 perfect, 0.025 excellent, 0.05 good, 0.1 fair, 0.2 poor; its interval straddles 0.2); split-half r = 0.987")
     assert web.show_artifacts("Surface and clusters", "m", "one_example")[notes_at] == (
-        "**note:** MDS fit: Kruskal stress-1 0.000, exact by Kruskal's guide (0.05 good, 0.1 fair, 0.2 poor); "
+        "**note:** MDS fit: Kruskal stress-1 0.000, perfect by Kruskal's guide (0 perfect, 0.025 excellent, 0.05 good, "
+        "0.1 fair, 0.2 poor); "
         "split-half r: none (needs at least 2 examples and 2 heads that differ)")
     assert web.show_artifacts("Surface and clusters", "m", "older")[notes_at] == ""
     assert web.show_artifacts("Surface and clusters", "m", "damaged")[notes_at] == ""
