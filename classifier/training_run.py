@@ -112,6 +112,8 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
     Returns the printable summary and the comparison with the baselines (TrainingReport).
     """
     config = config or TrainConfig()
+    if config.pool_weight == 0:  # the CNN would learn nothing from it: none is drawn, fitted to or recorded
+        pool = None
     out = checkpoint_path(out)  # before the work: a bad --out fails now, not after it
     labels = check_labels(data.labels, config.folds)
     folds = stratified_folds(labels, config.folds, config.seed, fold_groups(data.map_ids, fold_grouping))

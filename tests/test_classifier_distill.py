@@ -394,3 +394,36 @@ def test_train_with_folds_grouped_by_head_scores_heads_it_never_saw(tmp_path, ca
                  str(tmp_path / "s.safetensors"), "--runs-dir", str(runs), "-q"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: folds by head need the maps' ids (a labeled set), not synthetic maps"]
+
+
+def test_a_pool_of_weight_0_is_not_drawn_taught_or_recorded(tmp_path, capsys, monkeypatch):
+    """Weight 0 teaches nothing, yet the pool was drawn (a minute), a teacher fitted per fold, its maps shaped the
+    BatchNorm statistics (so the weights differed from a fit without it) and the checkpoint recorded it."""
+    import classifier.distill as distill  # noqa: PLC0415
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a pool of weight 0 was drawn or taught")
+
+    monkeypatch.setattr(distill, "draw_pool", refused)
+    monkeypatch.setattr(train, "teacher_probabilities", refused)
+    maps, labels = synthetic_dataset(4, np.random.default_rng(0), lengths=(6, 12))
+    pool_maps, _ = synthetic_dataset(4, np.random.default_rng(1), lengths=(6, 12))
+    images, pool_images = prepare_maps(maps), prepare_maps(pool_maps)
+    config = TrainConfig(max_epochs=2, batch_size=8, pool_weight=0)
+    with_pool = train.fit_with_pool(images, labels, config, 0, None, pool_images).model.state_dict()
+    without = fit(images, labels, config, seed=0).model.state_dict()
+    assert all(torch.equal(with_pool[name], without[name]) for name in without)
+
+    pool = UnlabeledPool(pool_maps, [f"tiny:sst2:x{i}:L0H0" for i in range(len(pool_maps))], {"model": "tiny"})
+    data = TrainingData(maps, labels, maps_digest(maps, labels=labels), "tiny", "synthetic test maps",
+                        map_ids=[f"tiny:sst2:e{i}:L0H0" for i in range(len(maps))])
+    out = tmp_path / "api.safetensors"
+    train_pattern_cnn(data, out, RunDir("classifier", "tiny", tmp_path / "api"),
+                      TrainConfig(max_epochs=1, folds=2, pool_weight=0), baselines=False, progress=False, pool=pool)
+    assert "unlabeled_pool" not in load_classifier(out).metadata
+
+    labeled, out = save_tiny_labeled_set(tmp_path / "set", 4), tmp_path / "cli.safetensors"
+    assert main(["train", "--data", str(labeled), "--folds", "2", "--epochs", "1", "--pool", "5", "--pool-weight",
+                 "0", "--no-baselines", "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "-q"]) == 0, \
+        capsys.readouterr().err
+    assert "unlabeled_pool" not in load_classifier(out).metadata
