@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from sklearn.ensemble import HistGradientBoostingClassifier
 
+from analysis.data import check_task
 from analysis.errors import AttnpatError
 from analysis.mapstore import maps_digest
 from analysis.models import load_model
@@ -71,13 +72,26 @@ def model_of(map_ids: Sequence[str]) -> str:
     return slugs.most_common(1)[0][0]
 
 
+def check_pool_request(size: int, tasks: Sequence[str]) -> tuple[str, ...]:
+    """``tasks`` lowercased, after one error line for a pool ``size`` under 1 map, no task, an unknown task or a
+    task named twice (its maps would repeat): checked before the model loads."""
+    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
+        raise AttnpatError(f"the unlabeled pool needs at least one map, got {size}")
+    if isinstance(tasks, str) or not tasks:
+        raise AttnpatError(f"the unlabeled pool needs a list of one or more tasks, got {tasks!r}")
+    checked = tuple(check_task(task) for task in tasks)
+    repeated = sorted({task for task in checked if checked.count(task) > 1})
+    if repeated:
+        raise AttnpatError(f"the unlabeled pool's tasks name {', '.join(repeated)} more than once")
+    return checked
+
+
 def draw_pool(model: str, size: int, exclude: Sequence[str] = (), *, tasks: Sequence[str] = DEFAULT_POOL_TASKS,
               seed: int = POOL_SEED, progress: bool = False, option: str = "--pool-model") -> UnlabeledPool:
     """``size`` maps of ``model`` (stratified over tasks, layers, heads and examples, as annotation samples are),
     none of them in ``exclude`` (the labeled map ids). Deterministic for a model, size and seed. ``option``: the
     caller's option that names the model, for the advice of a loading error."""
-    if size < 1:
-        raise AttnpatError(f"the unlabeled pool needs at least one map, got {size}")
+    tasks = check_pool_request(size, tasks)
     bundle = load_model(model, device="cpu", option=option)
     excluded = set(exclude)
     bar = progress_bar(size + len(excluded), progress, "unlabeled pool", unit="maps")
@@ -111,6 +125,10 @@ class PoolRequest:
     tasks: tuple[str, ...] = DEFAULT_POOL_TASKS
     seed: int = POOL_SEED
     excluded_from: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # checked when asked for, not when drawn: train draws only after the labels, folds and run folder
+        object.__setattr__(self, "tasks", check_pool_request(self.size, self.tasks))
 
     def key(self) -> dict:
         """What the drawn pool depends on, as JSON (the excluded ids as one digest): a stopped `train` reuses the

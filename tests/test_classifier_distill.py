@@ -427,3 +427,27 @@ def test_a_pool_of_weight_0_is_not_drawn_taught_or_recorded(tmp_path, capsys, mo
                  "0", "--no-baselines", "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "-q"]) == 0, \
         capsys.readouterr().err
     assert "unlabeled_pool" not in load_classifier(out).metadata
+
+
+def test_a_pool_of_no_maps_no_tasks_or_unknown_tasks_is_one_error_line_before_the_model_loads(monkeypatch):
+    """Before, no task divided by zero after the model loaded, an unknown task failed after it loaded, a task named
+    twice drew its maps twice, and a PoolRequest of size 0 was accepted until its draw."""
+    import classifier.distill as distill  # noqa: PLC0415
+    from classifier.distill import PoolRequest  # noqa: PLC0415
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the pool's model was loaded before its request was checked")
+
+    monkeypatch.setattr(distill, "load_model", no_load)
+    cases = [(0, ("sst2",), "the unlabeled pool needs at least one map, got 0"),
+             (-3, ("sst2",), "the unlabeled pool needs at least one map, got -3"),
+             (5, (), "the unlabeled pool needs a list of one or more tasks, got ()"),
+             (5, "sst2", "the unlabeled pool needs a list of one or more tasks, got 'sst2'"),
+             (5, ("sst2", "nope"), "unknown task 'nope'"),
+             (5, ("sst2", "RTE", "rte"), "the unlabeled pool's tasks name rte more than once")]
+    for size, tasks, message in cases:
+        for ask in (PoolRequest, draw_pool):
+            with pytest.raises(AttnpatError) as raised:
+                ask("minilm", size, tasks=tasks)
+            assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert PoolRequest("minilm", 5, tasks=("SST2", "rte")).key()["tasks"] == ["sst2", "rte"]
