@@ -451,3 +451,41 @@ def test_a_pool_of_no_maps_no_tasks_or_unknown_tasks_is_one_error_line_before_th
                 ask("minilm", size, tasks=tasks)
             assert message in str(raised.value) and "\n" not in str(raised.value)
     assert PoolRequest("minilm", 5, tasks=("SST2", "rte")).key()["tasks"] == ["sst2", "rte"]
+
+
+def test_the_pool_leaves_out_labeled_maps_whatever_name_their_model_was_loaded_by(monkeypatch):
+    """Labeled ids say 'minilm:...'; the same model loaded from its folder makes ids '<folder>:...'. Those maps were
+    matched by the whole id, so the labeled maps came into the pool under the other name."""
+    import types  # noqa: PLC0415
+
+    import classifier.distill as distill  # noqa: PLC0415
+    from analysis.sampling import SampledMap  # noqa: PLC0415
+
+    def fake_sample_maps(bundle, *, n_maps, tasks, seed, examples_per_task):
+        for i in range(n_maps):  # the same cells in the same order at every draw, as a seeded draw gives
+            example, head = f"e{i // 2}", i % 2
+            yield SampledMap(f"{bundle.slug}:sst2:{example}:L0H{head}", "sst2", example, 0, head, [],
+                             np.full((3, 3), 1 / 3, np.float32))
+
+    monkeypatch.setattr(distill, "load_model", lambda model, **kwargs: types.SimpleNamespace(slug="all-MiniLM-L6-v2"))
+    monkeypatch.setattr(distill, "sample_maps", fake_sample_maps)
+    labeled = ["minilm:sst2:e0:L0H0", "minilm:sst2:e0:L0H1", "minilm:sst2:e3:L0H1"]
+    pool = draw_pool("/models/all-MiniLM-L6-v2", 6, exclude=labeled, tasks=("sst2",))
+    assert len(pool.map_ids) == 6 and len(set(pool.map_ids)) == 6
+    cells = {map_id.split(":", 1)[1] for map_id in pool.map_ids}
+    assert not cells & {map_id.split(":", 1)[1] for map_id in labeled}, sorted(cells)
+
+
+def test_a_given_pool_holding_a_labeled_map_is_one_error_line_before_any_work(tmp_path):
+    """A pool passed to train_pattern_cnn was used as given: a labeled map in it was taught the teacher's label,
+    in the folds where it is a test map too."""
+    maps, labels = synthetic_dataset(4, np.random.default_rng(0), lengths=(6, 12))
+    map_ids = [f"minilm:sst2:e{i}:L0H0" for i in range(len(maps))]
+    pool = UnlabeledPool(maps[:2], ["minilm:rte:x:L1H1", "elsewhere:sst2:e3:L0H0"], {"model": "minilm"})
+    data = TrainingData(maps, labels, maps_digest(maps, labels=labels), "tiny", "test maps", map_ids=map_ids)
+    out = tmp_path / "cnn.safetensors"
+    with pytest.raises(AttnpatError, match=r"pool holds 1 of the labeled maps \(first: elsewhere:sst2:e3"):
+        train_pattern_cnn(data, out, RunDir("classifier", "tiny", tmp_path / "runs"),
+                          TrainConfig(max_epochs=1, folds=2), baselines=False, progress=False, pool=pool)
+    assert not out.exists() and not list((tmp_path / "runs").rglob("*.csv"))
+
