@@ -489,3 +489,18 @@ def test_a_given_pool_holding_a_labeled_map_is_one_error_line_before_any_work(tm
                           TrainConfig(max_epochs=1, folds=2), baselines=False, progress=False, pool=pool)
     assert not out.exists() and not list((tmp_path / "runs").rglob("*.csv"))
 
+
+def test_a_teacher_without_a_class_gives_it_0_and_keeps_the_others_columns_on_degenerate_maps_too():
+    """predict_proba has one column per class the teacher saw: with block (3) missing from its training maps its
+    columns must still land under their own CLASSES, and 1-token or all-equal maps give finite distributions."""
+    maps, labels = synthetic_dataset(40, np.random.default_rng(0), lengths=(8, 20))
+    seen = labels != CLASSES.index("block")
+    pool_maps, pool_labels = synthetic_dataset(8, np.random.default_rng(1), lengths=(8, 20))
+    degenerate = [np.ones((1, 1), np.float32), np.full((2, 2), 0.5, np.float32), np.full((6, 6), 1 / 6, np.float32)]
+    probabilities = teacher_probabilities(prepare_maps([m for m, keep in zip(maps, seen, strict=True) if keep]),
+                                          labels[seen], prepare_maps(pool_maps + degenerate))
+    assert np.isfinite(probabilities).all() and (probabilities >= 0).all()
+    np.testing.assert_allclose(probabilities.sum(1), 1.0, atol=1e-9)
+    assert (probabilities[:, CLASSES.index("block")] == 0).all()
+    others = pool_labels != CLASSES.index("block")
+    assert (probabilities[:len(pool_maps)].argmax(1)[others] == pool_labels[others]).mean() >= 0.9
