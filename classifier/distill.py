@@ -106,7 +106,8 @@ def draw_pool(model: str, size: int, exclude: Sequence[str] = (), *, tasks: Sequ
               seed: int = POOL_SEED, progress: bool = False, option: str = "--pool-model") -> UnlabeledPool:
     """``size`` maps of ``model`` (stratified over tasks, layers, heads and examples, as annotation samples are),
     none of them in ``exclude`` (the labeled map ids), matched by task, example, layer and head (:func:`map_cell`)
-    whatever the model's name in them. Deterministic for a model, size and seed. ``option``: the caller's option
+    whatever the model's name in them. Deterministic for a model, size, exclude, tasks and seed (the
+    excluded ids change how many maps are drawn, so PoolRequest.key holds their digest). ``option``: the caller's option
     that names the model, for the advice of a loading error."""
     tasks = check_pool_request(size, tasks)
     bundle = load_model(model, device="cpu", option=option)
