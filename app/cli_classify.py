@@ -51,7 +51,8 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
                                                   "of them whose maps stay out of the unlabeled pool (repeatable; "
                                                   "e.g. annotation/labeled keeps the held-out panels out)"),
           pool_weight: float = typer.Option(1.0, "--pool-weight",
-                                            help="loss weight of a pool map relative to a labeled map"),
+                                            help="loss weight of a pool map relative to a labeled "
+                                                 "map (0: no pool is drawn)"),
           pool_rounds: int = typer.Option(1, "--pool-rounds", help="1: the CNN learns the pool from the teacher; 2: "
                                           "a second CNN learns it from the teacher and the first CNN"),
           class_weight_power: float = typer.Option(0.5, "--class-weight-power", help="loss weight of a class = "
@@ -80,7 +81,7 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
                          class_weight_power=class_weight_power, image_dropout=image_dropout,
                          synthetic_per_class=0 if training.synthetic else synthetic_mix)
     unlabeled = None
-    if pool and not training.synthetic:
+    if pool and pool_weight and not training.synthetic:  # a pool of weight 0 would teach nothing: not drawn
         from classifier.distill import PoolRequest, model_of  # noqa: PLC0415
         from classifier.train import check_labels  # noqa: PLC0415
 

@@ -21,8 +21,9 @@ import numpy as np
 import torch
 from sklearn.ensemble import HistGradientBoostingClassifier
 
+from analysis.data import check_task
 from analysis.errors import AttnpatError
-from analysis.mapstore import maps_digest
+from analysis.mapstore import maps_digest, parse_map_id
 from analysis.models import load_model
 from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
@@ -71,15 +72,47 @@ def model_of(map_ids: Sequence[str]) -> str:
     return slugs.most_common(1)[0][0]
 
 
+def map_cell(map_id: str) -> str:
+    """'<task>:<example>:L<layer>H<head>' of a map id: the same map whatever name its model was loaded by ('minilm'
+    or the folder it lives in give other slugs). An id of another form stands for itself."""
+    try:
+        part = parse_map_id(map_id)
+    except AttnpatError:
+        return str(map_id)
+    return f"{part.task}:{part.example_id}:L{part.layer}H{part.head}"
+
+
+def labeled_in_pool(pool_ids: Sequence[str], labeled_ids: Sequence[str]) -> list[str]:
+    """The pool's map ids whose task, example, layer and head are those of a labeled map (:func:`map_cell`)."""
+    labeled = {map_cell(map_id) for map_id in labeled_ids}
+    return [map_id for map_id in pool_ids if map_cell(map_id) in labeled]
+
+
+def check_pool_request(size: int, tasks: Sequence[str]) -> tuple[str, ...]:
+    """``tasks`` lowercased, after one error line for a pool ``size`` under 1 map, no task, an unknown task or a
+    task named twice (its maps would repeat): checked before the model loads."""
+    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
+        raise AttnpatError(f"the unlabeled pool needs at least one map, got {size}")
+    if isinstance(tasks, str) or not tasks:
+        raise AttnpatError(f"the unlabeled pool needs a list of one or more tasks, got {tasks!r}")
+    checked = tuple(check_task(task) for task in tasks)
+    repeated = sorted({task for task in checked if checked.count(task) > 1})
+    if repeated:
+        raise AttnpatError(f"the unlabeled pool's tasks name {', '.join(repeated)} more than once")
+    return checked
+
+
 def draw_pool(model: str, size: int, exclude: Sequence[str] = (), *, tasks: Sequence[str] = DEFAULT_POOL_TASKS,
               seed: int = POOL_SEED, progress: bool = False, option: str = "--pool-model") -> UnlabeledPool:
     """``size`` maps of ``model`` (stratified over tasks, layers, heads and examples, as annotation samples are),
-    none of them in ``exclude`` (the labeled map ids). Deterministic for a model, size and seed. ``option``: the
-    caller's option that names the model, for the advice of a loading error."""
-    if size < 1:
-        raise AttnpatError(f"the unlabeled pool needs at least one map, got {size}")
+    none of them in ``exclude`` (the labeled map ids), matched by task, example, layer and head (:func:`map_cell`)
+    whatever the model's name in them. Deterministic for a model, size, exclude, tasks and seed (the
+    excluded ids change how many maps are drawn, so PoolRequest.key holds their digest). ``option``: the caller's option
+    that names the model, for the advice of a loading error."""
+    tasks = check_pool_request(size, tasks)
     bundle = load_model(model, device="cpu", option=option)
     excluded = set(exclude)
+    excluded_cells = {map_cell(map_id) for map_id in excluded}
     bar = progress_bar(size + len(excluded), progress, "unlabeled pool", unit="maps")
     maps, map_ids = [], []
     # Draw ``size`` more than the labeled maps: however many of them come up, ``size`` others remain. About
@@ -89,7 +122,7 @@ def draw_pool(model: str, size: int, exclude: Sequence[str] = (), *, tasks: Sequ
                                examples_per_task=max(60, int(draws / (len(tasks) * 2.5)))):
         if bar is not None:
             bar.update(1)
-        if sampled.map_id not in excluded:
+        if map_cell(sampled.map_id) not in excluded_cells:
             maps.append(sampled.attn)
             map_ids.append(sampled.map_id)
     if bar is not None:
@@ -111,6 +144,10 @@ class PoolRequest:
     tasks: tuple[str, ...] = DEFAULT_POOL_TASKS
     seed: int = POOL_SEED
     excluded_from: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # checked when asked for, not when drawn: train draws only after the labels, folds and run folder
+        object.__setattr__(self, "tasks", check_pool_request(self.size, self.tasks))
 
     def key(self) -> dict:
         """What the drawn pool depends on, as JSON (the excluded ids as one digest): a stopped `train` reuses the

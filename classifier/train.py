@@ -301,7 +301,7 @@ def cross_validate_cnn(maps: Sequence[np.ndarray], labels: np.ndarray, config: T
     """
     images = prepare_maps(maps, config.input_size)
     extra = synthetic_extra(config)
-    pool_images = prepare_maps(pool_maps, config.input_size) if pool_maps else None
+    pool_images = prepare_maps(pool_maps, config.input_size) if pool_maps and config.pool_weight else None
     kept_paths = [None] * len(folds)
     if resume is not None:
         digest = _inputs_digest(images, labels, config, pool_images)
@@ -381,7 +381,7 @@ def train_final(maps: Sequence[np.ndarray], labels: np.ndarray, config: TrainCon
     resume: a folder keeping the fitted model under a digest of its inputs (as :func:`cross_validate_cnn` keeps
     its folds); a model found there is returned instead of trained again, the same weights a fit would give."""
     images, labels = prepare_maps(maps, config.input_size), check_labels(labels)
-    pool_images = prepare_maps(pool_maps, config.input_size) if pool_maps else None
+    pool_images = prepare_maps(pool_maps, config.input_size) if pool_maps and config.pool_weight else None
     kept = resume / f"final-{_inputs_digest(images, labels, config, pool_images)[:16]}.safetensors" if resume else None
     if kept is not None and kept.is_file():
         try:
@@ -403,8 +403,10 @@ def fit_with_pool(images: torch.Tensor, labels: np.ndarray, config: TrainConfig,
 
     Round 1 learns the pool from the teacher fitted on these labeled ``images`` only; each further round
     (config.pool_rounds) trains a fresh CNN on the mean of the teacher's and the last CNN's pool probabilities.
+    A pool of weight 0 is no pool: no teacher is fitted, and its maps stay out of the batches and the BatchNorm
+    statistics, so the fit is the one without a pool.
     """
-    if pool_images is None:
+    if pool_images is None or config.pool_weight == 0:
         return fit(images, labels, config, seed=seed, extra=extra)
     teacher = teacher_probabilities(images, labels, pool_images, seed)
     result = fit(images, labels, config, seed=seed, extra=extra, pool=(pool_images, teacher))

@@ -26,7 +26,7 @@ from analysis.patterns import CLASSES
 from analysis.rundir import RunDir, atomic_write_json
 from annotation.dataset import annotator_agreement, labeled_set_name, load_labeled_set
 from classifier.checkpoint import checkpoint_path, save_checkpoint
-from classifier.distill import PoolRequest, UnlabeledPool
+from classifier.distill import PoolRequest, UnlabeledPool, labeled_in_pool
 from classifier.evaluate import (
     baseline_comparison,
     baseline_predictions,
@@ -112,6 +112,10 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
     Returns the printable summary and the comparison with the baselines (TrainingReport).
     """
     config = config or TrainConfig()
+    if config.pool_weight == 0:  # the CNN would learn nothing from it: none is drawn, fitted to or recorded
+        pool = None
+    if isinstance(pool, UnlabeledPool):
+        check_pool_unlabeled(pool, data.map_ids)
     out = checkpoint_path(out)  # before the work: a bad --out fails now, not after it
     labels = check_labels(data.labels, config.folds)
     folds = stratified_folds(labels, config.folds, config.seed, fold_groups(data.map_ids, fold_grouping))
@@ -122,6 +126,7 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
         run.retire(RESUME_FOLDER)
         if isinstance(pool, PoolRequest):
             pool = resumed_pool(run.file(RESUME_FOLDER), pool, progress)
+            check_pool_unlabeled(pool, data.map_ids)
         if pool is not None:
             entry["pool"] = pool.spec
         pool_maps = pool.maps if pool is not None else None
@@ -182,6 +187,15 @@ def train_pattern_cnn(data: TrainingData, out: str | Path, run: RunDir, config: 
         # the checkpoint is saved beside the tables, not through the run folder's writers
         entry.update(outputs=[str(path), str(path.with_suffix(".json"))], cnn_macro_f1=cnn["macro_f1"])
     return TrainingReport(wide_summary(score_frame), comparison)
+
+
+def check_pool_unlabeled(pool: UnlabeledPool, labeled_ids: list[str]) -> None:
+    """One error line when the pool holds a labeled map (same task, example, layer and head): the teacher's label
+    for it would stand beside, or in a fold's test part for, its annotators' label."""
+    both = labeled_in_pool(pool.map_ids, labeled_ids)
+    if both:
+        raise AttnpatError(f"the unlabeled pool holds {len(both)} of the labeled maps (first: {both[0]}); draw it "
+                           "with their ids excluded (classifier.distill.draw_pool exclude=...)")
 
 
 def resumed_pool(folder: Path, request: PoolRequest, progress: bool = False) -> UnlabeledPool:

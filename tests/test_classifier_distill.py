@@ -394,3 +394,113 @@ def test_train_with_folds_grouped_by_head_scores_heads_it_never_saw(tmp_path, ca
                  str(tmp_path / "s.safetensors"), "--runs-dir", str(runs), "-q"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: folds by head need the maps' ids (a labeled set), not synthetic maps"]
+
+
+def test_a_pool_of_weight_0_is_not_drawn_taught_or_recorded(tmp_path, capsys, monkeypatch):
+    """Weight 0 teaches nothing, yet the pool was drawn (a minute), a teacher fitted per fold, its maps shaped the
+    BatchNorm statistics (so the weights differed from a fit without it) and the checkpoint recorded it."""
+    import classifier.distill as distill  # noqa: PLC0415
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a pool of weight 0 was drawn or taught")
+
+    monkeypatch.setattr(distill, "draw_pool", refused)
+    monkeypatch.setattr(train, "teacher_probabilities", refused)
+    maps, labels = synthetic_dataset(4, np.random.default_rng(0), lengths=(6, 12))
+    pool_maps, _ = synthetic_dataset(4, np.random.default_rng(1), lengths=(6, 12))
+    images, pool_images = prepare_maps(maps), prepare_maps(pool_maps)
+    config = TrainConfig(max_epochs=2, batch_size=8, pool_weight=0)
+    with_pool = train.fit_with_pool(images, labels, config, 0, None, pool_images).model.state_dict()
+    without = fit(images, labels, config, seed=0).model.state_dict()
+    assert all(torch.equal(with_pool[name], without[name]) for name in without)
+
+    pool = UnlabeledPool(pool_maps, [f"tiny:sst2:x{i}:L0H0" for i in range(len(pool_maps))], {"model": "tiny"})
+    data = TrainingData(maps, labels, maps_digest(maps, labels=labels), "tiny", "synthetic test maps",
+                        map_ids=[f"tiny:sst2:e{i}:L0H0" for i in range(len(maps))])
+    out = tmp_path / "api.safetensors"
+    train_pattern_cnn(data, out, RunDir("classifier", "tiny", tmp_path / "api"),
+                      TrainConfig(max_epochs=1, folds=2, pool_weight=0), baselines=False, progress=False, pool=pool)
+    assert "unlabeled_pool" not in load_classifier(out).metadata
+
+    labeled, out = save_tiny_labeled_set(tmp_path / "set", 4), tmp_path / "cli.safetensors"
+    assert main(["train", "--data", str(labeled), "--folds", "2", "--epochs", "1", "--pool", "5", "--pool-weight",
+                 "0", "--no-baselines", "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "-q"]) == 0, \
+        capsys.readouterr().err
+    assert "unlabeled_pool" not in load_classifier(out).metadata
+
+
+def test_a_pool_of_no_maps_no_tasks_or_unknown_tasks_is_one_error_line_before_the_model_loads(monkeypatch):
+    """Before, no task divided by zero after the model loaded, an unknown task failed after it loaded, a task named
+    twice drew its maps twice, and a PoolRequest of size 0 was accepted until its draw."""
+    import classifier.distill as distill  # noqa: PLC0415
+    from classifier.distill import PoolRequest  # noqa: PLC0415
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the pool's model was loaded before its request was checked")
+
+    monkeypatch.setattr(distill, "load_model", no_load)
+    cases = [(0, ("sst2",), "the unlabeled pool needs at least one map, got 0"),
+             (-3, ("sst2",), "the unlabeled pool needs at least one map, got -3"),
+             (5, (), "the unlabeled pool needs a list of one or more tasks, got ()"),
+             (5, "sst2", "the unlabeled pool needs a list of one or more tasks, got 'sst2'"),
+             (5, ("sst2", "nope"), "unknown task 'nope'"),
+             (5, ("sst2", "RTE", "rte"), "the unlabeled pool's tasks name rte more than once")]
+    for size, tasks, message in cases:
+        for ask in (PoolRequest, draw_pool):
+            with pytest.raises(AttnpatError) as raised:
+                ask("minilm", size, tasks=tasks)
+            assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert PoolRequest("minilm", 5, tasks=("SST2", "rte")).key()["tasks"] == ["sst2", "rte"]
+
+
+def test_the_pool_leaves_out_labeled_maps_whatever_name_their_model_was_loaded_by(monkeypatch):
+    """Labeled ids say 'minilm:...'; the same model loaded from its folder makes ids '<folder>:...'. Those maps were
+    matched by the whole id, so the labeled maps came into the pool under the other name."""
+    import types  # noqa: PLC0415
+
+    import classifier.distill as distill  # noqa: PLC0415
+    from analysis.sampling import SampledMap  # noqa: PLC0415
+
+    def fake_sample_maps(bundle, *, n_maps, tasks, seed, examples_per_task):
+        for i in range(n_maps):  # the same cells in the same order at every draw, as a seeded draw gives
+            example, head = f"e{i // 2}", i % 2
+            yield SampledMap(f"{bundle.slug}:sst2:{example}:L0H{head}", "sst2", example, 0, head, [],
+                             np.full((3, 3), 1 / 3, np.float32))
+
+    monkeypatch.setattr(distill, "load_model", lambda model, **kwargs: types.SimpleNamespace(slug="all-MiniLM-L6-v2"))
+    monkeypatch.setattr(distill, "sample_maps", fake_sample_maps)
+    labeled = ["minilm:sst2:e0:L0H0", "minilm:sst2:e0:L0H1", "minilm:sst2:e3:L0H1"]
+    pool = draw_pool("/models/all-MiniLM-L6-v2", 6, exclude=labeled, tasks=("sst2",))
+    assert len(pool.map_ids) == 6 and len(set(pool.map_ids)) == 6
+    cells = {map_id.split(":", 1)[1] for map_id in pool.map_ids}
+    assert not cells & {map_id.split(":", 1)[1] for map_id in labeled}, sorted(cells)
+
+
+def test_a_given_pool_holding_a_labeled_map_is_one_error_line_before_any_work(tmp_path):
+    """A pool passed to train_pattern_cnn was used as given: a labeled map in it was taught the teacher's label,
+    in the folds where it is a test map too."""
+    maps, labels = synthetic_dataset(4, np.random.default_rng(0), lengths=(6, 12))
+    map_ids = [f"minilm:sst2:e{i}:L0H0" for i in range(len(maps))]
+    pool = UnlabeledPool(maps[:2], ["minilm:rte:x:L1H1", "elsewhere:sst2:e3:L0H0"], {"model": "minilm"})
+    data = TrainingData(maps, labels, maps_digest(maps, labels=labels), "tiny", "test maps", map_ids=map_ids)
+    out = tmp_path / "cnn.safetensors"
+    with pytest.raises(AttnpatError, match=r"pool holds 1 of the labeled maps \(first: elsewhere:sst2:e3"):
+        train_pattern_cnn(data, out, RunDir("classifier", "tiny", tmp_path / "runs"),
+                          TrainConfig(max_epochs=1, folds=2), baselines=False, progress=False, pool=pool)
+    assert not out.exists() and not list((tmp_path / "runs").rglob("*.csv"))
+
+
+def test_a_teacher_without_a_class_gives_it_0_and_keeps_the_others_columns_on_degenerate_maps_too():
+    """predict_proba has one column per class the teacher saw: with block (3) missing from its training maps its
+    columns must still land under their own CLASSES, and 1-token or all-equal maps give finite distributions."""
+    maps, labels = synthetic_dataset(40, np.random.default_rng(0), lengths=(8, 20))
+    seen = labels != CLASSES.index("block")
+    pool_maps, pool_labels = synthetic_dataset(8, np.random.default_rng(1), lengths=(8, 20))
+    degenerate = [np.ones((1, 1), np.float32), np.full((2, 2), 0.5, np.float32), np.full((6, 6), 1 / 6, np.float32)]
+    probabilities = teacher_probabilities(prepare_maps([m for m, keep in zip(maps, seen, strict=True) if keep]),
+                                          labels[seen], prepare_maps(pool_maps + degenerate))
+    assert np.isfinite(probabilities).all() and (probabilities >= 0).all()
+    np.testing.assert_allclose(probabilities.sum(1), 1.0, atol=1e-9)
+    assert (probabilities[:, CLASSES.index("block")] == 0).all()
+    others = pool_labels != CLASSES.index("block")
+    assert (probabilities[:len(pool_maps)].argmax(1)[others] == pool_labels[others]).mean() >= 0.9
