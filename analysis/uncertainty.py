@@ -422,7 +422,7 @@ def confusion_permutation_p(statistic: Callable[[np.ndarray, np.ndarray], np.nda
     base_cells, variant_cells = cells[gold * k + base], cells[gold[:, None] * k + variant]  # (E, K*K), (E, V, K*K)
     shift = base_cells[:, None, :] - variant_cells  # (E, V, K*K)
     moved_examples = np.flatnonzero((variant != base[:, None]).any(1))
-    shift = shift[moved_examples].reshape(len(moved_examples), -1)  # (A, V*K*K)
+    shift = shift[moved_examples].reshape(len(moved_examples), n_variants * k * k)  # (A, V*K*K); A may be 0
     base_counts = base_cells.sum(0).reshape(k, k)
     variant_counts = variant_cells.sum(0).reshape(n_variants, k, k)
     observed = np.abs(statistic(variant_counts, classes) - statistic(base_counts, classes))  # (V,)

@@ -250,6 +250,16 @@ def test_f1_permutation_test_when_the_positive_class_never_occurs():
     assert confusion_permutation_p(confusion_metric("f1"), baseline, variants, labels, n_perm=50).tolist() == [1.0] * 4
 
 
+def test_variants_that_never_differ_from_the_baseline_get_p_1():
+    """No example to swap (every variant predicts as the baseline, as in small disabling runs): p = 1 for each, not a
+    shape error from the empty product."""
+    labels, baseline, _ = _disagreeing_predictions(5, 2, examples=6)
+    same = np.stack([baseline, baseline], 1)
+    for metric in ("f1", "matthews", "accuracy"):
+        p = confusion_permutation_p(confusion_metric(metric), baseline, same, labels, n_perm=30)
+        assert p.tolist() == [1.0] * 2
+
+
 def test_the_vectorised_permutation_test_of_accuracy_agrees_with_mcnemar():
     """On accuracy the permutation distribution is McNemar's (see the test above): with 20,000 permutations the two
     p-values agree to within three Monte Carlo standard errors of the permutation p."""
