@@ -124,6 +124,10 @@ _VS_BASELINES = ("model, reference_macro_f1 (the CNN's), model_macro_f1, differe
                  "verdict (above|below|level: above or below when the interval excludes 0 and p_holm < 0.05)")
 # the interval columns of the per-head (per-layer) means of overview, special, surface and grad-importance
 _OVER_EXAMPLES = "ci_low, ci_high (percentile bootstrap 95% interval over the examples)"
+# The uncorrected p of a disabling or pruning table, named by its test (analysis.sweeps.raw_p_column)
+_RAW_P = ("<raw p>: p_mcnemar, exact McNemar test of per-example correctness, on accuracy tasks (empty for "
+          "correlation metrics: no test); p_permutation, paired permutation test of the F1 or Matthews change, "
+          "on those tasks; p_holm: Holm across the heads, layers or pruning steps")
 # analysis.surface.label_evidence: what decided each head's label, and whether its intervals settle it
 _LABEL_EVIDENCE = ("statistic (the rule's: prev|next|entropy|cls|sep|punct; empty for other), value, ci_low, ci_high "
                    "(95% bootstrap over the examples), threshold, certain (the same label anywhere in the intervals)")
@@ -178,16 +182,16 @@ ARTIFACTS: tuple[Artifact, ...] = (
              hint="--model {model} --base {base} --task {task}", finetuned=True),
     # Disabling, importance, pruning (Kovaleva Figures 8-9, Michel et al.)
     Artifact("disable_heads", "disable", "layer, head, metric (<mode>_delta|<mode>_metric|<mode>_delta_ci_low|"
-             "<mode>_delta_ci_high|<mode>_p_mcnemar|<mode>_p_holm), value  (best/worst heads and those that survive "
-             "Holm in manifest analyses.disable_<mode>)", "Disabling", figure=True),
-    Artifact("disable_layers", "disable", "layer, mode, metric, delta, ci_low, ci_high, p_mcnemar, p_holm",
+             "<mode>_delta_ci_high|<mode>_<raw p>|<mode>_p_holm), value  (best/worst heads and those that "
+             f"survive Holm in manifest analyses.disable_<mode>; {_RAW_P})", "Disabling", figure=True),
+    Artifact("disable_layers", "disable", f"layer, mode, metric, delta, ci_low, ci_high, <raw p>, p_holm  ({_RAW_P})",
              "Disabling", figure=True),
     Artifact("importance", "importance", "layer, head, metric (importance|importance_raw|importance_raw_ci_low|"
              "importance_raw_ci_high: percentile bootstrap 95% interval over the examples), value", "Disabling",
              figure=True),
-    Artifact("pruning", "prune", "fraction_pruned, n_pruned, metric, delta, ci_low, ci_high, p_mcnemar, p_holm, "
+    Artifact("pruning", "prune", "fraction_pruned, n_pruned, metric, delta, ci_low, ci_high, <raw p>, p_holm, "
              "ranked_on, n_ranked, scored_on, n_scored (heads ranked on the even-numbered examples, every other "
-             "column scored on the odd-numbered ones)", "Disabling", figure=True),
+             f"column scored on the odd-numbered ones; {_RAW_P})", "Disabling", figure=True),
     # Clark et al.
     Artifact("surface", "surface", "layer, head, metric (prev|next|self|cls|sep|period|comma|sep_sep: shares of "
              "attention; entropy|cls_entropy: nats; token level, each input weighed equally), value, "

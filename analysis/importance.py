@@ -41,6 +41,7 @@ from analysis.sweeps import (
     effect_statistics,
     fast_sweep,
     predictions,
+    raw_p_column,
     run_sweep,
     sweep_fingerprint,
     task_labels,
@@ -252,10 +253,11 @@ def curve_statistics(baseline: np.ndarray, pruned: np.ndarray, labels: np.ndarra
     """analysis.sweeps.effect_statistics of each step of a pruning curve, with Holm's correction across the steps
     that prune a head only: the unpruned step (``prunes`` False) is the baseline itself, no hypothesis, and
     counting it would make every other step's correction one test stricter. Its p_holm is its raw p (1, or NaN
-    for a score metric). baseline: (N,) predictions; pruned: (N, steps); prunes: (steps,) bool."""
+    for a score metric; the raw p is McNemar's on accuracy, a permutation test's on F1 and Matthews, named by
+    analysis.sweeps.raw_p_column). baseline: (N,) predictions; pruned: (N, steps); prunes: (steps,) bool."""
     stats = effect_statistics(baseline, pruned, labels, metric)
     prunes = np.asarray(prunes, dtype=bool)
-    p_holm = stats["p_mcnemar"].copy()
+    p_holm = stats[raw_p_column(metric)].copy()
     if prunes.any():
         p_holm[prunes] = holm_adjust(p_holm[prunes])
     return {**stats, "p_holm": p_holm}
@@ -265,7 +267,8 @@ def curve_table(masks: Sequence[np.ndarray], base: np.ndarray, pruned: np.ndarra
                 metric: str):
     """The curve's rows from predictions: base (N,) of the unpruned model, pruned (N, steps) under each keep mask
     (L, H) of ``masks``; :func:`curve_statistics` on the same examples. Returns (DataFrame fraction_pruned,
-    n_pruned, metric, delta, ci_low, ci_high, p_mcnemar, p_holm; the unpruned metric)."""
+    n_pruned, metric, delta, ci_low, ci_high, p_mcnemar or p_permutation (analysis.sweeps.raw_p_column), p_holm;
+    the unpruned metric)."""
     baseline = task_metric(metric, base, labels)
     stats = curve_statistics(base, pruned, labels, metric, np.array([(mask == 0).any() for mask in masks]))
     rows = []
@@ -273,7 +276,7 @@ def curve_table(masks: Sequence[np.ndarray], base: np.ndarray, pruned: np.ndarra
         value = task_metric(metric, pruned[:, step], labels)
         rows.append({"fraction_pruned": int((mask == 0).sum()) / mask.size, "n_pruned": int((mask == 0).sum()),
                      "metric": value, "delta": value - baseline,
-                     **{column: float(stats[column][step]) for column in ("ci_low", "ci_high", "p_mcnemar", "p_holm")}})
+                     **{column: float(values[step]) for column, values in stats.items()}})
     return pd.DataFrame(rows), baseline
 
 
@@ -281,8 +284,8 @@ def pruning_curve(bundle, batches: Sequence[TokenBatch], masks: Sequence[np.ndar
                   metric: str, *, mode: str = "zero", progress: bool | str = False):
     """Task metric under each keep mask (fast engine), with the change from the unpruned model and how sure it
     is (:func:`curve_table`; Holm's correction across the steps that prune a head). labels: (N,) in example order.
-    Returns (DataFrame fraction_pruned, n_pruned, metric, delta, ci_low, ci_high, p_mcnemar, p_holm; the
-    unpruned metric)."""
+    Returns (DataFrame fraction_pruned, n_pruned, metric, delta, ci_low, ci_high, p_mcnemar or p_permutation,
+    p_holm; the unpruned metric)."""
     check_mode(mode)
     if not masks:
         raise AttnpatError("a pruning curve needs at least one keep mask")

@@ -114,3 +114,59 @@ def metric_name(task_or_metric: str) -> str:
 def task_metric(task_or_metric: str, predictions: Sequence, labels: Sequence) -> float:
     """Score predictions with a task's GLUE metric (or a named metric)."""
     return METRICS[metric_name(task_or_metric)](predictions, labels)
+
+
+# ---------------------------------------------------------------- metrics of confusion counts (vectorised)
+
+ConfusionMetric = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def accuracy_of_confusion(counts: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """:func:`accuracy` of (..., K, K) confusion counts (rows = true class, columns = predicted, both in the order
+    of ``classes`` (K,)). Returns (...)."""
+    return np.trace(counts, axis1=-2, axis2=-1) / counts.sum((-2, -1))
+
+
+def f1_of_confusion(counts: np.ndarray, classes: np.ndarray, positive: int = 1) -> np.ndarray:
+    """:func:`f1` of (..., K, K) confusion counts (as :func:`accuracy_of_confusion`), with the same float steps,
+    so the values equal f1's bit for bit. Returns (...); 0 where there is no true positive."""
+    at = np.flatnonzero(np.asarray(classes) == positive)
+    if not len(at):  # the positive class is never predicted nor true: no true positive anywhere
+        return np.zeros(counts.shape[:-2])
+    true_pos = counts[..., at[0], at[0]]
+    predicted, actual = counts[..., :, at[0]].sum(-1), counts[..., at[0], :].sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0 where there is no true positive: 0 below
+        precision, recall = true_pos / predicted, true_pos / actual
+        value = 2 * precision * recall / (precision + recall)
+    return np.where(true_pos == 0, 0.0, value)
+
+
+def matthews_of_confusion(counts: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """:func:`matthews` of (..., K, K) confusion counts (as :func:`accuracy_of_confusion`; a class absent from both
+    predictions and labels adds zero rows and columns, which change none of the sums). Returns (...); 0 where
+    undefined."""
+    total = counts.sum((-2, -1))
+    correct = np.trace(counts, axis1=-2, axis2=-1)
+    true_counts, pred_counts = counts.sum(-1), counts.sum(-2)
+    cov_tp = correct * total - (true_counts * pred_counts).sum(-1)
+    cov_pp = total ** 2 - (pred_counts * pred_counts).sum(-1)
+    cov_tt = total ** 2 - (true_counts * true_counts).sum(-1)
+    denom = np.sqrt(cov_pp * cov_tt)
+    with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0: constant predictions or labels, 0 below
+        return np.where(denom > 0, cov_tp / denom, 0.0)
+
+
+CONFUSION_METRICS: dict[str, ConfusionMetric] = {
+    "accuracy": accuracy_of_confusion,
+    "f1": f1_of_confusion,
+    "matthews": matthews_of_confusion,
+}
+
+
+def confusion_metric(task_or_metric: str) -> ConfusionMetric:
+    """The task's metric as a function of confusion counts (for vectorised permutation tests); refuses metrics
+    of scores (correlations), which no confusion matrix determines."""
+    name = metric_name(task_or_metric)
+    if name not in CONFUSION_METRICS:
+        raise AttnpatError(f"{name} is no function of confusion counts; those are {', '.join(CONFUSION_METRICS)}")
+    return CONFUSION_METRICS[name]

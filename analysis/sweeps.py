@@ -13,8 +13,9 @@ Each variant's metric and per-example predictions are persisted atomically as so
 per variant under runs/<model>/<task>/.sweep-<mode>-<unit>/), so a killed sweep resumes where it stopped.
 
 Every change against the baseline carries a test (:func:`effect_statistics`): a paired bootstrap 95% interval over
-the examples, an exact McNemar p-value of per-example correctness and Holm's correction across the heads (and,
-separately, the layers) of a sweep.
+the examples, a p-value of the metric's own change (accuracy: exact McNemar of per-example correctness; F1 and
+Matthews correlation: a paired permutation test) and Holm's correction across the heads (and, separately, the
+layers) of a sweep.
 
 Shapes: ``N`` examples, ``B`` rows of a batch, ``T`` padded length, ``D`` hidden size, ``C`` logits,
 ``V`` stacked variants, ``L`` layers, ``H`` heads.
@@ -51,20 +52,29 @@ from analysis.disable import (
 )
 from analysis.errors import AttnpatError, check_choice
 from analysis.figures import close, panel_heatmaps
-from analysis.metrics import metric_name, task_metric
+from analysis.metrics import confusion_metric, metric_name, task_metric
 from analysis.models import check_head_labels, holds_classification_head, load_model
 from analysis.progress import progress_bar
 from analysis.rundir import atomic_write_json, long_table, table_to_array
 from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, TokenBatch, collate, encode_examples, iter_batches
-from analysis.uncertainty import bootstrap_difference_interval, bootstrap_mean_interval, holm_adjust, mcnemar_exact
+from analysis.uncertainty import (
+    bootstrap_difference_interval,
+    bootstrap_mean_interval,
+    confusion_permutation_p,
+    holm_adjust,
+    mcnemar_exact,
+)
 
 BASELINE = "baseline"
 UNITS = ("head", "layer")
 TABLE_INPUTS = ".disable-inputs.json"  # beside the disabling tables: what each mode's rows were computed on
 ALPHA = 0.05  # family-wise error rate of the Holm-corrected tests
-# Metrics over class predictions, where each example is right or wrong (McNemar applies); the others are
-# correlations over scores (STS-B), where only the bootstrap interval is given.
+# Metrics over class predictions, functions of the confusion counts, each with a test of its change; the others
+# are correlations over scores (STS-B), where only the bootstrap interval is given.
 CLASS_METRICS = ("accuracy", "f1", "matthews")
+# Permutations of the F1 / Matthews test: its smallest p is 1 / (PERMUTATIONS + 1) = 5e-5, so a head can survive
+# Holm's correction across up to 1,000 heads (BERT-large has 384: its first threshold is 0.05 / 384 = 1.3e-4)
+PERMUTATIONS = 20_000
 OnVariant = Callable[[str, torch.Tensor], None]
 
 
@@ -456,48 +466,64 @@ def layer_deltas(metrics: dict[str, float], num_layers: int) -> np.ndarray:
 
 
 def effect_statistics(baseline: np.ndarray, variants: np.ndarray, labels: np.ndarray, metric: str, *,
-                      seed: int = 0) -> dict[str, np.ndarray]:
+                      seed: int = 0, n_perm: int = PERMUTATIONS) -> dict[str, np.ndarray]:
     """How sure each variant's metric change is, on the same examples as the baseline.
 
     baseline: (N,) predictions of the unchanged model; variants: (N, V) predictions of each variant (class ids,
     or scores for a correlation metric); labels: (N,). Returns {name: (V,)}:
     - ci_low, ci_high: paired percentile bootstrap 95% interval of the change over the examples (accuracy: the
       mean of per-example correctness differences; other metrics recomputed on every draw);
-    - p_mcnemar: exact two-sided McNemar p-value of per-example correctness, i.e. a test of the accuracy change
-      (for F1 or Matthews tasks too); NaN for score metrics, whose predictions are never simply right;
-    - p_holm: p_mcnemar with Holm's correction across the V variants (one family: the heads, or the layers).
+    - the raw p-value, named by its test (:func:`raw_p_column`): p_mcnemar, accuracy's exact two-sided McNemar
+      test of per-example correctness; p_permutation, F1's or Matthews' paired permutation test of the metric's
+      own change (``n_perm`` permutations, seed ``seed``; analysis.uncertainty.confusion_permutation_p); for score
+      metrics p_mcnemar, all NaN (their predictions are never simply right, no test is made);
+    - p_holm: the raw p with Holm's correction across the V variants (one family: the heads, or the layers).
     """
     metric = metric_name(metric)
     baseline, variants, labels = np.asarray(baseline), np.asarray(variants), np.asarray(labels)
-    if metric in CLASS_METRICS:
-        correct_base, correct = baseline == labels, variants == labels[:, None]
+    correct_base, correct = baseline == labels, variants == labels[:, None]
+    if metric == "accuracy":  # McNemar is exact here, and it needs no permutations
         p = mcnemar_exact(correct_base, correct)
-        p_holm = holm_adjust(p)
+    elif metric in CLASS_METRICS:
+        p = confusion_permutation_p(confusion_metric(metric), baseline, variants, labels, n_perm=n_perm, seed=seed)
     else:
-        p = p_holm = np.full(variants.shape[1], np.nan)
+        p = np.full(variants.shape[1], np.nan)
+    p_holm = holm_adjust(p) if metric in CLASS_METRICS else p.copy()
     if metric == "accuracy":
         interval = bootstrap_mean_interval(correct.astype(float) - correct_base[:, None], seed=seed)
     else:
         interval = bootstrap_difference_interval(lambda predicted, gold: task_metric(metric, predicted, gold),
                                                  baseline, variants, labels, seed=seed)
-    return {"ci_low": interval[:, 0], "ci_high": interval[:, 1], "p_mcnemar": p, "p_holm": p_holm}
+    return {"ci_low": interval[:, 0], "ci_high": interval[:, 1], raw_p_column(metric): p, "p_holm": p_holm}
+
+
+def raw_p_column(metric: str) -> str:
+    """The column of a disabling or pruning table holding the uncorrected p-value, named by its test: p_mcnemar
+    for accuracy (and, empty, for score metrics, which get no test), p_permutation for F1 and Matthews."""
+    name = metric_name(metric)
+    return "p_permutation" if name in CLASS_METRICS and name != "accuracy" else "p_mcnemar"
 
 
 def significance_note(metric: str) -> str:
     """What the tests behind a disabling table are (for the manifest)."""
-    test = ("exact McNemar test of per-example correctness" + ("" if metric_name(metric) == "accuracy" else
-                                                               f" (it tests the accuracy change, not {metric})")
-            if metric_name(metric) in CLASS_METRICS else f"no McNemar test ({metric} scores are never simply right)")
-    return (f"ci: paired percentile bootstrap 95% interval of the {metric} change over the examples; p_mcnemar: "
-            f"{test}; p_holm: Holm's correction across the heads of a sweep, and separately across its layers; "
-            f"significant: p_holm < {ALPHA}")
+    name = metric_name(metric)
+    if name == "accuracy":
+        test = "exact McNemar test of per-example correctness"
+    elif name in CLASS_METRICS:
+        test = (f"two-sided paired permutation test of the {metric} change (the two models' predictions swapped on "
+                f"a random half of the examples, {PERMUTATIONS:,} times; smallest p {1 / (PERMUTATIONS + 1):.1g})")
+    else:
+        test = f"no McNemar test ({metric} scores are never simply right)"
+    return (f"ci: paired percentile bootstrap 95% interval of the {metric} change over the examples; "
+            f"{raw_p_column(metric)}: {test}; p_holm: Holm's correction across the heads of a sweep, and separately "
+            f"across its layers; significant: p_holm < {ALPHA}")
 
 
 def holm_criterion(metric: str) -> str:
-    """What a star in the disabling figures, and a 'survives Holm' line, stands for: for F1 and Matthews tasks the
-    McNemar test behind p_holm tests the accuracy change, not the change drawn beside it, so the words say so."""
+    """What a star in the disabling figures, and a 'survives Holm' line, stands for: on accuracy tasks McNemar's
+    test; on F1 and Matthews tasks a permutation test of the change drawn beside it, which the words name."""
     criterion = f"Holm-adjusted p < {ALPHA}"
-    return criterion if metric_name(metric) == "accuracy" else f"accuracy change, McNemar {criterion}"
+    return criterion if metric_name(metric) == "accuracy" else f"{metric} change, permutation test, {criterion}"
 
 
 def significant_effects(names: Sequence[tuple[int, ...]], deltas: np.ndarray, stats: dict[str, np.ndarray],
@@ -505,11 +531,12 @@ def significant_effects(names: Sequence[tuple[int, ...]], deltas: np.ndarray, st
     """The variants whose change survives Holm's correction, strongest first.
 
     names: (layer,) or (layer, head) per variant (0-indexed); deltas: (V,) metric changes; stats: from
-    :func:`effect_statistics`. Returns rows layer[, head], delta, ci_low, ci_high, p_mcnemar, p_holm.
+    :func:`effect_statistics`. Returns rows layer[, head], delta, ci_low, ci_high, the raw p (p_mcnemar or
+    p_permutation, :func:`raw_p_column`), p_holm.
     """
     keys = ("layer", "head")
-    rows = [{**dict(zip(keys, name)), "delta": float(deltas[v]),
-             **{column: float(stats[column][v]) for column in ("ci_low", "ci_high", "p_mcnemar", "p_holm")}}
+    rows = [{**dict(zip(keys, name)), "delta": float(deltas[v]), **{column: float(values[v])
+                                                                     for column, values in stats.items()}}
             for v, name in enumerate(names) if stats["p_holm"][v] < alpha]
     return sorted(rows, key=lambda row: (row["p_holm"], -abs(row["delta"])))
 
@@ -830,22 +857,34 @@ def _effect_text(row, name: str) -> str:
             f"p_holm {row['p_holm']:.2g}")
 
 
-def _tested_change(folder: Path, mode: str) -> str:
-    """'' or, when ``mode``'s manifest entry in ``folder`` names an F1 or Matthews metric, the words saying that its
-    McNemar test is of the accuracy change (an unreadable manifest says nothing)."""
+def _tested_change(folder: Path, mode: str, raw_column: str) -> str:
+    """The words naming the test behind a mode's p_holm, by the table's raw p column: '' for p_mcnemar on an accuracy
+    task; for p_permutation that it is a permutation test of the metric's change; for p_mcnemar on an F1 or Matthews
+    task (tables written before the permutation test; the metric from ``mode``'s manifest entry in ``folder``)
+    that McNemar tested the accuracy change. An unreadable manifest leaves the metric unnamed or, for p_mcnemar,
+    says nothing."""
     try:
         entry = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))["analyses"][f"disable_{mode}"]
         metric = metric_name(str(entry["metric_name"]))
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttnpatError):
-        return ""
-    return "" if metric == "accuracy" or metric not in CLASS_METRICS else \
+        metric = None
+    if raw_column == "p_permutation":
+        return f"; permutation test of the {metric or 'metric'} change"
+    return "" if metric in (None, "accuracy") or metric not in CLASS_METRICS else \
         f"; McNemar tests the accuracy change, the {metric} change is shown"
+
+
+def _raw_p_of(rows: pd.DataFrame) -> str:
+    """p_permutation when a mode's rows (a wide table) hold that test's p-values, else p_mcnemar."""
+    held = [column for column in rows.columns if str(column).endswith("p_permutation")]
+    return "p_permutation" if held and rows[held].notna().to_numpy().any() else "p_mcnemar"
 
 
 def significance_lines(folder: str | Path, alpha: float = ALPHA) -> list[str]:
     """One line per mode and unit of a run folder's disabling tables: the heads and layers whose change survives
     Holm's correction (layers and heads 1-indexed, change with its 95% interval), or that none does; for an F1 or
-    Matthews task (by the mode's manifest entry) the line says the test is of the accuracy change.
+    Matthews task the line names the test (:func:`_tested_change`: a permutation test of that metric's change, or
+    in tables written before it, McNemar's of the accuracy change).
     Tables written before the tests existed give no line."""
     folder = Path(folder)
     lines = []
@@ -863,7 +902,7 @@ def significance_lines(folder: str | Path, alpha: float = ALPHA) -> list[str]:
             found = "; ".join(_effect_text(row, f"L{int(row['layer']) + 1}-H{int(row['head']) + 1}")
                               for _, row in kept.iterrows())
             lines.append(f"{mode}, single heads ({len(kept)} of {len(wide)} survive Holm, p < {alpha}"
-                         f"{_tested_change(folder, mode)}): "
+                         f"{_tested_change(folder, mode, _raw_p_of(wide))}): "
                          + (found or "none"))
     if layers_path.is_file():
         layers = pd.read_csv(layers_path)
@@ -872,6 +911,6 @@ def significance_lines(folder: str | Path, alpha: float = ALPHA) -> list[str]:
                 kept = rows[rows["p_holm"] < alpha].sort_values(["p_holm", "layer"])
                 found = "; ".join(_effect_text(row, f"layer {int(row['layer']) + 1}") for _, row in kept.iterrows())
                 lines.append(f"{mode}, whole layers ({len(kept)} of {len(rows)} survive Holm, p < {alpha}"
-                             f"{_tested_change(folder, mode)}): "
+                             f"{_tested_change(folder, mode, _raw_p_of(rows))}): "
                              + (found or "none"))
     return lines

@@ -399,6 +399,45 @@ def paired_permutation_p(statistic: Callable[[np.ndarray, np.ndarray], float], b
     return p
 
 
+def confusion_permutation_p(statistic: Callable[[np.ndarray, np.ndarray], np.ndarray], baseline: np.ndarray,
+                            variants: np.ndarray, labels: np.ndarray, *, n_perm: int = DEFAULT_BOOTSTRAP,
+                            seed: int = 0, chunk: int = 1000) -> np.ndarray:
+    """:func:`paired_permutation_p` for metrics of the confusion counts (accuracy, F1, Matthews correlation),
+    vectorised: the same swaps (same seed) and the same p-values, without a Python loop per permutation and variant.
+
+    statistic(counts (..., K, K) rows = true class, columns = predicted, classes (K,) in that order) -> (...);
+    baseline: (E,) class predictions of the reference model; variants: (E, V) or (E,); labels: (E,).
+    Swapping example e moves its one count from the variant's cell to the baseline's cell in one model and back in
+    the other, so with shift (E, V, K*K) = baseline one-hot - variant one-hot per example, the swapped models'
+    counts are variant + swaps @ shift and baseline - swaps @ shift (swaps: (n_perm, E) 0/1). Only examples where
+    some variant differs from the baseline enter the product; permutations go ``chunk`` at a time, fewer when V*K*K
+    is large, to bound memory near 2M values per chunk. Returns (V,) p-values as paired_permutation_p's.
+    """
+    baseline, variants, labels = paired_inputs(baseline, variants, labels, "a paired permutation test")
+    n, n_variants = variants.shape
+    classes, codes = np.unique(np.concatenate([labels, baseline, variants.ravel()]), return_inverse=True)
+    k = len(classes)
+    gold, base, variant = codes[:n], codes[n:2 * n], codes[2 * n:].reshape(n, n_variants)
+    cells = np.eye(k * k)
+    base_cells, variant_cells = cells[gold * k + base], cells[gold[:, None] * k + variant]  # (E, K*K), (E, V, K*K)
+    shift = base_cells[:, None, :] - variant_cells  # (E, V, K*K)
+    moved_examples = np.flatnonzero((variant != base[:, None]).any(1))
+    shift = shift[moved_examples].reshape(len(moved_examples), n_variants * k * k)  # (A, V*K*K); A may be 0
+    base_counts = base_cells.sum(0).reshape(k, k)
+    variant_counts = variant_cells.sum(0).reshape(n_variants, k, k)
+    observed = np.abs(statistic(variant_counts, classes) - statistic(base_counts, classes))  # (V,)
+    rng = np.random.default_rng(seed)
+    chunk = max(1, min(chunk, 2 ** 21 // (n_variants * k * k)))
+    reached = np.zeros(n_variants, dtype=np.int64)
+    for start in range(0, n_perm, chunk):
+        # row by row the draws of paired_permutation_p's single (n_perm, E) call
+        swaps = rng.random((min(chunk, n_perm - start), n)) < 0.5
+        moved = (swaps[:, moved_examples].astype(np.float64) @ shift).reshape(-1, n_variants, k, k)
+        change = statistic(variant_counts + moved, classes) - statistic(base_counts - moved, classes)  # (chunk, V)
+        reached += (np.abs(change) >= observed - 1e-12).sum(0)  # ties reach it, as in paired_permutation_p
+    return (1 + reached) / (1 + n_perm)
+
+
 def holm_adjust(p_values: np.ndarray) -> np.ndarray:
     """Holm's step-down adjusted p-values (family-wise error control), same shape as the input."""
     p = np.asarray(p_values, dtype=np.float64)

@@ -161,7 +161,8 @@ def prune(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt
           label_column: opt.OptionalStr = opt.LabelColumn, runs_dir: opt.OptionalPath = opt.RunsDir,
           quiet: bool = opt.Quiet) -> None:
     """Pruning curve: the task metric as heads are masked in increasing importance order (one-shot by default),
-    each step's change with its paired bootstrap 95% interval and Holm-corrected McNemar p. Importance (every
+    each step's change with its paired bootstrap 95% interval and Holm-corrected p (exact McNemar on accuracy; a
+    paired permutation test of the change on F1 and Matthews tasks). Importance (every
     recomputation with --iterative) ranks the heads on the even-numbered examples (0, 2, ...); the curve is
     scored on the odd-numbered ones, so the order is not picked on the examples it is judged on (--n 800 scores
     400). Resumable: rerun to continue."""

@@ -11,7 +11,7 @@ import pandas as pd
 from analysis.patterns import CLASSES
 
 # Columns whose values are shares of 1: attention weights, accuracies, F1 scores, class fractions, and the
-# classifier's probabilities p_<class> (p_value, p_mcnemar, p_holm are p-values: 3 significant digits).
+# classifier's probabilities p_<class> (p_value, p_mcnemar, p_permutation, p_holm are p-values: 3 significant digits).
 FRACTION_COLUMNS = frozenset({
     "fraction", "fraction_pruned", "accuracy", "baseline_accuracy", "f1", "macro_f1", "macro_f1_agreed",
     "mean_attention", "to_cls", "to_sep", "adjusted", *(f"p_{name}" for name in CLASSES),

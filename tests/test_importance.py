@@ -27,11 +27,11 @@ from analysis.importance import (
     pruning_curve,
     pruning_masks,
 )
-from analysis.metrics import accuracy
+from analysis.metrics import accuracy, confusion_metric
 from analysis.rundir import RunDir
 from analysis.stream import encode_examples, iter_batches
-from analysis.sweeps import BASELINE, Variant, effect_statistics, naive_sweep
-from analysis.uncertainty import bootstrap_mean_interval, holm_adjust
+from analysis.sweeps import BASELINE, PERMUTATIONS, Variant, effect_statistics, naive_sweep
+from analysis.uncertainty import bootstrap_mean_interval, confusion_permutation_p, holm_adjust
 from tests.test_disable import make_bundle
 from tests.test_sweeps import tiny_data
 
@@ -219,6 +219,25 @@ def test_holm_on_a_pruning_curve_counts_only_the_steps_that_prune():
     scores = importance.curve_statistics(baseline + 0.5, pruned + np.arange(60)[:, None], np.arange(60.0),
                                          "pearson", np.array([False, True, True]))
     assert np.isnan(scores["p_holm"]).all()  # a score metric: intervals, no test
+
+
+def test_a_pruning_curve_of_an_f1_task_tests_the_f1_change_by_permutation():
+    """On F1 (MRPC) each step's p is a permutation test of the F1 change, in a p_permutation column (before,
+    McNemar's test of the accuracy change as p_mcnemar), Holm-corrected over the steps that prune."""
+    labels = np.array([1] * 40 + [0] * 20)
+    baseline = labels.copy()
+    pruned = np.stack([labels, labels, labels, labels], 1)
+    pruned[:8, 1] = 0  # 8 positives missed
+    pruned[:20, 2] = 0  # 20 missed
+    pruned[40:42, 3] = 1  # two false positives: a small change
+    masks = [np.ones((1, 4))] + [keep_mask(1, 4, [(0, head) for head in range(k)]) for k in (1, 2, 3)]
+    curve, unpruned = importance.curve_table(masks, baseline, pruned, labels, "f1")
+    assert unpruned == 1.0 and "p_mcnemar" not in curve.columns
+    assert list(curve.columns[4:8]) == ["ci_low", "ci_high", "p_permutation", "p_holm"]
+    expected = confusion_permutation_p(confusion_metric("f1"), baseline, pruned, labels, n_perm=PERMUTATIONS)
+    assert curve["p_permutation"].tolist() == expected.tolist()
+    assert expected[0] == 1.0 and expected[2] < expected[1] < 0.05 < expected[3]
+    assert curve["p_holm"].tolist() == pytest.approx([1.0, *holm_adjust(expected[1:])])
 
 
 def test_importance_and_prune_analyses_write_the_run_directory(tmp_path):

@@ -7,7 +7,17 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from analysis.errors import AttnpatError
-from analysis.metrics import accuracy, f1, matthews, metric_name, pearson, pearson_spearman, spearman, task_metric
+from analysis.metrics import (
+    accuracy,
+    confusion_metric,
+    f1,
+    matthews,
+    metric_name,
+    pearson,
+    pearson_spearman,
+    spearman,
+    task_metric,
+)
 
 
 @pytest.fixture(params=range(5))
@@ -62,3 +72,20 @@ def test_bad_input_raises_one_line_error():
         accuracy([1, 0, 1], [1, 0])
     with pytest.raises(AttnpatError, match="zero examples"):
         accuracy([], [])
+
+
+@pytest.mark.parametrize("name", ["accuracy", "f1", "matthews"])
+@pytest.mark.parametrize("classes", [2, 3])
+def test_metrics_of_confusion_counts_equal_the_metrics_of_predictions(name, classes):
+    """The vectorised permutation test scores confusion counts: each metric of counts is the metric of the predictions
+    they count, exactly (F1 of class 1; a batch of matrices at once; a constant prediction gives Matthews' 0)."""
+    rng = np.random.default_rng(classes)
+    labels = rng.integers(0, classes, size=(6, 40))
+    predictions = np.where(rng.random((6, 40)) < 0.6, labels, rng.integers(0, classes, size=(6, 40)))
+    predictions[0] = 0  # constant predictions
+    counts = np.stack([np.bincount(gold * classes + predicted, minlength=classes * classes).reshape(classes, classes)
+                       for gold, predicted in zip(labels, predictions)]).astype(float)
+    scored = confusion_metric(name)(counts, np.arange(classes))
+    assert scored.tolist() == [task_metric(name, predicted, gold) for predicted, gold in zip(predictions, labels)]
+    with pytest.raises(AttnpatError, match="no function of confusion counts"):
+        confusion_metric("stsb")

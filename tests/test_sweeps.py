@@ -24,11 +24,12 @@ from analysis.data import Example, TaskData
 from analysis.disable import keep_mask
 from analysis.errors import AttnpatError
 from analysis.importance import importance_analysis, prune_analysis
-from analysis.metrics import accuracy
+from analysis.metrics import accuracy, confusion_metric, task_metric
 from analysis.rundir import RunDir, long_table, table_to_array
 from analysis.stream import encode_examples, iter_batches
 from analysis.sweeps import (
     BASELINE,
+    PERMUTATIONS,
     TABLE_INPUTS,
     SweepStore,
     Variant,
@@ -49,7 +50,7 @@ from analysis.sweeps import (
     significant_effects,
     sweep_fingerprint,
 )
-from analysis.uncertainty import bootstrap_mean_interval
+from analysis.uncertainty import bootstrap_mean_interval, confusion_permutation_p, holm_adjust, paired_permutation_p
 from tests.test_disable import make_bundle
 from tests.tiny import tiny_mpnet_bundle
 
@@ -379,13 +380,13 @@ def test_the_heads_figure_stars_each_modes_surviving_heads_in_its_own_panel():
 
 @pytest.mark.parametrize("metric, criterion", [
     ("accuracy", "*: Holm-adjusted p < 0.05"),
-    ("f1", "*: accuracy change, McNemar Holm-adjusted p < 0.05"),
-    ("matthews", "*: accuracy change, McNemar Holm-adjusted p < 0.05"),
+    ("f1", "*: f1 change, permutation test, Holm-adjusted p < 0.05"),
+    ("matthews", "*: matthews change, permutation test, Holm-adjusted p < 0.05"),
 ])
 def test_the_figures_say_what_their_stars_test(metric, criterion):
-    """The stars come from McNemar's test of per-example correctness: for an F1 or Matthews task that tests the
-    accuracy change, not the change drawn, and both figures' titles say so (before, 'Holm-adjusted p < 0.05' beside
-    an F1 change read as a test of it)."""
+    """The stars come from McNemar's test on accuracy tasks and from a permutation test of the change drawn on F1
+    or Matthews tasks, and both figures' titles say which (before, the stars of an F1 task were McNemar's test of
+    the accuracy change, beside the F1 change drawn)."""
     heads = long_table({"zero_delta": np.full((2, 3), 0.1), "zero_metric": np.ones((2, 3)),
                         "zero_p_holm": np.full((2, 3), 0.01)})
     layers = pd.DataFrame({"layer": [0, 1], "mode": "zero", "metric": [0.9, 0.8], "delta": [-0.1, -0.2],
@@ -464,6 +465,40 @@ def test_disable_tables_carry_mcnemar_and_bootstrap_numbers_of_the_naive_loop(tm
     assert set(summary["significant"]) == {"heads", "layers"}
 
 
+@pytest.mark.parametrize("metric", ["f1", "matthews"])
+def test_disable_tables_of_an_f1_or_matthews_task_carry_a_permutation_test_of_that_metric(metric, tmp_path):
+    """On F1 and Matthews tasks the tables' p is a permutation test of the metric's own change (p_permutation, its
+    20,000 swaps recomputed here from the naive loop's predictions), Holm-corrected per family; no p_mcnemar column
+    (before, McNemar's test of the accuracy change stood beside the F1 change)."""
+    bundle = make_bundle(seed=3)
+    examples = [Example(f"ex-{i}", TEXTS[i % len(TEXTS)] + " x" * (i // len(TEXTS)), None, int(i % 3 == 0))
+                for i in range(30)]
+    data = TaskData("mrpc" if metric == "f1" else "cola", "validation", "test", examples, num_labels=2,
+                    metric=metric)
+    run = RunDir("tiny", data.task, tmp_path)
+    summary = disable_analysis(bundle, data, run, mode="zero", units=["head", "layer"], batch_size=8)
+    variants = head_variants(3, 4) + layer_variants(3, 4)
+    naive = naive_sweep(bundle, encode_examples(bundle.tokenizer, data.examples), variants, "zero")
+    labels = np.array([example.label for example in data.examples])
+    predicted = {name: logits.argmax(-1).numpy() for name, logits in naive.items()}
+    heads = pd.read_csv(run.file("disable_heads.csv"))
+    layers = pd.read_csv(run.file("disable_layers.csv"))
+    assert "zero_p_permutation" in set(heads["metric"]) and "zero_p_mcnemar" not in set(heads["metric"])
+    assert list(layers.columns) == ["layer", "mode", "metric", "delta", "ci_low", "ci_high", "p_permutation",
+                                    "p_holm"]
+    for family, table_p in (("head", lambda v: table_to_array(heads, f"zero_{v}").ravel()),
+                            ("layer", lambda v: layers[v].to_numpy())):
+        names = [variant.name for variant in variants if variant.name.startswith(family)]
+        expected = confusion_permutation_p(confusion_metric(metric), predicted[BASELINE],
+                                           np.stack([predicted[name] for name in names], 1), labels,
+                                           n_perm=PERMUTATIONS, seed=0)
+        assert table_p("p_permutation") == pytest.approx(expected) and (expected < 1).any()  # some change tested
+        assert table_p("p_holm") == pytest.approx(holm_adjust(expected))
+    tests = run.manifest()["analyses"]["disable_zero"]["tests"]
+    assert f"p_permutation: two-sided paired permutation test of the {metric} change" in tests
+    assert "McNemar" not in tests and set(summary["significant"]) == {"heads", "layers"}
+
+
 def test_effect_statistics_by_hand():
     labels = np.array([1] * 30 + [0] * 10)
     baseline = labels.copy()
@@ -477,9 +512,19 @@ def test_effect_statistics_by_hand():
     assert stats["ci_low"][1] <= -12 / 40 <= stats["ci_high"][1] < 0
     significant = significant_effects([(0, 0), (0, 1)], np.array([0.0, -12 / 40]), stats)
     assert [(row["layer"], row["head"]) for row in significant] == [(0, 1)]
-    f1 = effect_statistics(baseline, np.stack([baseline, worse], 1), labels, "f1")
-    assert f1["p_mcnemar"] == pytest.approx(stats["p_mcnemar"])  # McNemar tests the correctness either way
+    # F1 gets a permutation test of the F1 change (before, McNemar's of the accuracy change): the p-values of the
+    # loop over permutations, with the same swaps; Holm over the two variants
+    f1 = effect_statistics(baseline, np.stack([baseline, worse], 1), labels, "f1", n_perm=2000)
+    assert "p_mcnemar" not in f1
+    assert f1["p_permutation"].tolist() == paired_permutation_p(
+        lambda predicted, gold: task_metric("f1", predicted, gold), baseline, np.stack([baseline, worse], 1), labels,
+        n_perm=2000).tolist()
+    assert f1["p_permutation"][0] == 1.0 and f1["p_permutation"][1] == pytest.approx(1 / 2001)  # no swap reaches it
+    assert f1["p_holm"].tolist() == holm_adjust(f1["p_permutation"]).tolist()
     assert f1["ci_low"][0] == f1["ci_high"][0] == 0.0 and f1["ci_high"][1] < 0
+    significant = significant_effects([(0, 0), (0, 1)], np.array([0.0, -0.2]), f1)
+    assert [set(row) for row in significant] == [{"layer", "head", "delta", "ci_low", "ci_high", "p_permutation",
+                                                  "p_holm"}]
     scores = effect_statistics(labels + 0.1, np.stack([labels + 0.2, labels[::-1] * 1.0], 1), labels.astype(float),
                                "pearson_spearman")
     assert np.isnan(scores["p_mcnemar"]).all() and np.isnan(scores["p_holm"]).all()
@@ -497,14 +542,29 @@ def test_significance_lines_name_what_survives_holm(tmp_path):
     assert heads_line.startswith("zero, single heads (1 of 2 survive Holm") and "L1-H2 -0.3000" in heads_line
     assert "L1-H1" not in heads_line
     assert layers_line.endswith("(0 of 2 survive Holm, p < 0.05): none")
-    # an F1 task's lines say that McNemar tested the accuracy change (before, read as a test of the F1 change shown)
+    # tables written before the permutation test: an F1 task's lines say that McNemar tested the accuracy change
     (tmp_path / "manifest.json").write_text(json.dumps({"analyses": {"disable_zero": {"metric_name": "f1"}}}))
     heads_line, layers_line = significance_lines(tmp_path)
     assert heads_line.startswith("zero, single heads (1 of 2 survive Holm, p < 0.05; McNemar tests the accuracy "
                                  "change, the f1 change is shown): L1-H2 -0.3000")
     assert layers_line.endswith("(0 of 2 survive Holm, p < 0.05; McNemar tests the accuracy change, the f1 change "
                                 "is shown): none")
+    # tables with the permutation test's p: the lines name it, and the metric whose change it tests
+    heads_now = long_table({"zero_delta": np.array([[0.0, -0.3]]), "zero_delta_ci_low": np.array([[-0.1, -0.45]]),
+                            "zero_delta_ci_high": np.array([[0.1, -0.15]]),
+                            "zero_p_permutation": np.array([[1.0, 0.0005]]), "zero_p_holm": np.array([[1.0, 0.001]])})
+    heads_now.to_csv(tmp_path / "disable_heads.csv", index=False)
+    layers_now = pd.read_csv(tmp_path / "disable_layers.csv").rename(columns={"p_mcnemar": "p_permutation"})
+    layers_now.to_csv(tmp_path / "disable_layers.csv", index=False)
+    heads_line, layers_line = significance_lines(tmp_path)
+    assert heads_line.startswith("zero, single heads (1 of 2 survive Holm, p < 0.05; permutation test of the f1 "
+                                 "change): L1-H2 -0.3000")
+    assert layers_line.endswith("(0 of 2 survive Holm, p < 0.05; permutation test of the f1 change): none")
     (tmp_path / "manifest.json").write_text("{damaged")
+    assert significance_lines(tmp_path)[1].endswith("(0 of 2 survive Holm, p < 0.05; permutation test of the metric "
+                                                    "change): none")
+    heads.to_csv(tmp_path / "disable_heads.csv", index=False)
+    layers_now.rename(columns={"p_permutation": "p_mcnemar"}).to_csv(tmp_path / "disable_layers.csv", index=False)
     assert significance_lines(tmp_path)[1].endswith("(0 of 2 survive Holm, p < 0.05): none")
     assert significance_lines(tmp_path / "nothing") == []
     (tmp_path / "disable_layers.csv").unlink()

@@ -90,11 +90,12 @@ def test_disable_says_which_heads_have_no_change_and_leaves_them_unranked():
 
 @pytest.mark.parametrize("task, criterion", [
     ("sst2", "(Holm-adjusted p < 0.05; accuracy change with its 95% bootstrap interval)"),
-    ("mrpc", "(accuracy change, McNemar Holm-adjusted p < 0.05; f1 change with its 95% bootstrap interval)"),
+    ("mrpc", "(f1 change, permutation test, Holm-adjusted p < 0.05; f1 change with its 95% bootstrap interval)"),
 ])
 def test_the_survivors_line_says_what_was_tested(task, criterion, tiny_model_dir, tmp_path, capsys):
-    """MRPC is scored by F1 but its McNemar test is of the accuracy change: the line says which test picked the layers
-    and which change is printed beside them (before, 'survives Holm (p < 0.05 ...)' beside F1 changes)."""
+    """MRPC is scored by F1 and its layers are picked by a permutation test of the F1 change: the line says which
+    test picked the layers and which change is printed beside them (before, 'survives Holm (p < 0.05 ...)' beside
+    F1 changes picked by McNemar's test of the accuracy change)."""
     assert main(["disable", "--model", str(tiny_model_dir), "--task", task, "--n", "6", "--unit", "layer",
                  "--runs-dir", str(tmp_path), "-q"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("layers whose change"))

@@ -5,6 +5,7 @@ from scipy import sparse
 from scipy.stats import binomtest
 
 from analysis.errors import AttnpatError
+from analysis.metrics import confusion_metric, task_metric
 from analysis.uncertainty import (
     MIN_RESAMPLED,
     adjusted_ratio_draws,
@@ -17,6 +18,7 @@ from analysis.uncertainty import (
     bootstrap_sparse_ratio_interval,
     bootstrap_statistic_interval,
     bootstrap_weighted_mean_interval,
+    confusion_permutation_p,
     confusion_rates,
     confusion_score_interval,
     confusion_scores,
@@ -212,6 +214,66 @@ def test_the_permutation_test_of_an_accuracy_change_is_the_two_sided_mcnemar_tes
     assert paired_permutation_p(accuracy, baseline, variant, labels, n_perm=300).shape == (1,)
     with pytest.raises(AttnpatError, match="equal example counts"):
         paired_permutation_p(accuracy, baseline, variant[:10], labels)
+
+
+def _disagreeing_predictions(seed: int, classes: int, examples: int = 50) -> tuple[np.ndarray, ...]:
+    """labels (E,), baseline (E,) right on about 80%, and (E, 4) variants that change 0%, 10%, 30%, 50% of it."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, classes, examples)
+    baseline = np.where(rng.random(examples) < 0.8, labels, rng.integers(0, classes, examples))
+    variants = np.stack([np.where(rng.random(examples) < 1 - share, baseline, rng.integers(0, classes, examples))
+                         for share in (0.0, 0.1, 0.3, 0.5)], 1)
+    return labels, baseline, variants
+
+
+@pytest.mark.parametrize("metric, classes", [("f1", 2), ("matthews", 2), ("matthews", 3), ("accuracy", 2),
+                                             ("accuracy", 3)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_vectorised_permutation_test_gives_the_loops_p_values(metric, classes, seed):
+    """confusion_permutation_p makes the swaps of paired_permutation_p (same seed, drawn chunk by chunk) and scores
+    them from confusion counts: the p-values are the same numbers, not close ones."""
+    labels, baseline, variants = _disagreeing_predictions(seed, classes)
+    slow = paired_permutation_p(lambda predicted, gold: task_metric(metric, predicted, gold), baseline, variants,
+                                labels, n_perm=400, seed=seed + 5)
+    fast = confusion_permutation_p(confusion_metric(metric), baseline, variants, labels, n_perm=400, seed=seed + 5,
+                                   chunk=7)  # 7 does not divide 400: the last chunk is short
+    assert fast.tolist() == slow.tolist()
+    assert fast[0] == 1.0 and fast[-1] < 1.0  # an unchanged variant, and one that changed half its predictions
+    single = confusion_permutation_p(confusion_metric(metric), baseline, variants[:, 2], labels, n_perm=400,
+                                     seed=seed + 5)
+    assert single.tolist() == [slow[2]]
+
+
+def test_f1_permutation_test_when_the_positive_class_never_occurs():
+    """No example is of class 1, true or predicted: F1 is 0 for every model and every swap, so p = 1."""
+    labels, baseline, variants = (2 * part for part in _disagreeing_predictions(3, 2))  # classes 0 and 2
+    assert confusion_permutation_p(confusion_metric("f1"), baseline, variants, labels, n_perm=50).tolist() == [1.0] * 4
+
+
+def test_variants_that_never_differ_from_the_baseline_get_p_1():
+    """No example to swap (every variant predicts as the baseline, as in small disabling runs): p = 1 for each, not a
+    shape error from the empty product."""
+    labels, baseline, _ = _disagreeing_predictions(5, 2, examples=6)
+    same = np.stack([baseline, baseline], 1)
+    for metric in ("f1", "matthews", "accuracy"):
+        p = confusion_permutation_p(confusion_metric(metric), baseline, same, labels, n_perm=30)
+        assert p.tolist() == [1.0] * 2
+
+
+def test_the_vectorised_permutation_test_of_accuracy_agrees_with_mcnemar():
+    """On accuracy the permutation distribution is McNemar's (see the test above): with 20,000 permutations the two
+    p-values agree to within three Monte Carlo standard errors of the permutation p."""
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 2, 408)
+    baseline = np.where(rng.random(408) < 0.85, labels, 1 - labels)
+    variants = np.stack([np.where(rng.random(408) < 1 - share, baseline, 1 - baseline)
+                         for share in (0.01, 0.03, 0.05, 0.08)], 1)
+    variants[:30, 3] = labels[:30]  # a variant right where the baseline may not be: a change in either direction
+    p = confusion_permutation_p(confusion_metric("accuracy"), baseline, variants, labels, n_perm=20_000, seed=0)
+    exact = mcnemar_exact(baseline == labels, variants == labels[:, None])
+    error = np.sqrt(exact * (1 - exact) / 20_000)
+    assert (np.abs(p - exact) <= 3 * error + 1 / 20_001).all(), (p, exact)
+    assert (exact < 0.01).any() and (exact > 0.1).any()  # the check spans small and large p
 
 
 def test_holm_by_hand():
