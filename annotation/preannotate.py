@@ -188,7 +188,8 @@ def code_digest(functions) -> str:
                     and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                     and isinstance(body[0].value.value, str)):
                 node.body = body[1:] or [ast.Pass()]
-        digest.update(f"{function.__qualname__}\n{ast.unparse(tree)}\n".encode())  # unparse: stabler across Pythons than dump
+        # unparse, not dump: dump's text changes between Python versions, unparse's follows the code
+        digest.update(f"{function.__qualname__}\n{ast.unparse(tree)}\n".encode())
     return digest.hexdigest()
 
 
