@@ -637,8 +637,8 @@ class WebApp:
             return
         gr.Markdown(f"{card.summary} Retrain it with `attnpat train --data {SHIPPED_LABELED_SET}`.",
                     elem_id="classifier-card-summary")
-        tables = (("scores", card.scores, "macro F1 against the baselines"),
-                  ("per-class", card.per_class, "per-class F1"),
+        tables = (("scores", card.scores, "macro F1 against the baselines (95% intervals: <score>_ci_low, _ci_high)"),
+                  ("per-class", card.per_class, "per-class F1 (95% intervals: f1_ci_low, f1_ci_high)"),
                   ("confusion", card.confusion, "confusion (out-of-fold; rows: true class, columns: predicted)"))
         for row in (tables[:2], tables[2:]):  # the confusion matrix needs the full width
             with gr.Row():

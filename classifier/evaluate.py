@@ -21,7 +21,15 @@ from sklearn.preprocessing import StandardScaler
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
-from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_difference_interval, holm_adjust, paired_permutation_p
+from analysis.uncertainty import (
+    DEFAULT_BOOTSTRAP,
+    bootstrap_difference_interval,
+    confusion_class_f1_interval,
+    confusion_rates,
+    confusion_score_interval,
+    holm_adjust,
+    paired_permutation_p,
+)
 from annotation import preannotate
 from classifier.distill import boosting_classifier, teacher_probabilities
 from classifier.model import prepare_maps
@@ -143,6 +151,28 @@ def paired_interval_text(low: float, high: float, level: float = 0.95) -> str:
 def comparison_lines(comparison: pd.DataFrame, reference: str = "CNN", level: float = 0.95) -> list[str]:
     """One printable line per row of :func:`baseline_comparison`."""
     return [f"{reference} vs {row['model']}: {comparison_text(row, level)}" for row in comparison.to_dict("records")]
+
+
+def cross_validation_intervals(cv: dict, level: float = 0.95) -> dict | None:
+    """The intervals of a checkpoint's cross-validated scores (its metadata's ``cross_validation``), from its
+    out-of-fold (K, K) confusion counts (analysis.uncertainty.confusion_score_interval: the labeled maps
+    resampled within their true class; maps of one head or example are alike, so the real spread is wider).
+
+    Returns {"macro_f1": (low, high), "accuracy": (low, high), "per_class_f1": {class: (low, high)}, "n_maps": int}
+    (NaN bounds for fewer than 2 maps), or None when no confusion matrix is recorded (a checkpoint from before it
+    was kept). A recorded matrix that is no (K, K) table of counts, K = len(CLASSES): one-line AttnpatError.
+    """
+    confusion = cv.get("confusion") if isinstance(cv, dict) else None
+    if confusion is None:
+        return None
+    if confusion_rates(confusion).shape != (len(CLASSES), len(CLASSES)):
+        raise AttnpatError(f"the recorded confusion matrix is not {len(CLASSES)} x {len(CLASSES)} (one row and "
+                           f"column per class: {', '.join(CLASSES)})")
+    (f1_low, f1_high), (accuracy_low, accuracy_high) = confusion_score_interval(confusion, level=level)
+    per_class = confusion_class_f1_interval(confusion, level=level)  # (K, 2)
+    return {"macro_f1": (float(f1_low), float(f1_high)), "accuracy": (float(accuracy_low), float(accuracy_high)),
+            "per_class_f1": {name: (float(low), float(high)) for name, (low, high) in zip(CLASSES, per_class)},
+            "n_maps": int(np.rint(np.sum(confusion)))}
 
 
 def confusion_rows_of(confusion: np.ndarray) -> list[dict]:
