@@ -116,5 +116,5 @@ def _summary(meta: dict, cv: dict, intervals: dict | None, why_none: str) -> str
     if intervals is None:
         return text + f" Cross-validated macro-F1 {f1:.3f} (no interval: {why_none})."
     return (text + f" Cross-validated macro-F1 {interval_text(f1, *intervals['macro_f1'])} (95% bootstrap intervals "
-            f"over its {intervals['n_maps']} labeled maps, in brackets in the tables; maps of one head or example "
-            "are alike, so the real spread is wider).")
+            f"over its {intervals['n_maps']} labeled maps, the tables' _ci_low and _ci_high columns; maps of one head "
+            "or example are alike, so the real spread is wider).")

@@ -640,7 +640,7 @@ class WebApp:
         tables = (("scores", card.scores, "macro F1 against the baselines (95% intervals: <score>_ci_low, _ci_high)"),
                   ("per-class", card.per_class, "per-class F1 (95% intervals: f1_ci_low, f1_ci_high)"),
                   ("confusion", card.confusion, "confusion (out-of-fold; rows: true class, columns: predicted)"))
-        for row in (tables[:2], tables[2:]):  # the confusion matrix needs the full width
+        for row in (tables[:1], tables[1:2], tables[2:]):  # each its own row: the scores' bounds widen it
             with gr.Row():
                 for name, frame, label in row:
                     if frame is not None:
