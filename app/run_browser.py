@@ -147,6 +147,24 @@ def measured_headers(table: pd.DataFrame) -> dict[str, str]:
 ARTIFACT_HEADERS = {"probing_dependency": measured_headers, "probing_dependency_heads": measured_headers}
 
 
+# The longest file name most file systems take (NAME_MAX), in bytes.
+NAME_MAX = 255
+
+
+def run_name_problem(part) -> str:
+    """Why ``part`` cannot name a run folder or task folder (not text, empty, a path, control characters, too
+    long for a file name); '' when it can."""
+    if not isinstance(part, str):
+        return f"{type(part).__name__}, not text"
+    if not part or part in {".", ".."} or "/" in part or "\\" in part:
+        return "one folder name is needed"
+    if not part.isprintable():
+        return "it holds control characters"
+    if len(part.encode("utf-8", "surrogatepass")) > NAME_MAX:
+        return f"{len(part)} characters; a folder name has at most {NAME_MAX} bytes"
+    return ""
+
+
 class Scratch:
     """A private temporary folder for per-request downloads; folders older than ``max_age`` s are pruned, and
     the whole folder goes when the Scratch is collected or the process exits."""
@@ -242,9 +260,13 @@ class RunBrowser:
         return name, task
 
     def folder(self, model: str, task: str) -> Path:
+        """runs/<model>/<task>; a name that is no single folder name (a one-line AttnpatError) is refused before
+        the file system is asked: the tabs' dropdowns take typed names, and the API any value."""
         for part in (model, task):
-            if not part or part in {".", ".."} or "/" in part or "\\" in part:
-                raise AttnpatError(f"not a run name: {part!r}")
+            problem = run_name_problem(part)
+            if problem:
+                shown = ascii(part) if len(ascii(part)) <= 60 else f"{ascii(part)[:57]}..."
+                raise AttnpatError(f"not a run name: {shown} ({problem})")
         return self.root / model / task
 
     def model_name(self, model: str | None, task: str | None = None) -> str | None:

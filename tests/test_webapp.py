@@ -650,6 +650,24 @@ def test_a_run_tab_survives_a_removed_scratch_folder_and_reports_unreadable_or_d
     assert isinstance(message, str)  # the tab is drawn; the damaged table says so in its own view
 
 
+def test_a_run_name_typed_too_long_with_control_characters_or_not_text_is_one_error_line(tmp_path):
+    """The run tabs' model and task boxes take typed names (and their API any JSON value): one too long for a
+    folder name, one with a NUL, or a number is the tab's one error line, before the file system is asked
+    (before: OSError 'File name too long' and TypeError tracebacks, the tab left as it was; a NUL read as no run)."""
+    _disabling_run(tmp_path / "runs")
+    web = WebApp(tmp_path / "runs")
+    stems = tab_artifacts("Disabling")
+    for model, task, reason in (("m" * 300, "sst2", "300 characters; a folder name has at most 255 bytes"),
+                                ("m", "é" * 200, "200 characters; a folder name has at most 255 bytes"),
+                                ("m\x00", "sst2", "it holds control characters"), (7, "sst2", "int, not text"),
+                                ("m", ["sst2"], "list, not text"), ("..", "sst2", "one folder name is needed")):
+        outputs = web.show_artifacts("Disabling", model, task)
+        assert outputs[0].startswith("**error:** not a run name: ") and outputs[0].endswith(f"({reason})")
+        assert "\n" not in outputs[0] and len(outputs[0]) < 200 and len(outputs) == 1 + 6 * len(stems)
+        web.run_choices("Disabling", model, task)  # falls back to a run that exists, no exception
+    assert not is_error(web.show_artifacts("Disabling", "m", "sst2")[0])
+
+
 def test_a_port_in_use_is_one_error_and_loads_no_model(tmp_path, monkeypatch):
     """The warm-up (a model load in a thread) starts only once the port is served: a failed launch that exited
     while torch was loading aborted the interpreter (exit 134) instead of giving the one-line error."""
