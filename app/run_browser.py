@@ -22,7 +22,7 @@ import pandas as pd
 from analysis.artifacts import Tab, split_kind_folder, tab_artifacts
 from analysis.artifacts import artifact as registered
 from analysis.clustering import kruskal_points_within, kruskal_reading
-from analysis.errors import AttnpatError, os_error_reason
+from analysis.errors import AttnpatError, os_error_reason, quoted
 from analysis.figures import close, layer_head_figure
 from analysis.models import recorded_base
 from analysis.parsing import SILVER_PARSES
@@ -161,7 +161,7 @@ def run_name_problem(part) -> str:
     if not part.isprintable():
         return "it holds control characters"
     if len(part.encode("utf-8", "surrogatepass")) > NAME_MAX:
-        return f"{len(part)} characters; a folder name has at most {NAME_MAX} bytes"
+        return f"a folder name has at most {NAME_MAX} bytes"
     return ""
 
 
@@ -265,8 +265,7 @@ class RunBrowser:
         for part in (model, task):
             problem = run_name_problem(part)
             if problem:
-                shown = ascii(part) if len(ascii(part)) <= 60 else f"{ascii(part)[:57]}..."
-                raise AttnpatError(f"not a run name: {shown} ({problem})")
+                raise AttnpatError(f"not a run name: {quoted(part)} ({problem})")
         return self.root / model / task
 
     def model_name(self, model: str | None, task: str | None = None) -> str | None:

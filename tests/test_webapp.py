@@ -657,8 +657,8 @@ def test_a_run_name_typed_too_long_with_control_characters_or_not_text_is_one_er
     _disabling_run(tmp_path / "runs")
     web = WebApp(tmp_path / "runs")
     stems = tab_artifacts("Disabling")
-    for model, task, reason in (("m" * 300, "sst2", "300 characters; a folder name has at most 255 bytes"),
-                                ("m", "é" * 200, "200 characters; a folder name has at most 255 bytes"),
+    for model, task, reason in (("m" * 300, "sst2", "300 characters) (a folder name has at most 255 bytes"),
+                                ("m", "é" * 200, "200 characters) (a folder name has at most 255 bytes"),
                                 ("m\x00", "sst2", "it holds control characters"), (7, "sst2", "int, not text"),
                                 ("m", ["sst2"], "list, not text"), ("..", "sst2", "one folder name is needed")):
         outputs = web.show_artifacts("Disabling", model, task)
@@ -666,6 +666,26 @@ def test_a_run_name_typed_too_long_with_control_characters_or_not_text_is_one_er
         assert "\n" not in outputs[0] and len(outputs[0]) < 200 and len(outputs) == 1 + 6 * len(stems)
         web.run_choices("Disabling", model, task)  # falls back to a run that exists, no exception
     assert not is_error(web.show_artifacts("Disabling", "m", "sst2")[0])
+
+
+def test_a_job_form_given_a_pasted_page_or_a_value_of_another_type_answers_one_short_line(tmp_path):
+    """The job form's (and start_job API's) model, task, job and count each name what was wrong in one short line,
+    the value cut to 60 characters with its length, and start no job (before: a 5,000-character name was echoed
+    back whole, a number as the model was an AttributeError traceback, and JSON true ran a job of 1 example)."""
+    web = WebApp(tmp_path / "runs")
+    page = "x" * 5000
+    for verb, model, task, n, expected in (
+            ("classify", page, "sst2", 8, "not a model name: 'xxx"),
+            ("classify", "minilm", page, 8, "unknown task 'xxx"),
+            (page, "minilm", "sst2", 8, "unknown job 'xxx"),
+            ("classify", "minilm", "sst2", "9" * 5000, "whole number"),
+            ("classify", 5, "sst2", 8, "not a model name: 5 "),
+            ("classify", "minilm", "sst2", True, "got True")):
+        _, status, *_ = next(web.start_job(verb, model, task, n))
+        assert status.startswith("**error:** ") and expected in status, status
+        assert len(status) < 260 and "\n" not in status
+        assert ("(5000 characters)" in status) == (page in (verb, model, task) or n == "9" * 5000)
+    assert web.jobs.current() is None  # no job started
 
 
 def test_a_port_in_use_is_one_error_and_loads_no_model(tmp_path, monkeypatch):
