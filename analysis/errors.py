@@ -70,5 +70,5 @@ def write_failure_reason(exc: BaseException) -> str | None:
 def check_choice(value: str, choices, what: str) -> str:
     """``value`` if it is one of ``choices``; otherwise one error line naming them (e.g. what='map kind')."""
     if value not in choices:
-        raise AttnpatError(f"unknown {what} {value!r}; use one of: {', '.join(choices)}")
+        raise AttnpatError(f"unknown {what} {quoted(value)}; use one of: {', '.join(choices)}")
     return value

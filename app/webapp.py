@@ -27,7 +27,7 @@ from analysis.artifacts import SHIPPED_LABELED_SET, TABS, hints, split_kind_fold
 from analysis.artifacts import artifact as registered  # noqa: E402
 from analysis.artifacts import tab as tab_spec  # noqa: E402
 from analysis.data import ALL_TASKS  # noqa: E402
-from analysis.errors import AttnpatError, os_error_reason  # noqa: E402
+from analysis.errors import AttnpatError, os_error_reason, quoted  # noqa: E402
 from analysis.figures import GridLayout, close, map_figure, png_as_svg  # noqa: E402
 from analysis.mapkinds import KIND_NOTES, MAP_KINDS  # noqa: E402
 from analysis.models import DEFAULT_MODEL, EMBEDDED_ALIASES, list_store  # noqa: E402
@@ -292,7 +292,7 @@ class WebApp:
             clock.start_grid()
         _, *cleared = self._explore_failure("")
         hidden = gr.DownloadButton(value=None, visible=False)
-        return (_message(f"model {model} picked: press Show all heads to draw its maps", "info"), *cleared,
+        return (_message(f"model {quoted(model)} picked: press Show all heads to draw its maps", "info"), *cleared,
                 "", None, hidden, hidden, None)
 
     def pick_head(self, drawn: DrawnInput | None, layer, head, evt: gr.SelectData):

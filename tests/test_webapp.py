@@ -688,6 +688,30 @@ def test_a_job_form_given_a_pasted_page_or_a_value_of_another_type_answers_one_s
     assert web.jobs.current() is None  # no job started
 
 
+def test_explore_given_values_of_another_type_or_a_pasted_page_answers_one_short_line(tmp_path, tiny_dir):
+    """Explore's API takes any JSON value in its model box and may be sent a number as the sentence: each is one
+    error line naming the box, and a pasted page as the model or map kind is quoted cut to 60 characters (before:
+    `unexpected error: AttributeError: 'int' object has no attribute 'strip'` with a traceback in the log, and a
+    5,000-character map kind echoed back whole)."""
+    web = WebApp(tmp_path / "runs", LiveExplorer(ModelCache(allowed=lambda: [str(tiny_dir)]),
+                                                 classifier_loader=random_classifier))
+    page = "x" * 5000
+    for text, pair, model, kind, expected in (
+            ("a cat", "", 5, "weight", "not a model name: 5; pick one from the list"),
+            ("a cat", "", ["minilm"], "weight", "not a model name: ['minilm']"),
+            (7, "", str(tiny_dir), "weight", "the sentence must be text, got int 7"),
+            ("a cat", {"x": 1}, str(tiny_dir), "weight", "the second sentence must be text, got dict"),
+            ("a cat", "", page, "weight", "model 'xxx"),
+            ("a cat", "", str(tiny_dir), page, "unknown map kind 'xxx")):
+        status = web.explore(text, pair, model, False, False, kind)[0]
+        caption = web.head_map(text, pair, model, False, False, 1, 1, kind)[0]
+        for line in (status, caption):
+            assert line.startswith("**error:** ") and expected in line and "unexpected" not in line, line
+            assert len(line) < 260 and ("(5000 characters)" in line) == (page in (model, kind))
+    assert "model 'xxx" in web.forget_grid(page)[0] and len(web.forget_grid(page)[0]) < 200
+    assert not web.explore("a cat", "", str(tiny_dir), False, False, "weight")[0].startswith("**error")
+
+
 def test_a_port_in_use_is_one_error_and_loads_no_model(tmp_path, monkeypatch):
     """The warm-up (a model load in a thread) starts only once the port is served: a failed launch that exited
     while torch was loading aborted the interpreter (exit 134) instead of giving the one-line error."""
