@@ -446,6 +446,11 @@ class WebApp:
         chosen = picked if picked in names else (names[0] if names else None)
         return frame, gr.Dropdown(choices=names, value=chosen), chosen
 
+    def runs_file(self) -> str | None:
+        """The runs table (runs_table's columns) as runs.csv, written for this request; None when there is no run."""
+        frame = self.runs_and_pick()[0]
+        return None if frame.empty else str(save_table(frame, self.scratch.new_dir() / "runs.csv"))
+
     def manifest(self, name) -> str:
         """The picked run's manifest.json as indented JSON text ("model/task" names the run)."""
         if not isinstance(name, str) or name.count("/") != 1:
@@ -666,6 +671,7 @@ class WebApp:
             gr.Markdown(RUNS_INTRO, elem_id="runs-intro")
             refresh = gr.Button("Refresh", size="sm")
             table = gr.Dataframe(label="runs", interactive=False, elem_id="runs-table")
+            runs_csv = gr.File(label="runs CSV", interactive=False, elem_id="runs-csv")
             with gr.Row():
                 picked = gr.Dropdown(label="run", choices=[], allow_custom_value=True, elem_id="runs-pick")
             # shown as text: gr.JSON would treat path strings in the manifest as files to serve
@@ -694,14 +700,17 @@ class WebApp:
             for trigger in (tab_block.select, refresh.click):
                 api_name = "list_runs" if trigger == refresh.click else False
                 trigger(self.runs_table, picked, [table, picked], api_name=api_name).then(
-                    self.manifest, picked, manifest, api_name=False)
+                    self.manifest, picked, manifest, api_name=False).then(
+                    self.runs_file, None, runs_csv, api_name=False)
             picked.input(self.manifest, picked, manifest, api_name="manifest")
             # the last job on this runs folder, also one started before a restart or by another app on it
             tab_block.select(self.job_state, None, [job_log, job_status], api_name=False)
             job_outputs = [job_log, job_status, table, picked, manifest]
+            # the runs CSV follows the table, which a finished job refreshes
             start.click(self.start_job, [verb, model, task, count, picked], job_outputs, api_name="start_job",
-                        concurrency_limit=None)
-            watch.click(self.watch_job, picked, job_outputs, api_name="watch_job", concurrency_limit=None)
+                        concurrency_limit=None).then(self.runs_file, None, runs_csv, api_name=False)
+            watch.click(self.watch_job, picked, job_outputs, api_name="watch_job", concurrency_limit=None).then(
+                self.runs_file, None, runs_csv, api_name=False)
             stop.click(self.stop_job, None, job_status, api_name="stop_job")
             del demo
 

@@ -229,6 +229,27 @@ def test_the_classifier_cards_tables_can_be_downloaded_as_csv(tmp_path):
     assert per_class == cv["per_class_f1"]
 
 
+def test_the_runs_table_can_be_downloaded_as_csv(tmp_path):
+    """The Runs tab's table of run folders was the one table in the app with no CSV (before: page only); opening
+    the tab, Refresh, and a job that ends write it as runs.csv, the table's rows and columns."""
+    for task, stem in (("sst2", "overview"), ("wiki", "surface")):
+        run = RunDir("minilm", task, tmp_path)
+        with run.record(stem):  # a manifest: what the Runs tab lists
+            run.write_table(stem, long_table({"x": np.zeros((1, 1))}))
+    web = WebApp(tmp_path)
+    demo = web.build()
+    (csv_id,) = [block._id for block in demo.blocks.values() if block.elem_id == "runs-csv"]
+    writers = [f for f in demo.fns.values() if f.fn == web.runs_file and csv_id in {b._id for b in f.outputs}]
+    assert len(writers) == 4  # tab opened, Refresh, a started job ended, a watched job ended
+    written = pd.read_csv(web.runs_file(), keep_default_na=False, dtype=str)
+    shown = web.runs_table()[0].astype(str)
+    assert written.columns.tolist() == shown.columns.tolist() == ["model", "task", "analyses", "examples", "updated",
+                                                                  "path"]
+    assert written.to_numpy().tolist() == shown.to_numpy().tolist()
+    assert sorted(written.task) == ["sst2", "wiki"]
+    assert WebApp(tmp_path / "empty").runs_file() is None  # no run: no file to offer
+
+
 def test_classifier_card_without_scores_and_a_missing_file(tmp_path):
     card = classifier_card({"trained_on": "synthetic maps"})
     assert "synthetic maps" in card.summary and card.scores is None and card.confusion is None
