@@ -227,10 +227,15 @@ def prediction_table(map_ids: Sequence[str], labels: np.ndarray, folds: list[tup
 
 
 def wide_summary(score_frame):
-    """One row per model: macro_f1, fold std, accuracy and per-class F1 columns (for printing)."""
+    """One row per model: macro_f1 with its 95% interval (macro_f1_ci_low, macro_f1_ci_high, when the frame has
+    ci_low, ci_high), fold std, accuracy and per-class F1 columns (for printing)."""
     overall = score_frame[score_frame["class"] == ""].pivot(index="model", columns="metric", values="value")
     per_class = score_frame[score_frame.metric == "f1"].pivot(index="model", columns="class", values="value")
-    columns = ["macro_f1", "macro_f1_fold_std", "accuracy"] + [c for c in ("macro_f1_agreed",) if c in overall]
+    if {"ci_low", "ci_high"} <= set(score_frame.columns):
+        bounds = score_frame[score_frame.metric == "macro_f1"].set_index("model")[["ci_low", "ci_high"]]
+        overall = overall.join(bounds.rename(columns=lambda bound: f"macro_f1_{bound}"))
+    columns = ["macro_f1", *(c for c in ("macro_f1_ci_low", "macro_f1_ci_high") if c in overall),
+               "macro_f1_fold_std", "accuracy"] + [c for c in ("macro_f1_agreed",) if c in overall]
     frame = overall[columns].join(per_class[list(CLASSES)])
     return frame.sort_values("macro_f1", ascending=False)
 

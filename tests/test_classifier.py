@@ -190,6 +190,9 @@ def test_cv_scores_carry_their_intervals_over_the_labeled_maps():
     assert overall.loc["accuracy", ["ci_low", "ci_high"]].tolist() == accuracy_bounds.tolist()
     assert overall.loc["macro_f1_agreed", ["ci_low", "ci_high"]].tolist() == f1_bounds.tolist()  # every map agreed
     assert overall.loc["macro_f1_fold_std", ["ci_low", "ci_high"]].isna().all()
+    printed = wide_summary(frame).loc["model"]  # what `attnpat train` prints: the macro-F1 beside its bounds
+    assert printed[["macro_f1", "macro_f1_ci_low", "macro_f1_ci_high"]].tolist() == [overall.loc["macro_f1", "value"],
+                                                                                     *f1_bounds]
     per_class = frame[frame.metric == "f1"]
     assert ((per_class.ci_low < per_class.value) & (per_class.value < per_class.ci_high)).all()
     agreed[labels == 4] = False  # no agreed map of the last class: its rates, and so the interval, are unknown
