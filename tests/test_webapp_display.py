@@ -250,6 +250,33 @@ def test_the_runs_table_can_be_downloaded_as_csv(tmp_path):
     assert WebApp(tmp_path / "empty").runs_file() is None  # no run: no file to offer
 
 
+def test_a_figure_kept_without_its_svg_can_still_be_saved_as_svg(tmp_path):
+    """A run folder whose figure has a PNG and no SVG (copied without it, or written by an older version) offered
+    the PNG only (before); the tab now offers an SVG wrapping that PNG, named after the figure. A PNG that is no
+    image is offered as it is, with no SVG and no error."""
+    import base64  # noqa: PLC0415
+
+    from PIL import Image  # noqa: PLC0415
+
+    folder = tmp_path / "minilm" / "sst2"
+    folder.mkdir(parents=True)
+    pd.DataFrame({"class": list(CLASSES), "count": [1] * 5, "fraction": [0.2] * 5}).to_csv(
+        folder / "pattern_ratios.csv", index=False)
+    Image.new("RGB", (30, 20), "white").save(folder / "pattern_ratios.png")
+    browser = RunBrowser(tmp_path, Scratch())  # kept: its scratch folder goes when it is collected
+    view = browser.artifact("minilm", "sst2", "pattern_ratios")
+    assert view.svg is not None and view.svg.name == "pattern_ratios.svg" and view.svg.parent != folder
+    text = view.svg.read_text()
+    assert 'width="30" height="20"' in text
+    assert base64.b64encode((folder / "pattern_ratios.png").read_bytes()).decode() in text
+    files = WebApp(tmp_path).show_artifacts("Pattern ratios", "minilm", "sst2")
+    assert any(str(name).endswith("pattern_ratios.svg") for group in files if isinstance(group, list)
+               for name in group)
+    (folder / "pattern_ratios.png").write_bytes(b"not an image")
+    view = browser.artifact("minilm", "sst2", "pattern_ratios")
+    assert view.png is not None and view.svg is None and not view.error
+
+
 def test_classifier_card_without_scores_and_a_missing_file(tmp_path):
     card = classifier_card({"trained_on": "synthetic maps"})
     assert "synthetic maps" in card.summary and card.scores is None and card.confusion is None
