@@ -235,7 +235,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "Surface and clusters", folder="winobias", hint="--model {model}"),
     # Classifier training, in runs/classifier/<labeled set>/
     Artifact("cv_scores", "train", "model, metric (macro_f1|macro_f1_fold_std|accuracy|f1|macro_f1_agreed), class, "
-             "value", "Classifier", hint=_TRAIN),
+             "value, ci_low, ci_high (95% bootstrap over the labeled maps, resampled within their true class from the "
+             "out-of-fold confusion matrix; none for macro_f1_fold_std)", "Classifier", hint=_TRAIN),
     Artifact("cv_confusion", "train", "model, true, predicted, count", "Classifier", figure=True, hint=_TRAIN),
     Artifact("cv_predictions", "train", "map_id, fold, label, [annotators_agreed], <model>... (out-of-fold "
              "predicted class), p_<class> (the CNN's)", "Classifier", hint=_TRAIN),

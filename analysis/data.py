@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from analysis.errors import AttnpatError
+from analysis.errors import AttnpatError, quoted
 from analysis.models import hub_reachable
 from analysis.paths import display_name
 
@@ -304,14 +304,15 @@ def check_task(task: str) -> str:
     if "/" in given or "." in Path(given).name:  # a path, but not of a data file
         raise AttnpatError(f"{given} is not a data file (.jsonl, .csv or .tsv) nor a task; known tasks: "
                            f"{', '.join(ALL_TASKS)}")
-    raise AttnpatError(f"unknown task '{given}'; known tasks: {', '.join(ALL_TASKS)}{closest_hint(given, ALL_TASKS)}")
+    raise AttnpatError(f"unknown task {quoted(given)}; known tasks: {', '.join(ALL_TASKS)}"
+                       f"{closest_hint(given, ALL_TASKS)}")
 
 
 def check_split(split: str) -> str:
     """``split`` when it is one of SPLITS; else an AttnpatError with a hint ('dev': did you mean 'validation'?)."""
     if split in SPLITS:
         return split
-    raise AttnpatError(f"unknown split '{split}'; known splits: {', '.join(SPLITS)}"
+    raise AttnpatError(f"unknown split {quoted(split)}; known splits: {', '.join(SPLITS)}"
                        f"{closest_hint(split, SPLITS, SPLIT_ALIASES)}")
 
 

@@ -31,6 +31,17 @@ class AttnpatError(Exception):
         super().__init__(" ".join(str(message).split()))
 
 
+def quoted(value, limit: int = 60) -> str:
+    """``value`` as an error line quotes it: its repr (control characters escaped), cut to ``limit`` characters
+    with '...' and its length when longer ("'aaaa... (5000 characters)"), so that a pasted page of text is not
+    echoed back whole."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, str) else ""
+    return f"{text[:limit - 3]}...{size}"
+
+
 def os_error_reason(exc: OSError) -> str:
     """Why an OS error happened, in lower case: 'permission denied', 'file name too long'."""
     return (exc.strerror or type(exc).__name__).lower()
@@ -59,5 +70,5 @@ def write_failure_reason(exc: BaseException) -> str | None:
 def check_choice(value: str, choices, what: str) -> str:
     """``value`` if it is one of ``choices``; otherwise one error line naming them (e.g. what='map kind')."""
     if value not in choices:
-        raise AttnpatError(f"unknown {what} {value!r}; use one of: {', '.join(choices)}")
+        raise AttnpatError(f"unknown {what} {quoted(value)}; use one of: {', '.join(choices)}")
     return value

@@ -108,10 +108,18 @@ def confusion_scores(confusion: np.ndarray) -> np.ndarray:
     """
     counts = np.asarray(confusion, dtype=np.float64)
     hits = np.diagonal(counts, axis1=-2, axis2=-1)  # (..., K)
-    with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0: a class with no map, its F1 undefined
-        f1 = 2 * hits / (counts.sum(-1) + counts.sum(-2))
+    with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0: no map at all
         accuracy = hits.sum(-1) / counts.sum((-2, -1))
-    return np.stack([f1.mean(-1), accuracy], axis=-1)
+    return np.stack([confusion_class_f1(counts).mean(-1), accuracy], axis=-1)
+
+
+def confusion_class_f1(confusion: np.ndarray) -> np.ndarray:
+    """Each class's F1, 2 TP / (2 TP + FP + FN), of (..., K, K) confusion counts (rows = true class, columns =
+    predicted) -> (..., K); NaN for a class with no map true or predicted."""
+    counts = np.asarray(confusion, dtype=np.float64)
+    hits = np.diagonal(counts, axis1=-2, axis2=-1)  # (..., K)
+    with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0: a class with no map, its F1 undefined
+        return 2 * hits / (counts.sum(-1) + counts.sum(-2))
 
 
 def confusion_score_interval(confusion: np.ndarray, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
@@ -128,6 +136,18 @@ def confusion_score_interval(confusion: np.ndarray, *, level: float = 0.95, n_bo
     """
     drawn = redrawn_confusions(confusion, n_boot, np.random.default_rng(seed))
     bounds = percentile_bounds(confusion_scores(drawn), level)
+    if np.asarray(confusion, dtype=np.float64).sum() < MIN_RESAMPLED:
+        bounds[:] = np.nan
+    return bounds
+
+
+def confusion_class_f1_interval(confusion: np.ndarray, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
+                                seed: int = 0) -> np.ndarray:
+    """Percentile bootstrap interval of each class's F1 of (K, K) confusion counts, from the same redraws as
+    :func:`confusion_score_interval` (same ``seed``, same draws; the same caveats: a lower bound on the spread).
+    Returns (K, 2): lower, upper bound per class; NaN when the matrix holds fewer than MIN_RESAMPLED maps."""
+    drawn = redrawn_confusions(confusion, n_boot, np.random.default_rng(seed))
+    bounds = percentile_bounds(confusion_class_f1(drawn), level)
     if np.asarray(confusion, dtype=np.float64).sum() < MIN_RESAMPLED:
         bounds[:] = np.nan
     return bounds

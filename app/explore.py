@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from analysis.data import Example, check_unicode
-from analysis.errors import AttnpatError
+from analysis.errors import AttnpatError, quoted
 from analysis.figures import GridLayout, grid_image
 from analysis.mapkinds import KIND_NOTES
 from analysis.models import load_model, model_files_stamp, with_map_kind
@@ -53,13 +53,15 @@ class ModelCache:
         self._lock = threading.Lock()
 
     def get(self, name: str):
+        if not isinstance(name, str | None):  # the API's model box takes any JSON value
+            raise AttnpatError(f"not a model name: {quoted(name)}; pick one from the list")
         name = (name or "").strip()
         if not name:
             raise AttnpatError("no model chosen; pick minilm (the embedded all-MiniLM-L6-v2)")
         if self.allowed is not None:
             offered = list(self.allowed())
             if name not in offered:  # a client may send any string; only listed models are loaded
-                raise AttnpatError(f"model {ascii(name[:100])} is not one this app offers ({', '.join(offered)}); "
+                raise AttnpatError(f"model {quoted(name)} is not one this app offers ({', '.join(offered)}); "
                                    "start it with `attnpat app --allow-any-model` to load any model")
         stamp = self.stamp(name)
         with self._lock:
@@ -277,6 +279,9 @@ class LiveExplorer:
 
     def live_maps(self, model: str, text: str, text_pair: str | None = None, map_kind: str = "weight") -> LiveMaps:
         """Maps of ``map_kind`` (weight, norm or rollout; analysis.mapkinds) of one input, memoised."""
+        for value, box in ((text, "sentence"), (text_pair, "second sentence")):
+            if not isinstance(value, str | None):  # the API may send any JSON value
+                raise AttnpatError(f"the {box} must be text, got {type(value).__name__} {quoted(value)}")
         bundle = self.models.get(model)
         if map_kind and map_kind != "weight":
             bundle = with_map_kind(bundle, map_kind)

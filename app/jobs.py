@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis.data import ALL_TASKS, check_split, check_task, is_data_file
-from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, os_error_message
+from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, os_error_message, quoted
 from analysis.progress import FILE_LOG_INTERVAL_ENV
 from analysis.rundir import atomic_write_json, locked, read_json
 
@@ -305,11 +305,13 @@ class BatchJobs:
 
     def arguments(self, verb: str, model: str, task: str, n, split: str = "validation") -> list[str]:
         verbs = cli_verbs()
-        if verb not in verbs:
-            raise AttnpatError(f"unknown job {verb!r}; choose one of: {', '.join(verbs) or 'none installed'}")
+        if not isinstance(verb, str) or verb not in verbs:
+            raise AttnpatError(f"unknown job {quoted(verb)}; choose one of: {', '.join(verbs) or 'none installed'}")
+        if not isinstance(model, str | None):  # the API may send any JSON value
+            raise AttnpatError(f"not a model name: {quoted(model)} (use minilm, a model-store name or a hub id)")
         model = (model or "").strip()
         if not MODEL_NAME.match(model):
-            raise AttnpatError(f"not a model name: {model!r} (use minilm, a model-store name or a hub id)")
+            raise AttnpatError(f"not a model name: {quoted(model)} (use minilm, a model-store name or a hub id)")
         if self.allowed_models is not None and model not in (offered := list(self.allowed_models())):
             raise AttnpatError(f"model {ascii(model[:100])} is not one this app offers ({', '.join(offered)}); start "
                                "it with `attnpat app --allow-any-model` to run jobs on any model")
@@ -319,11 +321,13 @@ class BatchJobs:
                                f"`attnpat {verb} --task FILE` in a terminal for {ascii(task[:100])}")
         task, split = check_task(task), check_split(split)
         try:
+            if isinstance(n, bool):  # JSON true through the API: int(True) would run 1 example
+                raise TypeError
             count = int(n)
         except (TypeError, ValueError, OverflowError):  # OverflowError: infinity
-            raise AttnpatError(f"the number of examples must be a whole number, got {n!r}") from None
+            raise AttnpatError(f"the number of examples must be a whole number, got {quoted(n)}") from None
         if not 1 <= count <= 1_000_000 or count != float(n):
-            raise AttnpatError(f"the number of examples must be a whole number from 1 to 1000000, got {n}")
+            raise AttnpatError(f"the number of examples must be a whole number from 1 to 1000000, got {quoted(n)}")
         values = {"model": model, "task": task, "n": str(count), "split": split, "runs_dir": str(self.runs_dir)}
         argv = [verb]
         for option in JOB_OPTIONS:

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+from PIL import Image
 
 from analysis.artifacts import Tab, split_kind_folder, tab_artifacts
 from analysis.artifacts import artifact as registered
 from analysis.clustering import stress_reading
-from analysis.errors import AttnpatError, os_error_reason
-from analysis.figures import close, layer_head_figure
+from analysis.errors import AttnpatError, os_error_reason, quoted
+from analysis.figures import close, layer_head_figure, png_as_svg
 from analysis.models import recorded_base
 from analysis.parsing import SILVER_PARSES
 from analysis.paths import runs_root
@@ -144,6 +145,24 @@ def measured_headers(table: pd.DataFrame) -> dict[str, str]:
 ARTIFACT_HEADERS = {"probing_dependency": measured_headers, "probing_dependency_heads": measured_headers}
 
 
+# The longest file name most file systems take (NAME_MAX), in bytes.
+NAME_MAX = 255
+
+
+def run_name_problem(part) -> str:
+    """Why ``part`` cannot name a run folder or task folder (not text, empty, a path, control characters, too
+    long for a file name); '' when it can."""
+    if not isinstance(part, str):
+        return f"{type(part).__name__}, not text"
+    if not part or part in {".", ".."} or "/" in part or "\\" in part:
+        return "one folder name is needed"
+    if not part.isprintable():
+        return "it holds control characters"
+    if len(part.encode("utf-8", "surrogatepass")) > NAME_MAX:
+        return f"a folder name has at most {NAME_MAX} bytes"
+    return ""
+
+
 class Scratch:
     """A private temporary folder for per-request downloads; folders older than ``max_age`` s are pruned, and
     the whole folder goes when the Scratch is collected or the process exits."""
@@ -239,9 +258,12 @@ class RunBrowser:
         return name, task
 
     def folder(self, model: str, task: str) -> Path:
+        """runs/<model>/<task>; a name that is no single folder name (a one-line AttnpatError) is refused before
+        the file system is asked: the tabs' dropdowns take typed names, and the API any value."""
         for part in (model, task):
-            if not part or part in {".", ".."} or "/" in part or "\\" in part:
-                raise AttnpatError(f"not a run name: {part!r}")
+            problem = run_name_problem(part)
+            if problem:
+                raise AttnpatError(f"not a run name: {quoted(part)} ({problem})")
         return self.root / model / task
 
     def model_name(self, model: str | None, task: str | None = None) -> str | None:
@@ -288,11 +310,30 @@ class RunBrowser:
                 view.table = None
         if view.png is None and view.table is not None:
             view.png, view.svg = self.derived_figure(view)
+        elif view.png is not None and view.svg is None:  # a figure kept without its SVG (copied, or older)
+            view.svg = self.svg_beside(view.png, stem)
         if view.table is not None and stem in ARTIFACT_HEADERS:
             view.headers = ARTIFACT_HEADERS[stem](view.table)
         if view.table is not None and stem in ARTIFACT_NOTES:
             view.notes = ARTIFACT_NOTES[stem](read_manifest(folder / "manifest.json"))
         return view
+
+    def svg_beside(self, png: Path, stem: str) -> Path | None:
+        """<stem>.svg wrapping the run's ``png`` (analysis.figures.png_as_svg), so that a figure kept without its
+        SVG can still be saved as one; cached by file and mtime. None when the PNG cannot be read as an image."""
+        try:
+            stat = png.stat()
+            with Image.open(png) as image:
+                width, height = image.size
+        except (OSError, ValueError, Image.DecompressionBombError):  # unreadable, or not an image
+            return None
+        key = hashlib.sha1(f"{png.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:16]
+        svg = self.scratch.figures_dir() / key / f"{stem}.svg"
+        with FIGURE_LOCK:  # one writer: a request in parallel would otherwise serve a half-written file
+            if not svg.is_file():
+                svg.parent.mkdir(exist_ok=True)
+                png_as_svg(png, svg, width, height)
+        return svg
 
     def derived_figure(self, view: ArtifactView) -> tuple[Path | None, Path | None]:
         """Heatmap PNG/SVG for a layer x head table that has no figure of its own, cached by file and mtime.

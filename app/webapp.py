@@ -27,7 +27,7 @@ from analysis.artifacts import SHIPPED_LABELED_SET, TABS, hints, split_kind_fold
 from analysis.artifacts import artifact as registered  # noqa: E402
 from analysis.artifacts import tab as tab_spec  # noqa: E402
 from analysis.data import ALL_TASKS  # noqa: E402
-from analysis.errors import AttnpatError, os_error_reason  # noqa: E402
+from analysis.errors import AttnpatError, os_error_reason, quoted  # noqa: E402
 from analysis.figures import GridLayout, close, map_figure, png_as_svg  # noqa: E402
 from analysis.mapkinds import KIND_NOTES, MAP_KINDS  # noqa: E402
 from analysis.models import DEFAULT_MODEL, EMBEDDED_ALIASES, list_store  # noqa: E402
@@ -292,7 +292,7 @@ class WebApp:
             clock.start_grid()
         _, *cleared = self._explore_failure("")
         hidden = gr.DownloadButton(value=None, visible=False)
-        return (_message(f"model {model} picked: press Show all heads to draw its maps", "info"), *cleared,
+        return (_message(f"model {quoted(model)} picked: press Show all heads to draw its maps", "info"), *cleared,
                 "", None, hidden, hidden, None)
 
     def pick_head(self, drawn: DrawnInput | None, layer, head, evt: gr.SelectData):
@@ -445,6 +445,11 @@ class WebApp:
         names = [f"{row['model']}/{row['task']}" for row in rows]
         chosen = picked if picked in names else (names[0] if names else None)
         return frame, gr.Dropdown(choices=names, value=chosen), chosen
+
+    def runs_file(self) -> str | None:
+        """The runs table (runs_table's columns) as runs.csv, written for this request; None when there is no run."""
+        frame = self.runs_and_pick()[0]
+        return None if frame.empty else str(save_table(frame, self.scratch.new_dir() / "runs.csv"))
 
     def manifest(self, name) -> str:
         """The picked run's manifest.json as indented JSON text ("model/task" names the run)."""
@@ -637,10 +642,10 @@ class WebApp:
             return
         gr.Markdown(f"{card.summary} Retrain it with `attnpat train --data {SHIPPED_LABELED_SET}`.",
                     elem_id="classifier-card-summary")
-        tables = (("scores", card.scores, "macro F1 against the baselines"),
-                  ("per-class", card.per_class, "per-class F1"),
+        tables = (("scores", card.scores, "macro F1 against the baselines (95% intervals: <score>_ci_low, _ci_high)"),
+                  ("per-class", card.per_class, "per-class F1 (95% intervals: f1_ci_low, f1_ci_high)"),
                   ("confusion", card.confusion, "confusion (out-of-fold; rows: true class, columns: predicted)"))
-        for row in (tables[:2], tables[2:]):  # the confusion matrix needs the full width
+        for row in (tables[:1], tables[1:2], tables[2:]):  # each its own row: the scores' bounds widen it
             with gr.Row():
                 for name, frame, label in row:
                     if frame is not None:
@@ -666,6 +671,7 @@ class WebApp:
             gr.Markdown(RUNS_INTRO, elem_id="runs-intro")
             refresh = gr.Button("Refresh", size="sm")
             table = gr.Dataframe(label="runs", interactive=False, elem_id="runs-table")
+            runs_csv = gr.File(label="runs CSV", interactive=False, elem_id="runs-csv")
             with gr.Row():
                 picked = gr.Dropdown(label="run", choices=[], allow_custom_value=True, elem_id="runs-pick")
             # shown as text: gr.JSON would treat path strings in the manifest as files to serve
@@ -694,14 +700,17 @@ class WebApp:
             for trigger in (tab_block.select, refresh.click):
                 api_name = "list_runs" if trigger == refresh.click else False
                 trigger(self.runs_table, picked, [table, picked], api_name=api_name).then(
-                    self.manifest, picked, manifest, api_name=False)
+                    self.manifest, picked, manifest, api_name=False).then(
+                    self.runs_file, None, runs_csv, api_name=False)
             picked.input(self.manifest, picked, manifest, api_name="manifest")
             # the last job on this runs folder, also one started before a restart or by another app on it
             tab_block.select(self.job_state, None, [job_log, job_status], api_name=False)
             job_outputs = [job_log, job_status, table, picked, manifest]
+            # the runs CSV follows the table, which a finished job refreshes
             start.click(self.start_job, [verb, model, task, count, picked], job_outputs, api_name="start_job",
-                        concurrency_limit=None)
-            watch.click(self.watch_job, picked, job_outputs, api_name="watch_job", concurrency_limit=None)
+                        concurrency_limit=None).then(self.runs_file, None, runs_csv, api_name=False)
+            watch.click(self.watch_job, picked, job_outputs, api_name="watch_job", concurrency_limit=None).then(
+                self.runs_file, None, runs_csv, api_name=False)
             stop.click(self.stop_job, None, job_status, api_name="stop_job")
             del demo
 

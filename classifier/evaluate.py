@@ -21,7 +21,15 @@ from sklearn.preprocessing import StandardScaler
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
-from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_difference_interval, holm_adjust, paired_permutation_p
+from analysis.uncertainty import (
+    DEFAULT_BOOTSTRAP,
+    bootstrap_difference_interval,
+    confusion_class_f1_interval,
+    confusion_rates,
+    confusion_score_interval,
+    holm_adjust,
+    paired_permutation_p,
+)
 from annotation import preannotate
 from classifier.distill import boosting_classifier, teacher_probabilities
 from classifier.model import prepare_maps
@@ -50,24 +58,48 @@ def score_table(results: dict[str, np.ndarray], labels: np.ndarray, folds: list[
     """results: {model name: (N,) out-of-fold predictions}. Returns (scores frame, confusion frame).
 
     scores: model, metric (macro_f1|macro_f1_fold_std|accuracy|f1[|macro_f1_agreed]), class ('' or a class),
-    value. agreed: (N,) bool, the maps all of whose annotators gave the same label; with it, macro_f1_agreed
+    value, ci_low, ci_high (:func:`score_intervals`: 95% over the labeled maps; NaN for the fold std).
+    agreed: (N,) bool, the maps all of whose annotators gave the same label; with it, macro_f1_agreed
     scores each model on those maps only, apart from the maps people themselves disagreed on.
     confusion: model, true, predicted, count.
     """
     rows, confusion_rows = [], []
     for name, predicted in results.items():
         found = scores(predicted, labels)
-        rows += [{"model": name, "metric": "macro_f1", "class": "", "value": found["macro_f1"]},
-                 {"model": name, "metric": "macro_f1_fold_std", "class": "",
+        (f1_bounds, accuracy_bounds), class_bounds = score_intervals(found["confusion"])
+        rows += [{"model": name, "metric": "macro_f1", "class": "", "value": found["macro_f1"], **_bounds(f1_bounds)},
+                 {"model": name, "metric": "macro_f1_fold_std", "class": "",  # a spread itself: no interval
                   "value": float(fold_macro_f1(predicted, labels, folds).std())},
-                 {"model": name, "metric": "accuracy", "class": "", "value": found["accuracy"]}]
+                 {"model": name, "metric": "accuracy", "class": "", "value": found["accuracy"],
+                  **_bounds(accuracy_bounds)}]
         if agreed is not None and agreed.any():
-            rows.append({"model": name, "metric": "macro_f1_agreed", "class": "",
-                         "value": scores(predicted[agreed], labels[agreed])["macro_f1"]})
-        rows += [{"model": name, "metric": "f1", "class": cls, "value": float(v)}
-                 for cls, v in zip(CLASSES, found["per_class_f1"], strict=True)]
+            on_agreed = scores(predicted[agreed], labels[agreed])
+            rows.append({"model": name, "metric": "macro_f1_agreed", "class": "", "value": on_agreed["macro_f1"],
+                         **_bounds(score_intervals(on_agreed["confusion"])[0][0])})
+        rows += [{"model": name, "metric": "f1", "class": cls, "value": float(v), **_bounds(bounds)}
+                 for cls, v, bounds in zip(CLASSES, found["per_class_f1"], class_bounds, strict=True)]
         confusion_rows += [{"model": name, **row} for row in confusion_rows_of(found["confusion"])]
-    return pd.DataFrame(rows), pd.DataFrame(confusion_rows)
+    return pd.DataFrame(rows, columns=SCORE_COLUMNS), pd.DataFrame(confusion_rows)
+
+
+# cv_scores.csv's columns: each score with its 95% interval over the labeled maps (score_intervals)
+SCORE_COLUMNS = ["model", "metric", "class", "value", "ci_low", "ci_high"]
+
+
+def _bounds(bounds) -> dict:
+    return {"ci_low": float(bounds[0]), "ci_high": float(bounds[1])}
+
+
+def score_intervals(confusion: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """(K, K) out-of-fold confusion counts (rows: true class) -> ((2, 2) bounds of macro-F1 and accuracy, (K, 2)
+    bounds of each class's F1): percentile bootstrap intervals resampling the labeled maps within their true class
+    (analysis.uncertainty.confusion_score_interval; maps of one head or example are alike, so the real spread is
+    wider). NaN where a true class has no map (as on the maps annotators agreed on): its rates are unknown, so
+    the matrix cannot be redrawn."""
+    counts = np.asarray(confusion, dtype=np.float64)
+    if (counts.sum(1) == 0).any():
+        return np.full((2, 2), np.nan), np.full((len(counts), 2), np.nan)
+    return (confusion_score_interval(counts, level=level), confusion_class_f1_interval(counts, level=level))
 
 
 def baseline_comparison(results: dict[str, np.ndarray], labels: np.ndarray, reference: str = "cnn", *,
@@ -145,6 +177,27 @@ def comparison_lines(comparison: pd.DataFrame, reference: str = "CNN", level: fl
     return [f"{reference} vs {row['model']}: {comparison_text(row, level)}" for row in comparison.to_dict("records")]
 
 
+def cross_validation_intervals(cv: dict, level: float = 0.95) -> dict | None:
+    """The intervals of a checkpoint's cross-validated scores (its metadata's ``cross_validation``), from its
+    out-of-fold (K, K) confusion counts (analysis.uncertainty.confusion_score_interval: the labeled maps
+    resampled within their true class; maps of one head or example are alike, so the real spread is wider).
+
+    Returns {"macro_f1": (low, high), "accuracy": (low, high), "per_class_f1": {class: (low, high)}, "n_maps": int}
+    (NaN bounds for fewer than 2 maps), or None when no confusion matrix is recorded (a checkpoint from before it
+    was kept). A recorded matrix that is no (K, K) table of counts, K = len(CLASSES): one-line AttnpatError.
+    """
+    confusion = cv.get("confusion") if isinstance(cv, dict) else None
+    if confusion is None:
+        return None
+    if confusion_rates(confusion).shape != (len(CLASSES), len(CLASSES)):
+        raise AttnpatError(f"the recorded confusion matrix is not {len(CLASSES)} x {len(CLASSES)} (one row and "
+                           f"column per class: {', '.join(CLASSES)})")
+    ((f1_low, f1_high), (accuracy_low, accuracy_high)), per_class = score_intervals(confusion, level)
+    return {"macro_f1": (float(f1_low), float(f1_high)), "accuracy": (float(accuracy_low), float(accuracy_high)),
+            "per_class_f1": {name: (float(low), float(high)) for name, (low, high) in zip(CLASSES, per_class)},
+            "n_maps": int(np.rint(np.sum(confusion)))}
+
+
 def confusion_rows_of(confusion: np.ndarray) -> list[dict]:
     """(K, K) counts (rows: label, columns: predicted) -> K * K rows of true, predicted, count."""
     return [{"true": CLASSES[t], "predicted": CLASSES[p], "count": int(confusion[t, p])}
@@ -174,10 +227,15 @@ def prediction_table(map_ids: Sequence[str], labels: np.ndarray, folds: list[tup
 
 
 def wide_summary(score_frame):
-    """One row per model: macro_f1, fold std, accuracy and per-class F1 columns (for printing)."""
+    """One row per model: macro_f1 with its 95% interval (macro_f1_ci_low, macro_f1_ci_high, when the frame has
+    ci_low, ci_high), fold std, accuracy and per-class F1 columns (for printing)."""
     overall = score_frame[score_frame["class"] == ""].pivot(index="model", columns="metric", values="value")
     per_class = score_frame[score_frame.metric == "f1"].pivot(index="model", columns="class", values="value")
-    columns = ["macro_f1", "macro_f1_fold_std", "accuracy"] + [c for c in ("macro_f1_agreed",) if c in overall]
+    if {"ci_low", "ci_high"} <= set(score_frame.columns):
+        bounds = score_frame[score_frame.metric == "macro_f1"].set_index("model")[["ci_low", "ci_high"]]
+        overall = overall.join(bounds.rename(columns=lambda bound: f"macro_f1_{bound}"))
+    columns = ["macro_f1", *(c for c in ("macro_f1_ci_low", "macro_f1_ci_high") if c in overall),
+               "macro_f1_fold_std", "accuracy"] + [c for c in ("macro_f1_agreed",) if c in overall]
     frame = overall[columns].join(per_class[list(CLASSES)])
     return frame.sort_values("macro_f1", ascending=False)
 

@@ -1,7 +1,8 @@
 """`attnpat train` end to end: data -> CNN cross-validation + baselines -> score tables -> final checkpoint.
 
 Outputs in the run directory runs/classifier/<data name>/:
-  cv_scores.csv    model, metric (macro_f1|macro_f1_fold_std|accuracy|f1|macro_f1_agreed), class, value
+  cv_scores.csv    model, metric (macro_f1|macro_f1_fold_std|accuracy|f1|macro_f1_agreed), class, value,
+                   ci_low, ci_high (95% over the labeled maps: classifier.evaluate.score_intervals)
   cv_confusion.csv model, true, predicted, count   (+ cv_confusion.png/svg for the CNN)
   cv_predictions.csv  map_id, fold, label, [annotators_agreed], <model>... (out-of-fold class), p_<class> (CNN)
   cv_vs_baselines.csv model, reference_macro_f1 (the CNN's), model_macro_f1, difference, ci_low, ci_high, p_value,

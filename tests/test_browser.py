@@ -197,7 +197,10 @@ def test_run_tabs_render_what_exists(page, app_url, tab):
         assert "error" not in message and "attnpat train --data annotation/labeled/v5" in message
         assert "%" in page.locator("#classifier-card-scores").inner_text()  # fractions read as percentages
         page.locator("#classifier-card-confusion").filter(has_text="heterogeneous").wait_for()
-        assert "macro_f1" not in page.locator("#classifier-card-summary").inner_text()
+        summary = page.locator("#classifier-card-summary").inner_text()
+        assert "macro_f1" not in summary
+        assert re.search(r"macro-F1 0\.\d{3} \[0\.\d{3}, 0\.\d{3}\] \(95% bootstrap intervals", summary), summary
+        assert "f1_ci_low" in page.locator("#classifier-card-per-class").inner_text()  # each class's F1 bounded
         page.locator("#classifier-card-files").filter(has_text="classifier_confusion").wait_for()  # stem, ext apart
     else:
         message = status_text(page, f"{key}-message", app_url[1])

@@ -19,6 +19,7 @@ from analysis.artifacts import SHIPPED_LABELED_SET
 from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from analysis.stats import PROFILE_NAMES, map_profile_batch_last
+from analysis.uncertainty import confusion_score_interval
 from annotation.dataset import load_labeled_set
 from classifier.agreement import class_scores
 from classifier.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint
@@ -169,6 +170,34 @@ def test_scores_on_the_maps_annotators_agreed_on():
     assert value["macro_f1_agreed"] == 1.0 and value["macro_f1"] < 0.9
     assert wide_summary(frame).loc["model", "macro_f1_agreed"] == 1.0
     assert "macro_f1_agreed" not in set(score_table({"model": predicted}, labels, folds)[0].metric)
+
+
+def test_cv_scores_carry_their_intervals_over_the_labeled_maps():
+    """cv_scores.csv gives each model's macro-F1, accuracy, per-class F1 and agreed-maps macro-F1 its 95% interval
+    from its out-of-fold confusion matrix (before: bare values, so the Classifier tab showed a training run's
+    scores with no uncertainty); the fold std has none, nor a score on agreed maps that lack a class."""
+    labels = np.repeat(np.arange(5), 12)
+    predicted = labels.copy()
+    predicted[::5] = (labels[::5] + 1) % 5  # a fifth of the maps wrong
+    agreed = np.ones(len(labels), bool)
+    folds = stratified_folds(labels, 2, seed=0)
+    frame, confusion = score_table({"model": predicted}, labels, folds, agreed)
+    assert list(frame.columns) == ["model", "metric", "class", "value", "ci_low", "ci_high"]
+    counts = confusion.pivot(index="true", columns="predicted", values="count").loc[list(CLASSES), list(CLASSES)]
+    (f1_bounds, accuracy_bounds) = confusion_score_interval(counts.to_numpy())
+    overall = frame[frame["class"] == ""].set_index("metric")
+    assert overall.loc["macro_f1", ["ci_low", "ci_high"]].tolist() == f1_bounds.tolist()
+    assert overall.loc["accuracy", ["ci_low", "ci_high"]].tolist() == accuracy_bounds.tolist()
+    assert overall.loc["macro_f1_agreed", ["ci_low", "ci_high"]].tolist() == f1_bounds.tolist()  # every map agreed
+    assert overall.loc["macro_f1_fold_std", ["ci_low", "ci_high"]].isna().all()
+    printed = wide_summary(frame).loc["model"]  # what `attnpat train` prints: the macro-F1 beside its bounds
+    assert printed[["macro_f1", "macro_f1_ci_low", "macro_f1_ci_high"]].tolist() == [overall.loc["macro_f1", "value"],
+                                                                                     *f1_bounds]
+    per_class = frame[frame.metric == "f1"]
+    assert ((per_class.ci_low < per_class.value) & (per_class.value < per_class.ci_high)).all()
+    agreed[labels == 4] = False  # no agreed map of the last class: its rates, and so the interval, are unknown
+    overall = score_table({"model": predicted}, labels, folds, agreed)[0].set_index("metric")
+    assert overall.loc["macro_f1_agreed", ["ci_low", "ci_high"]].isna().all()
 
 
 def test_image_dropout_hides_the_image_from_a_share_of_training_maps_only():

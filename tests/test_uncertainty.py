@@ -18,6 +18,8 @@ from analysis.uncertainty import (
     bootstrap_sparse_ratio_interval,
     bootstrap_statistic_interval,
     bootstrap_weighted_mean_interval,
+    confusion_class_f1,
+    confusion_class_f1_interval,
     confusion_permutation_p,
     confusion_rates,
     confusion_score_interval,
@@ -130,6 +132,25 @@ def test_the_interval_of_a_confusion_matrix_scores_resamples_its_labeled_maps():
     surer = confusion_score_interval(confusion * 100)
     assert np.all(surer[:, 1] - surer[:, 0] < (interval[:, 1] - interval[:, 0]) / 3)
     assert np.isnan(confusion_score_interval(np.array([[1]]))).all()
+
+
+def test_each_classes_f1_of_a_confusion_matrix_and_its_interval():
+    """Per-class F1 of confusion counts equals sklearn's over the maps they stand for; its interval, from the same
+    redraws as the macro-F1's, holds each class's F1, is seeded, is wider for the class with fewer maps, and is NaN
+    for one map."""
+    from sklearn.metrics import f1_score  # noqa: PLC0415
+
+    confusion = np.array([[300, 40, 10], [20, 90, 30], [0, 5, 6]])
+    true, predicted = zip(*[(i, j) for i in range(3) for j in range(3) for _ in range(confusion[i, j])])
+    f1 = confusion_class_f1(confusion)
+    assert f1 == pytest.approx(f1_score(true, predicted, average=None))
+    assert confusion_scores(confusion)[0] == pytest.approx(f1.mean())
+    interval = confusion_class_f1_interval(confusion)
+    assert interval.shape == (3, 2) and np.all(interval[:, 0] < f1) and np.all(f1 < interval[:, 1])
+    assert np.array_equal(confusion_class_f1_interval(confusion), interval)
+    widths = interval[:, 1] - interval[:, 0]
+    assert widths[2] > 2 * widths[0]  # 11 maps against 350
+    assert np.isnan(confusion_class_f1_interval(np.array([[1]]))).all()
 
 
 def test_a_confusion_matrix_that_cannot_be_inverted_is_refused_not_answered():

@@ -650,6 +650,68 @@ def test_a_run_tab_survives_a_removed_scratch_folder_and_reports_unreadable_or_d
     assert isinstance(message, str)  # the tab is drawn; the damaged table says so in its own view
 
 
+def test_a_run_name_typed_too_long_with_control_characters_or_not_text_is_one_error_line(tmp_path):
+    """The run tabs' model and task boxes take typed names (and their API any JSON value): one too long for a
+    folder name, one with a NUL, or a number is the tab's one error line, before the file system is asked
+    (before: OSError 'File name too long' and TypeError tracebacks, the tab left as it was; a NUL read as no run)."""
+    _disabling_run(tmp_path / "runs")
+    web = WebApp(tmp_path / "runs")
+    stems = tab_artifacts("Disabling")
+    for model, task, reason in (("m" * 300, "sst2", "300 characters) (a folder name has at most 255 bytes"),
+                                ("m", "é" * 200, "200 characters) (a folder name has at most 255 bytes"),
+                                ("m\x00", "sst2", "it holds control characters"), (7, "sst2", "int, not text"),
+                                ("m", ["sst2"], "list, not text"), ("..", "sst2", "one folder name is needed")):
+        outputs = web.show_artifacts("Disabling", model, task)
+        assert outputs[0].startswith("**error:** not a run name: ") and outputs[0].endswith(f"({reason})")
+        assert "\n" not in outputs[0] and len(outputs[0]) < 200 and len(outputs) == 1 + 6 * len(stems)
+        web.run_choices("Disabling", model, task)  # falls back to a run that exists, no exception
+    assert not is_error(web.show_artifacts("Disabling", "m", "sst2")[0])
+
+
+def test_a_job_form_given_a_pasted_page_or_a_value_of_another_type_answers_one_short_line(tmp_path):
+    """The job form's (and start_job API's) model, task, job and count each name what was wrong in one short line,
+    the value cut to 60 characters with its length, and start no job (before: a 5,000-character name was echoed
+    back whole, a number as the model was an AttributeError traceback, and JSON true ran a job of 1 example)."""
+    web = WebApp(tmp_path / "runs")
+    page = "x" * 5000
+    for verb, model, task, n, expected in (
+            ("classify", page, "sst2", 8, "not a model name: 'xxx"),
+            ("classify", "minilm", page, 8, "unknown task 'xxx"),
+            (page, "minilm", "sst2", 8, "unknown job 'xxx"),
+            ("classify", "minilm", "sst2", "9" * 5000, "whole number"),
+            ("classify", 5, "sst2", 8, "not a model name: 5 "),
+            ("classify", "minilm", "sst2", True, "got True")):
+        _, status, *_ = next(web.start_job(verb, model, task, n))
+        assert status.startswith("**error:** ") and expected in status, status
+        assert len(status) < 260 and "\n" not in status
+        assert ("(5000 characters)" in status) == (page in (verb, model, task) or n == "9" * 5000)
+    assert web.jobs.current() is None  # no job started
+
+
+def test_explore_given_values_of_another_type_or_a_pasted_page_answers_one_short_line(tmp_path, tiny_dir):
+    """Explore's API takes any JSON value in its model box and may be sent a number as the sentence: each is one
+    error line naming the box, and a pasted page as the model or map kind is quoted cut to 60 characters (before:
+    `unexpected error: AttributeError: 'int' object has no attribute 'strip'` with a traceback in the log, and a
+    5,000-character map kind echoed back whole)."""
+    web = WebApp(tmp_path / "runs", LiveExplorer(ModelCache(allowed=lambda: [str(tiny_dir)]),
+                                                 classifier_loader=random_classifier))
+    page = "x" * 5000
+    for text, pair, model, kind, expected in (
+            ("a cat", "", 5, "weight", "not a model name: 5; pick one from the list"),
+            ("a cat", "", ["minilm"], "weight", "not a model name: ['minilm']"),
+            (7, "", str(tiny_dir), "weight", "the sentence must be text, got int 7"),
+            ("a cat", {"x": 1}, str(tiny_dir), "weight", "the second sentence must be text, got dict"),
+            ("a cat", "", page, "weight", "model 'xxx"),
+            ("a cat", "", str(tiny_dir), page, "unknown map kind 'xxx")):
+        status = web.explore(text, pair, model, False, False, kind)[0]
+        caption = web.head_map(text, pair, model, False, False, 1, 1, kind)[0]
+        for line in (status, caption):
+            assert line.startswith("**error:** ") and expected in line and "unexpected" not in line, line
+            assert len(line) < 260 and ("(5000 characters)" in line) == (page in (model, kind))
+    assert "model 'xxx" in web.forget_grid(page)[0] and len(web.forget_grid(page)[0]) < 200
+    assert not web.explore("a cat", "", str(tiny_dir), False, False, "weight")[0].startswith("**error")
+
+
 def test_a_port_in_use_is_one_error_and_loads_no_model(tmp_path, monkeypatch):
     """The warm-up (a model load in a thread) starts only once the port is served: a failed launch that exited
     while torch was loading aborted the interpreter (exit 134) instead of giving the one-line error."""

@@ -13,8 +13,10 @@ import pandas as pd
 import pytest
 
 from analysis.artifacts import tab, tab_artifacts
+from analysis.errors import AttnpatError
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir, long_table
+from analysis.uncertainty import confusion_class_f1_interval, confusion_score_interval
 from app.classifier_card import classifier_card, read_metadata
 from app.display import display_table, readable
 from app.run_browser import RunBrowser, Scratch
@@ -157,6 +159,58 @@ def test_classifier_card_shows_the_shipped_checkpoints_record():
     assert int(card.confusion[list(CLASSES)].to_numpy().sum()) == meta["n_maps"]
 
 
+def test_the_classifier_card_gives_the_cross_validated_scores_with_their_intervals(tmp_path):
+    """The card's macro-F1, accuracy and per-class F1 carry the 95% bootstrap interval over the out-of-fold
+    confusion matrix (before: bare values, while the demo summary and the CLI gave the interval), in the summary,
+    the tables, the page's formatting and the CSV downloads; a baseline's score has none (no confusion recorded)."""
+    cv = read_metadata()["cross_validation"]
+    card = classifier_card(read_metadata())
+    (f1_low, f1_high), (accuracy_low, accuracy_high) = confusion_score_interval(cv["confusion"])
+    cnn = card.scores.iloc[0]
+    assert (cnn.macro_f1_ci_low, cnn.macro_f1_ci_high) == (f1_low, f1_high)
+    assert (cnn.accuracy_ci_low, cnn.accuracy_ci_high) == (accuracy_low, accuracy_high)
+    assert f1_low < cnn.macro_f1 < f1_high and accuracy_low < cnn.accuracy < accuracy_high
+    assert f"macro-F1 {cv['macro_f1']:.3f} [{f1_low:.3f}, {f1_high:.3f}]" in card.summary
+    assert "95% bootstrap intervals over its 1229 labeled maps" in card.summary
+    assert card.scores.iloc[1:][["macro_f1_ci_low", "macro_f1_ci_high"]].isna().all().all()
+    shown = display_table(card.scores).iloc[0]
+    assert shown.macro_f1_ci_low == readable(f1_low, True) and shown.accuracy_ci_high == readable(accuracy_high, True)
+    per_class = card.per_class.set_index("class")
+    bounds = confusion_class_f1_interval(cv["confusion"])
+    assert per_class[["f1_ci_low", "f1_ci_high"]].to_numpy().tolist() == bounds.tolist()
+    assert (per_class.f1_ci_low < per_class.f1).all() and (per_class.f1 < per_class.f1_ci_high).all()
+    web = WebApp(tmp_path / "runs")
+    files = {Path(path).name: Path(path) for path in web.classifier_card_files()}
+    written = pd.read_csv(files["classifier_per_class.csv"]).set_index("class")
+    assert written[["f1_ci_low", "f1_ci_high"]].to_numpy() == pytest.approx(bounds)
+    assert pd.read_csv(files["classifier_scores.csv"]).macro_f1_ci_low[0] == pytest.approx(f1_low)
+
+
+def test_a_classifier_card_without_a_usable_confusion_matrix_says_why_it_has_no_interval(tmp_path, monkeypatch):
+    """A checkpoint from before the confusion matrix was kept, or with an edited one, shows its scores with `no
+    interval` and the reason (an edited matrix is not drawn); metadata of the wrong shape is one AttnpatError,
+    which the tab shows in place of the card (before: a pandas ValueError or AttributeError stopped the app
+    building)."""
+    old = {"cross_validation": {"folds": 5, "macro_f1": 0.8, "accuracy": 0.85, "per_class_f1": {"block": 0.7}}}
+    card = classifier_card(old)
+    assert "macro-F1 0.800 (no interval: the checkpoint records no confusion matrix)" in card.summary
+    assert card.scores.iloc[0][["macro_f1_ci_low", "accuracy_ci_high"]].isna().all()
+    assert card.per_class.f1_ci_low.isna().all()
+    edited = {"cross_validation": {**old["cross_validation"], "confusion": [[1, 2], [3, 4]]}}
+    card = classifier_card(edited)
+    assert "no interval: the recorded confusion matrix is not 5 x 5" in card.summary and card.confusion is None
+    for damaged in ([], {"cross_validation": {"per_class_f1": [0.5]}}, {"cross_validation": {"vs_baselines": {
+            "rules": {}}, "baselines_macro_f1": {"rules": 0.5}}}):
+        with pytest.raises(AttnpatError, match="^the classifier metadata cannot be shown .*attnpat train"):
+            classifier_card(damaged)
+    monkeypatch.setattr("app.webapp.read_metadata", lambda: {"cross_validation": {"per_class_f1": [0.5]}})
+    web = WebApp(tmp_path / "runs")
+    demo = web.build()  # the app starts, its Classifier tab saying why there is no card
+    (summary,) = [block for block in demo.blocks.values() if block.elem_id == "classifier-card-summary"]
+    assert summary.value.startswith("**error:** the classifier metadata cannot be shown")
+    assert web.classifier_card_files() is None
+
+
 def test_the_classifier_cards_tables_can_be_downloaded_as_csv(tmp_path):
     """The Classifier tab's card showed its scores, per-class F1 and confusion matrix as page tables only (before,
     the one record on the tab that could not be downloaded); a page load now writes them as CSV at full precision."""
@@ -173,6 +227,54 @@ def test_the_classifier_cards_tables_can_be_downloaded_as_csv(tmp_path):
     assert pd.read_csv(files["classifier_confusion.csv"])[list(CLASSES)].to_numpy().tolist() == cv["confusion"]
     per_class = pd.read_csv(files["classifier_per_class.csv"]).set_index("class")["f1"].to_dict()
     assert per_class == cv["per_class_f1"]
+
+
+def test_the_runs_table_can_be_downloaded_as_csv(tmp_path):
+    """The Runs tab's table of run folders was the one table in the app with no CSV (before: page only); opening
+    the tab, Refresh, and a job that ends write it as runs.csv, the table's rows and columns."""
+    for task, stem in (("sst2", "overview"), ("wiki", "surface")):
+        run = RunDir("minilm", task, tmp_path)
+        with run.record(stem):  # a manifest: what the Runs tab lists
+            run.write_table(stem, long_table({"x": np.zeros((1, 1))}))
+    web = WebApp(tmp_path)
+    demo = web.build()
+    (csv_id,) = [block._id for block in demo.blocks.values() if block.elem_id == "runs-csv"]
+    writers = [f for f in demo.fns.values() if f.fn == web.runs_file and csv_id in {b._id for b in f.outputs}]
+    assert len(writers) == 4  # tab opened, Refresh, a started job ended, a watched job ended
+    written = pd.read_csv(web.runs_file(), keep_default_na=False, dtype=str)
+    shown = web.runs_table()[0].astype(str)
+    assert written.columns.tolist() == shown.columns.tolist() == ["model", "task", "analyses", "examples", "updated",
+                                                                  "path"]
+    assert written.to_numpy().tolist() == shown.to_numpy().tolist()
+    assert sorted(written.task) == ["sst2", "wiki"]
+    assert WebApp(tmp_path / "empty").runs_file() is None  # no run: no file to offer
+
+
+def test_a_figure_kept_without_its_svg_can_still_be_saved_as_svg(tmp_path):
+    """A run folder whose figure has a PNG and no SVG (copied without it, or written by an older version) offered
+    the PNG only (before); the tab now offers an SVG wrapping that PNG, named after the figure. A PNG that is no
+    image is offered as it is, with no SVG and no error."""
+    import base64  # noqa: PLC0415
+
+    from PIL import Image  # noqa: PLC0415
+
+    folder = tmp_path / "minilm" / "sst2"
+    folder.mkdir(parents=True)
+    pd.DataFrame({"class": list(CLASSES), "count": [1] * 5, "fraction": [0.2] * 5}).to_csv(
+        folder / "pattern_ratios.csv", index=False)
+    Image.new("RGB", (30, 20), "white").save(folder / "pattern_ratios.png")
+    browser = RunBrowser(tmp_path, Scratch())  # kept: its scratch folder goes when it is collected
+    view = browser.artifact("minilm", "sst2", "pattern_ratios")
+    assert view.svg is not None and view.svg.name == "pattern_ratios.svg" and view.svg.parent != folder
+    text = view.svg.read_text()
+    assert 'width="30" height="20"' in text
+    assert base64.b64encode((folder / "pattern_ratios.png").read_bytes()).decode() in text
+    files = WebApp(tmp_path).show_artifacts("Pattern ratios", "minilm", "sst2")
+    assert any(str(name).endswith("pattern_ratios.svg") for group in files if isinstance(group, list)
+               for name in group)
+    (folder / "pattern_ratios.png").write_bytes(b"not an image")
+    view = browser.artifact("minilm", "sst2", "pattern_ratios")
+    assert view.png is not None and view.svg is None and not view.error
 
 
 def test_classifier_card_without_scores_and_a_missing_file(tmp_path):
