@@ -255,14 +255,25 @@ def check_same_tokens(kept: dict[str, list[str]], incoming: dict[str, list[str]]
 
 
 def _distinct_annotations(records: list[dict]) -> list[dict]:
-    """annotations.csv rows of several sets with each annotation once (the first row that holds it)."""
-    kept, seen = [], set()
+    """annotations.csv rows of several sets with each annotation once, where the first row that holds it stood:
+    that row, or a later copy that carries the annotator's user id where the first carries none (a set pulled
+    before annotator_id was kept), since the id tells annotators apart where the name shown may not."""
+    kept, owner = [], {}  # owner: annotation key -> index of the kept row that holds it
     for record in records:
         keys = _annotation_keys(record)
-        if not keys & seen:
+        held = sorted({owner[key] for key in keys if key in owner})
+        if not held:
+            held = [len(kept)]
             kept.append(record)
-        seen |= keys  # a dropped row's keys too: it may link a later row to the kept one
+        elif _has_annotator_id(record) and not _has_annotator_id(kept[held[0]]):
+            kept[held[0]] = record
+        # a dropped row's keys too: it may link a later row to the kept one
+        owner.update(dict.fromkeys(keys, held[0]))
     return kept
+
+
+def _has_annotator_id(record: dict) -> bool:
+    return record.get("annotator_id") not in ("", None)
 
 
 def _annotation_keys(record: dict) -> set[tuple]:

@@ -1177,6 +1177,24 @@ def test_merge_refuses_two_sets_with_other_tokens_for_one_map(tmp_path, capsys):
     assert load_labeled_set(tmp_path / "m").tokens == words
 
 
+def test_merge_keeps_the_copy_of_an_annotation_that_carries_its_annotator_id(tmp_path, capsys):
+    """`annotate merge` of a set pulled before annotator_id was kept and a later pull of the same annotations kept
+    each annotation once, but as its first (id-less) copy, so the merged set told annotators apart by the email
+    shown only. Now the copy with the user id is kept, in either order of the sets."""
+    labeled = load_labeled_set(save_tiny_labeled_set(tmp_path / "a", 1, seed=1, task="a"))
+    rows = [{"map_id": map_id, "label": CLASSES[label]} for map_id, label in zip(labeled.map_ids, labeled.labels)]
+    maps = dict(zip(labeled.map_ids, labeled.maps))
+    with_ids = [{"map_id": map_id, "label": row["label"], "annotator": "ann@lab.org", "labeled_at": f"t{k}",
+                 "annotator_id": "7"} for k, (map_id, row) in enumerate(zip(labeled.map_ids, rows))]
+    without_ids = [{key: value for key, value in record.items() if key != "annotator_id"} for record in with_ids]
+    older = ds.write_labeled_folder(tmp_path / "older", rows, maps, without_ids, {})
+    newer = ds.write_labeled_folder(tmp_path / "newer", rows, maps, with_ids, {})
+    for order, out in (([older, newer], "m1"), ([newer, older], "m2")):
+        assert run_cli(["annotate", "merge", *order, "--out", tmp_path / out], capsys)[0] == 0
+        merged = read_annotations(tmp_path / out / "annotations.csv")
+        assert len(merged) == len(with_ids) and list(merged.annotator_id) == ["7"] * len(with_ids)
+
+
 def test_stop_signals_only_the_server_it_started(tmp_path):
     import subprocess  # noqa: PLC0415
 
