@@ -163,7 +163,7 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
         settled = (f"; before the {report.settling_labels} labels that settled ties" if report.settling_labels
                    else "")
         typer.echo(f"inter-annotator agreement over the {report.kappa_maps} maps with several annotators "
-                   f"({report.n_annotators} annotators{settled}): {report.kappa_text()}")
+                   f"({report.annotators_text()}{settled}): {report.kappa_text()}")
     elif report.kappa_maps:  # every label one class: nothing to tell agreement from chance by
         typer.echo(f"inter-annotator agreement: Fleiss' kappa undefined over {report.kappa_maps} maps with several "
                    "annotators: every label is the same class")

@@ -735,6 +735,40 @@ def test_pull_counts_the_maps_that_skips_left_out_of_the_set_once_each(tmp_path,
     assert f"maps left out because their annotators skipped them: 2 (first: {ids[0]})" in out.splitlines()
 
 
+def test_pull_counts_annotations_without_an_annotator_id_apart_from_the_annotators(tmp_path, synthetic_sample,
+                                                                                   monkeypatch, capsys):
+    """Pull's annotator count lumped every annotation that names no user (no completed_by) together as one
+    annotator: two users and three such annotations printed '3 annotators'. Each such annotation is its own voter
+    and nobody knows who wrote it, so now the line says how many annotations name no annotator, apart from the
+    users counted, and pull_report.json keeps both."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    sample = Path(shutil.copytree(synthetic_sample("anonymous", 2), tmp_path / "workspace" / "annotation"
+                                  / "samples" / "anonymous"))
+    tasks = _export_of(sample, {})
+    votes = [[(7, "block"), (8, "block"), (None, "block")], [(7, "vertical"), (None, "diagonal"), (None, "vertical")]]
+    for task, labels in zip(tasks, votes, strict=True):
+        task["annotations"] = [{"id": 10 * task["id"] + k, "completed_by": user, "was_cancelled": False,
+                                "created_at": f"2026-01-01T00:{task['id']:02d}:{k:02d}Z",
+                                "result": [{"value": {"choices": [label]}}]} for k, (user, label) in enumerate(labels)]
+    (tmp_path / "export.json").write_text(json.dumps(tasks))
+    code, out, err, _ = run_cli(["annotate", "pull", "--sample", "anonymous", "--export", tmp_path / "export.json"],
+                                capsys)
+    assert code == 0, err
+    assert ("inter-annotator agreement over the 2 maps with several annotators (2 annotators and 3 annotations that "
+            "name no annotator): ") in out
+    written = json.loads(next((tmp_path / "workspace" / "annotation" / "labeled" / "anonymous").glob(
+        "v*/pull_report.json")).read_text())
+    assert (written["n_annotators"], written["unidentified_annotations"]) == (2, 3)
+    for task in tasks:  # no annotation names its annotator
+        for annotation in task["annotations"]:
+            annotation["completed_by"] = None
+    (tmp_path / "export.json").write_text(json.dumps(tasks))
+    code, out, err, _ = run_cli(["annotate", "pull", "--sample", "anonymous", "--export", tmp_path / "export.json"],
+                                capsys)
+    assert code == 0, err
+    assert "several annotators (6 annotations that name no annotator): " in out
+
+
 def test_pulls_kappa_leaves_out_the_labels_that_settled_ties(tmp_path, synthetic_sample, monkeypatch, capsys):
     """A three-way split is settled by a fourth label (docs/labeling.md), asked for because the three disagreed.
     Fleiss' kappa counted it, so pull's agreement rose with every tie settled (panel-7-images-only: 0.872 where its
