@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gradio_client import Client
+from sklearn.metrics import cohen_kappa_score
 from transformers import BertConfig
 
 from analysis.data import ALL_TASKS, load_data, load_file
@@ -828,6 +829,74 @@ def test_fleiss_kappa_interval_is_nan_from_one_map_and_leaves_out_one_class_draw
     assert np.isnan(fleiss_kappa_interval([["block", "vertical", "block"]])).all()
     assert np.isnan(fleiss_kappa([["block", "block"], ["block", "block"]]))
     assert list(fleiss_kappa_interval([["block", "block"], ["vertical", "vertical"]])) == pytest.approx([1.0, 1.0])
+
+
+def test_cohen_kappa_interval_on_hand_made_labels():
+    """The cards gave each annotator pair's Cohen's kappa as a bare number, computed by no code here. Now
+    annotation.dataset.cohen_kappa computes it and cohen_kappa_interval gives its percentile bootstrap interval over
+    the items. A textbook table (50 items: 20 both yes, 15 both no, 5 and 10 split) has kappa 0.4, inside its
+    interval; two annotators who agree on every item of two classes get [1, 1]."""
+    first = np.array([0] * 20 + [0] * 5 + [1] * 10 + [1] * 15)
+    second = np.array([0] * 20 + [1] * 5 + [0] * 10 + [1] * 15)
+    assert ds.cohen_kappa(first, second) == pytest.approx(0.4)
+    assert ds.cohen_kappa(first, second) == pytest.approx(cohen_kappa_score(first, second))
+    low, high = ds.cohen_kappa_interval(first, second)
+    assert 0 < low < 0.4 < high < 0.8
+    assert list(ds.cohen_kappa_interval(first, second)) == [low, high]  # seed fixed: the same interval every time
+    assert list(ds.cohen_kappa_interval(first, first)) == pytest.approx([1.0, 1.0])
+    assert np.isnan(ds.cohen_kappa(np.zeros(4, int), np.zeros(4, int)))  # chance agreement certain: undefined
+    assert np.isnan(ds.cohen_kappa_interval(first[:1], second[:1])).all()  # one item resampled shows no spread
+    with pytest.raises(AttnpatError, match="Cohen's kappa needs two labels of each item"):
+        ds.cohen_kappa_interval(first, second[:-1])
+
+
+def test_annotate_agreement_gives_every_agreement_figure_with_its_interval(tmp_path, capsys):
+    """The data cards and docs/results.md gave Fleiss' kappa, each pair's agreement and Cohen's kappa, and two
+    panels' agreement on the same maps without intervals, from no command. `attnpat annotate agreement` prints each
+    with its percentile bootstrap 95% interval over the maps; a set without annotations, or --against a set of other
+    maps, is one error line."""
+    labeled = load_labeled_set(save_tiny_labeled_set(tmp_path / "a", 4, seed=1, task="a"))
+    rows = [{"map_id": map_id, "label": CLASSES[label]} for map_id, label in zip(labeled.map_ids, labeled.labels)]
+    maps = dict(zip(labeled.map_ids, labeled.maps))
+    votes = {who: [CLASSES[(label + (k % shift == 0)) % len(CLASSES)] for k, label in enumerate(labeled.labels)]
+             for who, shift in (("x", 7), ("y", 5), ("z", 3))}  # every 7th, 5th, 3rd map called the next class
+    annotations = [{"map_id": map_id, "label": votes[who][k], "annotator": who, "labeled_at": f"t{k}"}
+                   for k, map_id in enumerate(labeled.map_ids) for who in votes]
+    panel = ds.write_labeled_folder(tmp_path / "panel", rows, maps, annotations, {})
+    code, out, err, _ = run_cli(["annotate", "agreement", "--data", panel, "--against", tmp_path / "a"], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    kappa, (low, high) = fleiss_kappa(list(zip(*votes.values()))), fleiss_kappa_interval(list(zip(*votes.values())))
+    unanimous = sum(len(set(labels)) == 1 for labels in zip(*votes.values()))
+    assert lines[0] == (f"{panel}: Fleiss' kappa {kappa:.3f} (95% CI {low:.3f}-{high:.3f}) over the {len(rows)} maps "
+                        f"with two or more first-round labels; {unanimous} of them unanimous")
+    by_id = np.argsort(labeled.map_ids)  # a pair's maps are resampled in map-id order
+    first, second = (np.array([CLASSES.index(label) for label in votes[who]])[by_id] for who in ("x", "y"))
+    pair_low, pair_high = ds.cohen_kappa_interval(first, second)
+    assert lines[1].startswith(f"annotators x vs y ({len(rows)} maps, first round): macro-F1 ")
+    assert lines[1].endswith(f"Cohen's kappa {ds.cohen_kappa(first, second):.3f} (95% CI {pair_low:.3f}-"
+                             f"{pair_high:.3f})")
+    assert f", agreement {np.mean(first == second):.3f} (95% CI " in lines[1]
+    assert len(lines) == 5 and lines[4].startswith(f"{panel} against {tmp_path / 'a'} (their labels of the same "
+                                                   f"{len(rows)} maps): macro-F1 1.000 (95% CI 1.000-1.000)")
+    assert lines[4].endswith("Cohen's kappa 1.000 (95% CI 1.000-1.000)")  # the majority is the set's own labels
+    # labels before a relabel stand in for annotations.csv's on the maps they hold: here, map 0 split three ways
+    relabeled = labeled.map_ids[0]
+    (panel / "before.csv").write_text("map_id,label,annotator,labeled_at\n" + "".join(
+        f"{relabeled},{CLASSES[k]},{who},t0\n" for k, who in enumerate(votes)))
+    code, out, err, _ = run_cli(["annotate", "agreement", "--data", panel, "--earlier-labels", "before.csv"], capsys)
+    assert code == 0, err
+    earlier = [list(CLASSES[:3])] + [list(labels) for labels in zip(*votes.values())][1:]
+    assert out.startswith(f"{panel} (with before.csv): Fleiss' kappa {fleiss_kappa(earlier):.3f} (95% CI ")
+    cases = [(["--data", tmp_path / "a"], f"error: {tmp_path / 'a'}: no map has two first-round labels, so there is "
+                                          "no agreement to measure"),
+             (["--data", panel, "--earlier-labels", "../a/labels.csv"], "error: --earlier-labels '../a/labels.csv' "
+                                                                         f"must name a file in {panel} (no '/')"),
+             (["--data", panel, "--against", save_tiny_labeled_set(tmp_path / "b", 1, seed=2, task="b")],
+              f"error: --against {tmp_path / 'b'} must hold the same maps as --data {panel}")]
+    for argv, expected in cases:
+        code, _, err, errors = run_cli(["annotate", "agreement", *argv], capsys)
+        assert code == 2 and len(errors) == 1 and errors[0].startswith(expected) and "Traceback" not in err, err
 
 
 def test_pulls_kappa_is_undefined_not_perfect_when_every_label_is_one_class(tmp_path, synthetic_sample, monkeypatch,
