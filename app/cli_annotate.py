@@ -194,7 +194,14 @@ def agreement(data: Path = typer.Option(..., "--data", help="labeled-set folder 
     """Agreement of a labeled set's annotators, each figure with its 95% bootstrap interval over the maps."""
     # imported here on purpose: classifier.agreement loads torch
     from annotation.dataset import load_labeled_set, set_agreement  # noqa: PLC0415
-    from classifier.agreement import against_row, annotator_pair_table, ci_text, pair_lines, pair_scores_text  # noqa: PLC0415
+    from classifier.agreement import (  # noqa: PLC0415
+        against_row,
+        annotator_pair_table,
+        ci_text,
+        first_second_row,
+        pair_lines,
+        pair_scores_text,
+    )
 
     labeled = load_labeled_set(data)
     other = load_labeled_set(against) if against is not None else None  # read before any work: a bad one fails
@@ -204,6 +211,8 @@ def agreement(data: Path = typer.Option(..., "--data", help="labeled-set folder 
                f"{found.maps} maps with two or more first-round labels; {found.unanimous} of them unanimous")
     for line in pair_lines(annotator_pair_table(labeled, earlier)):
         typer.echo(line)
+    pooled = first_second_row(labeled, earlier)
+    typer.echo(f"first label against second, whoever gave them ({pooled['maps']} maps): " + pair_scores_text(pooled))
     if other is not None:
         row = against_row(labeled, other)
         typer.echo(f"{data} against {against} (their labels of the same {row['maps']} maps): "

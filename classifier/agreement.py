@@ -307,6 +307,21 @@ def pair_scores_text(row: dict) -> str:
             f"{row['agreement']:.3f} ({ci_text(row['agreement_low'], row['agreement_high'])}), {kappa}")
 
 
+def first_second_row(labeled: LabeledSet, earlier: str | None = None, *, level: float = 0.95,
+                     n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> dict | None:
+    """Each map's first first-round label against its second, whoever gave them (annotation.dataset
+    .first_round_annotations, earliest first), over every map with two: one figure for a set whose maps were
+    shared out among several pairs of annotators. Returns maps and PAIR_SCORES with their bounds; None when no map
+    has two such labels."""
+    first_round = first_round_annotations(labeled, earlier)
+    pairs = [list(group.label[:2]) for _, group in first_round.groupby("map_id") if len(group) >= 2]
+    if not pairs:
+        return None
+    first, second = (np.asarray([CLASSES.index(pair[k]) for pair in pairs]) for k in (0, 1))
+    values = pair_row(first, second, level=level, n_boot=n_boot, seed=seed)
+    return {"maps": len(pairs), **dict(zip(PAIR_COLUMNS[3:], values, strict=True))}
+
+
 def against_row(labeled: LabeledSet, other: LabeledSet, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
                 seed: int = 0) -> dict:
     """Two labeled sets of the same maps (paired_labels) side by side: their labels as two annotators' are in

@@ -877,9 +877,12 @@ def test_annotate_agreement_gives_every_agreement_figure_with_its_interval(tmp_p
     assert lines[1].endswith(f"Cohen's kappa {ds.cohen_kappa(first, second):.3f} (95% CI {pair_low:.3f}-"
                              f"{pair_high:.3f})")
     assert f", agreement {np.mean(first == second):.3f} (95% CI " in lines[1]
-    assert len(lines) == 5 and lines[4].startswith(f"{panel} against {tmp_path / 'a'} (their labels of the same "
+    assert lines[4].startswith(f"first label against second, whoever gave them ({len(rows)} maps): macro-F1 ")
+    x, y = (np.array([CLASSES.index(label) for label in votes[who]]) for who in ("x", "y"))
+    assert lines[4].split("Cohen's kappa ")[1].startswith(f"{ds.cohen_kappa(x, y):.3f} (95% CI")  # x's labels first
+    assert len(lines) == 6 and lines[5].startswith(f"{panel} against {tmp_path / 'a'} (their labels of the same "
                                                    f"{len(rows)} maps): macro-F1 1.000 (95% CI 1.000-1.000)")
-    assert lines[4].endswith("Cohen's kappa 1.000 (95% CI 1.000-1.000)")  # the majority is the set's own labels
+    assert lines[5].endswith("Cohen's kappa 1.000 (95% CI 1.000-1.000)")  # the majority is the set's own labels
     # labels before a relabel stand in for annotations.csv's on the maps they hold: here, map 0 split three ways
     relabeled = labeled.map_ids[0]
     (panel / "before.csv").write_text("map_id,label,annotator,labeled_at\n" + "".join(
