@@ -424,7 +424,8 @@ def set_agreement(labeled: LabeledSet, earlier: str | None = None, *, n_boot: in
     labels in place, :func:`read_single_annotations`). AttnpatError when it has none, or no map has two first-round
     labels."""
     first_round = first_round_annotations(labeled, earlier)
-    label_lists = [list(group.label) for _, group in first_round.groupby("map_id", sort=False)]
+    # in map-id order, as pull takes them: the same labels get the same bootstrap draws, so the same interval
+    label_lists = [list(group.label) for _, group in first_round.groupby("map_id")]
     several = [labels for labels in label_lists if len(labels) >= 2]
     if not several:
         raise AttnpatError(f"{labeled.path}: no map has two first-round labels, so there is no agreement to measure")
