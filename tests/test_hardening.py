@@ -866,11 +866,12 @@ def test_annotate_agreement_gives_every_agreement_figure_with_its_interval(tmp_p
     code, out, err, _ = run_cli(["annotate", "agreement", "--data", panel, "--against", tmp_path / "a"], capsys)
     assert code == 0, err
     lines = out.splitlines()
-    kappa, (low, high) = fleiss_kappa(list(zip(*votes.values()))), fleiss_kappa_interval(list(zip(*votes.values())))
-    unanimous = sum(len(set(labels)) == 1 for labels in zip(*votes.values()))
+    by_id = np.argsort(labeled.map_ids)  # maps are resampled in map-id order, as pull takes them
+    per_map = [list(labels) for labels in np.array(list(zip(*votes.values())))[by_id]]
+    kappa, (low, high) = fleiss_kappa(per_map), fleiss_kappa_interval(per_map)
+    unanimous = sum(len(set(labels)) == 1 for labels in per_map)
     assert lines[0] == (f"{panel}: Fleiss' kappa {kappa:.3f} (95% CI {low:.3f}-{high:.3f}) over the {len(rows)} maps "
                         f"with two or more first-round labels; {unanimous} of them unanimous")
-    by_id = np.argsort(labeled.map_ids)  # a pair's maps are resampled in map-id order
     first, second = (np.array([CLASSES.index(label) for label in votes[who]])[by_id] for who in ("x", "y"))
     pair_low, pair_high = ds.cohen_kappa_interval(first, second)
     assert lines[1].startswith(f"annotators x vs y ({len(rows)} maps, first round): macro-F1 ")
