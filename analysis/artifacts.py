@@ -254,8 +254,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "ci_high (against --data's labels minus against --paired-with's, same maps; 95% paired bootstrap)", None,
              hint="--data annotation/labeled/panel-5 --paired-with annotation/labeled/panel-5-images-only"),
     Artifact("evaluation_annotator_pairs", "evaluate", "annotator_a, annotator_b, maps, macro_f1, macro_f1_low, "
-             "macro_f1_high, agreement, agreement_low, agreement_high (each pair of annotators against each other, "
-             "first-round labels; 95% bootstrap)", None, hint=_EVALUATE),
+             "macro_f1_high, agreement, agreement_low, agreement_high, kappa, kappa_low, kappa_high (Cohen's; each "
+             "pair of annotators against each other, first-round labels; 95% bootstrap)", None, hint=_EVALUATE),
     Artifact("classifier", "train", "the trained CNN: classifier.safetensors and its metadata classifier.json",
              None, hint=_TRAIN, kind="checkpoint"),
     Artifact("maps", "extract", "map shards (float16 .npz per example batch; resumable)", None, kind="dir"),

@@ -255,14 +255,25 @@ def check_same_tokens(kept: dict[str, list[str]], incoming: dict[str, list[str]]
 
 
 def _distinct_annotations(records: list[dict]) -> list[dict]:
-    """annotations.csv rows of several sets with each annotation once (the first row that holds it)."""
-    kept, seen = [], set()
+    """annotations.csv rows of several sets with each annotation once, where the first row that holds it stood:
+    that row, or a later copy that carries the annotator's user id where the first carries none (a set pulled
+    before annotator_id was kept), since the id tells annotators apart where the name shown may not."""
+    kept, owner = [], {}  # owner: annotation key -> index of the kept row that holds it
     for record in records:
         keys = _annotation_keys(record)
-        if not keys & seen:
+        held = sorted({owner[key] for key in keys if key in owner})
+        if not held:
+            held = [len(kept)]
             kept.append(record)
-        seen |= keys  # a dropped row's keys too: it may link a later row to the kept one
+        elif _has_annotator_id(record) and not _has_annotator_id(kept[held[0]]):
+            kept[held[0]] = record
+        # a dropped row's keys too: it may link a later row to the kept one
+        owner.update(dict.fromkeys(keys, held[0]))
     return kept
+
+
+def _has_annotator_id(record: dict) -> bool:
+    return record.get("annotator_id") not in ("", None)
 
 
 def _annotation_keys(record: dict) -> set[tuple]:
@@ -367,6 +378,62 @@ def fleiss_kappa_interval(label_lists: list[list[str]], classes=CLASSES, *, leve
                                         n_boot=n_boot, seed=seed)
 
 
+def cohen_kappa(first: np.ndarray, second: np.ndarray, n_classes: int = len(CLASSES)) -> float:
+    """Cohen's kappa of two annotators' labels of the same N items. first, second: (N,) class indices, N >= 1.
+    Chance agreement multiplies each annotator's own class shares; NaN when it is certain (both gave every item
+    one and the same class), as :func:`fleiss_kappa` gives it."""
+    joint = np.zeros((n_classes, n_classes))
+    np.add.at(joint, (np.asarray(first), np.asarray(second)), 1)  # (K, K): first's class x second's
+    total = joint.sum()
+    observed = np.trace(joint) / total
+    chance = float(joint.sum(1) @ joint.sum(0)) / total ** 2
+    return float((observed - chance) / (1 - chance)) if chance < 1 else float("nan")
+
+
+def cohen_kappa_interval(first: np.ndarray, second: np.ndarray, *, level: float = 0.95,
+                         n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> np.ndarray:
+    """Percentile bootstrap interval of :func:`cohen_kappa`, resampling the items with both their labels.
+
+    first, second: (N,) class indices of the same N items. Returns (2,) lower and upper bounds
+    (analysis.uncertainty.bootstrap_statistic_interval, seed fixed); draws whose kappa is undefined are left out,
+    and fewer than two items give NaN bounds, as :func:`fleiss_kappa_interval` does."""
+    first, second = np.asarray(first), np.asarray(second)
+    if len(first) != len(second) or not len(first):
+        raise AttnpatError(f"an interval of Cohen's kappa needs two labels of each item, at least one item; got "
+                           f"{len(first)} and {len(second)} labels")
+    return bootstrap_statistic_interval(lambda draw: cohen_kappa(first[draw], second[draw]), len(first),
+                                        level=level, n_boot=n_boot, seed=seed)
+
+
+@dataclass
+class SetAgreement:
+    """Fleiss' kappa of a labeled set's first-round labels (:func:`first_round_annotations`) over the ``maps``
+    maps with two or more of them, with its percentile bootstrap 95% interval over those maps (low, high: NaN from
+    one map), and how many of the maps got equal labels from all their annotators (``unanimous``)."""
+
+    kappa: float
+    low: float
+    high: float
+    maps: int
+    unanimous: int
+
+
+def set_agreement(labeled: LabeledSet, earlier: str | None = None, *, n_boot: int = DEFAULT_BOOTSTRAP,
+                  seed: int = 0) -> SetAgreement:
+    """The agreement of ``labeled``'s annotators (:class:`SetAgreement`), from its annotations.csv (with ``earlier``'s
+    labels in place, :func:`read_single_annotations`). AttnpatError when it has none, or no map has two first-round
+    labels."""
+    first_round = first_round_annotations(labeled, earlier)
+    # in map-id order, as pull takes them: the same labels get the same bootstrap draws, so the same interval
+    label_lists = [list(group.label) for _, group in first_round.groupby("map_id")]
+    several = [labels for labels in label_lists if len(labels) >= 2]
+    if not several:
+        raise AttnpatError(f"{labeled.path}: no map has two first-round labels, so there is no agreement to measure")
+    low, high = fleiss_kappa_interval(several, n_boot=n_boot, seed=seed)
+    return SetAgreement(fleiss_kappa(several), float(low), float(high), len(several),
+                        sum(len(set(labels)) == 1 for labels in several))
+
+
 # ---------------------------------------------------------------- single annotators
 
 def is_tie(labels: list[str]) -> bool:
@@ -388,8 +455,10 @@ def independent_labels(labels: list[str], round_size: int) -> list[str]:
     return independent if len(labels) > round_size and is_tie(independent) else labels
 
 
-def read_single_annotations(labeled: LabeledSet) -> pd.DataFrame:
-    """The set's annotations.csv rows on its maps (map_id, label, annotator, ...), each map's earliest first as
+def read_single_annotations(labeled: LabeledSet, earlier: str | None = None) -> pd.DataFrame:
+    """The set's annotations.csv rows on its maps (with ``earlier``, a file of earlier labels in its folder such as
+    annotations-before-rule9.csv, its rows stand in for annotations.csv's on the maps it holds: the labels as they
+    were before a relabel) (map_id, label, annotator, ...), each map's earliest first as
     `annotate pull` writes them, with two more columns: annotator_key, who wrote the row (:func:`annotator_keys`),
     and annotator_name, how to show them (:func:`annotator_names`). AttnpatError when the set has none, or one
     annotator labeled a map twice (a pull keeps each annotator's last word only, so such a file was written by hand
@@ -398,6 +467,8 @@ def read_single_annotations(labeled: LabeledSet) -> pd.DataFrame:
     if path is None or not path.is_file():
         raise AttnpatError(f"{labeled.path}: no annotations.csv, so its single annotators' labels are unknown")
     frame = read_text_table(path, ("map_id", "label", "annotator"))
+    if earlier is not None:
+        frame = with_earlier_labels(frame, labeled.path, earlier)
     frame = frame.assign(annotator_key=annotator_keys(frame))
     frame = frame.assign(annotator_name=frame.annotator_key.map(annotator_names(frame)))
     frame = frame[frame.map_id.isin(set(labeled.map_ids))]
@@ -437,10 +508,19 @@ def annotator_names(frame: pd.DataFrame) -> dict[str, str]:
             for key, name in latest.items()}
 
 
-def first_round_annotations(labeled: LabeledSet) -> pd.DataFrame:
+def with_earlier_labels(frame: pd.DataFrame, folder: Path, earlier: str) -> pd.DataFrame:
+    """annotations.csv rows ``frame`` with the rows of ``earlier`` (a file in ``folder``) in place of its rows on
+    the maps that file holds. A name that is no file there, or a path, is one AttnpatError."""
+    if Path(earlier).name != earlier or not (folder / earlier).is_file():
+        raise AttnpatError(f"--earlier-labels {earlier!r} must name a file in {folder} (no '/')")
+    before = read_text_table(folder / earlier, ("map_id", "label", "annotator"))
+    return pd.concat([frame[~frame.map_id.isin(set(before.map_id))], before], ignore_index=True).fillna("")
+
+
+def first_round_annotations(labeled: LabeledSet, earlier: str | None = None) -> pd.DataFrame:
     """The independent (first-round) annotations of the set's maps: :func:`read_single_annotations` without the
     labels that settled a tie, as Fleiss' kappa leaves them out (annotation.labelstudio.independent_kappa)."""
-    return first_round_of(read_single_annotations(labeled))
+    return first_round_of(read_single_annotations(labeled, earlier))
 
 
 def first_round_of(frame: pd.DataFrame) -> pd.DataFrame:

@@ -389,7 +389,20 @@ class PullReport:
     kappa_ci_high: float | None = None
     kappa_maps: int = 0
     settling_labels: int = 0  # labels that settled a tie after the independent round: not in the kappa
-    n_annotators: int = 0
+    n_annotators: int = 0  # distinct Label Studio users among the annotations kept (those that name one)
+    # annotations kept that name no user (no completed_by): each is its own voter, and who wrote them is unknown,
+    # so they are counted here, not as annotators
+    unidentified_annotations: int = 0
+
+    def annotators_text(self) -> str:
+        """'3 annotators', with the annotations that name no annotator said apart: '2 annotators and 5 annotations
+        that name no annotator'."""
+        known = f"{self.n_annotators} annotator{'s' if self.n_annotators != 1 else ''}"
+        if not self.unidentified_annotations:
+            return known
+        unknown = (f"{self.unidentified_annotations} annotation{'s' if self.unidentified_annotations != 1 else ''}"
+                   " that name no annotator")
+        return f"{known} and {unknown}" if self.n_annotators else unknown
 
     def kappa_text(self) -> str:
         """'Fleiss' kappa 0.871 [0.84, 0.90] (bootstrap 95% over 270 maps)', or, from one map (no interval), what
@@ -636,7 +649,8 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
     report.kappa, interval, report.kappa_maps, report.settling_labels = independent_kappa(label_lists)
     if interval is not None:  # NaN bounds (one map) are stored as null: JSON has no NaN
         report.kappa_ci_low, report.kappa_ci_high = (None if np.isnan(bound) else bound for bound in interval)
-    report.n_annotators = len({a["annotator_id"] for a in all_annotations})
+    report.n_annotators = len({a["annotator_id"] for a in all_annotations} - {""})
+    report.unidentified_annotations = sum(a["annotator_id"] == "" for a in all_annotations)
     summary = {**{k: v for k, v in report.__dict__.items() if k != "folder"}, "project_id": project_id,
                "url": url, "sample": sample.name,
                "pulled_at": datetime.now(UTC).isoformat(timespec="seconds")}

@@ -1,4 +1,4 @@
-"""`attnpat annotate serve|stop|status|push|pull`: the Label Studio workflow."""
+"""`attnpat annotate serve|stop|status|push|pull|merge|agreement`: the Label Studio workflow."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -163,7 +163,7 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
         settled = (f"; before the {report.settling_labels} labels that settled ties" if report.settling_labels
                    else "")
         typer.echo(f"inter-annotator agreement over the {report.kappa_maps} maps with several annotators "
-                   f"({report.n_annotators} annotators{settled}): {report.kappa_text()}")
+                   f"({report.annotators_text()}{settled}): {report.kappa_text()}")
     elif report.kappa_maps:  # every label one class: nothing to tell agreement from chance by
         typer.echo(f"inter-annotator agreement: Fleiss' kappa undefined over {report.kappa_maps} maps with several "
                    "annotators: every label is the same class")
@@ -182,6 +182,41 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
     typer.echo(f"tasks in the project: {report.tasks} = "
                + " + ".join(f"{count} {name}" for name, count in parts.items() if count or name != "set aside")
                + (" (not in the sample or changed since push)" if parts["set aside"] else ""))
+
+
+@annotate.command("agreement")
+def agreement(data: Path = typer.Option(..., "--data", help="labeled-set folder with annotations.csv"),
+              against: Path | None = typer.Option(None, "--against", help="another labeled set of the same maps: "
+                                                  "its labels against --data's, as two annotators'"),
+              earlier: str | None = typer.Option(None, "--earlier-labels", help="a file in --data's folder whose "
+                                                 "labels stand in for annotations.csv's on its maps: the labels "
+                                                 "before a relabel (annotations-before-rule9.csv)")) -> None:
+    """Agreement of a labeled set's annotators, each figure with its 95% bootstrap interval over the maps."""
+    # imported here on purpose: classifier.agreement loads torch
+    from annotation.dataset import load_labeled_set, set_agreement  # noqa: PLC0415
+    from classifier.agreement import (  # noqa: PLC0415
+        against_row,
+        annotator_pair_table,
+        ci_text,
+        first_second_row,
+        pair_lines,
+        pair_scores_text,
+    )
+
+    labeled = load_labeled_set(data)
+    other = load_labeled_set(against) if against is not None else None  # read before any work: a bad one fails
+    found = set_agreement(labeled, earlier)
+    source = f" (with {earlier})" if earlier is not None else ""
+    typer.echo(f"{data}{source}: Fleiss' kappa {found.kappa:.3f} ({ci_text(found.low, found.high)}) over the "
+               f"{found.maps} maps with two or more first-round labels; {found.unanimous} of them unanimous")
+    for line in pair_lines(annotator_pair_table(labeled, earlier)):
+        typer.echo(line)
+    pooled = first_second_row(labeled, earlier)
+    typer.echo(f"first label against second, whoever gave them ({pooled['maps']} maps): " + pair_scores_text(pooled))
+    if other is not None:
+        row = against_row(labeled, other)
+        typer.echo(f"{data} against {against} (their labels of the same {row['maps']} maps): "
+                   + pair_scores_text(row))
 
 
 @annotate.command("merge")

@@ -16,7 +16,8 @@ Outputs in the run directory runs/classifier/<labeled set folder name>/:
                               --paired-with B): the CNN's score against these labels minus against B's labels of the
                               same maps, 95% paired bootstrap over maps (paired_label_comparison)
   evaluation_annotator_pairs.csv  annotator_a, annotator_b, maps, macro_f1, macro_f1_low, macro_f1_high, agreement,
-                              agreement_low, agreement_high (when annotations.csv holds two or more annotators): each
+                              agreement_low, agreement_high, kappa, kappa_low, kappa_high (Cohen's) (when
+                              annotations.csv holds two or more annotators): each
                               pair of annotators scored against each other on the maps both labeled in the first
                               round (annotator_pair_table)
 
@@ -49,7 +50,13 @@ from analysis.patterns import CLASSES
 from analysis.progress import progress_bar
 from analysis.rundir import RunDir
 from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_draws, bootstrap_statistic_interval
-from annotation.dataset import LabeledSet, first_round_annotations, labeled_set_name, load_labeled_set
+from annotation.dataset import (
+    LabeledSet,
+    cohen_kappa,
+    first_round_annotations,
+    labeled_set_name,
+    load_labeled_set,
+)
 from classifier.evaluate import (
     baseline_comparison,
     comparison_lines,
@@ -184,19 +191,20 @@ def prediction_table(map_ids: list[str], labels: np.ndarray, probabilities: np.n
 
 # ---------------------------------------------------------------- two label sets, and annotators, side by side
 
-def paired_labels(labeled: LabeledSet, other: LabeledSet) -> np.ndarray:
+def paired_labels(labeled: LabeledSet, other: LabeledSet, flag: str = "--paired-with") -> np.ndarray:
     """(N,) ``other``'s labels of ``labeled``'s N maps, in ``labeled``'s order. AttnpatError, naming the first
-    difference, unless ``other`` holds exactly the same map ids with the same maps."""
+    difference (and ``other`` by the option that named it), unless ``other`` holds exactly the same map ids with
+    the same maps."""
     ours, theirs = set(labeled.map_ids), set(other.map_ids)
     if ours != theirs:
         missing, extra = sorted(ours - theirs), sorted(theirs - ours)
         first = f"{ascii(missing[0][:80])} not in it" if missing else f"{ascii(extra[0][:80])} only in it"
-        raise AttnpatError(f"--paired-with {other.path} must hold the same maps as --data {labeled.path}: "
+        raise AttnpatError(f"{flag} {other.path} must hold the same maps as --data {labeled.path}: "
                            f"{len(missing)} missing, {len(extra)} more (first: {first})")
     index = {map_id: i for i, map_id in enumerate(other.map_ids)}
     for map_id, attn in zip(labeled.map_ids, labeled.maps, strict=True):
         if not np.array_equal(attn, other.maps[index[map_id]]):
-            raise AttnpatError(f"--paired-with {other.path} holds map {ascii(map_id[:80])} with other values than "
+            raise AttnpatError(f"{flag} {other.path} holds map {ascii(map_id[:80])} with other values than "
                                f"--data {labeled.path}; the label sets must label the same maps")
     return other.labels[[index[map_id] for map_id in labeled.map_ids]]
 
@@ -222,26 +230,40 @@ def paired_label_comparison(labels: np.ndarray, paired: np.ndarray, predicted: n
 
 
 def pair_scores(first: np.ndarray, second: np.ndarray, draw: np.ndarray) -> np.ndarray:
-    """(2,) macro-F1 and agreement of two annotators' (N,) labels at ``draw`` (indices into N)."""
+    """(3,) macro-F1, agreement and Cohen's kappa (annotation.dataset.cohen_kappa) of two annotators' (N,) labels at
+    ``draw`` (indices into N)."""
     found = class_scores(first[draw], second[draw])
-    return np.array([found.macro_f1, found.accuracy])
+    return np.array([found.macro_f1, found.accuracy, cohen_kappa(first[draw], second[draw])])
 
 
-PAIR_COLUMNS = ["annotator_a", "annotator_b", "maps", "macro_f1", "macro_f1_low", "macro_f1_high", "agreement",
-                "agreement_low", "agreement_high"]
+PAIR_SCORES = ("macro_f1", "agreement", "kappa")  # what pair_scores gives, in its order
+PAIR_COLUMNS = ["annotator_a", "annotator_b", "maps"] + [f"{score}{end}" for score in PAIR_SCORES
+                                                         for end in ("", "_low", "_high")]
 
 
-def annotator_pair_table(labeled: LabeledSet, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
-                         seed: int = 0) -> pd.DataFrame:
+def pair_row(first: np.ndarray, second: np.ndarray, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
+             seed: int = 0) -> list[float]:
+    """Two (N,) label arrays of the same maps -> each of PAIR_SCORES followed by its percentile bootstrap interval
+    over the maps (all three on the same draws): 9 values."""
+    found = pair_scores(first, second, np.arange(len(first)))
+    bounds = bootstrap_statistic_interval(partial(pair_scores, first, second), len(first), level=level,
+                                          n_boot=n_boot, seed=seed)  # (3, 2)
+    return [value for score, (low, high) in zip(found, bounds, strict=True) for value in (score, low, high)]
+
+
+def annotator_pair_table(labeled: LabeledSet, earlier: str | None = None, *, level: float = 0.95,
+                         n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> pd.DataFrame:
     """Every pair of annotators of ``labeled``'s maps scored against each other, on the maps both labeled in the
     first round (annotation.dataset.first_round_annotations): macro-F1 as evaluate scores the CNN (class_scores;
-    it is the same either way round), agreement (the share of maps labeled alike), each with a percentile
+    it is the same either way round), agreement (the share of maps labeled alike) and Cohen's kappa, each with a
+    percentile
     bootstrap interval over those maps. Annotators are told apart by user id where known and named as
-    annotation.dataset.annotator_names shows them. Columns PAIR_COLUMNS; no rows without annotations.csv or two
-    annotators."""
+    annotation.dataset.annotator_names shows them. earlier: a file of earlier labels in the set's folder that stand
+    in for annotations.csv's (annotation.dataset.read_single_annotations). Columns PAIR_COLUMNS; no rows without
+    annotations.csv or two annotators."""
     if labeled.path is None or not (labeled.path / "annotations.csv").is_file():
         return pd.DataFrame(columns=PAIR_COLUMNS)
-    first_round = first_round_annotations(labeled)
+    first_round = first_round_annotations(labeled, earlier)
     # one column per annotator (their user id where known: an email can change, two users can show one name),
     # headed by the name shown for them
     names = dict(zip(first_round.annotator_key, first_round.annotator_name, strict=True))
@@ -254,10 +276,7 @@ def annotator_pair_table(labeled: LabeledSet, *, level: float = 0.95, n_boot: in
             if both.empty:
                 continue
             a, b = (np.asarray([CLASSES.index(label) for label in both[name]]) for name in (first, second))
-            found = pair_scores(a, b, np.arange(len(a)))
-            bounds = bootstrap_statistic_interval(partial(pair_scores, a, b), len(a), level=level, n_boot=n_boot,
-                                                  seed=seed)  # (2, 2)
-            rows.append([first, second, len(a), found[0], *bounds[0], found[1], *bounds[1]])
+            rows.append([first, second, len(a), *pair_row(a, b, level=level, n_boot=n_boot, seed=seed)])
     return pd.DataFrame(rows, columns=PAIR_COLUMNS)
 
 
@@ -273,12 +292,43 @@ def paired_lines(paired: pd.DataFrame, data: str, other: str) -> list[str]:
 
 
 def pair_lines(pairs: pd.DataFrame) -> list[str]:
-    """What evaluate prints of the annotator pairs: one line per pair, macro-F1 and agreement each with its
-    bootstrap interval over the pair's maps."""
-    return [f"annotators {row['annotator_a']} vs {row['annotator_b']} ({row['maps']} maps, first round): macro-F1 "
-            f"{row['macro_f1']:.3f} ({ci_text(row['macro_f1_low'], row['macro_f1_high'])}),"
-            f" agreement {row['agreement']:.3f} ({ci_text(row['agreement_low'], row['agreement_high'])})"
-            for row in pairs.to_dict("records")]
+    """What evaluate prints of the annotator pairs: one line per pair, macro-F1, agreement and Cohen's kappa each
+    with its bootstrap interval over the pair's maps."""
+    return [f"annotators {row['annotator_a']} vs {row['annotator_b']} ({row['maps']} maps, first round): "
+            + pair_scores_text(row) for row in pairs.to_dict("records")]
+
+
+def pair_scores_text(row: dict) -> str:
+    """'macro-F1 0.886 (95% CI 0.775-0.998), agreement 0.985 (...), Cohen's kappa 0.972 (...)' of a row holding
+    PAIR_SCORES and their bounds; a kappa undefined (every label one class) says so."""
+    kappa = (f"Cohen's kappa {row['kappa']:.3f} ({ci_text(row['kappa_low'], row['kappa_high'])})"
+             if not np.isnan(row["kappa"]) else "Cohen's kappa undefined (every label one class)")
+    return (f"macro-F1 {row['macro_f1']:.3f} ({ci_text(row['macro_f1_low'], row['macro_f1_high'])}), agreement "
+            f"{row['agreement']:.3f} ({ci_text(row['agreement_low'], row['agreement_high'])}), {kappa}")
+
+
+def first_second_row(labeled: LabeledSet, earlier: str | None = None, *, level: float = 0.95,
+                     n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> dict | None:
+    """Each map's first first-round label against its second, whoever gave them (annotation.dataset
+    .first_round_annotations, earliest first), over every map with two: one figure for a set whose maps were
+    shared out among several pairs of annotators. Returns maps and PAIR_SCORES with their bounds; None when no map
+    has two such labels."""
+    first_round = first_round_annotations(labeled, earlier)
+    pairs = [list(group.label[:2]) for _, group in first_round.groupby("map_id") if len(group) >= 2]
+    if not pairs:
+        return None
+    first, second = (np.asarray([CLASSES.index(pair[k]) for pair in pairs]) for k in (0, 1))
+    values = pair_row(first, second, level=level, n_boot=n_boot, seed=seed)
+    return {"maps": len(pairs), **dict(zip(PAIR_COLUMNS[3:], values, strict=True))}
+
+
+def against_row(labeled: LabeledSet, other: LabeledSet, *, level: float = 0.95, n_boot: int = DEFAULT_BOOTSTRAP,
+                seed: int = 0) -> dict:
+    """Two labeled sets of the same maps (paired_labels) side by side: their labels as two annotators' are in
+    annotator_pair_table. Returns maps and PAIR_SCORES with their bounds."""
+    paired = paired_labels(labeled, other, "--against")
+    values = pair_row(labeled.labels, paired, level=level, n_boot=n_boot, seed=seed)
+    return {"maps": len(paired), **dict(zip(PAIR_COLUMNS[3:], values, strict=True))}
 
 
 # ---------------------------------------------------------------- is the labeled set held out?

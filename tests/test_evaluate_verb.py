@@ -10,7 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
+from sklearn.metrics import (
+    accuracy_score,
+    cohen_kappa_score,
+    confusion_matrix,
+    f1_score,
+    precision_recall_fscore_support,
+)
 
 from analysis.artifacts import ARTIFACTS, listed
 from analysis.errors import AttnpatError
@@ -598,10 +604,15 @@ def test_one_annotators_first_round_labels_are_scored_in_a_run_of_their_own(tiny
         low, high = f"{row['macro_f1_low']:.3f}", f"{row['macro_f1_high']:.3f}"
         assert row["agreement_low"] <= row["agreement"] <= row["agreement_high"]
         agreed_low, agreed_high = f"{row['agreement_low']:.3f}", f"{row['agreement_high']:.3f}"
+        # Cohen's kappa of the pair, with its interval (it was not given)
+        assert row["kappa"] == pytest.approx(cohen_kappa_score(first[:shared], second[:shared]))
+        assert row["kappa_low"] <= row["kappa"] <= row["kappa_high"]
+        kappa_low, kappa_high = f"{row['kappa_low']:.3f}", f"{row['kappa_high']:.3f}"
         # the agreement carries its interval too (it was printed as a bare share)
         assert (f"annotators {row['annotator_a']} vs {row['annotator_b']} ({shared} maps, first round): macro-F1 "
                 f"{row['macro_f1']:.3f} (95% CI {low}-{high}), agreement {row['agreement']:.3f} "
-                f"(95% CI {agreed_low}-{agreed_high})") in out.splitlines()
+                f"(95% CI {agreed_low}-{agreed_high}), Cohen's kappa {row['kappa']:.3f} "
+                f"(95% CI {kappa_low}-{kappa_high})") in out.splitlines()
 
 
 def test_an_annotator_unknown_or_without_first_round_labels_is_one_error_line(tiny, tmp_path, capsys):

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gradio_client import Client
+from sklearn.metrics import cohen_kappa_score
 from transformers import BertConfig
 
 from analysis.data import ALL_TASKS, load_data, load_file
@@ -735,6 +736,40 @@ def test_pull_counts_the_maps_that_skips_left_out_of_the_set_once_each(tmp_path,
     assert f"maps left out because their annotators skipped them: 2 (first: {ids[0]})" in out.splitlines()
 
 
+def test_pull_counts_annotations_without_an_annotator_id_apart_from_the_annotators(tmp_path, synthetic_sample,
+                                                                                   monkeypatch, capsys):
+    """Pull's annotator count lumped every annotation that names no user (no completed_by) together as one
+    annotator: two users and three such annotations printed '3 annotators'. Each such annotation is its own voter
+    and nobody knows who wrote it, so now the line says how many annotations name no annotator, apart from the
+    users counted, and pull_report.json keeps both."""
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path))
+    sample = Path(shutil.copytree(synthetic_sample("anonymous", 2), tmp_path / "workspace" / "annotation"
+                                  / "samples" / "anonymous"))
+    tasks = _export_of(sample, {})
+    votes = [[(7, "block"), (8, "block"), (None, "block")], [(7, "vertical"), (None, "diagonal"), (None, "vertical")]]
+    for task, labels in zip(tasks, votes, strict=True):
+        task["annotations"] = [{"id": 10 * task["id"] + k, "completed_by": user, "was_cancelled": False,
+                                "created_at": f"2026-01-01T00:{task['id']:02d}:{k:02d}Z",
+                                "result": [{"value": {"choices": [label]}}]} for k, (user, label) in enumerate(labels)]
+    (tmp_path / "export.json").write_text(json.dumps(tasks))
+    code, out, err, _ = run_cli(["annotate", "pull", "--sample", "anonymous", "--export", tmp_path / "export.json"],
+                                capsys)
+    assert code == 0, err
+    assert ("inter-annotator agreement over the 2 maps with several annotators (2 annotators and 3 annotations that "
+            "name no annotator): ") in out
+    written = json.loads(next((tmp_path / "workspace" / "annotation" / "labeled" / "anonymous").glob(
+        "v*/pull_report.json")).read_text())
+    assert (written["n_annotators"], written["unidentified_annotations"]) == (2, 3)
+    for task in tasks:  # no annotation names its annotator
+        for annotation in task["annotations"]:
+            annotation["completed_by"] = None
+    (tmp_path / "export.json").write_text(json.dumps(tasks))
+    code, out, err, _ = run_cli(["annotate", "pull", "--sample", "anonymous", "--export", tmp_path / "export.json"],
+                                capsys)
+    assert code == 0, err
+    assert "several annotators (6 annotations that name no annotator): " in out
+
+
 def test_pulls_kappa_leaves_out_the_labels_that_settled_ties(tmp_path, synthetic_sample, monkeypatch, capsys):
     """A three-way split is settled by a fourth label (docs/labeling.md), asked for because the three disagreed.
     Fleiss' kappa counted it, so pull's agreement rose with every tie settled (panel-7-images-only: 0.872 where its
@@ -794,6 +829,78 @@ def test_fleiss_kappa_interval_is_nan_from_one_map_and_leaves_out_one_class_draw
     assert np.isnan(fleiss_kappa_interval([["block", "vertical", "block"]])).all()
     assert np.isnan(fleiss_kappa([["block", "block"], ["block", "block"]]))
     assert list(fleiss_kappa_interval([["block", "block"], ["vertical", "vertical"]])) == pytest.approx([1.0, 1.0])
+
+
+def test_cohen_kappa_interval_on_hand_made_labels():
+    """The cards gave each annotator pair's Cohen's kappa as a bare number, computed by no code here. Now
+    annotation.dataset.cohen_kappa computes it and cohen_kappa_interval gives its percentile bootstrap interval over
+    the items. A textbook table (50 items: 20 both yes, 15 both no, 5 and 10 split) has kappa 0.4, inside its
+    interval; two annotators who agree on every item of two classes get [1, 1]."""
+    first = np.array([0] * 20 + [0] * 5 + [1] * 10 + [1] * 15)
+    second = np.array([0] * 20 + [1] * 5 + [0] * 10 + [1] * 15)
+    assert ds.cohen_kappa(first, second) == pytest.approx(0.4)
+    assert ds.cohen_kappa(first, second) == pytest.approx(cohen_kappa_score(first, second))
+    low, high = ds.cohen_kappa_interval(first, second)
+    assert 0 < low < 0.4 < high < 0.8
+    assert list(ds.cohen_kappa_interval(first, second)) == [low, high]  # seed fixed: the same interval every time
+    assert list(ds.cohen_kappa_interval(first, first)) == pytest.approx([1.0, 1.0])
+    assert np.isnan(ds.cohen_kappa(np.zeros(4, int), np.zeros(4, int)))  # chance agreement certain: undefined
+    assert np.isnan(ds.cohen_kappa_interval(first[:1], second[:1])).all()  # one item resampled shows no spread
+    with pytest.raises(AttnpatError, match="Cohen's kappa needs two labels of each item"):
+        ds.cohen_kappa_interval(first, second[:-1])
+
+
+def test_annotate_agreement_gives_every_agreement_figure_with_its_interval(tmp_path, capsys):
+    """The data cards and docs/results.md gave Fleiss' kappa, each pair's agreement and Cohen's kappa, and two
+    panels' agreement on the same maps without intervals, from no command. `attnpat annotate agreement` prints each
+    with its percentile bootstrap 95% interval over the maps; a set without annotations, or --against a set of other
+    maps, is one error line."""
+    labeled = load_labeled_set(save_tiny_labeled_set(tmp_path / "a", 4, seed=1, task="a"))
+    rows = [{"map_id": map_id, "label": CLASSES[label]} for map_id, label in zip(labeled.map_ids, labeled.labels)]
+    maps = dict(zip(labeled.map_ids, labeled.maps))
+    votes = {who: [CLASSES[(label + (k % shift == 0)) % len(CLASSES)] for k, label in enumerate(labeled.labels)]
+             for who, shift in (("x", 7), ("y", 5), ("z", 3))}  # every 7th, 5th, 3rd map called the next class
+    annotations = [{"map_id": map_id, "label": votes[who][k], "annotator": who, "labeled_at": f"t{k}"}
+                   for k, map_id in enumerate(labeled.map_ids) for who in votes]
+    panel = ds.write_labeled_folder(tmp_path / "panel", rows, maps, annotations, {})
+    code, out, err, _ = run_cli(["annotate", "agreement", "--data", panel, "--against", tmp_path / "a"], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    by_id = np.argsort(labeled.map_ids)  # maps are resampled in map-id order, as pull takes them
+    per_map = [list(labels) for labels in np.array(list(zip(*votes.values())))[by_id]]
+    kappa, (low, high) = fleiss_kappa(per_map), fleiss_kappa_interval(per_map)
+    unanimous = sum(len(set(labels)) == 1 for labels in per_map)
+    assert lines[0] == (f"{panel}: Fleiss' kappa {kappa:.3f} (95% CI {low:.3f}-{high:.3f}) over the {len(rows)} maps "
+                        f"with two or more first-round labels; {unanimous} of them unanimous")
+    first, second = (np.array([CLASSES.index(label) for label in votes[who]])[by_id] for who in ("x", "y"))
+    pair_low, pair_high = ds.cohen_kappa_interval(first, second)
+    assert lines[1].startswith(f"annotators x vs y ({len(rows)} maps, first round): macro-F1 ")
+    assert lines[1].endswith(f"Cohen's kappa {ds.cohen_kappa(first, second):.3f} (95% CI {pair_low:.3f}-"
+                             f"{pair_high:.3f})")
+    assert f", agreement {np.mean(first == second):.3f} (95% CI " in lines[1]
+    assert lines[4].startswith(f"first label against second, whoever gave them ({len(rows)} maps): macro-F1 ")
+    x, y = (np.array([CLASSES.index(label) for label in votes[who]]) for who in ("x", "y"))
+    assert lines[4].split("Cohen's kappa ")[1].startswith(f"{ds.cohen_kappa(x, y):.3f} (95% CI")  # x's labels first
+    assert len(lines) == 6 and lines[5].startswith(f"{panel} against {tmp_path / 'a'} (their labels of the same "
+                                                   f"{len(rows)} maps): macro-F1 1.000 (95% CI 1.000-1.000)")
+    assert lines[5].endswith("Cohen's kappa 1.000 (95% CI 1.000-1.000)")  # the majority is the set's own labels
+    # labels before a relabel stand in for annotations.csv's on the maps they hold: here, map 0 split three ways
+    relabeled = labeled.map_ids[0]
+    (panel / "before.csv").write_text("map_id,label,annotator,labeled_at\n" + "".join(
+        f"{relabeled},{CLASSES[k]},{who},t0\n" for k, who in enumerate(votes)))
+    code, out, err, _ = run_cli(["annotate", "agreement", "--data", panel, "--earlier-labels", "before.csv"], capsys)
+    assert code == 0, err
+    earlier = [list(CLASSES[:3])] + [list(labels) for labels in zip(*votes.values())][1:]
+    assert out.startswith(f"{panel} (with before.csv): Fleiss' kappa {fleiss_kappa(earlier):.3f} (95% CI ")
+    cases = [(["--data", tmp_path / "a"], f"error: {tmp_path / 'a'}: no map has two first-round labels, so there is "
+                                          "no agreement to measure"),
+             (["--data", panel, "--earlier-labels", "../a/labels.csv"], "error: --earlier-labels '../a/labels.csv' "
+                                                                         f"must name a file in {panel} (no '/')"),
+             (["--data", panel, "--against", save_tiny_labeled_set(tmp_path / "b", 1, seed=2, task="b")],
+              f"error: --against {tmp_path / 'b'} must hold the same maps as --data {panel}")]
+    for argv, expected in cases:
+        code, _, err, errors = run_cli(["annotate", "agreement", *argv], capsys)
+        assert code == 2 and len(errors) == 1 and errors[0].startswith(expected) and "Traceback" not in err, err
 
 
 def test_pulls_kappa_is_undefined_not_perfect_when_every_label_is_one_class(tmp_path, synthetic_sample, monkeypatch,
@@ -1175,6 +1282,24 @@ def test_merge_refuses_two_sets_with_other_tokens_for_one_map(tmp_path, capsys):
     assert not (tmp_path / "m").exists()
     assert run_cli(["annotate", "merge", first, same, "--out", tmp_path / "m"], capsys)[0] == 0
     assert load_labeled_set(tmp_path / "m").tokens == words
+
+
+def test_merge_keeps_the_copy_of_an_annotation_that_carries_its_annotator_id(tmp_path, capsys):
+    """`annotate merge` of a set pulled before annotator_id was kept and a later pull of the same annotations kept
+    each annotation once, but as its first (id-less) copy, so the merged set told annotators apart by the email
+    shown only. Now the copy with the user id is kept, in either order of the sets."""
+    labeled = load_labeled_set(save_tiny_labeled_set(tmp_path / "a", 1, seed=1, task="a"))
+    rows = [{"map_id": map_id, "label": CLASSES[label]} for map_id, label in zip(labeled.map_ids, labeled.labels)]
+    maps = dict(zip(labeled.map_ids, labeled.maps))
+    with_ids = [{"map_id": map_id, "label": row["label"], "annotator": "ann@lab.org", "labeled_at": f"t{k}",
+                 "annotator_id": "7"} for k, (map_id, row) in enumerate(zip(labeled.map_ids, rows))]
+    without_ids = [{key: value for key, value in record.items() if key != "annotator_id"} for record in with_ids]
+    older = ds.write_labeled_folder(tmp_path / "older", rows, maps, without_ids, {})
+    newer = ds.write_labeled_folder(tmp_path / "newer", rows, maps, with_ids, {})
+    for order, out in (([older, newer], "m1"), ([newer, older], "m2")):
+        assert run_cli(["annotate", "merge", *order, "--out", tmp_path / out], capsys)[0] == 0
+        merged = read_annotations(tmp_path / out / "annotations.csv")
+        assert len(merged) == len(with_ids) and list(merged.annotator_id) == ["7"] * len(with_ids)
 
 
 def test_stop_signals_only_the_server_it_started(tmp_path):
