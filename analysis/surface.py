@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from analysis.data import TaskData
+from analysis.errors import AttnpatError
 from analysis.figures import close
 from analysis.rundir import RunDir, long_table
 from analysis.stats import (
@@ -267,7 +268,9 @@ def compute_surface(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LEN
                                                     float, int]:
     """Surface statistics over ``data``: ({metric: (L, H)}, {metric: (L, H, 2)} their bootstrap 95% intervals over
     the examples, the per-layer table of :meth:`SurfaceAccumulator.layer_table`, uniform entropy, number of
-    truncated examples)."""
+    truncated examples). No example is an error before any work (a mean over none is no statistic)."""
+    if not data.examples:
+        raise AttnpatError(f"no examples to compute surface statistics on ({data.task} {data.split} is empty)")
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     check_has_text(bundle.tokenizer, encoded)
     accumulator = SurfaceAccumulator(bundle.tokenizer)

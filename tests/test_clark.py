@@ -793,6 +793,15 @@ def test_surface_statistics_on_a_tiny_model_writes_every_artifact(tokenizer, tmp
         assert run.file(name).is_file()
 
 
+def test_surface_statistics_of_no_examples_are_one_error_before_any_work(tokenizer, tmp_path):
+    """Before, an empty data set streamed nothing and stopped in a KeyError ('prev') from the accumulator."""
+    bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
+    run = RunDir(bundle.slug, "toy", tmp_path)
+    with pytest.raises(AttnpatError, match="no examples to compute surface statistics on"):
+        surface_statistics(bundle, TaskData("toy", "validation", "test", []), run, progress=False)
+    assert not run.file("surface.csv").exists() and "surface" not in run.manifest().get("analyses", {})
+
+
 def test_surface_prints_each_layer_mean_with_the_interval_the_analysis_computes(tmp_path, capsys):
     """`attnpat surface` printed bare layer means while surface.csv carried intervals. Each printed layer mean now
     carries the bootstrap 95% interval over the examples that analysis.surface computes (the mean over the heads of
