@@ -793,6 +793,29 @@ def test_surface_statistics_on_a_tiny_model_writes_every_artifact(tokenizer, tmp
         assert run.file(name).is_file()
 
 
+def test_surface_statistics_of_one_padded_batch_equal_those_of_one_example_at_a_time(tokenizer):
+    """Inputs of 3 to over 100 tokens, pairs (a second [SEP]) among them, padded into one batch: every per-head
+    statistic, its interval and the uniform-attention entropy equal those streamed one example at a time (a padded
+    query row or key column entering a mean would move them)."""
+    torch.manual_seed(0)
+    bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
+    long_text = " ".join(["the film , in a word , is a mess ."] * 10)
+    examples = [Example("one-word", "no"), Example("long", long_text),
+                Example("pair", "a film .", text_pair="no , not"),
+                Example("long-pair", long_text, text_pair="it is , all the same , first rate ."),
+                Example("short", "bad ."), Example("mid", "the acting , costumes and music are all first rate")]
+    lengths = [len(item) for item in encode_examples(tokenizer, examples)]
+    assert min(lengths) == 3 and max(lengths) > 100
+    data = TaskData("toy", "validation", "test", examples)
+    one_at_a_time = compute_surface(bundle, data, batch_size=1, progress=False)
+    padded = compute_surface(bundle, data, batch_size=len(examples), progress=False)
+    for metric in SURFACE_METRICS:
+        np.testing.assert_allclose(padded[0][metric], one_at_a_time[0][metric], rtol=0, atol=1e-6, err_msg=metric)
+        np.testing.assert_allclose(padded[1][metric], one_at_a_time[1][metric], rtol=0, atol=1e-6, err_msg=metric)
+    assert padded[3] == pytest.approx(one_at_a_time[3], abs=1e-12)
+    assert padded[3] == pytest.approx(np.mean(np.log(lengths)))  # uniform attention over each input's real tokens
+
+
 def test_surface_statistics_of_no_examples_are_one_error_before_any_work(tokenizer, tmp_path):
     """Before, an empty data set streamed nothing and stopped in a KeyError ('prev') from the accumulator."""
     bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
