@@ -5,10 +5,13 @@ same, as in Clark's notebook):
 
 - ``prev`` / ``next`` / ``self``: attention to the previous / next / same token, over the rows that have
   such a token (Clark divides by all n rows; the first row has no previous token, the last no next one).
-- ``cls`` / ``sep`` / ``period`` / ``comma``: attention mass on those tokens, over all real rows.
+- ``cls`` / ``sep`` / ``period`` / ``comma``: attention mass on those tokens (matched by id: <s> and every </s> for
+  RoBERTa/MPNet-style tokenizers, both [SEP]s of a pair), over all real rows, [CLS] and [SEP] rows included as in
+  Clark's notebook; ``cls`` and ``sep`` over the examples that have such a token (NaN for a tokenizer with none).
 - ``sep_sep``: attention from [SEP] rows to [SEP] keys (examples with a [SEP] only).
-- ``entropy``: mean row entropy in nats; ``cls_entropy``: entropy of the [CLS] row. The uniform-attention
-  entropy log(n), averaged over examples, is the reference both are compared with.
+- ``entropy``: mean row entropy in nats; ``cls_entropy``: entropy of the [CLS] row (examples with a [CLS] only).
+  The uniform-attention entropy log(n), n an example's real tokens, averaged over examples, is the reference both
+  are compared with.
 
 Head labels follow Clark's thresholds and precedence (a later rule overrides an earlier one): next, prev
 (> 0.5), broad (entropy > 3.8 nats), [CLS], [SEP], '.'+',' (> 0.6); ``other`` when no rule fires. Each label
