@@ -316,7 +316,10 @@ def _layer_scatter(ax, array: np.ndarray, title: str, colour: str = "#3498db") -
     jitter = np.linspace(-0.15, 0.15, heads)
     for layer in range(layers):
         ax.plot(layer + 1 + jitter, array[layer], "o", color=colour, markersize=3, alpha=0.6)
-    ax.plot(np.arange(1, layers + 1), np.nanmean(array, 1), color="k", lw=1.2)
+    measured = np.isfinite(array)
+    # a statistic measured on no example (no [CLS] in the tokenizer) is NaN: no line, and no "Mean of empty slice"
+    layer_means = np.where(measured, array, 0.0).sum(1) / np.where(measured.any(1), measured.sum(1), np.nan)
+    ax.plot(np.arange(1, layers + 1), layer_means, color="k", lw=1.2)
     ax.set_title(title, fontsize=9)
     ax.set_xticks(range(1, layers + 1))
     ax.set_xlabel("layer (1-indexed)", fontsize=8)

@@ -58,7 +58,7 @@ from analysis.gradients import (
 from analysis.models import load_model
 from analysis.rundir import RunDir
 from analysis.stream import check_has_text, encode_examples, iter_batches
-from analysis.surface import SURFACE_METRICS, compute_surface, surface_statistics
+from analysis.surface import SURFACE_METRICS, compute_surface, entropy_figure, surface_figure, surface_statistics
 from app.cli import main
 from app.cli_clark import _stress_line
 from app.display import layer_interval_lines
@@ -814,6 +814,28 @@ def test_surface_statistics_of_one_padded_batch_equal_those_of_one_example_at_a_
         np.testing.assert_allclose(padded[1][metric], one_at_a_time[1][metric], rtol=0, atol=1e-6, err_msg=metric)
     assert padded[3] == pytest.approx(one_at_a_time[3], abs=1e-12)
     assert padded[3] == pytest.approx(np.mean(np.log(lengths)))  # uniform attention over each input's real tokens
+
+
+def test_surface_figures_of_a_statistic_measured_on_no_example_draw_no_line_and_warn_nothing():
+    """A tokenizer with no [CLS] or [SEP] leaves cls, sep, sep_sep and cls_entropy NaN for every head; before, the
+    figures' layer means printed numpy's "Mean of empty slice" RuntimeWarning once per such panel."""
+    rng = np.random.default_rng(0)
+    values = {metric: rng.uniform(0, 1, (3, 4)) for metric in SURFACE_METRICS}
+    for metric in ("cls", "sep", "sep_sep", "cls_entropy"):
+        values[metric] = np.full((3, 4), np.nan)
+    values["prev"][1, 2] = np.nan  # one head unmeasured: its layer's mean is over the others
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        figures = [surface_figure(values), entropy_figure(values, 2.0)]
+    panels = {ax.get_title(): ax for figure in figures for ax in figure.axes}
+    layer_line = {title: next(line for line in ax.get_lines() if line.get_color() == "k").get_ydata()  # the black
+                  for title, ax in panels.items() if ax.get_lines()}
+    assert np.isnan(layer_line["[CLS]"]).all() and np.isnan(layer_line["entropy of the [CLS] row"]).all()
+    np.testing.assert_allclose(layer_line["previous token"],
+                               [values["prev"][0].mean(), np.delete(values["prev"][1], 2).mean(),
+                                values["prev"][2].mean()])
+    for figure in figures:
+        close(figure)
 
 
 def test_surface_statistics_of_no_examples_are_one_error_before_any_work(tokenizer, tmp_path):
