@@ -15,12 +15,22 @@ import torch
 
 from analysis.uncertainty import DEFAULT_BOOTSTRAP, bootstrap_weighted_mean_interval
 
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def at_least_float32(maps: torch.Tensor) -> torch.Tensor:
+    """``maps`` in float32 where they are float16 or bfloat16 (map shards are stored as float16), else as they are:
+    sums over a row in half precision lose digits, and float16 flushes the 1e-30 floor of a logarithm to 0."""
+    return maps.float() if maps.dtype in LOW_PRECISION else maps
+
 
 def attention_to(attn: torch.Tensor, key_mask: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
     """Mean over real query rows of the attention mass on the selected keys.
 
-    attn: (B, L, H, T, T); key_mask, query_mask: (B, T) bool. Returns (B, L, H).
+    attn: (B, L, H, T, T), float16/bfloat16 computed in float32; key_mask, query_mask: (B, T) bool.
+    Returns (B, L, H).
     """
+    attn = at_least_float32(attn)
     mass = (attn * key_mask[:, None, None, None, :].to(attn.dtype)).sum(-1)  # (B, L, H, T)
     return masked_mean_over_queries(mass, query_mask)
 
@@ -33,8 +43,9 @@ def masked_mean_over_queries(values: torch.Tensor, query_mask: torch.Tensor) -> 
 
 
 def row_entropy(attn: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of each attention row. attn: (..., T, T) -> (..., T); zero rows give 0."""
-    return torch.special.entr(attn).sum(-1)  # -a log a, with 0 log 0 = 0
+    """Entropy in nats of each attention row. attn: (..., T, T) -> (..., T), float16/bfloat16 computed in float32;
+    zero rows give 0."""
+    return torch.special.entr(at_least_float32(attn)).sum(-1)  # -a log a, with 0 log 0 = 0
 
 
 def mean_entropy(attn: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
@@ -176,10 +187,11 @@ def key_selector(key_mask: torch.Tensor, query_mask: torch.Tensor) -> torch.Tens
 def attention_on(attn: torch.Tensor, selector: torch.Tensor, query_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean over query rows of the attention mass on the keys the selector picks in that row.
 
-    attn: (B, L, H, T, T); selector: (B, T, T) bool; query_mask: (B, T) bool rows to average over
-    (default: the rows where the selector picks at least one key). Returns (B, L, H); 0 for an example
-    with no such row.
+    attn: (B, L, H, T, T), float16/bfloat16 computed in float32; selector: (B, T, T) bool; query_mask: (B, T) bool
+    rows to average over (default: the rows where the selector picks at least one key). Returns (B, L, H); 0 for
+    an example with no such row.
     """
+    attn = at_least_float32(attn)
     mass = torch.einsum("blhqk,bqk->blhq", attn, selector.to(attn.dtype))
     if query_mask is None:
         query_mask = selector.any(-1)
@@ -202,7 +214,9 @@ PROFILE_NAMES = (*(f"band{offset:+d}" for offset in PROFILE_OFFSETS), "top1_colu
 def map_profile(maps: torch.Tensor) -> torch.Tensor:
     """maps: (N, n, n) of one length, rows summing to 1 -> (N, len(PROFILE_NAMES)) scalars in [0, 1].
 
-    Per map, in PROFILE_NAMES order: mean mass on each diagonal offset -2..+2 (band-1 = previous token);
+    Per map, in PROFILE_NAMES order: mean mass on each diagonal offset -2..+2 (band-1 = previous token) over all
+    n rows, a row without that neighbour counting 0 (Clark's denominators; unlike analysis.surface's prev/next,
+    which average over the rows that have one), so all mass on the previous token gives band-1 = (n - 1) / n;
     mean mass of the top-1 and top-2 key columns (diagonal included); of the first column ([CLS]) and the
     last ([SEP]); broadness = mean row entropy / log n; peakedness = mean row maximum; log n / log 512.
     Texture: the share of rows whose heaviest key is the heaviest column overall; mass of the top-3 columns;
@@ -215,7 +229,8 @@ def map_profile(maps: torch.Tensor) -> torch.Tensor:
 
 
 def named_profile(attn: torch.Tensor) -> dict[str, float]:
-    """:func:`map_profile` of one map (n, n), as {PROFILE_NAMES name: value} (computed in attn's dtype)."""
+    """:func:`map_profile` of one map (n, n), as {PROFILE_NAMES name: value} (computed in attn's dtype, float16 and
+    bfloat16 in float32)."""
     return dict(zip(PROFILE_NAMES, map_profile(attn[None])[0].tolist()))
 
 
@@ -225,8 +240,10 @@ def map_profile_batch_last(maps: torch.Tensor) -> torch.Tensor:
     Why batch-last: every reduction then runs over an outer axis with N contiguous values inside, which
     the CPU vectorises; over the last axis of (N, n, n) maps (n of 10-60) the same reductions run 5-10x
     slower. Element-wise passes reuse one scratch buffer and use float arithmetic (sign) instead of
-    comparisons, which write slow bool tensors.
+    comparisons, which write slow bool tensors. float16/bfloat16 maps are computed in float32 (in float16 the
+    entropy's 1e-30 floor is 0, and 0 log 0 made broadness NaN).
     """
+    maps = at_least_float32(maps)
     n, count = int(maps.shape[0]), int(maps.shape[-1])
     bands = [maps.diagonal(offset, 0, 1).sum(1) / n for offset in PROFILE_OFFSETS]
     columns = maps.mean(0)  # (n keys, N): mean attention each key receives

@@ -5,10 +5,13 @@ same, as in Clark's notebook):
 
 - ``prev`` / ``next`` / ``self``: attention to the previous / next / same token, over the rows that have
   such a token (Clark divides by all n rows; the first row has no previous token, the last no next one).
-- ``cls`` / ``sep`` / ``period`` / ``comma``: attention mass on those tokens, over all real rows.
+- ``cls`` / ``sep`` / ``period`` / ``comma``: attention mass on those tokens (matched by id: <s> and every </s> for
+  RoBERTa/MPNet-style tokenizers, both [SEP]s of a pair), over all real rows, [CLS] and [SEP] rows included as in
+  Clark's notebook; ``cls`` and ``sep`` over the examples that have such a token (NaN for a tokenizer with none).
 - ``sep_sep``: attention from [SEP] rows to [SEP] keys (examples with a [SEP] only).
-- ``entropy``: mean row entropy in nats; ``cls_entropy``: entropy of the [CLS] row. The uniform-attention
-  entropy log(n), averaged over examples, is the reference both are compared with.
+- ``entropy``: mean row entropy in nats; ``cls_entropy``: entropy of the [CLS] row (examples with a [CLS] only).
+  The uniform-attention entropy log(n), n an example's real tokens, averaged over examples, is the reference both
+  are compared with.
 
 Head labels follow Clark's thresholds and precedence (a later rule overrides an earlier one): next, prev
 (> 0.5), broad (entropy > 3.8 nats), [CLS], [SEP], '.'+',' (> 0.6); ``other`` when no rule fires. Each label
@@ -26,6 +29,7 @@ import pandas as pd
 import torch
 
 from analysis.data import TaskData
+from analysis.errors import AttnpatError
 from analysis.figures import close
 from analysis.rundir import RunDir, long_table
 from analysis.stats import (
@@ -267,7 +271,9 @@ def compute_surface(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LEN
                                                     float, int]:
     """Surface statistics over ``data``: ({metric: (L, H)}, {metric: (L, H, 2)} their bootstrap 95% intervals over
     the examples, the per-layer table of :meth:`SurfaceAccumulator.layer_table`, uniform entropy, number of
-    truncated examples)."""
+    truncated examples). No example is an error before any work (a mean over none is no statistic)."""
+    if not data.examples:
+        raise AttnpatError(f"no examples to compute surface statistics on ({data.task} {data.split} is empty)")
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     check_has_text(bundle.tokenizer, encoded)
     accumulator = SurfaceAccumulator(bundle.tokenizer)
@@ -310,7 +316,10 @@ def _layer_scatter(ax, array: np.ndarray, title: str, colour: str = "#3498db") -
     jitter = np.linspace(-0.15, 0.15, heads)
     for layer in range(layers):
         ax.plot(layer + 1 + jitter, array[layer], "o", color=colour, markersize=3, alpha=0.6)
-    ax.plot(np.arange(1, layers + 1), np.nanmean(array, 1), color="k", lw=1.2)
+    measured = np.isfinite(array)
+    # a statistic measured on no example (no [CLS] in the tokenizer) is NaN: no line, and no "Mean of empty slice"
+    layer_means = np.where(measured, array, 0.0).sum(1) / np.where(measured.any(1), measured.sum(1), np.nan)
+    ax.plot(np.arange(1, layers + 1), layer_means, color="k", lw=1.2)
     ax.set_title(title, fontsize=9)
     ax.set_xticks(range(1, layers + 1))
     ax.set_xlabel("layer (1-indexed)", fontsize=8)

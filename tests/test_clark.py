@@ -58,7 +58,7 @@ from analysis.gradients import (
 from analysis.models import load_model
 from analysis.rundir import RunDir
 from analysis.stream import check_has_text, encode_examples, iter_batches
-from analysis.surface import SURFACE_METRICS, compute_surface, surface_statistics
+from analysis.surface import SURFACE_METRICS, compute_surface, entropy_figure, surface_figure, surface_statistics
 from app.cli import main
 from app.cli_clark import _stress_line
 from app.display import layer_interval_lines
@@ -791,6 +791,60 @@ def test_surface_statistics_on_a_tiny_model_writes_every_artifact(tokenizer, tmp
     for name in ("surface.csv", "head_labels.csv", "surface.png", "surface.svg", "surface_entropy.png",
                  "surface_entropy.svg"):
         assert run.file(name).is_file()
+
+
+def test_surface_statistics_of_one_padded_batch_equal_those_of_one_example_at_a_time(tokenizer):
+    """Inputs of 3 to over 100 tokens, pairs (a second [SEP]) among them, padded into one batch: every per-head
+    statistic, its interval and the uniform-attention entropy equal those streamed one example at a time (a padded
+    query row or key column entering a mean would move them)."""
+    torch.manual_seed(0)
+    bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
+    long_text = " ".join(["the film , in a word , is a mess ."] * 10)
+    examples = [Example("one-word", "no"), Example("long", long_text),
+                Example("pair", "a film .", text_pair="no , not"),
+                Example("long-pair", long_text, text_pair="it is , all the same , first rate ."),
+                Example("short", "bad ."), Example("mid", "the acting , costumes and music are all first rate")]
+    lengths = [len(item) for item in encode_examples(tokenizer, examples)]
+    assert min(lengths) == 3 and max(lengths) > 100
+    data = TaskData("toy", "validation", "test", examples)
+    one_at_a_time = compute_surface(bundle, data, batch_size=1, progress=False)
+    padded = compute_surface(bundle, data, batch_size=len(examples), progress=False)
+    for metric in SURFACE_METRICS:
+        np.testing.assert_allclose(padded[0][metric], one_at_a_time[0][metric], rtol=0, atol=1e-6, err_msg=metric)
+        np.testing.assert_allclose(padded[1][metric], one_at_a_time[1][metric], rtol=0, atol=1e-6, err_msg=metric)
+    assert padded[3] == pytest.approx(one_at_a_time[3], abs=1e-12)
+    assert padded[3] == pytest.approx(np.mean(np.log(lengths)))  # uniform attention over each input's real tokens
+
+
+def test_surface_figures_of_a_statistic_measured_on_no_example_draw_no_line_and_warn_nothing():
+    """A tokenizer with no [CLS] or [SEP] leaves cls, sep, sep_sep and cls_entropy NaN for every head; before, the
+    figures' layer means printed numpy's "Mean of empty slice" RuntimeWarning once per such panel."""
+    rng = np.random.default_rng(0)
+    values = {metric: rng.uniform(0, 1, (3, 4)) for metric in SURFACE_METRICS}
+    for metric in ("cls", "sep", "sep_sep", "cls_entropy"):
+        values[metric] = np.full((3, 4), np.nan)
+    values["prev"][1, 2] = np.nan  # one head unmeasured: its layer's mean is over the others
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        figures = [surface_figure(values), entropy_figure(values, 2.0)]
+    panels = {ax.get_title(): ax for figure in figures for ax in figure.axes}
+    layer_line = {title: next(line for line in ax.get_lines() if line.get_color() == "k").get_ydata()  # the black
+                  for title, ax in panels.items() if ax.get_lines()}
+    assert np.isnan(layer_line["[CLS]"]).all() and np.isnan(layer_line["entropy of the [CLS] row"]).all()
+    np.testing.assert_allclose(layer_line["previous token"],
+                               [values["prev"][0].mean(), np.delete(values["prev"][1], 2).mean(),
+                                values["prev"][2].mean()])
+    for figure in figures:
+        close(figure)
+
+
+def test_surface_statistics_of_no_examples_are_one_error_before_any_work(tokenizer, tmp_path):
+    """Before, an empty data set streamed nothing and stopped in a KeyError ('prev') from the accumulator."""
+    bundle = wrap_bundle(BertModel(tiny_config(), add_pooling_layer=False))
+    run = RunDir(bundle.slug, "toy", tmp_path)
+    with pytest.raises(AttnpatError, match="no examples to compute surface statistics on"):
+        surface_statistics(bundle, TaskData("toy", "validation", "test", []), run, progress=False)
+    assert not run.file("surface.csv").exists() and "surface" not in run.manifest().get("analyses", {})
 
 
 def test_surface_prints_each_layer_mean_with_the_interval_the_analysis_computes(tmp_path, capsys):

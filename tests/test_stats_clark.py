@@ -7,10 +7,12 @@ import torch
 
 from analysis.errors import AttnpatError
 from analysis.stats import (
+    PROFILE_NAMES,
     HeadMeans,
     attention_on,
     attention_to,
     key_selector,
+    map_profile,
     next_token_selector,
     offset_selector,
     previous_token_selector,
@@ -100,6 +102,51 @@ def test_surface_batch_known_answers_and_padding_invariance():
     batch = surface_batch(padded, roles, torch.tensor([5, 7]))
     for name, (values, _) in stats.items():
         assert torch.allclose(batch[name][0][0], values[0], atol=1e-6), name
+
+
+def random_maps(shape, seed=0, sharpness=4.0):
+    """Softmax rows of random scores, (..., n, n), with one exact-zero row of cells (a one-hot row) per map."""
+    generator = torch.Generator().manual_seed(seed)
+    maps = torch.softmax(torch.randn(*shape, generator=generator) * sharpness, -1)
+    maps[..., 0, :] = 0.0
+    maps[..., 0, 0] = 1.0
+    return maps
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_surface_statistics_of_half_precision_maps_are_computed_in_float32(dtype):
+    # stored map shards are float16: their statistics must be those of the same values in float32
+    width = 120
+    attn = random_maps((2, 2, 3, width, width)).to(dtype)
+    kinds = ["cls", *["w", ".", ","] * ((width - 2) // 3), "sep"]
+    roles = {name: mask.expand(2, -1) for name, mask in roles_for(kinds, width).items()}
+    lengths = torch.tensor([width, width])
+    low = surface_batch(attn, roles, lengths)
+    exact = surface_batch(attn.float(), roles, lengths)
+    for name, (values, _) in exact.items():
+        assert low[name][0].dtype == torch.float32, name
+        torch.testing.assert_close(low[name][0], values, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_map_profile_of_half_precision_maps_is_the_float32_profile(dtype):
+    maps = random_maps((4, 30, 30), seed=1).to(dtype)  # row 0 one-hot: cells of exactly 0
+    profile = map_profile(maps)
+    assert not torch.isnan(profile).any()  # before: float16 flushed the log's 1e-30 floor to 0, NaN broadness
+    torch.testing.assert_close(profile, map_profile(maps.float()), rtol=0, atol=1e-6)
+
+
+def test_map_profile_band_averages_over_all_rows_as_documented():
+    n = 8
+    previous = one_hot_rows([0, *range(n - 1)], n)  # all mass on the previous token, row 0 on itself
+    profile = dict(zip(PROFILE_NAMES, map_profile(previous[None])[0].tolist()))
+    assert profile["band-1"] == pytest.approx((n - 1) / n)  # row 0 has no previous token and counts 0
+    assert profile["band+0"] == pytest.approx(1 / n)
+    assert profile["band+1"] == 0.0
+    # analysis.surface's prev averages over the rows that have a previous token
+    kinds = ["cls", *["w"] * (n - 2), "sep"]
+    stats = surface_batch(previous[None, None, None], roles_for(kinds, n), torch.tensor([n]))
+    assert stats["prev"][0].item() == pytest.approx(1.0)
 
 
 def test_head_labels_follow_thresholds_and_clark_precedence():
