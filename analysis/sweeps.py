@@ -60,6 +60,7 @@ from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, TokenBatch, collate, en
 from analysis.uncertainty import (
     bootstrap_difference_interval,
     bootstrap_mean_interval,
+    confusion_difference_interval,
     confusion_permutation_p,
     holm_adjust,
     mcnemar_exact,
@@ -472,7 +473,8 @@ def effect_statistics(baseline: np.ndarray, variants: np.ndarray, labels: np.nda
     baseline: (N,) predictions of the unchanged model; variants: (N, V) predictions of each variant (class ids,
     or scores for a correlation metric); labels: (N,). Returns {name: (V,)}:
     - ci_low, ci_high: paired percentile bootstrap 95% interval of the change over the examples (accuracy: the
-      mean of per-example correctness differences; other metrics recomputed on every draw);
+      mean of per-example correctness differences; F1 and Matthews: recomputed from each draw's confusion counts,
+      analysis.uncertainty.confusion_difference_interval; correlations recomputed on every draw);
     - the raw p-value, named by its test (:func:`raw_p_column`): p_mcnemar, accuracy's exact two-sided McNemar
       test of per-example correctness; p_permutation, F1's or Matthews' paired permutation test of the metric's
       own change (``n_perm`` permutations, seed ``seed``; analysis.uncertainty.confusion_permutation_p); for score
@@ -491,7 +493,9 @@ def effect_statistics(baseline: np.ndarray, variants: np.ndarray, labels: np.nda
     p_holm = holm_adjust(p) if metric in CLASS_METRICS else p.copy()
     if metric == "accuracy":
         interval = bootstrap_mean_interval(correct.astype(float) - correct_base[:, None], seed=seed)
-    else:
+    elif metric in CLASS_METRICS:  # the same bounds as bootstrap_difference_interval's, vectorised
+        interval = confusion_difference_interval(confusion_metric(metric), baseline, variants, labels, seed=seed)
+    else:  # correlations are no function of confusion counts: recomputed draw by draw
         interval = bootstrap_difference_interval(lambda predicted, gold: task_metric(metric, predicted, gold),
                                                  baseline, variants, labels, seed=seed)
     return {"ci_low": interval[:, 0], "ci_high": interval[:, 1], raw_p_column(metric): p, "p_holm": p_holm}
