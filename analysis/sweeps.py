@@ -726,7 +726,7 @@ def layer_delta_figure(table, *, metric: str, baseline: dict[str, float], task: 
     for i, mode in enumerate(modes):
         rows = table[table["mode"] == mode].set_index("layer").reindex(layers)
         x = np.arange(len(layers)) + (i - (len(modes) - 1) / 2) * width
-        test = f"; *: {criteria[mode]}" if mode in criteria and not shared else ""
+        test = f"\n*: {criteria[mode]}" if mode in criteria and not shared else ""
         ax.bar(x, rows["delta"] * 100, width,
                label=f"{mode} (baseline {baseline.get(mode, float('nan')):.3f}){test}")
         if {"ci_low", "ci_high"} <= set(rows.columns) and rows["ci_low"].notna().all():
@@ -743,7 +743,8 @@ def layer_delta_figure(table, *, metric: str, baseline: dict[str, float], task: 
     ax.set_ylabel(f"{metric} change x 100")
     tests = (f"; *: {next(iter(criteria.values()))}" if shared
              else f"; *: Holm-adjusted p < {ALPHA}, each mode's test in the legend" if criteria else "")
-    ax.set_title(f"{model} on {task}: whole layer disabled (95% bootstrap intervals{tests})", fontsize=9)
+    # two lines: the test named in full does not fit beside the model and task in a figure of 6 layers
+    ax.set_title(f"{model} on {task}: whole layer disabled\n(95% bootstrap intervals{tests})", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
