@@ -60,6 +60,7 @@ from analysis.stream import DEFAULT_MAX_LENGTH, Encoded, TokenBatch, collate, en
 from analysis.uncertainty import (
     bootstrap_difference_interval,
     bootstrap_mean_interval,
+    confusion_difference_interval,
     confusion_permutation_p,
     holm_adjust,
     mcnemar_exact,
@@ -472,7 +473,8 @@ def effect_statistics(baseline: np.ndarray, variants: np.ndarray, labels: np.nda
     baseline: (N,) predictions of the unchanged model; variants: (N, V) predictions of each variant (class ids,
     or scores for a correlation metric); labels: (N,). Returns {name: (V,)}:
     - ci_low, ci_high: paired percentile bootstrap 95% interval of the change over the examples (accuracy: the
-      mean of per-example correctness differences; other metrics recomputed on every draw);
+      mean of per-example correctness differences; F1 and Matthews: recomputed from each draw's confusion counts,
+      analysis.uncertainty.confusion_difference_interval; correlations recomputed on every draw);
     - the raw p-value, named by its test (:func:`raw_p_column`): p_mcnemar, accuracy's exact two-sided McNemar
       test of per-example correctness; p_permutation, F1's or Matthews' paired permutation test of the metric's
       own change (``n_perm`` permutations, seed ``seed``; analysis.uncertainty.confusion_permutation_p); for score
@@ -491,7 +493,9 @@ def effect_statistics(baseline: np.ndarray, variants: np.ndarray, labels: np.nda
     p_holm = holm_adjust(p) if metric in CLASS_METRICS else p.copy()
     if metric == "accuracy":
         interval = bootstrap_mean_interval(correct.astype(float) - correct_base[:, None], seed=seed)
-    else:
+    elif metric in CLASS_METRICS:  # the same bounds as bootstrap_difference_interval's, vectorised
+        interval = confusion_difference_interval(confusion_metric(metric), baseline, variants, labels, seed=seed)
+    else:  # correlations are no function of confusion counts: recomputed draw by draw
         interval = bootstrap_difference_interval(lambda predicted, gold: task_metric(metric, predicted, gold),
                                                  baseline, variants, labels, seed=seed)
     return {"ci_low": interval[:, 0], "ci_high": interval[:, 1], raw_p_column(metric): p, "p_holm": p_holm}
@@ -519,11 +523,37 @@ def significance_note(metric: str) -> str:
             f"across its layers; significant: p_holm < {ALPHA}")
 
 
-def holm_criterion(metric: str) -> str:
+def holm_criterion(metric: str, raw_column: str | None = None) -> str:
     """What a star in the disabling figures, and a 'survives Holm' line, stands for: on accuracy tasks McNemar's
-    test; on F1 and Matthews tasks a permutation test of the change drawn beside it, which the words name."""
+    test; on F1 and Matthews tasks a permutation test of the change drawn beside it, which the words name.
+
+    raw_column: the raw p column behind the stars' p_holm, as a table holds it (default :func:`raw_p_column`,
+    what this version writes); p_mcnemar on an F1 or Matthews task is from a table written before the permutation
+    test, whose stars McNemar's test of the accuracy change set, and the words say so."""
     criterion = f"Holm-adjusted p < {ALPHA}"
-    return criterion if metric_name(metric) == "accuracy" else f"{metric} change, permutation test, {criterion}"
+    name = metric_name(metric)
+    if (raw_column or raw_p_column(metric)) == "p_permutation":
+        return f"{metric} change, permutation test, {criterion}"
+    old_f1_table = name in CLASS_METRICS and name != "accuracy"
+    return f"accuracy change, McNemar test, {criterion}" if old_f1_table else criterion
+
+
+def star_criteria(metric: str, raw_columns: dict[str, str | None]) -> dict[str, str]:
+    """{mode: :func:`holm_criterion`} of each tested mode, from {mode: its raw p column in the table, None when it
+    holds none}; a table merged from runs of two versions can hold p_mcnemar for one mode, p_permutation for
+    another."""
+    return {mode: holm_criterion(metric, column) for mode, column in raw_columns.items()}
+
+
+def held_raw_p_column(values: dict[str, np.ndarray]) -> str | None:
+    """p_permutation or p_mcnemar: the raw p column that holds a p-value among one mode's ``values`` ({column
+    name: its values}; a name ending in the column, as zero_p_permutation), p_permutation first; None when
+    neither does."""
+    for column in ("p_permutation", "p_mcnemar"):
+        if any(str(name).endswith(column) and not np.isnan(np.asarray(held, dtype=float)).all()
+               for name, held in values.items()):
+            return column
+    return None
 
 
 def significant_effects(names: Sequence[tuple[int, ...]], deltas: np.ndarray, stats: dict[str, np.ndarray],
@@ -642,8 +672,10 @@ def head_delta_figure(table, *, metric: str, task: str, model: str):
     """Kovaleva Figure 8: layer x head heatmaps of metric changes (1-indexed axes), one panel per disabling mode.
 
     table: the long disable_heads rows (layer, head, metric, value) with ``<mode>_delta`` and ``<mode>_metric``
-    per mode, optionally ``<mode>_p_holm``: heads whose change survives Holm's correction are outlined and starred.
-    Every panel shares one colour scale, symmetric around 0, so the modes compare by eye."""
+    per mode, optionally ``<mode>_p_holm``: heads whose change survives Holm's correction are outlined and starred;
+    the title names the test (by each mode's ``<mode>_p_permutation`` or ``<mode>_p_mcnemar``), and when the modes'
+    tests differ (rows of an older run kept beside newer ones) each panel's title names its own. Every panel
+    shares one colour scale, symmetric around 0, so the modes compare by eye."""
     modes = sorted(name[:-len("_delta")] for name in table["metric"].unique() if name.endswith("_delta"))
     if not modes:
         raise AttnpatError("the disable_heads table has no <mode>_delta rows to draw")
@@ -654,9 +686,17 @@ def head_delta_figure(table, *, metric: str, task: str, model: str):
     p_holm = {mode: table_to_array(table, f"{mode}_p_holm") for mode in modes
               if f"{mode}_p_holm" in set(table["metric"])}
     tested = [mode for mode, values in p_holm.items() if not np.isnan(values).all()]  # score metrics: no test
-    fig = panel_heatmaps({f"{mode} (baseline {baselines[mode]:.3f})": deltas[mode] for mode in modes},
-                         title=f"{model} on {task}: {metric} change (points) with one head disabled"
-                               + (f"   (outlined *: {holm_criterion(metric)})" if tested else ""),
+    criteria = star_criteria(metric, {mode: held_raw_p_column(
+        {name: rows["value"].to_numpy() for name, rows in table.groupby("metric") if name.startswith(f"{mode}_")})
+        for mode in tested})
+    shared = len(set(criteria.values())) == 1
+    panel_test = {mode: f"\n*: {criteria[mode]}" if mode in criteria and not shared else "" for mode in modes}
+    stars = (f"   (outlined *: {next(iter(criteria.values()))})" if shared
+             else f"   (outlined *: Holm-adjusted p < {ALPHA}; the modes differ in test, each named above its panel)"
+             if criteria else "")
+    fig = panel_heatmaps({f"{mode} (baseline {baselines[mode]:.3f}){panel_test[mode]}": deltas[mode]
+                          for mode in modes},
+                         title=f"{model} on {task}: {metric} change (points) with one head disabled" + stars,
                          label=f"{metric} change x 100", cmap="RdBu", vmin=-spread, vmax=spread)
     for ax, mode in zip(fig.axes[:len(modes)], modes):  # the panels come first, their colorbars after
         if mode not in tested:
@@ -672,16 +712,23 @@ def layer_delta_figure(table, *, metric: str, baseline: dict[str, float], task: 
 
     table: rows of layer, mode, metric, delta [, ci_low, ci_high, p_holm]: with the interval, error bars; a star
     above the bars whose change survives Holm's correction (the title names the test only when a mode has one:
-    score metrics such as STS-B's get intervals, no test)."""
+    score metrics such as STS-B's get intervals, no test; when the modes' tests differ, by their p_mcnemar or
+    p_permutation values, each mode's legend entry names its own)."""
     modes = sorted(table["mode"].unique())
-    tested = "p_holm" in table.columns and table["p_holm"].notna().any()
+    tested = ([mode for mode in modes if table.loc[table["mode"] == mode, "p_holm"].notna().any()]
+              if "p_holm" in table.columns else [])
+    criteria = star_criteria(metric, {mode: held_raw_p_column(
+        {name: table.loc[table["mode"] == mode, name].to_numpy() for name in table.columns}) for mode in tested})
+    shared = len(set(criteria.values())) == 1
     layers = sorted(table["layer"].unique())
     fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(layers) + 2), 3.2))
     width = 0.8 / len(modes)
     for i, mode in enumerate(modes):
         rows = table[table["mode"] == mode].set_index("layer").reindex(layers)
         x = np.arange(len(layers)) + (i - (len(modes) - 1) / 2) * width
-        ax.bar(x, rows["delta"] * 100, width, label=f"{mode} (baseline {baseline.get(mode, float('nan')):.3f})")
+        test = f"\n*: {criteria[mode]}" if mode in criteria and not shared else ""
+        ax.bar(x, rows["delta"] * 100, width,
+               label=f"{mode} (baseline {baseline.get(mode, float('nan')):.3f}){test}")
         if {"ci_low", "ci_high"} <= set(rows.columns) and rows["ci_low"].notna().all():
             ax.errorbar(x, rows["delta"] * 100, yerr=[(rows["delta"] - rows["ci_low"]) * 100,
                                                       (rows["ci_high"] - rows["delta"]) * 100],
@@ -694,8 +741,10 @@ def layer_delta_figure(table, *, metric: str, baseline: dict[str, float], task: 
     ax.set_xticks(range(len(layers)), [str(layer + 1) for layer in layers])
     ax.set_xlabel("disabled layer (1-indexed)")
     ax.set_ylabel(f"{metric} change x 100")
-    tests = f"; *: {holm_criterion(metric)}" if tested else ""
-    ax.set_title(f"{model} on {task}: whole layer disabled (95% bootstrap intervals{tests})", fontsize=9)
+    tests = (f"; *: {next(iter(criteria.values()))}" if shared
+             else f"; *: Holm-adjusted p < {ALPHA}, each mode's test in the legend" if criteria else "")
+    # two lines: the test named in full does not fit beside the model and task in a figure of 6 layers
+    ax.set_title(f"{model} on {task}: whole layer disabled\n(95% bootstrap intervals{tests})", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

@@ -23,13 +23,11 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from analysis.errors import INTERRUPTED_EXIT, TERMINATED_EXIT, AttnpatError, StepStopped
 from analysis.paths import model_store, repo_root, runs_root
 from analysis.rundir import atomic_write_json, locked
-from analysis.uncertainty import confusion_score_interval
 from app.display import interval_text, share_interval_text
 
 BASE = "minilm"
@@ -453,14 +451,15 @@ def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
 
     def classifier() -> str:
         from classifier.checkpoint import DEFAULT_CHECKPOINT  # noqa: PLC0415 (torch; read at call time, as tests swap it)
+        from classifier.evaluate import cross_validation_intervals  # noqa: PLC0415 (torch, as above)
 
         meta = json.loads(DEFAULT_CHECKPOINT.with_suffix(".json").read_text())
         cv = meta["cross_validation"]
-        if "confusion" in cv:
-            (f1_low, f1_high), (accuracy_low, accuracy_high) = confusion_score_interval(cv["confusion"])
-            scores = (f"macro-F1 {interval_text(cv['macro_f1'], f1_low, f1_high)}, accuracy "
-                      f"{share_interval_text(cv['accuracy'], accuracy_low, accuracy_high)} (95% bootstrap intervals "
-                      f"over its {int(np.sum(cv['confusion']))} labeled maps; maps of one head or example are alike, "
+        intervals = cross_validation_intervals(cv)  # the classifier tab's own intervals
+        if intervals is not None:
+            scores = (f"macro-F1 {interval_text(cv['macro_f1'], *intervals['macro_f1'])}, accuracy "
+                      f"{share_interval_text(cv['accuracy'], *intervals['accuracy'])} (95% bootstrap intervals "
+                      f"over its {intervals['n_maps']} labeled maps; maps of one head or example are alike, "
                       "so the real spread is wider)")
         else:  # a checkpoint from before the confusion matrix was kept
             scores = (f"macro-F1 {cv['macro_f1']:.3f}, accuracy {_percent(cv['accuracy'])} (no interval: the "

@@ -146,6 +146,7 @@ def test_the_ray_bench_names_the_tasks_it_ran_not_task_all():
     ("bench_sweeps", ["--model", "mpnet"], "attnpat models fetch mpnet"),
     # at its defaults the single-process half (minutes) ran before the Ray half refused these
     ("bench_permutation", ["--permutations", "0"], "--permutations must be at least 1"),
+    ("bench_permutation", ["--draws", "0"], "--draws must be at least 1"),
     ("bench_permutation", ["--variants", "2", "--loop-variants", "3"], "--loop-variants (3) cannot exceed"),
     ("bench_permutation", ["--json", "."], "cannot write .: it is a folder"),
     ("bench_ray", ["--workers", "0"], "--workers must be at least 1"),

@@ -534,29 +534,41 @@ def test_the_pattern_summary_quotes_each_tasks_leading_shares_with_their_interva
 
 def test_the_classifier_summary_quotes_the_cross_validated_scores_with_bootstrap_intervals(workspace, monkeypatch):
     """The checkpoint's cross-validated macro-F1 and accuracy with 95% bootstrap intervals over its labeled maps,
-    redrawn from its confusion matrix (before, both bare); a checkpoint without a confusion matrix says it has
-    no interval, and one whose matrix is no table of counts leaves the tab incomplete."""
+    the classifier floor's (classifier.evaluate.cross_validation_intervals, as the Classifier tab shows them; before,
+    the demo drew its own and took a matrix of any size); a checkpoint without a confusion matrix says it has no
+    interval, and one whose matrix is no (5, 5) table of counts leaves the tab incomplete."""
     from classifier import checkpoint  # noqa: PLC0415
+    from classifier.evaluate import cross_validation_intervals  # noqa: PLC0415
 
     shipped = workspace / "checkpoints" / "default.safetensors"
     shipped.parent.mkdir()
     monkeypatch.setattr(checkpoint, "DEFAULT_CHECKPOINT", shipped)
-    confusion = [[40, 5, 5], [4, 30, 6], [1, 2, 7]]  # 100 maps: macro-F1 0.707, accuracy 77%
-    cross_validation = {"folds": 5, "macro_f1": 0.7071, "accuracy": 0.77, "confusion": confusion}
+    # 200 maps of the 5 classes, rows true, columns predicted: macro-F1 0.665, accuracy 69.5%
+    confusion = [[60, 4, 6, 2, 8], [3, 25, 4, 1, 2], [5, 3, 20, 1, 1], [2, 1, 0, 22, 5], [6, 2, 1, 4, 12]]
+    cross_validation = {"folds": 5, "macro_f1": 0.6651, "accuracy": 0.695, "confusion": confusion}
     shipped.with_suffix(".json").write_text(json.dumps({"trained_on": "panel-x", "cross_validation": cross_validation}))
     line = demo._tab_lines(workspace / "runs", demo.QUICK)["Classifier"]()
     (f1_low, f1_high), (accuracy_low, accuracy_high) = (
         [float(bound) for bound in bounds.split(", ")] for bounds in re.findall(r"\[([-\d., ]+)\]", line))
-    assert f1_low < 0.707 < f1_high and 0.1 < f1_high - f1_low < 0.3  # 100 maps: about +-0.09
-    assert accuracy_low < 77 < accuracy_high and 10 < accuracy_high - accuracy_low < 25
-    assert line.startswith("the shipped pattern CNN (panel-x): 5-fold macro-F1 0.707 [")
-    assert "(95% bootstrap intervals over its 100 labeled maps; maps of one head or example are alike" in line
+    expected = cross_validation_intervals(cross_validation)
+    assert (f1_low, f1_high) == pytest.approx(expected["macro_f1"], abs=0.0005)  # printed to 3 decimals
+    assert (accuracy_low, accuracy_high) == pytest.approx([100 * bound for bound in expected["accuracy"]], abs=0.05)
+    assert f1_low < 0.665 < f1_high and 0.05 < f1_high - f1_low < 0.25  # 200 maps: about +-0.07
+    assert accuracy_low < 69.5 < accuracy_high and 5 < accuracy_high - accuracy_low < 20
+    assert line.startswith("the shipped pattern CNN (panel-x): 5-fold macro-F1 0.665 [")
+    assert "(95% bootstrap intervals over its 200 labeled maps; maps of one head or example are alike" in line
     shipped.with_suffix(".json").write_text(json.dumps({"cross_validation": {
         key: value for key, value in cross_validation.items() if key != "confusion"}}))
     line = demo._tab_lines(workspace / "runs", demo.QUICK)["Classifier"]()
-    assert "5-fold macro-F1 0.707, accuracy 77.0% (no interval: the checkpoint records no confusion matrix)" in line
+    assert "5-fold macro-F1 0.665, accuracy 69.5% (no interval: the checkpoint records no confusion matrix)" in line
+    # a matrix of another size than the 5 classes (before, the demo drew intervals from it): the tab is incomplete
+    shipped.with_suffix(".json").write_text(json.dumps({"cross_validation": {**cross_validation, "confusion": [
+        [40, 5, 5], [4, 30, 6], [1, 2, 7]]}}))
+    lines = {line.split(": ", 1)[0]: line for line in demo.tab_summary(workspace / "runs", demo.QUICK)}
+    assert lines["Classifier"].startswith("Classifier: incomplete (AttnpatError: the recorded confusion matrix is "
+                                          "not 5 x 5")
     # a confusion matrix with a true class of no map (edited by hand): the tab is incomplete, the demo goes on
     shipped.with_suffix(".json").write_text(json.dumps({"cross_validation": {**cross_validation, "confusion": [
-        [3, 1], [0, 0]]}}))
+        [3, 1, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 2, 0, 0], [0, 0, 0, 2, 0], [0, 0, 0, 0, 2]]}}))
     lines = {line.split(": ", 1)[0]: line for line in demo.tab_summary(workspace / "runs", demo.QUICK)}
     assert lines["Classifier"].startswith("Classifier: incomplete (AttnpatError: every true class needs at least one")

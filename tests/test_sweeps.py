@@ -19,7 +19,7 @@ from transformers import (
     RobertaForSequenceClassification,
 )
 
-from analysis import disable
+from analysis import disable, sweeps
 from analysis.data import Example, TaskData
 from analysis.disable import keep_mask
 from analysis.errors import AttnpatError
@@ -50,7 +50,13 @@ from analysis.sweeps import (
     significant_effects,
     sweep_fingerprint,
 )
-from analysis.uncertainty import bootstrap_mean_interval, confusion_permutation_p, holm_adjust, paired_permutation_p
+from analysis.uncertainty import (
+    bootstrap_difference_interval,
+    bootstrap_mean_interval,
+    confusion_permutation_p,
+    holm_adjust,
+    paired_permutation_p,
+)
 from tests.test_disable import make_bundle
 from tests.tiny import tiny_mpnet_bundle
 
@@ -399,6 +405,46 @@ def test_the_figures_say_what_their_stars_test(metric, criterion):
     plt.close(layer_figure)
 
 
+@pytest.mark.parametrize("metric", ["f1", "matthews"])
+def test_figures_of_modes_tested_differently_name_each_modes_test(metric):
+    """A table merged from an older run's uniform rows (p_mcnemar: McNemar's test of the accuracy change) and a
+    newer run's zero rows (p_permutation of the metric's change): each panel, or legend entry, names its own
+    mode's test (before, the title named the permutation test for both); modes of one test keep one title."""
+    mcnemar = "accuracy change, McNemar test, Holm-adjusted p < 0.05"
+    permutation = f"{metric} change, permutation test, Holm-adjusted p < 0.05"
+    heads = long_table({"uniform_delta": np.full((2, 3), -0.1), "uniform_metric": np.full((2, 3), 0.8),
+                        "uniform_p_mcnemar": np.full((2, 3), 0.001), "uniform_p_holm": np.full((2, 3), 0.006),
+                        "zero_delta": np.full((2, 3), 0.1), "zero_metric": np.ones((2, 3)),
+                        "zero_p_permutation": np.full((2, 3), 0.3), "zero_p_holm": np.full((2, 3), 0.6)})
+    layers = pd.DataFrame({"layer": [0, 1, 0, 1], "mode": ["uniform", "uniform", "zero", "zero"],
+                           "metric": [0.9, 0.8, 0.9, 0.8], "delta": [-0.1, -0.2, -0.1, -0.2],
+                           "ci_low": [-0.2, -0.3, -0.2, -0.3], "ci_high": [0.0, -0.1, 0.0, -0.1],
+                           "p_mcnemar": [0.5, 0.01, np.nan, np.nan], "p_permutation": [np.nan, np.nan, 0.4, 0.02],
+                           "p_holm": [0.5, 0.02, 0.4, 0.04]})
+    head_figure = head_delta_figure(heads, metric=metric, task="t", model="m")
+    layer_figure = layer_delta_figure(layers, metric=metric, baseline={"uniform": 1.0, "zero": 1.0}, task="t",
+                                      model="m")
+    panels = {ax.get_title().split(" ")[0]: ax.get_title() for ax in head_figure.axes if ax.get_title()}
+    assert panels["uniform"].endswith(f"*: {mcnemar}") and panels["zero"].endswith(f"*: {permutation}")
+    suptitle = head_figure.texts[0].get_text()
+    assert "the modes differ in test" in suptitle and permutation not in suptitle
+    legend = {text.get_text().split(" ")[0]: text.get_text() for text in layer_figure.axes[0].get_legend().get_texts()}
+    assert legend["uniform"].endswith(f"*: {mcnemar}") and legend["zero"].endswith(f"*: {permutation}")
+    assert layer_figure.axes[0].get_title().endswith("*: Holm-adjusted p < 0.05, each mode's test in the legend)")
+    plt.close(head_figure)
+    plt.close(layer_figure)
+    # only older rows: one test, named once, in the titles
+    old_heads = heads[~heads["metric"].str.startswith("zero_")]
+    old_layers = layers[layers["mode"] == "uniform"].drop(columns="p_permutation")
+    head_figure = head_delta_figure(old_heads, metric=metric, task="t", model="m")
+    layer_figure = layer_delta_figure(old_layers, metric=metric, baseline={"uniform": 1.0}, task="t", model="m")
+    assert f"(outlined *: {mcnemar})" in head_figure.texts[0].get_text()
+    assert head_figure.axes[0].get_title() == "uniform (baseline 0.900)"
+    assert layer_figure.axes[0].get_title().endswith(f"intervals; *: {mcnemar})")
+    plt.close(head_figure)
+    plt.close(layer_figure)
+
+
 def test_interrupted_disable_analysis_writes_the_same_tables_as_an_uninterrupted_one(tmp_path):
     bundle = make_bundle()
     data = tiny_data()
@@ -497,6 +543,26 @@ def test_disable_tables_of_an_f1_or_matthews_task_carry_a_permutation_test_of_th
     tests = run.manifest()["analyses"]["disable_zero"]["tests"]
     assert f"p_permutation: two-sided paired permutation test of the {metric} change" in tests
     assert "McNemar" not in tests and set(summary["significant"]) == {"heads", "layers"}
+
+
+@pytest.mark.parametrize("metric, classes", [("f1", 2), ("matthews", 3)])
+def test_effect_statistics_bound_f1_and_matthews_changes_without_the_loop_over_draws(metric, classes, monkeypatch):
+    """F1 and Matthews intervals come from the draws' confusion counts (vectorised; before, a Python loop over
+    1,000 draws x every variant): the same bounds as the loop's, which is not called for them."""
+    rng = np.random.default_rng(classes)
+    labels = rng.integers(0, classes, 60)
+    baseline = np.where(rng.random(60) < 0.8, labels, rng.integers(0, classes, 60))
+    variants = np.stack([np.where(rng.random(60) < share, rng.integers(0, classes, 60), baseline)
+                         for share in (0.0, 0.2, 0.5)], 1)
+    expected = bootstrap_difference_interval(lambda predicted, gold: task_metric(metric, predicted, gold), baseline,
+                                             variants, labels, seed=3)
+
+    def loop_not_expected(*args, **kwargs):
+        raise AssertionError("the loop over draws ran for a metric of confusion counts")
+
+    monkeypatch.setattr(sweeps, "bootstrap_difference_interval", loop_not_expected)
+    stats = effect_statistics(baseline, variants, labels, metric, seed=3, n_perm=20)
+    assert np.stack([stats["ci_low"], stats["ci_high"]], 1).tolist() == expected.tolist()
 
 
 def test_effect_statistics_by_hand():

@@ -20,6 +20,7 @@ from analysis.uncertainty import (
     bootstrap_weighted_mean_interval,
     confusion_class_f1,
     confusion_class_f1_interval,
+    confusion_difference_interval,
     confusion_permutation_p,
     confusion_rates,
     confusion_score_interval,
@@ -333,6 +334,42 @@ def test_bootstrap_of_a_metric_change_agrees_with_the_mean_bootstrap_for_accurac
     assert interval[1, 0] > 0 and interval[2, 1] < 0
     for v in range(3):
         assert interval[v, 0] <= correct[:, v].mean() <= interval[v, 1]
+
+
+@pytest.mark.parametrize("metric, classes", [("accuracy", 2), ("f1", 2), ("matthews", 2), ("matthews", 3),
+                                             ("accuracy", 3), ("f1", 3)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_vectorised_bootstrap_of_a_metric_change_gives_the_loops_bounds(metric, classes, seed):
+    """confusion_difference_interval makes the draws of bootstrap_difference_interval (same seed, drawn chunk by
+    chunk) and scores them from confusion counts: the bounds are the same numbers, not close ones."""
+    labels, baseline, variants = _disagreeing_predictions(seed, classes)
+    slow = bootstrap_difference_interval(lambda predicted, gold: task_metric(metric, predicted, gold), baseline,
+                                         variants, labels, n_boot=300, seed=seed + 5)
+    fast = confusion_difference_interval(confusion_metric(metric), baseline, variants, labels, n_boot=300,
+                                         seed=seed + 5, chunk=7)  # 7 does not divide 300: the last chunk is short
+    assert fast.tolist() == slow.tolist()
+    assert fast[0].tolist() == [0.0, 0.0] and fast[-1, 0] < fast[-1, 1]  # unchanged variant; one changed by half
+    single = confusion_difference_interval(confusion_metric(metric), baseline, variants[:, 2], labels, n_boot=300,
+                                           seed=seed + 5)
+    assert single.tolist() == slow[2:3].tolist()
+
+
+def test_the_vectorised_bootstrap_of_a_metric_change_on_tiny_and_degenerate_inputs():
+    """As the loop: one example gives NaN bounds (no spread to show); F1 without the positive class is 0 on every
+    draw, so its change is [0, 0]; constant predictions make Matthews 0, never NaN."""
+    one = confusion_difference_interval(confusion_metric("matthews"), np.array([1]), np.array([[0]]), np.array([1]))
+    assert one.shape == (1, 2) and np.isnan(one).all()
+    labels, baseline, variants = (2 * part for part in _disagreeing_predictions(3, 2))  # classes 0 and 2
+    assert confusion_difference_interval(confusion_metric("f1"), baseline, variants, labels,
+                                         n_boot=50).tolist() == [[0.0, 0.0]] * 4
+    labels, baseline, _ = _disagreeing_predictions(4, 2, examples=12)
+    constant = np.zeros((12, 1), dtype=int)
+    fast = confusion_difference_interval(confusion_metric("matthews"), baseline, constant, labels, n_boot=200)
+    slow = bootstrap_difference_interval(lambda predicted, gold: task_metric("matthews", predicted, gold), baseline,
+                                         constant, labels, n_boot=200)
+    assert fast.tolist() == slow.tolist() and not np.isnan(fast).any()
+    with pytest.raises(AttnpatError, match="equal example counts"):
+        confusion_difference_interval(confusion_metric("f1"), np.zeros(3), np.zeros((4, 2)), np.zeros(3))
 
 
 def test_bootstrap_of_a_metric_change_refuses_unpaired_inputs():
