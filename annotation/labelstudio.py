@@ -382,6 +382,10 @@ class PullReport:
     prediction_agreement_ci: tuple[float, float] | None = None
     prediction_maps: int = 0
     preannotator_versions: list = field(default_factory=list)  # model_version of the predictions compared
+    # of the prediction_maps predictions compared, those whose model_version is not the current rules' (pushed
+    # before the thresholds or rule code changed): the agreement is then, in part, of those older rules
+    other_rules_predictions: int = 0
+    rules_version: str = RULES_VERSION  # the current rules' version, the one the others are told from
     preannotations_shown: bool | None = None  # the project showed annotators the rules' labels (None: unknown)
     kappa: float | None = None
     # the kappa's percentile bootstrap 95% interval over the kappa_maps maps (None: no kappa, or one map)
@@ -412,6 +416,16 @@ class PullReport:
             return f"Fleiss' kappa {self.kappa:.3f} (no bootstrap interval over {maps})"
         return (f"Fleiss' kappa {self.kappa:.3f} [{self.kappa_ci_low:.2f}, {self.kappa_ci_high:.2f}] "
                 f"(bootstrap 95% over {self.kappa_maps} maps)")
+
+    def other_rules_text(self) -> str | None:
+        """One line saying how many of the predictions compared were made under other rules than the current ones,
+        or None when all were made under the current rules."""
+        if not self.other_rules_predictions:
+            return None
+        others = ", ".join(version for version in self.preannotator_versions if version != self.rules_version)
+        return (f"pre-annotations made under other rules than the current {self.rules_version}: "
+                f"{self.other_rules_predictions} of the {self.prediction_maps} compared ({others}); the "
+                "pre-annotation agreement is, for those maps, of the older rules")
 
     def task_parts(self) -> dict[str, int]:
         """The project's tasks cut into disjoint parts that add up to ``tasks``: labeled (in the set), skipped
@@ -628,7 +642,9 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
         if prediction is not None:
             compared += 1
             agree += prediction == final
-            versions.add(str((task.get("predictions") or [{}])[0].get("model_version")))
+            version = str((task.get("predictions") or [{}])[0].get("model_version"))
+            versions.add(version)
+            report.other_rules_predictions += version != RULES_VERSION
         row = rows[map_id]
         final_rows.append({"map_id": map_id, "label": final,
                            "annotator": "+".join(sorted({a["annotator"] for a in annotations})),

@@ -159,6 +159,8 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
         typer.echo(f"pre-annotation agreement with final labels: {report.prediction_agreement:.3f} "
                    f"[{low:.3f}, {high:.3f}] (Wilson 95% over {report.prediction_maps} maps)"
                    f"{seen[report.preannotations_shown]}")
+        if report.other_rules_text() is not None:
+            typer.echo(report.other_rules_text())
     if report.kappa is not None:
         settled = (f"; before the {report.settling_labels} labels that settled ties" if report.settling_labels
                    else "")
