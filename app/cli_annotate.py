@@ -126,7 +126,9 @@ def push(model: str = opt.Model, count: int = typer.Option(480, "--count", help=
                                before_drawing=lambda: connect(credentials))
         report = push_tasks(credentials, folder, project, _state_file(), log=typer.echo, panel=panel)
     typer.echo(f"project {report.project_id} ({'created' if report.created_project else 'reused'}): "
-               f"{report.pushed} new tasks, {report.already_there} already there, {report.total} in the sample; "
+               f"{report.pushed} new tasks, {report.already_there} already there"
+               f"{f' ({report.updated} with their caption updated)' if report.updated else ''}, "
+               f"{report.total} in the sample; "
                f"open {credentials.url}/projects/{report.project_id}")
 
 

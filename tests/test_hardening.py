@@ -1076,9 +1076,10 @@ def test_push_refuses_a_project_whose_tasks_hold_other_maps_under_the_samples_id
     present[1]["data"]["map_sha256"] = ls.map_sha256(np.eye(5, dtype=np.float32))  # the earlier drawing's map
     imported = []
     client = types.SimpleNamespace(projects=types.SimpleNamespace(
-        import_tasks=lambda id, request, return_task_ids: imported.extend(request)))
+        import_tasks=lambda id, request, return_task_ids: imported.extend(request)),
+        tasks=types.SimpleNamespace(update=lambda id, data: None))  # the tasks there get the current caption
     monkeypatch.setattr(ls, "connect", lambda credentials: client)
-    monkeypatch.setattr(ls, "ensure_project", lambda *args: (5, False))
+    monkeypatch.setattr(ls, "ensure_project", lambda *args: (5, False, None))
     monkeypatch.setattr(ls, "existing_tasks", lambda *args: ls.check_export(present))
     with pytest.raises(AttnpatError, match=rf"project 5 holds 1 of sample {sample.name}'s maps with other values "
                                            rf"\(first: {ids[1]}\): .*push to another project") as caught:
