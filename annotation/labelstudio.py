@@ -45,12 +45,15 @@ from annotation.server import Credentials, is_loopback
 PREANNOTATOR_VERSION = RULES_VERSION
 CHUNK = 50
 
-# smoothing="false": Label Studio scales a task's image to its panel (654 pixels drawn, about 810 shown at 1400
-# pixels' width) and smooths it by default, which blurs the guideline's crisp token cells into their neighbours
+# defaultZoom="original": Label Studio fits a task's image to its panel by default (653 pixels drawn, 811 shown at
+# 1400 pixels' width), so a one-token column was no whole number of screen pixels; at the image's own size each
+# token cell keeps the guideline's whole pixels (a panel narrower than the image still fits it).
+# smoothing="false": a scaled image (zoomed in, or fitted) is otherwise smoothed, which blurs the guideline's crisp
+# token cells into their neighbours
 LABEL_CONFIG = """<View>
   <Header value="Which pattern dominates this attention map? (see the labeling guideline)"/>
   <Text name="info" value="$caption"/>
-  <Image name="image" value="$image" zoom="true" smoothing="false"/>
+  <Image name="image" value="$image" zoom="true" smoothing="false" defaultZoom="original"/>
   <Choices name="pattern" toName="image" choice="single" showInLine="true" required="true">
 """ + "\n".join(f'    <Choice value="{name}"/>' for name in CLASSES) + """
   </Choices>
