@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from xml.etree import ElementTree
 
 import httpx
 import numpy as np
@@ -44,12 +45,15 @@ from annotation.server import Credentials, is_loopback
 PREANNOTATOR_VERSION = RULES_VERSION
 CHUNK = 50
 
-# smoothing="false": Label Studio scales a task's image to its panel (654 pixels drawn, about 810 shown at 1400
-# pixels' width) and smooths it by default, which blurs the guideline's crisp token cells into their neighbours
+# defaultZoom="original": Label Studio fits a task's image to its panel by default (653 pixels drawn, 811 shown at
+# 1400 pixels' width), so a one-token column was no whole number of screen pixels; at the image's own size each
+# token cell keeps the guideline's whole pixels (a panel narrower than the image still fits it).
+# smoothing="false": a scaled image (zoomed in, or fitted) is otherwise smoothed, which blurs the guideline's crisp
+# token cells into their neighbours
 LABEL_CONFIG = """<View>
   <Header value="Which pattern dominates this attention map? (see the labeling guideline)"/>
   <Text name="info" value="$caption"/>
-  <Image name="image" value="$image" zoom="true" smoothing="false"/>
+  <Image name="image" value="$image" zoom="true" smoothing="false" defaultZoom="original"/>
   <Choices name="pattern" toName="image" choice="single" showInLine="true" required="true">
 """ + "\n".join(f'    <Choice value="{name}"/>' for name in CLASSES) + """
   </Choices>
@@ -129,14 +133,30 @@ class PanelSettings:
         return fields
 
 
+@dataclass(frozen=True)
+class ReplacedView:
+    """A labeling view that differed from attnpat's and that a push replaced: ``differences`` names the tags that
+    differ (:func:`view_differences`); ``label_config`` is the view as it was, kept so it can be restored."""
+
+    differences: list[str]
+    label_config: str
+
+
 def ensure_project(client, url: str, title: str, project_id: int | None = None,
-                   panel: PanelSettings = PanelSettings()) -> tuple[int, bool]:
+                   panel: PanelSettings = PanelSettings()) -> tuple[int, bool, ReplacedView | None]:
     """Reuse the project (by id, else by title) or create it, then bring its instructions, labeling view and
-    ``panel`` settings up to date. Returns (id, created)."""
+    ``panel`` settings up to date. Returns (id, created, the view replaced where it differed from ours)."""
     found = _titled_project(client, url, project_id, title)
     if found is None:
         found = _project_by_title(client, url, title)
     created = found is None
+    replaced = None
+    if not created:
+        # a view edited in Label Studio (a tag added, an attribute changed) is replaced, since the labels depend on
+        # what annotators saw, but not in silence: the caller says so and keeps the old view
+        current = getattr(_call(url, lambda: client.projects.get(id=found), "project"), "label_config", None) or ""
+        differences = view_differences(current)
+        replaced = ReplacedView(differences, current) if differences else None
     if created:
         # Uniform sampling: the labeling stream hands out tasks in random order, not in push order (a natural
         # sample is pushed task by task, shortest maps first), so a panel that stops partway has labeled an
@@ -151,7 +171,38 @@ def ensure_project(client, url: str, title: str, project_id: int | None = None,
     _call(url, lambda: client.projects.update(id=found, expert_instruction=instructions, show_instruction=True,
                                               label_config=LABEL_CONFIG, **panel.project_fields()),
           "project update")
-    return found, created
+    return found, created, replaced
+
+
+def _view_elements(label_config: str) -> Counter:
+    """(tag, its attributes sorted) -> count, for every element of a labeling view; ValueError if not XML."""
+    try:
+        root = ElementTree.fromstring(label_config)
+    except ElementTree.ParseError as exc:
+        raise ValueError(str(exc)) from exc
+    return Counter((element.tag, tuple(sorted(element.attrib.items()))) for element in root.iter())
+
+
+def view_differences(current: str, ours: str = LABEL_CONFIG) -> list[str]:
+    """The tags by which a project's labeling view ``current`` differs from ``ours``, each as its tag and name (or
+    value), e.g. ['Image image', 'Choice extra'], in the order first met (ours, then current); [] when they hold
+    the same elements with the same attributes (layout and attribute order do not count). A view that is not XML
+    differs as a whole."""
+    if not current.strip():
+        return ["the whole view (empty)"]
+    try:
+        theirs = _view_elements(current)
+    except ValueError:
+        return ["the whole view (not XML)"]
+    mine = _view_elements(ours)
+    differing = list((mine - theirs).elements()) + list((theirs - mine).elements())
+    return list(dict.fromkeys(_tag_name(tag, dict(attributes)) for tag, attributes in differing))
+
+
+def _tag_name(tag: str, attributes: dict) -> str:
+    """'Image image', 'Choice block', or the tag alone where it has no name (a Header's value is its text)."""
+    name = attributes.get("name") or (attributes.get("value") if tag == "Choice" else None)
+    return f"{tag} {name}" if name else tag
 
 
 def gallery_image_url(client, url: str, project_id: int):
@@ -262,14 +313,9 @@ def read_export(path: str | Path) -> dict[str, dict]:
 def build_task(row: dict, attn: np.ndarray, png: bytes) -> dict:
     """One Label Studio task: the image as a data URI, the map's id and hash, and the pre-annotation."""
     label, score = preannotate(attn, row["tokens"])
-    # a map of a cut input is of part of the text: the annotator is told, as the sample's index records it
-    cut = " (input truncated to these)" if row.get("truncated") else ""
-    # layer and head as the map id, the gallery and labels.csv number them (0-indexed): a caption's numbers find
-    # the map's row in labels.csv and index.jsonl as written (a 1-indexed caption's "layer 3" was L2 there)
-    caption = (f"map {row['map_id']} · layer {row['layer']} · head {row['head']} (0-indexed, as in the map id) · "
-               f"{row['n']} tokens{cut}\ncues: {cue_text(attn, row['tokens'])}")
     return {
-        "data": {"image": "data:image/png;base64," + base64.b64encode(png).decode(), "caption": caption,
+        "data": {"image": "data:image/png;base64," + base64.b64encode(png).decode(),
+                 "caption": task_caption(row, attn),
                  "map_id": row["map_id"], "map_sha256": map_sha256(attn), "task": row["task"],
                  "layer": row["layer"], "head": row["head"], "example_id": row["example_id"]},
         "predictions": [{"model_version": PREANNOTATOR_VERSION, "score": score,
@@ -278,13 +324,37 @@ def build_task(row: dict, attn: np.ndarray, png: bytes) -> dict:
     }
 
 
+def task_caption(row: dict, attn: np.ndarray) -> str:
+    """The text shown above a task's image: map id, layer, head, tokens, and the map's cue line. attn: (n, n)."""
+    # a map of a cut input is of part of the text: the annotator is told, as the sample's index records it
+    cut = " (input truncated to these)" if row.get("truncated") else ""
+    # layer and head as the map id, the gallery and labels.csv number them (0-indexed): a caption's numbers find
+    # the map's row in labels.csv and index.jsonl as written (a 1-indexed caption's "layer 3" was L2 there)
+    return (f"map {row['map_id']} · layer {row['layer']} · head {row['head']} (0-indexed, as in the map id) · "
+            f"{row['n']} tokens{cut}\ncues: {cue_text(attn, row['tokens'])}")
+
+
+def stale_captions(present: dict[str, dict], rows: list[dict], maps: dict[str, np.ndarray]) -> dict[str, str]:
+    """map_id -> the current caption, for each task already in the project whose caption differs from it (pushed
+    before the caption changed). present: map_id -> task; maps: map_id -> (n, n). Only the caption: the image and
+    the map's digest stay as pushed (a changed map is refused by :func:`check_pushed_maps`)."""
+    return {row["map_id"]: caption for row in rows if row["map_id"] in present
+            and present[row["map_id"]]["data"].get("caption") != (caption := task_caption(row, maps[row["map_id"]]))}
+
+
 @dataclass
 class PushReport:
+    """What a push did. updated: tasks already there whose caption was brought up to date; replaced_view: the tags
+    by which the project's labeling view differed from attnpat's before the push replaced it ([] when it did
+    not differ, or the project is new)."""
+
     project_id: int
     created_project: bool
     pushed: int
     already_there: int
     total: int
+    updated: int = 0
+    replaced_view: list = field(default_factory=list)
 
 
 def push(credentials: Credentials, sample: str | Path, title: str | None = None, state_file: Path | None = None,
@@ -298,13 +368,28 @@ def push(credentials: Credentials, sample: str | Path, title: str | None = None,
     title = title or f"attnpat patterns: {sample.name}"
     state = _read_state(state_file)
     client = connect(credentials)
-    project_id, created = ensure_project(client, credentials.url, title, state.get("projects", {}).get(title),
-                                         panel)
+    project_id, created, replaced = ensure_project(client, credentials.url, title,
+                                                   state.get("projects", {}).get(title), panel)
     state.setdefault("projects", {})[title] = project_id
+    if replaced is not None:
+        # the old view is kept in the state file, so an edit made in Label Studio can be looked at or restored
+        state.setdefault("replaced_views", {}).setdefault(title, []).append(
+            {"project_id": project_id, "replaced_at": datetime.now(UTC).isoformat(timespec="seconds"),
+             "differences": replaced.differences, "label_config": replaced.label_config})
+        kept = f" (the old view is kept in {state_file})" if state_file else ""
+        log(f"replaced project {project_id}'s labeling view, which differed from attnpat's in: "
+            f"{', '.join(replaced.differences)}{kept}")
     if state_file:
         atomic_write_json(state_file, state)
     present = existing_tasks(client, credentials.url, project_id)
     check_pushed_maps(present, maps, project_id, sample.name)
+    updated = stale_captions(present, rows, maps)
+    for map_id, caption in updated.items():
+        task = present[map_id]
+        _call(credentials.url, lambda task=task, caption=caption: client.tasks.update(
+            id=task["id"], data={**task["data"], "caption": caption}), "task update")
+    if updated:
+        log(f"updated the caption of {len(updated)} tasks already in project {project_id} to the current one")
     todo = [row for row in rows if row["map_id"] not in present]
     bar = progress_bar(len(todo), progress and bool(todo), f"push to project {project_id}", unit="task")
     try:
@@ -320,7 +405,8 @@ def push(credentials: Credentials, sample: str | Path, title: str | None = None,
             bar.close()
     if todo:
         log(f"pushed {len(todo)} new tasks to project {project_id}")
-    return PushReport(project_id, created, len(todo), len(rows) - len(todo), len(rows))
+    return PushReport(project_id, created, len(todo), len(rows) - len(todo), len(rows), len(updated),
+                      replaced.differences if replaced is not None else [])
 
 
 def check_pushed_maps(present: dict[str, dict], maps: dict[str, np.ndarray], project_id: int, sample: str) -> None:
@@ -382,6 +468,10 @@ class PullReport:
     prediction_agreement_ci: tuple[float, float] | None = None
     prediction_maps: int = 0
     preannotator_versions: list = field(default_factory=list)  # model_version of the predictions compared
+    # of the prediction_maps predictions compared, those whose model_version is not the current rules' (pushed
+    # before the thresholds or rule code changed): the agreement is then, in part, of those older rules
+    other_rules_predictions: int = 0
+    rules_version: str = RULES_VERSION  # the current rules' version, the one the others are told from
     preannotations_shown: bool | None = None  # the project showed annotators the rules' labels (None: unknown)
     kappa: float | None = None
     # the kappa's percentile bootstrap 95% interval over the kappa_maps maps (None: no kappa, or one map)
@@ -412,6 +502,16 @@ class PullReport:
             return f"Fleiss' kappa {self.kappa:.3f} (no bootstrap interval over {maps})"
         return (f"Fleiss' kappa {self.kappa:.3f} [{self.kappa_ci_low:.2f}, {self.kappa_ci_high:.2f}] "
                 f"(bootstrap 95% over {self.kappa_maps} maps)")
+
+    def other_rules_text(self) -> str | None:
+        """One line saying how many of the predictions compared were made under other rules than the current ones,
+        or None when all were made under the current rules."""
+        if not self.other_rules_predictions:
+            return None
+        others = ", ".join(version for version in self.preannotator_versions if version != self.rules_version)
+        return (f"pre-annotations made under other rules than the current {self.rules_version}: "
+                f"{self.other_rules_predictions} of the {self.prediction_maps} compared ({others}); the "
+                "pre-annotation agreement is, for those maps, of the older rules")
 
     def task_parts(self) -> dict[str, int]:
         """The project's tasks cut into disjoint parts that add up to ``tasks``: labeled (in the set), skipped
@@ -628,7 +728,9 @@ def pull(credentials: Credentials | None, sample: str | Path, out: str | Path, t
         if prediction is not None:
             compared += 1
             agree += prediction == final
-            versions.add(str((task.get("predictions") or [{}])[0].get("model_version")))
+            version = str((task.get("predictions") or [{}])[0].get("model_version"))
+            versions.add(version)
+            report.other_rules_predictions += version != RULES_VERSION
         row = rows[map_id]
         final_rows.append({"map_id": map_id, "label": final,
                            "annotator": "+".join(sorted({a["annotator"] for a in annotations})),

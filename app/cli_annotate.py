@@ -126,7 +126,9 @@ def push(model: str = opt.Model, count: int = typer.Option(480, "--count", help=
                                before_drawing=lambda: connect(credentials))
         report = push_tasks(credentials, folder, project, _state_file(), log=typer.echo, panel=panel)
     typer.echo(f"project {report.project_id} ({'created' if report.created_project else 'reused'}): "
-               f"{report.pushed} new tasks, {report.already_there} already there, {report.total} in the sample; "
+               f"{report.pushed} new tasks, {report.already_there} already there"
+               f"{f' ({report.updated} with their caption updated)' if report.updated else ''}, "
+               f"{report.total} in the sample; "
                f"open {credentials.url}/projects/{report.project_id}")
 
 
@@ -159,6 +161,8 @@ def pull(sample: str = typer.Option(..., "--sample", help="the sample name used 
         typer.echo(f"pre-annotation agreement with final labels: {report.prediction_agreement:.3f} "
                    f"[{low:.3f}, {high:.3f}] (Wilson 95% over {report.prediction_maps} maps)"
                    f"{seen[report.preannotations_shown]}")
+        if report.other_rules_text() is not None:
+            typer.echo(report.other_rules_text())
     if report.kappa is not None:
         settled = (f"; before the {report.settling_labels} labels that settled ties" if report.settling_labels
                    else "")

@@ -442,6 +442,64 @@ def test_a_push_to_a_project_of_an_older_labeling_view_brings_it_up_to_date_and_
     assert [annotation["result"][0]["value"]["choices"] for annotation in kept] == [["block"]]
 
 
+def test_a_push_says_which_tags_of_an_edited_labeling_view_it_replaced_and_keeps_the_old_view(
+        label_studio, synthetic_sample, tmp_path):
+    """A view edited in Label Studio (a class added, the Image tag changed) is replaced by a push, since the labels
+    depend on what annotators saw; before, it vanished without a word. Now push logs one line naming the tags that
+    differed, and the push report and state file record them, the state file with the old view itself."""
+    sample, state = synthetic_sample("editedview", 2), tmp_path / "projects.json"
+    quiet = ls.push(label_studio, sample, state_file=state, progress=False, log=lambda m: None)
+    assert quiet.replaced_view == []
+    client = ls.connect(label_studio)
+    edited = (ls.LABEL_CONFIG.replace(' smoothing="false"', ' smoothing="true"')
+              .replace("</Choices>", '<Choice value="mixed"/></Choices>'))
+    client.projects.update(id=quiet.project_id, label_config=edited)
+    said = []
+    again = ls.push(label_studio, sample, state_file=state, progress=False, log=said.append)
+    assert again.replaced_view == ["Image image", "Choice mixed"]
+    assert said == [f"replaced project {quiet.project_id}'s labeling view, which differed from attnpat's in: "
+                    f"Image image, Choice mixed (the old view is kept in {state})"]
+    assert ls.view_differences(client.projects.get(id=quiet.project_id).label_config) == []
+    kept = ls._read_state(state)["replaced_views"][f"attnpat patterns: {sample.name}"]
+    assert [(entry["project_id"], entry["differences"]) for entry in kept] == [(quiet.project_id, again.replaced_view)]
+    assert '<Choice value="mixed"/>' in kept[0]["label_config"]
+    # a view that is attnpat's already is replaced in silence, and nothing more is recorded
+    said.clear()
+    assert ls.push(label_studio, sample, state_file=state, progress=False, log=said.append).replaced_view == []
+    assert said == [] and len(ls._read_state(state)["replaced_views"][f"attnpat patterns: {sample.name}"]) == 1
+
+
+def test_a_push_brings_the_captions_of_tasks_already_there_up_to_date_and_keeps_their_labels(
+        label_studio, synthetic_sample, annotate_task, tmp_path):
+    """Tasks pushed before a caption change (layer and head 1-indexed) kept their old caption, since a push only
+    added missing maps. Now a push rewrites the caption of each task whose caption differs and says how many; the
+    image, map digest, pre-annotation and annotations stay as they were."""
+    sample, state = synthetic_sample("oldcaption", 3), tmp_path / "projects.json"
+    first = ls.push(label_studio, sample, state_file=state, progress=False, log=lambda m: None)
+    assert first.updated == 0
+    client = ls.connect(label_studio)
+    before = tasks_by_map(label_studio, first.project_id)
+    stale = sorted(before)[:2]
+    for map_id in stale:
+        client.tasks.update(id=before[map_id]["id"], data={**before[map_id]["data"], "caption": "layer 3 · head 8 "
+                                                                                               "(1-indexed)"})
+    annotate_task(client, before[stale[0]]["id"], "block")
+
+    said = []
+    again = ls.push(label_studio, sample, state_file=state, progress=False, log=said.append)
+    assert (again.pushed, again.already_there, again.updated) == (0, 3, 2)
+    assert said == [f"updated the caption of 2 tasks already in project {first.project_id} to the current one"]
+    after = tasks_by_map(label_studio, first.project_id)
+    assert {map_id: task["data"] for map_id, task in after.items()} == \
+        {map_id: task["data"] for map_id, task in before.items()}
+    assert [annotation["result"][0]["value"]["choices"] for annotation in after[stale[0]]["annotations"]] == \
+        [["block"]]
+    assert [[p["result"] for p in task["predictions"]] for task in after.values()] == \
+        [[p["result"] for p in task["predictions"]] for task in before.values()]
+    assert count_tasks(label_studio, first.project_id) == Counter({row["map_id"]: 1 for row in read_index(sample)})
+    assert ls.push(label_studio, sample, state_file=state, progress=False, log=lambda m: None).updated == 0
+
+
 def test_push_cut_off_after_the_first_chunk_is_finished_by_a_rerun(label_studio, synthetic_sample, tmp_path,
                                                                    monkeypatch):
     """The connection drops after chunk 1; in chunk 2 the server imports but the reply is lost. A rerun

@@ -106,3 +106,29 @@ def test_every_gallery_map_in_the_instructions_keeps_three_pixels_per_token(labe
     for name, natural, width, rendering in shown:
         assert cell_size(tokens[name]) * width / natural >= 3, (name, width)
         assert rendering == "pixelated", name
+
+
+def test_a_task_image_is_shown_at_its_natural_size(label_studio, synthetic_sample, tmp_path):
+    """Label Studio fitted each task's image to its panel (653 pixels drawn, 811 shown at a 1400-pixel window), so a
+    one-token column was no whole number of screen pixels; the labeling view's Image tag now asks for the image's
+    own size (defaultZoom="original"), one screen pixel per image pixel."""
+    sample = synthetic_sample("natural", 2)
+    report = ls.push(label_studio, sample, state_file=tmp_path / "projects.json", progress=False, log=lambda m: None)
+    tasks = ls.existing_tasks(ls.connect(label_studio), label_studio.url, report.project_id)
+    ARTIFACTS.mkdir(exist_ok=True)
+    for task in tasks.values():
+        with task_page(label_studio, report.project_id, task["id"], height=1100) as page:
+            page.wait_for_load_state("networkidle")
+            # the labeling view's image (its style is set visible once its size and zoom are computed), not the
+            # data manager's 100-pixel thumbnail of it
+            script = ("() => [...document.querySelectorAll('img')].filter(image => "
+                      "image.complete && image.naturalWidth > 0 && image.style.visibility === 'visible' && "
+                      "image.getBoundingClientRect().width > 100)"
+                      ".map(image => [image.naturalWidth, image.naturalHeight, image.getBoundingClientRect().width,"
+                      " image.getBoundingClientRect().height])")
+            page.wait_for_function(f"() => ({script})().length > 0")
+            shown = page.evaluate(script)
+            page.screenshot(path=str(ARTIFACTS / "browser-task-image-natural-size.png"))
+        assert len(shown) == 1, shown
+        natural_width, natural_height, width, height = shown[0]
+        assert (width, height) == pytest.approx((natural_width, natural_height), abs=0.01), shown

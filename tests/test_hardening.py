@@ -596,6 +596,38 @@ def test_pull_reads_label_studio_1_23s_own_export_with_predictions_by_id(tmp_pat
             "(Wilson 95% over 5 maps)\n") in capsys.readouterr().out
 
 
+def test_pull_warns_when_pre_annotations_were_made_under_other_rules(tmp_path, synthetic_sample, monkeypatch,
+                                                                     capsys):
+    """Tasks pushed before the rules changed keep their old pre-annotations: pull listed their versions in
+    pull_report.json but said nothing, so the printed agreement read as the current rules'. Now one line says how
+    many of the predictions compared were made under other rules, and the report counts them."""
+    sample = synthetic_sample("old-rules", 5)
+    tasks = _export_of(sample, {row["map_id"]: "block" for row in read_index(sample)})
+    versions = ["attnpat-rules-v1", "attnpat-rules-v1", "attnpat-rules-0123abcd", ls.PREANNOTATOR_VERSION,
+                ls.PREANNOTATOR_VERSION]
+    for task, version in zip(tasks, versions, strict=True):
+        task["predictions"] = [{"model_version": version, "result": [{"value": {"choices": ["block"]}}]}]
+    (tmp_path / "export.json").write_text(json.dumps(tasks))
+    shutil.copytree(sample, tmp_path / "home" / "workspace" / "annotation" / "samples" / sample.name)
+    monkeypatch.setenv("ATTNPAT_HOME", str(tmp_path / "home"))
+    code, out, err, _ = run_cli(["annotate", "pull", "--sample", sample.name, "--export", tmp_path / "export.json",
+                                 "--out", tmp_path / "labeled"], capsys)
+    assert code == 0, err
+    warning = (f"pre-annotations made under other rules than the current {ls.PREANNOTATOR_VERSION}: 3 of the 5 "
+               "compared (attnpat-rules-0123abcd, attnpat-rules-v1); the pre-annotation agreement is, for those "
+               "maps, of the older rules\n")
+    assert warning in out
+    written = json.loads((tmp_path / "labeled" / "pull_report.json").read_text())
+    assert (written["other_rules_predictions"], written["rules_version"]) == (3, ls.PREANNOTATOR_VERSION)
+    # every prediction of the current rules: no such line
+    for task in tasks:
+        task["predictions"][0]["model_version"] = ls.PREANNOTATOR_VERSION
+    (tmp_path / "export.json").write_text(json.dumps(tasks))
+    code, out, err, _ = run_cli(["annotate", "pull", "--sample", sample.name, "--export", tmp_path / "export.json",
+                                 "--out", tmp_path / "labeled"], capsys)
+    assert code == 0 and "other rules" not in out and "pre-annotation agreement with final labels: 1.000" in out
+
+
 def test_pull_counts_each_annotator_once_orders_by_time_and_reports_an_empty_choice(tmp_path, synthetic_sample):
     """One user's second annotation tab replaces their first (one vote each); a tie goes to the earliest
     annotation by time, not by text ('...:05Z' is earlier than '...:05.250Z'); a submission with no class is
@@ -1044,9 +1076,10 @@ def test_push_refuses_a_project_whose_tasks_hold_other_maps_under_the_samples_id
     present[1]["data"]["map_sha256"] = ls.map_sha256(np.eye(5, dtype=np.float32))  # the earlier drawing's map
     imported = []
     client = types.SimpleNamespace(projects=types.SimpleNamespace(
-        import_tasks=lambda id, request, return_task_ids: imported.extend(request)))
+        import_tasks=lambda id, request, return_task_ids: imported.extend(request)),
+        tasks=types.SimpleNamespace(update=lambda id, data: None))  # the tasks there get the current caption
     monkeypatch.setattr(ls, "connect", lambda credentials: client)
-    monkeypatch.setattr(ls, "ensure_project", lambda *args: (5, False))
+    monkeypatch.setattr(ls, "ensure_project", lambda *args: (5, False, None))
     monkeypatch.setattr(ls, "existing_tasks", lambda *args: ls.check_export(present))
     with pytest.raises(AttnpatError, match=rf"project 5 holds 1 of sample {sample.name}'s maps with other values "
                                            rf"\(first: {ids[1]}\): .*push to another project") as caught:
