@@ -81,12 +81,12 @@ def adjusted_ratio_interval(counts: np.ndarray, confusion: np.ndarray, *, level:
 
 
 def bounded_share_interval(bounds: np.ndarray) -> np.ndarray:
-    """(K, 2) percentile bounds of unconstrained share estimates -> (K, 2) bounds within [0, 1], never one point.
+    """(K, 2) percentile bounds of unconstrained share estimates -> (K, 2) bounds within [0, 1].
 
     Each bound is cut to [0, 1]. Where the whole interval lies below 0 (or above 1) the cut alone would leave
     [0, 0] (or [1, 1]): the estimate is outside what the confusion rates allow, a misfit of those rates rather
     than certainty, so the far bound is kept at least half the interval's width from the edge, the bound an
-    estimate of exactly 0 (or 1) with that spread would get.
+    estimate of exactly 0 (or 1) with that spread would get. Only draws that all agree give one point.
     """
     low, high = bounds[:, 0], bounds[:, 1]
     half_width = (high - low) / 2

@@ -19,6 +19,7 @@ from analysis.uncertainty import (
     bootstrap_sparse_ratio_interval,
     bootstrap_statistic_interval,
     bootstrap_weighted_mean_interval,
+    bounded_share_interval,
     confusion_class_f1,
     confusion_class_f1_interval,
     confusion_permutation_p,
@@ -121,6 +122,12 @@ def test_a_class_adjusted_to_0_keeps_an_interval_as_wide_as_its_unprojected_draw
     assert np.all((interval[:, 0] <= estimate) & (estimate <= interval[:, 1]))
     assert interval.min() >= 0 and interval.max() <= 1
 
+
+
+def test_share_bounds_are_cut_to_0_and_1_keeping_half_their_width_past_an_edge():
+    bounds = np.array([[0.2, 0.3], [-0.01, 0.02], [-0.03, -0.01], [1.01, 1.05], [0.1, 0.1]])
+    assert bounded_share_interval(bounds) == pytest.approx(
+        np.array([[0.2, 0.3], [0.0, 0.02], [0.0, 0.01], [0.98, 1.0], [0.1, 0.1]]))
 
 @pytest.mark.parametrize("true", [[0.7, 0.3, 0.0], [0.0, 0.97, 0.03]])
 def test_the_adjusted_interval_covers_the_true_ratios_in_simulated_repeats(true):
