@@ -134,7 +134,8 @@ _LABEL_EVIDENCE = ("statistic (the rule's: prev|next|entropy|cls|sep|punct; empt
 # classifier.classify.ratio_table: a task's class ratios three ways, each share with its interval
 _RATIOS = ("class, count, fraction (as classified), ci_low, ci_high (95% bootstrap over the examples), adjusted (for "
            "the classifier's cross-validated confusion matrix, projected onto the simplex), adjusted_ci_low, "
-           "adjusted_ci_high (95% bootstrap over the examples and the confusion matrix's labeled maps)")
+           "adjusted_ci_high (95% bootstrap over the examples and the confusion matrix's labeled maps, of the "
+           "unprojected solutions cut to [0, 1])")
 _PARSE = "--parse {task} --model {model}"  # silver parses of the task's sentences (a CoNLL-U file gives gold ones)
 
 ARTIFACTS: tuple[Artifact, ...] = (

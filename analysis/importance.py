@@ -228,6 +228,15 @@ def least_important(importance: np.ndarray, keep: np.ndarray, count: int) -> lis
     return [(layer, head) for _, layer, head in sorted(candidates)[:count]]
 
 
+def ranked_extremes(order: Sequence[tuple[int, int]], per_list: int = 5
+                    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(least, most) important heads of ``order`` ((layer, head) from least to most important): up to ``per_list``
+    in each (least from the least important up, most from the most important down), never one head in both. With
+    fewer than 2 x per_list heads the two lists share them out, the extra head of an odd count going to most."""
+    most = list(order[::-1][:min(per_list, (len(order) + 1) // 2)])
+    return list(order[:min(per_list, len(order) - len(most))]), most
+
+
 def pruning_masks(importance: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
     """One-shot pruning: for each count, the (L, H) keep mask with that many least important heads off."""
     full = np.ones(importance.shape, dtype=np.float32)
@@ -375,8 +384,8 @@ def _importance(bundle, data, run, *, by_layer: bool, exponent: float, global_mi
     fig = importance_figure(scores, task=data.task, model=bundle.name, normalisation=label)
     figures = run.write_figure("importance", fig)
     close(fig)
-    order = least_important(scores, np.ones_like(scores), scores.size)
-    return {"normalisation": label, "scores": scores, "least": order[:5], "most": order[::-1][:5],
+    least, most = ranked_extremes(least_important(scores, np.ones_like(scores), scores.size))
+    return {"normalisation": label, "scores": scores, "least": least, "most": most,
             "outputs": [str(run.file("importance.csv"))] + [str(p) for p in figures],
             "n_truncated": _truncated(batches)}
 

@@ -55,20 +55,43 @@ def bootstrap_ratio_interval(counts: np.ndarray, *, level: float = 0.95, n_boot:
 
 def adjusted_ratio_interval(counts: np.ndarray, confusion: np.ndarray, *, level: float = 0.95,
                             n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0, chunk: int = 50) -> np.ndarray:
-    """Percentile bootstrap interval of the adjusted class ratios (:func:`adjusted_ratios`).
+    """Bootstrap interval of the adjusted class ratios (:func:`adjusted_ratios`).
 
     counts: (E, K) per-example class counts, resampled as :func:`bootstrap_ratio_interval` resamples them (the
     same draws); confusion: (K, K) counts, rows = true class, columns = predicted. Each draw also redraws every
     row of the confusion matrix (multinomial with the row's total and rates: the labeled maps resampled within
     their true class), so the interval carries the error of the estimated misclassification rates too.
-    Returns (K, 2); NaN, as :func:`bootstrap_ratio_interval`'s, when fewer than MIN_RESAMPLED examples hold any map
-    (the confusion redraws alone would give a narrow interval that leaves out the examples' sampling error).
+
+    The bounds are percentiles of the draws' exact (unprojected) solutions, cut to [0, 1] by
+    :func:`bounded_share_interval`. Projecting each draw onto the simplex instead piled every draw below 0 on 0
+    and, through the projection's shift, pulled other small shares down with it, so a class adjusted to 0 got
+    [0, 0] or nearly; cutting a percentile interval to the shares that can be true never lowers its coverage.
+    Returns (K, 2), holding the point estimate; NaN, as :func:`bootstrap_ratio_interval`'s, when fewer than
+    MIN_RESAMPLED examples hold any map (the confusion redraws alone would give a narrow interval that leaves out
+    the examples' sampling error).
     """
+    counts = np.asarray(counts, dtype=np.float64)
     shares = bootstrap_ratio_draws(counts, n_boot=n_boot, seed=seed, chunk=chunk)
-    bounds = percentile_bounds(adjusted_ratio_draws(shares, confusion, seed=seed), level)
-    if (np.asarray(counts, dtype=np.float64).sum(1) > 0).sum() < MIN_RESAMPLED:
+    bounds = bounded_share_interval(percentile_bounds(adjusted_ratio_draws(shares, confusion, seed=seed), level))
+    estimate = adjusted_ratios(counts.sum(0) / max(counts.sum(), 1), confusion)  # (K,)
+    bounds = np.stack([np.minimum(bounds[:, 0], estimate), np.maximum(bounds[:, 1], estimate)], axis=1)
+    if (counts.sum(1) > 0).sum() < MIN_RESAMPLED:
         bounds[:] = np.nan
     return bounds
+
+
+def bounded_share_interval(bounds: np.ndarray) -> np.ndarray:
+    """(K, 2) percentile bounds of unconstrained share estimates -> (K, 2) bounds within [0, 1].
+
+    Each bound is cut to [0, 1]. Where the whole interval lies below 0 (or above 1) the cut alone would leave
+    [0, 0] (or [1, 1]): the estimate is outside what the confusion rates allow, a misfit of those rates rather
+    than certainty, so the far bound is kept at least half the interval's width from the edge, the bound an
+    estimate of exactly 0 (or 1) with that spread would get. Only draws that all agree give one point.
+    """
+    low, high = bounds[:, 0], bounds[:, 1]
+    half_width = (high - low) / 2
+    return np.stack([np.clip(np.minimum(low, 1 - half_width), 0, 1),
+                     np.clip(np.maximum(high, half_width), 0, 1)], axis=1)
 
 
 def adjusted_ratio_draws(shares: np.ndarray, confusion: np.ndarray, *, seed: int = 0) -> np.ndarray:
@@ -76,8 +99,9 @@ def adjusted_ratio_draws(shares: np.ndarray, confusion: np.ndarray, *, seed: int
 
     shares: (D, K) observed (predicted) class shares; confusion: (K, K) counts, rows = true class. Row i of
     draw d's matrix is multinomial(n_i, rates_i) (n_i: the row's total, rounded); a draw whose matrix cannot be
-    inverted (possible only with few labeled maps) gets the least-squares solution. Returns (D, K) shares on the
-    simplex.
+    inverted (possible only with few labeled maps) gets the least-squares solution. Returns (D, K) exact
+    solutions, unprojected (as :func:`adjusted_solution`): each sums to 1 but may hold negative shares, so
+    their percentiles are not piled on 0 (:func:`adjusted_ratio_interval`).
     """
     shares = np.asarray(shares, dtype=np.float64)
     invertible_rates(confusion)
@@ -85,7 +109,7 @@ def adjusted_ratio_draws(shares: np.ndarray, confusion: np.ndarray, *, seed: int
     drawn = redrawn_confusions(confusion, len(shares), np.random.default_rng([seed, 1]))  # (D, K true, K predicted)
     drawn_rates = drawn / drawn.sum(2, keepdims=True)
     solutions = np.linalg.pinv(np.swapaxes(drawn_rates, 1, 2)) @ shares[:, :, None]  # (D, K, 1)
-    return project_to_simplex(solutions[:, :, 0])
+    return solutions[:, :, 0]
 
 
 def redrawn_confusions(confusion: np.ndarray, n_draws: int, rng: np.random.Generator) -> np.ndarray:

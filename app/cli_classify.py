@@ -19,7 +19,7 @@ from analysis.models import load_model
 from analysis.rundir import RunDir, writable_path
 from app import options as opt
 from app.display import ratio_lines, ratio_notes
-from classifier import SYNTHETIC_MIX
+from classifier import DEFAULT_POOL, SYNTHETIC_MIX
 
 
 def register(app: typer.Typer) -> None:
@@ -43,8 +43,9 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
                                                  "--data synthetic)"),
           baselines: bool = typer.Option(True, "--baselines/--no-baselines",
                                          help="also score the rule and feature baselines"),
-          pool: int = typer.Option(2000, "--pool", help="unlabeled maps a teacher labels for the CNN to learn from "
-                                   "too (0 = none; not with --data synthetic)"),
+          pool: int | None = typer.Option(None, "--pool", help="unlabeled maps a teacher labels for the CNN to "
+                                          f"learn from too (default {DEFAULT_POOL}; 0 = none; with --data synthetic "
+                                          "none is drawn, and a count is refused)"),
           pool_model: str | None = typer.Option(None, "--pool-model", help="model the unlabeled maps come from "
                                                 "(default: the labeled maps' model)"),
           pool_exclude: list[Path] = typer.Option([], "--pool-exclude", help="a labeled set, a sample or a folder "
@@ -67,12 +68,17 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
     from classifier.train import TrainConfig  # noqa: PLC0415
     from classifier.training_run import load_training_data, train_pattern_cnn  # noqa: PLC0415
 
-    if pool < 0 or not 0 <= pool_weight < math.inf or pool_rounds < 1 or not 0 <= class_weight_power < math.inf:
+    if (pool or 0) < 0 or not 0 <= pool_weight < math.inf or pool_rounds < 1 or not 0 <= class_weight_power < math.inf:
         raise AttnpatError(f"--pool, --pool-weight and --class-weight-power must be 0 or more and --pool-rounds at "
                            f"least 1 (got {pool}, {pool_weight}, {class_weight_power}, {pool_rounds})")
     if not 0 <= image_dropout < 1:
         raise AttnpatError(f"--image-dropout must be at least 0 and below 1 (got {image_dropout})")
     training = load_training_data(data, seed)
+    if training.synthetic and (pool or pool_model):
+        # synthetic maps come from no model's heads, so no pool of unlabeled maps belongs with them
+        raise AttnpatError(f"--data {data} trains on synthetic maps, which no unlabeled pool goes with: leave out "
+                           f"{'--pool' if pool else '--pool-model'} (no pool is drawn for synthetic data)")
+    pool = DEFAULT_POOL if pool is None else pool
     # read before any work: a folder that is missing or holds no labeled set is an option to correct
     held_out = sorted(set().union(*(map_ids_in(path) for path in pool_exclude))) if pool_exclude else []
     run = RunDir("classifier", training.name, runs_dir)

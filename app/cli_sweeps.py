@@ -143,7 +143,8 @@ def importance(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt 
                                       cluster=cluster)
     typer.echo(f"head importance of {bundle.name} on {data.task} ({summary['normalisation']}); 1-indexed")
     for label, heads in (("least important: ", summary["least"]), ("most important:  ", summary["most"])):
-        typer.echo(label + "; ".join(_head({"layer": layer, "head": head}) for layer, head in heads))
+        if heads:  # a one-head model has no least important head apart from its most important one
+            typer.echo(label + "; ".join(_head({"layer": layer, "head": head}) for layer, head in heads))
     typer.echo("wrote " + ", ".join(summary["outputs"]))
 
 

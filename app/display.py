@@ -193,8 +193,7 @@ def clipped_note(classes: list[str]) -> str:
     """What an adjusted share set to 0 by the simplex projection means (``classes``: those whose exact adjustment
     was negative, as the manifest's ratio_uncertainty.clipped names them)."""
     return (f"adjusted {', '.join(classes)} clipped to 0: observed below what the classifier's cross-validated "
-            "error rates allow, so those rates do not hold on these maps and the adjusted interval there is too "
-            "narrow")
+            "error rates allow, so those rates do not hold on these maps; the adjusted interval assumes they do")
 
 
 def ratio_notes(uncertainty: dict) -> list[str]:

@@ -55,8 +55,9 @@ from classifier.predict import PatternClassifier
 ALL_TASKS_DIR = "all"
 # The layout of the tables and figures classify writes, part of its settings: a run written by a version with
 # another layout (e.g. before the adjusted ratios had intervals) is classified again on resume, and is not joined
-# into the per-task comparison. Raise it when a column or a figure changes.
-TABLE_FORMAT = 2
+# into the per-task comparison. Raise it when a column or a figure changes (3: the adjusted intervals are
+# percentiles of unprojected draws, not of draws projected onto the simplex).
+TABLE_FORMAT = 3
 
 
 def classify_batch(map_batch: MapBatch, classifier: PatternClassifier) -> torch.Tensor:
@@ -137,8 +138,9 @@ def ratio_table(counts: np.ndarray, per_example: np.ndarray | None = None, confu
     per_example (E, 5) also ci_low, ci_high (percentile bootstrap over examples, ``level``); with confusion
     (5, 5, the classifier's cross-validated true x predicted counts) also adjusted (adjusted classify-and-count,
     projected onto the simplex), and with both adjusted_ci_low, adjusted_ci_high (the same example draws, each
-    adjusted with a redrawn confusion matrix: analysis.uncertainty.adjusted_ratio_interval); no adjusted columns
-    when the confusion matrix cannot be inverted (:func:`adjustment_problem`).
+    adjusted with a redrawn confusion matrix, unprojected, cut to [0, 1]:
+    analysis.uncertainty.adjusted_ratio_interval); no adjusted columns when the confusion matrix cannot be
+    inverted (:func:`adjustment_problem`).
     """
     per_class = counts.reshape(-1, counts.shape[-1]).sum(0)
     total = max(int(per_class.sum()), 1)
@@ -186,7 +188,9 @@ def ratio_uncertainty(n_examples: int, confusion: np.ndarray | None, ratios: pd.
     record["adjusted_interval"] = (f"none ({too_few}): adjusted_ci_low and adjusted_ci_high are blank" if too_few else
                                    f"95% percentile bootstrap: the same example draws, each adjusted with the "
                                    f"confusion matrix's rows redrawn from their {int(np.sum(confusion))} labeled "
-                                   "maps (multinomial per true class); it does not cover a difference between the "
+                                   "maps (multinomial per true class), percentiles of the exact (unprojected) "
+                                   "solutions cut to [0, 1] (a bound pushed past 0 or 1 keeps half the interval's "
+                                   "width); it does not cover a difference between the "
                                    "labeled maps' error rates and this model's and task's, label noise, or the "
                                    "final fit erring otherwise than the cross-validation folds")
     solution = adjusted_solution(ratios["fraction"].to_numpy(), confusion)

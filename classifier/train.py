@@ -69,6 +69,11 @@ class TrainConfig:
     # cross-validated macro-F1 on 4 of 5 fold seeds (mean 0.897 -> 0.907 on v5)
     image_dropout: float = 0.5
 
+    def __post_init__(self) -> None:
+        # a negative weight would train the CNN away from the teacher's labels, and NaN would make every loss NaN
+        if not 0 <= self.pool_weight < float("inf"):
+            raise AttnpatError(f"pool_weight must be a finite number, 0 or more (got {self.pool_weight})")
+
 
 @dataclass
 class FitResult:

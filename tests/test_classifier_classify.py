@@ -27,6 +27,7 @@ from app.cli import main
 from app.display import clipped_note, ratio_lines
 from classifier.checkpoint import save_checkpoint
 from classifier.classify import (
+    TABLE_FORMAT,
     available_glue_tasks,
     classify_batch,
     classify_saved_maps,
@@ -255,6 +256,26 @@ def test_a_run_classified_before_the_adjusted_intervals_is_classified_again_on_r
     by_task = pd.read_csv(tmp_path / bundle.slug / "all" / "pattern_ratios_by_task.csv")
     assert by_task["adjusted_ci_low"].notna().all()
 
+
+
+def test_a_run_whose_adjusted_intervals_were_projected_draws_is_classified_again_on_resume(bundle, confused_checkpoint,
+                                                                                           tmp_path):
+    """Tables of table_format 2 hold adjusted intervals from draws projected onto the simplex (a class adjusted to
+    0 got [0, 0]): resume recomputes them instead of keeping them beside the new ones in the comparison."""
+    classifier = load_classifier(confused_checkpoint)
+    fresh = classify_tasks(bundle, ["sst2", "rte"], classifier, n=3, batch_size=4, root=tmp_path, progress=False)
+    run = RunDir(bundle.slug, "rte", tmp_path)
+    old = run.read_table("pattern_ratios").assign(adjusted_ci_low=0.0, adjusted_ci_high=0.0)
+    manifest = run.manifest()
+    entry = manifest["analyses"]["classify"]
+    entry["settings"]["table_format"] = 2
+    old.to_csv(run.file("pattern_ratios.csv"), index=False)
+    entry["table_digests"]["pattern_ratios.csv"] = hashlib.sha256(run.file("pattern_ratios.csv").read_bytes()
+                                                                  ).hexdigest()
+    run.file("manifest.json").write_text(json.dumps(manifest))
+    ratios = classify_tasks(bundle, ["sst2", "rte"], classifier, n=3, batch_size=4, root=tmp_path, progress=False)
+    pd.testing.assert_frame_equal(ratios["rte"], fresh["rte"])
+    assert run.manifest()["analyses"]["classify"]["settings"]["table_format"] == TABLE_FORMAT
 
 def test_batched_classification_equals_map_by_map(bundle, checkpoint):
     """Grouping examples by length inside a padded batch must not change any prediction."""

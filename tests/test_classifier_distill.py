@@ -184,6 +184,23 @@ def test_cli_rejects_a_negative_pool(tmp_path, capsys):
     assert len(errors) == 3 and all("--pool-rounds" in line for line in errors[:2]) and "--image-dropout" in errors[2]
 
 
+
+@pytest.mark.parametrize("options", [["--pool", "10"], ["--pool-model", "minilm"]])
+def test_cli_refuses_a_pool_for_synthetic_data_before_any_work(tmp_path, capsys, options):
+    """Synthetic maps come from no model, so no pool is drawn for them: a pool asked for is refused in one line,
+    with nothing written (before, --pool was silently ignored). Left out, the default pool is not asked for."""
+    assert main(["train", "--data", "synthetic:4", *options, "--runs-dir", str(tmp_path), "-q"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "synthetic" in errors[0] and f"leave out {options[0]}" in errors[0]
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("weight", [-0.5, float("nan"), float("inf")])
+def test_a_training_config_refuses_a_negative_or_non_finite_pool_weight(weight):
+    with pytest.raises(AttnpatError, match="pool_weight must be a finite number, 0 or more"):
+        TrainConfig(pool_weight=weight)
+    assert TrainConfig(pool_weight=0).pool_weight == 0
+
 def test_train_verb_defaults_are_the_training_configs_defaults():
     """The CLI keeps its own copy of the defaults (it imports the classifier lazily): a change must reach both."""
     options = {name: parameter.default.default for name, parameter in inspect.signature(train_verb).parameters.items()}

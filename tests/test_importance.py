@@ -26,6 +26,7 @@ from analysis.importance import (
     pruning_counts,
     pruning_curve,
     pruning_masks,
+    ranked_extremes,
 )
 from analysis.metrics import accuracy, confusion_metric
 from analysis.rundir import RunDir
@@ -517,3 +518,12 @@ def test_the_analyses_refuse_bad_options_before_any_gradient(tmp_path, monkeypat
     with pytest.raises(AttnpatError, match=message):
         analysis(make_bundle(), mixed_data(6), RunDir("tiny", "sst2", tmp_path), **options)
     assert list(tmp_path.rglob("*")) == []
+
+
+@pytest.mark.parametrize("n_heads, n_least, n_most", [(1, 0, 1), (3, 1, 2), (8, 4, 4), (9, 4, 5), (10, 5, 5),
+                                                      (48, 5, 5)])
+def test_the_least_and_most_important_lists_never_share_a_head(n_heads, n_least, n_most):
+    order = [(index // 4, index % 4) for index in range(n_heads)]  # least to most important
+    least, most = ranked_extremes(order)
+    assert (len(least), len(most)) == (n_least, n_most) and not set(least) & set(most)
+    assert least == order[:n_least] and most == order[::-1][:n_most]

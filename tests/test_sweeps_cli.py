@@ -118,6 +118,23 @@ def test_the_note_says_whether_the_checkpoint_holds_a_classification_head(kind, 
     assert note in entry["analyses"]["disable_uniform"]["model_note"]
 
 
+
+def test_importance_prints_disjoint_least_and_most_important_lists_for_a_model_of_few_heads(tiny_model_dir,
+                                                                                           tmp_path, capsys):
+    """The tiny model has 8 heads, fewer than the two lists of 5 hold: each head is listed once, 4 least and 4 most
+    important, in the order of importance.csv (before, 5 and 5, two heads in both lists)."""
+    assert main(["importance", "--model", str(tiny_model_dir), "--task", "sst2", "--n", "6", "--batch-size", "3",
+                 "--runs-dir", str(tmp_path), "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    listed = {label: next(line for line in lines if line.startswith(label)).split(":", 1)[1].strip().split("; ")
+              for label in ("least important", "most important")}
+    least, most = listed["least important"], listed["most important"]
+    assert len(least) == len(most) == 4 and not set(least) & set(most)
+    table = pd.read_csv(tmp_path / "tiny-bert" / "sst2" / "importance.csv")
+    ranked = table[table.metric == "importance"].sort_values(["value", "layer", "head"], kind="stable")
+    expected = [f"layer {layer + 1} head {head + 1}" for layer, head in zip(ranked["layer"], ranked["head"])]
+    assert least == expected[:4] and most == expected[::-1][:4]
+
 def test_importance_and_prune_verbs(tiny_model_dir, tmp_path, capsys):
     common = ["--model", str(tiny_model_dir), "--task", "sst2", "--n", "10", "--batch-size", "5",
               "--runs-dir", str(tmp_path), "-q"]

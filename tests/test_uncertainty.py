@@ -14,10 +14,12 @@ from analysis.uncertainty import (
     bootstrap_difference_interval,
     bootstrap_draws,
     bootstrap_mean_interval,
+    bootstrap_ratio_draws,
     bootstrap_ratio_interval,
     bootstrap_sparse_ratio_interval,
     bootstrap_statistic_interval,
     bootstrap_weighted_mean_interval,
+    bounded_share_interval,
     confusion_class_f1,
     confusion_class_f1_interval,
     confusion_difference_interval,
@@ -98,7 +100,51 @@ def test_the_adjusted_interval_resamples_examples_and_the_confusion_matrix():
     classified = bootstrap_ratio_interval(counts)
     assert not classified[0, 0] <= TRUE[0] <= classified[0, 1]
     draws = adjusted_ratio_draws(np.tile(counts.sum(0) / counts.sum(), (50, 1)), CONFUSION)
-    assert draws.min() >= 0 and draws.sum(1) == pytest.approx(np.ones(50))
+    assert draws.sum(1) == pytest.approx(np.ones(50))  # exact solutions, not projected
+
+
+def test_a_class_adjusted_to_0_keeps_an_interval_as_wide_as_its_unprojected_draws():
+    """Class 0 leaks 5% of its maps into class 1 and 10% into class 2; these examples show the 5% in class 1
+    (its true share is 0, its draws straddle 0) and none in class 2 (every draw negative: the rates misfit).
+    Projecting each draw pushed class 1's positive draws to 0 along with class 2's negative ones ([0, 0.012]);
+    percentiles of the unprojected draws, cut to [0, 1], keep class 1's upper bound, and class 2 keeps a width."""
+    confusion = np.array([[85, 5, 10], [5, 90, 5], [5, 5, 90]])
+    in_class_1 = np.random.default_rng(0).binomial(20, 0.05, size=100)
+    counts = np.stack([20 - in_class_1, in_class_1, np.zeros(100, dtype=int)], axis=1)  # (E, 3)
+    estimate = adjusted_ratios(counts.sum(0) / counts.sum(), confusion)
+    assert estimate[1] == 0 and estimate[2] == 0
+    interval = adjusted_ratio_interval(counts, confusion)
+    shares = bootstrap_ratio_draws(counts)  # the interval's own example draws
+    draws = adjusted_ratio_draws(shares, confusion)
+    assert (draws[:, 1] < 0).any() and (draws[:, 1] > 0).any()
+    assert interval[1, 0] == 0 and interval[1, 1] == pytest.approx(np.percentile(draws[:, 1], 97.5))
+    assert interval[1, 1] > 0.04
+    assert (draws[:, 2] < 0).all() and interval[2, 0] == 0 and interval[2, 1] > 0.04
+    assert np.all((interval[:, 0] <= estimate) & (estimate <= interval[:, 1]))
+    assert interval.min() >= 0 and interval.max() <= 1
+
+
+
+def test_share_bounds_are_cut_to_0_and_1_keeping_half_their_width_past_an_edge():
+    bounds = np.array([[0.2, 0.3], [-0.01, 0.02], [-0.03, -0.01], [1.01, 1.05], [0.1, 0.1]])
+    assert bounded_share_interval(bounds) == pytest.approx(
+        np.array([[0.2, 0.3], [0.0, 0.02], [0.0, 0.01], [0.98, 1.0], [0.1, 0.1]]))
+
+@pytest.mark.parametrize("true", [[0.7, 0.3, 0.0], [0.0, 0.97, 0.03]])
+def test_the_adjusted_interval_covers_the_true_ratios_in_simulated_repeats(true):
+    """200 repeats, each with its own labeled maps (150 per true class, classified with RATES) and 60 examples
+    of 20 maps: the 95% interval holds each true share, a zero one too, in at least 90% of them."""
+    rates = np.array([[0.85, 0.10, 0.05], [0.05, 0.90, 0.05], [0.05, 0.10, 0.85]])
+    true = np.asarray(true)
+    covered = []
+    for repeat in range(200):
+        rng = np.random.default_rng(repeat)
+        confusion = np.stack([rng.multinomial(150, row) for row in rates])
+        true_counts = rng.multinomial(20, true, size=60)  # (E, 3)
+        counts = np.stack([sum(rng.multinomial(n, rates[i]) for i, n in enumerate(row)) for row in true_counts])
+        interval = adjusted_ratio_interval(counts, confusion, n_boot=300, seed=repeat)
+        covered.append((interval[:, 0] <= true) & (true <= interval[:, 1]))
+    assert np.mean(covered, axis=0).min() >= 0.9
 
 
 def test_scores_of_a_confusion_matrix_are_those_of_its_maps():
