@@ -213,7 +213,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "input the model sees), value (mean |d loss / d attention weight| over the layer's heads, real query "
              f"rows and keys of the target, the weights of all examples pooled), {_OVER_EXAMPLES}",
              "Surface and clusters", figure=True),
-    Artifact("probing_dependency", "probe-dep", "relation ((all): every scored word; else a DEPREL), direction, "
+    Artifact("probing_dependency", "probe-dep", "relation ((all): every scored word; else a DEPREL), "
+             "direction (dep->head: the word attends to its head; head->dep: the head attends to the word), "
              "best_layer, best_head (picked on the even-numbered sentences), accuracy (on silver parses: agreement "
              "with spaCy's parser), ci_low, ci_high (on the odd-numbered ones; intervals resample whole sentences, "
              "widened below 20), baseline_offset, baseline_accuracy, "

@@ -4,10 +4,11 @@ Both probes read word-level maps (analysis.stream.to_word_level: attention TO a 
 pieces, FROM a word averages them) restricted to the real words, i.e. without [CLS] and [SEP].
 
 Dependency (Clark's Table 1): each head predicts each word's head word as the other word it attends to
-most ("dep->head", the word's row) or the word that attends to it most ("head<-dep", the word's column);
-attention to itself is ignored. Accuracy per relation and overall ("(all)"); the root word has no head
-word to attend to and is not scored (Clark counted it as always wrong). Relations are the CoNLL-U DEPREL
-as written (subtypes such as nmod:poss kept); Clark's special case for possessive 's is not applied.
+most ("dep->head": the dependent attends to its head, the word's row) or the word that attends to it most
+("head->dep": the head attends to its dependent, the word's column); attention to itself is ignored.
+Accuracy per relation and overall ("(all)"); the root word has no head word to attend to and is not scored
+(Clark counted it as always wrong). Relations are the CoNLL-U DEPREL as written (subtypes such as nmod:poss
+kept); Clark's special case for possessive 's is not applied.
 Baselines predict the word a fixed offset away (-3..-1, +1..+3); an offset that leaves the sentence is
 wrong. Words lost to truncation (wholly or in part) or that give no token, and words whose gold head was
 lost, are not scored (counted in the manifest). A tie for the most attention goes to the leftmost word
@@ -68,7 +69,8 @@ from analysis.uncertainty import (
     wilson_intervals,
 )
 
-DIRECTIONS = ("dep->head", "head<-dep")
+# "a->b": a's attention row points at b (the dependent at its head, or the head at its dependent)
+DIRECTIONS = ("dep->head", "head->dep")
 OFFSETS = (-3, -2, -1, 1, 2, 3)
 # The overall row's name: no relation can take it (Universal Dependencies relations are lowercase letters with
 # ':' subtypes; read_conllu refuses it as a DEPREL), as a treebank's relation "all" could
@@ -303,7 +305,7 @@ def silver_dependency_data(task: str, split: str = "validation", n: int | None =
 def predict_heads(word_maps: torch.Tensor, direction: str) -> torch.Tensor:
     """Each head's predicted head word for every word, by argmax, ignoring attention to itself.
 
-    word_maps: (L, H, W, W) over words; direction "dep->head" reads each word's row, "head<-dep" its
+    word_maps: (L, H, W, W) over words; direction "dep->head" reads each word's row, "head->dep" its
     column (the word that attends to it most). Returns (L, H, W) long indices into the W words.
     """
     check_choice(direction, DIRECTIONS, "direction")

@@ -141,9 +141,27 @@ def test_predict_heads_reads_rows_or_columns_and_ignores_self():
                               [0.3, 0.6, 0.1]])[None, None]
     assert predict_heads(word_maps, "dep->head")[0, 0].tolist() == [1, 2, 1]  # row argmax, diagonal skipped
     # column argmax: who attends most to word 0 (not itself)? word 2 (0.3); to word 1? word 2 (0.6); to 2? word 1
-    assert predict_heads(word_maps, "head<-dep")[0, 0].tolist() == [2, 2, 1]
+    assert predict_heads(word_maps, "head->dep")[0, 0].tolist() == [2, 2, 1]
     with pytest.raises(AttnpatError):
         predict_heads(word_maps, "sideways")
+
+
+def test_a_head_attending_to_its_dependents_is_labelled_head_to_dep():
+    """"a->b" names who attends to whom. A hand-made head whose every head word attends to its dependent (and no
+    dependent to its head) is found through the words' columns, and the table says "head->dep" (before, it said
+    "head<-dep", which reads as the dependent attending to its head, as "dep->head" does)."""
+    sentence = DepSentence("s", ("a", "b", "c"), heads=(2, 0, 2), relations=("x", "root", "x"))  # b heads a and c
+    word_maps = torch.zeros(1, 1, 3, 3)
+    word_maps[0, 0, 1, 0], word_maps[0, 0, 1, 2] = 0.6, 0.4  # b (the head) attends to a and c, its dependents
+    word_maps[0, 0, 0, 2], word_maps[0, 0, 2, 0] = 0.3, 0.3  # the dependents attend to each other, not to b
+    scores = DependencyScores(layers=1, heads=1)
+    for half in (SELECTION, HELD_OUT):
+        predicted, scored = score_sentence(word_maps, np.arange(3), sentence)
+        scores.add(predicted, sentence, scored, half)
+    assert DIRECTIONS == ("dep->head", "head->dep")
+    row = dependency_table(scores).set_index("relation").loc[ALL_RELATIONS]
+    assert row.direction == "head->dep" and row.accuracy == 1.0
+    assert scores.accuracy(ALL_RELATIONS)[DIRECTIONS.index("dep->head"), 0, 0] == 0.0
 
 
 def test_offset_predictions_leave_the_sentence_as_minus_one():
@@ -194,7 +212,7 @@ def test_synthetic_maps_pointing_at_gold_heads_score_100_percent(tokenizer):
     scores = score_fixture(tokenizer)
     accuracy = scores.accuracy(ALL_RELATIONS)  # (directions, layers, heads)
     assert accuracy[DIRECTIONS.index("dep->head"), 0, 0] == 1.0
-    assert accuracy[DIRECTIONS.index("head<-dep"), 0, 1] == 1.0
+    assert accuracy[DIRECTIONS.index("head->dep"), 0, 1] == 1.0
     assert accuracy[DIRECTIONS.index("dep->head"), 0, 1] < 1.0  # the dependents head is not a dep->head head
     assert scores.counts[ALL_RELATIONS] == 13  # 16 words minus 3 roots
     table = dependency_table(scores)
@@ -268,7 +286,7 @@ def lucky_and_steady_scores() -> DependencyScores:
     scored = gold > 0
     for half, lucky in ((SELECTION, gold), (HELD_OUT, wrong)):
         predicted = np.full((len(DIRECTIONS), 1, 2, 5), -1)
-        predicted[0, 0] = [lucky, steady]  # dep->head; head<-dep predicts nothing
+        predicted[0, 0] = [lucky, steady]  # dep->head; head->dep predicts nothing
         scores.add(predicted, sentence, scored, half)
     return scores
 
@@ -301,7 +319,7 @@ def chain_sentence(length: int) -> DepSentence:
 
 def add_sentence(scores: DependencyScores, sentence: DepSentence, right: int, half: int) -> None:
     """Head (0, 0) dep->head gets the first ``right`` scored words right, the rest wrong (it points at the word
-    itself, which no head is); head<-dep predicts nothing."""
+    itself, which no head is); head->dep predicts nothing."""
     gold = np.array(sentence.heads)
     guess = np.where(np.arange(len(gold)) <= right, gold, np.arange(1, len(gold) + 1))  # word 0 is the root
     predicted = np.full((len(DIRECTIONS), 1, 1, len(gold)), -1)
