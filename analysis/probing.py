@@ -579,14 +579,15 @@ def parse_winobias(text: str, pronoun: str, occupations: set[tuple[str, ...]], i
     if len(spans) != 1 or "[MASK]" not in text:
         return None
     gold = spans[0]
-    plain, gold_chars = "", None
+    plain, gold_chars, start = "", None, 0  # start: the piece's offset in ``text``
     for piece in re.split(r"(\[[^\]]*\])", text):  # rebuild the text without brackets, pronoun filled in
         inner = piece[1:-1] if piece.startswith("[") else piece
-        if piece.startswith("[") and piece.lower() == gold.group(0).lower():
+        if start == gold.start():  # the gold span by its position: the same words may be bracketed again later
             gold_chars = (len(plain), len(plain) + len(inner))
         plain += pronoun if piece == "[MASK]" else inner
         if piece == "[MASK]":
             pronoun_char = len(plain) - len(pronoun)
+        start += len(piece)
     matches = list(_WORD.finditer(plain))
     words = tuple(m.group(0) for m in matches)
     pronoun_index = next(i for i, m in enumerate(matches) if m.start() == pronoun_char)

@@ -531,6 +531,17 @@ def test_parse_winobias_finds_pronoun_antecedent_and_distractor():
     assert parse_winobias("[The guard] slept because [MASK] was tired.", "he", OCCUPATIONS) is None
 
 
+def test_the_gold_span_is_the_bracketed_mention_before_the_pronoun_even_when_bracketed_again_after_it():
+    """The gold antecedent is found by its position, not its text: the same words bracketed again after the
+    pronoun are not it (before, the later copy was taken for it, the first "the guard" became a second
+    distractor, and the sentence was skipped)."""
+    item = parse_winobias("[The guard] met the secretary because [MASK] said that [the guard] was late.", "he",
+                          OCCUPATIONS)
+    assert item is not None and item.words[item.pronoun] == "he"
+    assert (item.antecedent, item.words[item.antecedent]) == (1, "guard")
+    assert item.words[item.distractor] == "secretary"
+
+
 def test_packaged_winobias_parses_completely():
     items, skipped = load_winobias()
     assert len(items) == 761 and skipped == 0
