@@ -9,7 +9,7 @@ import typer
 
 from analysis.data import load_data
 from analysis.errors import AttnpatError
-from analysis.gradients import OBJECTIVES, load_gradient_model
+from analysis.gradients import OBJECTIVES, check_mask_probability, load_gradient_model
 from analysis.gradients import grad_importance as run_grad_importance
 from analysis.models import load_model
 from analysis.parsing import SILVER_PARSES
@@ -101,6 +101,7 @@ def grad_importance(model: str = opt.Model, task: str = WikiTask,
                     seed: int = MaskSeed, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Gradient of the MLM loss (or a fine-tuned classifier's task loss) w.r.t. attention to [SEP], '.'/',' and
     other tokens, per layer (Clark Fig. 5)."""
+    check_mask_probability(mask_probability)  # before the model loads: the masks are drawn batch by batch
     bundle, objective = load_gradient_model(model)
     data = load_data(task, split, n, text_column=text_column, pair_column=pair_column, label_column=label_column)
     run = RunDir(bundle.slug, data.task, runs_dir)
