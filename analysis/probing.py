@@ -69,7 +69,8 @@ from analysis.uncertainty import (
     wilson_intervals,
 )
 
-# "a->b": a's attention row points at b (the dependent at its head, or the head at its dependent)
+# "a->b": a's attention row points at b (the dependent at its head, or the head at its dependent); Clark's notebook
+# names the second "head<-dep", which read as the first
 DIRECTIONS = ("dep->head", "head->dep")
 OFFSETS = (-3, -2, -1, 1, 2, 3)
 # The overall row's name: no relation can take it (Universal Dependencies relations are lowercase letters with
