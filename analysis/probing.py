@@ -11,8 +11,10 @@ Accuracy per relation and overall ("(all)"); the root word has no head word to a
 kept); Clark's special case for possessive 's is not applied.
 Baselines predict the word a fixed offset away (-3..-1, +1..+3); an offset that leaves the sentence is
 wrong. Words lost to truncation (wholly or in part) or that give no token, and words whose gold head was
-lost, are not scored (counted in the manifest). A tie for the most attention goes to the leftmost word
-(argmax, as Clark's code); MiniLM's maps hold none.
+lost, are not scored (counted in the manifest). A word whose most attention is shared by two or more words (a
+tie) has no predicted head and counts as wrong, as a tie counts in coreference (Clark's argmax gave it to the
+leftmost word, so a head attending evenly found every head word that comes first); the manifest counts such
+predictions (n_tied_predictions). MiniLM's maps hold none.
 Clark et al. report the best of every head and direction per relation, picked and scored on the same
 sentences, which flatters it (the best of 2 x L x H guesses). Here the sentences are split in two halves
 by position (even: selection, odd: held out); the head, direction and offset baseline are picked on the
@@ -303,17 +305,22 @@ def silver_dependency_data(task: str, split: str = "validation", n: int | None =
                     notes=[*data.notes, SILVER_PARSES], digest=data.digest, columns=data.columns), sentences
 
 
+NO_PREDICTION = -1  # predict_heads' index where two or more words share the most attention
+
+
 def predict_heads(word_maps: torch.Tensor, direction: str) -> torch.Tensor:
     """Each head's predicted head word for every word, by argmax, ignoring attention to itself.
 
     word_maps: (L, H, W, W) over words; direction "dep->head" reads each word's row, "head->dep" its
-    column (the word that attends to it most). Returns (L, H, W) long indices into the W words.
+    column (the word that attends to it most). Returns (L, H, W) long indices into the W words, NO_PREDICTION
+    where the most attention is shared by two or more words (argmax would pick the leftmost, silently).
     """
     check_choice(direction, DIRECTIONS, "direction")
     scores = word_maps if direction == "dep->head" else word_maps.transpose(-1, -2)
     scores = scores.clone()
     scores.diagonal(dim1=-2, dim2=-1).fill_(-torch.inf)
-    return scores.argmax(-1)
+    tied = (scores == scores.amax(-1, keepdim=True)).sum(-1) > 1
+    return torch.where(tied, NO_PREDICTION, scores.argmax(-1))
 
 
 def offset_predictions(num_words: int, offset: int) -> np.ndarray:
@@ -409,8 +416,8 @@ def score_sentence(word_maps: torch.Tensor, word_ids: np.ndarray,
     """Predictions of every head for one sentence and which words can be scored.
 
     word_maps: (L, H, W, W) over the words present (word_ids (W,), 0-indexed). Returns
-    (predicted (D, L, H, N) 1-indexed heads, scored (N,) bool): a word is scored when it is present, not
-    the root, and its gold head is present.
+    (predicted (D, L, H, N) 1-indexed heads, -1 where none (absent, or a tie: predict_heads), scored (N,) bool): a
+    word is scored when it is present, not the root, and its gold head is present.
     """
     num_words = len(sentence.words)
     gold = np.asarray(sentence.heads)
@@ -420,7 +427,8 @@ def score_sentence(word_maps: torch.Tensor, word_ids: np.ndarray,
     predicted = np.full((len(DIRECTIONS), *word_maps.shape[:2], num_words), -1, dtype=int)
     if len(word_ids) > 1:
         for d, direction in enumerate(DIRECTIONS):
-            predicted[d][..., word_ids] = word_ids[predict_heads(word_maps, direction).numpy()] + 1
+            guess = predict_heads(word_maps, direction).numpy()
+            predicted[d][..., word_ids] = np.where(guess == NO_PREDICTION, -1, word_ids[guess] + 1)
     return predicted, scored
 
 
@@ -429,7 +437,7 @@ def dependency_scores(bundle, data: TaskData, sentences: list[DepSentence], *, m
     """Score every head on the sentences. Returns (scores, summary counts for the manifest)."""
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     scores = DependencyScores(bundle.num_layers, bundle.num_heads)
-    unscored = 0
+    unscored = tied = 0
     for map_batch in stream_maps(bundle, data.examples, max_length=max_length, batch_size=batch_size,
                                  progress="dependency probe" if progress else False, encoded=encoded):
         for i, item in enumerate(map_batch.batch.items):
@@ -438,8 +446,10 @@ def dependency_scores(bundle, data: TaskData, sentences: list[DepSentence], *, m
             predicted, scored = score_sentence(word_maps, word_ids, sentence)
             scores.add(predicted, sentence, scored, sentence_half(item.index))
             unscored += int(sum(h > 0 for h in sentence.heads) - scored.sum())
+            tied += int((predicted[..., scored] == -1).sum())  # a scored word has a predicted head unless tied
     scored_words = scores.half_counts.get(ALL_RELATIONS, np.zeros(2, dtype=int))
     return scores, {"n_truncated": sum(e.truncated for e in encoded), "n_unscored_words": unscored,
+                    "n_tied_predictions": tied,
                     "n_scored_words": int(scored_words.sum()), "n_held_out_words": int(scored_words[HELD_OUT])}
 
 

@@ -218,6 +218,9 @@ def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U fi
                "layers and heads 1-indexed")
     if entry["parses"] == SILVER_PARSES:
         typer.echo(f"silver parses: every figure is {score}'s head words, not accuracy against gold trees")
+    if entry.get("n_tied_predictions"):  # absent from a manifest written before ties were counted
+        typer.echo(f"{entry['n_tied_predictions']} predictions (word x head x direction) had two or more words tied "
+                   "for the most attention: no head predicted, counted wrong")
     typer.echo(f"head and offset picked on the even-numbered sentences; words (in sents sentences), {score} "
                f"[95% interval] on the odd-numbered ones ({entry['n_held_out_sentences']}); intervals resample "
                f"whole sentences, and below {FEW_SENTENCES} sentences are widened to Wilson's over the sentences; "

@@ -164,6 +164,40 @@ def test_a_head_attending_to_its_dependents_is_labelled_head_to_dep():
     assert scores.accuracy(ALL_RELATIONS)[DIRECTIONS.index("dep->head"), 0, 0] == 0.0
 
 
+def test_a_tie_for_the_most_attention_predicts_no_head_and_is_counted(tmp_path, monkeypatch, capsys):
+    """A head attending evenly to every token has no most-attended word. Clark's argmax gave a tie to the leftmost
+    word, so such a head "found" every head word that comes first: here 100% of a, b, c with b and c headed by a.
+    A tie is now no prediction, counted wrong, and the manifest counts such predictions."""
+    sentence = DepSentence("s", ("a", "b", "c"), heads=(0, 1, 1), relations=("root", "dep", "dep"))
+    even = torch.full((1, 1, 3, 3), 1 / 3)
+    predicted, scored = score_sentence(even, np.arange(3), sentence)
+    assert scored.tolist() == [False, True, True] and (predicted[..., scored] == -1).all()
+    torch.manual_seed(0)
+    bundle = tiny_bundle(tmp_path / "tiny")  # its own maps hold no tie: an even head stands in for them
+    sentences = [sentence, DepSentence("t", sentence.words, sentence.heads, sentence.relations)]
+    examples = [Example(s.id, " ".join(s.words), words=s.words) for s in sentences]
+    data = probing_module.TaskData("toy", "file", "test", examples)
+
+    def even_maps(bundle, examples, **_):
+        encoded = encode_examples(bundle.tokenizer, examples)
+        assert all(len(item) == 5 for item in encoded)  # [CLS] a b c [SEP], a piece per word
+        yield MapBatch(torch.full((len(encoded), bundle.num_layers, bundle.num_heads, 5, 5), 0.2),
+                       collate(encoded, bundle.tokenizer.pad_token_id))
+
+    monkeypatch.setattr(probing_module, "stream_maps", even_maps)
+    scores, summary = dependency_scores(bundle, data, sentences, progress=False)
+    assert (scores.accuracy(ALL_RELATIONS) == 0).all()  # before: 1.0 for every head, both directions
+    ties = len(DIRECTIONS) * bundle.num_layers * bundle.num_heads * 2 * 2
+    assert summary["n_tied_predictions"] == ties
+    treebank = tmp_path / "even.conllu"
+    treebank.write_text("1\ta\t_\t_\t_\t_\t0\troot\t_\t_\n2\tb\t_\t_\t_\t_\t1\tdep\t_\t_\n"
+                        "3\tc\t_\t_\t_\t_\t1\tdep\t_\t_\n\n" * 2)
+    assert main(["probe-dep", str(treebank), "--model", str(tmp_path / "tiny"), "--runs-dir", str(tmp_path / "runs"),
+                 "-q"]) == 0
+    assert (f"{ties} predictions (word x head x direction) had two or more words tied for the most attention: no "
+            "head predicted, counted wrong") in capsys.readouterr().out
+
+
 def test_offset_predictions_leave_the_sentence_as_minus_one():
     assert offset_predictions(4, 1).tolist() == [2, 3, 4, -1]
     assert offset_predictions(4, -2).tolist() == [-1, -1, 1, 2]
@@ -252,7 +286,8 @@ def test_word_level_heads_sum_a_words_pieces_average_its_queries_and_skip_cls_an
     assert word_maps[0, 0, 1].tolist() == pytest.approx([1 / 8, 0.0, 7 / 8])
     predicted, scored = score_sentence(word_maps, word_ids, sentence)
     assert scored.tolist() == [True, True, False]  # bark is the root
-    assert predicted[DIRECTIONS.index("dep->head"), 0, 0].tolist() == [2, 3, 1]  # both gold heads found
+    # both gold heads found; bark gives the words nothing (all on [CLS]): a tie, no prediction
+    assert predicted[DIRECTIONS.index("dep->head"), 0, 0].tolist() == [2, 3, -1]
 
 
 def test_offset_baselines_match_a_hand_count(tokenizer):
