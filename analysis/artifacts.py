@@ -220,7 +220,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "widened below 20), baseline_offset, baseline_accuracy, "
              "baseline_ci_low, baseline_ci_high, head_minus_baseline, head_minus_baseline_ci_low, "
              "head_minus_baseline_ci_high (paired sentence-level bootstrap), p_value (paired sign-flip test over the "
-             "held-out sentences, head vs offset), held_out_count (words), held_out_sentences (holding the relation), "
+             "held-out sentences, head vs offset), p_holm (Holm across the table's rows), held_out_count (words), "
+             "held_out_sentences (holding the relation), "
              "count, in_sample_accuracy (Clark's: picked and scored on all), parses (gold or silver, and from what)",
              "Surface and clusters", figure=True, hint=_PARSE),
     Artifact("probing_dependency_heads", "probe-dep", "layer, head, direction, relation ((all)|a DEPREL), "

@@ -224,10 +224,11 @@ def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U fi
     typer.echo(f"head and offset picked on the even-numbered sentences; words (in sents sentences), {score} "
                f"[95% interval] on the odd-numbered ones ({entry['n_held_out_sentences']}); intervals resample "
                f"whole sentences, and below {FEW_SENTENCES} sentences are widened to Wilson's over the sentences; "
-               f"head-base: {score.split()[0]} difference; p: paired sign-flip test over the held-out sentences; "
-               "in-sample: Clark's best head picked and scored on all sentences")
+               f"head-base: {score.split()[0]} difference; p: paired sign-flip test over the held-out sentences, "
+               f"p_holm: Holm-adjusted across the {len(table)} rows; in-sample: Clark's best head picked and scored "
+               "on all sentences")
     typer.echo(f"{'relation':<14} {'words':>6} {'sents':>5} {'attn [95% interval]':<19}  {'head':<14} {'offset':>6} "
-               f"{'base [95% interval]':<19} {'head-base [95% interval]':<23} {'p':>7} {'in-sample':>9}")
+               f"{'base [95% interval]':<19} {'head-base [95% interval]':<23} {'p':>7} {'p_holm':>7} {'in-sample':>9}")
     for row in table.itertuples():
         attention = _percent_interval(row.accuracy, row.ci_low, row.ci_high)
         baseline = _percent_interval(row.baseline_accuracy, row.baseline_ci_low, row.baseline_ci_high)
@@ -235,7 +236,8 @@ def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U fi
                                        row.head_minus_baseline_ci_high, sign="+")
         typer.echo(f"{row.relation[:14]:<14} {row.held_out_count:>6} {row.held_out_sentences:>5} {attention}  "
                    f"{f'L{row.best_layer + 1}-H{row.best_head + 1} {row.direction}':<14} {row.baseline_offset:>+6d} "
-                   f"{baseline} {difference} {row.p_value:>7.2g} {100 * row.in_sample_accuracy:>9.1f}")
+                   f"{baseline} {difference} {row.p_value:>7.2g} {row.p_holm:>7.2g} "
+                   f"{100 * row.in_sample_accuracy:>9.1f}")
     typer.echo(f"tables and figure: {run.path}")
 
 
