@@ -512,6 +512,9 @@ def dependency_head_table(scores: DependencyScores, min_count: int = 1, parses: 
 def check_halves(sentences: list[DepSentence]) -> None:
     """Refuse, before any work, sentences that cannot fill both halves with a word to score."""
     halves = {sentence_half(k) for k, sentence in enumerate(sentences) if any(head > 0 for head in sentence.heads)}
+    if not halves and any(len(sentence.words) > 1 for sentence in sentences):
+        raise AttnpatError(f"{len(sentences)} sentence(s), and every word's HEAD is 0 (the root): no word has a head "
+                           "word to find; give dependency trees (a parsed treebank, or --parse for silver parses)")
     if halves != {SELECTION, HELD_OUT}:
         raise AttnpatError(f"{len(sentences)} sentence(s), {'none' if not halves else 'one half'} with a word other "
                            "than the root: the best head is picked on half of the sentences and scored on the "

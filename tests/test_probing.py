@@ -122,6 +122,18 @@ def test_fewer_than_two_sentences_to_score_is_one_error_before_any_work(tmp_path
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_file_whose_every_head_is_0_says_so_before_any_work(tmp_path, capsys):
+    """A CoNLL-U file without trees (HEAD 0 on every word, as unparsed or placeholder files have) was refused as if
+    its sentences were too short: "at least two sentences of two or more words are needed"."""
+    flat = tmp_path / "flat.conllu"
+    flat.write_text("1\tDogs\t_\t_\t_\t_\t0\troot\t_\t_\n2\tbark\t_\t_\t_\t_\t0\troot\t_\t_\n\n" * 3)
+    assert main(["probe-dep", str(flat), "--model", "minilm", "-q", "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert capsys.readouterr().err == ("error: 3 sentence(s), and every word's HEAD is 0 (the root): no word has a "
+                                       "head word to find; give dependency trees (a parsed treebank, or --parse for "
+                                       "silver parses)\n")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_word_that_gives_no_token_is_not_scored_nor_its_dependents(tmp_path):
     treebank = tmp_path / "invisible.conllu"  # a zero-width space: the tokenizer gives it no piece
     treebank.write_text("1\tDogs\tdog\tNOUN\t_\t_\t3\tnsubj\t_\t_\n2\t\u200b\t_\tX\t_\t_\t3\tdep\t_\t_\n"
