@@ -233,7 +233,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("probing_coref_baselines", "probe-coref", "baseline, accuracy, ci_low, ci_high (Wilson)",
              "Surface and clusters", folder="winobias", hint="--model {model}"),
     Artifact("probing_coref_table", "probe-coref", "model (each baseline, then the head picked on the even-numbered "
-             "sentences), accuracy, ci_low, ci_high, count (on the odd-numbered ones), p_value (McNemar vs the head)",
+             "sentences), accuracy, ci_low, ci_high, count (on the odd-numbered ones), p_value (McNemar vs the head), "
+             "p_holm (Holm across the baselines)",
              "Surface and clusters", folder="winobias", hint="--model {model}"),
     # Classifier training, in runs/classifier/<labeled set>/
     Artifact("cv_scores", "train", "model, metric (macro_f1|macro_f1_fold_std|accuracy|f1|macro_f1_agreed), class, "

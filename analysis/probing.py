@@ -718,7 +718,8 @@ def coref_table(choices: np.ndarray, baseline_choices: dict[str, np.ndarray], ha
                 model_name: str) -> pd.DataFrame:
     """Clark's Table 2 layout on the held-out half: each baseline, then the head picked on the selection half
     (best_coref_head); model, accuracy, Wilson 95% interval (ci_low, ci_high), count (held-out sentences) and
-    each baseline's exact McNemar p against that head on the same sentences (p_value; none on the head's row).
+    each baseline's exact McNemar p against that head on the same sentences (p_value; none on the head's row), and
+    p_holm, Holm's adjustment across the baselines.
 
     choices: (S, L, H) bool, whether each head picks the gold antecedent of each scored sentence;
     baseline_choices: {name: (S,) bool} the same for each baseline; halves: (S,) each sentence's half.
@@ -735,7 +736,10 @@ def coref_table(choices: np.ndarray, baseline_choices: dict[str, np.ndarray], ha
     rows = [row(name, right[held_out], float(mcnemar_exact(right[held_out], head_right)))
             for name, right in baseline_choices.items()]
     rows.append(row(f"{model_name} head L{layer + 1}-H{head + 1}", head_right, np.nan))
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    # one test per baseline against the same head: Holm across them (none on the head's row)
+    table["p_holm"] = np.append(holm_adjust(table.p_value.to_numpy()[:-1]), np.nan)
+    return table
 
 
 def coref_head_table(choices: np.ndarray) -> pd.DataFrame:

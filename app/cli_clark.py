@@ -257,11 +257,13 @@ def probe_coref(model: str = opt.Model, n: opt.OptionalInt = opt.n_option(None, 
                                     progress=not quiet)
     entry = run.manifest()["analyses"]["probing_coref"]
     typer.echo(f"WinoBias antecedent selection ({entry['n_items']} sentences): head picked on the even-numbered "
-               f"sentences, all scored on the odd-numbered ones ({entry['n_held_out']}); p: exact McNemar vs the head")
-    typer.echo(f"{'model':<40} {'accuracy [95% interval]':<23} {'p':>7}")
+               f"sentences, all scored on the odd-numbered ones ({entry['n_held_out']}); p: exact McNemar vs the head, "
+               "p_holm: Holm-adjusted across the baselines")
+    typer.echo(f"{'model':<40} {'accuracy [95% interval]':<23} {'p':>7} {'p_holm':>7}")
     for row in table.itertuples():
-        p_value = "" if math.isnan(row.p_value) else f"{row.p_value:.2g}"
-        typer.echo(f"{row.model:<40} {_percent_interval(row.accuracy, row.ci_low, row.ci_high):<23} {p_value:>7}")
+        p_value, p_holm = ("" if math.isnan(p) else f"{p:.2g}" for p in (row.p_value, row.p_holm))
+        typer.echo(f"{row.model:<40} {_percent_interval(row.accuracy, row.ci_low, row.ci_high):<23} {p_value:>7} "
+                   f"{p_holm:>7}")
     typer.echo(f"the best head picked and scored on all sentences, as Clark et al. report it (optimistic): "
                f"{100 * entry['in_sample_best_accuracy']:.1f}")
     typer.echo(f"tables and figure: {run.path}")

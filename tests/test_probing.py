@@ -658,6 +658,8 @@ def test_coref_table_picks_the_head_on_one_half_and_reports_everything_on_the_ot
     assert (table.ci_low.iloc[1], table.ci_high.iloc[1]) == pytest.approx(tuple(wilson_interval(4, 4)))
     # held out: first mention right alone on 4 sentences, exact McNemar p = 2 x (1/2)^4; nearest and the head agree
     assert table.p_value.iloc[:2].tolist() == pytest.approx([1.0, 0.125]) and np.isnan(table.p_value.iloc[2])
+    # Holm across the two baselines: the smaller p doubled, the larger kept (at least that), none for the head
+    assert table.p_holm.iloc[:2].tolist() == pytest.approx([1.0, 0.25]) and np.isnan(table.p_holm.iloc[2])
 
 
 def test_coref_intervals_keep_a_width_at_0_and_100_percent():
