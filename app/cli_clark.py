@@ -227,22 +227,22 @@ def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U fi
                f"head-base: {score.split()[0]} difference; p: paired sign-flip test over the held-out sentences, "
                f"p_holm: Holm-adjusted across the {len(table)} rows; in-sample: Clark's best head picked and scored "
                "on all sentences")
-    typer.echo(f"{'relation':<14} {'words':>6} {'sents':>5} {'attn [95% interval]':<19}  {'head':<14} {'offset':>6} "
-               f"{'base [95% interval]':<19} {'head-base [95% interval]':<23} {'p':>7} {'p_holm':>7} {'in-sample':>9}")
+    typer.echo(f"{'relation':<14} {'words':>6} {'sents':>5} {'attn [95% interval]':<20}  {'head':<17} {'offset':>6} "
+               f"{'base [95% interval]':<20} {'head-base [95% interval]':<24} {'p':>7} {'p_holm':>7} {'in-sample':>9}")
     for row in table.itertuples():
         attention = _percent_interval(row.accuracy, row.ci_low, row.ci_high)
         baseline = _percent_interval(row.baseline_accuracy, row.baseline_ci_low, row.baseline_ci_high)
         difference = _percent_interval(row.head_minus_baseline, row.head_minus_baseline_ci_low,
                                        row.head_minus_baseline_ci_high, sign="+")
         typer.echo(f"{row.relation[:14]:<14} {row.held_out_count:>6} {row.held_out_sentences:>5} {attention}  "
-                   f"{f'L{row.best_layer + 1}-H{row.best_head + 1} {row.direction}':<14} {row.baseline_offset:>+6d} "
-                   f"{baseline} {difference} {row.p_value:>7.2g} {row.p_holm:>7.2g} "
+                   f"{f'L{row.best_layer + 1}-H{row.best_head + 1} {row.direction}':<17} {row.baseline_offset:>+6d} "
+                   f"{baseline} {difference:<24} {row.p_value:>7.2g} {row.p_holm:>7.2g} "
                    f"{100 * row.in_sample_accuracy:>9.1f}")
     typer.echo(f"tables and figure: {run.path}")
 
 
 def _percent_interval(value: float, low: float, high: float, sign: str = "") -> str:
-    """A share and its interval in percent, 19 characters: ' 76.2 [ 70.1,  81.4]'; sign="+" signs each number
+    """A share and its interval in percent, 20 characters: ' 76.2 [ 70.1,  81.4]'; sign="+" signs each number
     (a difference, 23 characters: ' +40.3 [ +30.1,  +50.2]')."""
     width = 5 + len(sign)
     return f"{100 * value:>{sign}{width}.1f} [{100 * low:>{sign}{width}.1f}, {100 * high:>{sign}{width}.1f}]"

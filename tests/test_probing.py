@@ -39,6 +39,7 @@ from analysis.probing import (
     parse_winobias,
     predict_heads,
     probe_coref,
+    probe_dependency,
     read_conllu,
     score_sentence,
     sentence_half,
@@ -693,6 +694,26 @@ def test_coref_baselines_are_scored_on_the_sentences_the_heads_were(tmp_path):
 # ---------------------------------------------------------------- real embedded model
 
 @pytest.mark.slow
+def test_the_printout_keeps_its_columns_for_a_two_digit_head_and_either_direction(tmp_path, capsys, monkeypatch):
+    """"L3-H12 head->dep" is 16 characters: the head column was 14 wide, so such a row pushed its offset, baseline
+    and the rest two places right of the header and of the other rows."""
+    from app import cli_clark  # noqa: PLC0415 (the verb's module, whose probe_dependency is wrapped)
+
+    def widest_head(*args, **kwargs):
+        table, run = probe_dependency(*args, **kwargs)
+        return table.assign(best_layer=[2] * len(table), best_head=[11] * len(table), direction="head->dep"), run
+
+    monkeypatch.setattr(cli_clark, "probe_dependency", widest_head)
+    assert main(["probe-dep", str(FIXTURE), "--quiet", "--runs-dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("relation "))
+    rows = [line for line in lines if "L3-H12 head->dep" in line]
+    assert rows
+    offset_end = header.index("offset") + len("offset") - 1  # right-aligned under its header: "    +1"
+    assert all(row[offset_end].isdigit() and row[offset_end + 1] == " " for row in rows), (header, rows)
+    assert all(len(row) == len(header) for row in rows), (header, rows)  # every field fixed-width, as its header
+
+
 def test_cli_probes_on_minilm(tmp_path, capsys):
     runs = str(tmp_path)
     assert main(["probe-dep", str(FIXTURE), "--quiet", "--runs-dir", runs]) == 0
