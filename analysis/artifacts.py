@@ -214,13 +214,15 @@ ARTIFACTS: tuple[Artifact, ...] = (
              "input the model sees), value (mean |d loss / d attention weight| over the layer's heads, real query "
              f"rows and keys of the target, the weights of all examples pooled), {_OVER_EXAMPLES}",
              "Surface and clusters", figure=True),
-    Artifact("probing_dependency", "probe-dep", "relation ((all): every scored word; else a DEPREL), direction, "
+    Artifact("probing_dependency", "probe-dep", "relation ((all): every scored word; else a DEPREL), "
+             "direction (dep->head: the word attends to its head; head->dep: the head attends to the word), "
              "best_layer, best_head (picked on the even-numbered sentences), accuracy (on silver parses: agreement "
              "with spaCy's parser), ci_low, ci_high (on the odd-numbered ones; intervals resample whole sentences, "
              "widened below 20), baseline_offset, baseline_accuracy, "
              "baseline_ci_low, baseline_ci_high, head_minus_baseline, head_minus_baseline_ci_low, "
              "head_minus_baseline_ci_high (paired sentence-level bootstrap), p_value (paired sign-flip test over the "
-             "held-out sentences, head vs offset), held_out_count (words), held_out_sentences (holding the relation), "
+             "held-out sentences, head vs offset), p_holm (Holm across the table's rows), held_out_count (words), "
+             "held_out_sentences (holding the relation), "
              "count, in_sample_accuracy (Clark's: picked and scored on all), parses (gold or silver, and from what)",
              "Surface and clusters", figure=True, hint=_PARSE),
     Artifact("probing_dependency_heads", "probe-dep", "layer, head, direction, relation ((all)|a DEPREL), "
@@ -232,7 +234,8 @@ ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("probing_coref_baselines", "probe-coref", "baseline, accuracy, ci_low, ci_high (Wilson)",
              "Surface and clusters", folder="winobias", hint="--model {model}"),
     Artifact("probing_coref_table", "probe-coref", "model (each baseline, then the head picked on the even-numbered "
-             "sentences), accuracy, ci_low, ci_high, count (on the odd-numbered ones), p_value (McNemar vs the head)",
+             "sentences), accuracy, ci_low, ci_high, count (on the odd-numbered ones), p_value (McNemar vs the head), "
+             "p_holm (Holm across the baselines)",
              "Surface and clusters", folder="winobias", hint="--model {model}"),
     # Classifier training, in runs/classifier/<labeled set>/
     Artifact("cv_scores", "train", "model, metric (macro_f1|macro_f1_fold_std|accuracy|f1|macro_f1_agreed), class, "

@@ -69,6 +69,13 @@ def example_generator(seed: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, index]).generate_state(1)[0]))
 
 
+def check_mask_probability(probability: float) -> None:
+    """Refuse a share of tokens to mask outside (0, 1] (NaN included), before any work."""
+    if not 0 < probability <= 1:
+        raise AttnpatError("--mask-probability is the share of tokens masked, above 0 and at most 1; "
+                           f"got {probability}")
+
+
 def mask_tokens(input_ids: torch.Tensor, maskable: torch.Tensor, mask_id: int, probability: float,
                 generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose MLM targets: each maskable token with ``probability``, at least one per example.
@@ -77,8 +84,7 @@ def mask_tokens(input_ids: torch.Tensor, maskable: torch.Tensor, mask_id: int, p
     (:func:`example_generator`), each drawing over its row up to the last maskable token only, so that the padded
     width does not change the draw. Returns (masked input_ids (B, T), labels (B, T) with -100 where not masked).
     """
-    if not 0 < probability <= 1:
-        raise AttnpatError(f"mask probability must be in (0, 1], got {probability}")
+    check_mask_probability(probability)
     if len(generators) != input_ids.shape[0]:
         raise ValueError(f"{len(generators)} generators for {input_ids.shape[0]} rows")
     chosen = torch.zeros_like(maskable)
@@ -158,6 +164,7 @@ def compute_grad_importance(bundle, data: TaskData, objective: str, *, max_lengt
     """({target: (L,) mean |dLoss/d alpha|}, {target: (L, 2) its bootstrap 95% interval over the examples},
     number of truncated examples)."""
     check_choice(objective, OBJECTIVES, "objective")
+    check_mask_probability(mask_probability)
     tokenizer = bundle.tokenizer
     if objective == "mlm" and tokenizer.mask_token_id is None:
         raise AttnpatError(f"model '{bundle.name}' has no [MASK] token, so the MLM loss is unavailable")
@@ -209,6 +216,7 @@ def grad_importance(bundle, data: TaskData, run: RunDir, objective: str, *, max_
                     batch_size: int = 8, progress: bool = True, mask_probability: float = 0.15, seed: int = 0):
     """Compute and write grad_importance.csv (layer, target, value, ci_low, ci_high: bootstrap 95% interval over the
     examples) and grad_importance.png/svg."""
+    check_mask_probability(mask_probability)
     if objective == "task":
         if data.num_labels is None or any(example.label is None for example in data.examples):
             # before any work: the MLM loss is not available, and the default task (wiki) has no labels

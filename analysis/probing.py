@@ -4,14 +4,17 @@ Both probes read word-level maps (analysis.stream.to_word_level: attention TO a 
 pieces, FROM a word averages them) restricted to the real words, i.e. without [CLS] and [SEP].
 
 Dependency (Clark's Table 1): each head predicts each word's head word as the other word it attends to
-most ("dep->head", the word's row) or the word that attends to it most ("head<-dep", the word's column);
-attention to itself is ignored. Accuracy per relation and overall ("(all)"); the root word has no head
-word to attend to and is not scored (Clark counted it as always wrong). Relations are the CoNLL-U DEPREL
-as written (subtypes such as nmod:poss kept); Clark's special case for possessive 's is not applied.
+most ("dep->head": the dependent attends to its head, the word's row) or the word that attends to it most
+("head->dep": the head attends to its dependent, the word's column); attention to itself is ignored.
+Accuracy per relation and overall ("(all)"); the root word has no head word to attend to and is not scored
+(Clark counted it as always wrong). Relations are the CoNLL-U DEPREL as written (subtypes such as nmod:poss
+kept); Clark's special case for possessive 's is not applied.
 Baselines predict the word a fixed offset away (-3..-1, +1..+3); an offset that leaves the sentence is
 wrong. Words lost to truncation (wholly or in part) or that give no token, and words whose gold head was
-lost, are not scored (counted in the manifest). A tie for the most attention goes to the leftmost word
-(argmax, as Clark's code); MiniLM's maps hold none.
+lost, are not scored (counted in the manifest). A word whose most attention is shared by two or more words (a
+tie) has no predicted head and counts as wrong, as a tie counts in coreference (Clark's argmax gave it to the
+leftmost word, so a head attending evenly found every head word that comes first); the manifest counts such
+predictions (n_tied_predictions). MiniLM's maps hold none.
 Clark et al. report the best of every head and direction per relation, picked and scored on the same
 sentences, which flatters it (the best of 2 x L x H guesses). Here the sentences are split in two halves
 by position (even: selection, odd: held out); the head, direction and offset baseline are picked on the
@@ -62,13 +65,16 @@ from analysis.uncertainty import (
     DEFAULT_BOOTSTRAP,
     MIN_RESAMPLED,
     bootstrap_weighted_mean_interval,
+    holm_adjust,
     mcnemar_exact,
     paired_permutation_p,
     wilson_interval,
     wilson_intervals,
 )
 
-DIRECTIONS = ("dep->head", "head<-dep")
+# "a->b": a's attention row points at b (the dependent at its head, or the head at its dependent); Clark's notebook
+# names the second "head<-dep", which read as the first
+DIRECTIONS = ("dep->head", "head->dep")
 OFFSETS = (-3, -2, -1, 1, 2, 3)
 # The overall row's name: no relation can take it (Universal Dependencies relations are lowercase letters with
 # ':' subtypes; read_conllu refuses it as a DEPREL), as a treebank's relation "all" could
@@ -300,17 +306,22 @@ def silver_dependency_data(task: str, split: str = "validation", n: int | None =
                     notes=[*data.notes, SILVER_PARSES], digest=data.digest, columns=data.columns), sentences
 
 
+NO_PREDICTION = -1  # predict_heads' index where two or more words share the most attention
+
+
 def predict_heads(word_maps: torch.Tensor, direction: str) -> torch.Tensor:
     """Each head's predicted head word for every word, by argmax, ignoring attention to itself.
 
-    word_maps: (L, H, W, W) over words; direction "dep->head" reads each word's row, "head<-dep" its
-    column (the word that attends to it most). Returns (L, H, W) long indices into the W words.
+    word_maps: (L, H, W, W) over words; direction "dep->head" reads each word's row, "head->dep" its
+    column (the word that attends to it most). Returns (L, H, W) long indices into the W words, NO_PREDICTION
+    where the most attention is shared by two or more words (argmax would pick the leftmost, silently).
     """
     check_choice(direction, DIRECTIONS, "direction")
     scores = word_maps if direction == "dep->head" else word_maps.transpose(-1, -2)
     scores = scores.clone()
     scores.diagonal(dim1=-2, dim2=-1).fill_(-torch.inf)
-    return scores.argmax(-1)
+    tied = (scores == scores.amax(-1, keepdim=True)).sum(-1) > 1
+    return torch.where(tied, NO_PREDICTION, scores.argmax(-1))
 
 
 def offset_predictions(num_words: int, offset: int) -> np.ndarray:
@@ -406,8 +417,8 @@ def score_sentence(word_maps: torch.Tensor, word_ids: np.ndarray,
     """Predictions of every head for one sentence and which words can be scored.
 
     word_maps: (L, H, W, W) over the words present (word_ids (W,), 0-indexed). Returns
-    (predicted (D, L, H, N) 1-indexed heads, scored (N,) bool): a word is scored when it is present, not
-    the root, and its gold head is present.
+    (predicted (D, L, H, N) 1-indexed heads, -1 where none (absent, or a tie: predict_heads), scored (N,) bool): a
+    word is scored when it is present, not the root, and its gold head is present.
     """
     num_words = len(sentence.words)
     gold = np.asarray(sentence.heads)
@@ -417,7 +428,8 @@ def score_sentence(word_maps: torch.Tensor, word_ids: np.ndarray,
     predicted = np.full((len(DIRECTIONS), *word_maps.shape[:2], num_words), -1, dtype=int)
     if len(word_ids) > 1:
         for d, direction in enumerate(DIRECTIONS):
-            predicted[d][..., word_ids] = word_ids[predict_heads(word_maps, direction).numpy()] + 1
+            guess = predict_heads(word_maps, direction).numpy()
+            predicted[d][..., word_ids] = np.where(guess == NO_PREDICTION, -1, word_ids[guess] + 1)
     return predicted, scored
 
 
@@ -426,7 +438,7 @@ def dependency_scores(bundle, data: TaskData, sentences: list[DepSentence], *, m
     """Score every head on the sentences. Returns (scores, summary counts for the manifest)."""
     encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
     scores = DependencyScores(bundle.num_layers, bundle.num_heads)
-    unscored = 0
+    unscored = tied = 0
     for map_batch in stream_maps(bundle, data.examples, max_length=max_length, batch_size=batch_size,
                                  progress="dependency probe" if progress else False, encoded=encoded):
         for i, item in enumerate(map_batch.batch.items):
@@ -435,8 +447,10 @@ def dependency_scores(bundle, data: TaskData, sentences: list[DepSentence], *, m
             predicted, scored = score_sentence(word_maps, word_ids, sentence)
             scores.add(predicted, sentence, scored, sentence_half(item.index))
             unscored += int(sum(h > 0 for h in sentence.heads) - scored.sum())
+            tied += int((predicted[..., scored] == -1).sum())  # a scored word has a predicted head unless tied
     scored_words = scores.half_counts.get(ALL_RELATIONS, np.zeros(2, dtype=int))
     return scores, {"n_truncated": sum(e.truncated for e in encoded), "n_unscored_words": unscored,
+                    "n_tied_predictions": tied,
                     "n_scored_words": int(scored_words.sum()), "n_held_out_words": int(scored_words[HELD_OUT])}
 
 
@@ -445,7 +459,8 @@ def dependency_table(scores: DependencyScores, min_count: int = 1, parses: str =
     the offset baseline most accurate on the selection half; their accuracy on the held-out half (held_out_count
     words) with sentence-level 95% intervals (sentence_share_interval), the head's accuracy minus the baseline's
     with a paired sentence-level bootstrap 95% interval (never zero-width: sentence_difference_interval), and the
-    p of a paired sign-flip test over the held-out sentences (paired_sentence_test). in_sample_accuracy is Clark's
+    p of a paired sign-flip test over the held-out sentences (paired_sentence_test), with p_holm, Holm's adjustment
+    across the table's rows (one test per relation listed and the overall row). in_sample_accuracy is Clark's
     figure: the best head's accuracy picked and scored on all sentences (count words), optimistic. ``parses`` says
     where the trees came from (gold or silver)."""
     rows = []
@@ -467,7 +482,10 @@ def dependency_table(scores: DependencyScores, min_count: int = 1, parses: str =
                      "head_minus_baseline_ci_high": difference_interval[1], "p_value": p_value,
                      "held_out_count": n, "held_out_sentences": int((words > 0).sum()), "count": scores.count(relation),
                      "in_sample_accuracy": float(scores.accuracy(relation).max()), "parses": parses})
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    # one head-vs-offset test per listed row (41 relations on 500 wiki sentences): some reach p < 0.05 by chance
+    table.insert(table.columns.get_loc("p_value") + 1, "p_holm", holm_adjust(table.p_value.to_numpy()))
+    return table
 
 
 def dependency_head_table(scores: DependencyScores, min_count: int = 1, parses: str = GOLD_PARSES):
@@ -494,6 +512,9 @@ def dependency_head_table(scores: DependencyScores, min_count: int = 1, parses: 
 def check_halves(sentences: list[DepSentence]) -> None:
     """Refuse, before any work, sentences that cannot fill both halves with a word to score."""
     halves = {sentence_half(k) for k, sentence in enumerate(sentences) if any(head > 0 for head in sentence.heads)}
+    if not halves and any(len(sentence.words) > 1 for sentence in sentences):
+        raise AttnpatError(f"{len(sentences)} sentence(s), and every word's HEAD is 0 (the root): no word has a head "
+                           "word to find; give dependency trees (a parsed treebank, or --parse for silver parses)")
     if halves != {SELECTION, HELD_OUT}:
         raise AttnpatError(f"{len(sentences)} sentence(s), {'none' if not halves else 'one half'} with a word other "
                            "than the root: the best head is picked on half of the sentences and scored on the "
@@ -577,14 +598,15 @@ def parse_winobias(text: str, pronoun: str, occupations: set[tuple[str, ...]], i
     if len(spans) != 1 or "[MASK]" not in text:
         return None
     gold = spans[0]
-    plain, gold_chars = "", None
+    plain, gold_chars, start = "", None, 0  # start: the piece's offset in ``text``
     for piece in re.split(r"(\[[^\]]*\])", text):  # rebuild the text without brackets, pronoun filled in
         inner = piece[1:-1] if piece.startswith("[") else piece
-        if piece.startswith("[") and piece.lower() == gold.group(0).lower():
+        if start == gold.start():  # the gold span by its position: the same words may be bracketed again later
             gold_chars = (len(plain), len(plain) + len(inner))
         plain += pronoun if piece == "[MASK]" else inner
         if piece == "[MASK]":
             pronoun_char = len(plain) - len(pronoun)
+        start += len(piece)
     matches = list(_WORD.finditer(plain))
     words = tuple(m.group(0) for m in matches)
     pronoun_index = next(i for i, m in enumerate(matches) if m.start() == pronoun_char)
@@ -696,7 +718,8 @@ def coref_table(choices: np.ndarray, baseline_choices: dict[str, np.ndarray], ha
                 model_name: str) -> pd.DataFrame:
     """Clark's Table 2 layout on the held-out half: each baseline, then the head picked on the selection half
     (best_coref_head); model, accuracy, Wilson 95% interval (ci_low, ci_high), count (held-out sentences) and
-    each baseline's exact McNemar p against that head on the same sentences (p_value; none on the head's row).
+    each baseline's exact McNemar p against that head on the same sentences (p_value; none on the head's row), and
+    p_holm, Holm's adjustment across the baselines.
 
     choices: (S, L, H) bool, whether each head picks the gold antecedent of each scored sentence;
     baseline_choices: {name: (S,) bool} the same for each baseline; halves: (S,) each sentence's half.
@@ -713,7 +736,10 @@ def coref_table(choices: np.ndarray, baseline_choices: dict[str, np.ndarray], ha
     rows = [row(name, right[held_out], float(mcnemar_exact(right[held_out], head_right)))
             for name, right in baseline_choices.items()]
     rows.append(row(f"{model_name} head L{layer + 1}-H{head + 1}", head_right, np.nan))
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    # one test per baseline against the same head: Holm across them (none on the head's row)
+    table["p_holm"] = np.append(holm_adjust(table.p_value.to_numpy()[:-1]), np.nan)
+    return table
 
 
 def coref_head_table(choices: np.ndarray) -> pd.DataFrame:

@@ -9,7 +9,7 @@ import typer
 
 from analysis.data import load_data
 from analysis.errors import AttnpatError
-from analysis.gradients import OBJECTIVES, load_gradient_model
+from analysis.gradients import OBJECTIVES, check_mask_probability, load_gradient_model
 from analysis.gradients import grad_importance as run_grad_importance
 from analysis.models import load_model
 from analysis.parsing import SILVER_PARSES
@@ -101,6 +101,7 @@ def grad_importance(model: str = opt.Model, task: str = WikiTask,
                     seed: int = MaskSeed, runs_dir: opt.OptionalPath = opt.RunsDir, quiet: bool = opt.Quiet) -> None:
     """Gradient of the MLM loss (or a fine-tuned classifier's task loss) w.r.t. attention to [SEP], '.'/',' and
     other tokens, per layer (Clark Fig. 5)."""
+    check_mask_probability(mask_probability)  # before the model loads: the masks are drawn batch by batch
     bundle, objective = load_gradient_model(model)
     data = load_data(task, split, n, text_column=text_column, pair_column=pair_column, label_column=label_column)
     run = RunDir(bundle.slug, data.task, runs_dir)
@@ -217,26 +218,31 @@ def probe_dep(conllu_file: Path | None = typer.Argument(None, help="a CoNLL-U fi
                "layers and heads 1-indexed")
     if entry["parses"] == SILVER_PARSES:
         typer.echo(f"silver parses: every figure is {score}'s head words, not accuracy against gold trees")
+    if entry.get("n_tied_predictions"):  # absent from a manifest written before ties were counted
+        typer.echo(f"{entry['n_tied_predictions']} predictions (word x head x direction) had two or more words tied "
+                   "for the most attention: no head predicted, counted wrong")
     typer.echo(f"head and offset picked on the even-numbered sentences; words (in sents sentences), {score} "
                f"[95% interval] on the odd-numbered ones ({entry['n_held_out_sentences']}); intervals resample "
                f"whole sentences, and below {FEW_SENTENCES} sentences are widened to Wilson's over the sentences; "
-               f"head-base: {score.split()[0]} difference; p: paired sign-flip test over the held-out sentences; "
-               "in-sample: Clark's best head picked and scored on all sentences")
-    typer.echo(f"{'relation':<14} {'words':>6} {'sents':>5} {'attn [95% interval]':<19}  {'head':<14} {'offset':>6} "
-               f"{'base [95% interval]':<19} {'head-base [95% interval]':<23} {'p':>7} {'in-sample':>9}")
+               f"head-base: {score.split()[0]} difference; p: paired sign-flip test over the held-out sentences, "
+               f"p_holm: Holm-adjusted across the {len(table)} rows; in-sample: Clark's best head picked and scored "
+               "on all sentences")
+    typer.echo(f"{'relation':<14} {'words':>6} {'sents':>5} {'attn [95% interval]':<20}  {'head':<17} {'offset':>6} "
+               f"{'base [95% interval]':<20} {'head-base [95% interval]':<24} {'p':>7} {'p_holm':>7} {'in-sample':>9}")
     for row in table.itertuples():
         attention = _percent_interval(row.accuracy, row.ci_low, row.ci_high)
         baseline = _percent_interval(row.baseline_accuracy, row.baseline_ci_low, row.baseline_ci_high)
         difference = _percent_interval(row.head_minus_baseline, row.head_minus_baseline_ci_low,
                                        row.head_minus_baseline_ci_high, sign="+")
         typer.echo(f"{row.relation[:14]:<14} {row.held_out_count:>6} {row.held_out_sentences:>5} {attention}  "
-                   f"{f'L{row.best_layer + 1}-H{row.best_head + 1} {row.direction}':<14} {row.baseline_offset:>+6d} "
-                   f"{baseline} {difference} {row.p_value:>7.2g} {100 * row.in_sample_accuracy:>9.1f}")
+                   f"{f'L{row.best_layer + 1}-H{row.best_head + 1} {row.direction}':<17} {row.baseline_offset:>+6d} "
+                   f"{baseline} {difference:<24} {row.p_value:>7.2g} {row.p_holm:>7.2g} "
+                   f"{100 * row.in_sample_accuracy:>9.1f}")
     typer.echo(f"tables and figure: {run.path}")
 
 
 def _percent_interval(value: float, low: float, high: float, sign: str = "") -> str:
-    """A share and its interval in percent, 19 characters: ' 76.2 [ 70.1,  81.4]'; sign="+" signs each number
+    """A share and its interval in percent, 20 characters: ' 76.2 [ 70.1,  81.4]'; sign="+" signs each number
     (a difference, 23 characters: ' +40.3 [ +30.1,  +50.2]')."""
     width = 5 + len(sign)
     return f"{100 * value:>{sign}{width}.1f} [{100 * low:>{sign}{width}.1f}, {100 * high:>{sign}{width}.1f}]"
@@ -251,11 +257,13 @@ def probe_coref(model: str = opt.Model, n: opt.OptionalInt = opt.n_option(None, 
                                     progress=not quiet)
     entry = run.manifest()["analyses"]["probing_coref"]
     typer.echo(f"WinoBias antecedent selection ({entry['n_items']} sentences): head picked on the even-numbered "
-               f"sentences, all scored on the odd-numbered ones ({entry['n_held_out']}); p: exact McNemar vs the head")
-    typer.echo(f"{'model':<40} {'accuracy [95% interval]':<23} {'p':>7}")
+               f"sentences, all scored on the odd-numbered ones ({entry['n_held_out']}); p: exact McNemar vs the head, "
+               "p_holm: Holm-adjusted across the baselines")
+    typer.echo(f"{'model':<40} {'accuracy [95% interval]':<23} {'p':>7} {'p_holm':>7}")
     for row in table.itertuples():
-        p_value = "" if math.isnan(row.p_value) else f"{row.p_value:.2g}"
-        typer.echo(f"{row.model:<40} {_percent_interval(row.accuracy, row.ci_low, row.ci_high):<23} {p_value:>7}")
+        p_value, p_holm = ("" if math.isnan(p) else f"{p:.2g}" for p in (row.p_value, row.p_holm))
+        typer.echo(f"{row.model:<40} {_percent_interval(row.accuracy, row.ci_low, row.ci_high):<23} {p_value:>7} "
+                   f"{p_holm:>7}")
     typer.echo(f"the best head picked and scored on all sentences, as Clark et al. report it (optimistic): "
                f"{100 * entry['in_sample_best_accuracy']:.1f}")
     typer.echo(f"tables and figure: {run.path}")

@@ -49,6 +49,7 @@ from analysis.gradients import (
     attention_gradients,
     compute_grad_importance,
     example_generator,
+    grad_importance,
     gradient_by_key_type,
     key_type_means,
     load_gradient_model,
@@ -59,6 +60,7 @@ from analysis.models import load_model
 from analysis.rundir import RunDir
 from analysis.stream import check_has_text, encode_examples, iter_batches
 from analysis.surface import SURFACE_METRICS, compute_surface, entropy_figure, surface_figure, surface_statistics
+from app import cli_clark
 from app.cli import main
 from app.cli_clark import _stress_line
 from app.display import layer_interval_lines
@@ -669,6 +671,23 @@ def test_a_fine_tuned_classifier_is_never_given_a_random_mlm_head(tmp_path, conf
     assert objective == "task" and bundle.model.__class__.__name__.endswith("ForSequenceClassification")
     with pytest.raises(AttnpatError, match="no masked-language-model head"):
         load_model(str(tmp_path), kind="mlm", device="cpu")
+
+
+@pytest.mark.parametrize("probability", ["0", "1.5", "nan"])
+def test_a_mask_probability_outside_0_to_1_is_refused_before_the_model_loads(probability, tmp_path, capsys,
+                                                                              monkeypatch):
+    # the masks are drawn batch by batch: checked there, a bad share was refused only after the model and data loaded
+    monkeypatch.setattr(cli_clark, "load_gradient_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    runs = tmp_path / "runs"
+    assert main(["grad-importance", "--mask-probability", probability, "--runs-dir", str(runs), "-q"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == ("error: --mask-probability is the share of tokens masked, above 0 and at most 1; "
+                     f"got {float(probability)}")
+    assert not runs.exists()
+    with pytest.raises(AttnpatError, match="--mask-probability"):  # a Python caller: before the run folder
+        grad_importance(wrap_bundle(BertForMaskedLM(tiny_config())), TaskData("toy", "validation", "test", SENTENCES),
+                        RunDir("tiny", "toy", runs), "mlm", mask_probability=0.0)
+    assert not any(path.is_file() for path in runs.rglob("*"))
 
 
 def test_gradient_importance_unavailable_for_minilm_says_so():

@@ -39,6 +39,7 @@ from analysis.probing import (
     parse_winobias,
     predict_heads,
     probe_coref,
+    probe_dependency,
     read_conllu,
     score_sentence,
     sentence_half,
@@ -122,6 +123,18 @@ def test_fewer_than_two_sentences_to_score_is_one_error_before_any_work(tmp_path
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_file_whose_every_head_is_0_says_so_before_any_work(tmp_path, capsys):
+    """A CoNLL-U file without trees (HEAD 0 on every word, as unparsed or placeholder files have) was refused as if
+    its sentences were too short: "at least two sentences of two or more words are needed"."""
+    flat = tmp_path / "flat.conllu"
+    flat.write_text("1\tDogs\t_\t_\t_\t_\t0\troot\t_\t_\n2\tbark\t_\t_\t_\t_\t0\troot\t_\t_\n\n" * 3)
+    assert main(["probe-dep", str(flat), "--model", "minilm", "-q", "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert capsys.readouterr().err == ("error: 3 sentence(s), and every word's HEAD is 0 (the root): no word has a "
+                                       "head word to find; give dependency trees (a parsed treebank, or --parse for "
+                                       "silver parses)\n")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_word_that_gives_no_token_is_not_scored_nor_its_dependents(tmp_path):
     treebank = tmp_path / "invisible.conllu"  # a zero-width space: the tokenizer gives it no piece
     treebank.write_text("1\tDogs\tdog\tNOUN\t_\t_\t3\tnsubj\t_\t_\n2\t\u200b\t_\tX\t_\t_\t3\tdep\t_\t_\n"
@@ -141,9 +154,61 @@ def test_predict_heads_reads_rows_or_columns_and_ignores_self():
                               [0.3, 0.6, 0.1]])[None, None]
     assert predict_heads(word_maps, "dep->head")[0, 0].tolist() == [1, 2, 1]  # row argmax, diagonal skipped
     # column argmax: who attends most to word 0 (not itself)? word 2 (0.3); to word 1? word 2 (0.6); to 2? word 1
-    assert predict_heads(word_maps, "head<-dep")[0, 0].tolist() == [2, 2, 1]
+    assert predict_heads(word_maps, "head->dep")[0, 0].tolist() == [2, 2, 1]
     with pytest.raises(AttnpatError):
         predict_heads(word_maps, "sideways")
+
+
+def test_a_head_attending_to_its_dependents_is_labelled_head_to_dep():
+    """"a->b" names who attends to whom. A hand-made head whose every head word attends to its dependent (and no
+    dependent to its head) is found through the words' columns, and the table says "head->dep" (before, it said
+    "head<-dep", which reads as the dependent attending to its head, as "dep->head" does)."""
+    sentence = DepSentence("s", ("a", "b", "c"), heads=(2, 0, 2), relations=("x", "root", "x"))  # b heads a and c
+    word_maps = torch.zeros(1, 1, 3, 3)
+    word_maps[0, 0, 1, 0], word_maps[0, 0, 1, 2] = 0.6, 0.4  # b (the head) attends to a and c, its dependents
+    word_maps[0, 0, 0, 2], word_maps[0, 0, 2, 0] = 0.3, 0.3  # the dependents attend to each other, not to b
+    scores = DependencyScores(layers=1, heads=1)
+    for half in (SELECTION, HELD_OUT):
+        predicted, scored = score_sentence(word_maps, np.arange(3), sentence)
+        scores.add(predicted, sentence, scored, half)
+    assert DIRECTIONS == ("dep->head", "head->dep")
+    row = dependency_table(scores).set_index("relation").loc[ALL_RELATIONS]
+    assert row.direction == "head->dep" and row.accuracy == 1.0
+    assert scores.accuracy(ALL_RELATIONS)[DIRECTIONS.index("dep->head"), 0, 0] == 0.0
+
+
+def test_a_tie_for_the_most_attention_predicts_no_head_and_is_counted(tmp_path, monkeypatch, capsys):
+    """A head attending evenly to every token has no most-attended word. Clark's argmax gave a tie to the leftmost
+    word, so such a head "found" every head word that comes first: here 100% of a, b, c with b and c headed by a.
+    A tie is now no prediction, counted wrong, and the manifest counts such predictions."""
+    sentence = DepSentence("s", ("a", "b", "c"), heads=(0, 1, 1), relations=("root", "dep", "dep"))
+    even = torch.full((1, 1, 3, 3), 1 / 3)
+    predicted, scored = score_sentence(even, np.arange(3), sentence)
+    assert scored.tolist() == [False, True, True] and (predicted[..., scored] == -1).all()
+    torch.manual_seed(0)
+    bundle = tiny_bundle(tmp_path / "tiny")  # its own maps hold no tie: an even head stands in for them
+    sentences = [sentence, DepSentence("t", sentence.words, sentence.heads, sentence.relations)]
+    examples = [Example(s.id, " ".join(s.words), words=s.words) for s in sentences]
+    data = probing_module.TaskData("toy", "file", "test", examples)
+
+    def even_maps(bundle, examples, **_):
+        encoded = encode_examples(bundle.tokenizer, examples)
+        assert all(len(item) == 5 for item in encoded)  # [CLS] a b c [SEP], a piece per word
+        yield MapBatch(torch.full((len(encoded), bundle.num_layers, bundle.num_heads, 5, 5), 0.2),
+                       collate(encoded, bundle.tokenizer.pad_token_id))
+
+    monkeypatch.setattr(probing_module, "stream_maps", even_maps)
+    scores, summary = dependency_scores(bundle, data, sentences, progress=False)
+    assert (scores.accuracy(ALL_RELATIONS) == 0).all()  # before: 1.0 for every head, both directions
+    ties = len(DIRECTIONS) * bundle.num_layers * bundle.num_heads * 2 * 2
+    assert summary["n_tied_predictions"] == ties
+    treebank = tmp_path / "even.conllu"
+    treebank.write_text("1\ta\t_\t_\t_\t_\t0\troot\t_\t_\n2\tb\t_\t_\t_\t_\t1\tdep\t_\t_\n"
+                        "3\tc\t_\t_\t_\t_\t1\tdep\t_\t_\n\n" * 2)
+    assert main(["probe-dep", str(treebank), "--model", str(tmp_path / "tiny"), "--runs-dir", str(tmp_path / "runs"),
+                 "-q"]) == 0
+    assert (f"{ties} predictions (word x head x direction) had two or more words tied for the most attention: no "
+            "head predicted, counted wrong") in capsys.readouterr().out
 
 
 def test_offset_predictions_leave_the_sentence_as_minus_one():
@@ -194,7 +259,7 @@ def test_synthetic_maps_pointing_at_gold_heads_score_100_percent(tokenizer):
     scores = score_fixture(tokenizer)
     accuracy = scores.accuracy(ALL_RELATIONS)  # (directions, layers, heads)
     assert accuracy[DIRECTIONS.index("dep->head"), 0, 0] == 1.0
-    assert accuracy[DIRECTIONS.index("head<-dep"), 0, 1] == 1.0
+    assert accuracy[DIRECTIONS.index("head->dep"), 0, 1] == 1.0
     assert accuracy[DIRECTIONS.index("dep->head"), 0, 1] < 1.0  # the dependents head is not a dep->head head
     assert scores.counts[ALL_RELATIONS] == 13  # 16 words minus 3 roots
     table = dependency_table(scores)
@@ -204,8 +269,8 @@ def test_synthetic_maps_pointing_at_gold_heads_score_100_percent(tokenizer):
     assert list(table.columns) == ["relation", "direction", "best_layer", "best_head", "accuracy", "ci_low", "ci_high",
                                    "baseline_offset", "baseline_accuracy", "baseline_ci_low", "baseline_ci_high",
                                    "head_minus_baseline", "head_minus_baseline_ci_low", "head_minus_baseline_ci_high",
-                                   "p_value", "held_out_count", "held_out_sentences", "count", "in_sample_accuracy",
-                                   "parses"]
+                                   "p_value", "p_holm", "held_out_count", "held_out_sentences", "count",
+                                   "in_sample_accuracy", "parses"]
     assert table.held_out_count.tolist() == [3, 1, 1, 1]  # s2: Dogs, loudly, '.'
     assert (table.held_out_sentences == 1).all()
     assert set(table.parses) == {GOLD_PARSES}  # a CoNLL-U file's trees are gold
@@ -234,7 +299,8 @@ def test_word_level_heads_sum_a_words_pieces_average_its_queries_and_skip_cls_an
     assert word_maps[0, 0, 1].tolist() == pytest.approx([1 / 8, 0.0, 7 / 8])
     predicted, scored = score_sentence(word_maps, word_ids, sentence)
     assert scored.tolist() == [True, True, False]  # bark is the root
-    assert predicted[DIRECTIONS.index("dep->head"), 0, 0].tolist() == [2, 3, 1]  # both gold heads found
+    # both gold heads found; bark gives the words nothing (all on [CLS]): a tie, no prediction
+    assert predicted[DIRECTIONS.index("dep->head"), 0, 0].tolist() == [2, 3, -1]
 
 
 def test_offset_baselines_match_a_hand_count(tokenizer):
@@ -268,7 +334,7 @@ def lucky_and_steady_scores() -> DependencyScores:
     scored = gold > 0
     for half, lucky in ((SELECTION, gold), (HELD_OUT, wrong)):
         predicted = np.full((len(DIRECTIONS), 1, 2, 5), -1)
-        predicted[0, 0] = [lucky, steady]  # dep->head; head<-dep predicts nothing
+        predicted[0, 0] = [lucky, steady]  # dep->head; head->dep predicts nothing
         scores.add(predicted, sentence, scored, half)
     return scores
 
@@ -301,7 +367,7 @@ def chain_sentence(length: int) -> DepSentence:
 
 def add_sentence(scores: DependencyScores, sentence: DepSentence, right: int, half: int) -> None:
     """Head (0, 0) dep->head gets the first ``right`` scored words right, the rest wrong (it points at the word
-    itself, which no head is); head<-dep predicts nothing."""
+    itself, which no head is); head->dep predicts nothing."""
     gold = np.array(sentence.heads)
     guess = np.where(np.arange(len(gold)) <= right, gold, np.arange(1, len(gold) + 1))  # word 0 is the root
     predicted = np.full((len(DIRECTIONS), 1, 1, len(gold)), -1)
@@ -340,6 +406,26 @@ def test_held_out_intervals_resample_whole_sentences():
     difference = head_right - offset_right
     reached = (np.abs(flips @ difference) >= abs(difference.sum()) - 1e-9).sum()
     assert row.p_value == pytest.approx((1 + reached) / (1 + DEFAULT_BOOTSTRAP)) and 0.001 < row.p_value < 1
+
+
+def test_p_holm_adjusts_the_head_against_offset_tests_across_the_tables_rows():
+    """One head-vs-offset test per row (41 relations on 500 wiki sentences): some would reach p < 0.05 by chance, so
+    p_holm gives Holm's step-down adjustment across the rows (before, raw p only)."""
+    sentence = DepSentence("s", ("w0", "w1", "w2", "w3", "w4"), (0, 1, 1, 1, 1), ("root", "a", "a", "b", "b"))
+    scores = DependencyScores(layers=1, heads=1)
+    for k in range(24):
+        predicted = np.full((len(DIRECTIONS), 1, 1, 5), -1)
+        # the head finds a's heads always, b's in every third sentence (else it points at the word itself)
+        predicted[0, 0, 0] = [-1, 1, 1, *((1, 1) if k % 3 == 0 else (4, 5))]
+        scores.add(predicted, sentence, np.array(sentence.heads) > 0, sentence_half(k))
+    table = dependency_table(scores)
+    assert table.relation.tolist() == [ALL_RELATIONS, "a", "b"]
+    p = table.p_value.to_numpy()
+    order = np.argsort(p, kind="stable")
+    by_hand = np.maximum.accumulate([min(1.0, (len(p) - rank) * p[i]) for rank, i in enumerate(order)])
+    assert table.p_holm.to_numpy()[order] == pytest.approx(by_hand)
+    assert (table.p_holm >= table.p_value).all() and (table.p_holm > table.p_value).any()
+    assert table.set_index("relation").p_holm["a"] < 0.05  # a's head beats every offset in all 12 held-out sentences
 
 
 def test_a_relation_in_few_sentences_gets_at_least_wilsons_interval_over_its_sentences():
@@ -513,6 +599,17 @@ def test_parse_winobias_finds_pronoun_antecedent_and_distractor():
     assert parse_winobias("[The guard] slept because [MASK] was tired.", "he", OCCUPATIONS) is None
 
 
+def test_the_gold_span_is_the_bracketed_mention_before_the_pronoun_even_when_bracketed_again_after_it():
+    """The gold antecedent is found by its position, not its text: the same words bracketed again after the
+    pronoun are not it (before, the later copy was taken for it, the first "the guard" became a second
+    distractor, and the sentence was skipped)."""
+    item = parse_winobias("[The guard] met the secretary because [MASK] said that [the guard] was late.", "he",
+                          OCCUPATIONS)
+    assert item is not None and item.words[item.pronoun] == "he"
+    assert (item.antecedent, item.words[item.antecedent]) == (1, "guard")
+    assert item.words[item.distractor] == "secretary"
+
+
 def test_packaged_winobias_parses_completely():
     items, skipped = load_winobias()
     assert len(items) == 761 and skipped == 0
@@ -562,6 +659,8 @@ def test_coref_table_picks_the_head_on_one_half_and_reports_everything_on_the_ot
     assert (table.ci_low.iloc[1], table.ci_high.iloc[1]) == pytest.approx(tuple(wilson_interval(4, 4)))
     # held out: first mention right alone on 4 sentences, exact McNemar p = 2 x (1/2)^4; nearest and the head agree
     assert table.p_value.iloc[:2].tolist() == pytest.approx([1.0, 0.125]) and np.isnan(table.p_value.iloc[2])
+    # Holm across the two baselines: the smaller p doubled, the larger kept (at least that), none for the head
+    assert table.p_holm.iloc[:2].tolist() == pytest.approx([1.0, 0.25]) and np.isnan(table.p_holm.iloc[2])
 
 
 def test_coref_intervals_keep_a_width_at_0_and_100_percent():
@@ -595,6 +694,26 @@ def test_coref_baselines_are_scored_on_the_sentences_the_heads_were(tmp_path):
 # ---------------------------------------------------------------- real embedded model
 
 @pytest.mark.slow
+def test_the_printout_keeps_its_columns_for_a_two_digit_head_and_either_direction(tmp_path, capsys, monkeypatch):
+    """"L3-H12 head->dep" is 16 characters: the head column was 14 wide, so such a row pushed its offset, baseline
+    and the rest two places right of the header and of the other rows."""
+    from app import cli_clark  # noqa: PLC0415 (the verb's module, whose probe_dependency is wrapped)
+
+    def widest_head(*args, **kwargs):
+        table, run = probe_dependency(*args, **kwargs)
+        return table.assign(best_layer=[2] * len(table), best_head=[11] * len(table), direction="head->dep"), run
+
+    monkeypatch.setattr(cli_clark, "probe_dependency", widest_head)
+    assert main(["probe-dep", str(FIXTURE), "--quiet", "--runs-dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("relation "))
+    rows = [line for line in lines if "L3-H12 head->dep" in line]
+    assert rows
+    offset_end = header.index("offset") + len("offset") - 1  # right-aligned under its header: "    +1"
+    assert all(row[offset_end].isdigit() and row[offset_end + 1] == " " for row in rows), (header, rows)
+    assert all(len(row) == len(header) for row in rows), (header, rows)  # every field fixed-width, as its header
+
+
 def test_cli_probes_on_minilm(tmp_path, capsys):
     runs = str(tmp_path)
     assert main(["probe-dep", str(FIXTURE), "--quiet", "--runs-dir", runs]) == 0
