@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import sparse
@@ -443,6 +444,29 @@ def paired_permutation_p(statistic: Callable[[np.ndarray, np.ndarray], float], b
     return p
 
 
+@dataclass(frozen=True)
+class ConfusionCells:
+    """Each example's confusion cell as a one-hot row, for metrics of confusion counts computed by matrix products.
+
+    classes: (K,) every class that occurs in the labels or predictions, sorted; baseline: (E, K*K) one-hot of
+    example e's cell (true class * K + predicted class) under the baseline; variants: (E, V, K*K) the same per
+    variant. Summed over examples, a row set gives that model's (K, K) confusion counts, flattened."""
+
+    classes: np.ndarray
+    baseline: np.ndarray
+    variants: np.ndarray
+
+    @classmethod
+    def of(cls, baseline: np.ndarray, variants: np.ndarray, labels: np.ndarray) -> ConfusionCells:
+        """baseline: (E,), variants: (E, V), labels: (E,) as paired_inputs returns them."""
+        n, n_variants = variants.shape
+        classes, codes = np.unique(np.concatenate([labels, baseline, variants.ravel()]), return_inverse=True)
+        k = len(classes)
+        gold, base, variant = codes[:n], codes[n:2 * n], codes[2 * n:].reshape(n, n_variants)
+        one_hot = np.eye(k * k)
+        return cls(classes, one_hot[gold * k + base], one_hot[gold[:, None] * k + variant])
+
+
 def confusion_permutation_p(statistic: Callable[[np.ndarray, np.ndarray], np.ndarray], baseline: np.ndarray,
                             variants: np.ndarray, labels: np.ndarray, *, n_perm: int = DEFAULT_BOOTSTRAP,
                             seed: int = 0, chunk: int = 1000) -> np.ndarray:
@@ -459,13 +483,10 @@ def confusion_permutation_p(statistic: Callable[[np.ndarray, np.ndarray], np.nda
     """
     baseline, variants, labels = paired_inputs(baseline, variants, labels, "a paired permutation test")
     n, n_variants = variants.shape
-    classes, codes = np.unique(np.concatenate([labels, baseline, variants.ravel()]), return_inverse=True)
-    k = len(classes)
-    gold, base, variant = codes[:n], codes[n:2 * n], codes[2 * n:].reshape(n, n_variants)
-    cells = np.eye(k * k)
-    base_cells, variant_cells = cells[gold * k + base], cells[gold[:, None] * k + variant]  # (E, K*K), (E, V, K*K)
+    cells = ConfusionCells.of(baseline, variants, labels)
+    classes, k, base_cells, variant_cells = cells.classes, len(cells.classes), cells.baseline, cells.variants
     shift = base_cells[:, None, :] - variant_cells  # (E, V, K*K)
-    moved_examples = np.flatnonzero((variant != base[:, None]).any(1))
+    moved_examples = np.flatnonzero((variants != baseline[:, None]).any(1))
     shift = shift[moved_examples].reshape(len(moved_examples), n_variants * k * k)  # (A, V*K*K); A may be 0
     base_counts = base_cells.sum(0).reshape(k, k)
     variant_counts = variant_cells.sum(0).reshape(n_variants, k, k)
@@ -573,12 +594,9 @@ def confusion_difference_interval(statistic: Callable[[np.ndarray, np.ndarray], 
     """
     baseline, variants, labels = paired_inputs(baseline, variants, labels, "paired bootstrap")
     n, n_variants = variants.shape
-    classes, codes = np.unique(np.concatenate([labels, baseline, variants.ravel()]), return_inverse=True)
-    k = len(classes)
-    gold, base, variant = codes[:n], codes[n:2 * n], codes[2 * n:].reshape(n, n_variants)
-    cells = np.eye(k * k)
-    base_cells = cells[gold * k + base]  # (E, K*K)
-    variant_cells = cells[gold[:, None] * k + variant].reshape(n, n_variants * k * k)  # (E, V*K*K)
+    cells = ConfusionCells.of(baseline, variants, labels)
+    classes, k, base_cells = cells.classes, len(cells.classes), cells.baseline
+    variant_cells = cells.variants.reshape(n, n_variants * k * k)  # (E, V*K*K)
     rng = np.random.default_rng(seed)
     chunk = max(1, min(chunk, 2 ** 21 // (n_variants * k * k)))
     changes = np.empty((n_boot, n_variants))

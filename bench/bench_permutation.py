@@ -24,18 +24,17 @@ of the per-repeat ratios with their range, and the bounds are checked equal.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from measure import run_script, write_summary
 
 from analysis.errors import AttnpatError
 from analysis.metrics import confusion_metric, task_metric
-from analysis.rundir import atomic_write_text, writable_path
+from analysis.rundir import writable_path
 from analysis.sweeps import PERMUTATIONS
 from analysis.uncertainty import (
     DEFAULT_BOOTSTRAP,
@@ -159,14 +158,9 @@ def main(argv: list[str] | None = None) -> dict:
               f"vectorised {row['vectorised_seconds_median']:.3f} s (runs {row['vectorised_seconds_runs']}): "
               f"{row['speedup_median']:,.0f}x (range {row['speedup_range'][0]:,.0f}-{row['speedup_range'][1]:,.0f}); "
               f"same bounds: {'yes' if row['bounds_equal'] else 'NO'}")
-    if args.json:
-        atomic_write_text(args.json, json.dumps(summary, indent=2) + "\n")
+    write_summary(args.json, summary)
     return summary
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AttnpatError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import json
 import os
 import shutil
 import statistics
@@ -38,14 +37,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from measure import peak_rss_mib, ratio_spread, spread_text  # noqa: E402
+from measure import peak_rss_mib, ratio_spread, run_script, spread_text, write_summary  # noqa: E402
 
 from analysis.cluster import ray_cluster  # noqa: E402
 from analysis.data import load_data  # noqa: E402
 from analysis.distributed import worker_pool  # noqa: E402
 from analysis.errors import AttnpatError  # noqa: E402
 from analysis.models import list_store, load_model  # noqa: E402
-from analysis.rundir import RunDir, atomic_write_text, writable_path  # noqa: E402
+from analysis.rundir import RunDir, writable_path  # noqa: E402
 from analysis.sweeps import disable_analysis, seeded_classifier  # noqa: E402
 from classifier.classify import available_glue_tasks, classify_tasks  # noqa: E402
 from classifier.distributed import classify_pool  # noqa: E402
@@ -214,14 +213,9 @@ def main(argv: list[str] | None = None) -> dict:
           f"on the machine): one process {busy['classify_one']:.0%} (classify), {busy['sweep_one']:.0%} (sweep); "
           f"each Ray worker {busy['classify_ray_workers']:.0%} (classify), {busy['sweep_ray_workers']:.0%} (sweep)")
     print(f"  worker peak memory: {classify_peak:.0f} MiB after classify, {sweep_peak:.0f} MiB after the sweep")
-    if args.json:
-        atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
+    write_summary(args.json, result)
     return result
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AttnpatError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -21,20 +21,18 @@ reported as its median with the range over the repeats, in wall and in CPU time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
-from measure import ratio_spread, spread_text
+from measure import ratio_spread, run_script, spread_text, write_summary
 
 from analysis.data import load_data
 from analysis.errors import AttnpatError
 from analysis.models import list_store
-from analysis.rundir import atomic_write_text, writable_path
+from analysis.rundir import writable_path
 from analysis.stream import encode_examples, iter_batches
 from analysis.sweeps import BASELINE, fast_sweep, head_variants, naive_sweep, recompute_share, seeded_classifier
 
@@ -147,14 +145,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"  real tokens / computed tokens:                   dynamic {result['real_tokens_share_dynamic']:.3f}, "
           f"fixed-{args.max_length} {result['real_tokens_share_fixed']:.3f}")
     print(f"  max |fast - naive| logit on timed variants:      {difference:.2e}  (must be < 1e-5)")
-    if args.json:
-        atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
+    write_summary(args.json, result)
     return result
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AttnpatError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -1,12 +1,15 @@
-"""What the bench_*.py scripts share: a process's own peak memory, and a ratio's spread over repeats.
+"""What the bench_*.py scripts share: a process's own peak memory, a ratio's spread over repeats, and their
+summary file and error exit.
 
 Not a benchmark itself (bench/run_all.py runs only bench_*.py). The scripts import it as a sibling module, as
 Python puts a script's own folder first on sys.path.
 """
 from __future__ import annotations
 
+import json
 import statistics
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -39,3 +42,22 @@ def spread_text(spread: dict, unit: str = "x") -> str:
     """'1.33x (range 1.30-1.41 over 5 repeats)' for a :func:`ratio_spread` result."""
     return (f"{spread['median']:.2f}{unit} (range {spread['low']:.2f}-{spread['high']:.2f} over "
             f"{spread['repeats']} repeat{'s' if spread['repeats'] != 1 else ''})")
+
+
+def write_summary(path: str | Path | None, summary: dict) -> None:
+    """The benchmark's summary as indented JSON at ``path`` (--json), written whole or not at all; None: no file."""
+    from analysis.rundir import atomic_write_text  # noqa: PLC0415 (the scripts put the repository on sys.path first)
+
+    if path:
+        atomic_write_text(path, json.dumps(summary, indent=2) + "\n")
+
+
+def run_script(main: Callable[[], object]) -> None:
+    """Run a benchmark's main(): bad options or input (AttnpatError) end in one `error:` line and exit 2."""
+    from analysis.errors import AttnpatError  # noqa: PLC0415 (as above)
+
+    try:
+        main()
+    except AttnpatError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
