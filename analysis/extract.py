@@ -22,7 +22,15 @@ from analysis.mapstore import (
 )
 from analysis.rundir import RunDir, atomic_write_json, locked, long_table, read_json
 from analysis.stats import HeadMeans, attention_to, mean_entropy
-from analysis.stream import DEFAULT_MAX_LENGTH, encode_examples, length_sorted_batches, stream_maps, token_roles
+from analysis.stream import (
+    DEFAULT_MAX_LENGTH,
+    Encoded,
+    check_marks_cls_and_sep,
+    encode_examples,
+    length_sorted_batches,
+    stream_maps,
+    token_roles,
+)
 from analysis.uncertainty import EXAMPLE_INTERVAL
 
 
@@ -139,13 +147,22 @@ def write_maps(bundle, data: TaskData, run: RunDir, out: str | Path | None = Non
     return {**summary, "out": out}
 
 
+def overview_inputs(tokenizer, data: TaskData, max_length: int = DEFAULT_MAX_LENGTH) -> list[Encoded]:
+    """The task's encoded inputs, refusing a tokenizer that does not mark them with [CLS] and [SEP] (attention to
+    them would read 0.000 for every head)."""
+    encoded = encode_examples(tokenizer, data.examples, max_length)
+    check_marks_cls_and_sep(tokenizer, encoded, "overview")
+    return encoded
+
+
 def layer_overview(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
-                   progress: bool = True) -> tuple[HeadMeans, int]:
+                   progress: bool = True, encoded: list[Encoded] | None = None) -> tuple[HeadMeans, int]:
     """Per-head attention to [CLS], to [SEP] and row entropy over a task's maps, example by example.
+    encoded: :func:`overview_inputs` when the caller has them already.
 
     Returns (HeadMeans holding {"to_cls"|"to_sep"|"entropy": (E, L, H)}, n_truncated).
     """
-    encoded = encode_examples(bundle.tokenizer, data.examples, max_length)
+    encoded = overview_inputs(bundle.tokenizer, data, max_length) if encoded is None else encoded
     means = HeadMeans()
     for map_batch in stream_maps(bundle, data.examples, max_length=max_length, batch_size=batch_size,
                                  progress="overview" if progress else False, encoded=encoded):
@@ -159,8 +176,9 @@ def layer_overview(bundle, data: TaskData, *, max_length: int = DEFAULT_MAX_LENG
 def write_overview(bundle, data: TaskData, run: RunDir, **kwargs):
     """Compute :func:`layer_overview`, write overview.csv (each head's mean with its bootstrap 95% interval over the
     examples, ci_low and ci_high) to the run directory; return :meth:`HeadMeans.layer_table`."""
+    encoded = overview_inputs(bundle.tokenizer, data, kwargs.get("max_length", DEFAULT_MAX_LENGTH))  # before the run
     with run.record("overview", bundle, data) as entry:
-        means, n_truncated = layer_overview(bundle, data, **kwargs)
+        means, n_truncated = layer_overview(bundle, data, encoded=encoded, **kwargs)
         values = means.result()
         run.write_table("overview", long_table(values, intervals=means.intervals()))
         entry.update(n_truncated=n_truncated, interval=EXAMPLE_INTERVAL)

@@ -41,6 +41,7 @@ from analysis.stream import (
     Encoded,
     MapBatch,
     check_has_text,
+    check_marks_cls_and_sep,
     encode_examples,
     piece_text,
     stream_maps,
@@ -211,16 +212,7 @@ def encode_special_inputs(tokenizer, examples: Sequence[Example],
     a tokenizer that names no [CLS] or [SEP] token, or inputs it does not mark with them (attention to it would read
     0 and the [CLS] row would be missing), and an input of special tokens only (``check_has_text``)."""
     encoded = encode_examples(tokenizer, examples, max_length)
-    for role, name in (("[CLS]", "cls_token"), ("[SEP]", "sep_token")):
-        token_id = getattr(tokenizer, f"{name}_id", None)
-        if token_id is None:
-            raise AttnpatError(f"the tokenizer names no {role} token ({name} is unset), so attention to {role} cannot "
-                               "be measured; special needs a tokenizer that marks its inputs with [CLS] and [SEP]")
-        unmarked = next((item for item in encoded if token_id not in item.input_ids), None)
-        if unmarked is not None:
-            raise AttnpatError(f"example {unmarked.example_id} has no {role} token ({getattr(tokenizer, name)}) "
-                               f"after tokenising ({' '.join(unmarked.tokens)}), so attention to {role} cannot be "
-                               "measured")
+    check_marks_cls_and_sep(tokenizer, encoded, "special")
     check_has_text(tokenizer, encoded)
     return encoded
 

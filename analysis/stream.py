@@ -225,6 +225,22 @@ def check_has_text(tokenizer, encoded: Sequence[Encoded]) -> None:
                                "text to analyse")
 
 
+def check_marks_cls_and_sep(tokenizer, encoded: Sequence[Encoded], verb: str) -> None:
+    """Refuse a tokenizer that names no [CLS] or [SEP] token (<s>, </s> for RoBERTa-style ones), or inputs it does
+    not mark with them: attention to the token would read 0 for every head, a figure of nothing, not a finding.
+    verb names the command in the message."""
+    for role, name in (("[CLS]", "cls_token"), ("[SEP]", "sep_token")):
+        token_id = getattr(tokenizer, f"{name}_id", None)
+        if token_id is None:
+            raise AttnpatError(f"the tokenizer names no {role} token ({name} is unset), so attention to {role} cannot "
+                               f"be measured; {verb} needs a tokenizer that marks its inputs with [CLS] and [SEP]")
+        unmarked = next((item for item in encoded if token_id not in item.input_ids), None)
+        if unmarked is not None:
+            raise AttnpatError(f"example {unmarked.example_id} has no {role} token ({getattr(tokenizer, name)}) "
+                               f"after tokenising ({' '.join(unmarked.tokens)}), so attention to {role} cannot be "
+                               "measured")
+
+
 def cut_words(full, enc) -> frozenset[tuple[int, int]]:
     """(sequence id, word index) of the words of which ``enc`` (truncated) keeps fewer pieces than ``full``."""
     pieces = Counter(zip(full.sequence_ids(), full.word_ids(), strict=True))

@@ -215,12 +215,10 @@ def project_to_simplex(values: np.ndarray) -> np.ndarray:
     return np.maximum(values - threshold, 0)
 
 
-def confusion_rates(confusion: np.ndarray) -> np.ndarray:
-    """(K, K) counts, rows = true class, columns = predicted -> (K, K) rates M[i, j] = P(predicted j | true i).
-
-    Refuses (one-line AttnpatError) a table that is not square, negative or not finite counts, and a true class
-    with no map (its rates are unknown). Whether M can be inverted is :func:`singular_reason`'s question.
-    """
+def confusion_counts(confusion: np.ndarray) -> np.ndarray:
+    """(K, K) counts as float64, rows = true class, columns = predicted. Refuses (one-line AttnpatError) a table that
+    is not square, or negative or not finite counts; a true class with no map passes (:func:`confusion_rates`
+    refuses it)."""
     try:
         counts = np.asarray(confusion, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -229,6 +227,16 @@ def confusion_rates(confusion: np.ndarray) -> np.ndarray:
         raise AttnpatError(f"a confusion matrix must be square, got shape {counts.shape}")
     if not np.isfinite(counts).all() or (counts < 0).any():
         raise AttnpatError("a confusion matrix must hold finite non-negative counts")
+    return counts
+
+
+def confusion_rates(confusion: np.ndarray) -> np.ndarray:
+    """(K, K) counts, rows = true class, columns = predicted -> (K, K) rates M[i, j] = P(predicted j | true i).
+
+    Refuses (one-line AttnpatError) what :func:`confusion_counts` refuses, and a true class with no map (its rates
+    are unknown). Whether M can be inverted is :func:`singular_reason`'s question.
+    """
+    counts = confusion_counts(confusion)
     rows = counts.sum(1, keepdims=True)
     if (rows <= 0).any():
         raise AttnpatError("every true class needs at least one map in the confusion matrix (row "

@@ -60,12 +60,15 @@ def card_of(meta: dict) -> ClassifierCard:
     <score>_ci_low, <score>_ci_high; macro_f1_agreed, and cnn_minus_baseline when the checkpoint records the paired
     comparison), per-class F1 with its interval and the labeled count, and the out-of-fold confusion matrix (rows:
     true class, columns: predicted). The intervals are classifier.evaluate.cross_validation_intervals' (NaN, an
-    empty cell, where there is none: the baselines' scores, a checkpoint without a confusion matrix)."""
+    empty cell, where there is none: the baselines' scores, a checkpoint without a confusion matrix or whose matrix
+    has a class with no labeled map, which the summary names)."""
     cv = meta.get("cross_validation") or {}
     try:
         intervals, why_none = cross_validation_intervals(cv), "the checkpoint records no confusion matrix"
     except AttnpatError as exc:  # an edited or damaged record: the scores are still shown, said to lack intervals
         intervals, why_none = None, str(exc)
+    if intervals is not None and intervals["no_interval"]:  # NaN bounds (empty cells), the matrix still shown
+        why_none = intervals["no_interval"]
     summary = _summary(meta, cv, intervals, why_none)
     nan = (float("nan"), float("nan"))
     scores = None
@@ -113,7 +116,7 @@ def _summary(meta: dict, cv: dict, intervals: dict | None, why_none: str) -> str
     f1 = cv.get("macro_f1")
     if not isinstance(f1, int | float):
         return text
-    if intervals is None:
+    if intervals is None or intervals["no_interval"]:
         return text + f" Cross-validated macro-F1 {f1:.3f} (no interval: {why_none})."
     return (text + f" Cross-validated macro-F1 {interval_text(f1, *intervals['macro_f1'])} (95% bootstrap intervals "
             f"over its {intervals['n_maps']} labeled maps, the tables' _ci_low and _ci_high columns; maps of one head "

@@ -38,9 +38,10 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
                                           "example"),
           epochs: int = typer.Option(100, "--epochs", min=1, help="maximum epochs (early stopping ends sooner)"),
           seed: int = opt.seed_option("seed for folds, initialisation and batches"),
-          synthetic_mix: int = typer.Option(SYNTHETIC_MIX, "--synthetic-mix", min=0,
-                                            help="synthetic maps per class added to every training part (not with "
-                                                 "--data synthetic)"),
+          synthetic_mix: int | None = typer.Option(None, "--synthetic-mix", min=0,
+                                                   help="synthetic maps per class added to every training part "
+                                                        f"(default {SYNTHETIC_MIX}; with --data synthetic none is "
+                                                        "added, and a count is refused)"),
           baselines: bool = typer.Option(True, "--baselines/--no-baselines",
                                          help="also score the rule and feature baselines"),
           pool: int | None = typer.Option(None, "--pool", help="unlabeled maps a teacher labels for the CNN to "
@@ -50,7 +51,8 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
                                                 "(default: the labeled maps' model)"),
           pool_exclude: list[Path] = typer.Option([], "--pool-exclude", help="a labeled set, a sample or a folder "
                                                   "of them whose maps stay out of the unlabeled pool (repeatable; "
-                                                  "e.g. annotation/labeled keeps the held-out panels out)"),
+                                                  "e.g. annotation/labeled keeps the held-out panels out; not "
+                                                  "with --data synthetic)"),
           pool_weight: float = typer.Option(1.0, "--pool-weight",
                                             help="loss weight of a pool map relative to a labeled "
                                                  "map (0: no pool is drawn)"),
@@ -74,11 +76,11 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
     if not 0 <= image_dropout < 1:
         raise AttnpatError(f"--image-dropout must be at least 0 and below 1 (got {image_dropout})")
     training = load_training_data(data, seed)
-    if training.synthetic and (pool or pool_model):
-        # synthetic maps come from no model's heads, so no pool of unlabeled maps belongs with them
-        raise AttnpatError(f"--data {data} trains on synthetic maps, which no unlabeled pool goes with: leave out "
-                           f"{'--pool' if pool else '--pool-model'} (no pool is drawn for synthetic data)")
+    if training.synthetic:
+        refuse_options_synthetic_data_ignores(data, pool=pool, pool_model=pool_model, pool_exclude=pool_exclude,
+                                              synthetic_mix=synthetic_mix)
     pool = DEFAULT_POOL if pool is None else pool
+    synthetic_mix = SYNTHETIC_MIX if synthetic_mix is None else synthetic_mix
     # read before any work: a folder that is missing or holds no labeled set is an option to correct
     held_out = sorted(set().union(*(map_ids_in(path) for path in pool_exclude))) if pool_exclude else []
     run = RunDir("classifier", training.name, runs_dir)
@@ -108,6 +110,21 @@ def train(data: str = typer.Option(..., "--data", help=f"labeled-set folder (e.g
     tables = ["cv_scores.csv", "cv_confusion.csv", "cv_predictions.csv", "cv_vs_baselines.csv"]
     typer.echo("tables: " + ", ".join(str(run.file(name)) for name in tables))
     typer.echo(f"checkpoint: {out} (+ {Path(out).with_suffix('.json').name})")
+
+
+def refuse_options_synthetic_data_ignores(data: str, *, pool: int | None, pool_model: str | None,
+                                          pool_exclude: list[Path], synthetic_mix: int | None) -> None:
+    """Refuse, for --data synthetic, an option that would be silently ignored: synthetic maps come from no model's
+    heads, so no pool of unlabeled maps (nor maps kept out of one) belongs with them, and no synthetic maps are
+    mixed into what is synthetic already. A count of 0 asks for nothing and passes."""
+    asked = [name for name, given in (("--pool", pool), ("--pool-model", pool_model), ("--pool-exclude", pool_exclude),
+                                      ("--synthetic-mix", synthetic_mix)) if given]
+    if asked == ["--synthetic-mix"]:
+        raise AttnpatError(f"--data {data} trains on synthetic maps, to which no more are added: leave out "
+                           "--synthetic-mix (it mixes synthetic maps into a labeled set)")
+    if asked:
+        raise AttnpatError(f"--data {data} trains on synthetic maps, which no unlabeled pool goes with: leave out "
+                           f"{asked[0]} (no pool is drawn for synthetic data)")
 
 
 def classify(model: str = opt.Model, task: str = opt.Task, n: opt.OptionalInt = opt.N, split: str = opt.Split,

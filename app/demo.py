@@ -456,14 +456,15 @@ def _tab_lines(root: Path, sizes: Sizes) -> dict[str, Callable[[], str]]:
         meta = json.loads(DEFAULT_CHECKPOINT.with_suffix(".json").read_text())
         cv = meta["cross_validation"]
         intervals = cross_validation_intervals(cv)  # the classifier tab's own intervals
-        if intervals is not None:
+        if intervals is not None and not intervals["no_interval"]:
             scores = (f"macro-F1 {interval_text(cv['macro_f1'], *intervals['macro_f1'])}, accuracy "
                       f"{share_interval_text(cv['accuracy'], *intervals['accuracy'])} (95% bootstrap intervals "
                       f"over its {intervals['n_maps']} labeled maps; maps of one head or example are alike, "
                       "so the real spread is wider)")
-        else:  # a checkpoint from before the confusion matrix was kept
-            scores = (f"macro-F1 {cv['macro_f1']:.3f}, accuracy {_percent(cv['accuracy'])} (no interval: the "
-                      "checkpoint records no confusion matrix)")
+        else:  # a checkpoint from before the confusion matrix was kept, or with a class no map was labeled
+            why_none = intervals["no_interval"] if intervals else "the checkpoint records no confusion matrix"
+            scores = (f"macro-F1 {cv['macro_f1']:.3f}, accuracy {_percent(cv['accuracy'])} (no interval: "
+                      f"{why_none})")
         return (f"the shipped pattern CNN ({meta.get('trained_on', 'labeled set')}): {cv['folds']}-fold {scores}; "
                 "per-class F1 and confusion matrix")
 

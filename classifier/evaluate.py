@@ -25,7 +25,7 @@ from analysis.uncertainty import (
     DEFAULT_BOOTSTRAP,
     bootstrap_difference_interval,
     confusion_class_f1_interval,
-    confusion_rates,
+    confusion_counts,
     confusion_score_interval,
     holm_adjust,
     paired_permutation_p,
@@ -182,20 +182,33 @@ def cross_validation_intervals(cv: dict, level: float = 0.95) -> dict | None:
     out-of-fold (K, K) confusion counts (analysis.uncertainty.confusion_score_interval: the labeled maps
     resampled within their true class; maps of one head or example are alike, so the real spread is wider).
 
-    Returns {"macro_f1": (low, high), "accuracy": (low, high), "per_class_f1": {class: (low, high)}, "n_maps": int}
-    (NaN bounds for fewer than 2 maps), or None when no confusion matrix is recorded (a checkpoint from before it
-    was kept). A recorded matrix that is no (K, K) table of counts, K = len(CLASSES): one-line AttnpatError.
+    Returns {"macro_f1": (low, high), "accuracy": (low, high), "per_class_f1": {class: (low, high)}, "n_maps": int,
+    "no_interval": why the bounds are NaN, or None} (NaN bounds for fewer than 2 maps, and where a class has no
+    labeled map: :func:`score_intervals`, and ``no_interval`` names the class), or None when no confusion matrix is
+    recorded (a checkpoint from before it was kept). A recorded matrix that is no (K, K) table of counts,
+    K = len(CLASSES): one-line AttnpatError.
     """
     confusion = cv.get("confusion") if isinstance(cv, dict) else None
     if confusion is None:
         return None
-    if confusion_rates(confusion).shape != (len(CLASSES), len(CLASSES)):
+    counts = confusion_counts(confusion)
+    if counts.shape != (len(CLASSES), len(CLASSES)):
         raise AttnpatError(f"the recorded confusion matrix is not {len(CLASSES)} x {len(CLASSES)} (one row and "
                            f"column per class: {', '.join(CLASSES)})")
-    ((f1_low, f1_high), (accuracy_low, accuracy_high)), per_class = score_intervals(confusion, level)
+    ((f1_low, f1_high), (accuracy_low, accuracy_high)), per_class = score_intervals(counts, level)
     return {"macro_f1": (float(f1_low), float(f1_high)), "accuracy": (float(accuracy_low), float(accuracy_high)),
             "per_class_f1": {name: (float(low), float(high)) for name, (low, high) in zip(CLASSES, per_class)},
-            "n_maps": int(np.rint(np.sum(confusion)))}
+            "n_maps": int(np.rint(counts.sum())), "no_interval": unlabeled_class_reason(counts)}
+
+
+def unlabeled_class_reason(counts: np.ndarray) -> str | None:
+    """Why :func:`score_intervals` gives no interval for (K, K) confusion counts (rows: true class): the classes
+    with no labeled map, whose rates are unknown, so the matrix cannot be redrawn; None when every class has one."""
+    empty = [CLASSES[i] for i in np.flatnonzero(counts.sum(1) == 0)]
+    if not empty:
+        return None
+    return (f"no labeled map of {', '.join(empty)} in the cross-validation, so the confusion matrix cannot be "
+            "redrawn")
 
 
 def confusion_rows_of(confusion: np.ndarray) -> list[dict]:

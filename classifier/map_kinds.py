@@ -28,7 +28,7 @@ from analysis.models import with_map_kind
 from analysis.patterns import CLASSES
 from analysis.rundir import RunDir
 from analysis.stats import HeadMeans, attention_to
-from analysis.stream import DEFAULT_MAX_LENGTH, stream_maps, token_roles
+from analysis.stream import DEFAULT_MAX_LENGTH, check_marks_cls_and_sep, encode_examples, stream_maps, token_roles
 from analysis.uncertainty import DEFAULT_BOOTSTRAP, EXAMPLE_INTERVAL, bootstrap_weighted_mean_interval
 from classifier.classify import classification_is_current, classify_settings, classify_task
 from classifier.predict import PatternClassifier
@@ -47,13 +47,15 @@ INTERVALS = {"ratio": "each kind's pattern_ratios.csv interval (percentile boots
 
 
 def special_attention(bundle, examples, *, max_length: int = DEFAULT_MAX_LENGTH, batch_size: int = 32,
-                      progress: bool | str = False) -> tuple[dict[str, np.ndarray], int]:
+                      progress: bool | str = False, encoded=None) -> tuple[dict[str, np.ndarray], int]:
     """({"to_cls"|"to_sep"|"to_punct": (E, L, H)}, n_truncated): each example's mean over its real query rows of the
     map mass on those tokens, for the maps of the bundle's kind, in data order (row e is examples[e], whatever the
     stream's length-sorted order), so two kinds' values pair example by example; and how many examples were cut
-    to ``max_length`` tokens (their maps are of the part kept)."""
+    to ``max_length`` tokens (their maps are of the part kept). encoded: the examples' :func:`encode_examples`,
+    when the caller has them already."""
     means, order, n_truncated = HeadMeans(), [], 0
-    for map_batch in stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size, progress=progress):
+    for map_batch in stream_maps(bundle, examples, max_length=max_length, batch_size=batch_size, progress=progress,
+                                 encoded=encoded):
         roles = token_roles(bundle.tokenizer, map_batch.batch.input_ids, map_batch.batch.attention_mask)
         order += [item.index for item in map_batch.batch.items]
         n_truncated += sum(item.truncated for item in map_batch.batch.items)
@@ -150,6 +152,8 @@ def compare_map_kinds(bundle, data: TaskData, classifier: PatternClassifier, *, 
         raise AttnpatError(f"compare at least two map kinds, got {', '.join(kinds)}")
     if not data.examples:
         raise AttnpatError(f"task {data.task} has no examples")
+    encoded = encode_examples(bundle.tokenizer, data.examples, max_length)  # every kind's maps share the tokenizer
+    check_marks_cls_and_sep(bundle.tokenizer, encoded, "compare-kinds")  # before any map is classified
     viewed_bundles = {kind: with_map_kind(bundle, kind) for kind in kinds}  # a kind the model lacks: before any work
     weight_bundle = with_map_kind(bundle, "weight")
     run = RunDir(weight_bundle.slug, data.task, root)
@@ -162,7 +166,7 @@ def compare_map_kinds(bundle, data: TaskData, classifier: PatternClassifier, *, 
                 classify_task(viewed, data, classifier, kind_run, batch_size=batch_size, progress=progress,
                               max_length=max_length)
             per_example, n_truncated = special_attention(viewed, data.examples, max_length=max_length,
-                                                         batch_size=batch_size,
+                                                         batch_size=batch_size, encoded=encoded,
                                                          progress=f"{kind} maps" if progress else False)
             cells, attention[kind] = attention_cells(per_example)
             patterns[kind] = kind_run.read_table("example_patterns")

@@ -73,6 +73,12 @@ class TrainConfig:
         # a negative weight would train the CNN away from the teacher's labels, and NaN would make every loss NaN
         if not 0 <= self.pool_weight < float("inf"):
             raise AttnpatError(f"pool_weight must be a finite number, 0 or more (got {self.pool_weight})")
+        # a negative power up-weights the common classes, NaN makes every loss NaN (the CLI's --class-weight-power)
+        if not 0 <= self.class_weight_power < float("inf"):
+            raise AttnpatError(f"class_weight_power must be a finite number, 0 or more (got {self.class_weight_power})")
+        # 0 rounds (or fewer) still trained one round, the same as 1, while the manifest recorded 0 (--pool-rounds)
+        if isinstance(self.pool_rounds, bool) or not isinstance(self.pool_rounds, int) or self.pool_rounds < 1:
+            raise AttnpatError(f"pool_rounds must be a whole number, 1 or more (got {self.pool_rounds})")
 
 
 @dataclass

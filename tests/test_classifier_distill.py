@@ -185,7 +185,7 @@ def test_cli_rejects_a_negative_pool(tmp_path, capsys):
 
 
 
-@pytest.mark.parametrize("options", [["--pool", "10"], ["--pool-model", "minilm"]])
+@pytest.mark.parametrize("options", [["--pool", "10"], ["--pool-model", "minilm"], ["--pool-exclude", "held-out"]])
 def test_cli_refuses_a_pool_for_synthetic_data_before_any_work(tmp_path, capsys, options):
     """Synthetic maps come from no model, so no pool is drawn for them: a pool asked for is refused in one line,
     with nothing written (before, --pool was silently ignored). Left out, the default pool is not asked for."""
@@ -193,6 +193,30 @@ def test_cli_refuses_a_pool_for_synthetic_data_before_any_work(tmp_path, capsys,
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "synthetic" in errors[0] and f"leave out {options[0]}" in errors[0]
     assert not any(tmp_path.iterdir())
+
+
+def test_cli_refuses_a_synthetic_mix_for_synthetic_data_before_any_work(tmp_path, capsys):
+    """--synthetic-mix was silently ignored with --data synthetic (no maps are mixed into synthetic data); now it is
+    refused in one line with nothing written, as --pool is."""
+    assert main(["train", "--data", "synthetic:4", "--synthetic-mix", "10", "--runs-dir", str(tmp_path), "-q"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --data synthetic:4 trains on synthetic maps, to which no more "
+                                               "are added: leave out --synthetic-mix (it mixes synthetic maps into a "
+                                               "labeled set)")
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("field", "value", "rule"), [
+    ("pool_rounds", 0, "pool_rounds must be a whole number, 1 or more"),
+    ("pool_rounds", 1.5, "pool_rounds must be a whole number, 1 or more"),
+    ("class_weight_power", -0.5, "class_weight_power must be a finite number, 0 or more"),
+    ("class_weight_power", float("nan"), "class_weight_power must be a finite number, 0 or more"),
+    ("class_weight_power", float("inf"), "class_weight_power must be a finite number, 0 or more")])
+def test_a_training_config_refuses_pool_rounds_and_class_weight_power_the_cli_refuses(field, value, rule):
+    """Only the CLI checked them: pool_rounds=0 trained one round while the manifest said 0, and a negative or NaN
+    power reached the class weights of the loss. The API now refuses them when the config is made."""
+    with pytest.raises(AttnpatError, match=rule):
+        TrainConfig(**{field: value})
+    assert TrainConfig(pool_rounds=2, class_weight_power=0).pool_rounds == 2
 
 
 @pytest.mark.parametrize("weight", [-0.5, float("nan"), float("inf")])

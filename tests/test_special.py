@@ -410,6 +410,26 @@ def test_special_refuses_inputs_of_special_tokens_only_or_without_cls_and_sep_be
         sp.special_statistics(load_model(str(model), device="cpu"), data.examples)
 
 
+def test_overview_and_compare_kinds_refuse_a_tokenizer_without_cls_before_any_map(tmp_path, capsys):
+    """overview and compare-kinds took a tokenizer that names no [CLS] and reported attention to [CLS] as 0.000 for
+    every head (compare-kinds after classifying every kind's maps). Now they give special's one error line, naming
+    the verb, before any map, and write nothing."""
+    no_cls = save_tiny_model(tmp_path / "no-cls")
+    tokenizer = AutoTokenizer.from_pretrained(no_cls)
+    tokenizer.cls_token = None
+    tokenizer.save_pretrained(no_cls)
+    capsys.readouterr()
+    runs = tmp_path / "runs"
+    sentences = tmp_path / "sentences.jsonl"
+    sentences.write_text('{"text": "not a good film"}\n{"text": "a fine one"}\n')
+    for verb in ("overview", "compare-kinds"):
+        assert main([verb, "--model", str(no_cls), "--task", str(sentences), "-q", "--runs-dir", str(runs)]) == 2
+        assert capsys.readouterr().err.strip() == (
+            "error: the tokenizer names no [CLS] token (cls_token is unset), so attention to [CLS] cannot be "
+            f"measured; {verb} needs a tokenizer that marks its inputs with [CLS] and [SEP]")
+    assert not [path for path in runs.rglob("*") if path.is_file()]
+
+
 def test_a_word_truncation_cuts_part_way_is_no_occurrence_of_a_feature(tokenizer, tiny):
     """--max-length cut "nothingness" to its first piece "nothing", which counted as a negation; a tagged word cut
     part-way ("shipwrights" kept as "ship ##wright") stood for the whole word; a "[SEP]" written in the text (the

@@ -199,6 +199,15 @@ def test_a_classifier_card_without_a_usable_confusion_matrix_says_why_it_has_no_
     edited = {"cross_validation": {**old["cross_validation"], "confusion": [[1, 2], [3, 4]]}}
     card = classifier_card(edited)
     assert "no interval: the recorded confusion matrix is not 5 x 5" in card.summary and card.confusion is None
+    # a class no map was labeled: no interval, with the class named, and the (valid) matrix still drawn; before,
+    # cross_validation_intervals refused it as an error and the card hid the matrix
+    confusion = [[3, 1, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 2, 0, 0], [0, 0, 0, 2, 0], [0, 0, 0, 0, 2]]
+    card = classifier_card({"cross_validation": {**old["cross_validation"], "confusion": confusion}})
+    assert ("macro-F1 0.800 (no interval: no labeled map of diagonal in the cross-validation, so the confusion "
+            "matrix cannot be redrawn)") in card.summary
+    assert card.confusion is not None and card.confusion[list(CLASSES)].to_numpy().tolist() == confusion
+    assert card.scores.iloc[0][["macro_f1_ci_low", "accuracy_ci_high"]].isna().all()
+    assert card.per_class.f1_ci_low.isna().all() and card.per_class.f1_ci_high.isna().all()
     for damaged in ([], {"cross_validation": {"per_class_f1": [0.5]}}, {"cross_validation": {"vs_baselines": {
             "rules": {}}, "baselines_macro_f1": {"rules": 0.5}}}):
         with pytest.raises(AttnpatError, match="^the classifier metadata cannot be shown .*attnpat train"):
