@@ -88,12 +88,14 @@ def atomic_write_together(writes: dict[Path, Callable[[Path], None]]) -> list[Pa
         for path, write in writes.items():
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
+                # held until the temporary is listed: a stop landing between its creation and the list left it behind
+                with signals_held():
+                    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
+                    temporaries.append(Path(tmp))
             except FileExistsError as exc:  # mkdir met a file where a folder should be
                 raise AttnpatError(f"cannot write {path}: {exc.filename} is a file, not a folder") from exc
             except OSError as exc:  # a read-only or full disk...: one line naming the user's path, not the temporary
                 raise AttnpatError(f"cannot write {path}: {os_error_reason(exc)}") from exc
-            temporaries.append(Path(tmp))
             os.close(fd)
             os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files, as the umask wants
             write(Path(tmp))

@@ -292,7 +292,9 @@ class WebApp:
             clock.start_grid()
         _, *cleared = self._explore_failure("")
         hidden = gr.DownloadButton(value=None, visible=False)
-        return (_message(f"model {quoted(model)} picked: press Show all heads to draw its maps", "info"), *cleared,
+        # a name from the list as it is (a path longer than quoted's cut stays whole); anything else sent, cut short
+        name = model if isinstance(model, str) and len(model) <= 300 else quoted(model)
+        return (_message(f"model {name} picked: press Show all heads to draw its maps", "info"), *cleared,
                 "", None, hidden, hidden, None)
 
     def pick_head(self, drawn: DrawnInput | None, layer, head, evt: gr.SelectData):

@@ -45,6 +45,27 @@ def test_atomic_write_leaves_nothing_when_the_writer_fails(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["table.csv"]
 
 
+def test_a_stop_landing_as_the_temporary_file_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM arriving just after the temporary file exists, before it was listed for cleanup (a stopped
+    `extract` once left `.shard-00006.npz.<random>.tmp.npz` behind): the stop still ends the write, and the
+    temporary is removed."""
+    import signal  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    real = tempfile.mkstemp
+
+    def stopped_after_creating(*args, **kwargs):
+        made = real(*args, **kwargs)
+        signal.raise_signal(signal.SIGINT)  # the default handler raises KeyboardInterrupt here, or when let through
+        return made
+
+    monkeypatch.setattr(tempfile, "mkstemp", stopped_after_creating)
+    target = tmp_path / "table.csv"
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(target, lambda tmp: tmp.write_text("a\n1\n"))
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("umask, mode", [(0o077, 0o600), (0o002, 0o664), (0o022, 0o644)])
 def test_written_files_follow_the_umask(tmp_path, monkeypatch, umask, mode):
     """Private results stay private under umask 077, and a group can edit them under 002 (before: always 0644)."""
