@@ -381,16 +381,22 @@ def test_special_without_its_base_removes_an_earlier_paired_change(tmp_path, cap
         assert (tuned_run.path / "linguistic.csv").is_file()
 
 
+def save_tiny_model_without_cls(path):
+    """A tiny model whose tokenizer names no [CLS] token: the path it is saved at."""
+    saved = save_tiny_model(path)
+    tokenizer = AutoTokenizer.from_pretrained(saved)
+    tokenizer.cls_token = None
+    tokenizer.save_pretrained(saved)
+    return saved
+
+
 def test_special_refuses_inputs_of_special_tokens_only_or_without_cls_and_sep_before_any_work(tmp_path, capsys):
     """A text "[SEP]" (tokenised as [CLS] [SEP] [SEP]) was averaged into every head's attention to [CLS]/[SEP] and
     tagged a noun; a tokenizer that names no [CLS] printed attention to [CLS] 0.000 [0.000, 0.000] and an empty
     [CLS] row list. Each is now one error line before any map, whichever of --model and --base it concerns, and
     neither model's tables are written."""
     model = save_tiny_model(tmp_path / "tiny")
-    no_cls = save_tiny_model(tmp_path / "no-cls")
-    tokenizer = AutoTokenizer.from_pretrained(no_cls)
-    tokenizer.cls_token = None
-    tokenizer.save_pretrained(no_cls)
+    no_cls = save_tiny_model_without_cls(tmp_path / "no-cls")
     capsys.readouterr()
     runs = tmp_path / "runs"
     sentences, special_only = tmp_path / "sentences.jsonl", tmp_path / "special.jsonl"
@@ -414,10 +420,7 @@ def test_overview_and_compare_kinds_refuse_a_tokenizer_without_cls_before_any_ma
     """overview and compare-kinds took a tokenizer that names no [CLS] and reported attention to [CLS] as 0.000 for
     every head (compare-kinds after classifying every kind's maps). Now they give special's one error line, naming
     the verb, before any map, and write nothing."""
-    no_cls = save_tiny_model(tmp_path / "no-cls")
-    tokenizer = AutoTokenizer.from_pretrained(no_cls)
-    tokenizer.cls_token = None
-    tokenizer.save_pretrained(no_cls)
+    no_cls = save_tiny_model_without_cls(tmp_path / "no-cls")
     capsys.readouterr()
     runs = tmp_path / "runs"
     sentences = tmp_path / "sentences.jsonl"
