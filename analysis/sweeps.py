@@ -545,6 +545,14 @@ def star_criteria(metric: str, raw_columns: dict[str, str | None]) -> dict[str, 
     return {mode: holm_criterion(metric, column) for mode, column in raw_columns.items()}
 
 
+def mode_star_texts(criteria: dict[str, str], modes: Sequence[str]) -> tuple[str | None, dict[str, str]]:
+    """What a disabling figure says of its stars, from {tested mode: :func:`holm_criterion`}: the one criterion all
+    tested modes share (None when none is tested, or they differ), and per mode of ``modes`` the line naming its
+    own test where they differ ("\n*: <criterion>"; "" otherwise), for its panel title or legend entry."""
+    shared = next(iter(criteria.values())) if len(set(criteria.values())) == 1 else None
+    return shared, {mode: f"\n*: {criteria[mode]}" if mode in criteria and shared is None else "" for mode in modes}
+
+
 def held_raw_p_column(values: dict[str, np.ndarray]) -> str | None:
     """p_permutation or p_mcnemar: the raw p column that holds a p-value among one mode's ``values`` ({column
     name: its values}; a name ending in the column, as zero_p_permutation), p_permutation first; None when
@@ -689,9 +697,8 @@ def head_delta_figure(table, *, metric: str, task: str, model: str):
     criteria = star_criteria(metric, {mode: held_raw_p_column(
         {name: rows["value"].to_numpy() for name, rows in table.groupby("metric") if name.startswith(f"{mode}_")})
         for mode in tested})
-    shared = len(set(criteria.values())) == 1
-    panel_test = {mode: f"\n*: {criteria[mode]}" if mode in criteria and not shared else "" for mode in modes}
-    stars = (f"   (outlined *: {next(iter(criteria.values()))})" if shared
+    shared, panel_test = mode_star_texts(criteria, modes)
+    stars = (f"   (outlined *: {shared})" if shared
              else f"   (outlined *: Holm-adjusted p < {ALPHA}; the modes differ in test, each named above its panel)"
              if criteria else "")
     fig = panel_heatmaps({f"{mode} (baseline {baselines[mode]:.3f}){panel_test[mode]}": deltas[mode]
@@ -719,16 +726,15 @@ def layer_delta_figure(table, *, metric: str, baseline: dict[str, float], task: 
               if "p_holm" in table.columns else [])
     criteria = star_criteria(metric, {mode: held_raw_p_column(
         {name: table.loc[table["mode"] == mode, name].to_numpy() for name in table.columns}) for mode in tested})
-    shared = len(set(criteria.values())) == 1
+    shared, legend_test = mode_star_texts(criteria, modes)
     layers = sorted(table["layer"].unique())
     fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(layers) + 2), 3.2))
     width = 0.8 / len(modes)
     for i, mode in enumerate(modes):
         rows = table[table["mode"] == mode].set_index("layer").reindex(layers)
         x = np.arange(len(layers)) + (i - (len(modes) - 1) / 2) * width
-        test = f"\n*: {criteria[mode]}" if mode in criteria and not shared else ""
         ax.bar(x, rows["delta"] * 100, width,
-               label=f"{mode} (baseline {baseline.get(mode, float('nan')):.3f}){test}")
+               label=f"{mode} (baseline {baseline.get(mode, float('nan')):.3f}){legend_test[mode]}")
         if {"ci_low", "ci_high"} <= set(rows.columns) and rows["ci_low"].notna().all():
             ax.errorbar(x, rows["delta"] * 100, yerr=[(rows["delta"] - rows["ci_low"]) * 100,
                                                       (rows["ci_high"] - rows["delta"]) * 100],
@@ -741,7 +747,7 @@ def layer_delta_figure(table, *, metric: str, baseline: dict[str, float], task: 
     ax.set_xticks(range(len(layers)), [str(layer + 1) for layer in layers])
     ax.set_xlabel("disabled layer (1-indexed)")
     ax.set_ylabel(f"{metric} change x 100")
-    tests = (f"; *: {next(iter(criteria.values()))}" if shared
+    tests = (f"; *: {shared}" if shared
              else f"; *: Holm-adjusted p < {ALPHA}, each mode's test in the legend" if criteria else "")
     # two lines: the test named in full does not fit beside the model and task in a figure of 6 layers
     ax.set_title(f"{model} on {task}: whole layer disabled\n(95% bootstrap intervals{tests})", fontsize=9)

@@ -97,7 +97,7 @@ def score_intervals(confusion: np.ndarray, level: float = 0.95) -> tuple[np.ndar
     wider). NaN where a true class has no map (as on the maps annotators agreed on): its rates are unknown, so
     the matrix cannot be redrawn."""
     counts = np.asarray(confusion, dtype=np.float64)
-    if (counts.sum(1) == 0).any():
+    if unlabeled_class_reason(counts) is not None:
         return np.full((2, 2), np.nan), np.full((len(counts), 2), np.nan)
     return (confusion_score_interval(counts, level=level), confusion_class_f1_interval(counts, level=level))
 
